@@ -1,0 +1,1 @@
+"""Traces, simulator, baselines, comparison harness and benchmarks."""

@@ -1,0 +1,1 @@
+"""Problems as math: candidate graphs in, solver-neutral models out."""

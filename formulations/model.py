@@ -1,0 +1,163 @@
+"""The solver-neutral model every formulation builds and every backend consumes.
+
+A :class:`LinearModel` holds variables (bounds, integrality, a hashable key each),
+sparse linear rows ``lb <= a.x <= ub``, a linear objective with a sense, an
+optional warm-start hint, and a ``decode`` callable that turns a solution vector
+back into the formulation's answer. Keeping this type free of any solver lets a
+researcher inspect, edit or export a problem before choosing a backend, and lets
+``solvers`` stay ignorant of formulation internals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+
+INF = math.inf
+
+
+@dataclass
+class Row:
+    """One linear constraint ``lb <= sum(coef * x[var]) <= ub``."""
+
+    name: str
+    coeffs: dict[int, float]
+    lb: float
+    ub: float
+
+
+@dataclass
+class LinearModel:
+    """Variables, sparse rows, objective, hint and decoder of one problem."""
+
+    name: str
+    sense: str = "max"  # "max" or "min"
+    var_keys: list[Hashable] = field(default_factory=list)
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    obj: list[float] = field(default_factory=list)
+    obj_constant: float = 0.0
+    rows: list[Row] = field(default_factory=list)
+    hint: dict[int, float] = field(default_factory=dict)
+    decode: Callable[[np.ndarray], Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    _index: dict[Hashable, int] = field(default_factory=dict, repr=False)
+
+    # -- building ---------------------------------------------------------------
+    def add_var(
+        self,
+        key: Hashable,
+        lb: float = 0.0,
+        ub: float = INF,
+        integer: bool = False,
+        obj: float = 0.0,
+    ) -> int:
+        """Add a variable under ``key`` and return its column index."""
+        if key in self._index:
+            raise ValueError(f"duplicate variable key {key!r}")
+        if lb > ub:
+            raise ValueError(f"variable {key!r}: lb {lb} > ub {ub}")
+        idx = len(self.var_keys)
+        self._index[key] = idx
+        self.var_keys.append(key)
+        self.lb.append(float(lb))
+        self.ub.append(float(ub))
+        self.integer.append(bool(integer))
+        self.obj.append(float(obj))
+        return idx
+
+    def binary(self, key: Hashable, obj: float = 0.0) -> int:
+        return self.add_var(key, 0.0, 1.0, True, obj)
+
+    def index(self, key: Hashable) -> int:
+        return self._index[key]
+
+    def add_row(
+        self,
+        coeffs: Mapping[int, float] | Iterable[tuple[int, float]],
+        lb: float = -INF,
+        ub: float = INF,
+        name: str = "",
+    ) -> int:
+        """Add ``lb <= sum coeffs <= ub``; repeated columns are summed."""
+        merged: dict[int, float] = {}
+        items = coeffs.items() if isinstance(coeffs, Mapping) else coeffs
+        for col, val in items:
+            if not 0 <= col < len(self.var_keys):
+                raise IndexError(f"row {name!r}: no column {col}")
+            merged[col] = merged.get(col, 0.0) + float(val)
+        merged = {c: v for c, v in merged.items() if v != 0.0}
+        self.rows.append(Row(name or f"r{len(self.rows)}", merged, float(lb), float(ub)))
+        return len(self.rows) - 1
+
+    def set_hint(self, values: Mapping[int, float]) -> None:
+        """A (possibly partial) starting solution handed to backends that take one."""
+        self.hint = {int(k): float(v) for k, v in values.items()}
+
+    # -- reading ----------------------------------------------------------------
+    @property
+    def num_vars(self) -> int:
+        return len(self.var_keys)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def matrix(self) -> sparse.csr_matrix:
+        """The constraint matrix as CSR (rows x columns)."""
+        data, indices, indptr = [], [], [0]
+        for row in self.rows:
+            for col, val in sorted(row.coeffs.items()):
+                indices.append(col)
+                data.append(val)
+            indptr.append(len(indices))
+        return sparse.csr_matrix(
+            (np.asarray(data, float), np.asarray(indices, int), np.asarray(indptr, int)),
+            shape=(self.num_rows, self.num_vars),
+        )
+
+    def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return (
+            np.array([r.lb for r in self.rows], float),
+            np.array([r.ub for r in self.rows], float),
+        )
+
+    def objective_value(self, x: np.ndarray) -> float:
+        return float(np.dot(np.asarray(self.obj, float), x) + self.obj_constant)
+
+    def is_feasible(self, x: np.ndarray, tol: float = 1e-6) -> bool:
+        """Check bounds, integrality and rows of ``x`` against this model."""
+        x = np.asarray(x, float)
+        if x.shape != (self.num_vars,):
+            return False
+        lb, ub = np.asarray(self.lb), np.asarray(self.ub)
+        if np.any(x < lb - tol) or np.any(x > ub + tol):
+            return False
+        ints = np.asarray(self.integer, bool)
+        if np.any(np.abs(x[ints] - np.round(x[ints])) > tol):
+            return False
+        if self.rows:
+            act = self.matrix() @ x
+            rlb, rub = self.row_bounds()
+            if np.any(act < rlb - tol) or np.any(act > rub + tol):
+                return False
+        return True
+
+    def is_pure_integer(self) -> bool:
+        return all(self.integer)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sense": self.sense,
+            "variables": self.num_vars,
+            "integer_variables": int(sum(self.integer)),
+            "rows": self.num_rows,
+            "nonzeros": int(sum(len(r.coeffs) for r in self.rows)),
+        }

@@ -1,0 +1,1 @@
+"""Executors and the real training workers."""

@@ -1,0 +1,1 @@
+"""Solver backends (CP-SAT, HiGHS, cvxpy), budgets, greedy fallbacks and the validator."""

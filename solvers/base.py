@@ -1,0 +1,73 @@
+"""Canonical solver status and the result every backend returns.
+
+A time-limited feasible answer is an answer (``feasible``), not an error: the
+canonical statuses follow cvxpy's map for HiGHS. ``fallback`` marks answers
+produced by a greedy heuristic because no exact backend answered in time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+import numpy as np
+
+from apportion.formulations.model import LinearModel
+
+
+class Status(str, Enum):
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    FALLBACK = "fallback"
+    ERROR = "error"
+
+    @property
+    def has_solution(self) -> bool:
+        return self in (Status.OPTIMAL, Status.FEASIBLE, Status.FALLBACK)
+
+
+@dataclass
+class SolveResult:
+    """What a backend found: status, solution vector, objective, bound and timing."""
+
+    backend: str
+    status: Status
+    x: np.ndarray | None = None
+    objective: float | None = None
+    bound: float | None = None
+    wall_s: float = 0.0
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap |bound - objective| / max(1, |objective|), or None."""
+        if self.objective is None or self.bound is None:
+            return None
+        if not (math.isfinite(self.objective) and math.isfinite(self.bound)):
+            return None
+        return abs(self.bound - self.objective) / max(1.0, abs(self.objective))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "status": self.status.value,
+            "objective": self.objective,
+            "bound": self.bound,
+            "gap": self.gap,
+            "wall_s": round(self.wall_s, 6),
+            "message": self.message,
+        }
+
+
+class Backend(Protocol):
+    """A solver backend: consumes a neutral :class:`LinearModel` under a budget."""
+
+    name: str
+
+    def available(self) -> bool: ...
+
+    def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult: ...
