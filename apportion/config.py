@@ -1,0 +1,264 @@
+"""Input schemas (pydantic) for cluster and jobs YAML, with errors that name the field.
+
+Every loader raises :class:`apportion.errors.InputError` naming the file, the
+field path (``jobs[3].requested_gpus``) and what is wrong; nothing else may
+escape to the user. The field names here are a contract (see README).
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.errors import CatalogError, InputError
+from apportion.gpus import canonical_gpu_name
+from apportion.jobs import JobSpec, RunningState
+from apportion.models import get_model
+
+MAX_FILE_BYTES = 20 * 2**20  # inputs are small; refuse anything absurd before parsing
+MAX_COUNT = 1_000_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class NodeGroupSpec(_Strict):
+    prefix: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    count: int = Field(gt=0, le=100_000)
+    gpu_type: str
+    gpus_per_node: int = Field(gt=0, le=64)
+    cpus_per_node: int = Field(default=32, gt=0, le=100_000)
+    host_memory_gib: float = Field(default=256.0, gt=0, le=1e7)
+    intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
+    intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
+    inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        try:
+            return canonical_gpu_name(v)
+        except CatalogError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class ClusterSpec(_Strict):
+    name: str = Field(default="cluster", min_length=1, max_length=256)
+    node_groups: list[NodeGroupSpec] = Field(min_length=1)
+
+    @field_validator("node_groups")
+    @classmethod
+    def _unique_prefixes(cls, groups: list[NodeGroupSpec]) -> list[NodeGroupSpec]:
+        seen: set[str] = set()
+        for g in groups:
+            if g.prefix in seen:
+                raise ValueError(f"duplicate node group prefix {g.prefix!r}")
+            seen.add(g.prefix)
+        return groups
+
+
+class RunningSpec(_Strict):
+    gpu_type: str
+    gpus: int = Field(gt=0, le=MAX_COUNT)
+    stages: int = Field(default=1, gt=0)
+    placement: dict[str, int] = Field(default_factory=dict)
+    tp: int = Field(default=1, gt=0)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        try:
+            return canonical_gpu_name(v)
+        except CatalogError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class JobEntry(_Strict):
+    id: str = Field(min_length=1, max_length=256)
+    model: str
+    global_batch_size: int = Field(gt=0, le=MAX_COUNT)
+    iterations: int = Field(gt=0, le=10**12)
+    requested_gpus: int = Field(gt=0, le=MAX_COUNT)
+    requested_gpu_type: str | None = None
+    submit_time_s: float = Field(default=0.0, ge=0)
+    tenant: str = Field(default="default", min_length=1, max_length=256)
+    guaranteed: bool = False
+    deadline_s: float | None = Field(default=None, gt=0)
+    backbone: str | None = None
+    task: str | None = None
+    accepts_sharing: bool = False
+    iterations_done: int = Field(default=0, ge=0)
+    running: RunningSpec | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        try:
+            return get_model(v).name
+        except CatalogError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("requested_gpu_type")
+    @classmethod
+    def _known_gpu(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            return canonical_gpu_name(v)
+        except CatalogError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("submit_time_s", "deadline_s")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class JobsSpec(_Strict):
+    jobs: list[JobEntry]
+    now_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("jobs")
+    @classmethod
+    def _unique_ids(cls, jobs: list[JobEntry]) -> list[JobEntry]:
+        seen: set[str] = set()
+        for i, j in enumerate(jobs):
+            if j.id in seen:
+                raise ValueError(f"jobs[{i}].id: duplicate job id {j.id!r}")
+            seen.add(j.id)
+        return jobs
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
+    p = Path(path)
+    src = str(p)
+    if not p.exists():
+        raise InputError(src, "(file)", "no such file")
+    if p.is_dir():
+        raise InputError(src, "(file)", "is a directory, not a YAML file")
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise InputError(src, "(file)", f"file is {size} bytes; inputs are limited to "
+                                         f"{MAX_FILE_BYTES} bytes")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
+    return parse_yaml_text(text, src)
+
+
+def parse_yaml_text(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(source, where, f"malformed YAML: {problem}") from None
+
+
+def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
+    if not isinstance(data, dict):
+        raise InputError(source, "(top level)", f"expected a mapping, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = _field_path(tuple(err["loc"]))
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if msg.startswith(loc + ": "):
+            msg = msg[len(loc) + 2:]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        nmore = len(exc.errors()) - 1
+        if nmore:
+            msg += f" (and {nmore} more problem{'s' if nmore > 1 else ''})"
+        # a list-level validator names its own element inside the message
+        if msg.startswith(loc + "[") and ": " in msg:
+            loc, msg = msg.split(": ", 1)
+        raise InputError(source, loc, msg) from None
+
+
+_LINK_DEFAULT_GBPS = {"nvlink": 300.0, "pcie": 32.0}
+
+
+def cluster_from_data(data: Any, source: str) -> Cluster:
+    spec: ClusterSpec = _validate(ClusterSpec, data, source)
+    groups = [
+        NodeGroup(
+            prefix=g.prefix, count=g.count, gpu_type=g.gpu_type, gpus_per_node=g.gpus_per_node,
+            cpus_per_node=g.cpus_per_node, host_memory_gib=g.host_memory_gib,
+            intra_node_link=g.intra_node_link,
+            intra_node_bandwidth_GBps=g.intra_node_bandwidth_GBps
+            or _LINK_DEFAULT_GBPS[g.intra_node_link],
+            inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
+        )
+        for g in spec.node_groups
+    ]
+    return Cluster(spec.name, groups)
+
+
+def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
+    """Jobs plus the round's clock (``now_s``, default: the latest submit time)."""
+    spec: JobsSpec = _validate(JobsSpec, data, source)
+    jobs = []
+    for e in spec.jobs:
+        running = None
+        if e.running is not None:
+            r = e.running
+            running = RunningState(r.gpu_type, r.gpus, r.stages, dict(r.placement), r.tp)
+        jobs.append(JobSpec(
+            id=e.id, model=e.model, global_batch_size=e.global_batch_size,
+            iterations=e.iterations, requested_gpus=e.requested_gpus,
+            requested_gpu_type=e.requested_gpu_type, submit_time_s=e.submit_time_s,
+            tenant=e.tenant, guaranteed=e.guaranteed, deadline_s=e.deadline_s,
+            backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
+            iterations_done=e.iterations_done, running=running,
+        ))
+    now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
+    return jobs, now
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_data(read_yaml(path), str(path))
+
+
+def load_jobs(path: str | Path) -> tuple[list[JobSpec], float]:
+    return jobs_from_data(read_yaml(path), str(path))
+
+
+def default_cluster() -> Cluster:
+    """Crius's physical testbed: 16 x 2 A40 and 16 x 2 A10 nodes on InfiniBand."""
+    text = resources.files("apportion").joinpath("data/default_cluster.yaml").read_text()
+    return cluster_from_data(yaml.safe_load(text), "<embedded default cluster>")
+
+
+def default_jobs() -> tuple[list[JobSpec], float]:
+    """A dozen queued jobs drawn from Crius's table-2 models."""
+    text = resources.files("apportion").joinpath("data/default_jobs.yaml").read_text()
+    return jobs_from_data(yaml.safe_load(text), "<embedded default jobs>")

@@ -1,0 +1,138 @@
+"""What a round decides, and how the solver got there.
+
+The JSON written by ``solve-round --json`` is a contract: ``solver`` {backend,
+status, objective, bound, gap, wall_s, fallback}, ``allocations`` [{job,
+gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput}] and
+``pending`` [{job, reason}]. Fields may be added, never renamed or dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from apportion.plans import ExecutionPlan
+
+
+class Action(str, Enum):
+    START = "start"
+    KEEP = "keep"
+    RESIZE = "resize"
+    MIGRATE = "migrate"
+    PREEMPT = "preempt"
+    DROP = "drop"
+
+
+class Reason(str, Enum):
+    """Why a job is not placed (a typed reason, stored per round)."""
+
+    NO_FIT_MEMORY = "no-fit-memory"  # no cell of any type fits the model in memory
+    NO_GPU_TYPE = "no-gpu-type"  # the requested GPU type is not in the cluster
+    NO_CAPACITY = "no-capacity"  # feasible cells exist but the capacity went elsewhere
+    QUOTA = "quota"
+    DEADLINE_UNMEETABLE = "deadline-unmeetable"
+    PREEMPTED = "preempted"
+    SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
+
+
+@dataclass
+class Allocation:
+    job: str
+    gpu_type: str
+    gpus: int
+    stages: int
+    plan: ExecutionPlan
+    placement: dict[str, int]
+    est_throughput: float
+    action: Action = Action.START
+    iter_time_s: float | None = None
+    normalized_throughput: float | None = None
+    mem_per_gpu_gib: float | None = None
+    cpus: int = 0
+    host_memory_gib: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "gpu_type": self.gpu_type,
+            "gpus": self.gpus,
+            "stages": self.stages,
+            "plan": self.plan.as_dict(),
+            "placement": dict(sorted(self.placement.items())),
+            "est_throughput": self.est_throughput,
+            "action": self.action.value,
+            "iter_time_s": self.iter_time_s,
+            "normalized_throughput": self.normalized_throughput,
+            "mem_per_gpu_gib": self.mem_per_gpu_gib,
+            "cpus": self.cpus,
+            "host_memory_gib": self.host_memory_gib,
+        }
+
+
+@dataclass
+class Pending:
+    job: str
+    reason: Reason
+    detail: str = ""
+    action: Action | None = None  # PREEMPT when a running job lost its place
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"job": self.job, "reason": self.reason.value, "detail": self.detail}
+        if self.action is not None:
+            out["action"] = self.action.value
+        return out
+
+
+@dataclass
+class SolveReport:
+    """Canonical status of the round's solve, with every backend tried."""
+
+    backend: str
+    status: str
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    wall_s: float
+    fallback: bool
+    fallback_reason: str = ""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    model_size: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "status": self.status,
+            "objective": self.objective,
+            "bound": self.bound,
+            "gap": self.gap,
+            "wall_s": round(self.wall_s, 6),
+            "fallback": self.fallback,
+            "fallback_reason": self.fallback_reason,
+            "attempts": self.attempts,
+            "model_size": self.model_size,
+        }
+
+
+@dataclass
+class Decision:
+    allocations: list[Allocation]
+    pending: list[Pending]
+    report: SolveReport
+    formulation: str = "cells"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def allocation(self, job: str) -> Allocation | None:
+        for a in self.allocations:
+            if a.job == job:
+                return a
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "formulation": self.formulation,
+            "solver": self.report.as_dict(),
+            "allocations": [a.as_dict() for a in sorted(self.allocations, key=lambda a: a.job)],
+            "pending": [p.as_dict() for p in sorted(self.pending, key=lambda p: p.job)],
+            "meta": self.meta,
+        }

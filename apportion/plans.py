@@ -1,0 +1,64 @@
+"""Execution plans and cells.
+
+A :class:`Cell` (Crius) fixes a job's GPU type, GPU count and pipeline-stage
+count and leaves the DP/TP split inside each stage to the tuner. An
+:class:`ExecutionPlan` (Morphling) is the full recipe: parallel degrees,
+micro-batches, ZeRO stage, offload, accumulation and checkpointing. The global
+batch size is never part of a plan: it never changes across reconfigurations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    zero_stage: int = 0
+    offload: bool = False
+    accumulation: int = 1
+    checkpointing: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.pp > 1:
+            parts.append(f"mb{self.micro_batches}")
+        if self.zero_stage:
+            parts.append(f"zero{self.zero_stage}")
+        if self.offload:
+            parts.append("offload")
+        if self.accumulation > 1:
+            parts.append(f"ga{self.accumulation}")
+        if self.checkpointing:
+            parts.append("gc")
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Job x GPU type x GPU count x pipeline-stage count."""
+
+    job: str
+    gpu_type: str
+    gpus: int
+    stages: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.gpu_type, self.gpus, self.stages)
+
+    @property
+    def node_id(self) -> str:
+        return f"cell:{self.job}:{self.gpu_type}:{self.gpus}:{self.stages}"

@@ -1,0 +1,167 @@
+"""The round loop, written once, in order.
+
+admission -> candidates -> formulate -> solve (chain, greedy hint and fallback)
+-> validate -> (commit) -> (apply). State goes in, a :class:`RoundResult` comes
+out; nothing here mutates the inputs. This module and ``cli.py`` are the only
+core modules that sit on top of the areas.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from apportion.cluster import Cluster
+from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
+from apportion.estimation.analytic import AnalyticEstimator
+from apportion.formulations.candidates import (CandidateOptions, build_candidates, job_node,
+                                               problem_dump)
+from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
+                                          hint_from_choices, objective_of)
+from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
+from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.chain import backends_for, solve_chain
+from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.validator import validate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundConfig:
+    backend: str = "auto"  # auto | cp-sat | highs | greedy
+    time_budget_s: float = 10.0
+    search_depth: int = 3
+    max_changes: int | None = None  # bound on running jobs changed per round
+    candidates: CandidateOptions = field(default_factory=CandidateOptions)
+
+
+@dataclass
+class RoundResult:
+    decision: Decision
+    graph: nx.DiGraph
+    problem: dict[str, Any]
+
+
+def _action(job: JobSpec, a: Allocation) -> Action:
+    r = job.running
+    if r is None:
+        return Action.START
+    if (r.gpu_type, r.gpus, r.stages) == (a.gpu_type, a.gpus, a.stages):
+        return Action.KEEP if (not r.placement or r.placement == a.placement) else Action.MIGRATE
+    if r.gpu_type != a.gpu_type:
+        return Action.MIGRATE
+    return Action.RESIZE
+
+
+def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
+                jobs: list[JobSpec], report: SolveReport) -> Decision:
+    """Turn decoded cell choices into allocations, actions and typed pending reasons."""
+    by_id = {j.id: j for j in jobs}
+    allocs: list[Allocation] = []
+    placed = set()
+    for ch in choices:
+        d = g.nodes[ch.cell]
+        job = by_id[ch.job]
+        cpus = sum(cluster.nodes[n].cpus * k // cluster.nodes[n].gpus for n, k in ch.placement.items())
+        mem = sum(cluster.nodes[n].host_memory_gib * k / cluster.nodes[n].gpus
+                  for n, k in ch.placement.items())
+        a = Allocation(
+            job=ch.job, gpu_type=d["gpu_type"], gpus=int(d["gpus"]), stages=int(d["stages"]),
+            plan=ExecutionPlan(dp=int(d["dp"]), tp=int(d["tp"]), pp=int(d["stages"]),
+                               micro_batches=int(d["micro_batches"])),
+            placement=dict(ch.placement), est_throughput=float(d["est_throughput"]),
+            iter_time_s=float(d["iter_time_s"]), normalized_throughput=float(d["normalized"]),
+            mem_per_gpu_gib=float(d["mem_per_gpu"]) / 2**30, cpus=int(cpus),
+            host_memory_gib=round(mem, 3))
+        a.action = _action(job, a)
+        allocs.append(a)
+        placed.add(ch.job)
+    pending = []
+    for job in jobs:
+        if job.id in placed:
+            continue
+        reason = g.nodes[job_node(job.id)]["reason"]
+        if job.running is not None:
+            pending.append(Pending(job.id, Reason.PREEMPTED, "a higher-value allocation took its GPUs",
+                                   Action.PREEMPT))
+        elif reason is not None:
+            detail = ("no cell of any GPU type fits its memory" if reason == Reason.NO_FIT_MEMORY.value
+                      else f"requested GPU type {job.requested_gpu_type} is not in the cluster")
+            pending.append(Pending(job.id, Reason(reason), detail))
+        else:
+            pending.append(Pending(job.id, Reason.NO_CAPACITY,
+                                   "feasible cells exist; the capacity went to higher-value jobs"))
+    return Decision(allocs, pending, report, formulation="cells")
+
+
+def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
+              config: RoundConfig | None = None,
+              estimator: AnalyticEstimator | None = None) -> RoundResult:
+    """One scheduling round on the cell formulation."""
+    cfg = config or RoundConfig()
+    t0 = time.perf_counter()
+    g = build_candidates(cluster, jobs, now_s, estimator, cfg.candidates)
+    t_cand = time.perf_counter() - t0
+    model = build_cells_model(g, max_changes=cfg.max_changes)
+
+    greedy_choices, greedy_obj, greedy_wall = GreedyCells(cfg.search_depth).solve(g)
+    if cfg.max_changes is None or _changes(g, greedy_choices) <= cfg.max_changes:
+        model.set_hint(hint_from_choices(model, greedy_choices))
+
+    def accept(res: SolveResult) -> bool:
+        assert res.x is not None and model.decode is not None
+        dec = to_decision(g, model.decode(res.x), cluster, jobs, _placeholder())
+        check = validate(dec, cluster, jobs)
+        if not check.ok:
+            log.error("%s answer rejected by the validator: %s", res.backend, check.violations)
+        return check.ok
+
+    left = max(0.05, cfg.time_budget_s - (time.perf_counter() - t0))
+    best, attempts = solve_chain(model, backends_for(cfg.backend), left, accept)
+    attempt_dicts = [a.as_dict() for a in attempts]
+    attempt_dicts.append({"backend": "greedy", "status": "feasible", "objective": greedy_obj,
+                          "bound": None, "gap": None, "wall_s": round(greedy_wall, 6),
+                          "message": f"search depth {cfg.search_depth}"})
+    wall = time.perf_counter() - t0
+    if best is not None and best.x is not None and model.decode is not None:
+        choices = model.decode(best.x)
+        report = SolveReport(best.backend, best.status.value, best.objective, best.bound, best.gap,
+                             wall, fallback=False, attempts=attempt_dicts)
+    else:
+        choices = greedy_choices
+        explicit = cfg.backend == "greedy"
+        why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
+                                            for a in attempts) or "no backend ran"
+        report = SolveReport("greedy", Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
+                             greedy_obj, None, None, wall, fallback=not explicit,
+                             fallback_reason=why, attempts=attempt_dicts)
+        if not explicit:
+            log.warning("no backend answered in time; greedy fallback used: %s", why)
+    report.model_size = {**model.summary(), **describe(g), "candidates_s": round(t_cand, 4)}
+    decision = to_decision(g, choices, cluster, jobs, report)
+    decision.meta = {"now_s": now_s, "objective_recomputed": objective_of(g, choices)}
+    final = validate(decision, cluster, jobs)
+    if not final.ok:  # never act on an invalid decision: fall back to the (validated) greedy
+        log.error("decision rejected by the validator: %s", final.violations)
+        report.fallback, report.backend, report.status = True, "greedy", Status.FALLBACK.value
+        report.fallback_reason = "validator rejected: " + "; ".join(final.violations)
+        decision = to_decision(g, greedy_choices, cluster, jobs, report)
+        if not validate(decision, cluster, jobs).ok:
+            raise RuntimeError("greedy decision failed validation: " + str(final.violations))
+    return RoundResult(decision, g, problem_dump(g))
+
+
+def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
+    chosen = {c.cell for c in choices}
+    return sum(1 for n, d in g.nodes(data=True)
+               if d.get("kind") == "cell" and d.get("current") and n not in chosen)
+
+
+def _placeholder() -> SolveReport:
+    return SolveReport("-", "-", None, None, None, 0.0, False)

@@ -1,0 +1,56 @@
+"""The estimator protocol, scikit-learn style.
+
+Parameters live only in ``__init__``; anything learned from data is set by
+``fit`` in attributes ending in ``_``. ``predict(job, plan, placement)`` returns
+an :class:`Estimate`. Every estimator passes the same conformance tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from apportion.cluster import Cluster
+from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted iteration time (s), peak memory per GPU (bytes) and feasibility."""
+
+    iter_time_s: float
+    mem_per_gpu: float
+    feasible: bool
+    plan: ExecutionPlan
+    global_batch_size: int
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second (0 when infeasible)."""
+        if not self.feasible or self.iter_time_s <= 0:
+            return 0.0
+        return self.global_batch_size / self.iter_time_s
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured configuration: what ``fit`` learns from."""
+
+    job: JobSpec
+    plan: ExecutionPlan
+    placement: Mapping[str, int]
+    gpu_type: str
+    iter_time_s: float
+
+
+@runtime_checkable
+class Estimator(Protocol):
+    def fit(self, samples: Iterable[Sample]) -> "Estimator": ...
+
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate: ...
+
+    def get_params(self) -> dict[str, Any]: ...

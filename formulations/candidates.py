@@ -1,0 +1,217 @@
+"""Candidate cells per job, held as a networkx graph the formulation reads.
+
+Per job (Crius 6.1): each GPU type in the cluster, GPU counts {N/2, N, 2N}
+around the requested N (bounded by what exists of that type), stage counts
+1, 2, 4, ... up to the GPU count (dividing it); each estimated by the
+estimator's best DP/TP split inside the cell; infeasible cells dropped.
+
+The graph has three kinds of vertices:
+
+* ``job:<id>``   attrs ``kind="job"``, ``ref_throughput``, ``queue_bonus``,
+  ``running`` (cell key or None), ``reason`` when no cell is feasible;
+* ``cell:...``   attrs ``kind="cell"``, ``job``, ``gpu_type``, ``gpus``,
+  ``stages``, ``dp``, ``tp``, ``micro_batches``, ``est_throughput``,
+  ``iter_time_s``, ``mem_per_gpu``, ``normalized``, ``value`` (the objective
+  coefficient), ``current`` (True for a running job's present cell);
+* ``node:<name>`` attrs ``kind="node"``, ``gpu_type``, ``capacity``.
+
+Edges: job -> cell, and cell -> node with ``max_gpus`` (how many of the cell's
+GPUs that node may hold: a multiple of the cell's TP degree). A researcher can
+edit attributes (say, ``value``) before the formulation is built.
+
+Objective coefficient of a cell (documented weights):
+``value = est_throughput / ref_throughput + queue_bonus + keep_bonus``, where
+``ref_throughput`` is the job's best estimated throughput with its requested N
+GPUs of its requested type (or of the best type when none is requested, or its
+best candidate at all when the request itself is infeasible);
+``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
+jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.3) is added
+to a running job's present cell: changing or preempting a running job costs
+that much normalised throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+
+from apportion.cluster import Cluster
+from apportion.decision import Reason
+from apportion.estimation.analytic import AnalyticEstimator
+from apportion.jobs import JobSpec
+from apportion.plans import Cell
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CandidateOptions:
+    """Knobs of candidate generation and of the documented objective weights."""
+
+    scales: tuple[float, ...] = (0.5, 1.0, 2.0)
+    max_stages: int = 16
+    queue_weight: float = 0.25
+    starvation_s: float = 4 * 3600.0
+    keep_bonus: float = 0.3
+
+
+def job_node(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def node_node(name: str) -> str:
+    return f"node:{name}"
+
+
+def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
+    out = set()
+    for s in scales:
+        g = int(n * s)
+        if g >= 1 and g <= available:
+            out.add(g)
+    return sorted(out)
+
+
+def _stage_counts(gpus: int, max_stages: int, layers: int) -> list[int]:
+    out, s = [], 1
+    while s <= min(gpus, max_stages, layers):
+        if gpus % s == 0:
+            out.append(s)
+        s *= 2
+    return out
+
+
+def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
+                     estimator: AnalyticEstimator | None = None,
+                     options: CandidateOptions | None = None) -> nx.DiGraph:
+    """Estimate every job's cells and return the candidate graph."""
+    from apportion.models import get_model
+
+    est = estimator or AnalyticEstimator()
+    opt = options or CandidateOptions()
+    g = nx.DiGraph(kind="candidates", now_s=now_s, options=opt.__dict__.copy())
+    caps = cluster.capacity_by_type()
+    for n in cluster.nodes.values():
+        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus)
+    for job in jobs:
+        jn = job_node(job.id)
+        wait = job.wait_s(now_s)
+        g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
+                   requested_gpu_type=job.requested_gpu_type,
+                   queue_bonus=opt.queue_weight * min(1.0, wait / opt.starvation_s),
+                   running=list(job.running.cell_key) if job.running else None,
+                   reason=None, ref_throughput=None, ref_basis=None)
+        layers = len(get_model(job.model).layers)
+        cells: list[tuple[Cell, Any]] = []
+        for gpu_type, cap in sorted(caps.items()):
+            for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
+                for stages in _stage_counts(gpus, opt.max_stages, layers):
+                    cell = Cell(job.id, gpu_type, gpus, stages)
+                    e = est.best_in_cell(job, cell, cluster)
+                    if e is not None:
+                        cells.append((cell, e))
+        if job.running is not None:
+            cur = _current_cell(job, cluster, est)
+            if cur is not None:
+                cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
+        _attach(g, job, cells, caps, cluster, opt)
+    return g
+
+
+def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tuple[Cell, Any] | None:
+    r = job.running
+    assert r is not None
+    cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
+    e = est.best_in_cell(job, cell, cluster)
+    if e is None:
+        return None
+    return cell, e
+
+
+def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: dict[str, int],
+            cluster: Cluster, opt: CandidateOptions) -> None:
+    jn = job_node(job.id)
+    if not cells:
+        if job.requested_gpu_type and job.requested_gpu_type not in caps:
+            g.nodes[jn]["reason"] = Reason.NO_GPU_TYPE.value
+        else:
+            g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
+        g.nodes[jn]["ref_throughput"] = 0.0
+        return
+    # normalisation: requested N of the requested (or best) type
+    at_n = [(c, e) for c, e in cells if c.gpus == job.requested_gpus]
+    if job.requested_gpu_type:
+        typed = [(c, e) for c, e in at_n if c.gpu_type == job.requested_gpu_type]
+        basis = f"{job.requested_gpus} x {job.requested_gpu_type}"
+    else:
+        typed, basis = at_n, f"{job.requested_gpus} x best type"
+    pool = typed or at_n or cells
+    if not typed:
+        basis = "best candidate" if not at_n else f"{job.requested_gpus} x best type"
+    ref = max(e.throughput for _, e in pool)
+    g.nodes[jn]["ref_throughput"] = ref
+    g.nodes[jn]["ref_basis"] = basis
+    bonus = g.nodes[jn]["queue_bonus"]
+    for cell, e in cells:
+        current = job.is_current(cell)
+        cn = cell.node_id
+        norm = e.throughput / ref
+        g.add_node(cn, kind="cell", job=job.id, gpu_type=cell.gpu_type, gpus=cell.gpus,
+                   stages=cell.stages, dp=e.plan.dp, tp=e.plan.tp,
+                   micro_batches=e.plan.micro_batches, est_throughput=e.throughput,
+                   iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
+                   value=norm + bonus + (opt.keep_bonus if current else 0.0), current=current)
+        g.add_edge(jn, cn)
+        tp = e.plan.tp
+        if current and job.running is not None and job.running.placement:
+            allowed = dict(job.running.placement)  # keep means: exactly where it runs
+        else:
+            allowed = {n.name: n.gpus for n in cluster.nodes_of_type(cell.gpu_type)}
+        for name, k in allowed.items():
+            if name not in cluster.nodes or cluster.nodes[name].gpu_type != cell.gpu_type:
+                continue
+            cap = min(k, cluster.nodes[name].gpus, cell.gpus)
+            cap -= cap % tp
+            if cap > 0:
+                g.add_edge(cn, node_node(name), max_gpus=cap)
+
+
+def cells_of(g: nx.DiGraph, job_id: str) -> list[str]:
+    return list(g.successors(job_node(job_id)))
+
+
+def jobs_in(g: nx.DiGraph) -> list[str]:
+    return [d["job"] for _, d in g.nodes(data=True) if d.get("kind") == "job"]
+
+
+def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
+    """Everything needed to re-solve the round independently, as plain JSON."""
+    jobs_out = []
+    for jid in jobs_in(g):
+        jd = g.nodes[job_node(jid)]
+        cands = []
+        for cn in cells_of(g, jid):
+            c = g.nodes[cn]
+            cands.append({
+                "gpu_type": c["gpu_type"], "gpus": c["gpus"], "stages": c["stages"],
+                "plan": {"dp": c["dp"], "tp": c["tp"], "pp": c["stages"],
+                         "micro_batches": c["micro_batches"]},
+                "est_throughput": c["est_throughput"], "iter_time_s": c["iter_time_s"],
+                "mem_per_gpu_gib": c["mem_per_gpu"] / 2**30, "normalized": c["normalized"],
+                "value": c["value"], "current": c["current"],
+                "nodes": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"] for n in g.successors(cn)},
+            })
+        jobs_out.append({
+            "job": jid, "requested_gpus": jd["requested_gpus"],
+            "requested_gpu_type": jd["requested_gpu_type"],
+            "normalization": {"ref_throughput": jd["ref_throughput"], "basis": jd["ref_basis"]},
+            "queue_bonus": jd["queue_bonus"], "running": jd["running"], "reason": jd["reason"],
+            "candidates": cands,
+        })
+    nodes = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "capacity": d["capacity"]}
+             for n, d in g.nodes(data=True) if d.get("kind") == "node"]
+    return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
+            "nodes": nodes, "jobs": jobs_out}

@@ -1,0 +1,175 @@
+r"""The cell-allocation formulation (Crius cells solved exactly).
+
+Sets: jobs J; candidate cells C_j of job j (from the candidate graph); nodes N;
+``E`` the cell->node edges with ``max_gpus`` (a multiple of the cell's TP degree).
+
+Variables:
+    x_c in {0, 1}                    cell c chosen
+    y_{c,n} in {0 .. max_gpus/tp_c}  TP groups of cell c on node n
+
+Constraints:
+    sum_{c in C_j} x_c <= 1                      at most one cell per job
+    sum_n tp_c * y_{c,n} = gpus_c * x_c          a chosen cell gets all its GPUs
+    sum_{c} tp_c * y_{c,n} <= capacity_n         node capacity
+    (optional) sum_{j running} (1 - x_{cur(j)}) <= D   change budget (search depth)
+
+Objective: maximise sum_c value_c * x_c, ``value`` read from the graph (see
+:mod:`apportion.formulations.candidates` for its documented weights).
+
+Counting GPUs in units of TP groups keeps every stage's tensor-parallel group
+inside one node: a node holding k groups holds whole groups only. Cell->node
+edges exist only for nodes of the cell's GPU type, so types always match.
+
+Symmetry: identical nodes (same type and capacity, no running job pinned to
+them) are aggregated into one *class* with capacity ``k * c`` and one ``y``
+per cell and class. This is exact, not a relaxation, whenever the TP sizes
+using a class form a divisibility chain (1 | 2 | 4 ...) and divide the node
+capacity: items of divisible sizes fit k bins of capacity c iff their total is
+at most k*c, and first-fit decreasing finds the packing, which the decoder
+does. Classes failing that test, and nodes holding a running job's current
+placement, stay one node per class. Without aggregation CP-SAT cannot prove
+optimality on 32 identical nodes in seconds; with it both backends do in well
+under a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from apportion.formulations.candidates import cells_of, job_node, jobs_in
+from apportion.formulations.model import LinearModel
+
+
+@dataclass
+class CellChoice:
+    """A decoded choice: the cell vertex and its placement {node name: GPUs}."""
+
+    job: str
+    cell: str
+    placement: dict[str, int]
+
+
+def _divisible_chain(sizes: set[int], capacity: int) -> bool:
+    ordered = sorted(sizes)
+    return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
+
+
+def node_classes(g: nx.DiGraph) -> list[list[str]]:
+    """Node vertices grouped into interchangeable classes (see the module docstring)."""
+    pinned = {nn for cn, d in g.nodes(data=True) if d.get("kind") == "cell" and d.get("current")
+              for nn in g.successors(cn)}
+    groups: dict[tuple[str, int], list[str]] = {}
+    classes: list[list[str]] = []
+    for nn, d in sorted(g.nodes(data=True)):
+        if d.get("kind") != "node":
+            continue
+        if nn in pinned:
+            classes.append([nn])
+        else:
+            groups.setdefault((d["gpu_type"], int(d["capacity"])), []).append(nn)
+    for (_, cap), members in sorted(groups.items()):
+        tps = {int(g.nodes[cn]["tp"]) for nn in members for cn in g.predecessors(nn)}
+        if len(members) > 1 and (not tps or _divisible_chain(tps, cap)):
+            classes.append(members)
+        else:
+            classes.extend([m] for m in members)
+    return classes
+
+
+def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
+                      max_changes: int | None = None) -> LinearModel:
+    """Read the candidate graph by attribute names and build the neutral model."""
+    m = LinearModel("cells", sense="max")
+    classes = node_classes(g)
+    class_of = {nn: i for i, members in enumerate(classes) for nn in members}
+    class_rows: dict[int, dict[int, float]] = {}
+    cell_cols: dict[str, int] = {}
+    place_cols: dict[str, list[tuple[int, int, int]]] = {}
+    for jid in jobs_in(g):
+        cols = []
+        for cn in cells_of(g, jid):
+            d = g.nodes[cn]
+            x = m.binary(("x", cn), obj=float(d[value_attr]))
+            cell_cols[cn] = x
+            cols.append(x)
+            tp, gpus = int(d["tp"]), int(d["gpus"])
+            cap_by_class: dict[int, int] = {}
+            for nn in g.successors(cn):
+                k = class_of[nn]
+                cap_by_class[k] = cap_by_class.get(k, 0) + int(g.edges[cn, nn]["max_gpus"])
+            link = {x: -float(gpus)}
+            place_cols[cn] = []
+            for k, cap in sorted(cap_by_class.items()):
+                y = m.add_var(("y", cn, k), 0, min(cap, gpus) // tp, integer=True)
+                link[y] = float(tp)
+                class_rows.setdefault(k, {})[y] = float(tp)
+                place_cols[cn].append((k, y, tp))
+            m.add_row(link, 0.0, 0.0, name=f"size[{cn}]")
+        if cols:
+            m.add_row({c: 1.0 for c in cols}, ub=1.0, name=f"one[{jid}]")
+    for k, row in class_rows.items():
+        cap = sum(int(g.nodes[nn]["capacity"]) for nn in classes[k])
+        m.add_row(row, ub=float(cap), name=f"cap[class{k}]")
+    if max_changes is not None:
+        cur = [cell_cols[cn] for cn, d in g.nodes(data=True)
+               if d.get("kind") == "cell" and d.get("current") and cn in cell_cols]
+        if cur:  # sum (1 - x_cur) <= D  <=>  sum x_cur >= |cur| - D
+            m.add_row({c: 1.0 for c in cur}, lb=float(len(cur) - max_changes), name="depth")
+
+    def decode(xv: np.ndarray) -> list[CellChoice]:
+        chosen = [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5]
+        placements: dict[str, dict[str, int]] = {cn: {} for cn in chosen}
+        for k, members in enumerate(classes):
+            free = {nn: int(g.nodes[nn]["capacity"]) for nn in members}
+            demand = [(tp, int(round(xv[y])), cn) for cn in chosen
+                      for kk, y, tp in place_cols[cn] if kk == k and round(xv[y]) > 0]
+            # first-fit decreasing by TP size, then by cell size: exact for divisible sizes
+            for tp, groups, cn in sorted(demand, key=lambda t: (-t[0], -t[1], t[2])):
+                for nn in members:
+                    if groups == 0:
+                        break
+                    fit = min(groups, free[nn] // tp)
+                    if fit > 0:
+                        free[nn] -= fit * tp
+                        groups -= fit
+                        name = nn.split(":", 1)[1]
+                        placements[cn][name] = placements[cn].get(name, 0) + fit * tp
+                if groups:
+                    raise RuntimeError(f"class {k} could not pack {cn}: aggregation not exact")
+        return [CellChoice(g.nodes[cn]["job"], cn, placements[cn]) for cn in chosen]
+
+    m.decode = decode
+    m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes)
+    return m
+
+
+def hint_from_choices(m: LinearModel, choices: list[CellChoice]) -> dict[int, float]:
+    """A complete solution vector (as a hint) from decoded choices, e.g. the greedy's."""
+    cell_cols: dict[str, int] = m.meta["cell_cols"]
+    place_cols: dict[str, list[tuple[int, int, int]]] = m.meta["place_cols"]
+    classes: list[list[str]] = m.meta["classes"]
+    hint = {i: 0.0 for i in range(m.num_vars)}
+    for ch in choices:
+        if ch.cell not in cell_cols:
+            continue
+        hint[cell_cols[ch.cell]] = 1.0
+        for k, y, tp in place_cols[ch.cell]:
+            gpus = sum(ch.placement.get(nn.split(":", 1)[1], 0) for nn in classes[k])
+            hint[y] = float(gpus // tp)
+    return hint
+
+
+def objective_of(g: nx.DiGraph, choices: list[CellChoice], value_attr: str = "value") -> float:
+    return float(sum(g.nodes[c.cell][value_attr] for c in choices))
+
+
+def describe(g: nx.DiGraph) -> dict[str, Any]:
+    jobs = jobs_in(g)
+    return {"jobs": len(jobs), "cells": sum(len(cells_of(g, j)) for j in jobs),
+            "nodes": sum(1 for _, d in g.nodes(data=True) if d.get("kind") == "node"),
+            "node_classes": len(node_classes(g)),
+            "placeable_jobs": sum(1 for j in jobs if g.nodes[job_node(j)]["reason"] is None)}

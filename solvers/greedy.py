@@ -1,0 +1,141 @@
+"""Greedy cell scheduling in the spirit of Crius's algorithm 1.
+
+1. Visit running jobs first (keep them where they are if their current cell is
+   still a candidate), then queued jobs by queue bonus (longest waiting first)
+   and submit order; give each its best-valued cell at the requested N that fits
+   the free capacity, else at N/2 (scale down), else leave it pending.
+2. Local search with a search depth: up to ``search_depth`` times, apply the
+   single best improving move among (a) moving or rescaling one placed job to
+   another of its cells that fits the free capacity plus its own GPUs, and
+   (b) placing a pending job after scaling one placed job down to a smaller cell
+   (Crius: "selects jobs to downscale ... or moves them to another type").
+Placement of a cell fills the nodes with the most free GPUs first, in whole
+tensor-parallel groups, so TP groups never straddle nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import networkx as nx
+
+from apportion.formulations.candidates import cells_of, jobs_in, job_node
+from apportion.formulations.cells import CellChoice
+
+
+def place(g: nx.DiGraph, cell: str, free: Mapping[str, int]) -> dict[str, int] | None:
+    """Most-consolidated placement of ``cell`` into ``free`` GPUs per node vertex."""
+    d = g.nodes[cell]
+    need, tp = int(d["gpus"]), int(d["tp"])
+    opts = []
+    for nn in g.successors(cell):
+        k = min(int(g.edges[cell, nn]["max_gpus"]), int(free.get(nn, 0)))
+        k -= k % tp
+        if k > 0:
+            opts.append((k, nn))
+    # prefer a single node that fits (tightest), else fill the largest first
+    single = sorted((k, nn) for k, nn in opts if k >= need)
+    if single:
+        return {single[0][1]: need}
+    out: dict[str, int] = {}
+    for k, nn in sorted(opts, key=lambda t: (-t[0], t[1])):
+        take = min(k, need)
+        take -= take % tp
+        if take > 0:
+            out[nn] = take
+            need -= take
+        if need == 0:
+            return out
+    return None
+
+
+class GreedyCells:
+    """The fallback and baseline: fast, always answers, never optimal by design."""
+
+    name = "greedy"
+
+    def __init__(self, search_depth: int = 3, value_attr: str = "value") -> None:
+        self.search_depth = search_depth
+        self.value_attr = value_attr
+
+    def solve(self, g: nx.DiGraph) -> tuple[list[CellChoice], float, float]:
+        """(choices with node-vertex placements stripped to names, objective, wall seconds)."""
+        t0 = time.perf_counter()
+        free = {n: int(d["capacity"]) for n, d in g.nodes(data=True) if d.get("kind") == "node"}
+        chosen: dict[str, tuple[str, dict[str, int]]] = {}
+        val = self.value_attr
+
+        def take(cell: str, placement: dict[str, int], sign: int) -> None:
+            for nn, k in placement.items():
+                free[nn] -= sign * k
+
+        jobs = jobs_in(g)
+        order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
+                                            -g.nodes[job_node(j)]["queue_bonus"], j))
+        for jid in order:
+            cells = cells_of(g, jid)
+            if not cells:
+                continue
+            req = g.nodes[job_node(jid)]["requested_gpus"]
+            current = [c for c in cells if g.nodes[c]["current"]]
+            tiers = [current] if current else []
+            tiers += [[c for c in cells if g.nodes[c]["gpus"] == req],
+                      [c for c in cells if g.nodes[c]["gpus"] < req]]
+            for tier in tiers:
+                done = False
+                for c in sorted(tier, key=lambda c: -g.nodes[c][val]):
+                    p = place(g, c, free)
+                    if p is not None:
+                        chosen[jid] = (c, p)
+                        take(c, p, +1)
+                        done = True
+                        break
+                if done:
+                    break
+
+        for _ in range(self.search_depth):
+            best_gain, best_move = 1e-9, None
+            for jid, (c0, p0) in chosen.items():  # (a) move / rescale one job
+                take(c0, p0, -1)
+                for c in cells_of(g, jid):
+                    gain = g.nodes[c][val] - g.nodes[c0][val]
+                    if c != c0 and gain > best_gain:
+                        p = place(g, c, free)
+                        if p is not None:
+                            best_gain, best_move = gain, [(jid, c, p)]
+                take(c0, p0, +1)
+            pending = [j for j in jobs if j not in chosen and cells_of(g, j)]
+            for jp in pending:  # (b) shrink one job to make room for a pending one
+                for jid, (c0, p0) in list(chosen.items()):
+                    take(c0, p0, -1)
+                    for c in cells_of(g, jid):
+                        if g.nodes[c]["gpus"] >= g.nodes[c0]["gpus"]:
+                            continue
+                        p = place(g, c, free)
+                        if p is None:
+                            continue
+                        take(c, p, +1)
+                        for cp in sorted(cells_of(g, jp), key=lambda c: -g.nodes[c][val]):
+                            gain = g.nodes[cp][val] + g.nodes[c][val] - g.nodes[c0][val]
+                            if gain <= best_gain:
+                                break
+                            pp = place(g, cp, free)
+                            if pp is not None:
+                                best_gain, best_move = gain, [(jid, c, p), (jp, cp, pp)]
+                                break
+                        take(c, p, -1)
+                    take(c0, p0, +1)
+            if best_move is None:
+                break
+            for jid, _, _ in best_move:
+                if jid in chosen:
+                    take(*chosen.pop(jid), -1)
+            for jid, c, p in best_move:
+                chosen[jid] = (c, p)
+                take(c, p, +1)
+
+        choices = [CellChoice(j, c, {nn.split(":", 1)[1]: k for nn, k in p.items()})
+                   for j, (c, p) in chosen.items()]
+        obj = float(sum(g.nodes[c][val] for c, _ in chosen.values()))
+        return choices, obj, time.perf_counter() - t0
