@@ -34,6 +34,7 @@ under a second.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,11 @@ class CellChoice:
     placement: dict[str, int]
 
 
+def natural_key(name: str) -> list[Any]:
+    """Sort ``a40-2`` before ``a40-10``."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
 def _divisible_chain(sizes: set[int], capacity: int) -> bool:
     ordered = sorted(sizes)
     return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
@@ -64,7 +70,7 @@ def node_classes(g: nx.DiGraph) -> list[list[str]]:
               for nn in g.successors(cn)}
     groups: dict[tuple[str, int], list[str]] = {}
     classes: list[list[str]] = []
-    for nn, d in sorted(g.nodes(data=True)):
+    for nn, d in sorted(g.nodes(data=True), key=lambda t: natural_key(t[0])):
         if d.get("kind") != "node":
             continue
         if nn in pinned:
