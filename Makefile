@@ -13,15 +13,18 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# Tests run the real workers and profilers: torch (the CPU wheel 2.13.0 on this
+# project's machines; installed first so nothing pulls a CUDA build) and jax.
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,jax]'
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core
 	$(BIN)/apportion solve-round
 
 test: $(VENV)/.dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check apportion formulations solvers estimation runtime experiments tests

@@ -64,8 +64,11 @@ def _divisible_chain(sizes: set[int], capacity: int) -> bool:
     return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
 
 
-def node_classes(g: nx.DiGraph) -> list[list[str]]:
-    """Node vertices grouped into interchangeable classes (see the module docstring)."""
+def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
+    """Node vertices grouped into interchangeable classes (see the module docstring).
+
+    ``aggregate=False`` gives one class per node (the plain per-node model).
+    """
     pinned = {nn for cn, d in g.nodes(data=True) if d.get("kind") == "cell" and d.get("current")
               for nn in g.successors(cn)}
     groups: dict[tuple[str, int], list[str]] = {}
@@ -73,7 +76,7 @@ def node_classes(g: nx.DiGraph) -> list[list[str]]:
     for nn, d in sorted(g.nodes(data=True), key=lambda t: natural_key(t[0])):
         if d.get("kind") != "node":
             continue
-        if nn in pinned:
+        if nn in pinned or not aggregate:
             classes.append([nn])
         else:
             groups.setdefault((d["gpu_type"], int(d["capacity"])), []).append(nn)
@@ -87,10 +90,10 @@ def node_classes(g: nx.DiGraph) -> list[list[str]]:
 
 
 def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
-                      max_changes: int | None = None) -> LinearModel:
+                      max_changes: int | None = None, aggregate: bool = True) -> LinearModel:
     """Read the candidate graph by attribute names and build the neutral model."""
     m = LinearModel("cells", sense="max")
-    classes = node_classes(g)
+    classes = node_classes(g, aggregate)
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
     class_rows: dict[int, dict[int, float]] = {}
     cell_cols: dict[str, int] = {}

@@ -62,6 +62,9 @@ class CpSatBackend:
         from ortools.sat.python import cp_model
 
         start = time.perf_counter()
+        if model.num_vars == 0:  # nothing to decide: trivially optimal
+            return SolveResult(self.name, Status.OPTIMAL, np.zeros(0), model.obj_constant,
+                               model.obj_constant, time.perf_counter() - start, message="empty model")
         if not model.is_pure_integer():
             return SolveResult(self.name, Status.ERROR, message="cp-sat needs integer variables only")
         m = cp_model.CpModel()

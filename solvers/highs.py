@@ -41,6 +41,9 @@ class HighsBackend:
         import highspy
 
         start = time.perf_counter()
+        if model.num_vars == 0:  # nothing to decide: trivially optimal
+            return SolveResult(self.name, Status.OPTIMAL, np.zeros(0), model.obj_constant,
+                               model.obj_constant, time.perf_counter() - start, message="empty model")
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))

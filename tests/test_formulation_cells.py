@@ -1,0 +1,163 @@
+"""The cell formulation on random instances: validator, backend agreement, exact aggregation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.config import default_cluster, default_jobs
+from apportion.formulations.candidates import build_candidates
+from apportion.formulations.cells import build_cells_model, hint_from_choices
+from apportion.jobs import JobSpec, RunningState
+from apportion.round import RoundConfig, run_round, to_decision
+from apportion.decision import SolveReport
+from apportion.solvers.base import Status
+from apportion.solvers.cpsat import CpSatBackend
+from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.highs import HighsBackend
+from apportion.solvers.validator import validate
+
+SMALL_MODELS = ["bert-336m", "bert-0.76b", "wresnet-0.5b", "moe-0.69b", "vit-86m", "roberta-355m"]
+TYPES = ["A100-40GB", "A40", "A10", "V100-32GB"]
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> tuple[Cluster, list[JobSpec]]:
+    ngroups = draw(st.integers(1, 3))
+    types = draw(st.lists(st.sampled_from(TYPES), min_size=ngroups, max_size=ngroups, unique=True))
+    groups = [NodeGroup(f"g{i}", draw(st.integers(1, 4)), t, draw(st.sampled_from([1, 2, 3, 4, 8])),
+                        inter_node_bandwidth_GBps=draw(st.sampled_from([12.5, 25.0])))
+              for i, t in enumerate(types)]
+    cluster = Cluster("rand", groups)
+    jobs = []
+    for i in range(draw(st.integers(1, 6))):
+        jobs.append(JobSpec(
+            id=f"j{i}", model=draw(st.sampled_from(SMALL_MODELS)),
+            global_batch_size=draw(st.sampled_from([32, 64, 128])), iterations=1000,
+            requested_gpus=draw(st.sampled_from([1, 2, 4, 8])),
+            requested_gpu_type=draw(st.sampled_from([None, *types])),
+            submit_time_s=float(draw(st.integers(0, 20000)))))
+    return cluster, jobs
+
+
+def _solve_both(g, **kw):
+    out = {}
+    for be in (HighsBackend(), CpSatBackend()):
+        m = build_cells_model(g, **kw)
+        res = be.solve(m, 20.0)
+        assert res.status is Status.OPTIMAL, (be.name, res.message)
+        assert m.is_feasible(res.x)
+        out[be.name] = (m, res)
+    return out
+
+
+@settings(max_examples=25)
+@given(inst=instances())
+def test_random_instances_validate_and_backends_agree(inst) -> None:
+    cluster, jobs = inst
+    g = build_candidates(cluster, jobs, now_s=20000.0)
+    results = _solve_both(g)
+    objs = [r.objective for _, r in results.values()]
+    assert objs[0] == pytest.approx(objs[1], abs=1e-4)
+    greedy, gobj, _ = GreedyCells().solve(g)
+    for m, res in results.values():
+        dec = to_decision(g, m.decode(res.x), cluster, jobs, SolveReport("x", "optimal", None, None,
+                                                                         None, 0.0, False))
+        check = validate(dec, cluster, jobs)
+        assert check.ok, check.violations
+        assert res.objective >= gobj - 1e-6  # the exact model is never worse than the greedy
+    gdec = to_decision(g, greedy, cluster, jobs, SolveReport("g", "feasible", None, None, None, 0, False))
+    assert validate(gdec, cluster, jobs).ok
+
+
+@settings(max_examples=20)
+@given(inst=instances())
+def test_node_class_aggregation_is_exact(inst) -> None:
+    cluster, jobs = inst
+    g = build_candidates(cluster, jobs, now_s=20000.0)
+    agg = HighsBackend().solve(build_cells_model(g, aggregate=True), 20.0)
+    plain = HighsBackend().solve(build_cells_model(g, aggregate=False), 20.0)
+    assert agg.status is Status.OPTIMAL and plain.status is Status.OPTIMAL
+    assert agg.objective == pytest.approx(plain.objective, abs=1e-6)
+
+
+def test_greedy_hint_is_a_feasible_point_of_the_model() -> None:
+    cluster, (jobs, now) = default_cluster(), default_jobs()
+    g = build_candidates(cluster, jobs, now)
+    m = build_cells_model(g)
+    choices, obj, _ = GreedyCells().solve(g)
+    hint = hint_from_choices(m, choices)
+    x = [hint[i] for i in range(m.num_vars)]
+    assert m.is_feasible(x)
+    assert m.objective_value(x) == pytest.approx(obj)
+
+
+def test_default_round_optimal_with_both_backends_and_they_agree() -> None:
+    cluster, (jobs, now) = default_cluster(), default_jobs()
+    objs = {}
+    for backend in ("highs", "cp-sat"):
+        r = run_round(cluster, jobs, now, RoundConfig(backend=backend, time_budget_s=10))
+        rep = r.decision.report
+        assert rep.status == "optimal" and not rep.fallback, rep.as_dict()
+        assert validate(r.decision, cluster, jobs).ok
+        assert rep.gap == pytest.approx(0.0, abs=1e-6)
+        objs[backend] = rep.objective
+    assert objs["highs"] == pytest.approx(objs["cp-sat"], abs=1e-4)
+
+
+def _running_instance() -> tuple[Cluster, list[JobSpec]]:
+    cluster = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 4)])
+    jobs = [
+        JobSpec("run", "bert-0.76b", 128, 1000, 4,
+                running=RunningState("A100-40GB", 4, 1, {"a-1": 4})),
+        JobSpec("new", "bert-0.76b", 128, 1000, 4, submit_time_s=0.0),
+    ]
+    return cluster, jobs
+
+
+def test_running_job_is_kept_in_place() -> None:
+    cluster, jobs = _running_instance()
+    r = run_round(cluster, jobs, 100.0, RoundConfig(backend="highs"))
+    a = r.decision.allocation("run")
+    assert a is not None and a.action.value == "keep" and a.placement == {"a-1": 4}
+    assert validate(r.decision, cluster, jobs).ok
+
+
+def test_change_budget_bounds_running_jobs_changed() -> None:
+    cluster = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 4)])
+    # two running jobs on 1 GPU each that would both like to grow into the free GPUs
+    jobs = [JobSpec(f"r{i}", "bert-0.76b", 128, 1000, 2,
+                    running=RunningState("A100-40GB", 1, 1, {f"a-{i}": 1})) for i in range(2)]
+    for depth in (0, 1):
+        r = run_round(cluster, jobs, 0.0, RoundConfig(backend="cp-sat", max_changes=depth))
+        changed = [a for a in r.decision.allocations if a.action.value != "keep"]
+        changed += [p for p in r.decision.pending]
+        assert len(changed) <= depth
+        assert validate(r.decision, cluster, jobs).ok
+    free = run_round(cluster, jobs, 0.0, RoundConfig(backend="cp-sat"))
+    assert any(a.action.value == "resize" for a in free.decision.allocations)
+
+
+def test_job_that_fits_nowhere_is_pending_with_reason() -> None:
+    cluster = Cluster("c", [NodeGroup("t", 1, "T4", 2, intra_node_link="pcie")])
+    jobs = [JobSpec("huge", "llama-30b", 64, 10, 2), JobSpec("ok", "bert-336m", 32, 10, 1),
+            JobSpec("typed", "bert-336m", 32, 10, 1, requested_gpu_type="H100-80GB")]
+    r = run_round(cluster, jobs, 0.0, RoundConfig(backend="auto"))
+    reasons = {p.job: p.reason.value for p in r.decision.pending}
+    assert reasons["huge"] == "no-fit-memory"
+    assert r.decision.allocation("ok") is not None
+    assert validate(r.decision, cluster, jobs).ok
+
+
+def test_tiny_budget_falls_back_to_greedy_and_says_so() -> None:
+    cluster, (jobs, now) = default_cluster(), default_jobs()
+    # a budget used up by candidate generation leaves the backends no time
+    r = run_round(cluster, jobs, now, RoundConfig(backend="cp-sat", time_budget_s=0.01))
+    rep = r.decision.report
+    assert validate(r.decision, cluster, jobs).ok
+    if rep.fallback:
+        assert rep.status == "fallback" and rep.backend == "greedy" and rep.fallback_reason
+    else:  # the backend still answered inside its minimum slice
+        assert rep.status in ("optimal", "feasible")
