@@ -68,6 +68,18 @@ class Cluster:
                     self.nodes[n.name] = n
 
     @cached_property
+    def fingerprint(self) -> tuple:
+        """A hashable identity of the topology (treat a Cluster as immutable once built)."""
+        return (self.name, tuple(self.groups), tuple(sorted(self.nodes)))
+
+    @cached_property
+    def _max_per_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in self.nodes.values():
+            out[n.gpu_type] = max(out.get(n.gpu_type, 0), n.gpus)
+        return out
+
+    @cached_property
     def graph(self) -> nx.Graph:
         g = nx.Graph(name=self.name)
         g.add_node(FABRIC, kind="fabric")
@@ -102,7 +114,7 @@ class Cluster:
         return [n for n in self.nodes.values() if n.gpu_type == gpu_type]
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
-        return max((n.gpus for n in self.nodes_of_type(gpu_type)), default=0)
+        return self._max_per_node.get(gpu_type, 0)
 
     def group_of_type(self, gpu_type: str) -> NodeGroup | None:
         for g in self.groups:

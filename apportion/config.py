@@ -67,9 +67,17 @@ class ClusterSpec(_Strict):
 class RunningSpec(_Strict):
     gpu_type: str
     gpus: int = Field(gt=0, le=MAX_COUNT)
-    stages: int = Field(default=1, gt=0)
+    stages: int = Field(default=1, gt=0, le=MAX_COUNT)
     placement: dict[str, int] = Field(default_factory=dict)
-    tp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=MAX_COUNT)
+
+    @field_validator("placement")
+    @classmethod
+    def _positive_counts(cls, v: dict[str, int]) -> dict[str, int]:
+        for node, k in v.items():
+            if not 0 < k <= MAX_COUNT:
+                raise ValueError(f"node {node!r}: GPU count {k} must be in 1..{MAX_COUNT}")
+        return v
 
     @field_validator("gpu_type")
     @classmethod
@@ -94,7 +102,7 @@ class JobEntry(_Strict):
     backbone: str | None = None
     task: str | None = None
     accepts_sharing: bool = False
-    iterations_done: int = Field(default=0, ge=0)
+    iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
 
     @field_validator("model")
@@ -126,6 +134,13 @@ class JobEntry(_Strict):
 class JobsSpec(_Strict):
     jobs: list[JobEntry]
     now_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("now_s")
+    @classmethod
+    def _finite_now(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
 
     @field_validator("jobs")
     @classmethod
@@ -163,16 +178,42 @@ def read_yaml(path: str | Path) -> Any:
     if size > MAX_FILE_BYTES:
         raise InputError(src, "(file)", f"file is {size} bytes; inputs are limited to "
                                          f"{MAX_FILE_BYTES} bytes")
+    try:  # bounded read: a FIFO or a device such as /dev/zero reports size 0
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise InputError(src, "(file)", f"inputs are limited to {MAX_FILE_BYTES} bytes")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
     return parse_yaml_text(text, src)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_yaml_text(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
@@ -250,6 +291,24 @@ def load_cluster(path: str | Path) -> Cluster:
 
 def load_jobs(path: str | Path) -> tuple[list[JobSpec], float]:
     return jobs_from_data(read_yaml(path), str(path))
+
+
+def bundled_clusters() -> list[str]:
+    """Names of the clusters shipped in ``apportion/data/clusters``."""
+    folder = resources.files("apportion").joinpath("data/clusters")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve_cluster(arg: str | Path) -> Cluster:
+    """A cluster from a YAML path, or from a bundled name (``crius-sim``, ``crius-testbed``)."""
+    p = Path(arg)
+    if p.exists() or str(arg).endswith((".yaml", ".yml")) or "/" in str(arg):
+        return load_cluster(p)
+    if str(arg) in bundled_clusters():
+        text = resources.files("apportion").joinpath(f"data/clusters/{arg}.yaml").read_text()
+        return cluster_from_data(yaml.safe_load(text), f"<bundled cluster {arg}>")
+    raise InputError(str(arg), "--cluster", "neither a file nor a bundled cluster; bundled: "
+                     + ", ".join(bundled_clusters()))
 
 
 def default_cluster() -> Cluster:

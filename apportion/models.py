@@ -62,8 +62,14 @@ class ModelSpec:
         return self.graph.nodes[name]
 
     def attr(self, key: str) -> list[float]:
-        """One attribute of every layer, in execution order."""
-        return [float(self.graph.nodes[n][key]) for n in self.layers]
+        """One attribute of every layer, in execution order (memoised: specs are immutable)."""
+        memo = self.__dict__.get("_attr_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_attr_memo", memo)
+        if key not in memo:
+            memo[key] = [float(self.graph.nodes[n][key]) for n in self.layers]
+        return list(memo[key])
 
 
 def _chain(name: str, family: str, rows: list[tuple[str, str, float, float, float, float]],

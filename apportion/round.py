@@ -143,7 +143,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                              fallback_reason=why, attempts=attempt_dicts)
         if not explicit:
             log.warning("no backend answered in time; greedy fallback used: %s", why)
-    report.model_size = {**model.summary(), **describe(g), "candidates_s": round(t_cand, 4)}
+    report.model_size = {**model.summary(), **describe(g), "candidates_s": round(t_cand, 4),
+                         "node_classes": model.meta.get("node_classes")}
     decision = to_decision(g, choices, cluster, jobs, report)
     decision.meta = {"now_s": now_s, "objective_recomputed": objective_of(g, choices)}
     final = validate(decision, cluster, jobs)

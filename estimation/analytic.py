@@ -39,7 +39,7 @@ from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
 from apportion.estimation.base import Estimate, Sample
 from apportion.estimation.comm import Link, allreduce_time, p2p_time
-from apportion.estimation.partition import balanced_cuts
+from apportion.estimation.partition import cached_cuts
 
 GiB = 2**30
 
@@ -128,7 +128,7 @@ class AnalyticEstimator:
         acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
         if S > len(flops):
             return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
-        ranges = balanced_cuts(flops, outs, S)
+        ranges = cached_cuts(tuple(flops), tuple(outs), S)
         peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
         eff = eff_override if eff_override is not None else self._eff(gpu_type, tp)
         if eff_override is not None:
@@ -180,7 +180,19 @@ class AnalyticEstimator:
 
     # -- cells ---------------------------------------------------------------------
     def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
-        """Best feasible uniform DP/TP split inside ``cell`` (TP within a node), or None."""
+        """Best feasible uniform DP/TP split inside ``cell`` (TP within a node), or None.
+
+        Jobs share models and batch sizes, so results are memoised by everything
+        the estimate reads (the cluster by its fingerprint).
+        """
+        key = (cluster.fingerprint, job.model, job.global_batch_size, cell.gpu_type, cell.gpus,
+               cell.stages, tuple(sorted(getattr(self, "efficiency_", {}).items())))
+        cache = self.__dict__.setdefault("_cell_cache", {})
+        if key not in cache:
+            cache[key] = self._best_in_cell(job, cell, cluster)
+        return cache[key]
+
+    def _best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
         if cell.gpus % cell.stages:
             return None
         per_stage = cell.gpus // cell.stages
@@ -192,6 +204,10 @@ class AnalyticEstimator:
         if cell.stages > len(model.layers):
             return None
         intra, outer = self._links(placement, cell.gpu_type, cluster)
+        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
+
+    def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
+                    intra: Link, outer: Link) -> Estimate | None:
         best: Estimate | None = None
         for tp in powers_of_two_dividing(per_stage, max_tp):
             plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)

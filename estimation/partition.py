@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 
 def balanced_cuts(flops: Sequence[float], cut_bytes: Sequence[float], stages: int,
@@ -58,3 +59,10 @@ def balanced_cuts(flops: Sequence[float], cut_bytes: Sequence[float], stages: in
         ranges.append((i, j))
         j = i
     return ranges[::-1]
+
+
+@lru_cache(maxsize=4096)
+def cached_cuts(flops: tuple[float, ...], cut_bytes: tuple[float, ...], stages: int,
+                tolerance: float = 0.1) -> tuple[tuple[int, int], ...]:
+    """:func:`balanced_cuts` memoised: estimators ask for the same model and stage count often."""
+    return tuple(balanced_cuts(flops, cut_bytes, stages, tolerance))

@@ -13,11 +13,17 @@ The graph has three kinds of vertices:
   ``stages``, ``dp``, ``tp``, ``micro_batches``, ``est_throughput``,
   ``iter_time_s``, ``mem_per_gpu``, ``normalized``, ``value`` (the objective
   coefficient), ``current`` (True for a running job's present cell);
-* ``node:<name>`` attrs ``kind="node"``, ``gpu_type``, ``capacity``.
+* ``group:<prefix>`` attrs ``kind="group"``, ``gpu_type``, ``node_gpus`` (GPUs
+  per node), ``nodes`` (its node vertices), ``capacity`` (all its GPUs);
+* ``node:<name>`` attrs ``kind="node"``, ``gpu_type``, ``capacity``, ``group``.
 
-Edges: job -> cell, and cell -> node with ``max_gpus`` (how many of the cell's
-GPUs that node may hold: a multiple of the cell's TP degree). A researcher can
-edit attributes (say, ``value``) before the formulation is built.
+Edges: job -> cell; cell -> group with ``max_gpus`` (how many of the cell's GPUs
+the group may hold: a multiple of the cell's TP degree) for every group of the
+cell's type; and, for a running job's present cell only, cell -> node with the
+GPUs it holds there (keeping a job means keeping it exactly where it runs).
+Edges to groups rather than to every node keep the graph small at cluster
+scale (1,000 jobs x 48 cells x 160 nodes would be millions of edges). A
+researcher can edit attributes (say, ``value``) before the formulation is built.
 
 Objective coefficient of a cell (documented weights):
 ``value = est_throughput / ref_throughput + queue_bonus + keep_bonus``, where
@@ -66,6 +72,10 @@ def node_node(name: str) -> str:
     return f"node:{name}"
 
 
+def group_node(prefix: str) -> str:
+    return f"group:{prefix}"
+
+
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
     out = set()
     for s in scales:
@@ -95,7 +105,12 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=opt.__dict__.copy())
     caps = cluster.capacity_by_type()
     for n in cluster.nodes.values():
-        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus)
+        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
+                   group=group_node(n.group))
+    for grp in cluster.groups:
+        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
+                   node_gpus=grp.gpus_per_node, capacity=grp.count * grp.gpus_per_node,
+                   nodes=[node_node(f"{grp.prefix}-{i}") for i in range(grp.count)])
     for job in jobs:
         jn = job_node(job.id)
         wait = job.wait_s(now_s)
@@ -167,16 +182,24 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
         g.add_edge(jn, cn)
         tp = e.plan.tp
         if current and job.running is not None and job.running.placement:
-            allowed = dict(job.running.placement)  # keep means: exactly where it runs
-        else:
-            allowed = {n.name: n.gpus for n in cluster.nodes_of_type(cell.gpu_type)}
-        for name, k in allowed.items():
-            if name not in cluster.nodes or cluster.nodes[name].gpu_type != cell.gpu_type:
+            for name, k in job.running.placement.items():  # keep means: exactly where it runs
+                if name in cluster.nodes and cluster.nodes[name].gpu_type == cell.gpu_type:
+                    cap = min(k, cluster.nodes[name].gpus, cell.gpus)
+                    if cap - cap % tp > 0:
+                        g.add_edge(cn, node_node(name), max_gpus=cap - cap % tp)
+            continue
+        for grp in cluster.groups:
+            if grp.gpu_type != cell.gpu_type or grp.gpus_per_node < tp:
                 continue
-            cap = min(k, cluster.nodes[name].gpus, cell.gpus)
-            cap -= cap % tp
-            if cap > 0:
-                g.add_edge(cn, node_node(name), max_gpus=cap)
+            cap = min(grp.count * (grp.gpus_per_node - grp.gpus_per_node % tp), cell.gpus)
+            if cap - cap % tp > 0:
+                g.add_edge(cn, group_node(grp.prefix), max_gpus=cap - cap % tp)
+
+
+def member_nodes(g: nx.DiGraph, vertex: str) -> list[str]:
+    """Node vertices behind a cell's successor (a group's nodes, or the node itself)."""
+    d = g.nodes[vertex]
+    return list(d["nodes"]) if d.get("kind") == "group" else [vertex]
 
 
 def cells_of(g: nx.DiGraph, job_id: str) -> list[str]:
@@ -202,7 +225,10 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
                 "est_throughput": c["est_throughput"], "iter_time_s": c["iter_time_s"],
                 "mem_per_gpu_gib": c["mem_per_gpu"] / 2**30, "normalized": c["normalized"],
                 "value": c["value"], "current": c["current"],
-                "nodes": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"] for n in g.successors(cn)},
+                "groups": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"]
+                           for n in g.successors(cn) if g.nodes[n]["kind"] == "group"},
+                "nodes": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"]
+                          for n in g.successors(cn) if g.nodes[n]["kind"] == "node"},
             })
         jobs_out.append({
             "job": jid, "requested_gpus": jd["requested_gpus"],
@@ -211,7 +237,11 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
             "queue_bonus": jd["queue_bonus"], "running": jd["running"], "reason": jd["reason"],
             "candidates": cands,
         })
-    nodes = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "capacity": d["capacity"]}
+    nodes = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "capacity": d["capacity"],
+              "group": d["group"].split(":", 1)[1]}
              for n, d in g.nodes(data=True) if d.get("kind") == "node"]
+    groups = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
+               "nodes": [m.split(":", 1)[1] for m in d["nodes"]]}
+              for n, d in g.nodes(data=True) if d.get("kind") == "group"]
     return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
-            "nodes": nodes, "jobs": jobs_out}
+            "nodes": nodes, "groups": groups, "jobs": jobs_out}

@@ -41,7 +41,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from apportion.formulations.candidates import cells_of, job_node, jobs_in
+from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
 from apportion.formulations.model import LinearModel
 
 
@@ -67,25 +67,28 @@ def _divisible_chain(sizes: set[int], capacity: int) -> bool:
 def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
     """Node vertices grouped into interchangeable classes (see the module docstring).
 
-    ``aggregate=False`` gives one class per node (the plain per-node model).
+    Per node group: the nodes holding no running job's present placement form
+    one class when the TP sizes of the cells that may use the group form a
+    divisibility chain dividing the node size; every other node is its own
+    class. ``aggregate=False`` gives one class per node (the plain model).
     """
     pinned = {nn for cn, d in g.nodes(data=True) if d.get("kind") == "cell" and d.get("current")
-              for nn in g.successors(cn)}
-    groups: dict[tuple[str, int], list[str]] = {}
+              for nn in g.successors(cn) if g.nodes[nn]["kind"] == "node"}
     classes: list[list[str]] = []
-    for nn, d in sorted(g.nodes(data=True), key=lambda t: natural_key(t[0])):
-        if d.get("kind") != "node":
-            continue
-        if nn in pinned or not aggregate:
-            classes.append([nn])
+    groups = sorted((n for n, d in g.nodes(data=True) if d.get("kind") == "group"), key=natural_key)
+    for gv in groups:
+        d = g.nodes[gv]
+        members = sorted(d["nodes"], key=natural_key)
+        free = [m for m in members if m not in pinned]
+        classes.extend([m] for m in members if m in pinned)
+        tps = {int(g.nodes[cn]["tp"]) for cn in g.predecessors(gv)}
+        if aggregate and len(free) > 1 and (not tps or _divisible_chain(tps, int(d["node_gpus"]))):
+            classes.append(free)
         else:
-            groups.setdefault((d["gpu_type"], int(d["capacity"])), []).append(nn)
-    for (_, cap), members in sorted(groups.items()):
-        tps = {int(g.nodes[cn]["tp"]) for nn in members for cn in g.predecessors(nn)}
-        if len(members) > 1 and (not tps or _divisible_chain(tps, cap)):
-            classes.append(members)
-        else:
-            classes.extend([m] for m in members)
+            classes.extend([m] for m in free)
+    grouped = {m for c in classes for m in c}
+    loose = [n for n, d in g.nodes(data=True) if d.get("kind") == "node" and n not in grouped]
+    classes.extend([n] for n in sorted(loose, key=natural_key))
     return classes
 
 
@@ -107,9 +110,11 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             cols.append(x)
             tp, gpus = int(d["tp"]), int(d["gpus"])
             cap_by_class: dict[int, int] = {}
-            for nn in g.successors(cn):
-                k = class_of[nn]
-                cap_by_class[k] = cap_by_class.get(k, 0) + int(g.edges[cn, nn]["max_gpus"])
+            for succ in g.successors(cn):
+                edge_cap = int(g.edges[cn, succ]["max_gpus"])
+                for k in sorted({class_of[m] for m in member_nodes(g, succ)}):
+                    usable = sum(int(g.nodes[m]["capacity"]) // tp * tp for m in classes[k])
+                    cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable)
             link = {x: -float(gpus)}
             place_cols[cn] = []
             for k, cap in sorted(cap_by_class.items()):
@@ -152,7 +157,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         return [CellChoice(g.nodes[cn]["job"], cn, placements[cn]) for cn in chosen]
 
     m.decode = decode
-    m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes)
+    m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes,
+                  node_classes=len(classes))
     return m
 
 
@@ -180,5 +186,4 @@ def describe(g: nx.DiGraph) -> dict[str, Any]:
     jobs = jobs_in(g)
     return {"jobs": len(jobs), "cells": sum(len(cells_of(g, j)) for j in jobs),
             "nodes": sum(1 for _, d in g.nodes(data=True) if d.get("kind") == "node"),
-            "node_classes": len(node_classes(g)),
             "placeable_jobs": sum(1 for j in jobs if g.nodes[job_node(j)]["reason"] is None)}

@@ -20,24 +20,37 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from apportion.formulations.candidates import cells_of, jobs_in, job_node
+from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
 from apportion.formulations.cells import CellChoice
 
 
-def place(g: nx.DiGraph, cell: str, free: Mapping[str, int]) -> dict[str, int] | None:
-    """Most-consolidated placement of ``cell`` into ``free`` GPUs per node vertex."""
+def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
+          group_free: Mapping[str, int] | None = None) -> dict[str, int] | None:
+    """Most-consolidated placement of ``cell`` into ``free`` GPUs per node vertex.
+
+    ``group_free`` (free GPUs per group vertex) lets a hopeless cell be rejected
+    without looking at its nodes, which keeps the greedy linear at cluster scale.
+    """
     d = g.nodes[cell]
     need, tp = int(d["gpus"]), int(d["tp"])
+    succ = list(g.successors(cell))
+    if group_free is not None:
+        room = sum(group_free.get(s, 0) if g.nodes[s]["kind"] == "group" else free.get(s, 0)
+                   for s in succ)
+        if room < need:
+            return None
     opts = []
-    for nn in g.successors(cell):
-        k = min(int(g.edges[cell, nn]["max_gpus"]), int(free.get(nn, 0)))
-        k -= k % tp
-        if k > 0:
-            opts.append((k, nn))
+    for s in succ:
+        edge_cap = int(g.edges[cell, s]["max_gpus"])
+        for nn in member_nodes(g, s):
+            k = min(edge_cap, int(free.get(nn, 0)))
+            k -= k % tp
+            if k > 0:
+                opts.append((k, nn))
     # prefer a single node that fits (tightest), else fill the largest first
-    single = sorted((k, nn) for k, nn in opts if k >= need)
+    single = [(k, nn) for k, nn in opts if k >= need]
     if single:
-        return {single[0][1]: need}
+        return {min(single)[1]: need}
     out: dict[str, int] = {}
     for k, nn in sorted(opts, key=lambda t: (-t[0], t[1])):
         take = min(k, need)
@@ -55,20 +68,30 @@ class GreedyCells:
 
     name = "greedy"
 
-    def __init__(self, search_depth: int = 3, value_attr: str = "value") -> None:
+    def __init__(self, search_depth: int = 3, value_attr: str = "value",
+                 max_evaluations: int = 20000) -> None:
         self.search_depth = search_depth
         self.value_attr = value_attr
+        self.max_evaluations = max_evaluations  # placement trials per local-search step
 
     def solve(self, g: nx.DiGraph) -> tuple[list[CellChoice], float, float]:
         """(choices with node-vertex placements stripped to names, objective, wall seconds)."""
         t0 = time.perf_counter()
         free = {n: int(d["capacity"]) for n, d in g.nodes(data=True) if d.get("kind") == "node"}
+        group_of = {n: d["group"] for n, d in g.nodes(data=True) if d.get("kind") == "node"}
+        gfree = {gv: int(d["capacity"]) for gv, d in g.nodes(data=True) if d.get("kind") == "group"}
         chosen: dict[str, tuple[str, dict[str, int]]] = {}
         val = self.value_attr
+        budget = [self.max_evaluations]
 
         def take(cell: str, placement: dict[str, int], sign: int) -> None:
             for nn, k in placement.items():
                 free[nn] -= sign * k
+                gfree[group_of[nn]] -= sign * k
+
+        def fit(cell: str) -> dict[str, int] | None:
+            budget[0] -= 1
+            return place(g, cell, free, gfree)
 
         jobs = jobs_in(g)
         order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
@@ -85,7 +108,7 @@ class GreedyCells:
             for tier in tiers:
                 done = False
                 for c in sorted(tier, key=lambda c: -g.nodes[c][val]):
-                    p = place(g, c, free)
+                    p = fit(c)
                     if p is not None:
                         chosen[jid] = (c, p)
                         take(c, p, +1)
@@ -96,23 +119,31 @@ class GreedyCells:
 
         for _ in range(self.search_depth):
             best_gain, best_move = 1e-9, None
+            budget[0] = self.max_evaluations  # bounded work per step: the answer is a fallback
             for jid, (c0, p0) in chosen.items():  # (a) move / rescale one job
+                if budget[0] <= 0:
+                    break
                 take(c0, p0, -1)
                 for c in cells_of(g, jid):
                     gain = g.nodes[c][val] - g.nodes[c0][val]
                     if c != c0 and gain > best_gain:
-                        p = place(g, c, free)
+                        p = fit(c)
                         if p is not None:
                             best_gain, best_move = gain, [(jid, c, p)]
                 take(c0, p0, +1)
             pending = [j for j in jobs if j not in chosen and cells_of(g, j)]
             for jp in pending:  # (b) shrink one job to make room for a pending one
+                jp_types = {g.nodes[c]["gpu_type"] for c in cells_of(g, jp)}
                 for jid, (c0, p0) in list(chosen.items()):
+                    if budget[0] <= 0:
+                        break
+                    if g.nodes[c0]["gpu_type"] not in jp_types:
+                        continue
                     take(c0, p0, -1)
                     for c in cells_of(g, jid):
                         if g.nodes[c]["gpus"] >= g.nodes[c0]["gpus"]:
                             continue
-                        p = place(g, c, free)
+                        p = fit(c)
                         if p is None:
                             continue
                         take(c, p, +1)
@@ -120,7 +151,7 @@ class GreedyCells:
                             gain = g.nodes[cp][val] + g.nodes[c][val] - g.nodes[c0][val]
                             if gain <= best_gain:
                                 break
-                            pp = place(g, cp, free)
+                            pp = fit(cp)
                             if pp is not None:
                                 best_gain, best_move = gain, [(jid, c, p), (jp, cp, pp)]
                                 break

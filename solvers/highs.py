@@ -26,7 +26,7 @@ class HighsBackend:
 
     name = "highs"
 
-    def __init__(self, mip_rel_gap: float = 1e-6, threads: int = 1) -> None:
+    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1) -> None:
         self.mip_rel_gap = mip_rel_gap
         self.threads = threads
 

@@ -56,6 +56,7 @@ def test_problem_dump_resolves_independently(tmp_path: Path) -> None:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     cap = {n["name"]: n["capacity"] for n in prob["nodes"]}
+    members = {grp["name"]: grp["nodes"] for grp in prob["groups"]}
     node_terms: dict[str, list] = {n: [] for n in cap}
     obj = []
     for j in prob["jobs"]:
@@ -67,7 +68,11 @@ def test_problem_dump_resolves_independently(tmp_path: Path) -> None:
             obj.append((x, c["value"]))
             ys = []
             tp = c["plan"]["tp"]
-            for node, mx in c["nodes"].items():
+            allowed = dict(c["nodes"])  # pinned nodes of a running job's present cell
+            for grp, mx in c["groups"].items():  # a group edge: any of its nodes, up to mx in all
+                for node in members[grp]:
+                    allowed[node] = min(cap[node], mx)
+            for node, mx in allowed.items():
                 y = h.addVariable(0, mx // tp)
                 h.changeColIntegrality(h.getNumCol() - 1, highspy.HighsVarType.kInteger)
                 ys.append(y)

@@ -47,7 +47,8 @@ def _solve_both(g, **kw):
     for be in (HighsBackend(), CpSatBackend()):
         m = build_cells_model(g, **kw)
         res = be.solve(m, 20.0)
-        assert res.status is Status.OPTIMAL, (be.name, res.message)
+        # on a loaded machine CP-SAT may stop at the time limit with a proven-consistent bound
+        assert res.status in (Status.OPTIMAL, Status.FEASIBLE), (be.name, res.message)
         assert m.is_feasible(res.x)
         out[be.name] = (m, res)
     return out
@@ -59,15 +60,19 @@ def test_random_instances_validate_and_backends_agree(inst) -> None:
     cluster, jobs = inst
     g = build_candidates(cluster, jobs, now_s=20000.0)
     results = _solve_both(g)
-    objs = [r.objective for _, r in results.values()]
-    assert objs[0] == pytest.approx(objs[1], abs=1e-4)
+    highs, cpsat = results["highs"][1], results["cp-sat"][1]
+    assert highs.status is Status.OPTIMAL
+    if cpsat.status is Status.OPTIMAL:
+        assert cpsat.objective == pytest.approx(highs.objective, abs=1e-4)
+    else:  # time-limited: its incumbent cannot beat, nor its bound undercut, the optimum
+        assert cpsat.objective <= highs.objective + 1e-4 <= cpsat.bound + 2e-4
     greedy, gobj, _ = GreedyCells().solve(g)
     for m, res in results.values():
         dec = to_decision(g, m.decode(res.x), cluster, jobs, SolveReport("x", "optimal", None, None,
                                                                          None, 0.0, False))
         check = validate(dec, cluster, jobs)
         assert check.ok, check.violations
-        assert res.objective >= gobj - 1e-6  # the exact model is never worse than the greedy
+    assert highs.objective >= gobj - 1e-6  # the exact model is never worse than the greedy
     gdec = to_decision(g, greedy, cluster, jobs, SolveReport("g", "feasible", None, None, None, 0, False))
     assert validate(gdec, cluster, jobs).ok
 

@@ -1,0 +1,149 @@
+"""`apportion bench solve`: solve time and gap of the cell round at scale.
+
+Instances: a cluster of G GPUs over T types (Crius table 1's four types and
+node shapes, plus H100 and L4 for five and six types; the 1,280-GPU Crius
+cluster itself at G=1280, T=4) and J queued jobs drawn from Crius table 2
+(models, batch sizes) with requested GPUs 1-16 (Philly-like mix, seeded).
+Each backend and the chain solve the same round under the budget; each row
+records wall time, objective, best bound, gap and the greedy's objective.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.config import resolve_cluster
+from apportion.formulations.candidates import build_candidates
+from apportion.formulations.cells import build_cells_model, hint_from_choices
+from apportion.jobs import JobSpec
+from apportion.round import RoundConfig, run_round, to_decision
+from apportion.decision import SolveReport
+from apportion.solvers.chain import backends_for
+from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.validator import validate
+
+log = logging.getLogger(__name__)
+
+# (gpu type, GPUs per node, link, intra GB/s, inter GB/s): Crius table 1 order, then extras
+TYPE_SHAPES = [("A100-40GB", 4, "nvlink", 300, 12.5), ("A40", 2, "pcie", 32, 12.5),
+               ("A10", 2, "pcie", 32, 25), ("V100-32GB", 16, "nvlink", 150, 12.5),
+               ("H100-80GB", 8, "nvlink", 900, 50), ("L4", 4, "pcie", 32, 12.5)]
+CRIUS_MODELS = {"wresnet": (["wresnet-0.5b", "wresnet-1b", "wresnet-2b", "wresnet-4b",
+                             "wresnet-6.8b"], [256, 512, 1024]),
+                "bert": (["bert-0.76b", "bert-1.3b", "bert-2.6b", "bert-6.7b"], [128, 256, 512]),
+                "moe": (["moe-0.69b", "moe-1.3b", "moe-2.4b", "moe-10b", "moe-27b"],
+                        [256, 512, 1024])}
+GPU_MIX = [(1, 0.35), (2, 0.2), (4, 0.2), (8, 0.15), (16, 0.1)]
+
+
+def synthetic_cluster(gpus: int, types: int) -> Cluster:
+    if (gpus, types) == (1280, 4):
+        return resolve_cluster("crius-sim")
+    per_type = gpus // types
+    groups = []
+    for name, per_node, link, intra, inter in TYPE_SHAPES[:types]:
+        groups.append(NodeGroup(name.split("-")[0].lower(), max(1, per_type // per_node), name,
+                                per_node, intra_node_link=link, intra_node_bandwidth_GBps=intra,
+                                inter_node_bandwidth_GBps=inter))
+    return Cluster(f"bench-{gpus}g-{types}t", groups)
+
+
+def synthetic_jobs(n: int, types: list[str], seed: int = 0) -> list[JobSpec]:
+    rng = random.Random(seed)
+    jobs = []
+    sizes, weights = zip(*GPU_MIX)
+    for i in range(n):
+        fam = rng.choice(sorted(CRIUS_MODELS))
+        models, batches = CRIUS_MODELS[fam]
+        jobs.append(JobSpec(
+            id=f"j{i}", model=rng.choice(models), global_batch_size=rng.choice(batches),
+            iterations=rng.randint(1000, 50000), requested_gpus=rng.choices(sizes, weights)[0],
+            requested_gpu_type=rng.choice(types), submit_time_s=float(rng.randint(0, 36000))))
+    return jobs
+
+
+@dataclass
+class BenchRow:
+    jobs: int
+    gpus: int
+    types: int
+    backend: str
+    wall_s: float
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    greedy_objective: float
+    status: str
+    valid: bool
+    candidates_s: float
+    variables: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def bench_one(jobs_n: int, gpus: int, types: int, backends: list[str], budget_s: float,
+              seed: int = 0) -> list[BenchRow]:
+    cluster = synthetic_cluster(gpus, types)
+    jobs = synthetic_jobs(jobs_n, cluster.gpu_types, seed)
+    now = 36000.0
+    t0 = time.perf_counter()
+    g = build_candidates(cluster, jobs, now)
+    cand_s = time.perf_counter() - t0
+    greedy, gobj, _ = GreedyCells().solve(g)
+    rows = []
+    for name in backends:
+        if name == "chain":
+            t1 = time.perf_counter()
+            r = run_round(cluster, jobs, now, RoundConfig(backend="auto", time_budget_s=budget_s))
+            rep = r.decision.report
+            rows.append(BenchRow(jobs_n, cluster.total_gpus, types, "chain",
+                                 time.perf_counter() - t1, rep.objective, rep.bound, rep.gap, gobj,
+                                 rep.status, validate(r.decision, cluster, jobs).ok,
+                                 rep.model_size.get("candidates_s", 0.0),
+                                 rep.model_size.get("variables", 0)))
+            continue
+        m = build_cells_model(g)
+        m.set_hint(hint_from_choices(m, greedy))
+        be = backends_for(name)[0]
+        res = be.solve(m, budget_s)
+        valid = False
+        if res.x is not None and m.decode is not None:
+            dec = to_decision(g, m.decode(res.x), cluster, jobs,
+                              SolveReport(name, res.status.value, None, None, None, 0, False))
+            valid = validate(dec, cluster, jobs).ok
+        rows.append(BenchRow(jobs_n, cluster.total_gpus, types, name, res.wall_s, res.objective,
+                             res.bound, res.gap, gobj, res.status.value, valid, cand_s, m.num_vars))
+    return rows
+
+
+DEFAULT_GRID = [(10, 64, 2), (100, 256, 3), (300, 512, 4), (1000, 1280, 4), (2000, 2560, 5),
+                (5000, 5120, 6)]
+QUICK_GRID = [(10, 64, 1), (100, 256, 2), (1000, 1280, 4)]
+
+
+def run_bench(grid: list[tuple[int, int, int]], backends: list[str], budget_s: float,
+              seed: int = 0) -> list[dict[str, Any]]:
+    out = []
+    for jobs_n, gpus, types in grid:
+        for row in bench_one(jobs_n, gpus, types, backends, budget_s, seed):
+            log.info("%s", row)
+            out.append(row.as_dict())
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = "| jobs | GPUs | types | backend | status | wall s | objective | bound | gap | greedy | valid |\n"
+    head += "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v:.3%}"  # noqa: E731
+    body = "".join(
+        f"| {r['jobs']} | {r['gpus']} | {r['types']} | {r['backend']} | {r['status']} | "
+        f"{r['wall_s']:.2f} | {fmt(r['objective'])} | {fmt(r['bound'])} | "
+        f"{pct(r['gap'])} | {r['greedy_objective']:.4g} | {r['valid']} |\n" for r in rows)
+    return head + body
