@@ -26,9 +26,10 @@ class HighsBackend:
 
     name = "highs"
 
-    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1) -> None:
+    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1, presolve: str = "choose") -> None:
         self.mip_rel_gap = mip_rel_gap
         self.threads = threads
+        self.presolve = presolve  # "off" works around presolve reductions that lose optima
 
     def available(self) -> bool:
         try:
@@ -49,6 +50,7 @@ class HighsBackend:
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
         h.setOptionValue("mip_rel_gap", self.mip_rel_gap)
         h.setOptionValue("threads", self.threads)
+        h.setOptionValue("presolve", self.presolve)
         lp = highspy.HighsLp()
         n = model.num_vars
         lp.num_col_ = n
