@@ -153,6 +153,25 @@ class JobsSpec(_Strict):
         return jobs
 
 
+class TenantEntry(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    quota_gpus: int = Field(ge=0, le=MAX_COUNT)
+
+
+class TenantsSpec(_Strict):
+    tenants: list[TenantEntry]
+
+    @field_validator("tenants")
+    @classmethod
+    def _unique_names(cls, tenants: list[TenantEntry]) -> list[TenantEntry]:
+        seen: set[str] = set()
+        for i, t in enumerate(tenants):
+            if t.name in seen:
+                raise ValueError(f"tenants[{i}].name: duplicate tenant {t.name!r}")
+            seen.add(t.name)
+        return tenants
+
+
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
@@ -283,6 +302,12 @@ def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
         ))
     now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
     return jobs, now
+
+
+def load_tenants(path: str | Path) -> dict[str, int]:
+    """Tenant quotas (GPUs for guaranteed jobs) from ``tenants: [{name, quota_gpus}]``."""
+    spec: TenantsSpec = _validate(TenantsSpec, read_yaml(path), str(path))
+    return {t.name: t.quota_gpus for t in spec.tenants}
 
 
 def load_cluster(path: str | Path) -> Cluster:

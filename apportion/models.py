@@ -92,10 +92,12 @@ def transformer(name: str, family: str, *, layers: int, hidden: int, heads: int,
                 vocab: int, ffn: int | None = None, gated: bool = False, positions: int = 0,
                 decoder_layers: int = 0, experts: int = 0, patch_tokens: int = 0,
                 patch_dim: int = 0, head_params: int | None = None, tied: bool = True,
-                dtype_bytes: int = 2, flash_attention: bool = False) -> ModelSpec:
+                dtype_bytes: int = 2, flash_attention: bool = False,
+                attn_dim: int | None = None) -> ModelSpec:
     """A transformer as embedding -> blocks -> head, with closed-form costs."""
     h, s, a = hidden, seq, heads
     f = ffn or 4 * h
+    inner = attn_dim or h  # heads x head size; T5-3B uses 32 x 128 = 4096 on h = 1024
     b = dtype_bytes
     rows: list[tuple[str, str, float, float, float, float]] = []
     out = s * h * b
@@ -108,14 +110,14 @@ def transformer(name: str, family: str, *, layers: int, hidden: int, heads: int,
     rows.append(("embed", "embedding", emb_flops, emb_params, s * h * b, out))
 
     def block(idx: str, cross: bool) -> None:
-        attn = 4 * h * h + 4 * h
+        attn = 4 * h * inner + 4 * inner
         mlp = (3 * h * f) if gated else (2 * h * f + f + h)
         norms = 4 * h
         params = attn + norms
         flops_tok = 2.0 * attn
         if cross:
-            params += 4 * h * h + 2 * h
-            flops_tok += 2.0 * 4 * h * h
+            params += 4 * h * inner + 2 * h
+            flops_tok += 2.0 * 4 * h * inner
         if experts:
             params += experts * mlp + h * experts  # experts and the router
             flops_tok += 2.0 * 2 * mlp + 2.0 * h * experts  # top-2 routing
@@ -227,6 +229,8 @@ _BUILDERS: dict[str, Callable[[], ModelSpec]] = {
                                         head_params=1024 * 1024 + 1024),
     "t5-1.2b": lambda: transformer("t5-1.2b", "t5", layers=24, decoder_layers=24, hidden=1280,
                                    heads=20, seq=512, vocab=32128, ffn=5120),
+    "t5-3b": lambda: transformer("t5-3b", "t5", layers=24, decoder_layers=24, hidden=1024,
+                                 heads=32, attn_dim=4096, seq=512, vocab=32128, ffn=16384),
     "gpt2-1.5b": lambda: transformer("gpt2-1.5b", "gpt", layers=48, hidden=1600, heads=25,
                                      seq=1024, vocab=50257, positions=1024),
     "llama2-7b": _llama("llama2-7b", 32, 4096, 32, 11008, seq=4096),

@@ -17,7 +17,7 @@ import networkx as nx
 
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
-from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
 from apportion.formulations.candidates import (CandidateOptions, build_candidates, job_node,
                                                problem_dump)
 from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
@@ -32,6 +32,9 @@ from apportion.solvers.validator import validate
 log = logging.getLogger(__name__)
 
 
+FORMULATIONS = ("cells", "plans")
+
+
 @dataclass
 class RoundConfig:
     backend: str = "auto"  # auto | cp-sat | highs | greedy
@@ -39,6 +42,10 @@ class RoundConfig:
     search_depth: int = 3
     max_changes: int | None = None  # bound on running jobs changed per round
     candidates: CandidateOptions = field(default_factory=CandidateOptions)
+    formulation: str = "cells"  # cells | plans
+    plan_source: Any = None  # a formulations.plans.PlanSource (default: EstimatedPlans)
+    plan_options: Any = None  # formulations.plans.PlanOptions
+    quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
 
 
 @dataclass
@@ -60,22 +67,41 @@ def _action(job: JobSpec, a: Allocation) -> Action:
 
 
 def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
-                jobs: list[JobSpec], report: SolveReport) -> Decision:
-    """Turn decoded cell choices into allocations, actions and typed pending reasons."""
+                jobs: list[JobSpec], report: SolveReport,
+                estimator: AnalyticEstimator | None = None) -> Decision:
+    """Turn decoded cell choices into allocations, actions and typed pending reasons.
+
+    With an ``estimator``, an allocation spread over more nodes than the
+    nominal (most consolidated) placement its candidate was estimated on is
+    re-estimated on its real placement: the bottleneck bandwidth feeds back
+    into the reported throughput.
+    """
     by_id = {j.id: j for j in jobs}
     allocs: list[Allocation] = []
     placed = set()
     for ch in choices:
         d = g.nodes[ch.cell]
         job = by_id[ch.job]
-        cpus = sum(cluster.nodes[n].cpus * k // cluster.nodes[n].gpus for n, k in ch.placement.items())
-        mem = sum(cluster.nodes[n].host_memory_gib * k / cluster.nodes[n].gpus
-                  for n, k in ch.placement.items())
+        if "cpus_per_gpu" in d:  # plans: the option says what it needs
+            cpus = int(round(float(d["cpus_per_gpu"]) * int(d["gpus"])))
+            mem = float(d["host_mem_gib_per_gpu"]) * int(d["gpus"])
+        else:  # cells: the GPUs' share of their nodes
+            cpus = sum(cluster.nodes[n].cpus * k // cluster.nodes[n].gpus
+                       for n, k in ch.placement.items())
+            mem = sum(cluster.nodes[n].host_memory_gib * k / cluster.nodes[n].gpus
+                      for n, k in ch.placement.items())
+        plan = d.get("plan") or ExecutionPlan(dp=int(d["dp"]), tp=int(d["tp"]), pp=int(d["stages"]),
+                                              micro_batches=int(d["micro_batches"]))
+        thr = float(d["est_throughput"])
+        nominal = nominal_placement(cluster, d["gpu_type"], int(d["gpus"]))
+        if estimator is not None and nominal is not None and len(ch.placement) > len(nominal):
+            re = estimator.predict(job, plan, ch.placement, cluster)
+            if re.feasible:
+                thr = min(thr, re.throughput)
         a = Allocation(
             job=ch.job, gpu_type=d["gpu_type"], gpus=int(d["gpus"]), stages=int(d["stages"]),
-            plan=ExecutionPlan(dp=int(d["dp"]), tp=int(d["tp"]), pp=int(d["stages"]),
-                               micro_batches=int(d["micro_batches"])),
-            placement=dict(ch.placement), est_throughput=float(d["est_throughput"]),
+            plan=plan,
+            placement=dict(ch.placement), est_throughput=thr,
             iter_time_s=float(d["iter_time_s"]), normalized_throughput=float(d["normalized"]),
             mem_per_gpu_gib=float(d["mem_per_gpu"]) / 2**30, cpus=int(cpus),
             host_memory_gib=round(mem, 3))
@@ -90,6 +116,9 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
         if job.running is not None:
             pending.append(Pending(job.id, Reason.PREEMPTED, "a higher-value allocation took its GPUs",
                                    Action.PREEMPT))
+        elif g.nodes[job_node(job.id)].get("over_quota"):
+            pending.append(Pending(job.id, Reason.QUOTA,
+                                   f"tenant {job.tenant}'s quota is used by earlier guaranteed jobs"))
         elif reason is not None:
             detail = ("no cell of any GPU type fits its memory" if reason == Reason.NO_FIT_MEMORY.value
                       else f"requested GPU type {job.requested_gpu_type} is not in the cluster")
@@ -97,7 +126,7 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
         else:
             pending.append(Pending(job.id, Reason.NO_CAPACITY,
                                    "feasible cells exist; the capacity went to higher-value jobs"))
-    return Decision(allocs, pending, report, formulation="cells")
+    return Decision(allocs, pending, report, formulation=g.graph.get("formulation", "cells"))
 
 
 def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
@@ -105,8 +134,17 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               estimator: AnalyticEstimator | None = None) -> RoundResult:
     """One scheduling round on the cell formulation."""
     cfg = config or RoundConfig()
+    if cfg.formulation not in FORMULATIONS:
+        raise ValueError(f"unknown formulation {cfg.formulation!r}; choose {', '.join(FORMULATIONS)}")
     t0 = time.perf_counter()
-    g = build_candidates(cluster, jobs, now_s, estimator, cfg.candidates)
+    est = estimator or AnalyticEstimator()
+    if cfg.formulation == "plans":
+        from apportion.formulations.plans import EstimatedPlans, build_plan_candidates
+
+        source = cfg.plan_source or EstimatedPlans(est)
+        g = build_plan_candidates(cluster, jobs, now_s, source, cfg.quotas, cfg.plan_options)
+    else:
+        g = build_candidates(cluster, jobs, now_s, est, cfg.candidates)
     t_cand = time.perf_counter() - t0
     model = build_cells_model(g, max_changes=cfg.max_changes)
 
@@ -145,7 +183,7 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             log.warning("no backend answered in time; greedy fallback used: %s", why)
     report.model_size = {**model.summary(), **describe(g), "candidates_s": round(t_cand, 4),
                          "node_classes": model.meta.get("node_classes")}
-    decision = to_decision(g, choices, cluster, jobs, report)
+    decision = to_decision(g, choices, cluster, jobs, report, est)
     decision.meta = {"now_s": now_s, "objective_recomputed": objective_of(g, choices)}
     final = validate(decision, cluster, jobs)
     if not final.ok:  # never act on an invalid decision: fall back to the (validated) greedy

@@ -181,6 +181,8 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
                    value=norm + bonus + (opt.keep_bonus if current else 0.0), current=current)
         g.add_edge(jn, cn)
         tp = e.plan.tp
+        single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
+        g.nodes[cn]["single_node"] = single
         if current and job.running is not None and job.running.placement:
             for name, k in job.running.placement.items():  # keep means: exactly where it runs
                 if name in cluster.nodes and cluster.nodes[name].gpu_type == cell.gpu_type:
@@ -189,7 +191,7 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
                         g.add_edge(cn, node_node(name), max_gpus=cap - cap % tp)
             continue
         for grp in cluster.groups:
-            if grp.gpu_type != cell.gpu_type or grp.gpus_per_node < tp:
+            if grp.gpu_type != cell.gpu_type or grp.gpus_per_node < (cell.gpus if single else tp):
                 continue
             cap = min(grp.count * (grp.gpus_per_node - grp.gpus_per_node % tp), cell.gpus)
             if cap - cap % tp > 0:

@@ -5,19 +5,21 @@ Sets: jobs J; candidate cells C_j of job j (from the candidate graph); nodes N;
 
 Variables:
     x_c in {0, 1}                    cell c chosen
-    y_{c,n} in {0 .. max_gpus/tp_c}  TP groups of cell c on node n
+    y_{c,n} in {0 .. max_gpus/u_c}   placement units of cell c on node n
 
 Constraints:
     sum_{c in C_j} x_c <= 1                      at most one cell per job
-    sum_n tp_c * y_{c,n} = gpus_c * x_c          a chosen cell gets all its GPUs
-    sum_{c} tp_c * y_{c,n} <= capacity_n         node capacity
+    sum_n u_c * y_{c,n} = gpus_c * x_c           a chosen cell gets all its GPUs
+    sum_{c} u_c * y_{c,n} <= capacity_n          node capacity
     (optional) sum_{j running} (1 - x_{cur(j)}) <= D   change budget (search depth)
 
 Objective: maximise sum_c value_c * x_c, ``value`` read from the graph (see
 :mod:`apportion.formulations.candidates` for its documented weights).
 
-Counting GPUs in units of TP groups keeps every stage's tensor-parallel group
-inside one node: a node holding k groups holds whole groups only. Cell->node
+The placement unit ``u_c`` is the cell's TP degree, so a node holds whole
+tensor-parallel groups only; for a ``single_node`` cell (one whose estimate
+assumed intra-node links: it fits one node) the unit is the whole cell, so it
+is placed on one node and the estimate stays true. Cell->node
 edges exist only for nodes of the cell's GPU type, so types always match.
 
 Symmetry: identical nodes (same type and capacity, no running job pinned to
@@ -34,6 +36,7 @@ under a second.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +62,23 @@ def natural_key(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
+def unit_of(d: dict[str, Any]) -> int:
+    """GPUs per placement unit: the whole cell when it must sit on one node, else its TP group."""
+    return int(d["gpus"]) if d.get("single_node") else int(d["tp"])
+
+
+def _resources_never_bind(users: list[dict[str, Any]], node: dict[str, Any], node_gpus: int) -> bool:
+    """True when no cell could run out of a node's CPUs or memory before its GPUs.
+
+    Then the per-node CPU and memory rows are redundant and nodes stay
+    interchangeable; otherwise the group keeps one class per node.
+    """
+    cpus, mem = float(node.get("cpus", math.inf)), float(node.get("host_memory_gib", math.inf))
+    return all(float(u.get("cpus_per_gpu", 0.0)) * node_gpus <= cpus + 1e-9
+               and float(u.get("host_mem_gib_per_gpu", 0.0)) * node_gpus <= mem + 1e-9
+               for u in users)
+
+
 def _divisible_chain(sizes: set[int], capacity: int) -> bool:
     ordered = sorted(sizes)
     return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
@@ -81,8 +101,10 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
         members = sorted(d["nodes"], key=natural_key)
         free = [m for m in members if m not in pinned]
         classes.extend([m] for m in members if m in pinned)
-        tps = {int(g.nodes[cn]["tp"]) for cn in g.predecessors(gv)}
-        if aggregate and len(free) > 1 and (not tps or _divisible_chain(tps, int(d["node_gpus"]))):
+        users = [g.nodes[cn] for cn in g.predecessors(gv)]
+        tps = {unit_of(u) for u in users}
+        if aggregate and len(free) > 1 and (not tps or _divisible_chain(tps, int(d["node_gpus"]))) \
+                and _resources_never_bind(users, g.nodes[members[0]], int(d["node_gpus"])):
             classes.append(free)
         else:
             classes.extend([m] for m in free)
@@ -93,9 +115,20 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
 
 
 def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
-                      max_changes: int | None = None, aggregate: bool = True) -> LinearModel:
-    """Read the candidate graph by attribute names and build the neutral model."""
-    m = LinearModel("cells", sense="max")
+                      max_changes: int | None = None, aggregate: bool = True,
+                      resources: bool | None = None) -> LinearModel:
+    """Read the candidate graph by attribute names and build the neutral model.
+
+    ``resources`` adds per-node CPU and host-memory rows from the cells'
+    ``cpus_per_gpu`` / ``host_mem_gib_per_gpu`` and the nodes' ``cpus`` /
+    ``host_memory_gib`` (default: when the cells carry them). Node groups whose
+    CPUs or memory could bind keep one class per node (the divisibility
+    argument covers GPUs only).
+    Cells with a ``quota_tenant`` count against ``g.graph["quotas"]``.
+    """
+    if resources is None:
+        resources = any("cpus_per_gpu" in d for _, d in g.nodes(data=True) if d.get("kind") == "cell")
+    m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
     classes = node_classes(g, aggregate)
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
     class_rows: dict[int, dict[int, float]] = {}
@@ -108,7 +141,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             x = m.binary(("x", cn), obj=float(d[value_attr]))
             cell_cols[cn] = x
             cols.append(x)
-            tp, gpus = int(d["tp"]), int(d["gpus"])
+            tp, gpus = unit_of(d), int(d["gpus"])
             cap_by_class: dict[int, int] = {}
             for succ in g.successors(cn):
                 edge_cap = int(g.edges[cn, succ]["max_gpus"])
@@ -128,6 +161,29 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     for k, row in class_rows.items():
         cap = sum(int(g.nodes[nn]["capacity"]) for nn in classes[k])
         m.add_row(row, ub=float(cap), name=f"cap[class{k}]")
+    if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
+        cpu_rows: dict[int, dict[int, float]] = {}
+        mem_rows: dict[int, dict[int, float]] = {}
+        for cn, cols in place_cols.items():
+            d = g.nodes[cn]
+            for k, y, tp in cols:
+                cpu_rows.setdefault(k, {})[y] = tp * float(d.get("cpus_per_gpu", 0.0))
+                mem_rows.setdefault(k, {})[y] = tp * float(d.get("host_mem_gib_per_gpu", 0.0))
+        for k in sorted(cpu_rows):
+            if len(classes[k]) != 1:
+                continue
+            (nn,) = classes[k]
+            m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)), name=f"cpu[{nn}]")
+            m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf)),
+                      name=f"mem[{nn}]")
+    quotas: dict[str, int] = g.graph.get("quotas") or {}
+    quota_rows: dict[str, dict[int, float]] = {}
+    for cn, xc in cell_cols.items():
+        t = g.nodes[cn].get("quota_tenant")
+        if t is not None and t in quotas:
+            quota_rows.setdefault(t, {})[xc] = float(g.nodes[cn]["gpus"])
+    for t, row in sorted(quota_rows.items()):
+        m.add_row(row, ub=float(quotas[t]), name=f"quota[{t}]")
     if max_changes is not None:
         cur = [cell_cols[cn] for cn, d in g.nodes(data=True)
                if d.get("kind") == "cell" and d.get("current") and cn in cell_cols]

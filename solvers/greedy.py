@@ -25,7 +25,9 @@ from apportion.formulations.cells import CellChoice
 
 
 def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
-          group_free: Mapping[str, int] | None = None) -> dict[str, int] | None:
+          group_free: Mapping[str, int] | None = None,
+          cpu_free: Mapping[str, float] | None = None,
+          mem_free: Mapping[str, float] | None = None) -> dict[str, int] | None:
     """Most-consolidated placement of ``cell`` into ``free`` GPUs per node vertex.
 
     ``group_free`` (free GPUs per group vertex) lets a hopeless cell be rejected
@@ -33,17 +35,25 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
     """
     d = g.nodes[cell]
     need, tp = int(d["gpus"]), int(d["tp"])
+    if d.get("single_node"):
+        tp = need  # the whole cell on one node, as its estimate assumed
     succ = list(g.successors(cell))
     if group_free is not None:
         room = sum(group_free.get(s, 0) if g.nodes[s]["kind"] == "group" else free.get(s, 0)
                    for s in succ)
         if room < need:
             return None
+    cpg = float(d.get("cpus_per_gpu", 0.0))
+    mpg = float(d.get("host_mem_gib_per_gpu", 0.0))
     opts = []
     for s in succ:
         edge_cap = int(g.edges[cell, s]["max_gpus"])
         for nn in member_nodes(g, s):
             k = min(edge_cap, int(free.get(nn, 0)))
+            if cpu_free is not None and cpg > 0:
+                k = min(k, int(cpu_free.get(nn, 0.0) / cpg + 1e-9))
+            if mem_free is not None and mpg > 0:
+                k = min(k, int(mem_free.get(nn, 0.0) / mpg + 1e-9))
             k -= k % tp
             if k > 0:
                 opts.append((k, nn))
@@ -80,18 +90,32 @@ class GreedyCells:
         free = {n: int(d["capacity"]) for n, d in g.nodes(data=True) if d.get("kind") == "node"}
         group_of = {n: d["group"] for n, d in g.nodes(data=True) if d.get("kind") == "node"}
         gfree = {gv: int(d["capacity"]) for gv, d in g.nodes(data=True) if d.get("kind") == "group"}
+        cpu = {n: float(d.get("cpus", float("inf"))) for n, d in g.nodes(data=True)
+               if d.get("kind") == "node"}
+        mem = {n: float(d.get("host_memory_gib", float("inf"))) for n, d in g.nodes(data=True)
+               if d.get("kind") == "node"}
+        quotas: dict[str, float] = dict(g.graph.get("quotas") or {})
         chosen: dict[str, tuple[str, dict[str, int]]] = {}
         val = self.value_attr
         budget = [self.max_evaluations]
 
         def take(cell: str, placement: dict[str, int], sign: int) -> None:
+            d = g.nodes[cell]
             for nn, k in placement.items():
                 free[nn] -= sign * k
                 gfree[group_of[nn]] -= sign * k
+                cpu[nn] -= sign * k * float(d.get("cpus_per_gpu", 0.0))
+                mem[nn] -= sign * k * float(d.get("host_mem_gib_per_gpu", 0.0))
+            t = d.get("quota_tenant")
+            if t is not None and t in quotas:
+                quotas[t] -= sign * int(d["gpus"])
 
         def fit(cell: str) -> dict[str, int] | None:
             budget[0] -= 1
-            return place(g, cell, free, gfree)
+            t = g.nodes[cell].get("quota_tenant")
+            if t is not None and t in quotas and quotas[t] < int(g.nodes[cell]["gpus"]):
+                return None
+            return place(g, cell, free, gfree, cpu, mem)
 
         jobs = jobs_in(g)
         order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,

@@ -67,9 +67,24 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
             if p.tp > nd.gpus:
                 v.append(f"{tag}: TP degree {p.tp} larger than node {node} ({nd.gpus} GPUs)")
             used[node] += k
+    cpu_used: Counter[str] = Counter()
+    mem_used: dict[str, float] = {}
+    for a in decision.allocations:  # CPUs and memory follow the GPUs across nodes
+        if a.gpus <= 0:
+            continue
+        for node, k in a.placement.items():
+            cpu_used[node] += a.cpus * k / a.gpus
+            mem_used[node] = mem_used.get(node, 0.0) + a.host_memory_gib * k / a.gpus
     for node, k in used.items():
         if node in cluster.nodes and k > cluster.nodes[node].gpus:
             v.append(f"node {node}: {k} GPUs allocated, capacity {cluster.nodes[node].gpus}")
+    for node, c in cpu_used.items():
+        if node in cluster.nodes and c > cluster.nodes[node].cpus + 0.01:
+            v.append(f"node {node}: {c:g} CPUs allocated, capacity {cluster.nodes[node].cpus}")
+    for node, mgib in mem_used.items():
+        if node in cluster.nodes and mgib > cluster.nodes[node].host_memory_gib + 0.01:  # rounding
+            v.append(f"node {node}: {mgib:g} GiB host memory allocated, "
+                     f"capacity {cluster.nodes[node].host_memory_gib:g}")
     pend = Counter(p.job for p in decision.pending)
     for job in pend:
         if job in seen:

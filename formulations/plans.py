@@ -1,0 +1,356 @@
+r"""Execution plans x multi-resource allocation (Morphling), as a candidate graph.
+
+Each job picks one *plan option*: a GPU type and count, an execution plan
+(3D parallel dp x tp x pp, ZeRO-DP, ZeRO-Offload, gradient accumulation,
+gradient checkpointing and their combinations) and the CPUs and host memory it
+needs per GPU. Options come from a :class:`PlanSource`: estimated
+(:class:`EstimatedPlans`, the analytic model over every plan family) or
+measured (:class:`MeasuredPlans`, Morphling's per-plan iteration-time tables).
+
+The options are written into the same candidate graph the cell formulation
+reads (vertex kind ``cell``, with ``plan_*`` attributes, ``cpus_per_gpu`` and
+``host_mem_gib_per_gpu``), so :func:`apportion.formulations.cells.build_cells_model`
+builds the model, with per-node CPU and host-memory rows added
+(``resources=True``):
+
+    sum_c cpus_per_gpu_c * g_{c,n} <= cpus_n,   sum_c mem_per_gpu_c * g_{c,n} <= mem_n
+
+SLAs (Morphling section 5): a *guaranteed* job within its tenant's quota must
+run at least as fast as its requested resources under its requested (or best)
+plan. Its options are filtered to those meeting that SLA (the minimum demand is
+the smallest option that does: found by the search over options), and placing
+it earns ``sla_weight`` so the solver places every guaranteed job it can
+before anything else (a soft lexicographic priority: the model is never
+infeasible). Quotas bound the GPUs of a tenant's guaranteed jobs:
+
+    sum_{j guaranteed in t} sum_c gpus_c x_c <= quota_t
+
+Guaranteed jobs whose minimum demands no longer fit the quota (in submit
+order) are treated as best-effort this round. Best-effort jobs use what is
+left and carry no keep bonus, so they are preempted first.
+
+Objective: total normalised throughput, each job's throughput divided by that
+of its requested GPUs under its best plan (Morphling's figure-8 normalisation:
+speed-up over the rigid plan on the requested resources).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+import networkx as nx
+
+from apportion.cluster import Cluster
+from apportion.decision import Reason
+from apportion.errors import InputError
+from apportion.estimation.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
+from apportion.estimation.base import Estimate
+from apportion.formulations.candidates import group_node, job_node, node_node
+from apportion.jobs import JobSpec
+from apportion.models import get_model
+from apportion.plans import ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One way to run a job: type, GPUs, plan, and what it needs besides GPUs."""
+
+    gpu_type: str
+    gpus: int
+    plan: ExecutionPlan
+    family: str
+    iter_time_s: float
+    global_batch_size: int
+    cpus_per_gpu: float = 4.0
+    host_mem_gib_per_gpu: float = 8.0
+    mem_per_gpu: float = 0.0
+
+    @property
+    def throughput(self) -> float:
+        return self.global_batch_size / self.iter_time_s if self.iter_time_s > 0 else 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.family}:{self.plan.label()}:cpu{self.cpus_per_gpu:g}"
+
+
+class PlanSource(Protocol):
+    def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        ...
+
+
+# ---------------------------------------------------------------------------
+# Estimated options: the analytic model over every plan family
+# ---------------------------------------------------------------------------
+@dataclass
+class EstimatedPlans:
+    """Every plan family at a GPU count, timed by the analytic estimator.
+
+    Families: ``3d`` (dp x tp x pp, TP inside a node), ``3d+gc``, ``zero-dp``
+    (ZeRO stage 2 over all GPUs), ``zero-dp+gc``, ``zero-offload`` (stage 2 with
+    the optimizer on the CPU; offered at several CPU counts, since the CPU Adam
+    step scales with cores: ``adam_GBps_per_cpu`` of optimizer state per core).
+    Gradient accumulation is implicit: the estimator adds micro-batches until
+    memory fits, which is accumulation when pp = 1.
+    """
+
+    estimator: AnalyticEstimator = field(default_factory=AnalyticEstimator)
+    base_cpus_per_gpu: float = 4.0
+    base_host_mem_gib_per_gpu: float = 8.0
+    offload_cpus_per_gpu: tuple[float, ...] = (8.0, 16.0)
+    adam_GBps_per_cpu: float = 1.5
+    max_pp: int = 8
+
+    def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        placement = nominal_placement(cluster, gpu_type, gpus)
+        if placement is None:
+            return []
+        model = get_model(job.model)
+        intra, outer = self.estimator._links(placement, gpu_type, cluster)
+        max_tp = cluster.max_gpus_per_node(gpu_type)
+        out: list[PlanOption] = []
+
+        def add(plan: ExecutionPlan, family: str, cpus: float | None = None) -> None:
+            e = self.estimator._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer)
+            if not e.feasible:
+                return
+            t = e.iter_time_s
+            mem = self.base_host_mem_gib_per_gpu
+            if plan.offload:  # the CPU Adam step: 16 bytes per parameter held, over the cores
+                per_gpu_params = model.params / max(1, plan.dp * plan.tp * plan.pp) * plan.dp
+                state = 16.0 * per_gpu_params / max(1, plan.dp)
+                t = t - e.breakdown["optimizer_s"] + state / (cpus * self.adam_GBps_per_cpu * 1e9)
+                mem += state / GiB
+            mem = math.ceil(mem * 8) / 8  # 1/8 GiB granularity keeps the rows integral for CP-SAT
+            out.append(PlanOption(gpu_type, gpus, e.plan, family, t, job.global_batch_size,
+                                  cpus if cpus is not None else self.base_cpus_per_gpu, mem,
+                                  e.mem_per_gpu))
+
+        for pp in powers_of_two_dividing(gpus, min(self.max_pp, len(model.layers))):
+            for tp in powers_of_two_dividing(gpus // pp, max_tp):
+                dp = gpus // (pp * tp)
+                if dp > job.global_batch_size:
+                    continue
+                add(ExecutionPlan(dp=dp, tp=tp, pp=pp), "3d")
+                add(ExecutionPlan(dp=dp, tp=tp, pp=pp, checkpointing=True), "3d+gc")
+        if gpus <= job.global_batch_size:
+            add(ExecutionPlan(dp=gpus, zero_stage=2), "zero-dp")
+            add(ExecutionPlan(dp=gpus, zero_stage=2, checkpointing=True), "zero-dp+gc")
+            for cpus in self.offload_cpus_per_gpu:
+                add(ExecutionPlan(dp=gpus, zero_stage=2, offload=True, checkpointing=True),
+                    "zero-offload", cpus)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Measured options: Morphling's per-plan tables
+# ---------------------------------------------------------------------------
+def plan_from_code(code: str, gpus: int) -> tuple[ExecutionPlan, str] | None:
+    """Morphling's ``exec_plan`` column: ga, gc, zero-dp, zero-offload, tp+ga or PP-TP-DP digits."""
+    code = code.strip().lstrip("\ufeff")
+    if code.isdigit() and len(code) == 3:
+        pp, tp, dp = (int(c) for c in code)
+        if pp * tp * dp != gpus:
+            return None
+        return ExecutionPlan(dp=dp, tp=tp, pp=pp, micro_batches=max(1, 4 * pp) if pp > 1 else 1), "3d"
+    table = {
+        "ga": (ExecutionPlan(dp=gpus, accumulation=2), "ga"),
+        "gc": (ExecutionPlan(dp=gpus, checkpointing=True), "gc"),
+        "zero-dp": (ExecutionPlan(dp=gpus, zero_stage=2), "zero-dp"),
+        "zero-offload": (ExecutionPlan(dp=gpus, zero_stage=2, offload=True), "zero-offload"),
+        "tp+ga": (ExecutionPlan(tp=gpus, accumulation=2), "tp+ga"),
+    }
+    return table.get(code)
+
+
+@dataclass
+class MeasuredPlans:
+    """Iteration times per plan and placement from Morphling's ``placements.csv`` tables.
+
+    ``tables`` maps a catalog model name to a CSV path. A row's placement is a
+    digit string of GPUs per node (``22``: two nodes with two GPUs); an option
+    at G GPUs uses the most consolidated measured placement of that plan.
+    Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU.
+    """
+
+    tables: dict[str, Path]
+    gpu_type: str = "A800-80GB"
+    base_cpus_per_gpu: float = 4.0
+    offload_cpus_per_gpu: float = 12.0
+    base_host_mem_gib_per_gpu: float = 8.0
+    offload_host_mem_gib_per_gpu: float = 64.0
+    _rows: dict[str, list[tuple[str, str, float]]] = field(default_factory=dict, repr=False)
+
+    def _load(self, model: str) -> list[tuple[str, str, float]]:
+        if model not in self._rows:
+            path = Path(self.tables[model])
+            rows = []
+            with path.open(newline="", encoding="utf-8-sig") as fh:
+                for i, r in enumerate(csv.DictReader(fh)):
+                    try:
+                        t = float(r["iter_time"])
+                    except (KeyError, ValueError):
+                        raise InputError(str(path), f"row {i + 2}.iter_time", "not a number") from None
+                    if not math.isfinite(t) or t <= 0:
+                        continue
+                    rows.append((r["exec_plan"].strip(), r["placement"].strip(), t))
+            self._rows[model] = rows
+        return self._rows[model]
+
+    def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        if gpu_type != self.gpu_type or job.model not in self.tables:
+            return []
+        best: dict[str, tuple[int, float, ExecutionPlan, str]] = {}
+        for code, placement, t in self._load(job.model):
+            if not placement.isdigit() or sum(int(c) for c in placement) != gpus:
+                continue
+            parsed = plan_from_code(code, gpus)
+            if parsed is None:
+                continue
+            plan, family = parsed
+            cur = best.get(code)
+            if cur is None or (len(placement), t) < (cur[0], cur[1]):
+                best[code] = (len(placement), t, plan, family)
+        out = []
+        for code, (_, t, plan, family) in sorted(best.items()):
+            off = plan.offload
+            out.append(PlanOption(gpu_type, gpus, plan, family, t, job.global_batch_size,
+                                  self.offload_cpus_per_gpu if off else self.base_cpus_per_gpu,
+                                  self.offload_host_mem_gib_per_gpu if off
+                                  else self.base_host_mem_gib_per_gpu))
+        return out
+
+
+# ---------------------------------------------------------------------------
+# The candidate graph
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of the plans formulation (documented in the module docstring)."""
+
+    gpu_counts: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+    sla_weight: float = 100.0
+    keep_bonus: float = 0.3
+    queue_weight: float = 0.25
+    starvation_s: float = 4 * 3600.0
+
+
+def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
+    return sorted({max(1, int(round(n * s))) for s in scales} & set(range(1, cap + 1)))
+
+
+def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, source: PlanSource,
+                          quotas: dict[str, int] | None = None,
+                          options: PlanOptions | None = None) -> nx.DiGraph:
+    """The plans problem as a candidate graph for :func:`build_cells_model` (``resources=True``)."""
+    opt = options or PlanOptions()
+    quotas = dict(quotas or {})
+    g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=opt.__dict__.copy(),
+                   quotas=quotas)
+    for n in cluster.nodes.values():
+        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
+                   cpus=n.cpus, host_memory_gib=n.host_memory_gib, group=group_node(n.group))
+    for grp in cluster.groups:
+        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
+                   node_gpus=grp.gpus_per_node, capacity=grp.count * grp.gpus_per_node,
+                   nodes=[node_node(f"{grp.prefix}-{i}") for i in range(grp.count)])
+    caps = cluster.capacity_by_type()
+    used_quota: dict[str, int] = {}
+    for job in sorted(jobs, key=lambda j: (j.running is None, j.submit_time_s, j.id)):
+        jn = job_node(job.id)
+        wait = job.wait_s(now_s)
+        g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
+                   requested_gpu_type=job.requested_gpu_type, tenant=job.tenant,
+                   queue_bonus=opt.queue_weight * min(1.0, wait / opt.starvation_s),
+                   running=list(job.running.cell_key) if job.running else None,
+                   reason=None, ref_throughput=None, ref_basis=None, guaranteed=False,
+                   sla_throughput=None)
+        opts: list[PlanOption] = []
+        for gpu_type, cap in sorted(caps.items()):
+            for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
+                opts.extend(source.options(job, gpu_type, gpus, cluster))
+        if not opts:
+            g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
+            g.nodes[jn]["ref_throughput"] = 0.0
+            continue
+        req_type = job.requested_gpu_type
+        at_req = [o for o in opts if o.gpus == job.requested_gpus
+                  and (req_type is None or o.gpu_type == req_type)]
+        ref = max(o.throughput for o in (at_req or opts))
+        g.nodes[jn]["ref_throughput"] = ref
+        g.nodes[jn]["ref_basis"] = (f"{job.requested_gpus} x {req_type or 'best type'}, best plan"
+                                    if at_req else "best option")
+        guaranteed = False
+        if job.guaranteed and at_req:
+            sla = ref * (1 - 1e-9)
+            meeting = [o for o in opts if o.throughput >= sla]
+            demand = min(o.gpus for o in meeting)
+            quota = quotas.get(job.tenant)
+            if quota is None or used_quota.get(job.tenant, 0) + demand <= quota:
+                guaranteed = True
+                used_quota[job.tenant] = used_quota.get(job.tenant, 0) + demand
+                opts = meeting
+                g.nodes[jn]["sla_throughput"] = ref
+                g.nodes[jn]["min_demand"] = demand
+            else:
+                g.nodes[jn]["over_quota"] = True
+        g.nodes[jn]["guaranteed"] = guaranteed
+        bonus = g.nodes[jn]["queue_bonus"] + (opt.sla_weight if guaranteed else 0.0)
+        for i, o in enumerate(opts):
+            current = (job.running is not None
+                       and job.running.cell_key == (o.gpu_type, o.gpus, o.plan.pp)
+                       and job.running.tp == o.plan.tp)
+            cn = f"cell:{job.id}:{o.gpu_type}:{o.gpus}:{i}"
+            keep = opt.keep_bonus if (current and guaranteed) else 0.0
+            g.add_node(cn, kind="cell", job=job.id, gpu_type=o.gpu_type, gpus=o.gpus,
+                       stages=o.plan.pp, dp=o.plan.dp, tp=o.plan.tp,
+                       micro_batches=o.plan.micro_batches, est_throughput=o.throughput,
+                       iter_time_s=o.iter_time_s, mem_per_gpu=o.mem_per_gpu,
+                       normalized=o.throughput / ref, value=o.throughput / ref + bonus + keep,
+                       current=bool(current and job.running and job.running.placement),
+                       family=o.family, plan=o.plan, cpus_per_gpu=o.cpus_per_gpu,
+                       host_mem_gib_per_gpu=o.host_mem_gib_per_gpu,
+                       quota_tenant=job.tenant if guaranteed else None,
+                       single_node=not current and o.gpus <= cluster.max_gpus_per_node(o.gpu_type))
+            g.add_edge(jn, cn)
+            _attach_edges(g, cn, o, job, cluster)
+    return g
+
+
+def _attach_edges(g: nx.DiGraph, cn: str, o: PlanOption, job: JobSpec, cluster: Cluster) -> None:
+    tp = o.plan.tp
+    if g.nodes[cn]["current"] and job.running is not None:
+        for name, k in job.running.placement.items():
+            if name in cluster.nodes and cluster.nodes[name].gpu_type == o.gpu_type:
+                cap = min(k, o.gpus) - min(k, o.gpus) % tp
+                if cap > 0:
+                    g.add_edge(cn, node_node(name), max_gpus=cap)
+        return
+    unit = o.gpus if g.nodes[cn]["single_node"] else tp
+    for grp in cluster.groups:
+        if grp.gpu_type != o.gpu_type or grp.gpus_per_node < unit:
+            continue
+        cap = min(grp.count * (grp.gpus_per_node - grp.gpus_per_node % tp), o.gpus)
+        if cap - cap % tp > 0:
+            g.add_edge(cn, group_node(grp.prefix), max_gpus=cap - cap % tp)
+
+
+def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, int],
+               cluster: Cluster, estimator: AnalyticEstimator | None = None) -> Estimate:
+    """Topology feedback: the estimate of a plan on the placement actually chosen."""
+    est = estimator or AnalyticEstimator()
+    return est.predict(job, replace(option_plan), placement, cluster)
+
+
+__all__ = ["PlanOption", "PlanSource", "EstimatedPlans", "MeasuredPlans", "PlanOptions",
+           "build_plan_candidates", "plan_from_code", "reestimate"]
