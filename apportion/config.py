@@ -104,6 +104,7 @@ class JobEntry(_Strict):
     accepts_sharing: bool = False
     iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
+    admitted: bool = False
 
     @field_validator("model")
     @classmethod
@@ -298,7 +299,7 @@ def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
             requested_gpu_type=e.requested_gpu_type, submit_time_s=e.submit_time_s,
             tenant=e.tenant, guaranteed=e.guaranteed, deadline_s=e.deadline_s,
             backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
-            iterations_done=e.iterations_done, running=running,
+            iterations_done=e.iterations_done, running=running, admitted=e.admitted,
         ))
     now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
     return jobs, now

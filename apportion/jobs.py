@@ -41,6 +41,7 @@ class JobSpec:
     accepts_sharing: bool = False
     iterations_done: int = 0
     running: RunningState | None = None
+    admitted: bool = False  # a deadline job admitted earlier keeps its guarantee
 
     @property
     def remaining_iterations(self) -> int:

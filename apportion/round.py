@@ -32,7 +32,12 @@ from apportion.solvers.validator import validate
 log = logging.getLogger(__name__)
 
 
-FORMULATIONS = ("cells", "plans")
+FORMULATIONS = ("cells", "plans", "deadline")
+REASON_DETAIL = {
+    Reason.NO_FIT_MEMORY.value: "no cell of any GPU type fits its memory",
+    Reason.NO_GPU_TYPE.value: "its requested GPU type is not in the cluster",
+    Reason.DEADLINE_UNMEETABLE.value: "no allocation finishes it before its deadline",
+}
 
 
 @dataclass
@@ -120,9 +125,7 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
             pending.append(Pending(job.id, Reason.QUOTA,
                                    f"tenant {job.tenant}'s quota is used by earlier guaranteed jobs"))
         elif reason is not None:
-            detail = ("no cell of any GPU type fits its memory" if reason == Reason.NO_FIT_MEMORY.value
-                      else f"requested GPU type {job.requested_gpu_type} is not in the cluster")
-            pending.append(Pending(job.id, Reason(reason), detail))
+            pending.append(Pending(job.id, Reason(reason), REASON_DETAIL.get(reason, "")))
         else:
             pending.append(Pending(job.id, Reason.NO_CAPACITY,
                                    "feasible cells exist; the capacity went to higher-value jobs"))
@@ -145,6 +148,11 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         g = build_plan_candidates(cluster, jobs, now_s, source, cfg.quotas, cfg.plan_options)
     else:
         g = build_candidates(cluster, jobs, now_s, est, cfg.candidates)
+    if cfg.formulation == "deadline":
+        from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
+
+        apply_deadlines(g, jobs, now_s, DeadlineOptions(restart_s=cfg.candidates.restart_s))
+        g.graph["formulation"] = "deadline"
     t_cand = time.perf_counter() - t0
     model = build_cells_model(g, max_changes=cfg.max_changes)
 
@@ -185,6 +193,10 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                          "node_classes": model.meta.get("node_classes")}
     decision = to_decision(g, choices, cluster, jobs, report, est)
     decision.meta = {"now_s": now_s, "objective_recomputed": objective_of(g, choices)}
+    if cfg.formulation == "deadline":
+        from apportion.formulations.deadline import deadline_projection
+
+        decision.meta.update(deadline_projection(g, {c.job for c in choices}))
     final = validate(decision, cluster, jobs)
     if not final.ok:  # never act on an invalid decision: fall back to the (validated) greedy
         log.error("decision rejected by the validator: %s", final.violations)

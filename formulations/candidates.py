@@ -25,15 +25,18 @@ Edges to groups rather than to every node keep the graph small at cluster
 scale (1,000 jobs x 48 cells x 160 nodes would be millions of edges). A
 researcher can edit attributes (say, ``value``) before the formulation is built.
 
-Objective coefficient of a cell (documented weights):
-``value = est_throughput / ref_throughput + queue_bonus + keep_bonus``, where
+Objective coefficient of a cell (documented weights; other objectives in
+:mod:`apportion.formulations.objectives`):
+``value = est_throughput / ref_throughput + queue_bonus + keep_bonus
+- reconfig``, where
 ``ref_throughput`` is the job's best estimated throughput with its requested N
 GPUs of its requested type (or of the best type when none is requested, or its
 best candidate at all when the request itself is infeasible);
 ``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
 jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.3) is added
 to a running job's present cell: changing or preempting a running job costs
-that much normalised throughput.
+that much normalised throughput; moving it to another cell also loses the
+restart time, ``reconfig = normalized * min(1, restart_s / round_s)``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import networkx as nx
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.estimation.analytic import AnalyticEstimator
+from apportion.formulations.objectives import ObjectiveOptions, apply_objective
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 
@@ -62,6 +66,13 @@ class CandidateOptions:
     queue_weight: float = 0.25
     starvation_s: float = 4 * 3600.0
     keep_bonus: float = 0.3
+    objective: str = "normalized"  # see formulations/objectives.py
+    restart_s: float = 60.0
+    round_s: float = 300.0
+
+    def objective_options(self) -> ObjectiveOptions:
+        return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
+                                restart_s=self.restart_s, round_s=self.round_s)
 
 
 def job_node(job_id: str) -> str:
@@ -133,6 +144,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             if cur is not None:
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
         _attach(g, job, cells, caps, cluster, opt)
+    apply_objective(g, jobs, now_s, opt.objective_options())
     return g
 
 
@@ -178,7 +190,8 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
                    stages=cell.stages, dp=e.plan.dp, tp=e.plan.tp,
                    micro_batches=e.plan.micro_batches, est_throughput=e.throughput,
                    iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
-                   value=norm + bonus + (opt.keep_bonus if current else 0.0), current=current)
+                   bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
+                   current=current)
         g.add_edge(jn, cn)
         tp = e.plan.tp
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)

@@ -52,6 +52,7 @@ from apportion.errors import InputError
 from apportion.estimation.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
 from apportion.formulations.candidates import group_node, job_node, node_node
+from apportion.formulations.objectives import ObjectiveOptions, apply_objective
 from apportion.jobs import JobSpec
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
@@ -243,6 +244,9 @@ class PlanOptions:
     keep_bonus: float = 0.3
     queue_weight: float = 0.25
     starvation_s: float = 4 * 3600.0
+    objective: str = "normalized"
+    restart_s: float = 60.0
+    round_s: float = 300.0
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
@@ -311,12 +315,12 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                        and job.running.cell_key == (o.gpu_type, o.gpus, o.plan.pp)
                        and job.running.tp == o.plan.tp)
             cn = f"cell:{job.id}:{o.gpu_type}:{o.gpus}:{i}"
-            keep = opt.keep_bonus if (current and guaranteed) else 0.0
             g.add_node(cn, kind="cell", job=job.id, gpu_type=o.gpu_type, gpus=o.gpus,
                        stages=o.plan.pp, dp=o.plan.dp, tp=o.plan.tp,
                        micro_batches=o.plan.micro_batches, est_throughput=o.throughput,
                        iter_time_s=o.iter_time_s, mem_per_gpu=o.mem_per_gpu,
-                       normalized=o.throughput / ref, value=o.throughput / ref + bonus + keep,
+                       normalized=o.throughput / ref, value=o.throughput / ref + bonus,
+                       bonus=bonus,
                        current=bool(current and job.running and job.running.placement),
                        family=o.family, plan=o.plan, cpus_per_gpu=o.cpus_per_gpu,
                        host_mem_gib_per_gpu=o.host_mem_gib_per_gpu,
@@ -324,6 +328,8 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                        single_node=not current and o.gpus <= cluster.max_gpus_per_node(o.gpu_type))
             g.add_edge(jn, cn)
             _attach_edges(g, cn, o, job, cluster)
+    apply_objective(g, jobs, now_s, ObjectiveOptions(kind=opt.objective, keep_bonus=opt.keep_bonus,
+                                                     restart_s=opt.restart_s, round_s=opt.round_s))
     return g
 
 

@@ -1,0 +1,105 @@
+r"""Objectives as options, not forks: every formulation's cell ``value`` comes from here.
+
+For a cell c of job j with estimated throughput ``thr_c`` (samples/s),
+normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
+``rem_j = remaining_iterations_j * global_batch_j / ref_j`` and wait ``w_j``:
+
+* ``throughput``:   thr_c / S, with S the mean reference throughput (raw cluster
+  throughput, as Crius's objective; the scale keeps coefficients near 1);
+* ``normalized``:   n_c (default; Morphling's and the spine's objective);
+* ``jct``:          n_c * mean(rem) / rem_j — a weighted-JCT proxy: shortest
+  remaining work gains most per unit of speed (SRTF's rule, as weights);
+* ``fairness``:     n_c * rho_j / mean(rho), rho_j = (w_j + rem_j) / (iterations_j
+  * batch_j / ref_j) — finish-time fairness (Themis): jobs further behind their
+  isolated finish time gain more;
+* ``makespan``:     n_c * rem_j / mean(rem) — longest remaining work first (LPT);
+* ``composite``:    sum_k weight_k * term_k over the above, documented default
+  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``.
+
+Then ``value_c = term_c + bonus_c + keep_bonus [c is the running cell]
+- reconfig_c``, where ``bonus_c`` holds the queue bonus and any SLA/deadline
+priority the formulation set, and the reconfiguration cost of moving a running
+job to another cell is the fraction of the round lost to the restart,
+``reconfig_c = term_c * min(1, restart_s / round_s)`` (restart_s: checkpoint,
+stop, relaunch and resume, default 60 s; round_s: the round interval,
+default 300 s, Crius's value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from statistics import mean
+
+import networkx as nx
+
+from apportion.jobs import JobSpec
+
+OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite")
+DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
+
+
+@dataclass(frozen=True)
+class ObjectiveOptions:
+    kind: str = "normalized"
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_COMPOSITE))
+    keep_bonus: float = 0.3
+    restart_s: float = 60.0
+    round_s: float = 300.0
+
+
+def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
+    n = float(d["normalized"])
+    if kind == "normalized":
+        return n
+    if kind == "throughput":
+        return float(d["est_throughput"]) / stats["ref_mean"]
+    if kind == "jct":
+        return n * stats["rem_mean"] / js["rem"]
+    if kind == "fairness":
+        return n * js["rho"] / stats["rho_mean"]
+    if kind == "makespan":
+        return n * js["rem"] / stats["rem_mean"]
+    raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
+
+
+def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
+                    options: ObjectiveOptions | None = None) -> None:
+    """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost."""
+    opt = options or ObjectiveOptions()
+    if opt.kind not in OBJECTIVES:
+        raise ValueError(f"unknown objective {opt.kind!r}; choose {', '.join(OBJECTIVES)}")
+    per_job: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        jd = g.nodes.get(f"job:{job.id}")
+        if jd is None or not jd.get("ref_throughput"):
+            continue
+        ref = float(jd["ref_throughput"])
+        rem = max(60.0, job.remaining_iterations * job.global_batch_size / ref)
+        iso = max(60.0, job.iterations * job.global_batch_size / ref)
+        per_job[job.id] = {"rem": rem, "rho": (max(0.0, now_s - job.submit_time_s) + rem) / iso,
+                           "ref": ref, "running": 1.0 if job.running else 0.0}
+    if not per_job:
+        return
+    stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
+             "rho_mean": mean(v["rho"] for v in per_job.values()),
+             "ref_mean": mean(v["ref"] for v in per_job.values())}
+    lost = min(1.0, opt.restart_s / opt.round_s) if opt.round_s > 0 else 1.0
+    g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
+                            "keep_bonus": opt.keep_bonus, "restart_s": opt.restart_s,
+                            "round_s": opt.round_s}
+    for cn, d in g.nodes(data=True):
+        if d.get("kind") != "cell" or d["job"] not in per_job:
+            continue
+        js = per_job[d["job"]]
+        if opt.kind == "composite":
+            term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
+        else:
+            term = _terms(opt.kind, d, js, stats)
+        value = term + float(d.get("bonus", 0.0))
+        if d.get("current"):
+            value += opt.keep_bonus
+        elif js["running"]:
+            value -= term * lost  # a running job that moves loses the restart time
+        d["term"] = term
+        d["value"] = value
