@@ -79,7 +79,7 @@ class GreedyCells:
     name = "greedy"
 
     def __init__(self, search_depth: int = 3, value_attr: str = "value",
-                 max_evaluations: int = 20000) -> None:
+                 max_evaluations: int = 3000) -> None:
         self.search_depth = search_depth
         self.value_attr = value_attr
         self.max_evaluations = max_evaluations  # placement trials per local-search step
