@@ -1,0 +1,80 @@
+"""On-disk cache of profiles and estimates, keyed by model, device type and plan.
+
+Profiling costs seconds to minutes per stage; a scheduler asks for the same
+(model, device, plan) again and again, across rounds and processes. Entries
+are JSON files named by the SHA-256 of the canonical JSON of the key, grouped
+in one folder per kind, written atomically (temporary file, then rename) so a
+crashed writer never leaves half an entry. The key itself is stored next to
+the value and compared on read, so a hash collision can never return a wrong
+entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$APPORTION_CACHE`` or ``~/.cache/apportion``."""
+    env = os.environ.get("APPORTION_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "apportion"
+
+
+def cache_key(model: str, device: str, plan: Mapping[str, Any] | str, **extra: Any
+              ) -> dict[str, Any]:
+    """The canonical key: model, device type, plan (a dict or a label) and extras."""
+    return {"model": model, "device": device,
+            "plan": dict(plan) if isinstance(plan, Mapping) else str(plan), **extra}
+
+
+class DiskCache:
+    """JSON values under ``root/<kind>/<sha256>.json``."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+
+    @staticmethod
+    def _digest(key: Mapping[str, Any]) -> str:
+        text = json.dumps(key, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def path(self, kind: str, key: Mapping[str, Any]) -> Path:
+        return self.root / kind / f"{self._digest(key)}.json"
+
+    def get(self, kind: str, key: Mapping[str, Any]) -> Any | None:
+        p = self.path(kind, key)
+        if not p.exists():
+            return None
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            log.warning("unreadable cache entry %s; ignoring it", p)
+            return None
+        want = json.loads(json.dumps(key, sort_keys=True, default=str))
+        if data.get("key") != want:
+            return None
+        return data.get("value")
+
+    def put(self, kind: str, key: Mapping[str, Any], value: Any) -> Path:
+        p = self.path(kind, key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"key": json.loads(json.dumps(key, sort_keys=True, default=str)),
+                   "value": value}
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(payload, fh, default=str)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p

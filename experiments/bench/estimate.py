@@ -1,0 +1,461 @@
+"""``apportion bench estimate``: estimator accuracy against measured iteration times.
+
+* ``--against morphling``: fit :class:`MorphlingEstimator` on the artifact's own
+  fitting samples (``profile/<model>``) and predict every measured trace row
+  (``traces/<model>/placements.csv``); a second, clearly separate variant also
+  fits on ``augment`` trace rows and scores only the rows it did not see.
+* ``--against crius``: calibrate the cell and analytic estimators' per-GPU-type
+  efficiency on half of Crius's jobs, score the other half (error, and the
+  Spearman rank agreement of each job's cells).
+* ``--against local``: real training iterations of small catalog models on
+  this machine (torch gloo, up to 4 processes) under several plans; Morphling
+  fitted on 7 of them predicts the rest; plus the profiling cost of a cell.
+
+Every result has, per model and plan family, ``n``, ``mean_error`` and
+``max_error`` (fractions, ``|predicted - measured| / measured``) and an
+``overall`` entry with the same keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from apportion.estimation.base import Sample
+from apportion.estimation.morphling import Env, MorphlingEstimator, MorphlingSample
+
+from apportion.jobs import JobSpec
+from apportion.plans import Cell, ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+# Morphling table 2 (mean / max error, %), for the side-by-side
+PAPER_TABLE2 = {
+    "vit": {"DP": (3.63, 6.83), "GC": (2.59, 6.19), "ZeRO-DP+GA": (4.23, 6.67),
+            "ZeRO-Offload": (3.00, 8.32)},
+    "roberta": {"DP": (2.21, 4.37), "GC": (3.36, 4.29), "ZeRO-DP+GA": (3.59, 6.71),
+                "ZeRO-Offload": (7.42, 10.44)},
+    "bert": {"DP": (5.27, 8.32), "GC": (4.90, 7.27), "ZeRO-DP+GA": (3.7, 6.90),
+             "ZeRO-Offload": (6.37, 8.62)},
+    "t5": {"TP+PP": (3.18, 8.24), "DP+TP+PP": (2.41, 9.55), "ZeRO-DP+GA": (6.71, 9.55),
+           "ZeRO-Offload+GC": (4.37, 6.34)},
+    "gpt2": {"TP+PP": (2.39, 3.08), "DP+TP+PP": (2.80, 4.15), "ZeRO-DP+GA": (2.52, 3.86),
+             "ZeRO-Offload+GC": (5.52, 8.90)},
+    "llama7": {"TP+PP": (1.90, 2.90), "DP+TP+PP": (4.70, 9.45),
+               "ZeRO-Offload+GC": (4.09, 6.38)},
+    "llama30": {"TP+PP": (4.29, 8.52), "DP+TP+PP": (6.15, 9.69)},
+}
+
+
+def summarize(errors: Iterable[float]) -> dict[str, float]:
+    e = list(errors)
+    if not e:
+        return {"n": 0, "mean_error": float("nan"), "max_error": float("nan")}
+    return {"n": len(e), "mean_error": float(statistics.fmean(e)), "max_error": float(max(e))}
+
+
+def rel_err(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rho (average ranks for ties)."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return num / den if den > 0 else float("nan")
+
+
+# ---------------------------------------------------------------------------
+# Morphling
+# ---------------------------------------------------------------------------
+def _score_morphling(est: MorphlingEstimator, rows: list[tuple[str, MorphlingSample]]
+                     ) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
+    fams: dict[str, list[float]] = {}
+    detail = []
+    for fam, s in rows:
+        assert s.arch is not None and s.nodes is not None
+        p = est.predict_config(s.arch, s.job.global_batch_size, s.plan, s.nodes, s.cpus,
+                               s.gpu_type)["T_iter"]
+        e = rel_err(p, s.iter_time_s)
+        fams.setdefault(fam, []).append(e)
+        detail.append({"family": fam, "plan": s.plan.label(),
+                       "placement": "".join(str(k) for k in s.nodes),
+                       "measured_s": s.iter_time_s, "predicted_s": p, "error": e})
+    return fams, detail
+
+
+def bench_morphling(root: Path | None = None, augment: int = 7,
+                    env: Env | None = None) -> dict[str, Any]:
+    from apportion.experiments.bench import morphling_data as md
+
+    root = root or DATA / "morphling"
+    models: dict[str, Any] = {}
+    aug_models: dict[str, Any] = {}
+    all_err: list[float] = []
+    aug_err: list[float] = []
+    details: dict[str, Any] = {}
+    for key, m in md.MODELS.items():
+        prof = md.profile_samples(m, root)
+        rows = md.trace_rows(m, root)
+        est = MorphlingEstimator(env=env, min_samples=min(7, len(prof))).fit(prof)
+        fams, detail = _score_morphling(est, rows)
+        models[key] = {f: summarize(e) for f, e in fams.items()}
+        models[key]["fit"] = {"samples": len(prof), "rmsle": est.fit_rmsle_[m.catalog],
+                              "k": est.k_[m.catalog]}
+        all_err += [x for e in fams.values() for x in e]
+        details[key] = detail
+        # variant: the profile plus `augment` trace rows (spread over families and sizes)
+        ordered = sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1].plan.gpus,
+                                                          rows[i][1].nodes))
+        step = max(1, len(ordered) // max(1, augment))
+        chosen = set(ordered[::step][:augment])
+        est2 = MorphlingEstimator(env=env, min_samples=7).fit(
+            prof + [rows[i][1] for i in sorted(chosen)])
+        held = [r for i, r in enumerate(rows) if i not in chosen]
+        fams2, _ = _score_morphling(est2, held)
+        aug_models[key] = {f: summarize(e) for f, e in fams2.items()}
+        aug_err += [x for e in fams2.values() for x in e]
+    return {
+        "against": "morphling",
+        "models": models,
+        "overall": summarize(all_err),
+        "augmented": {"trace_rows_added_to_fit": augment, "models": aug_models,
+                      "overall": summarize(aug_err)},
+        "paper_table2": PAPER_TABLE2,
+        "skipped": md.SKIPPED,
+        "notes": [md.__doc__.split("\n\n")[-1].strip() if md.__doc__ else "",
+                  "environment: NVLink 200 GB/s per direction, 12.5 GB/s inter-node, PCIe "
+                  "25 GB/s (nominal A800 testbed figures; the artifact ships no measured "
+                  "bandwidths)"],
+        "rows": details,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Crius
+# ---------------------------------------------------------------------------
+def _best_over_stages(est: Any, r: Any, cluster: Any) -> Any:
+    job = JobSpec(id=r.job, model=r.model, global_batch_size=r.batch, iterations=1,
+                  requested_gpus=r.gpus, requested_gpu_type=r.gpu_type)
+    best = None
+    s = 1
+    while s <= r.gpus:
+        e = est.best_in_cell(job, Cell(job.id, r.gpu_type, r.gpus, s), cluster)
+        if e is not None and e.feasible and (best is None or e.iter_time_s < best.iter_time_s):
+            best = e
+        s *= 2
+    return job, best
+
+
+def bench_crius(root: Path | None = None) -> dict[str, Any]:
+    from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
+    from apportion.estimation.crius import CellEstimator
+    from apportion.experiments.bench import crius_data as cd
+
+    root = root or DATA / "crius"
+    rows = cd.load(root)
+    jobs = sorted({r.job for r in rows})
+    train_jobs = set(jobs[::2])
+    out: dict[str, Any] = {"against": "crius", "split": {"train_jobs": sorted(train_jobs),
+                                                         "test_jobs": sorted(set(jobs) -
+                                                                             train_jobs)}}
+    for name, make in (("cell", CellEstimator), ("analytic", AnalyticEstimator),
+                       ("cell_per_family", CellEstimator)):
+        base = make()
+        ratios: dict[str, list[float]] = {}
+        for r in rows:
+            if r.job not in train_jobs or r.iter_time_s <= 0:
+                continue
+            cl = cd.cluster_for(r)
+            job, e = _best_over_stages(base, r, cl)
+            if e is None:
+                continue
+            if name.startswith("cell"):
+                # time scales as 1/efficiency: efficiency = base x predicted / measured
+                key = r.gpu_type if name == "cell" else f"{r.gpu_type}|{r.family}"
+                ratios.setdefault(key, []).append(
+                    base.efficiency * e.iter_time_s / r.iter_time_s)
+            else:
+                placement = nominal_placement(cl, r.gpu_type, r.gpus) or {}
+                one = AnalyticEstimator().fit(
+                    [Sample(job, e.plan, placement, r.gpu_type, r.iter_time_s)], cl)
+                ratios.setdefault(r.gpu_type, []).extend(one.efficiency_.values())
+        fitted = make()
+        fitted.efficiency_ = {g: statistics.median(v) for g, v in ratios.items()}
+        fam_err: dict[str, list[float]] = {}
+        by_job: dict[str, tuple[list[float], list[float]]] = {}
+        oom = {"measured_oom": 0, "predicted_oom_too": 0}
+        for r in rows:
+            if r.job in train_jobs:
+                continue
+            cl = cd.cluster_for(r)
+            _, e = _best_over_stages(fitted, r, cl)
+            if r.iter_time_s <= 0:
+                oom["measured_oom"] += 1
+                oom["predicted_oom_too"] += int(e is None)
+                continue
+            if e is None:
+                fam_err.setdefault(f"{r.family}|{r.gpu}|predicted-oom", []).append(1.0)
+                continue
+            err = rel_err(e.iter_time_s, r.iter_time_s)
+            fam_err.setdefault(f"{r.family}|{r.gpu}", []).append(err)
+            a, b = by_job.setdefault(r.job, ([], []))
+            a.append(e.iter_time_s)
+            b.append(r.iter_time_s)
+        rhos = {j: spearman(a, b) for j, (a, b) in by_job.items() if len(a) >= 3}
+        models: dict[str, Any] = {}
+        for key, errs in sorted(fam_err.items()):
+            fam, rest = key.split("|", 1)
+            models.setdefault(fam, {})[rest] = summarize(errs)
+        valid = [v for v in rhos.values() if not math.isnan(v)]
+        allerr = [x for k, v in fam_err.items() for x in v]
+        out[name] = {"models": models, "overall": {**summarize(allerr),
+                                                   "spearman": statistics.fmean(valid)
+                                                   if valid else float("nan")},
+                     "spearman_per_job": rhos, "efficiency": fitted.efficiency_, "oom": oom}
+    out["models"] = out["cell"]["models"]
+    out["overall"] = out["cell"]["overall"]
+    out["spearman"] = out["cell"]["overall"]["spearman"]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Local: real training on this machine
+# ---------------------------------------------------------------------------
+def _train_worker(rank: int, world: int, port: int, model_name: str, batch: int,
+                  plan: dict[str, Any], iters: int, out: str) -> None:
+    import json
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from apportion.estimation.torch_models import build
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = build(model_name)
+    ddp = DDP(model) if world > 1 else model
+    if plan.get("zero"):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                      lr=1e-4)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    a = int(plan.get("accumulation", 1))
+    micro = batch // world // a
+    x = model.example_input(micro, seed=rank)
+    gc = bool(plan.get("checkpointing"))
+    rows = []
+    for it in range(iters + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fwd = cc = 0.0
+        for step in range(a):
+            f0 = time.perf_counter()
+            if gc:
+                from torch.utils.checkpoint import checkpoint
+                h = x
+                for layer in model.layers:
+                    h = checkpoint(layer, h, use_reentrant=False) if h.is_floating_point() \
+                        else layer(h)
+                y = h  # gradients are all-reduced by hand below (no DDP hooks here)
+            else:
+                y = ddp(x)
+            loss = model.loss(y, x)
+            f1 = time.perf_counter()
+            if gc and world > 1 and step == a - 1:
+                loss.backward()
+                for p in model.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+            elif world > 1 and step < a - 1 and not gc:
+                with ddp.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            f2 = time.perf_counter()
+            fwd += f1 - f0
+            cc += f2 - f1
+        o0 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        rows.append((t1 - t0, fwd, cc, t1 - o0))
+    local = torch.tensor([statistics.median(r[i] for r in rows[2:]) for i in range(4)])
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(local.tolist(), fh)
+    dist.destroy_process_group()
+
+
+def run_local(model_name: str, batch: int, world: int, plan: dict[str, Any], iters: int = 4
+              ) -> tuple[float, float, float, float]:
+    """Median (iteration, forward, backward+sync, optimizer) seconds of a real run."""
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from apportion.estimation.collectives import _free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "r.json")
+        mp.start_processes(_train_worker, args=(world, _free_port(), model_name, batch, plan,
+                                                iters, path),
+                           nprocs=world, join=True, start_method="spawn")
+        it, fwd, cc, opt = json.loads(Path(path).read_text())
+    return it, fwd, cc, opt
+
+
+LOCAL_PLANS = [  # (world, plan, family)
+    (1, {}, "DP"), (2, {}, "DP"), (4, {}, "DP"),
+    (1, {"checkpointing": True}, "GC"), (2, {"checkpointing": True}, "GC"),
+    (4, {"checkpointing": True}, "GC"),
+    (2, {"accumulation": 2}, "GA"), (4, {"accumulation": 2}, "GA"),
+    (2, {"zero": True}, "ZeRO-DP"), (4, {"zero": True}, "ZeRO-DP"),
+]
+
+
+def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"), batch: int = 16,
+                iters: int = 4, fit_count: int = 7) -> dict[str, Any]:
+    import torch
+    from apportion.estimation.collectives import measure
+    from apportion.estimation.morphling import Arch
+    from apportion.estimation.profile_torch import TorchStageProfiler, profile_layers
+
+    from apportion.models import get_model
+
+    t0 = time.perf_counter()
+    tables = measure(ranks=(2,), max_bytes=4 * 2**20, min_bytes=2**16, repeats=3,
+                     collectives=("all_reduce",))
+    curve = tables.curves["all_reduce|loopback|2"]
+    big = curve.xs[-1]
+    bw = big / curve.ys[-1] / 1e9  # effective all-reduce GB/s (algorithm bandwidth)
+    env = Env(intra_GBps=bw, inter_GBps=bw, pcie_GBps=bw)
+    out: dict[str, Any] = {"against": "local", "machine": f"{torch.get_num_threads()}-thread "
+                           "CPU, torch gloo, processes on one host",
+                           "allreduce_GBps": bw, "batch": batch, "models": {}}
+    all_err: list[float] = []
+    cost: dict[str, Any] = {}
+    for name in models:
+        spec = get_model(name)
+        arch = Arch.from_spec(spec)
+        job = JobSpec(id=f"local-{name}", model=name, global_batch_size=batch, iterations=1,
+                      requested_gpus=1)
+        samples: list[tuple[str, MorphlingSample]] = []
+        measure_s = 0.0
+        for world, p, fam in LOCAL_PLANS:
+            m0 = time.perf_counter()
+            it, fwd, cc, opt = run_local(name, batch, world, p, iters)
+            measure_s += time.perf_counter() - m0
+            plan = ExecutionPlan(dp=world, accumulation=int(p.get("accumulation", 1)),
+                                 zero_stage=1 if p.get("zero") else 0,
+                                 checkpointing=bool(p.get("checkpointing")))
+            samples.append((fam, MorphlingSample(job=job, plan=plan, placement={},
+                                                 gpu_type="cpu", iter_time_s=it, cpus=1,
+                                                 fwd_s=fwd, cc_s=cc, oo_s=opt, arch=arch,
+                                                 nodes=(world,))))
+        fit_idx = list(range(0, len(samples), max(1, len(samples) // fit_count)))[:fit_count]
+        est = MorphlingEstimator(env=env, min_samples=fit_count, act_bytes=4.0,
+                                 grad_bytes=4.0).fit([samples[i][1] for i in fit_idx])
+        held = [s for i, s in enumerate(samples) if i not in fit_idx]
+        fams, detail = _score_morphling(est, held)
+        out["models"][name] = {f: summarize(e) for f, e in fams.items()}
+        out["models"][name]["rows"] = detail
+        out["models"][name]["fit_rows"] = [samples[i][1].plan.label() for i in fit_idx]
+        all_err += [x for e in fams.values() for x in e]
+        # profiling cost of one 4-device cell (DP-only and TP-only stage profiles)
+        p0 = time.perf_counter()
+        from apportion.estimation.torch_models import CONFIGS
+        width = min(4, CONFIGS[name].heads)  # a TP degree must divide the heads
+        profile_layers(name, batch, "dp", width, repeats=3)
+        profile_layers(name, batch, "tp", width, repeats=3)
+        cost[name] = {"profile_s_per_cell": time.perf_counter() - p0, "cell_width": width,
+                      "exhaustive_measure_s": measure_s,
+                      "configurations_measured": len(samples)}
+        _ = TorchStageProfiler  # the same measurements feed Crius's estimator
+    out["overall"] = summarize(all_err)
+    out["profiling_cost"] = cost
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def run(against: str, **kw: Any) -> dict[str, Any]:
+    if against == "morphling":
+        return bench_morphling(**kw)
+    if against == "crius":
+        return bench_crius(**kw)
+    if against == "local":
+        return bench_local(**kw)
+    raise ValueError(f"unknown benchmark {against!r}; choose morphling, crius or local")
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A markdown table of a result (per model and family, then overall)."""
+    lines = [f"# Estimator accuracy against {result['against']}", "",
+             "| model | plan family | n | mean error | max error | paper mean / max |",
+             "|---|---|---:|---:|---:|---|"]
+    paper = result.get("paper_table2", {})
+    for model, fams in result.get("models", {}).items():
+        for fam, v in fams.items():
+            if not isinstance(v, dict) or "mean_error" not in v:
+                continue
+            ref = paper.get(model, {}).get(fam)
+            lines.append(f"| {model} | {fam} | {v['n']} | {100 * v['mean_error']:.1f}% | "
+                         f"{100 * v['max_error']:.1f}% | "
+                         f"{'%.2f%% / %.2f%%' % ref if ref else ''} |")
+    o = result["overall"]
+    lines.append(f"| **overall** | | {o['n']} | {100 * o['mean_error']:.1f}% | "
+                 f"{100 * o['max_error']:.1f}% | |")
+    if "spearman" in result:
+        lines += ["", f"Mean Spearman rank agreement of cells per job: {result['spearman']:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+def fit_analytic_from_crius(root: Path | None = None) -> Any:
+    """An :class:`AnalyticEstimator` whose per-GPU-type efficiency is fitted on all of Crius's
+    measured iteration times (the spine's default 0.45 is optimistic by 2-3x on that data)."""
+    from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
+    from apportion.experiments.bench import crius_data as cd
+
+    rows = cd.load(root or DATA / "crius")
+    base = AnalyticEstimator()
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        if r.iter_time_s <= 0:
+            continue
+        cl = cd.cluster_for(r)
+        job, e = _best_over_stages(base, r, cl)
+        if e is None:
+            continue
+        placement = nominal_placement(cl, r.gpu_type, r.gpus) or {}
+        one = AnalyticEstimator().fit([Sample(job, e.plan, placement, r.gpu_type,
+                                              r.iter_time_s)], cl)
+        ratios.setdefault(r.gpu_type, []).extend(one.efficiency_.values())
+    fitted = AnalyticEstimator()
+    fitted.efficiency_ = {g: statistics.median(v) for g, v in ratios.items()}
+    return fitted

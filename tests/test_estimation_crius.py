@@ -1,0 +1,115 @@
+"""Crius's cell estimator: figure-7 stage determination, assembly, OOM drop, round integration."""
+
+from __future__ import annotations
+
+import math
+
+from apportion.estimation.crius import (
+    CellEstimator,
+    determine_stages,
+    gpu_shares,
+    round_to_powers_of_two,
+)
+from apportion.solvers.validator import validate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.config import default_cluster, default_jobs
+from apportion.jobs import JobSpec
+from apportion.models import get_model
+from apportion.plans import Cell
+from apportion.round import RoundConfig, run_round
+
+
+def test_figure7_six_operators_on_eight_gpus():
+    # our own shares: FLOPs 1,3,4,2,2,4 sixteenths -> 0.5, 1.5, 2, 1, 1, 2 GPUs
+    flops = [1, 3, 4, 2, 2, 4]
+    assert gpu_shares(flops, 8) == [0.5, 1.5, 2.0, 1.0, 1.0, 2.0]
+    # inter-operator communications: the three smallest sit after OP2, OP3 and OP5
+    comm = [9.0, 1.0, 2.0, 8.0, 3.0]
+    sp = determine_stages(flops, comm, gpus=8, stages=4)
+    assert sp is not None
+    assert sp.ranges == ((0, 2), (2, 3), (3, 5), (5, 6))
+    assert sp.exact_gpus == (2.0, 2.0, 2.0, 2.0)
+    assert sp.gpus == (2, 2, 2, 2) and sum(sp.gpus) == 8
+
+
+def test_figure7_uneven_accumulation_rounds_to_powers_of_two():
+    # shares 0.5, 2.5, 1, 0.5, 2, 1.5 of 8 GPUs; cuts after OP1, OP3, OP5
+    flops = [1, 5, 2, 1, 4, 3]
+    comm = [1.0, 7.0, 2.0, 9.0, 3.0]
+    sp = determine_stages(flops, comm, gpus=8, stages=4)
+    assert sp is not None
+    assert sp.ranges == ((0, 1), (1, 3), (3, 5), (5, 6))
+    assert sp.exact_gpus == (0.5, 3.5, 2.5, 1.5)
+    assert sum(sp.gpus) == 8 and all(g & (g - 1) == 0 for g in sp.gpus)
+    # each stage within a factor of two of its FLOPs share
+    assert all(0.5 <= g / e <= 2.0 for g, e in zip(sp.gpus, sp.exact_gpus))
+
+
+def test_stages_on_a_real_catalog_model_balance_flops():
+    m = get_model("bert-1.3b")
+    sp = determine_stages(m.attr("flops"), m.attr("out_bytes")[:-1], gpus=8, stages=4)
+    assert sp is not None and sp.gpus == (2, 2, 2, 2)
+    flops = m.attr("flops")
+    per_stage = [sum(flops[a:b]) for a, b in sp.ranges]
+    assert max(per_stage) / min(per_stage) < 1.35
+    # the ranges tile the model in order
+    assert sp.ranges[0][0] == 0 and sp.ranges[-1][1] == len(flops)
+    assert all(a[1] == b[0] for a, b in zip(sp.ranges, sp.ranges[1:]))
+
+
+@given(st.lists(st.floats(0.05, 20.0), min_size=1, max_size=6), st.integers(1, 64))
+@settings(max_examples=80, deadline=None)
+def test_rounding_sums_to_the_cell_and_uses_powers_of_two(exact, total):
+    out = round_to_powers_of_two(exact, total)
+    if total < len(exact):
+        assert out is None
+        return
+    # every total >= S is a sum of S powers of two iff popcount(total) <= S
+    if bin(total).count("1") > len(exact):
+        assert out is None
+        return
+    assert out is not None and sum(out) == total
+    assert all(g >= 1 and g & (g - 1) == 0 for g in out)
+
+
+def _cluster() -> Cluster:
+    return Cluster("t", [NodeGroup("a100", 4, "A100-40GB", 8), NodeGroup("a10", 8, "A10", 2,
+                                                                          intra_node_link="pcie",
+                                                                          intra_node_bandwidth_GBps=32)])
+
+
+def test_assembly_has_two_to_the_s_plans_and_drops_oom():
+    est = CellEstimator()
+    cl = _cluster()
+    m = get_model("bert-2.6b")
+    intra, outer = est.links(cl, "A100-40GB", 16)
+    e, plans = est.estimate_cell(m, 256, "A100-40GB", 16, 2, intra, outer, 8)
+    assert e is not None and len(plans) == 2 ** 2
+    assert e.feasible and e.iter_time_s == min(p.iter_time_s for p in plans if p.feasible)
+    # a model far too large for 2 A10s: every assembly out of memory -> no estimate
+    job = JobSpec("big", "bert-6.7b", 128, 10, 2)
+    assert est.best_in_cell(job, Cell("big", "A10", 2, 1), cl) is None
+
+
+def test_best_in_cell_matches_protocol_and_faster_gpu_is_faster():
+    est = CellEstimator()
+    cl = _cluster()
+    job = JobSpec("j", "bert-1.3b", 128, 10, 8)
+    fast = est.best_in_cell(job, Cell("j", "A100-40GB", 8, 2), cl)
+    slow = est.best_in_cell(job, Cell("j", "A10", 8, 2), cl)
+    assert fast is not None and slow is not None
+    assert fast.iter_time_s < slow.iter_time_s
+    assert fast.plan.pp == 2 and math.isfinite(fast.throughput) and fast.throughput > 0
+
+
+def test_cell_estimator_plugs_into_a_validated_round():
+    cl = default_cluster()
+    jobs, now = default_jobs()
+    res = run_round(cl, jobs[:6], now, RoundConfig(backend="highs", time_budget_s=5),
+                    estimator=CellEstimator())
+    check = validate(res.decision, cl, jobs[:6])
+    assert check.ok, check
+    assert res.decision.allocations
