@@ -18,6 +18,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from apportion.errors import InputError
 
@@ -36,7 +37,10 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    from rich.markup import escape  # a value like "[/red]" in the input is text, not markup
+
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True,
+              soft_wrap=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -70,10 +74,10 @@ def _decision_table(decision: Any) -> Table:
         t.add_column(col, overflow="fold")
     for a in sorted(decision.allocations, key=lambda a: a.job):
         place = ", ".join(f"{n}:{k}" for n, k in sorted(a.placement.items()))
-        t.add_row(a.job, a.action.value, a.gpu_type, str(a.gpus), str(a.stages), a.plan.label(),
-                  place, f"{a.est_throughput:.2f}")
+        t.add_row(Text(a.job), a.action.value, a.gpu_type, str(a.gpus), str(a.stages),
+                  a.plan.label(), place, f"{a.est_throughput:.2f}")  # Text: ids are not markup
     for p in sorted(decision.pending, key=lambda p: p.job):
-        t.add_row(p.job, (p.action.value if p.action else "pending"), "-", "-", "-", "-",
+        t.add_row(Text(p.job), (p.action.value if p.action else "pending"), "-", "-", "-", "-",
                   f"pending: {p.reason.value}", "-")
     return t
 
@@ -110,30 +114,51 @@ def solve_round(
     search_depth: int = typer.Option(3, "--search-depth", min=0, help="greedy local-search depth"),
     max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
                                               help="at most this many running jobs changed"),
-    formulation: str = typer.Option("cells", "--formulation", help="cells"),
+    formulation: str = typer.Option("cells", "--formulation", help="cells | plans"),
+    tenants: Optional[Path] = typer.Option(None, "--tenants",
+                                           help="tenants YAML with GPU quotas (plans)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
+    state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
+                                         "and commit the round to it (instead of --jobs)"),
+    round_key: Optional[str] = typer.Option(None, "--round-key", help="with --state: a round "
+                                            "committed under this key is not redone"),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     _setup_logging(verbose)
-    from apportion.config import default_cluster, default_jobs, load_cluster, load_jobs
-    from apportion.round import RoundConfig, run_round
+    from apportion.config import default_cluster, default_jobs, load_jobs, load_tenants, resolve_cluster
+    from apportion.round import FORMULATIONS, RoundConfig, run_round
+
+    if state is not None:  # the queue and running jobs come from the state store
+        from apportion.store_cli import solve_round_state
+
+        def show(d: Any) -> None:
+            out.print(_decision_table(d))
+            err.print(_report_lines(d), highlight=False, markup=False)
+
+        raise typer.Exit(solve_round_state(
+            state, cluster, jobs, backend=backend, time_budget=time_budget,
+            search_depth=search_depth, max_changes=max_changes, formulation=formulation,
+            json_out=json_out, dump_problem=dump_problem, round_key=round_key, show=show,
+            write_json=write_json_atomic))
 
     try:
         if backend not in ("auto", "cp-sat", "highs", "greedy"):
             raise InputError("--backend", "backend", f"{backend!r} is not one of auto, cp-sat, "
                                                      "highs, greedy")
-        if formulation != "cells":
+        if formulation not in FORMULATIONS:
             raise InputError("--formulation", "formulation",
-                             f"{formulation!r} is not available; available: cells")
+                             f"{formulation!r} is not available; available: "
+                             + ", ".join(FORMULATIONS))
+        quotas = load_tenants(tenants) if tenants else None
         _check_output_path(json_out, "--json")
         _check_output_path(dump_problem, "--dump-problem")
-        cl = load_cluster(cluster) if cluster else default_cluster()
+        cl = resolve_cluster(cluster) if cluster else default_cluster()
         jb, now = load_jobs(jobs) if jobs else default_jobs()
     except InputError as exc:
         _fail(exc)
         return
     cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                      max_changes=max_changes)
+                      max_changes=max_changes, formulation=formulation, quotas=quotas)
     result = run_round(cl, jb, now, cfg)
     out.print(_decision_table(result.decision))
     err.print(_report_lines(result.decision), highlight=False, markup=False)
@@ -170,6 +195,280 @@ def gpus() -> None:
         t.add_row(g.name, g.architecture, f"{g.memory_gib:g}", f"{g.half_tflops:g}",
                   f"{g.fp32_tflops:g}", f"{g.hbm_GBps:g}", f"{g.link} {g.link_GBps:g} GB/s")
     out.print(t)
+
+
+# -- the state store (logic in apportion/store_cli.py; exit 2 bad input, 75 busy) --------------
+@app.command("submit")
+def submit(file: Path = typer.Argument(..., help="jobs YAML (the --jobs format)"),
+           state: Path = typer.Option(..., "--state", help="state DB (created if missing)")) -> None:
+    """Add the jobs of a YAML file to the state store, all or nothing."""
+    from apportion.store_cli import submit as run
+
+    raise typer.Exit(run(file, state))
+
+
+@app.command("cancel")
+def cancel(job: str = typer.Argument(..., help="job id"),
+           state: Path = typer.Option(..., "--state", help="state DB")) -> None:
+    """Cancel a job: it is dropped and its GPUs are free for the next round."""
+    from apportion.store_cli import cancel as run
+
+    raise typer.Exit(run(job, state))
+
+
+@app.command("status")
+def status(state: Path = typer.Option(..., "--state", help="state DB"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
+    """Jobs and their lifecycle states, the queue, cluster use and node health."""
+    from apportion.store_cli import status as run
+
+    raise typer.Exit(run(state, as_json))
+
+
+@app.command("history")
+def history(state: Path = typer.Option(..., "--state", help="state DB"),
+            as_json: bool = typer.Option(False, "--json", help="print JSON on stdout"),
+            limit: Optional[int] = typer.Option(None, "--limit", min=1, help="last N rounds")) -> None:
+    """Committed rounds with their solver reports."""
+    from apportion.store_cli import history as run
+
+    raise typer.Exit(run(state, as_json, limit))
+
+
+@app.command("simulate")
+def simulate_cmd(
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a name"),
+    policy: str = typer.Option(..., "--policy", help="policy name (see apportion.experiments.policies)"),
+    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary JSON here"),
+    jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="write the per-job CSV here"),
+    interval: Optional[float] = typer.Option(None, "--interval", min=1.0, help="round length, s"),
+    restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, help="s per restart"),
+    noise: float = typer.Option(0.0, "--noise", min=0.0, help="log-normal sigma on what the policy sees"),
+    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01,
+                                                help="raw traces: busiest window of this many days"),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="first N jobs only"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Replay a trace on a simulated cluster under one policy; print and write the summary."""
+    _setup_logging(verbose)
+    from apportion.experiments.harness import simulate_main
+
+    try:
+        _check_output_path(json_out, "--json")
+        _check_output_path(jobs_csv, "--jobs-csv")
+        summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
+                                window_days, max_jobs, json_out, jobs_csv)
+    except InputError as exc:
+        _fail(exc)
+        return
+    out.print_json(data=summary)
+
+
+@app.command("compare")
+def compare_cmd(
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a name"),
+    policies: str = typer.Option(..., "--policies", help="comma-separated policy names"),
+    seeds: int = typer.Option(1, "--seeds", min=1),
+    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    out_dir: Path = typer.Option(Path("results"), "--out", help="results root"),
+    run: Optional[str] = typer.Option(None, "--run", help="run name (default: trace-cluster)"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1),
+    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
+    _setup_logging(verbose)
+    from apportion.experiments.harness import compare_main
+
+    try:
+        root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
+                            window_days, max_jobs)
+    except InputError as exc:
+        _fail(exc)
+        return
+    out.print((root / "summary.md").read_text(), markup=False, highlight=False)
+    err.print(f"results in {root}", highlight=False)
+
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="benchmarks")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("sim")
+def bench_sim_cmd(
+    policy: str = typer.Option("fcfs", "--policy"),
+    days: float = typer.Option(14.0, "--days", min=0.1),
+    time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
+    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
+    """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
+    from apportion.experiments.bench.sim import main as bench_sim_main
+
+    res = bench_sim_main(policy, days, time_budget, max_rounds)
+    out.print_json(data=res)
+    if json_out:
+        write_json_atomic(json_out, res)
+
+
+@bench_app.command("estimate")
+def bench_estimate_cmd(
+    against: str = typer.Option(..., "--against", help="morphling | crius | local"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the result JSON here"),
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table"),
+) -> None:
+    """Estimator accuracy against measured iteration times (Morphling, Crius, or this machine)."""
+    from apportion.experiments.bench.estimate import markdown, run
+
+    try:
+        if against not in ("morphling", "crius", "local"):
+            raise InputError("--against", "against", f"{against!r} is not one of morphling, "
+                                                     "crius, local")
+        _check_output_path(json_out, "--json")
+        _check_output_path(markdown_out, "--markdown")
+    except InputError as exc:
+        _fail(exc)
+        return
+    res = run(against)
+    out.print(markdown(res), markup=False, highlight=False)
+    if json_out:
+        write_json_atomic(json_out, res)
+    if markdown_out:
+        markdown_out.write_text(markdown(res))
+
+
+@app.command("profile")
+def profile_cmd(
+    model: str = typer.Argument(..., help="catalog model (torch: gpt-tiny, bert-tiny, vit-tiny)"),
+    backend: str = typer.Option("torch", "--backend", help="torch | jax"),
+    batch: int = typer.Option(8, "--batch", min=1),
+    devices: int = typer.Option(4, "--devices", min=1, help="stage width for DP/TP shards"),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
+    """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
+    from apportion.estimation.profile_torch import profile_report
+
+    try:
+        _check_output_path(json_out, "--json")
+        res = profile_report(model, backend, batch, devices)
+    except InputError as exc:
+        _fail(exc)
+        return
+    out.print_json(data=res)
+    if json_out:
+        write_json_atomic(json_out, res)
+
+
+@app.command("estimate")
+def estimate_cmd(
+    job: str = typer.Option(..., "--job", help="MODEL[:GLOBAL_BATCH], e.g. bert-1.3b:256"),
+    cell: str = typer.Option(..., "--cell", help="GPU_TYPE:GPUS[:STAGES], e.g. A40:8:2"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (default testbed)"),
+    estimator: str = typer.Option("all", "--estimator", help="crius | analytic | morphling | all"),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
+    """Estimate one cell with the estimators and tune it (Crius 5.1-5.2)."""
+    from apportion.config import default_cluster, load_cluster
+    from apportion.estimation.tuning import estimate_report, parse_job_cell
+
+    try:
+        _check_output_path(json_out, "--json")
+        spec, c = parse_job_cell(job, cell)
+        cl = resolve_cluster(cluster) if cluster else default_cluster()
+        res = estimate_report(spec, c, cl, estimator)
+    except InputError as exc:
+        _fail(exc)
+        return
+    out.print_json(data=res)
+    if json_out:
+        write_json_atomic(json_out, res)
+
+
+@app.command("solve-shards")
+def solve_shards_cmd(
+    units: Path = typer.Option(..., "--units", help="shard-unit problem JSON (devices, models)"),
+    method: str = typer.Option("cp-sat", "--method", help="cp-sat | milp | lrtf | random"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the schedule JSON here"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Hydra: schedule shard units of several models on devices (makespan job shop)."""
+    _setup_logging(verbose)
+    from apportion.solvers.shards import solve_shards_file
+
+    try:
+        _check_output_path(json_out, "--json")
+        result = solve_shards_file(str(units), method, time_budget)
+    except InputError as exc:
+        _fail(exc)
+        return
+    err.print(f"makespan {result['makespan']:.6g}  lower bound {result['lower_bound']:.6g}  "
+              f"status {result['status']}", highlight=False, markup=False)
+    if json_out:
+        write_json_atomic(json_out, result)
+    else:
+        out.print_json(data=result)
+
+
+@app.command("solve-finetune")
+def solve_finetune_cmd(
+    tasks: Path = typer.Option(..., "--tasks", help="fine-tuning task YAML (tasks, gains)"),
+    capacity: int = typer.Option(..., "--capacity", help="GPUs available"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the answer JSON here"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
+    _setup_logging(verbose)
+    from apportion.solvers.finetune import solve_finetune_file
+
+    try:
+        if capacity < 1:
+            raise InputError("--capacity", "capacity", f"must be at least 1, got {capacity}")
+        if not time_budget > 0:
+            raise InputError("--time-budget", "time_budget", f"must be positive, got {time_budget}")
+        _check_output_path(json_out, "--json")
+        result = solve_finetune_file(str(tasks), capacity, time_budget)
+    except InputError as exc:
+        _fail(exc)
+        return
+    err.print(f"total JCT {result['total_jct']}  status {result['status']}", highlight=False,
+              markup=False)
+    if json_out:
+        write_json_atomic(json_out, result)
+    else:
+        out.print_json(data=result)
+
+
+@bench_app.command("solve")
+def bench_solve_cmd(
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON"),
+    budget: float = typer.Option(5.0, "--time-budget", help="per-backend budget, s"),
+    quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),
+    backends: str = typer.Option("highs,cp-sat,chain", "--backends", help="comma-separated"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."""
+    from apportion.experiments.bench.solve import DEFAULT_GRID, QUICK_GRID, markdown, run_bench
+
+    try:
+        _check_output_path(json_out, "--json")
+        names = [b.strip() for b in backends.split(",") if b.strip()]
+        bad = [b for b in names if b not in ("highs", "cp-sat", "chain")]
+        if bad or not names:
+            raise InputError("--backends", "backends", f"unknown {bad}; use highs, cp-sat, chain")
+    except InputError as exc:
+        _fail(exc)
+        return
+    rows = run_bench(QUICK_GRID if quick else DEFAULT_GRID, names, budget, seed)
+    out.print(markdown(rows), markup=False, highlight=False)
+    if json_out:
+        write_json_atomic(json_out, rows)
 
 
 def main() -> None:
