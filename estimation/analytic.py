@@ -20,17 +20,22 @@ and the gradients too from stage 2, over dp) plus activations of the micro-batch
 in flight (the first stage of 1F1B holds ``min(B, stages)``) divided by tp, plus
 a fixed reserve for the CUDA context and workspace.
 
-``efficiency`` defaults to 0.45 of the dense peak (a typical sustained
-fraction for large-model training); ``fit`` calibrates it per GPU type from
-measured samples (the median ratio of predicted to measured time).
+``efficiency`` (a fraction of the dense peak) defaults to the per-type values
+calibrated on Crius's measurements (``apportion/data/efficiency.yaml``: 0.14 to
+0.31); ``fit`` recalibrates it per GPU type from measured samples (the median
+ratio of predicted to measured time).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from importlib import resources
 from statistics import median
 from typing import Any
+
+import yaml
 
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
@@ -56,7 +61,7 @@ def powers_of_two_dividing(n: int, upto: int | None = None) -> list[int]:
 class AnalyticEstimator:
     """Closed-form iteration time and memory; see the module docstring."""
 
-    def __init__(self, efficiency: float = 0.45, tp_penalty: float = 0.05,
+    def __init__(self, efficiency: float | None = None, tp_penalty: float = 0.05,
                  memory_reserve_gib: float = 1.5, usable_memory_fraction: float = 0.95,
                  max_micro_batches: int = 1024) -> None:
         self.efficiency = efficiency
@@ -86,7 +91,13 @@ class AnalyticEstimator:
         return self
 
     def _eff(self, gpu_type: str, tp: int) -> float:
-        base = getattr(self, "efficiency_", {}).get(gpu_type, self.efficiency)
+        fitted = getattr(self, "efficiency_", {})
+        if gpu_type in fitted:
+            base = fitted[gpu_type]
+        elif self.efficiency is not None:
+            base = self.efficiency
+        else:
+            base = shipped_efficiency(gpu_type)
         return base * max(0.2, 1.0 - self.tp_penalty * math.log2(tp))
 
     # -- prediction --------------------------------------------------------------
@@ -217,6 +228,18 @@ class AnalyticEstimator:
             if est.feasible and (best is None or est.iter_time_s < best.iter_time_s):
                 best = est
         return best
+
+
+@lru_cache(maxsize=1)
+def _shipped_table() -> dict[str, Any]:
+    text = resources.files("apportion").joinpath("data/efficiency.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def shipped_efficiency(gpu_type: str) -> float:
+    """The calibrated sustained efficiency of a GPU type (apportion/data/efficiency.yaml)."""
+    table = _shipped_table()
+    return float(table["types"].get(gpu_type, table["default"]))
 
 
 def nominal_placement(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
