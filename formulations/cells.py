@@ -133,7 +133,9 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
     class_rows: dict[int, dict[int, float]] = {}
     cell_cols: dict[str, int] = {}
-    place_cols: dict[str, list[tuple[int, int, int]]] = {}
+    # per cell: (class, column, unit, units per column value): y columns count units (1),
+    # a cell that fits one class wholly uses its x column (gpus / unit units when chosen)
+    place_cols: dict[str, list[tuple[int, int, int, int]]] = {}
     for jid in jobs_in(g):
         cols = []
         for cn in cells_of(g, jid):
@@ -148,13 +150,19 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                 for k in sorted({class_of[m] for m in member_nodes(g, succ)}):
                     usable = sum(int(g.nodes[m]["capacity"]) // tp * tp for m in classes[k])
                     cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable)
+            if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
+                # one class can hold the whole cell: its units there are x * gpus/unit, no y
+                (k,) = cap_by_class
+                class_rows.setdefault(k, {})[x] = float(gpus)
+                place_cols[cn] = [(k, x, tp, gpus // tp)]
+                continue
             link = {x: -float(gpus)}
             place_cols[cn] = []
             for k, cap in sorted(cap_by_class.items()):
                 y = m.add_var(("y", cn, k), 0, min(cap, gpus) // tp, integer=True)
                 link[y] = float(tp)
                 class_rows.setdefault(k, {})[y] = float(tp)
-                place_cols[cn].append((k, y, tp))
+                place_cols[cn].append((k, y, tp, 1))
             m.add_row(link, 0.0, 0.0, name=f"size[{cn}]")
         if cols:
             m.add_row({c: 1.0 for c in cols}, ub=1.0, name=f"one[{jid}]")
@@ -166,9 +174,9 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         mem_rows: dict[int, dict[int, float]] = {}
         for cn, cols in place_cols.items():
             d = g.nodes[cn]
-            for k, y, tp in cols:
-                cpu_rows.setdefault(k, {})[y] = tp * float(d.get("cpus_per_gpu", 0.0))
-                mem_rows.setdefault(k, {})[y] = tp * float(d.get("host_mem_gib_per_gpu", 0.0))
+            for k, y, tp, mult in cols:
+                cpu_rows.setdefault(k, {})[y] = tp * mult * float(d.get("cpus_per_gpu", 0.0))
+                mem_rows.setdefault(k, {})[y] = tp * mult * float(d.get("host_mem_gib_per_gpu", 0.0))
         for k in sorted(cpu_rows):
             if len(classes[k]) != 1:
                 continue
@@ -195,8 +203,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         placements: dict[str, dict[str, int]] = {cn: {} for cn in chosen}
         for k, members in enumerate(classes):
             free = {nn: int(g.nodes[nn]["capacity"]) for nn in members}
-            demand = [(tp, int(round(xv[y])), cn) for cn in chosen
-                      for kk, y, tp in place_cols[cn] if kk == k and round(xv[y]) > 0]
+            demand = [(tp, int(round(xv[y])) * mult, cn) for cn in chosen
+                      for kk, y, tp, mult in place_cols[cn] if kk == k and round(xv[y]) > 0]
             # first-fit decreasing by TP size, then by cell size: exact for divisible sizes
             for tp, groups, cn in sorted(demand, key=lambda t: (-t[0], -t[1], t[2])):
                 for nn in members:
@@ -221,16 +229,17 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
 def hint_from_choices(m: LinearModel, choices: list[CellChoice]) -> dict[int, float]:
     """A complete solution vector (as a hint) from decoded choices, e.g. the greedy's."""
     cell_cols: dict[str, int] = m.meta["cell_cols"]
-    place_cols: dict[str, list[tuple[int, int, int]]] = m.meta["place_cols"]
+    place_cols: dict[str, list[tuple[int, int, int, int]]] = m.meta["place_cols"]
     classes: list[list[str]] = m.meta["classes"]
     hint = {i: 0.0 for i in range(m.num_vars)}
     for ch in choices:
         if ch.cell not in cell_cols:
             continue
         hint[cell_cols[ch.cell]] = 1.0
-        for k, y, tp in place_cols[ch.cell]:
-            gpus = sum(ch.placement.get(nn.split(":", 1)[1], 0) for nn in classes[k])
-            hint[y] = float(gpus // tp)
+        for k, y, tp, mult in place_cols[ch.cell]:
+            if mult == 1:
+                gpus = sum(ch.placement.get(nn.split(":", 1)[1], 0) for nn in classes[k])
+                hint[y] = float(gpus // tp)
     return hint
 
 
