@@ -138,8 +138,8 @@ def solve_round(
         raise typer.Exit(solve_round_state(
             state, cluster, jobs, backend=backend, time_budget=time_budget,
             search_depth=search_depth, max_changes=max_changes, formulation=formulation,
-            json_out=json_out, dump_problem=dump_problem, round_key=round_key, show=show,
-            write_json=write_json_atomic))
+            json_out=json_out, dump_problem=dump_problem, round_key=round_key, tenants=tenants,
+            show=show, write_json=write_json_atomic))
 
     try:
         if backend not in ("auto", "cp-sat", "highs", "greedy"):
@@ -373,7 +373,7 @@ def estimate_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """Estimate one cell with the estimators and tune it (Crius 5.1-5.2)."""
-    from apportion.config import default_cluster, load_cluster
+    from apportion.config import default_cluster, resolve_cluster
     from apportion.estimation.tuning import estimate_report, parse_job_cell
 
     try:

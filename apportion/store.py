@@ -1,0 +1,601 @@
+"""The state store: jobs, rounds, decisions and what was measured, in one SQLite file.
+
+Operators run ``solve-round`` from a timer for months; this is what makes that
+safe. Design choices, and why:
+
+* **SQLite, WAL mode, ``synchronous=FULL``**: a commit is durable once it
+  returns, readers (``status``) never block the writer, and a process killed at
+  any instant leaves either the old or the new transaction, never half (SQLite
+  rolls an unfinished WAL transaction back on the next open).
+* **A round is one transaction** (:meth:`StateStore.commit_round`): the round
+  row, its decision JSON, one action row per job and every job's new state are
+  written together. A round carries a key; committing a key that is already
+  there changes nothing (an idempotent rerun).
+* **Jobs are never lost**: a job row is never deleted (a trigger refuses it),
+  its state moves only along :data:`apportion.lifecycle.TRANSITIONS` (a second
+  trigger), and every move is logged in ``job_events`` in the same transaction.
+* **Optimistic per-job versions**: ``submit`` and ``cancel`` do not wait for a
+  round that is solving; each job row carries a version, the round remembers
+  the versions it read, and a job that changed meanwhile (cancelled, say) is
+  left as it is by the commit (its action is stored with ``applied = 0``).
+* **Serialising rounds** uses an exclusive ``fcntl.flock`` on ``DB.lock``
+  (:class:`RoundLock`), not a long SQLite write transaction: the critical
+  section spans the whole read -> solve -> commit (seconds of solver time) and
+  must not block ``submit``/``cancel`` for that long; a flock is released by
+  the kernel when its holder dies, so a SIGKILLed round never leaves a stale
+  lock; and the loser can be told at once who holds it (pid and command are
+  written into the lock file).
+
+Node and worker faults (the store side of them) live in
+:mod:`apportion.store_faults`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Self
+
+from apportion.cluster import Cluster
+from apportion.decision import Action, Decision
+from apportion.errors import InputError
+from apportion.jobs import JobSpec, RunningState
+from apportion.lifecycle import ACTIVE, IllegalTransition, JobState, check_transition
+from apportion.store_schema import SCHEMA_VERSION, SchemaError, migrate
+
+log = logging.getLogger(__name__)
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+_SPEC_FIELDS = tuple(f.name for f in fields(JobSpec) if f.name not in ("iterations_done", "running"))
+
+
+class StoreBusy(RuntimeError):
+    """Another invocation holds the store (the round lock, or SQLite's write lock)."""
+
+
+class _AlreadyCommitted(Exception):
+    def __init__(self, round_id: int) -> None:
+        self.round_id = round_id
+
+
+class UnknownJob(KeyError):
+    def __str__(self) -> str:
+        return f"no job {self.args[0]!r} in the state store"
+
+
+@dataclass
+class JobRecord:
+    """One job as the store holds it."""
+
+    id: str
+    state: JobState
+    spec: dict[str, Any]
+    iterations: int
+    iterations_done: int
+    checkpoint_iterations: int
+    running: dict[str, Any] | None
+    reason: str
+    version: int
+    submitted_at: float
+    updated_at: float
+    last_round: int | None
+
+    def to_jobspec(self) -> JobSpec:
+        """The :class:`JobSpec` a round consumes (with ``RunningState`` when running)."""
+        running = None
+        if self.state is JobState.RUNNING and self.running is not None:
+            r = self.running
+            running = RunningState(r["gpu_type"], int(r["gpus"]), int(r["stages"]),
+                                   {k: int(v) for k, v in r["placement"].items()}, int(r.get("tp", 1)))
+        spec = {k: v for k, v in self.spec.items() if k in _SPEC_FIELDS}
+        return JobSpec(**spec, iterations_done=self.iterations_done, running=running)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "state": self.state.value, "model": self.spec.get("model"),
+                "iterations": self.iterations, "iterations_done": self.iterations_done,
+                "checkpoint_iterations": self.checkpoint_iterations,
+                "requested_gpus": self.spec.get("requested_gpus"),
+                "requested_gpu_type": self.spec.get("requested_gpu_type"),
+                "tenant": self.spec.get("tenant"), "submit_time_s": self.spec.get("submit_time_s"),
+                "running": self.running, "reason": self.reason, "last_round": self.last_round}
+
+
+@dataclass
+class RoundInput:
+    """What a round read: the jobs as :class:`JobSpec` and the version of each."""
+
+    jobs: list[JobSpec]
+    versions: dict[str, int]
+    states: dict[str, JobState]
+    generation: int
+
+    @property
+    def default_key(self) -> str:
+        """The round that follows this state: a retry from the same state reuses the key."""
+        return f"gen-{self.generation}"
+
+
+@dataclass
+class CommitResult:
+    round_id: int
+    created: bool  # False: a round with this key was already committed (nothing changed)
+    applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # changed while the round solved
+
+
+class RoundLock:
+    """An exclusive, non-blocking ``flock`` on ``<db>.lock``, released when its holder dies."""
+
+    def __init__(self, db_path: str | Path, command: str = "solve-round") -> None:
+        self.path = Path(str(db_path) + ".lock")
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 0.0) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+                    os.close(fd)
+                    raise StoreBusy(
+                        f"{self.path.with_suffix('')}: another apportion invocation holds the round "
+                        f"lock ({holder}); this {self.command} did nothing. Run it again once "
+                        "that one has finished.") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, {self.command}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _check_db_path(path: Path, create: bool) -> None:
+    src = str(path)
+    if path.is_dir():
+        raise InputError(src, "--state", "is a directory, not a state database file")
+    if not path.exists():
+        if not create:
+            raise InputError(src, "--state", "no such state database (`apportion submit` "
+                                             "creates one)")
+        if not path.parent.exists():
+            raise InputError(src, "--state", f"directory {path.parent} does not exist")
+        return
+    if not path.is_file():
+        raise InputError(src, "--state", "not a regular file")
+    with path.open("rb") as fh:
+        head = fh.read(len(SQLITE_HEADER))
+    if head and head != SQLITE_HEADER:
+        raise InputError(src, "--state", "not an apportion state database (not a SQLite file)")
+    if not head and not create:
+        raise InputError(src, "--state", "an empty file, not an apportion state database")
+
+
+def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 10.0) -> StateStore:
+    """Open (and upgrade) a store; every problem with the file is an :class:`InputError`."""
+    p = Path(path)
+    _check_db_path(p, create)
+    conn = sqlite3.connect(str(p), isolation_level=None, timeout=busy_timeout_s)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            log.warning("%s: journal mode %s (WAL unavailable on this filesystem)", p, mode)
+        conn.execute("PRAGMA synchronous = FULL")
+        migrate(conn)
+    except SchemaError as exc:
+        conn.close()
+        raise InputError(str(p), "--state", str(exc)) from None
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise StoreBusy(f"{p}: the database is locked by another writer") from None
+        raise InputError(str(p), "--state", f"cannot use as a state database: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise InputError(str(p), "--state", f"not an apportion state database: {exc}") from None
+    return StateStore(p, conn)
+
+
+class StateStore:
+    """All reads and writes of the state database. Use :func:`open_store` to get one."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.conn = conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions -------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` .. ``COMMIT``: one atomic write, generation bumped inside it."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreBusy(f"{self.path}: the database is locked by another writer ({exc})") from None
+        try:
+            yield self.conn
+            self.conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 "
+                              "WHERE key = 'generation'")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def generation(self) -> int:
+        return int(self.conn.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+
+    def schema_version(self) -> int:
+        return int(self.conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0])
+
+    # -- jobs -----------------------------------------------------------------------
+    _JOB_COLS = ("id, state, spec_json, iterations, iterations_done, checkpoint_iterations, "
+                 "running_json, reason, version, submitted_at, updated_at, last_round")
+
+    @staticmethod
+    def _record(row: tuple[Any, ...]) -> JobRecord:
+        return JobRecord(row[0], JobState(row[1]), json.loads(row[2]), row[3], row[4], row[5],
+                         json.loads(row[6]) if row[6] else None, row[7], row[8], row[9], row[10],
+                         row[11])
+
+    def jobs(self, states: frozenset[JobState] | None = None) -> list[JobRecord]:
+        rows = self.conn.execute(f"SELECT {self._JOB_COLS} FROM jobs ORDER BY seq").fetchall()
+        recs = [self._record(r) for r in rows]
+        return [r for r in recs if states is None or r.state in states]
+
+    def job(self, job_id: str) -> JobRecord:
+        row = self.conn.execute(f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?",
+                                (job_id,)).fetchone()
+        if row is None:
+            raise UnknownJob(job_id)
+        return self._record(row)
+
+    def events(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        q = "SELECT seq, job, src, dst, round_id, at, why FROM job_events"
+        rows = (self.conn.execute(q + " WHERE job = ? ORDER BY seq", (job_id,)) if job_id
+                else self.conn.execute(q + " ORDER BY seq")).fetchall()
+        keys = ("seq", "job", "src", "dst", "round_id", "at", "why")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def _move(self, rec: JobRecord, dst: JobState, why: str, at: float,
+              round_id: int | None = None, **cols: Any) -> None:
+        """Change a job's state (and columns) and log the move; inside a transaction."""
+        check_transition(rec.id, rec.state, dst)
+        sets = ["state = ?", "version = version + 1", "updated_at = ?", "reason = ?"]
+        args: list[Any] = [dst.value, at, why]
+        for k, v in cols.items():
+            sets.append(f"{k} = ?")
+            args.append(json.dumps(v, sort_keys=True) if k == "running_json" and v is not None
+                        else v)
+        if dst is not JobState.RUNNING and "running_json" not in cols:
+            sets.append("running_json = NULL")
+        if round_id is not None:
+            sets.append("last_round = ?")
+            args.append(round_id)
+        self.conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*args, rec.id))
+        self.conn.execute("INSERT INTO job_events(job, src, dst, round_id, at, why) "
+                          "VALUES (?, ?, ?, ?, ?, ?)", (rec.id, rec.state.value, dst.value,
+                                                        round_id, at, why))
+        rec.state = dst
+
+    def submit(self, jobs: list[JobSpec], source: str = "submit", at: float | None = None) -> list[str]:
+        """Add jobs, all or nothing; an id already in the store is an :class:`InputError`."""
+        at = time.time() if at is None else at
+        with self.transaction() as c:
+            for i, j in enumerate(jobs):
+                if j.running is not None:
+                    raise InputError(source, f"jobs[{i}].running", "a submitted job cannot be "
+                                     "running; the store records placements from its rounds")
+                old = c.execute("SELECT state FROM jobs WHERE id = ?", (j.id,)).fetchone()
+                if old is not None:
+                    raise InputError(source, f"jobs[{i}].id", f"job id {j.id!r} is already in the "
+                                     f"state store (state {old[0]}); ids are never reused")
+                spec = {k: getattr(j, k) for k in _SPEC_FIELDS}
+                seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+                c.execute("INSERT INTO jobs(id, seq, spec_json, state, iterations, iterations_done,"
+                          " checkpoint_iterations, submitted_at, updated_at) "
+                          "VALUES (?, ?, ?, 'submitted', ?, ?, ?, ?, ?)",
+                          (j.id, seq, json.dumps(spec, sort_keys=True), j.iterations,
+                           j.iterations_done, j.iterations_done, at, at))
+                c.execute("INSERT INTO job_events(job, src, dst, at, why) VALUES (?, NULL, "
+                          "'submitted', ?, ?)", (j.id, at, f"submitted from {source}"))
+        return [j.id for j in jobs]
+
+    def cancel(self, job_id: str, at: float | None = None, why: str = "cancelled") -> JobRecord:
+        """Drop a job (any non-terminal state); its GPUs are free for the next round."""
+        at = time.time() if at is None else at
+        rec = self.job(job_id)
+        if rec.state is JobState.DROPPED:  # cancelling twice is not an error, and writes nothing
+            return rec
+        with self.transaction():
+            rec = self.job(job_id)
+            self._move(rec, JobState.DROPPED, why, at)
+        return self.job(job_id)
+
+    def fail(self, job_id: str, why: str, at: float | None = None) -> JobRecord:
+        at = time.time() if at is None else at
+        with self.transaction():
+            self._move(self.job(job_id), JobState.FAILED, why, at)
+        return self.job(job_id)
+
+    # -- rounds ---------------------------------------------------------------------
+    def round_input(self) -> RoundInput:
+        """The queue and the running jobs, as a round consumes them (one consistent read)."""
+        self.conn.execute("BEGIN")
+        try:
+            recs = self.jobs(ACTIVE)
+            gen = self.generation()
+        finally:
+            self.conn.execute("COMMIT")
+        return RoundInput([r.to_jobspec() for r in recs], {r.id: r.version for r in recs},
+                          {r.id: r.state for r in recs}, gen)
+
+    def round_by_key(self, key: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT id FROM rounds WHERE round_key = ?", (key,)).fetchone()
+        return None if row is None else self.round(row[0])
+
+    def commit_round(self, decision: Decision, snapshot: RoundInput, cluster: Cluster,
+                     now_s: float, round_key: str | None = None,
+                     at: float | None = None) -> CommitResult:
+        """Write the round, its decision and every job's new state as ONE transaction.
+
+        start/keep/resize/migrate -> running with the new placement; preempt ->
+        checkpointed (a planned preemption checkpoints first); drop -> dropped;
+        pending jobs stay queued (a submitted job is admitted: -> queued).
+        """
+        key = round_key or snapshot.default_key
+        at = time.time() if at is None else at
+        by_job: dict[str, Any] = {a.job: a for a in decision.allocations}
+        by_job.update({p.job: p for p in decision.pending})
+        try:
+            return self._commit_round(decision, snapshot, cluster, now_s, key, at, by_job)
+        except _AlreadyCommitted as done:  # rolled back: an idempotent rerun writes nothing
+            return CommitResult(done.round_id, created=False)
+
+    def _commit_round(self, decision: Decision, snapshot: RoundInput, cluster: Cluster,
+                      now_s: float, key: str, at: float, by_job: dict[str, Any]) -> CommitResult:
+        r = decision.report
+        with self.transaction() as c:
+            old = c.execute("SELECT id FROM rounds WHERE round_key = ?", (key,)).fetchone()
+            if old is not None:
+                raise _AlreadyCommitted(int(old[0]))
+            cl = {"name": cluster.name, "capacity": cluster.capacity_by_type(),
+                  "nodes": len(cluster.nodes)}
+            cur = c.execute(
+                "INSERT INTO rounds(round_key, now_s, committed_at, base_generation, cluster_json,"
+                " backend, status, objective, bound, gap, wall_s, fallback, fallback_reason, "
+                "placed, pending) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, now_s, at, snapshot.generation, json.dumps(cl, sort_keys=True), r.backend,
+                 r.status, _finite_or_none(r.objective), _finite_or_none(r.bound),
+                 _finite_or_none(r.gap), r.wall_s, int(r.fallback), r.fallback_reason,
+                 len(decision.allocations), len(decision.pending)))
+            rid = int(cur.lastrowid or 0)
+            c.execute("INSERT INTO decisions(round_id, decision_json) VALUES (?, ?)",
+                      (rid, json.dumps(decision.as_dict(), sort_keys=True, default=str)))
+            res = CommitResult(rid, created=True)
+            for job_id, item in sorted(by_job.items()):
+                row = c.execute(f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?",
+                                (job_id,)).fetchone()
+                if row is None:
+                    log.error("round %s: decision names unknown job %s; ignored", key, job_id)
+                    continue
+                rec = self._record(row)
+                fresh = snapshot.versions.get(job_id) == rec.version and rec.state in ACTIVE
+                action, gtype, gpus, place, why = _describe(item)
+                if fresh:
+                    self._apply(rec, item, action, why, at, rid)
+                    res.applied.append(job_id)
+                else:
+                    res.skipped.append(job_id)
+                c.execute("INSERT INTO actions(round_id, job, action, gpu_type, gpus, "
+                          "placement_json, reason, applied) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (rid, job_id, action, gtype, gpus,
+                           None if place is None else json.dumps(place, sort_keys=True),
+                           why, int(fresh)))
+        return res
+
+    def _apply(self, rec: JobRecord, item: Any, action: str, why: str, at: float, rid: int) -> None:
+        if rec.state is JobState.SUBMITTED:
+            self._move(rec, JobState.QUEUED, "admitted", at, rid)
+        if action in (Action.START.value, Action.KEEP.value, Action.RESIZE.value,
+                      Action.MIGRATE.value):
+            running = {"gpu_type": item.gpu_type, "gpus": item.gpus, "stages": item.stages,
+                       "placement": dict(sorted(item.placement.items())), "tp": item.plan.tp,
+                       "plan": item.plan.as_dict(), "round": rid}
+            self._move(rec, JobState.RUNNING, action, at, rid, running_json=running)
+        elif action == Action.PREEMPT.value and rec.state is JobState.RUNNING:
+            self._move(rec, JobState.CHECKPOINTED, f"preempted: {why}", at, rid,
+                       checkpoint_iterations=rec.iterations_done)
+        elif action == Action.DROP.value:
+            self._move(rec, JobState.DROPPED, f"dropped by round: {why}", at, rid)
+        else:  # pending: stays queued / checkpointed
+            self.conn.execute("UPDATE jobs SET reason = ?, last_round = ?, version = version + 1 "
+                              "WHERE id = ?", (f"pending: {why}", rid, rec.id))
+
+    def rounds(self, limit: int | None = None) -> list[dict[str, Any]]:
+        q = "SELECT id FROM rounds ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        return [self.round(r[0]) for r in reversed(self.conn.execute(q).fetchall())]
+
+    def round(self, round_id: int) -> dict[str, Any]:
+        cols = ("id", "round_key", "now_s", "committed_at", "base_generation", "cluster_json",
+                "backend", "status", "objective", "bound", "gap", "wall_s", "fallback",
+                "fallback_reason", "placed", "pending")
+        row = self.conn.execute(f"SELECT {', '.join(cols)} FROM rounds WHERE id = ?",
+                                (round_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no round {round_id}")
+        out = dict(zip(cols, row))
+        out["cluster"] = json.loads(out.pop("cluster_json"))
+        out["fallback"] = bool(out["fallback"])
+        return out
+
+    def decision(self, round_id: int) -> dict[str, Any]:
+        row = self.conn.execute("SELECT decision_json FROM decisions WHERE round_id = ?",
+                                (round_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no decision for round {round_id}")
+        return json.loads(row[0])
+
+    def actions(self, round_id: int) -> list[dict[str, Any]]:
+        keys = ("job", "action", "gpu_type", "gpus", "placement", "reason", "applied")
+        rows = self.conn.execute("SELECT job, action, gpu_type, gpus, placement_json, reason, "
+                                 "applied FROM actions WHERE round_id = ? ORDER BY job",
+                                 (round_id,)).fetchall()
+        return [dict(zip(keys, (*r[:4], json.loads(r[4]) if r[4] else None, r[5], bool(r[6]))))
+                for r in rows]
+
+    # -- measurements -----------------------------------------------------------------
+    def record_progress(self, job_id: str, iterations_done: int, at_s: float,
+                        checkpoint: bool = False, source: str = "") -> JobRecord:
+        """Measured progress of a running job; reaching its iterations finishes it."""
+        with self.transaction() as c:
+            rec = self.job(job_id)
+            if rec.state is not JobState.RUNNING:
+                raise IllegalTransition(job_id, rec.state.value, "progress (only running jobs "
+                                        "report progress)")
+            if iterations_done < rec.iterations_done:
+                raise ValueError(f"job {job_id!r}: progress went backwards "
+                                 f"({iterations_done} < {rec.iterations_done})")
+            c.execute("INSERT INTO progress(job, at_s, iterations_done, checkpoint, source) "
+                      "VALUES (?, ?, ?, ?, ?)", (job_id, at_s, iterations_done, int(checkpoint),
+                                                source))
+            ckpt = iterations_done if checkpoint else rec.checkpoint_iterations
+            if iterations_done >= rec.iterations:
+                self._move(rec, JobState.FINISHED, "reached its iterations", at_s,
+                           iterations_done=iterations_done, checkpoint_iterations=iterations_done)
+            else:
+                c.execute("UPDATE jobs SET iterations_done = ?, checkpoint_iterations = ?, "
+                          "version = version + 1, updated_at = ? WHERE id = ?",
+                          (iterations_done, ckpt, at_s, job_id))
+        return self.job(job_id)
+
+    def record_sample(self, job_id: str, gpu_type: str, gpus: int, plan: dict[str, Any],
+                      placement: dict[str, int], iter_time_s: float, at_s: float,
+                      mem_per_gpu_gib: float | None = None, source: str = "") -> int:
+        """One measured configuration for the estimators; a NaN or non-positive time is refused."""
+        if not (isinstance(iter_time_s, (int, float)) and math.isfinite(iter_time_s)
+                and iter_time_s > 0):
+            raise InputError(source or "sample", "iter_time_s",
+                             f"must be a finite positive number, got {iter_time_s!r}")
+        if mem_per_gpu_gib is not None and not (math.isfinite(mem_per_gpu_gib)
+                                                and mem_per_gpu_gib >= 0):
+            raise InputError(source or "sample", "mem_per_gpu_gib",
+                             f"must be a finite non-negative number, got {mem_per_gpu_gib!r}")
+        if gpus <= 0:
+            raise InputError(source or "sample", "gpus", f"must be positive, got {gpus}")
+        with self.transaction() as c:
+            rec = self.job(job_id)
+            cur = c.execute(
+                "INSERT INTO estimator_samples(job, model, gpu_type, gpus, plan_json, "
+                "placement_json, iter_time_s, mem_per_gpu_gib, at_s, source) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, rec.spec["model"], gpu_type, gpus, json.dumps(plan, sort_keys=True),
+                 json.dumps(placement, sort_keys=True), float(iter_time_s), mem_per_gpu_gib,
+                 at_s, source))
+            return int(cur.lastrowid or 0)
+
+    def samples(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        keys = ("job", "model", "gpu_type", "gpus", "plan", "placement", "iter_time_s",
+                "mem_per_gpu_gib", "at_s", "source")
+        q = ("SELECT job, model, gpu_type, gpus, plan_json, placement_json, iter_time_s, "
+             "mem_per_gpu_gib, at_s, source FROM estimator_samples")
+        rows = (self.conn.execute(q + " WHERE job = ? ORDER BY id", (job_id,)) if job_id
+                else self.conn.execute(q + " ORDER BY id")).fetchall()
+        return [dict(zip(keys, (*r[:4], json.loads(r[4]), json.loads(r[5]), *r[6:])))
+                for r in rows]
+
+    # -- checks ---------------------------------------------------------------------
+    def check_invariants(self) -> list[str]:
+        """Everything that must hold after any crash; [] when the store is consistent."""
+        v: list[str] = []
+        ok = self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+        if ok != "ok":
+            v.append(f"integrity_check: {ok}")
+        events: dict[str, list[dict[str, Any]]] = {}
+        for e in self.events():
+            events.setdefault(e["job"], []).append(e)
+        for rec in self.jobs():
+            evs = events.get(rec.id, [])
+            if not evs or evs[0]["src"] is not None or evs[0]["dst"] != "submitted":
+                v.append(f"job {rec.id}: event log does not start with its submission")
+                continue
+            state = "submitted"
+            for e in evs[1:]:
+                if e["src"] != state:
+                    v.append(f"job {rec.id}: event {e['seq']} moves from {e['src']}, was {state}")
+                state = e["dst"]
+            if state != rec.state.value:
+                v.append(f"job {rec.id}: events end in {state}, row says {rec.state.value}")
+        for rnd in self.conn.execute("SELECT id, placed + pending FROM rounds").fetchall():
+            rid, n = rnd
+            dec = self.conn.execute("SELECT decision_json FROM decisions WHERE round_id = ?",
+                                    (rid,)).fetchone()
+            if dec is None:
+                v.append(f"round {rid}: no decision stored")
+                continue
+            d = json.loads(dec[0])
+            want = {a["job"] for a in d["allocations"]} | {p["job"] for p in d["pending"]}
+            have = {r[0] for r in self.conn.execute("SELECT job FROM actions WHERE round_id = ?",
+                                                    (rid,))}
+            if len(want) != n or have != want:
+                v.append(f"round {rid}: {len(have)} actions for {len(want)} decided jobs")
+        return v
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _describe(item: Any) -> tuple[str, str | None, int | None, dict[str, int] | None, str]:
+    """(action, gpu_type, gpus, placement, reason) of an Allocation or a Pending."""
+    if hasattr(item, "placement"):
+        return item.action.value, item.gpu_type, item.gpus, dict(item.placement), ""
+    action = item.action.value if item.action is not None else "pending"
+    return action, None, None, None, item.reason.value
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CommitResult",
+    "JobRecord",
+    "RoundInput",
+    "RoundLock",
+    "StateStore",
+    "StoreBusy",
+    "UnknownJob",
+    "open_store",
+]

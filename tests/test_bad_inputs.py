@@ -1,0 +1,293 @@
+"""The bad-input corpus through every command that reads input, plus fuzzing of the loaders.
+
+Every file in ``tests/bad_inputs/`` (and the generated cases: a 100 MB file, a
+directory, a missing path, ``/dev/zero``) goes through every command that reads
+an input of its kind. Each run must exit with code 2, name the file and the
+field (as the index says), and write nothing: the state database keeps its
+content, no output file appears, no new store is created. Every corpus entry is
+also given as ``--state`` to the commands that read a state database.
+
+The config loaders are fuzzed with hypothesis: whatever data they get, they
+return a valid object or raise :class:`InputError`, never anything else.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from apportion.cli import app, bench_app
+from apportion.cluster import Cluster
+from apportion.config import MAX_FILE_BYTES, cluster_from_data, jobs_from_data
+from apportion.errors import InputError
+from apportion.jobs import JobSpec
+
+BAD = Path(__file__).parent / "bad_inputs"
+INDEX: list[dict[str, str]] = yaml.safe_load((BAD / "index.yaml").read_text())
+runner = CliRunner()
+
+GOOD_CLUSTER = {"node_groups": [{"prefix": "a40", "count": 2, "gpu_type": "A40",
+                                 "gpus_per_node": 4}]}
+GOOD_JOBS = {"jobs": [{"id": "ok1", "model": "bert-0.76b", "global_batch_size": 64,
+                       "iterations": 100, "requested_gpus": 2}]}
+
+# command -> (the input kind it reads, argv builder). "foreign": a command with its own file
+# format (only the corpus entries that fail before any schema apply); "state": a state DB.
+COMMANDS: dict[str, tuple[str, Any]] = {
+    "solve-round --cluster": ("cluster", lambda f, e: [
+        "solve-round", "--cluster", f, "--json", e["out"], "--dump-problem", e["dump"]]),
+    "solve-round --jobs": ("jobs", lambda f, e: [
+        "solve-round", "--jobs", f, "--json", e["out"], "--dump-problem", e["dump"]]),
+    "solve-round --state DB --cluster": ("cluster", lambda f, e: [
+        "solve-round", "--state", e["db"], "--cluster", f, "--json", e["out"]]),
+    "submit": ("jobs", lambda f, e: ["submit", f, "--state", e["db"]]),
+    "submit (new store)": ("jobs", lambda f, e: ["submit", f, "--state", e["newdb"]]),
+    "estimate --cluster": ("cluster", lambda f, e: [
+        "estimate", "--job", "bert-1.3b:256", "--cell", "A40:8", "--cluster", f,
+        "--json", e["out"]]),
+    "simulate --cluster": ("cluster", lambda f, e: [
+        "simulate", "--trace", "philly", "--cluster", f, "--policy", "fcfs", "--json", e["out"],
+        "--jobs-csv", e["csv"]]),
+    "compare --cluster": ("cluster", lambda f, e: [
+        "compare", "--trace", "philly", "--cluster", f, "--policies", "fcfs", "--out",
+        e["results"]]),
+    "solve-shards --units": ("foreign", lambda f, e: [
+        "solve-shards", "--units", f, "--json", e["out"]]),
+    "solve-finetune --tasks": ("foreign", lambda f, e: [
+        "solve-finetune", "--tasks", f, "--capacity", "8", "--json", e["out"]]),
+    "status --state": ("state", lambda f, e: ["status", "--state", f, "--json"]),
+    "history --state": ("state", lambda f, e: ["history", "--state", f, "--json"]),
+    "cancel --state": ("state", lambda f, e: ["cancel", "ok1", "--state", f]),
+    "solve-round --state": ("state", lambda f, e: ["solve-round", "--state", f, "--json",
+                                                   e["out"]]),
+}
+# Commands that read no input file (a model name, an enum, nothing): listed so that a new
+# command cannot slip past this test unclassified.
+NO_INPUT_FILE = {"models", "gpus", "profile", "bench sim", "bench estimate", "bench solve"}
+
+# Known defects in loaders outside this test's owner's files, reported to the lead: they
+# raise instead of exiting 2. strict=True: the marker must go once they are fixed.
+KNOWN = {
+    ("binary_garbage.bin", "solve-shards --units"): "UnicodeDecodeError escapes the loader",
+    ("binary_garbage.bin", "solve-finetune --tasks"): "UnicodeDecodeError escapes the loader",
+    ("utf16.yaml", "solve-shards --units"): "UnicodeDecodeError escapes the loader",
+    ("utf16.yaml", "solve-finetune --tasks"): "UnicodeDecodeError escapes the loader",
+    ("deep_nesting.yaml", "solve-finetune --tasks"): "RecursionError escapes the loader",
+}
+# Unsafe to run at all: reads without a bound (MemoryError after gigabytes). Reported too.
+UNSAFE = {("dev_zero", "solve-shards --units"): "reads /dev/zero without a size bound"}
+STATE_MESSAGES = ("not an apportion state database", "is a directory", "no such state database",
+                  "an empty file", "not a regular file")
+
+
+def _name(entry: dict[str, str]) -> str:
+    return entry.get("file") or entry["generated"]
+
+
+def _cases() -> list[Any]:
+    out = []
+    for entry in INDEX:
+        for cmd, (kind, _) in COMMANDS.items():
+            applies = (kind == "state" or entry["kind"] == kind
+                       or (entry["kind"] == "any" and kind in ("cluster", "jobs", "foreign")))
+            if not applies:
+                continue
+            marks = []
+            why = KNOWN.get((_name(entry), cmd))
+            if (_name(entry), cmd) in UNSAFE:
+                marks.append(pytest.mark.skip(reason=UNSAFE[(_name(entry), cmd)]))
+            elif why:
+                marks.append(pytest.mark.xfail(strict=True, reason=why))
+            out.append(pytest.param(entry, cmd, id=f"{_name(entry)}::{cmd}", marks=marks))
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A work dir with a populated state DB (one submit, one round) and the generated inputs."""
+    root = tmp_path_factory.mktemp("bad")
+    work = root / "work"
+    work.mkdir()
+    gen = root / "generated"
+    gen.mkdir()
+    (work / "cluster.yaml").write_text(yaml.safe_dump(GOOD_CLUSTER))
+    (work / "jobs.yaml").write_text(yaml.safe_dump(GOOD_JOBS))
+    db = work / "state.db"
+    assert runner.invoke(app, ["submit", str(work / "jobs.yaml"), "--state", str(db)]).exit_code == 0
+    r = runner.invoke(app, ["solve-round", "--state", str(db), "--cluster",
+                            str(work / "cluster.yaml"), "--backend", "greedy"])
+    assert r.exit_code == 0, r.output
+    big = gen / "file_100mb.yaml"
+    with big.open("wb") as fh:  # 100 MB, sparse: refused by size before anything reads it
+        fh.truncate(100 * 2**20)
+    assert big.stat().st_size > MAX_FILE_BYTES
+    (gen / "directory").mkdir()
+    paths = {"file_100mb": big, "directory": gen / "directory", "missing": gen / "missing.yaml",
+             "dev_zero": Path("/dev/zero")}
+    return {"work": work, "db": db, "newdb": work / "new.db", "out": work / "out.json",
+            "dump": work / "problem.json", "csv": work / "jobs.csv", "results": work / "results",
+            "generated": paths}
+
+
+def _dump(db: Path) -> list[str]:
+    conn = sqlite3.connect(str(db))
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+def _files(work: Path) -> set[str]:
+    return {p.name for p in work.iterdir() if not p.name.startswith("state.db")}
+
+
+@pytest.mark.parametrize("entry,command", _cases())
+def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(
+        entry: dict[str, str], command: str, env: dict[str, Any]) -> None:
+    path = BAD / entry["file"] if "file" in entry else env["generated"][entry["generated"]]
+    if not path.exists() and entry.get("generated") == "dev_zero":
+        pytest.skip("no /dev/zero here")
+    kind, argv = COMMANDS[command]
+    before_db, before_files = _dump(env["db"]), _files(env["work"])
+    r = runner.invoke(app, [str(a) for a in argv(str(path), env)])
+    msg = " ".join(r.stderr.split())  # undo any wrapping
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert str(path) in msg, msg
+    if kind == "state":
+        assert "--state" in msg and any(m in msg for m in STATE_MESSAGES), msg
+    elif kind != "foreign":
+        assert f": {entry['field']}: " in msg, msg
+        assert entry["message"] in msg, msg
+    assert r.stdout.strip() == "", r.stdout  # no --json output on stdout either
+    assert _dump(env["db"]) == before_db
+    assert _files(env["work"]) == before_files  # no output file, no new store, no results dir
+
+
+def test_every_command_is_classified() -> None:
+    """A new command must be added to COMMANDS (it reads input) or NO_INPUT_FILE."""
+    names = {c.name for c in app.registered_commands} | \
+        {f"bench {c.name}" for c in bench_app.registered_commands}
+    tested = {cmd.split()[0] for cmd in COMMANDS}
+    unclassified = {n for n in names if n not in tested and n not in NO_INPUT_FILE}
+    assert not unclassified, f"classify these commands in tests/test_bad_inputs.py: {unclassified}"
+
+
+def test_corpus_is_complete_and_indexed() -> None:
+    on_disk = {p.name for p in BAD.iterdir() if p.name != "index.yaml"}
+    indexed = {e["file"] for e in INDEX if "file" in e}
+    assert on_disk == indexed
+    assert len(INDEX) >= 40
+    for e in INDEX:
+        assert e["kind"] in ("cluster", "jobs", "any") and e["field"] and e["message"]
+
+
+# -- fuzzing the loaders ------------------------------------------------------------------
+SCALARS = (st.none() | st.booleans() | st.integers(-10**30, 10**30)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+           | st.sampled_from(["A40", "A10", "H100", "bert-0.76b", "moe-0.69b", "nvlink", "pcie",
+                              "a40-0", "", " ", "x" * 300, "0", "-1", "1e309", "nan"]))
+ANY = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
+                   | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4),
+                   max_leaves=12)
+SMALL_INT = st.integers(-3, 12) | st.sampled_from([0, 10**6, 10**6 + 1, 10**12 + 1, 2**63])
+
+
+def _maybe(strategy: Any) -> Any:
+    """Usually a plausible value, sometimes anything at all."""
+    return st.one_of(strategy, strategy, strategy, ANY)
+
+
+NODE_GROUP = st.fixed_dictionaries(
+    {"prefix": _maybe(st.sampled_from(["a", "b-1", "g.x", "节点", "bad name"])),
+     "count": _maybe(SMALL_INT), "gpu_type": _maybe(st.sampled_from(["A40", "A10", "V100", "X"])),
+     "gpus_per_node": _maybe(SMALL_INT)},
+    optional={"cpus_per_node": _maybe(SMALL_INT),
+              "host_memory_gib": _maybe(st.floats(allow_nan=True, allow_infinity=True)),
+              "intra_node_link": _maybe(st.sampled_from(["nvlink", "pcie", "ib"])),
+              "intra_node_bandwidth_GBps": _maybe(st.floats(-1, 1e6) | st.just(math.nan)),
+              "inter_node_bandwidth_GBps": _maybe(st.floats(-1, 1e6)), "extra": ANY})
+CLUSTER = st.fixed_dictionaries({"node_groups": _maybe(st.lists(NODE_GROUP, max_size=3))},
+                                optional={"name": _maybe(st.text(max_size=5))})
+RUNNING = st.fixed_dictionaries(
+    {"gpu_type": _maybe(st.sampled_from(["A40", "A10", "X"])), "gpus": _maybe(SMALL_INT)},
+    optional={"stages": _maybe(SMALL_INT), "tp": _maybe(SMALL_INT),
+              "placement": _maybe(st.dictionaries(st.text(max_size=5), SMALL_INT, max_size=3))})
+JOB = st.fixed_dictionaries(
+    {"id": _maybe(st.sampled_from(["a", "b", "训练", "[/x]"])),
+     "model": _maybe(st.sampled_from(["bert-0.76b", "moe-0.69b", "gpt-9000"])),
+     "global_batch_size": _maybe(SMALL_INT), "iterations": _maybe(SMALL_INT),
+     "requested_gpus": _maybe(SMALL_INT)},
+    optional={"requested_gpu_type": _maybe(st.sampled_from(["A40", "A10", "X", None])),
+              "submit_time_s": _maybe(st.floats(allow_nan=True, allow_infinity=True)),
+              "deadline_s": _maybe(st.floats(allow_nan=True, allow_infinity=True)),
+              "guaranteed": _maybe(st.booleans()), "iterations_done": _maybe(SMALL_INT),
+              "tenant": _maybe(st.text(max_size=4)), "running": _maybe(RUNNING)})
+JOBS = st.fixed_dictionaries({"jobs": _maybe(st.lists(JOB, max_size=3))},
+                             optional={"now_s": _maybe(st.floats(allow_nan=True,
+                                                                 allow_infinity=True))})
+
+
+def _check_cluster(c: Cluster) -> None:
+    assert isinstance(c, Cluster) and c.nodes
+    for n in c.nodes.values():
+        assert n.gpus > 0 and n.cpus > 0 and math.isfinite(n.host_memory_gib)
+        assert math.isfinite(n.intra_bandwidth_GBps) and n.intra_bandwidth_GBps > 0
+
+
+def _check_jobs(jobs: list[JobSpec], now: float) -> None:
+    assert math.isfinite(now) and now >= 0
+    assert len({j.id for j in jobs}) == len(jobs)
+    for j in jobs:
+        assert j.global_batch_size > 0 and j.iterations > 0 and j.requested_gpus > 0
+        assert math.isfinite(j.submit_time_s) and j.iterations_done < 2**63
+        if j.running is not None:
+            assert all(k > 0 for k in j.running.placement.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=CLUSTER | ANY)
+def test_fuzz_cluster_loader(data: Any) -> None:
+    try:
+        c = cluster_from_data(data, "fuzz.yaml")
+    except InputError as exc:
+        assert exc.source == "fuzz.yaml" and exc.field and exc.message
+        return
+    _check_cluster(c)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=JOBS | ANY)
+def test_fuzz_jobs_loader(data: Any) -> None:
+    try:
+        jobs, now = jobs_from_data(data, "fuzz.yaml")
+    except InputError as exc:
+        assert exc.source == "fuzz.yaml" and exc.field and exc.message
+        return
+    _check_jobs(jobs, now)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=200) | st.binary(max_size=200).map(
+    lambda b: b.decode("latin-1")) | st.sampled_from(["[" * 3000, "{a: " * 2000, "&a [*a]",
+                                                      "a: *b", "? [a]\n: 1", "a: !!binary x"]))
+def test_fuzz_yaml_text(text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Arbitrary text through the file readers: InputError or a value, nothing else."""
+    from apportion.config import load_cluster, load_jobs
+
+    path = tmp_path_factory.getbasetemp() / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8")
+    for load in (load_cluster, load_jobs):
+        try:
+            load(path)
+        except InputError as exc:
+            assert exc.source == str(path)
+    os.unlink(path)
