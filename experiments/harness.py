@@ -1,0 +1,327 @@
+"""The comparison harness: one trace, one cluster, many policies and seeds.
+
+``run_one`` resolves a trace name/path and a cluster argument, picks the
+matching ground truth, runs the simulator and returns the result.
+``compare`` runs every (policy, seed) in parallel processes with a rich
+progress bar per run and writes ``results/<run>/``:
+
+* ``<policy>-s<seed>/jobs.csv``, ``timeline.csv``, ``rounds.csv``,
+  ``summary.json`` (a finished run is recognised by its summary and not redone:
+  runs are resumable);
+* ``summary.csv`` and ``summary.md`` (mean over seeds per policy);
+* ``jct_cdf.png``, ``throughput.png``, ``queue.png``, ``utilization.png``.
+
+Clusters: a YAML file (the spine's format), ``V:P:K`` GPU counts of V100,
+P100 and K80 (Gavel's notation; 4 GPUs per server), or a name:
+``crius-1280`` (Crius table 1), ``crius-testbed`` (64 A40/A10),
+``morphling-64`` (8 x 8 A800).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from apportion.experiments import groundtruth as gt
+from apportion.experiments import traces as tr
+from apportion.experiments.simulator import PROFILES, SimResult, Simulator
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def crius_cluster() -> Cluster:
+    """Crius table 1: 1,280 GPUs (A100 80x4 NVLink, A40 160x2, A10 160x2, V100 20x16 NVLink)."""
+    return Cluster("crius-1280", [
+        NodeGroup("a100", 80, "A100-40GB", 4, 64, 512, "nvlink", 600.0, 12.5),
+        NodeGroup("a40", 160, "A40", 2, 48, 256, "pcie", 32.0, 12.5),
+        NodeGroup("a10", 160, "A10", 2, 48, 256, "pcie", 32.0, 25.0),
+        NodeGroup("v100", 20, "V100-32GB", 16, 96, 1536, "nvlink", 300.0, 12.5),
+    ])
+
+
+def morphling_cluster() -> Cluster:
+    """Morphling 7: 8 servers x 8 A800 (80 GB), 96 vCPUs, 1,600 GB, NVLink 400 GB/s."""
+    return Cluster("morphling-64", [NodeGroup("a800", 8, "A800-80GB", 8, 96, 1600.0, "nvlink",
+                                              400.0, 100.0)])
+
+
+def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
+    groups = []
+    for prefix, t, n in (("v100", "V100-32GB", v), ("p100", "P100", p), ("k80", "K80", k)):
+        if n <= 0:
+            continue
+        full, rest = divmod(n, per_server)
+        if full:
+            groups.append(NodeGroup(prefix, full, t, per_server, 32, 256.0, "pcie", 32.0, 25.0))
+        if rest:
+            groups.append(NodeGroup(f"{prefix}r", 1, t, rest, 32, 256.0, "pcie", 32.0, 25.0))
+    return Cluster(f"gavel-{v}:{p}:{k}", groups)
+
+
+def cluster_from_arg(arg: str) -> Cluster:
+    from apportion.config import default_cluster, load_cluster
+
+    if arg in ("crius-1280", "crius"):
+        return crius_cluster()
+    if arg in ("crius-testbed", "default"):
+        return default_cluster()
+    if arg in ("morphling-64", "morphling"):
+        return morphling_cluster()
+    m = re.fullmatch(r"(\d+):(\d+):(\d+)", arg)
+    if m:
+        v, p, k = (int(x) for x in m.groups())
+        if v + p + k <= 0:
+            raise InputError(arg, "--cluster", "needs at least one GPU")
+        return gavel_cluster(v, p, k)
+    if arg.endswith((".yaml", ".yml")) or Path(arg).exists():
+        return load_cluster(arg)
+    raise InputError(arg, "--cluster", "not a YAML file, V100:P100:K80 counts, or one of "
+                     "crius-1280, crius-testbed, morphling-64")
+
+
+def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
+            window_days: float | None = None) -> tuple[tr.Trace, Any]:
+    """The trace (adapted where the papers adapt it) and the ground truth that fits it."""
+    t = tr.load_trace(trace_arg, seed=seed)
+    src = t.source
+    if src.endswith(".trace") or "gavel" in src:
+        truth: Any = gt.GavelTruth()
+    elif "/crius/" in src:
+        truth = gt.CriusTruth()
+    elif "/morphling/" in src:
+        truth = gt.MorphlingTruth()
+    elif "elasticflow" in src:
+        truth = gt.ElasticFlowTruth()
+        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source, t.notes)
+    elif src == "synthetic":
+        truth = gt.AnalyticTruth(cluster)
+    else:  # a raw cluster trace: Crius's adaptation onto Crius's measured models
+        truth = gt.CriusTruth()
+        if window_days:
+            s, e = tr.busiest_window(t, window_days * 24)
+            t = t.window(s, e)
+        t = tr.adapt_crius(t, truth, seed=seed)
+    return t, truth
+
+
+def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
+            policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
+            window_days: float | None = None, max_jobs: int | None = None,
+            progress: Any = None) -> SimResult:
+    from apportion.experiments.policies import make_policy
+
+    if profile not in PROFILES:
+        raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
+    cl = cluster_from_arg(cluster)
+    t, truth = resolve(trace, cl, seed, window_days)
+    if max_jobs:
+        t = t.head(max_jobs)
+    cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
+    pol = make_policy(policy, **(policy_options or {}))
+    return Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+
+
+def write_run(res: SimResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    res.jobs.to_csv(out / "jobs.csv", index=False)
+    res.timeline.to_csv(out / "timeline.csv", index=False)
+    res.rounds.to_csv(out / "rounds.csv", index=False)
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(res.summary, indent=2, default=str) + "\n")
+    os.replace(tmp, out / "summary.json")  # written last: its presence marks a finished run
+
+
+def _worker(args: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
+    (trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, out, queue) = args
+    run_dir = Path(out) / f"{policy}-s{seed}"
+    if (run_dir / "summary.json").exists():
+        return policy, seed, json.loads((run_dir / "summary.json").read_text())
+
+    def tick(sim_t: float, done: int, total: int) -> None:
+        if queue is not None:
+            queue.put((policy, seed, done, total))
+
+    res = run_one(trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, tick)
+    write_run(res, run_dir)
+    if queue is not None:
+        queue.put((policy, seed, res.summary["jobs"], res.summary["jobs"]))
+    return policy, seed, res.summary
+
+
+SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_jct_s", "p99_jct_s",
+                "avg_queue_s", "makespan_s", "utilization", "avg_throughput_samples_s",
+                "peak_throughput_samples_s", "avg_restarts", "deadline_ratio", "ftf_rho_mean",
+                "solver_s_mean", "fallbacks"]
+
+
+def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: str | Path = "results",
+            run: str | None = None, profile: str = "default", workers: int | None = None,
+            policy_options: dict[str, dict[str, Any]] | None = None,
+            sim_options: dict[str, Any] | None = None, window_days: float | None = None,
+            max_jobs: int | None = None, show_progress: bool = True, plots: bool = True) -> Path:
+    """Run every policy x seed (parallel processes), then write tables and plots."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}")
+    root = Path(out) / name
+    root.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    queue = manager.Queue()
+    jobs = [(trace, cluster, p, profile, s, (policy_options or {}).get(p, {}), sim_options or {},
+             window_days, max_jobs, str(root), queue) for p in policies for s in range(seeds)]
+    results: list[tuple[str, int, dict[str, Any]]] = []
+    nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+                  TimeElapsedColumn(), disable=not show_progress, transient=False) as prog:
+        tasks = {(p, s): prog.add_task(f"{p} seed {s}", total=None) for p in policies for s in range(seeds)}
+        with ctx.Pool(nproc) as pool:
+            pending = pool.map_async(_worker, jobs)
+            while not pending.ready():
+                pending.wait(0.2)
+                while not queue.empty():
+                    p, s, d, tot = queue.get()
+                    prog.update(tasks[(p, s)], completed=d, total=tot)
+            results = pending.get()
+        for p, s, summ in results:
+            prog.update(tasks[(p, s)], completed=summ["jobs"], total=summ["jobs"])
+    manager.shutdown()
+    write_tables(root, results)
+    if plots:
+        write_plots(root, policies, seeds)
+    return root
+
+
+def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> pd.DataFrame:
+    rows = [{**{k: s.get(k) for k in SUMMARY_COLS if k != "policy"}, "policy": p, "seed": seed}
+            for p, seed, s in results]
+    df = pd.DataFrame(rows)
+    num = [c for c in SUMMARY_COLS if c != "policy"]
+    mean = df.groupby("policy", sort=False)[num].mean(numeric_only=True).reset_index()
+    mean = mean[[c for c in SUMMARY_COLS if c in mean.columns]]
+    mean.to_csv(root / "summary.csv", index=False)
+    (root / "summary.md").write_text(to_markdown(mean))
+    return mean
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if isinstance(v, float):
+                cells.append("" if pd.isna(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(root: Path, policies: list[str], seeds: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from apportion.experiments.metrics import jct_cdf
+
+    figs = {k: plt.subplots(figsize=(7, 4)) for k in ("jct_cdf", "throughput", "queue", "utilization")}
+    for p in policies:
+        d = root / f"{p}-s0"
+        if not (d / "jobs.csv").exists():
+            continue
+        jobs = pd.read_csv(d / "jobs.csv")
+        tl = pd.read_csv(d / "timeline.csv")
+        x, y = jct_cdf(jobs)
+        figs["jct_cdf"][1].plot(x / 3600, y, label=p)
+        if len(tl):
+            h = (tl["t"] - tl["t"].iloc[0]) / 3600
+            figs["throughput"][1].plot(h, tl["throughput_samples_s"], label=p, lw=0.8)
+            figs["queue"][1].plot(h, tl["queued"], label=p, lw=0.8)
+            util = [c for c in tl.columns if c.startswith("util_")]
+            ax = figs["utilization"][1]
+            ax.plot(h, tl[util].mean(axis=1), label=p, lw=0.8)
+    labels = {"jct_cdf": ("JCT (h)", "CDF"), "throughput": ("time (h)", "samples/s"),
+              "queue": ("time (h)", "queued jobs"), "utilization": ("time (h)", "mean GPU utilisation")}
+    for k, (fig, ax) in figs.items():
+        ax.set_xlabel(labels[k][0])
+        ax.set_ylabel(labels[k][1])
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(root / f"{k}.png", dpi=110)
+        plt.close(fig)
+    _util_by_type(root, policies, plt)
+
+
+def _util_by_type(root: Path, policies: list[str], plt: Any) -> None:
+    rows = {}
+    for p in policies:
+        f = root / f"{p}-s0" / "summary.json"
+        if f.exists():
+            rows[p] = json.loads(f.read_text()).get("utilization_by_type", {})
+    if not rows:
+        return
+    df = pd.DataFrame(rows).T.fillna(0.0)
+    ax = df.plot.bar(figsize=(7, 4))
+    ax.set_ylabel("utilisation by GPU type")
+    ax.figure.tight_layout()
+    ax.figure.savefig(root / "utilization_by_type.png", dpi=110)
+    plt.close(ax.figure)
+
+
+# ---------------------------------------------------------------------------
+# What the CLI calls (command bodies stay thin)
+# ---------------------------------------------------------------------------
+def _check_policy(name: str) -> None:
+    from apportion.experiments.policies import POLICIES
+
+    if name not in POLICIES:
+        raise InputError(name, "--policy", f"unknown policy; known: {', '.join(sorted(POLICIES))}")
+
+
+def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int,
+                  interval: float | None, restart_cost: float | None, noise: float,
+                  window_days: float | None, max_jobs: int | None, json_out: Path | None,
+                  jobs_csv: Path | None) -> dict[str, Any]:
+    _check_policy(policy)
+    sim: dict[str, Any] = {"noise_sigma": noise}
+    if interval is not None:
+        sim["interval_s"] = interval
+    if restart_cost is not None:
+        sim["restart_cost_s"] = restart_cost
+    cluster_from_arg(cluster)  # bad input fails before anything runs
+    res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs)
+    if json_out:
+        tmp = json_out.with_name(f".{json_out.name}.tmp")
+        tmp.write_text(json.dumps(res.summary, indent=2, default=str) + "\n")
+        os.replace(tmp, json_out)
+    if jobs_csv:
+        res.jobs.to_csv(jobs_csv, index=False)
+    return res.summary
+
+
+def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: str, out: Path,
+                 run: str | None, workers: int | None, window_days: float | None,
+                 max_jobs: int | None) -> Path:
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        raise InputError(policies, "--policies", "give at least one policy")
+    for n in names:
+        _check_policy(n)
+    if profile not in PROFILES:
+        raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
+    cluster_from_arg(cluster)
+    tr.load_trace(trace)  # fail on a bad trace before spawning workers
+    return compare(trace, cluster, names, seeds, out, run, profile, workers,
+                   window_days=window_days, max_jobs=max_jobs)

@@ -1,0 +1,130 @@
+"""Metrics of a simulated run: per-job table, timeline aggregates, the summary.
+
+Definitions (the summary keys are a contract of ``apportion simulate --json``):
+
+* ``jct`` = finish - submit; ``queueing delay`` = first start - submit;
+* ``makespan_s`` = last finish - first submit;
+* ``utilization`` = GPU-seconds held by jobs / (GPUs x makespan) (Gavel's
+  definition: busy workers over total worker time), also per GPU type;
+* ``throughput`` = samples/s at ground truth, averaged over rounds and peak;
+* ``deadline_ratio`` = jobs finished by their deadline / jobs with a deadline
+  (ElasticFlow's deadline satisfactory ratio);
+* ``ftf_rho`` (finish-time fairness, Themis): JCT / the job's isolated time on
+  what it asked for (iterations / true rate of its requested GPUs of its
+  requested type, or of its best type); mean and max;
+* ``restarts`` per job; solver time per round; fallbacks taken.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from apportion.cluster import Cluster
+
+JOB_COLUMNS = ["job_id", "submit_s", "gpus", "gpu_type", "job_type", "model", "tenant",
+               "guaranteed", "iterations", "done", "first_start_s", "finish_s", "jct_s",
+               "queue_s", "restarts", "preemptions", "gpu_seconds", "deadline_s", "met_deadline",
+               "isolated_s", "ftf_rho", "finished", "dropped"]
+
+
+def _isolated(js: Any, truth: Any) -> float:
+    j = js.job
+    types = [j.gpu_type] if j.gpu_type else []
+    best = 0.0
+    for t in types or ["A100-40GB", "A40", "A10", "V100-32GB", "A800-80GB", "P100", "K80"]:
+        try:
+            best = max(best, float(truth.rate(j, t, j.gpus)))
+        except Exception:  # a truth that does not know the type
+            continue
+    return j.iterations / best if best > 0 else math.nan
+
+
+def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFrame:
+    rows = []
+    for js, fin in [(x, True) for x in done] + [(x, False) for x in unfinished]:
+        j = js.job
+        jct = (js.finish - j.submit_s) if fin and js.finish is not None else math.nan
+        iso = _isolated(js, truth)
+        rows.append({
+            "job_id": j.job_id, "submit_s": j.submit_s, "gpus": j.gpus, "gpu_type": j.gpu_type,
+            "job_type": j.job_type, "model": j.model, "tenant": j.tenant,
+            "guaranteed": j.guaranteed, "iterations": j.iterations, "done": js.done,
+            "first_start_s": js.first_start, "finish_s": js.finish if fin else None,
+            "jct_s": jct,
+            "queue_s": (js.first_start - j.submit_s) if js.first_start is not None else math.nan,
+            "restarts": js.restarts, "preemptions": js.preemptions, "gpu_seconds": js.gpu_seconds,
+            "deadline_s": j.deadline_s,
+            "met_deadline": (bool(fin and js.finish is not None and js.finish <= j.deadline_s)
+                             if j.deadline_s is not None else None),
+            "isolated_s": iso, "ftf_rho": jct / iso if iso and iso > 0 and fin else math.nan,
+            "finished": fin, "dropped": bool(getattr(js, "dropped", False)),
+        })
+    df = pd.DataFrame(rows, columns=JOB_COLUMNS)
+    return df.sort_values(["submit_s", "job_id"], kind="stable").reset_index(drop=True)
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) else round(x, 4)
+
+
+def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
+              cluster: Cluster, t0: float) -> dict[str, Any]:
+    fin = jobs[jobs["finished"]]
+    jct = fin["jct_s"].to_numpy(dtype=float)
+    out: dict[str, Any] = {"jobs": len(jobs), "finished": len(fin),
+                           "dropped": int(jobs["dropped"].sum()) if len(jobs) else 0}
+    out["avg_jct_s"] = _f(jct.mean()) if len(jct) else None
+    out["median_jct_s"] = _f(np.median(jct)) if len(jct) else None
+    out["p95_jct_s"] = _f(np.percentile(jct, 95)) if len(jct) else None
+    out["p99_jct_s"] = _f(np.percentile(jct, 99)) if len(jct) else None
+    out["avg_queue_s"] = _f(fin["queue_s"].mean()) if len(fin) else None
+    first = float(jobs["submit_s"].min()) if len(jobs) else 0.0
+    last = float(fin["finish_s"].max()) if len(fin) else first
+    span = max(0.0, last - first)
+    out["makespan_s"] = _f(span)
+    cap = cluster.capacity_by_type()
+    total = sum(cap.values())
+    if len(timeline) and span > 0:
+        dt = float(timeline["t"].diff().dropna().min()) if len(timeline) > 1 else span
+        dt = dt if dt > 0 else span
+        busy = {g: float(timeline.get(f"busy_{g}", pd.Series(dtype=float)).sum() * dt)
+                for g in cap}
+        out["utilization"] = _f(sum(busy.values()) / (total * span))
+        out["utilization_by_type"] = {g: _f(busy[g] / (cap[g] * span)) for g in sorted(cap)}
+        thr = timeline["throughput_samples_s"]
+        out["avg_throughput_samples_s"] = _f(thr.mean())
+        out["peak_throughput_samples_s"] = _f(thr.max())
+        out["avg_queue_len"] = _f(timeline["queued"].mean())
+    else:
+        out["utilization"] = 0.0
+        out["utilization_by_type"] = {g: 0.0 for g in sorted(cap)}
+        out["avg_throughput_samples_s"] = out["peak_throughput_samples_s"] = 0.0
+        out["avg_queue_len"] = 0.0
+    out["avg_restarts"] = _f(jobs["restarts"].mean()) if len(jobs) else 0.0
+    dl = jobs[jobs["deadline_s"].notna()]
+    out["deadline_ratio"] = _f(dl["met_deadline"].astype(bool).mean()) if len(dl) else None
+    rho = fin["ftf_rho"].to_numpy(dtype=float)
+    rho = rho[~np.isnan(rho)]
+    out["ftf_rho_mean"] = _f(rho.mean()) if len(rho) else None
+    out["ftf_rho_max"] = _f(rho.max()) if len(rho) else None
+    if len(rounds):
+        out["rounds"] = len(rounds)
+        out["solver_s_mean"] = _f(rounds["solver_s"].mean())
+        out["solver_s_max"] = _f(rounds["solver_s"].max())
+        out["policy_s_total"] = _f(rounds["policy_s"].sum())
+        out["fallbacks"] = int(rounds["fallback"].sum())
+    else:
+        out.update(rounds=0, solver_s_mean=0.0, solver_s_max=0.0, policy_s_total=0.0, fallbacks=0)
+    return out
+
+
+def jct_cdf(jobs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    x = np.sort(jobs.loc[jobs["finished"], "jct_s"].to_numpy(dtype=float))
+    return x, np.arange(1, len(x) + 1) / max(1, len(x))

@@ -1,0 +1,291 @@
+"""Gavel (Narayanan et al., OSDI'20): policies as allocations, enforced by rounds.
+
+A policy computes an allocation ``X[m][j]``: the fraction of time job ``m``
+should spend on GPU type ``j`` (rows sum to at most 1; sum over jobs of
+``X[m][j] * scale_factor_m`` at most the GPUs of type ``j``). The round-based
+mechanism then realises it:
+
+* the allocation is recomputed, and the time counters are reset, whenever the
+  set of jobs changes (an arrival or a completion); at a reset each job's time
+  on each type restarts at half a round (so new jobs are not infinitely
+  favoured) and its deficit grows by (allocated - received) time;
+* priority of job ``m`` on type ``j`` = ``X[m][j] / fraction``, where
+  ``fraction`` = time ``m`` ran on ``j`` / total job time on ``j`` since the
+  reset (``X * 1e9`` when ``fraction`` is 0; 0 when ``X`` is 0 or the job
+  cannot run on ``j``);
+* per type, jobs are sorted by (priority, deficit, allocation) descending;
+  types are visited fastest first (shuffled, seeded, for the heterogeneity-
+  agnostic FIFO); a job is scheduled on at most one type per round when its
+  ``scale_factor`` GPUs are still free; FIFO never schedules a 0-priority job;
+* jobs scheduled on the type they already held keep their GPUs.
+
+Allocations (one class each):
+
+* ``gavel-max-sum-throughput``: ``max sum_m sum_j T[m][j] X[m][j]`` (raw
+  steps/s, as Gavel's implementation);
+* ``gavel-max-min-fairness`` (heterogeneity-aware, ``MaxMinFairness_Perf``):
+  first the agnostic LP with all throughputs 1 gives each job's isolated
+  allocation; then ``max min_m (1/w_m) sf_m T[m]·X[m] / (T[m]·X_iso[m])``;
+* ``fifo`` (Gavel's FIFO, base mode): jobs in arrival order get 1.0 on a
+  random type (seeded) that has ``scale_factor`` free GPUs; they keep it;
+* ``gandiva`` (Gavel's Gandiva allocation without co-location): every job
+  gets an equal share of every type, ``x = capacity / n / sf``, rows
+  normalised to at most 1; heterogeneity-blind.
+
+Both LPs are solved with cvxpy (HiGHS through cvxpy when available, else its
+default); see ``experiments/GAVEL_FIDELITY.md`` for every deviation from Gavel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import cvxpy as cp
+import numpy as np
+from apportion.experiments.policies.base import Choice, Packer, build_decision, type_order
+
+from apportion.decision import Decision, Reason, SolveReport
+
+log = logging.getLogger(__name__)
+
+
+def _solve(prob: cp.Problem) -> str:
+    for solver in ("HIGHS", "CLARABEL", "ECOS", "SCS"):
+        if solver in cp.installed_solvers():
+            try:
+                prob.solve(solver=solver)
+                return solver
+            except cp.error.SolverError:  # try the next one
+                continue
+    prob.solve()
+    return "default"
+
+
+class GavelRound:
+    """The round mechanism; subclasses give ``allocation(state, jobs, types, T, sf, w)``."""
+
+    name = "gavel"
+    perf = True  # heterogeneity-aware: visit types fastest first (else shuffled)
+    fifo = False
+
+    def __init__(self, time_per_round: float | None = None) -> None:
+        self.round_s = time_per_round
+        self.X: dict[str, dict[str, float]] = {}
+        self.job_time: dict[str, dict[str, float]] = {}
+        self.worker_time: dict[str, float] = {}
+        self.deficit: dict[str, dict[str, float]] = {}
+        self.last_reset = 0.0
+        self.members: frozenset[str] = frozenset()
+        self.seen_time: dict[str, dict[str, float]] = {}
+        self.lp_s = 0.0
+        self.lp_solver = ""
+
+    # -- allocation --------------------------------------------------------------------
+    def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
+                   sf: np.ndarray, w: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _throughputs(self, state: Any, jobs: list[Any], types: list[str]) -> np.ndarray:
+        return np.array([[state.rate(js, t, js.job.gpus) for t in types] for js in jobs])
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def _account(self, state: Any, types: list[str]) -> None:
+        """Add last round's run time on each type (read from the simulator's counters)."""
+        for js in state.jobs:
+            seen = self.seen_time.setdefault(js.id, {})
+            for t, total in js.time_on_type.items():
+                d = total - seen.get(t, 0.0)
+                if d > 0 and js.id in self.job_time:
+                    self.job_time[js.id][t] = self.job_time[js.id].get(t, 0.0) + d
+                    self.worker_time[t] = self.worker_time.get(t, 0.0) + d
+                seen[t] = total
+
+    def _reset(self, state: Any, types: list[str], now: float, rs: float) -> None:
+        elapsed = now - self.last_reset
+        self.worker_time = dict.fromkeys(types, 0.0)
+        for js in state.jobs:
+            jt = self.job_time.get(js.id)
+            de = self.deficit.setdefault(js.id, dict.fromkeys(types, 0.0))
+            for t in types:
+                received = (jt[t] - rs / 2.0) if jt and t in jt else 0.0
+                should = self.X.get(js.id, {}).get(t, 0.0) * elapsed
+                de[t] = de.get(t, 0.0) + should - received
+            self.job_time[js.id] = dict.fromkeys(types, rs / 2.0)
+            for t in types:
+                self.worker_time[t] += rs / 2.0
+        self.last_reset = now
+
+    # -- one round -----------------------------------------------------------------------
+    def decide(self, state: Any, now: float) -> Decision:
+        t0 = time.perf_counter()
+        rs = self.round_s or state.interval_s
+        types = type_order(state.cluster)
+        self._account(state, types)
+        ids = frozenset(js.id for js in state.jobs)
+        if ids != self.members:
+            self._reset(state, types, now, rs)
+            self.members = ids
+            for gone in [k for k in self.job_time if k not in ids]:
+                self.job_time.pop(gone, None)
+                self.deficit.pop(gone, None)
+            tl = time.perf_counter()
+            T = self._throughputs(state, state.jobs, types)
+            sf = np.array([float(js.job.gpus) for js in state.jobs])
+            w = np.array([float(js.job.priority_weight) for js in state.jobs])
+            X = self.allocation(state, state.jobs, types, T, sf, w)
+            self.lp_s = time.perf_counter() - tl
+            self.X = {js.id: {t: float(X[i, k]) for k, t in enumerate(types)}
+                      for i, js in enumerate(state.jobs)}
+        prio: dict[str, dict[str, float]] = {}
+        for t in types:
+            prio[t] = {}
+            for js in state.jobs:
+                x = self.X.get(js.id, {}).get(t, 0.0)
+                wt = self.worker_time.get(t, 0.0)
+                frac = self.job_time[js.id][t] / wt if wt > 0 else 0.0
+                if x == 0.0 or state.rate(js, t, js.job.gpus) <= 0:
+                    p = 0.0
+                elif frac > 0:
+                    p = x / frac
+                else:
+                    p = x * 1e9
+                prio[t][js.id] = p
+        order = list(types)
+        if not self.perf:
+            state.rng.shuffle(order)
+        by_id = {js.id: js for js in state.jobs}
+        queue = []
+        for t in order:
+            entries = [(jid, t, p, self.deficit.get(jid, {}).get(t, 0.0), self.X[jid][t])
+                       for jid, p in prio[t].items()]
+            queue += sorted(entries, key=lambda e: (e[2], e[3], e[4]), reverse=True)
+        left = dict(state.capacity)
+        picked: dict[str, str] = {}
+        for jid, t, p, _, _ in queue:
+            js = by_id[jid]
+            if left.get(t, 0) == 0 or jid in picked or state.rate(js, t, js.job.gpus) <= 0:
+                continue
+            if self.fifo and p <= 0.0:
+                continue
+            if js.job.gpus > left[t]:
+                continue
+            left[t] -= js.job.gpus
+            picked[jid] = t
+        # placement: keepers first, then the largest jobs first (least fragmentation)
+        pk = Packer(state.cluster)
+        chosen: dict[str, Choice] = {}
+        for jid, t in picked.items():
+            a = by_id[jid].alloc
+            if a is not None and a.gpu_type == t and pk.fits(a.placement):
+                pk.take(a.placement)
+                chosen[jid] = Choice(t, a.gpus, dict(a.placement), state.rate(by_id[jid], t, a.gpus))
+        for jid, t in sorted(picked.items(), key=lambda kv: (-by_id[kv[0]].job.gpus, kv[0])):
+            if jid in chosen:
+                continue
+            js = by_id[jid]
+            p = pk.place(t, js.job.gpus)
+            if p is not None:
+                chosen[jid] = Choice(t, js.job.gpus, p, state.rate(js, t, js.job.gpus, p))
+        reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
+                   for jid in by_id if jid not in chosen}
+        rep = SolveReport(self.lp_solver or self.name, "optimal" if self.lp_solver else "feasible",
+                          None, None, None, time.perf_counter() - t0, False)
+        return build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
+
+
+def _base_constraints(x: cp.Variable, sf: np.ndarray, cap: np.ndarray) -> list[Any]:
+    m, n = x.shape
+    return [x >= 0, cp.sum(x, axis=1) <= 1,
+            cp.sum(cp.multiply(np.tile(sf.reshape(m, 1), (1, n)), x), axis=0) <= cap]
+
+
+class MaxSumThroughput(GavelRound):
+    name = "gavel-max-sum-throughput"
+
+    def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
+                   sf: np.ndarray, w: np.ndarray) -> np.ndarray:
+        cap = np.array([state.capacity[t] for t in types], dtype=float)
+        x = cp.Variable(T.shape)
+        prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(T, x))), _base_constraints(x, sf, cap))
+        self.lp_solver = _solve(prob)
+        return np.clip(x.value if x.value is not None else np.zeros(T.shape), 0.0, 1.0)
+
+
+class MaxMinFairness(GavelRound):
+    name = "gavel-max-min-fairness"
+
+    def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
+                   sf: np.ndarray, w: np.ndarray) -> np.ndarray:
+        m, n = T.shape
+        cap = np.array([state.capacity[t] for t in types], dtype=float)
+        sfa = np.tile(sf.reshape(m, 1), (1, n))
+        inv_w = (1.0 / w).reshape(m, 1)
+        # isolated (heterogeneity-agnostic) allocation: all throughputs 1
+        xi = cp.Variable((m, n))
+        cp_iso = cp.Problem(cp.Maximize(cp.min(cp.sum(cp.multiply(sfa * inv_w, xi), axis=1))),
+                            _base_constraints(xi, sf, cap))
+        _solve(cp_iso)
+        x_iso = np.clip(xi.value if xi.value is not None else np.zeros((m, n)), 0.0, 1.0)
+        iso = np.sum(T * x_iso, axis=1).reshape(m, 1)
+        iso = np.where(iso > 0, iso, 1.0)
+        coef = T * inv_w / iso * sfa
+        x = cp.Variable((m, n))
+        prob = cp.Problem(cp.Maximize(cp.min(cp.sum(cp.multiply(coef, x), axis=1))),
+                          _base_constraints(x, sf, cap))
+        self.lp_solver = _solve(prob)
+        return np.clip(x.value if x.value is not None else np.zeros((m, n)), 0.0, 1.0)
+
+
+class GavelFIFO(GavelRound):
+    """Gavel's FIFO (base mode): a random feasible type per job, kept until it finishes."""
+
+    name = "fifo"
+    perf = False
+    fifo = True
+
+    def __init__(self, time_per_round: float | None = None) -> None:
+        super().__init__(time_per_round)
+        self.assigned: dict[str, str] = {}
+
+    def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
+                   sf: np.ndarray, w: np.ndarray) -> np.ndarray:
+        ids = {js.id for js in jobs}
+        self.assigned = {k: v for k, v in self.assigned.items() if k in ids}
+        avail = dict(state.capacity)
+        for jid, t in self.assigned.items():
+            avail[t] -= next(js.job.gpus for js in jobs if js.id == jid)
+        rng = np.random.default_rng([state.seed, 7, len(self.assigned), state.round_index])
+        for i, js in sorted(enumerate(jobs), key=lambda ij: (ij[1].job.submit_s, ij[1].id)):
+            if js.id in self.assigned:
+                continue
+            if not any(avail.get(t, 0) >= js.job.gpus for t in types):
+                break
+            # deviation: only types the job can run on (Gavel draws among all free types)
+            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= js.job.gpus and T[i, k] > 0)
+            if not ok:
+                break
+            t = ok[int(rng.integers(len(ok)))]
+            self.assigned[js.id] = t
+            avail[t] -= js.job.gpus
+        X = np.zeros(T.shape)
+        for i, js in enumerate(jobs):
+            if js.id in self.assigned:
+                X[i, types.index(self.assigned[js.id])] = 1.0
+        return X
+
+
+class GandivaShare(GavelRound):
+    """Gavel's Gandiva allocation without packing: equal time share, heterogeneity-blind."""
+
+    name = "gandiva"
+    perf = True
+
+    def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
+                   sf: np.ndarray, w: np.ndarray) -> np.ndarray:
+        m = len(jobs)
+        cap = np.array([state.capacity[t] for t in types], dtype=float)
+        X = np.tile(cap / max(1, m), (m, 1)) / sf.reshape(m, 1)
+        rows = np.maximum(X.sum(axis=1), 1.0)
+        return X / rows[:, None]

@@ -1,0 +1,173 @@
+"""Morphling's scheduling policy (Morphling section 5, Algorithm 1), GPU dimension.
+
+Resource sensitivity curve of a job: for each valid GPU count, the best rate
+over its execution plans (the policy's view of the measured plan table when
+the ground truth is Morphling's; the best-plan rate otherwise), flat between
+valid counts. Slope at ``g`` = gain of moving to the next valid count per GPU,
+normalised by the job's rate on its original request (Morphling compares jobs
+by speedup).
+
+Algorithm 1 as implemented here, per round:
+1. guaranteed jobs within their tenant's quota ("privileged") are scheduled
+   first, at least at their minimum demand ``minRes``: the fewest GPUs whose
+   best plan matches the rate of the original request and plan;
+2. best-effort and running jobs, sorted by slope (highest first), then grow:
+   free GPUs first, then one unit at a time from the lowest-slope job that is
+   over its minimum (``GetLowestSlopeOverMin``), when the grower's slope is
+   higher or it is still below its own minimum. A job shrunk to 0 is preempted.
+3. GPU counts are placed (current placement kept when the count is unchanged)
+   and the best plan for the placement is chosen (``GetBestPlan``).
+CPUs and memory are not allocated: no ground truth available here measures
+their effect (the A800 tables vary plans and placements only).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
+
+from apportion.decision import Decision, Reason
+
+
+def is_morphling(state: Any) -> bool:
+    base = getattr(state.view, "base", state.view)
+    return getattr(base, "name", "") == "morphling"
+
+
+def plan_rate(state: Any, js: Any, t: str, g: int, plan: str | None = None,
+              dp_only: bool = False, placement: dict[str, int] | None = None) -> float:
+    """Viewed rate at ``g`` GPUs, for a fixed plan, DP-family plans only, or the best plan."""
+    if is_morphling(state):
+        from apportion.experiments.groundtruth import is_dp_plan
+
+        return state.rate(js, t, g, placement, plan, plan_ok=is_dp_plan if dp_only else None)
+    return state.rate(js, t, g, placement)
+
+
+def best_plan(state: Any, js: Any, g: int, placement: dict[str, int] | None,
+              dp_only: bool = False) -> str | None:
+    """The plan code with the best measured time at this GPU count (Morphling truth only)."""
+    if not is_morphling(state):
+        return None
+    from apportion.experiments.groundtruth import is_dp_plan
+
+    base = state.view.base
+    shape = tuple(sorted((placement or {}).values(), reverse=True))
+    rows = [(t, p) for p, pl, t in base.rows.get(js.job.job_type, [])
+            if sum(pl) == g and (not dp_only or is_dp_plan(p))]
+    exact = [(t, p) for p, pl, t in base.rows.get(js.job.job_type, [])
+             if pl == shape and (not dp_only or is_dp_plan(p))]
+    pick = exact or rows
+    return min(pick)[1] if pick else None
+
+
+def valid_counts(state: Any, js: Any, t: str, upto: int, dp_only: bool = False) -> list[int]:
+    return [g for g in range(1, upto + 1) if plan_rate(state, js, t, g, dp_only=dp_only) > 0]
+
+
+class MorphlingSlope:
+    name = "morphling"
+
+    def __init__(self, max_scale: int = 2, quota: dict[str, int] | None = None) -> None:
+        self.max_scale = max_scale
+        self.quota = quota if quota is not None else {"A": 64}
+
+    def decide(self, state: Any, now: float) -> Decision:
+        t0 = time.perf_counter()
+        reasons: dict[str, tuple[Reason, str]] = {}
+        info: dict[str, tuple[str, list[int], dict[int, float], float, int]] = {}
+        for js in state.jobs:
+            t = js.alloc.gpu_type if js.alloc is not None else requested_type(state, js)[0]
+            if t is None:
+                reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
+                continue
+            upto = min(state.capacity[t], max(js.job.gpus * self.max_scale, js.job.gpus))
+            counts = valid_counts(state, js, t, upto)
+            if not counts:
+                reasons[js.id] = (Reason.NO_FIT_MEMORY, "no valid GPU count")
+                continue
+            curve = {g: plan_rate(state, js, t, g) for g in counts}
+            ref = plan_rate(state, js, t, js.job.gpus, plan=js.job.plan) or curve[counts[0]]
+            minres = 0
+            if js.job.guaranteed:
+                minres = next((g for g in counts if curve[g] >= ref * 0.999), js.job.gpus)
+            info[js.id] = (t, counts, curve, ref, minres)
+        alloc: dict[str, int] = {jid: 0 for jid in info}
+        free = dict(state.capacity)
+        by_id = {js.id: js for js in state.jobs}
+
+        def slope(jid: str, g: int) -> float:
+            t, counts, curve, ref, _ = info[jid]
+            nxt = [c for c in counts if c > g]
+            if not nxt:
+                return -1.0
+            cur = curve.get(g, 0.0) if g else 0.0
+            return (curve[nxt[0]] - cur) / (nxt[0] - g) / ref
+
+        def down_slope(jid: str, g: int) -> float:
+            t, counts, curve, ref, _ = info[jid]
+            prv = [c for c in counts if c < g]
+            lower = prv[-1] if prv else 0
+            return (curve[g] - (curve[lower] if lower else 0.0)) / (g - lower) / ref, lower
+
+        def schedule(jid: str) -> None:
+            t, counts, curve, ref, minres = info[jid]
+            while True:
+                nxt = [c for c in counts if c > alloc[jid]]
+                if not nxt:
+                    return
+                need = nxt[0] - alloc[jid]
+                if free[t] >= need:
+                    free[t] -= need
+                    alloc[jid] = nxt[0]
+                    continue
+                victims = []
+                for other, g in alloc.items():
+                    if other == jid or g == 0 or info[other][0] != t:
+                        continue
+                    if g <= info[other][4]:
+                        continue  # not over its minimum
+                    s, lower = down_slope(other, g)
+                    victims.append((s, other, lower))
+                if not victims:
+                    return
+                s, other, lower = min(victims)
+                below_min = alloc[jid] < minres
+                if not (below_min or slope(jid, alloc[jid]) > s):
+                    return
+                free[t] += alloc[other] - lower
+                alloc[other] = lower
+
+        quota_used: dict[str, int] = {}
+        privileged = [jid for jid in info if by_id[jid].job.guaranteed]
+        for jid in sorted(privileged, key=lambda j: (by_id[j].job.submit_s, j)):
+            tenant = by_id[jid].job.tenant
+            q = self.quota.get(tenant, 0)
+            if quota_used.get(tenant, 0) + info[jid][4] <= q:
+                quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][4]
+                schedule(jid)
+        rest = [jid for jid in info if jid not in privileged or alloc[jid] == 0]
+        rest.sort(key=lambda j: (-slope(j, alloc[j]), by_id[j].job.submit_s, j))
+        for jid in rest:
+            schedule(jid)
+        pk = Packer(state.cluster)
+        chosen: dict[str, Choice] = {}
+        for jid, g in alloc.items():
+            a = by_id[jid].alloc
+            if g and a is not None and a.gpus == g and a.gpu_type == info[jid][0] and pk.fits(a.placement):
+                pk.take(a.placement)
+                chosen[jid] = Choice(a.gpu_type, g, dict(a.placement), info[jid][2][g], a.plan,
+                                     by_id[jid].plan_code)
+        for jid, g in sorted(alloc.items(), key=lambda kv: -kv[1]):
+            if not g or jid in chosen:
+                continue
+            t = info[jid][0]
+            p = pk.place(t, g)
+            if p is None:
+                continue
+            code = best_plan(state, by_id[jid], g, p)
+            chosen[jid] = Choice(t, g, p, plan_rate(state, by_id[jid], t, g, code, placement=p),
+                                 code=code)
+        return build_decision(state, chosen, self.name, t0, reasons)

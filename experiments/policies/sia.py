@@ -1,0 +1,104 @@
+"""Sia-like (Jayaram Subramanya et al., SOSP'23): goodput across GPU types, DP-only scaling.
+
+Each round an integer program picks one configuration (GPU type, GPU count in
+powers of two up to ``max_scale`` x the request) or none per job, maximising
+the sum of normalised throughputs (rate / the job's rate on one GPU of its
+slowest feasible type) plus a bonus per placed job, minus a restart penalty for
+changing a running job's configuration, under per-type capacity; solved with
+HiGHS through ``scipy.optimize.milp``. Sia's performance model knows data
+parallelism only: rates come from DP-family plans (Morphling's footnote 2:
+a job that cannot run with DP falls back to its feasible 3D plan at its
+requested GPU count, scaling disabled). Batch size stays fixed (no goodput
+adaptation: apportion never changes the global batch).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from apportion.experiments.policies.base import Choice, Packer, build_decision
+from apportion.experiments.policies.morphling import best_plan, plan_rate
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from apportion.decision import Decision, Reason, SolveReport
+
+
+class SiaLike:
+    name = "sia"
+
+    def __init__(self, max_scale: int = 2, place_bonus: float = 1.0, restart_penalty: float = 0.1,
+                 time_limit_s: float = 5.0) -> None:
+        self.max_scale = max_scale
+        self.place_bonus = place_bonus
+        self.restart_penalty = restart_penalty
+        self.time_limit_s = time_limit_s
+
+    def _options(self, state: Any, js: Any) -> list[tuple[str, int, float, bool]]:
+        opts = []
+        for t, cap in state.capacity.items():
+            g = 1
+            while g <= min(cap, self.max_scale * js.job.gpus):
+                r = plan_rate(state, js, t, g, dp_only=True)
+                if r > 0:
+                    opts.append((t, g, r, True))
+                g *= 2
+        if not opts:  # no DP plan runs: the job's own (3D) plan, scaling disabled
+            for t in state.capacity:
+                r = plan_rate(state, js, t, js.job.gpus, plan=js.job.plan)
+                if r > 0:
+                    opts.append((t, js.job.gpus, r, False))
+        return opts
+
+    def decide(self, state: Any, now: float) -> Decision:
+        t0 = time.perf_counter()
+        types = sorted(state.capacity)
+        cols: list[tuple[Any, str, int, float, bool]] = []
+        reasons: dict[str, tuple[Reason, str]] = {}
+        for js in state.jobs:
+            opts = self._options(state, js)
+            if not opts:
+                reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
+                continue
+            base = min(r / g for _, g, r, _ in opts)
+            for t, g, r, dp in opts:
+                cols.append((js, t, g, r / max(base, 1e-12) / max(1, js.job.gpus), dp))
+        if not cols:
+            return build_decision(state, {}, self.name, t0, reasons)
+        n = len(cols)
+        c = np.zeros(n)
+        for i, (js, t, g, val, _) in enumerate(cols):
+            a = js.alloc
+            change = a is not None and (a.gpu_type != t or a.gpus != g)
+            c[i] = -(val + self.place_bonus - (self.restart_penalty if change else 0.0))
+        jobs = list(dict.fromkeys(col[0].id for col in cols))
+        jidx = {j: k for k, j in enumerate(jobs)}
+        A = np.zeros((len(jobs) + len(types), n))
+        for i, (js, t, g, _, _) in enumerate(cols):
+            A[jidx[js.id], i] = 1.0
+            A[len(jobs) + types.index(t), i] = g
+        ub = np.concatenate([np.ones(len(jobs)), [state.capacity[t] for t in types]])
+        res = milp(c, constraints=LinearConstraint(A, -np.inf, ub), integrality=np.ones(n),
+                   bounds=Bounds(0, 1), options={"time_limit": self.time_limit_s})
+        x = res.x if res.x is not None else np.zeros(n)
+        pick = [(cols[i][0], cols[i][1], cols[i][2], cols[i][4]) for i in range(n) if x[i] > 0.5]
+        pk = Packer(state.cluster)
+        chosen: dict[str, Choice] = {}
+        for js, t, g, dp in pick:
+            a = js.alloc
+            if a is not None and a.gpu_type == t and a.gpus == g and pk.fits(a.placement):
+                pk.take(a.placement)
+                chosen[js.id] = Choice(t, g, dict(a.placement), js.est_rate, a.plan, js.plan_code)
+        for js, t, g, dp in sorted(pick, key=lambda p: -p[2]):
+            if js.id in chosen:
+                continue
+            p = pk.place(t, g)
+            if p is not None:
+                code = best_plan(state, js, g, p, dp_only=True) if dp else js.job.plan
+                chosen[js.id] = Choice(t, g, p, plan_rate(state, js, t, g, code, placement=p),
+                                       code=code)
+        rep = SolveReport("highs-milp", "optimal" if res.status == 0 else "feasible",
+                          float(-res.fun) if res.fun is not None else None, None, None,
+                          time.perf_counter() - t0, False)
+        return build_decision(state, chosen, self.name, t0, reasons, rep)
