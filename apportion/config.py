@@ -21,7 +21,7 @@ from apportion.gpus import canonical_gpu_name
 from apportion.jobs import JobSpec, RunningState
 from apportion.models import get_model
 
-MAX_FILE_BYTES = 20 * 2**20  # inputs are small; refuse anything absurd before parsing
+MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per MB
 MAX_COUNT = 1_000_000
 
 
@@ -188,12 +188,21 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 def read_yaml(path: str | Path) -> Any:
     """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
+    return parse_yaml_text(read_text(path, "YAML"), str(path))
+
+
+def read_text(path: str | Path, kind: str = "input") -> str:
+    """A bounded, UTF-8 read of an input file; every failure is an :class:`InputError`.
+
+    Shared by every loader (YAML and JSON alike) so size limits, devices such as
+    /dev/zero, directories and undecodable bytes are refused the same way.
+    """
     p = Path(path)
     src = str(p)
     if not p.exists():
         raise InputError(src, "(file)", "no such file")
     if p.is_dir():
-        raise InputError(src, "(file)", "is a directory, not a YAML file")
+        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
     size = p.stat().st_size
     if size > MAX_FILE_BYTES:
         raise InputError(src, "(file)", f"file is {size} bytes; inputs are limited to "
@@ -206,10 +215,9 @@ def read_yaml(path: str | Path) -> Any:
     if len(raw) > MAX_FILE_BYTES:
         raise InputError(src, "(file)", f"inputs are limited to {MAX_FILE_BYTES} bytes")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
-    return parse_yaml_text(text, src)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -27,9 +27,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from apportion.config import read_yaml
 from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,8 @@ def _raise_from_validation(source: str, exc: ValidationError, prefix: str = "") 
 
 
 def _read_yaml(path: str | Path) -> Any:
-    p = Path(path)
-    source = str(path)
-    if not p.is_file():
-        raise InputError(source, "<file>", "file not found")
-    try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise InputError(source, "<file>", f"not valid YAML: {exc}") from None
+    """The shared bounded, duplicate-key-refusing YAML reader (apportion.config)."""
+    return read_yaml(path)
 
 
 # --------------------------------------------------------------------------- task file

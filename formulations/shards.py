@@ -35,6 +35,7 @@ import networkx as nx
 import numpy as np
 from apportion.formulations.model import LinearModel
 
+from apportion.config import read_text
 from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -262,14 +263,13 @@ def problem_from_dict(data: Any, source: str = "<memory>") -> ShardProblem:
 def load_problem(path: str | Path) -> ShardProblem:
     """Read and validate a units JSON file; unreadable or malformed files raise InputError."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(source, "<file>", f"cannot read: {exc.strerror or exc}") from exc
+    text = read_text(path, "JSON")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(source, "<file>", f"not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    except RecursionError:
+        raise InputError(source, "<file>", "nesting too deep") from None
     return problem_from_dict(data, source)
 
 

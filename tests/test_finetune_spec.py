@@ -76,7 +76,7 @@ def test_task_file_errors_name_the_field(tmp_path, mutate, field):
 
 
 def test_task_file_missing_and_garbage(tmp_path):
-    with pytest.raises(InputError, match="not found"):
+    with pytest.raises(InputError, match="no such file"):
         load_finetune_problem(str(tmp_path / "none.yaml"))
     p = tmp_path / "bad.yaml"
     p.write_text("tasks: [unclosed")
