@@ -26,7 +26,8 @@ MAX_COUNT = 1_000_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # strict: YAML gives real ints and bools; "4", true or 2.0 for a count is a mistake
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
 
 class NodeGroupSpec(_Strict):

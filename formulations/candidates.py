@@ -115,13 +115,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     opt = options or CandidateOptions()
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=opt.__dict__.copy())
     caps = cluster.capacity_by_type()
-    for n in cluster.nodes.values():
-        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
-                   group=group_node(n.group))
-    for grp in cluster.groups:
-        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
-                   node_gpus=grp.gpus_per_node, capacity=grp.count * grp.gpus_per_node,
-                   nodes=[node_node(f"{grp.prefix}-{i}") for i in range(grp.count)])
+    add_topology(g, cluster)
     for job in jobs:
         jn = job_node(job.id)
         wait = job.wait_s(now_s)
@@ -135,6 +129,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
                 for stages in _stage_counts(gpus, opt.max_stages, layers):
+                    g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)
                     if e is not None:
@@ -164,6 +159,8 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
     if not cells:
         if job.requested_gpu_type and job.requested_gpu_type not in caps:
             g.nodes[jn]["reason"] = Reason.NO_GPU_TYPE.value
+        elif not g.nodes[jn].get("cells_tried"):  # nothing of any type is big enough now
+            g.nodes[jn]["reason"] = Reason.NO_CAPACITY.value
         else:
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0
@@ -196,22 +193,45 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
                    bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
                    current=current)
         g.add_edge(jn, cn)
-        tp = e.plan.tp
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
         g.nodes[cn]["single_node"] = single
-        if current and job.running is not None and job.running.placement:
-            for name, k in job.running.placement.items():  # keep means: exactly where it runs
-                if name in cluster.nodes and cluster.nodes[name].gpu_type == cell.gpu_type:
-                    cap = min(k, cluster.nodes[name].gpus, cell.gpus)
-                    if cap - cap % tp > 0:
-                        g.add_edge(cn, node_node(name), max_gpus=cap - cap % tp)
+        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
+                          job.running.placement if (current and job.running) else None)
+
+
+def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
+    """Node and node-group vertices (a group lists the nodes it really has: some may be down)."""
+    members: dict[str, list[str]] = {}
+    for n in cluster.nodes.values():
+        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
+                   cpus=n.cpus, host_memory_gib=n.host_memory_gib, group=group_node(n.group))
+        members.setdefault(n.group, []).append(node_node(n.name))
+    for grp in cluster.groups:
+        nodes = members.get(grp.prefix, [])
+        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
+                   node_gpus=grp.gpus_per_node, nodes=nodes,
+                   capacity=sum(int(g.nodes[n]["capacity"]) for n in nodes))
+
+
+def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
+                      single: bool, pinned: dict[str, int] | None) -> None:
+    """Cell -> group edges (or cell -> node edges for a running job's present placement)."""
+    if pinned:
+        for name, k in pinned.items():  # keep means: exactly where it runs
+            if name in cluster.nodes and cluster.nodes[name].gpu_type == gpu_type:
+                cap = min(k, cluster.nodes[name].gpus, gpus)
+                if cap - cap % tp > 0:
+                    g.add_edge(cn, node_node(name), max_gpus=cap - cap % tp)
+        return
+    unit = gpus if single else tp
+    for grp in cluster.groups:
+        gv = group_node(grp.prefix)
+        if grp.gpu_type != gpu_type or grp.gpus_per_node < unit or not g.nodes[gv]["nodes"]:
             continue
-        for grp in cluster.groups:
-            if grp.gpu_type != cell.gpu_type or grp.gpus_per_node < (cell.gpus if single else tp):
-                continue
-            cap = min(grp.count * (grp.gpus_per_node - grp.gpus_per_node % tp), cell.gpus)
-            if cap - cap % tp > 0:
-                g.add_edge(cn, group_node(grp.prefix), max_gpus=cap - cap % tp)
+        per_node = grp.gpus_per_node - grp.gpus_per_node % tp
+        cap = min(len(g.nodes[gv]["nodes"]) * per_node, gpus)
+        if cap - cap % tp > 0:
+            g.add_edge(cn, gv, max_gpus=cap - cap % tp)
 
 
 def member_nodes(g: nx.DiGraph, vertex: str) -> list[str]:

@@ -51,7 +51,7 @@ from apportion.decision import Reason
 from apportion.errors import InputError
 from apportion.estimation.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
-from apportion.formulations.candidates import group_node, job_node, node_node
+from apportion.formulations.candidates import add_topology, attach_cell_edges, job_node
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective
 from apportion.jobs import JobSpec
 from apportion.models import get_model
@@ -261,13 +261,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
     quotas = dict(quotas or {})
     g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=opt.__dict__.copy(),
                    quotas=quotas)
-    for n in cluster.nodes.values():
-        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
-                   cpus=n.cpus, host_memory_gib=n.host_memory_gib, group=group_node(n.group))
-    for grp in cluster.groups:
-        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
-                   node_gpus=grp.gpus_per_node, capacity=grp.count * grp.gpus_per_node,
-                   nodes=[node_node(f"{grp.prefix}-{i}") for i in range(grp.count)])
+    add_topology(g, cluster)
     caps = cluster.capacity_by_type()
     used_quota: dict[str, int] = {}
     for job in sorted(jobs, key=lambda j: (j.running is None, j.submit_time_s, j.id)):
@@ -327,28 +321,13 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                        quota_tenant=job.tenant if guaranteed else None,
                        single_node=not current and o.gpus <= cluster.max_gpus_per_node(o.gpu_type))
             g.add_edge(jn, cn)
-            _attach_edges(g, cn, o, job, cluster)
+            attach_cell_edges(g, cn, cluster, o.gpu_type, o.gpus, o.plan.tp,
+                              g.nodes[cn]["single_node"],
+                              job.running.placement if (g.nodes[cn]["current"] and job.running)
+                              else None)
     apply_objective(g, jobs, now_s, ObjectiveOptions(kind=opt.objective, keep_bonus=opt.keep_bonus,
                                                      restart_s=opt.restart_s, round_s=opt.round_s))
     return g
-
-
-def _attach_edges(g: nx.DiGraph, cn: str, o: PlanOption, job: JobSpec, cluster: Cluster) -> None:
-    tp = o.plan.tp
-    if g.nodes[cn]["current"] and job.running is not None:
-        for name, k in job.running.placement.items():
-            if name in cluster.nodes and cluster.nodes[name].gpu_type == o.gpu_type:
-                cap = min(k, o.gpus) - min(k, o.gpus) % tp
-                if cap > 0:
-                    g.add_edge(cn, node_node(name), max_gpus=cap)
-        return
-    unit = o.gpus if g.nodes[cn]["single_node"] else tp
-    for grp in cluster.groups:
-        if grp.gpu_type != o.gpu_type or grp.gpus_per_node < unit:
-            continue
-        cap = min(grp.count * (grp.gpus_per_node - grp.gpus_per_node % tp), o.gpus)
-        if cap - cap % tp > 0:
-            g.add_edge(cn, group_node(grp.prefix), max_gpus=cap - cap % tp)
 
 
 def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, int],
