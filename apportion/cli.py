@@ -114,7 +114,9 @@ def solve_round(
     search_depth: int = typer.Option(3, "--search-depth", min=0, help="greedy local-search depth"),
     max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
                                               help="at most this many running jobs changed"),
-    formulation: str = typer.Option("cells", "--formulation", help="cells | plans"),
+    formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline"),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate",
+                                 help="run each solver backend in a child process"),
     tenants: Optional[Path] = typer.Option(None, "--tenants",
                                            help="tenants YAML with GPU quotas (plans)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -139,7 +141,7 @@ def solve_round(
             state, cluster, jobs, backend=backend, time_budget=time_budget,
             search_depth=search_depth, max_changes=max_changes, formulation=formulation,
             json_out=json_out, dump_problem=dump_problem, round_key=round_key, tenants=tenants,
-            show=show, write_json=write_json_atomic))
+            isolate=isolate, show=show, write_json=write_json_atomic))
 
     try:
         if backend not in ("auto", "cp-sat", "highs", "greedy"):
@@ -158,7 +160,8 @@ def solve_round(
         _fail(exc)
         return
     cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                      max_changes=max_changes, formulation=formulation, quotas=quotas)
+                      max_changes=max_changes, formulation=formulation, quotas=quotas,
+                      isolate=isolate)
     result = run_round(cl, jb, now, cfg)
     out.print(_decision_table(result.decision))
     err.print(_report_lines(result.decision), highlight=False, markup=False)

@@ -51,6 +51,7 @@ class RoundConfig:
     plan_source: Any = None  # a formulations.plans.PlanSource (default: EstimatedPlans)
     plan_options: Any = None  # formulations.plans.PlanOptions
     quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
+    isolate: bool = False  # each backend in a child process (operators: a crash costs one answer)
 
 
 @dataclass
@@ -169,7 +170,7 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         return check.ok
 
     left = max(0.05, cfg.time_budget_s - (time.perf_counter() - t0))
-    best, attempts = solve_chain(model, backends_for(cfg.backend), left, accept)
+    best, attempts = solve_chain(model, backends_for(cfg.backend, cfg.isolate), left, accept)
     attempt_dicts = [a.as_dict() for a in attempts]
     attempt_dicts.append({"backend": "greedy", "status": "feasible", "objective": greedy_obj,
                           "bound": None, "gap": None, "wall_s": round(greedy_wall, 6),

@@ -232,6 +232,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       max_changes: int | None = None, formulation: str = "cells",
                       json_out: Path | None = None, dump_problem: Path | None = None,
                       round_key: str | None = None, tenants: Path | None = None,
+                      isolate: bool = False,
                       show: Callable[[Decision], None] | None = None,
                       write_json: Callable[[Path, Any], None] | None = None) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
@@ -273,7 +274,8 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         return _busy(exc)
     try:
         cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                          max_changes=max_changes, formulation=formulation, quotas=quotas)
+                          max_changes=max_changes, formulation=formulation, quotas=quotas,
+                          isolate=isolate)
         return _locked_round(store, cl, cfg,
                              round_key, json_out, dump_problem, show, write_json, run_round,
                              effective_cluster)

@@ -24,15 +24,25 @@ BACKENDS: dict[str, Callable[[], Backend]] = {"highs": HighsBackend, "cp-sat": C
 AUTO_ORDER = ("highs", "cp-sat")
 
 
-def backends_for(name: str) -> list[Backend]:
-    """``auto`` -> HiGHS then CP-SAT; a single name -> that backend; ``greedy`` -> none."""
+def backends_for(name: str, isolate: bool = False) -> list[Backend]:
+    """``auto`` -> HiGHS then CP-SAT; a single name -> that backend; ``greedy`` -> none.
+
+    ``isolate`` runs each backend in a child process (:mod:`apportion.solvers.isolation`):
+    a segfault, abort or hang in a solver then costs only that backend's answer.
+    """
     if name == "auto":
-        return [BACKENDS[n]() for n in AUTO_ORDER]
-    if name == "greedy":
+        names: tuple[str, ...] = AUTO_ORDER
+    elif name == "greedy":
         return []
-    if name not in BACKENDS:
+    elif name in BACKENDS:
+        names = (name,)
+    else:
         raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs or greedy")
-    return [BACKENDS[name]()]
+    if isolate:
+        from apportion.solvers.isolation import IsolatedBackend
+
+        return [IsolatedBackend(n) for n in names]
+    return [BACKENDS[n]() for n in names]
 
 
 def _better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
