@@ -107,7 +107,7 @@ def solve_round(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (default: Crius's testbed)"),
     jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
-    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | greedy"),
+    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | greedy"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the decision JSON here"),
     dump_problem: Optional[Path] = typer.Option(None, "--dump-problem",
                                                 help="write the candidates and estimates as JSON"),
@@ -144,9 +144,9 @@ def solve_round(
             isolate=isolate, show=show, write_json=write_json_atomic))
 
     try:
-        if backend not in ("auto", "cp-sat", "highs", "greedy"):
+        if backend not in ("auto", "cp-sat", "highs", "lp-round", "greedy"):
             raise InputError("--backend", "backend", f"{backend!r} is not one of auto, cp-sat, "
-                                                     "highs, greedy")
+                                                     "highs, lp-round, greedy")
         if formulation not in FORMULATIONS:
             raise InputError("--formulation", "formulation",
                              f"{formulation!r} is not available; available: "

@@ -73,6 +73,18 @@ class Cluster:
         return (self.name, tuple(self.groups), tuple(sorted(self.nodes)))
 
     @cached_property
+    def fingerprint_hash(self) -> int:
+        """Hash of :attr:`fingerprint`, computed once (estimators key their caches by it)."""
+        return hash(self.fingerprint)
+
+    @cached_property
+    def _by_type(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes.values():
+            out.setdefault(n.gpu_type, []).append(n)
+        return out
+
+    @cached_property
     def _max_per_node(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for n in self.nodes.values():
@@ -111,7 +123,7 @@ class Cluster:
         return sum(n.gpus for n in self.nodes.values())
 
     def nodes_of_type(self, gpu_type: str) -> list[Node]:
-        return [n for n in self.nodes.values() if n.gpu_type == gpu_type]
+        return list(self._by_type.get(gpu_type, []))
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return self._max_per_node.get(gpu_type, 0)

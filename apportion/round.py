@@ -170,7 +170,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         return check.ok
 
     left = max(0.05, cfg.time_budget_s - (time.perf_counter() - t0))
-    best, attempts = solve_chain(model, backends_for(cfg.backend, cfg.isolate), left, accept)
+    backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
+    best, attempts = solve_chain(model, backends, left, accept)
     attempt_dicts = [a.as_dict() for a in attempts]
     attempt_dicts.append({"backend": "greedy", "status": "feasible", "objective": greedy_obj,
                           "bound": None, "gap": None, "wall_s": round(greedy_wall, 6),
@@ -178,7 +179,13 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     wall = time.perf_counter() - t0
     if best is not None and best.x is not None and model.decode is not None:
         choices = model.decode(best.x)
-        report = SolveReport(best.backend, best.status.value, best.objective, best.bound, best.gap,
+        # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
+        bounds = [a.bound for a in attempts if a.bound is not None and a.x is not None]
+        bound = min(bounds) if bounds else best.bound
+        gap = None
+        if bound is not None and best.objective is not None:
+            gap = max(0.0, bound - best.objective) / max(1.0, abs(best.objective))
+        report = SolveReport(best.backend, best.status.value, best.objective, bound, gap,
                              wall, fallback=False, attempts=attempt_dicts)
     else:
         choices = greedy_choices

@@ -196,7 +196,7 @@ class AnalyticEstimator:
         Jobs share models and batch sizes, so results are memoised by everything
         the estimate reads (the cluster by its fingerprint).
         """
-        key = (cluster.fingerprint, job.model, job.global_batch_size, cell.gpu_type, cell.gpus,
+        key = (cluster.fingerprint_hash, job.model, job.global_batch_size, cell.gpu_type, cell.gpus,
                cell.stages, tuple(sorted(getattr(self, "efficiency_", {}).items())))
         cache = self.__dict__.setdefault("_cell_cache", {})
         if key not in cache:

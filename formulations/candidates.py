@@ -254,6 +254,10 @@ def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluste
         single = c.gpus <= cluster.max_gpus_per_node(c.gpu_type)
         return c.gpus if single else int(e.plan.tp)
 
+    by_size: dict[tuple[str, int], list[tuple[Cell, Any, int]]] = {}
+    for c, e in cells:
+        if not job.is_current(c):
+            by_size.setdefault((c.gpu_type, c.gpus), []).append((c, e, unit(c, e)))
     keep: list[tuple[Cell, Any]] = []
     for c, e in cells:
         if job.is_current(c):
@@ -261,11 +265,10 @@ def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluste
             continue
         u = unit(c, e)
         dominated = any(
-            o is not c and o.gpu_type == c.gpu_type and o.gpus == c.gpus and not job.is_current(o)
-            and u % unit(o, oe) == 0
+            o is not c and u % ou == 0
             and (oe.throughput > e.throughput or (oe.throughput == e.throughput and
-                                                  (o.stages, unit(o, oe)) < (c.stages, u)))
-            for o, oe in cells)
+                                                  (o.stages, ou) < (c.stages, u)))
+            for o, oe, ou in by_size[(c.gpu_type, c.gpus)])
         if not dominated:
             keep.append((c, e))
     return keep

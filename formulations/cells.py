@@ -131,6 +131,22 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
     classes = node_classes(g, aggregate)
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
+    behind: dict[str, list[int]] = {}
+    usable_memo: dict[tuple[int, int], int] = {}
+
+    def classes_behind(vertex: str) -> list[int]:
+        """Classes of the nodes behind a group or node vertex (memoised: groups are big)."""
+        if vertex not in behind:
+            behind[vertex] = sorted({class_of[n] for n in member_nodes(g, vertex)})
+        return behind[vertex]
+
+    def usable(k: int, unit: int) -> int:
+        """GPUs of class k usable in whole units of ``unit`` (memoised)."""
+        if (k, unit) not in usable_memo:
+            usable_memo[k, unit] = sum(int(g.nodes[n]["capacity"]) // unit * unit
+                                       for n in classes[k])
+        return usable_memo[k, unit]
+
     class_rows: dict[int, dict[int, float]] = {}
     cell_cols: dict[str, int] = {}
     # per cell: (class, column, unit, units per column value): y columns count units (1),
@@ -147,9 +163,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             cap_by_class: dict[int, int] = {}
             for succ in g.successors(cn):
                 edge_cap = int(g.edges[cn, succ]["max_gpus"])
-                for k in sorted({class_of[m] for m in member_nodes(g, succ)}):
-                    usable = sum(int(g.nodes[m]["capacity"]) // tp * tp for m in classes[k])
-                    cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable)
+                for k in classes_behind(succ):
+                    cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
             if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
                 # one class can hold the whole cell: its units there are x * gpus/unit, no y
                 (k,) = cap_by_class

@@ -17,21 +17,28 @@ from apportion.formulations.model import LinearModel
 from apportion.solvers.base import Backend, SolveResult, Status
 from apportion.solvers.cpsat import CpSatBackend
 from apportion.solvers.highs import HighsBackend
+from apportion.solvers.lpround import LpRoundBackend
 
 log = logging.getLogger(__name__)
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"highs": HighsBackend, "cp-sat": CpSatBackend}
+BACKENDS: dict[str, Callable[[], Backend]] = {"highs": HighsBackend, "cp-sat": CpSatBackend,
+                                              "lp-round": LpRoundBackend}
 AUTO_ORDER = ("highs", "cp-sat")
+# past this many columns CP-SAT rarely beats its hint in seconds, while the LP relaxation
+# is near-integral: answer from it first, then let HiGHS improve from that hint
+LARGE_MODEL_COLUMNS = 20000
+AUTO_LARGE_ORDER = ("lp-round", "highs")
 
 
-def backends_for(name: str, isolate: bool = False) -> list[Backend]:
-    """``auto`` -> HiGHS then CP-SAT; a single name -> that backend; ``greedy`` -> none.
+def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Backend]:
+    """``auto`` -> HiGHS then CP-SAT (LP rounding then HiGHS for models past
+    ``LARGE_MODEL_COLUMNS`` columns); a single name -> that backend; ``greedy`` -> none.
 
     ``isolate`` runs each backend in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
     """
     if name == "auto":
-        names: tuple[str, ...] = AUTO_ORDER
+        names: tuple[str, ...] = AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else AUTO_ORDER
     elif name == "greedy":
         return []
     elif name in BACKENDS:
@@ -81,6 +88,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
             continue
         if _better(res, best, model.sense):
             best = res
+            model.set_hint(dict(enumerate(res.x)))  # the next backend starts from the best so far
         if res.status is Status.OPTIMAL:
             break
     return best, attempts

@@ -166,3 +166,31 @@ def test_tiny_budget_falls_back_to_greedy_and_says_so() -> None:
         assert rep.status == "fallback" and rep.backend == "greedy" and rep.fallback_reason
     else:  # the backend still answered inside its minimum slice
         assert rep.status in ("optimal", "feasible")
+
+
+@settings(max_examples=20)
+@given(inst=instances())
+def test_lp_rounding_is_feasible_and_brackets_the_optimum(inst) -> None:
+    from apportion.solvers.lpround import LpRoundBackend
+
+    cluster, jobs = inst
+    g = build_candidates(cluster, jobs, now_s=20000.0)
+    m = build_cells_model(g)
+    lp = LpRoundBackend().solve(m, 20.0)
+    exact = HighsBackend(mip_rel_gap=1e-9).solve(build_cells_model(g), 20.0)
+    assert exact.status is Status.OPTIMAL
+    if lp.status is Status.ERROR:
+        return  # refused honestly (the chain moves on); never a wrong answer
+    assert m.is_feasible(lp.x)
+    assert lp.objective <= exact.objective + 1e-6 <= lp.bound + 2e-6
+    dec = to_decision(g, m.decode(lp.x), cluster, jobs,
+                      SolveReport("lp", "feasible", None, None, None, 0.0, False))
+    assert validate(dec, cluster, jobs).ok
+
+
+def test_large_rounds_answer_from_the_lp_first() -> None:
+    from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for
+
+    assert [b.name for b in backends_for("auto", columns=LARGE_MODEL_COLUMNS + 1)] == \
+        ["lp-round", "highs"]
+    assert [b.name for b in backends_for("auto", columns=10)] == ["highs", "cp-sat"]
