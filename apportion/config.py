@@ -177,7 +177,8 @@ class TenantsSpec(_Strict):
 # ---------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------
-def _field_path(loc: tuple[Any, ...]) -> str:
+def field_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as users read it: ``jobs[3].requested_gpus``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -257,7 +258,7 @@ def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = _field_path(tuple(err["loc"]))
+        loc = field_path(tuple(err["loc"]))
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from apportion.config import read_yaml
+from apportion.config import field_path, read_yaml
 from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,8 @@ SPATIAL_SEP = "||"
 
 def _loc_to_field(loc: tuple[Any, ...]) -> str:
     """``('tasks', 1, 'max_gpus')`` -> ``tasks[1].max_gpus`` (the field naming users read)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "<root>"
+    name = field_path(loc)
+    return "<root>" if name == "(top level)" else name
 
 
 def _raise_from_validation(source: str, exc: ValidationError, prefix: str = "") -> None:
