@@ -32,6 +32,13 @@ does. Classes failing that test, and nodes holding a running job's current
 placement, stay one node per class. Without aggregation CP-SAT cannot prove
 optimality on 32 identical nodes in seconds; with it both backends do in well
 under a second.
+
+Residual mode: past ``PINNED_EXACT_LIMIT`` nodes holding running jobs (a busy
+cluster), those nodes are grouped by the GPUs they have left if every running
+job stays, and running jobs' present cells take no placement columns (they
+stay exactly where they are when kept). Other cells then use only what is
+left; GPUs a running job frees by moving or being preempted become usable in
+the next round. The model stays the same size however busy the cluster is.
 """
 
 from __future__ import annotations
@@ -84,13 +91,29 @@ def _divisible_chain(sizes: set[int], capacity: int) -> bool:
     return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
 
 
-def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
+def held_by_running(g: nx.DiGraph) -> dict[str, int]:
+    """GPUs each node gives to running jobs' present placements (their keep cells)."""
+    held: dict[str, int] = {}
+    for cn, d in g.nodes(data=True):
+        if d.get("kind") == "cell" and d.get("current"):
+            for nn in g.successors(cn):
+                if g.nodes[nn]["kind"] == "node":
+                    held[nn] = held.get(nn, 0) + int(g.edges[cn, nn]["max_gpus"])
+    return held
+
+
+def node_classes(g: nx.DiGraph, aggregate: bool = True,
+                 held: dict[str, int] | None = None) -> list[list[str]]:
     """Node vertices grouped into interchangeable classes (see the module docstring).
 
     Per node group: the nodes holding no running job's present placement form
     one class when the TP sizes of the cells that may use the group form a
     divisibility chain dividing the node size; every other node is its own
     class. ``aggregate=False`` gives one class per node (the plain model).
+
+    With ``held`` (residual mode), nodes holding running jobs are grouped too,
+    by the GPUs they have left when every running job stays (nodes with none
+    left drop out): other cells then use only what is left.
     """
     pinned = {nn for cn, d in g.nodes(data=True) if d.get("kind") == "cell" and d.get("current")
               for nn in g.successors(cn) if g.nodes[nn]["kind"] == "node"}
@@ -99,19 +122,34 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True) -> list[list[str]]:
     for gv in groups:
         d = g.nodes[gv]
         members = sorted(d["nodes"], key=natural_key)
-        free = [m for m in members if m not in pinned]
-        classes.extend([m] for m in members if m in pinned)
         users = [g.nodes[cn] for cn in g.predecessors(gv)]
         tps = {unit_of(u) for u in users}
-        if aggregate and len(free) > 1 and (not tps or _divisible_chain(tps, int(d["node_gpus"]))) \
-                and _resources_never_bind(users, g.nodes[members[0]], int(d["node_gpus"])):
-            classes.append(free)
+        buckets: dict[int, list[str]] = {}
+        if held is None:
+            classes.extend([m] for m in members if m in pinned)
+            buckets[int(d["node_gpus"])] = [m for m in members if m not in pinned]
         else:
-            classes.extend([m] for m in free)
+            for m in members:
+                left = int(g.nodes[m]["capacity"]) - held.get(m, 0)
+                if left > 0:
+                    buckets.setdefault(left, []).append(m)
+        for size, nodes in sorted(buckets.items()):
+            if aggregate and len(nodes) > 1 and (not tps or _divisible_chain(tps, size)) \
+                    and _resources_never_bind(users, g.nodes[nodes[0]], size):
+                classes.append(nodes)
+            else:
+                classes.extend([m] for m in nodes)
     grouped = {m for c in classes for m in c}
-    loose = [n for n, d in g.nodes(data=True) if d.get("kind") == "node" and n not in grouped]
+    loose = [n for n, d in g.nodes(data=True) if d.get("kind") == "node" and n not in grouped
+             and (held is None or n not in pinned)]
     classes.extend([n] for n in sorted(loose, key=natural_key))
     return classes
+
+
+# Past this many nodes holding running jobs, exact per-node classes for them make the model
+# too big at cluster scale: residual mode aggregates them (capacity a running job frees by
+# moving is then usable from the next round on).
+PINNED_EXACT_LIMIT = 48
 
 
 def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
@@ -129,7 +167,15 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     if resources is None:
         resources = any("cpus_per_gpu" in d for _, d in g.nodes(data=True) if d.get("kind") == "cell")
     m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
-    classes = node_classes(g, aggregate)
+    held_all = held_by_running(g)
+    residual = aggregate and len(held_all) > PINNED_EXACT_LIMIT
+    held = held_all if residual else {}
+    classes = node_classes(g, aggregate, held if residual else None)
+    fixed: dict[str, dict[str, int]] = {}  # residual mode: keep cells stay where they are
+
+    def cap_of(n: str) -> int:
+        return int(g.nodes[n]["capacity"]) - held.get(n, 0)
+
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
     behind: dict[str, list[int]] = {}
     usable_memo: dict[tuple[int, int], int] = {}
@@ -137,14 +183,13 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     def classes_behind(vertex: str) -> list[int]:
         """Classes of the nodes behind a group or node vertex (memoised: groups are big)."""
         if vertex not in behind:
-            behind[vertex] = sorted({class_of[n] for n in member_nodes(g, vertex)})
+            behind[vertex] = sorted({class_of[n] for n in member_nodes(g, vertex) if n in class_of})
         return behind[vertex]
 
     def usable(k: int, unit: int) -> int:
         """GPUs of class k usable in whole units of ``unit`` (memoised)."""
         if (k, unit) not in usable_memo:
-            usable_memo[k, unit] = sum(int(g.nodes[n]["capacity"]) // unit * unit
-                                       for n in classes[k])
+            usable_memo[k, unit] = sum(cap_of(n) // unit * unit for n in classes[k])
         return usable_memo[k, unit]
 
     class_rows: dict[int, dict[int, float]] = {}
@@ -160,6 +205,11 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             cell_cols[cn] = x
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
+            if residual and d.get("current"):
+                fixed[cn] = {nn.split(":", 1)[1]: int(g.edges[cn, nn]["max_gpus"])
+                             for nn in g.successors(cn)}
+                place_cols[cn] = []
+                continue
             cap_by_class: dict[int, int] = {}
             for succ in g.successors(cn):
                 edge_cap = int(g.edges[cn, succ]["max_gpus"])
@@ -182,7 +232,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         if cols:
             m.add_row({c: 1.0 for c in cols}, ub=1.0, name=f"one[{jid}]")
     for k, row in class_rows.items():
-        cap = sum(int(g.nodes[nn]["capacity"]) for nn in classes[k])
+        cap = sum(cap_of(nn) for nn in classes[k])
         m.add_row(row, ub=float(cap), name=f"cap[class{k}]")
     if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
         cpu_rows: dict[int, dict[int, float]] = {}
@@ -192,13 +242,22 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             for k, y, tp, mult in cols:
                 cpu_rows.setdefault(k, {})[y] = tp * mult * float(d.get("cpus_per_gpu", 0.0))
                 mem_rows.setdefault(k, {})[y] = tp * mult * float(d.get("host_mem_gib_per_gpu", 0.0))
+        held_cpu: dict[str, float] = {}
+        held_mem: dict[str, float] = {}
+        for cn, place in fixed.items():
+            d = g.nodes[cn]
+            for name, k in place.items():
+                held_cpu[name] = held_cpu.get(name, 0.0) + k * float(d.get("cpus_per_gpu", 0.0))
+                held_mem[name] = held_mem.get(name, 0.0) + k * float(d.get("host_mem_gib_per_gpu", 0.0))
         for k in sorted(cpu_rows):
             if len(classes[k]) != 1:
                 continue
             (nn,) = classes[k]
-            m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)), name=f"cpu[{nn}]")
-            m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf)),
-                      name=f"mem[{nn}]")
+            name = nn.split(":", 1)[1]
+            m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)) - held_cpu.get(name, 0.0),
+                      name=f"cpu[{nn}]")
+            m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf))
+                      - held_mem.get(name, 0.0), name=f"mem[{nn}]")
     quotas: dict[str, int] = g.graph.get("quotas") or {}
     quota_rows: dict[str, dict[int, float]] = {}
     for cn, xc in cell_cols.items():
@@ -215,9 +274,9 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
 
     def decode(xv: np.ndarray) -> list[CellChoice]:
         chosen = [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5]
-        placements: dict[str, dict[str, int]] = {cn: {} for cn in chosen}
+        placements: dict[str, dict[str, int]] = {cn: dict(fixed.get(cn, {})) for cn in chosen}
         for k, members in enumerate(classes):
-            free = {nn: int(g.nodes[nn]["capacity"]) for nn in members}
+            free = {nn: cap_of(nn) for nn in members}
             demand = [(tp, int(round(xv[y])) * mult, cn) for cn in chosen
                       for kk, y, tp, mult in place_cols[cn] if kk == k and round(xv[y]) > 0]
             # first-fit decreasing by TP size, then by cell size: exact for divisible sizes
@@ -237,7 +296,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
 
     m.decode = decode
     m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes,
-                  node_classes=len(classes))
+                  node_classes=len(classes), residual_mode=residual)
     return m
 
 

@@ -194,3 +194,39 @@ def test_large_rounds_answer_from_the_lp_first() -> None:
     assert [b.name for b in backends_for("auto", columns=LARGE_MODEL_COLUMNS + 1)] == \
         ["lp-round", "highs"]
     assert [b.name for b in backends_for("auto", columns=10)] == ["highs", "cp-sat"]
+
+
+def test_residual_mode_on_a_busy_cluster_is_valid_and_small(monkeypatch) -> None:
+    """Many running jobs: residual classes keep the model small; answers stay valid."""
+    import apportion.formulations.cells as cells_mod
+
+    cluster = Cluster("busy", [NodeGroup("a", 12, "A100-40GB", 4), NodeGroup("v", 6, "V100-32GB", 8)])
+    jobs = []
+    for i in range(12):  # one 2-GPU running job on every A100 node, half the V100 nodes busy
+        jobs.append(JobSpec(f"r{i}", "bert-336m", 64, 1000, 2,
+                            running=RunningState("A100-40GB", 2, 1, {f"a-{i}": 2})))
+    for i in range(3):
+        jobs.append(JobSpec(f"v{i}", "bert-0.76b", 64, 1000, 8,
+                            running=RunningState("V100-32GB", 8, 1, {f"v-{i}": 8})))
+    jobs += [JobSpec(f"q{i}", SMALL_MODELS[i % len(SMALL_MODELS)], 64, 1000, 2 ** (i % 4),
+                     submit_time_s=float(i)) for i in range(10)]
+    g = build_candidates(cluster, jobs, 100.0)
+    exact = build_cells_model(g)
+    assert not exact.meta["residual_mode"]
+    monkeypatch.setattr(cells_mod, "PINNED_EXACT_LIMIT", 4)
+    res_model = build_cells_model(g)
+    assert res_model.meta["residual_mode"]
+    assert res_model.num_vars < exact.num_vars
+    objs = []
+    for m in (exact, res_model):
+        r = HighsBackend(mip_rel_gap=1e-9).solve(m, 20.0)
+        assert r.status is Status.OPTIMAL and m.is_feasible(r.x)
+        dec = to_decision(g, m.decode(r.x), cluster, jobs,
+                          SolveReport("h", "optimal", None, None, None, 0.0, False))
+        assert validate(dec, cluster, jobs).ok
+        for a in dec.allocations:  # kept jobs stay exactly where they ran
+            job = next(j for j in jobs if j.id == a.job)
+            if a.action.value == "keep":
+                assert a.placement == job.running.placement
+        objs.append(r.objective)
+    assert objs[1] <= objs[0] + 1e-6  # residual mode is a restriction of the exact model
