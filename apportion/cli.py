@@ -114,7 +114,7 @@ def solve_round(
     search_depth: int = typer.Option(3, "--search-depth", min=0, help="greedy local-search depth"),
     max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
                                               help="at most this many running jobs changed"),
-    formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline"),
+    formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline | gavel"),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="run each solver backend in a child process"),
     tenants: Optional[Path] = typer.Option(None, "--tenants",

@@ -32,7 +32,7 @@ from apportion.solvers.validator import validate
 log = logging.getLogger(__name__)
 
 
-FORMULATIONS = ("cells", "plans", "deadline")
+FORMULATIONS = ("cells", "plans", "deadline", "gavel")
 REASON_DETAIL = {
     Reason.NO_FIT_MEMORY.value: "no cell of any GPU type fits its memory",
     Reason.NO_GPU_TYPE.value: "its requested GPU type is not in the cluster",
@@ -52,6 +52,7 @@ class RoundConfig:
     plan_options: Any = None  # formulations.plans.PlanOptions
     quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
     isolate: bool = False  # each backend in a child process (operators: a crash costs one answer)
+    gavel_variant: str = "max-min-fairness"  # or max-sum-throughput (formulation gavel)
 
 
 @dataclass
@@ -155,6 +156,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         apply_deadlines(g, jobs, now_s, DeadlineOptions(restart_s=cfg.candidates.restart_s))
         g.graph["formulation"] = "deadline"
     t_cand = time.perf_counter() - t0
+    if cfg.formulation == "gavel":
+        return _gavel_round(g, cluster, jobs, now_s, cfg, est, t0)
     model = build_cells_model(g, max_changes=cfg.max_changes)
 
     greedy_choices, greedy_obj, greedy_wall = GreedyCells(cfg.search_depth).solve(g)
@@ -213,6 +216,28 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         decision = to_decision(g, greedy_choices, cluster, jobs, report)
         if not validate(decision, cluster, jobs).ok:
             raise RuntimeError("greedy decision failed validation: " + str(final.violations))
+    return RoundResult(decision, g, problem_dump(g))
+
+
+def _gavel_round(g: nx.DiGraph, cluster: Cluster, jobs: list[JobSpec], now_s: float,
+                 cfg: RoundConfig, est: AnalyticEstimator, t0: float) -> RoundResult:
+    """Gavel's LP on the same candidates, rounded to whole GPUs for this round."""
+    from apportion.solvers.gavel_round import gavel_round
+
+    g.graph["formulation"] = "gavel"
+    choices, info = gavel_round(g, cfg.gavel_variant)
+    report = SolveReport(f"cvxpy/{info['solver']}", Status.OPTIMAL.value if info.get("lp_feasible")
+                         else Status.FEASIBLE.value, info.get("objective"), info.get("objective"),
+                         0.0, time.perf_counter() - t0, fallback=False,
+                         attempts=[{"backend": f"cvxpy/{info['solver']}", "status": "optimal",
+                                    "objective": info.get("objective"), "bound": None, "gap": None,
+                                    "wall_s": round(info["wall_s"], 6),
+                                    "message": f"Gavel {info['variant']} LP, rounded for one round"}])
+    decision = to_decision(g, choices, cluster, jobs, report, est)
+    decision.meta = {"now_s": now_s, "gavel_allocation": info.get("allocation", {})}
+    check = validate(decision, cluster, jobs)
+    if not check.ok:
+        raise RuntimeError("Gavel rounding produced an invalid decision: " + str(check.violations))
     return RoundResult(decision, g, problem_dump(g))
 
 

@@ -32,8 +32,9 @@ Allocations (one class each):
   gets an equal share of every type, ``x = capacity / n / sf``, rows
   normalised to at most 1; heterogeneity-blind.
 
-Both LPs are solved with cvxpy (HiGHS through cvxpy when available, else its
-default); see ``experiments/GAVEL_FIDELITY.md`` for every deviation from Gavel.
+Both LPs are built in ``apportion.formulations.gavel`` and solved by
+``apportion.solvers.cvx`` (HiGHS through cvxpy when available); see
+``experiments/GAVEL_FIDELITY.md`` for every deviation from Gavel.
 """
 
 from __future__ import annotations
@@ -42,25 +43,14 @@ import logging
 import time
 from typing import Any
 
-import cvxpy as cp
 import numpy as np
 from apportion.experiments.policies.base import Choice, Packer, build_decision, type_order
 
 from apportion.decision import Decision, Reason, SolveReport
+from apportion.formulations.gavel import isolated_max_min, max_min_fairness, max_sum_throughput
+from apportion.solvers.cvx import solve_cvxpy
 
 log = logging.getLogger(__name__)
-
-
-def _solve(prob: cp.Problem) -> str:
-    for solver in ("HIGHS", "CLARABEL", "ECOS", "SCS"):
-        if solver in cp.installed_solvers():
-            try:
-                prob.solve(solver=solver)
-                return solver
-            except cp.error.SolverError:  # try the next one
-                continue
-    prob.solve()
-    return "default"
 
 
 class GavelRound:
@@ -195,22 +185,14 @@ class GavelRound:
         return build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
 
 
-def _base_constraints(x: cp.Variable, sf: np.ndarray, cap: np.ndarray) -> list[Any]:
-    m, n = x.shape
-    return [x >= 0, cp.sum(x, axis=1) <= 1,
-            cp.sum(cp.multiply(np.tile(sf.reshape(m, 1), (1, n)), x), axis=0) <= cap]
-
-
 class MaxSumThroughput(GavelRound):
     name = "gavel-max-sum-throughput"
 
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
         cap = np.array([state.capacity[t] for t in types], dtype=float)
-        x = cp.Variable(T.shape)
-        prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(T, x))), _base_constraints(x, sf, cap))
-        self.lp_solver = _solve(prob)
-        return np.clip(x.value if x.value is not None else np.zeros(T.shape), 0.0, 1.0)
+        X, self.lp_solver = solve_cvxpy(*max_sum_throughput(T, sf, cap))
+        return X
 
 
 class MaxMinFairness(GavelRound):
@@ -218,24 +200,10 @@ class MaxMinFairness(GavelRound):
 
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
-        m, n = T.shape
         cap = np.array([state.capacity[t] for t in types], dtype=float)
-        sfa = np.tile(sf.reshape(m, 1), (1, n))
-        inv_w = (1.0 / w).reshape(m, 1)
-        # isolated (heterogeneity-agnostic) allocation: all throughputs 1
-        xi = cp.Variable((m, n))
-        cp_iso = cp.Problem(cp.Maximize(cp.min(cp.sum(cp.multiply(sfa * inv_w, xi), axis=1))),
-                            _base_constraints(xi, sf, cap))
-        _solve(cp_iso)
-        x_iso = np.clip(xi.value if xi.value is not None else np.zeros((m, n)), 0.0, 1.0)
-        iso = np.sum(T * x_iso, axis=1).reshape(m, 1)
-        iso = np.where(iso > 0, iso, 1.0)
-        coef = T * inv_w / iso * sfa
-        x = cp.Variable((m, n))
-        prob = cp.Problem(cp.Maximize(cp.min(cp.sum(cp.multiply(coef, x), axis=1))),
-                          _base_constraints(x, sf, cap))
-        self.lp_solver = _solve(prob)
-        return np.clip(x.value if x.value is not None else np.zeros((m, n)), 0.0, 1.0)
+        x_iso, _ = solve_cvxpy(*isolated_max_min(sf, cap, w, T.shape))
+        X, self.lp_solver = solve_cvxpy(*max_min_fairness(T, sf, cap, w, x_iso))
+        return X
 
 
 class GavelFIFO(GavelRound):
