@@ -34,6 +34,7 @@ from apportion.experiments import traces as tr
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
 from apportion.cluster import Cluster, NodeGroup
+from apportion.config import resolve_cluster
 from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,12 @@ log = logging.getLogger(__name__)
 
 def crius_cluster() -> Cluster:
     """Crius table 1: 1,280 GPUs (A100 80x4 NVLink, A40 160x2, A10 160x2, V100 20x16 NVLink)."""
-    return Cluster("crius-1280", [
-        NodeGroup("a100", 80, "A100-40GB", 4, 64, 512, "nvlink", 600.0, 12.5),
-        NodeGroup("a40", 160, "A40", 2, 48, 256, "pcie", 32.0, 12.5),
-        NodeGroup("a10", 160, "A10", 2, 48, 256, "pcie", 32.0, 25.0),
-        NodeGroup("v100", 20, "V100-32GB", 16, 96, 1536, "nvlink", 300.0, 12.5),
-    ])
+    return resolve_cluster("crius-sim")
 
 
 def morphling_cluster() -> Cluster:
     """Morphling 7: 8 servers x 8 A800 (80 GB), 96 vCPUs, 1,600 GB, NVLink 400 GB/s."""
-    return Cluster("morphling-64", [NodeGroup("a800", 8, "A800-80GB", 8, 96, 1600.0, "nvlink",
-                                              400.0, 100.0)])
+    return resolve_cluster("morphling-64")
 
 
 def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
@@ -71,7 +66,7 @@ def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
 def cluster_from_arg(arg: str) -> Cluster:
     from apportion.config import default_cluster, load_cluster
 
-    if arg in ("crius-1280", "crius"):
+    if arg in ("crius-1280", "crius", "crius-sim"):
         return crius_cluster()
     if arg in ("crius-testbed", "default"):
         return default_cluster()
