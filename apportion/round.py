@@ -27,6 +27,7 @@ from apportion.plans import ExecutionPlan
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.chain import backends_for, solve_chain
 from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         return _gavel_round(g, cluster, jobs, now_s, cfg, est, t0)
     model = build_cells_model(g, max_changes=cfg.max_changes)
 
-    greedy_choices, greedy_obj, greedy_wall = GreedyCells(cfg.search_depth).solve(g)
+    heuristic = (SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(cfg.search_depth))
+    greedy_choices, greedy_obj, greedy_wall = heuristic.solve(g)
     if cfg.max_changes is None or _changes(g, greedy_choices) <= cfg.max_changes:
         model.set_hint(hint_from_choices(model, greedy_choices))
 
@@ -176,9 +178,10 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
     best, attempts = solve_chain(model, backends, left, accept)
     attempt_dicts = [a.as_dict() for a in attempts]
-    attempt_dicts.append({"backend": "greedy", "status": "feasible", "objective": greedy_obj,
+    attempt_dicts.append({"backend": heuristic.name, "status": "feasible", "objective": greedy_obj,
                           "bound": None, "gap": None, "wall_s": round(greedy_wall, 6),
-                          "message": f"search depth {cfg.search_depth}"})
+                          "message": f"search depth {cfg.search_depth}"
+                          if heuristic.name == "greedy" else "Morphling's slope heuristic"})
     wall = time.perf_counter() - t0
     if best is not None and best.x is not None and model.decode is not None:
         choices = model.decode(best.x)
@@ -195,7 +198,7 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         explicit = cfg.backend == "greedy"
         why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                             for a in attempts) or "no backend ran"
-        report = SolveReport("greedy", Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
+        report = SolveReport(heuristic.name, Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
                              greedy_obj, None, None, wall, fallback=not explicit,
                              fallback_reason=why, attempts=attempt_dicts)
         if not explicit:
@@ -211,7 +214,7 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     final = validate(decision, cluster, jobs)
     if not final.ok:  # never act on an invalid decision: fall back to the (validated) greedy
         log.error("decision rejected by the validator: %s", final.violations)
-        report.fallback, report.backend, report.status = True, "greedy", Status.FALLBACK.value
+        report.fallback, report.backend, report.status = True, heuristic.name, Status.FALLBACK.value
         report.fallback_reason = "validator rejected: " + "; ".join(final.violations)
         decision = to_decision(g, greedy_choices, cluster, jobs, report)
         if not validate(decision, cluster, jobs).ok:

@@ -180,7 +180,8 @@ class MeasuredPlans:
 
     ``tables`` maps a catalog model name to a CSV path. A row's placement is a
     digit string of GPUs per node (``22``: two nodes with two GPUs); an option
-    at G GPUs uses the most consolidated measured placement of that plan.
+    at G GPUs uses the most consolidated measured placement of that plan that
+    the cluster can host (no node given more GPUs than it has).
     Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU.
     """
 
@@ -212,9 +213,13 @@ class MeasuredPlans:
         if gpu_type != self.gpu_type or job.model not in self.tables:
             return []
         best: dict[str, tuple[int, float, ExecutionPlan, str]] = {}
+        per_node = cluster.max_gpus_per_node(gpu_type)
+        nodes = len(cluster.nodes_of_type(gpu_type))
         for code, placement, t in self._load(job.model):
             if not placement.isdigit() or sum(int(c) for c in placement) != gpus:
                 continue
+            if len(placement) > nodes or max(int(c) for c in placement) > per_node:
+                continue  # a placement shape this cluster cannot host
             parsed = plan_from_code(code, gpus)
             if parsed is None:
                 continue

@@ -73,6 +73,45 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
     return None
 
 
+class Ledger:
+    """Free GPUs, CPUs, host memory and quota while a heuristic places cells one by one."""
+
+    def __init__(self, g: nx.DiGraph) -> None:
+        self.g = g
+        nodes = [(n, d) for n, d in g.nodes(data=True) if d.get("kind") == "node"]
+        self.free = {n: int(d["capacity"]) for n, d in nodes}
+        self.group_of = {n: d["group"] for n, d in nodes}
+        self.gfree = {gv: int(d["capacity"]) for gv, d in g.nodes(data=True)
+                      if d.get("kind") == "group"}
+        self.cpu = {n: float(d.get("cpus", float("inf"))) for n, d in nodes}
+        self.mem = {n: float(d.get("host_memory_gib", float("inf"))) for n, d in nodes}
+        self.quotas: dict[str, float] = dict(g.graph.get("quotas") or {})
+
+    def take(self, cell: str, placement: dict[str, int], sign: int) -> None:
+        """Book (+1) or release (-1) a cell's placement."""
+        d = self.g.nodes[cell]
+        for nn, k in placement.items():
+            self.free[nn] -= sign * k
+            self.gfree[self.group_of[nn]] -= sign * k
+            self.cpu[nn] -= sign * k * float(d.get("cpus_per_gpu", 0.0))
+            self.mem[nn] -= sign * k * float(d.get("host_mem_gib_per_gpu", 0.0))
+        t = d.get("quota_tenant")
+        if t is not None and t in self.quotas:
+            self.quotas[t] -= sign * int(d["gpus"])
+
+    def fit(self, cell: str) -> dict[str, int] | None:
+        """Where the cell would go now (most consolidated), or None."""
+        t = self.g.nodes[cell].get("quota_tenant")
+        if t is not None and t in self.quotas and self.quotas[t] < int(self.g.nodes[cell]["gpus"]):
+            return None
+        return place(self.g, cell, self.free, self.gfree, self.cpu, self.mem)
+
+
+def as_choices(chosen: dict[str, tuple[str, dict[str, int]]]) -> list[CellChoice]:
+    return [CellChoice(j, c, {nn.split(":", 1)[1]: k for nn, k in p.items()})
+            for j, (c, p) in chosen.items()]
+
+
 class GreedyCells:
     """The fallback and baseline: fast, always answers, never optimal by design."""
 
@@ -87,35 +126,15 @@ class GreedyCells:
     def solve(self, g: nx.DiGraph) -> tuple[list[CellChoice], float, float]:
         """(choices with node-vertex placements stripped to names, objective, wall seconds)."""
         t0 = time.perf_counter()
-        free = {n: int(d["capacity"]) for n, d in g.nodes(data=True) if d.get("kind") == "node"}
-        group_of = {n: d["group"] for n, d in g.nodes(data=True) if d.get("kind") == "node"}
-        gfree = {gv: int(d["capacity"]) for gv, d in g.nodes(data=True) if d.get("kind") == "group"}
-        cpu = {n: float(d.get("cpus", float("inf"))) for n, d in g.nodes(data=True)
-               if d.get("kind") == "node"}
-        mem = {n: float(d.get("host_memory_gib", float("inf"))) for n, d in g.nodes(data=True)
-               if d.get("kind") == "node"}
-        quotas: dict[str, float] = dict(g.graph.get("quotas") or {})
+        ledger = Ledger(g)
         chosen: dict[str, tuple[str, dict[str, int]]] = {}
         val = self.value_attr
         budget = [self.max_evaluations]
-
-        def take(cell: str, placement: dict[str, int], sign: int) -> None:
-            d = g.nodes[cell]
-            for nn, k in placement.items():
-                free[nn] -= sign * k
-                gfree[group_of[nn]] -= sign * k
-                cpu[nn] -= sign * k * float(d.get("cpus_per_gpu", 0.0))
-                mem[nn] -= sign * k * float(d.get("host_mem_gib_per_gpu", 0.0))
-            t = d.get("quota_tenant")
-            if t is not None and t in quotas:
-                quotas[t] -= sign * int(d["gpus"])
+        take = ledger.take
 
         def fit(cell: str) -> dict[str, int] | None:
             budget[0] -= 1
-            t = g.nodes[cell].get("quota_tenant")
-            if t is not None and t in quotas and quotas[t] < int(g.nodes[cell]["gpus"]):
-                return None
-            return place(g, cell, free, gfree, cpu, mem)
+            return ledger.fit(cell)
 
         jobs = jobs_in(g)
         order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
@@ -190,7 +209,6 @@ class GreedyCells:
                 chosen[jid] = (c, p)
                 take(c, p, +1)
 
-        choices = [CellChoice(j, c, {nn.split(":", 1)[1]: k for nn, k in p.items()})
-                   for j, (c, p) in chosen.items()]
+        choices = as_choices(chosen)
         obj = float(sum(g.nodes[c][val] for c, _ in chosen.values()))
         return choices, obj, time.perf_counter() - t0
