@@ -184,6 +184,8 @@ class Simulator:
         r = 0
         stall = 0
         finished_recent: list[str] = []
+        total_gpus = self.cluster.total_gpus
+        too_large: list[str] = []
         wall0 = time.perf_counter()
         while True:
             arrived: list[str] = []
@@ -191,6 +193,11 @@ class Simulator:
                 j = arrivals.popleft()
                 js = JobState(j, _spec(j))
                 states[j.job_id] = js
+                if j.gpus > total_gpus:  # can never run here: refuse it, say so, go on
+                    js.dropped = True
+                    dropped.append(js)
+                    too_large.append(j.job_id)
+                    continue
                 active.append(js)
                 arrived.append(j.job_id)
             if not active:
@@ -244,7 +251,13 @@ class Simulator:
             if self.progress is not None:
                 self.progress(t - t0, len(done), len(self.trace.jobs))
         unfinished = dropped + active + [JobState(j, _spec(j)) for j in arrivals]
-        return self._result(done, unfinished, timeline, rounds, t0, time.perf_counter() - wall0)
+        if too_large:
+            log.warning("%d jobs ask for more GPUs than the cluster has (%d); refused: %s",
+                        len(too_large), total_gpus, ", ".join(too_large[:5]))
+        res = self._result(done, unfinished, timeline, rounds, t0, time.perf_counter() - wall0)
+        res.summary["refused_larger_than_cluster"] = len(too_large)
+        res.summary["trace_notes"] = list(getattr(self.trace, "notes", []) or [])
+        return res
 
     # -- applying a decision -----------------------------------------------------------
     def _apply(self, decision: Decision, active: list[JobState], states: dict[str, JobState],

@@ -176,9 +176,15 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
             tenant=str(d.get("tenant", d.get("cluster", "default"))),
             deadline_s=None if dl is None or (isinstance(dl, float) and math.isnan(dl)) else float(dl),
             duration_s=dur))
+    notes = []
     if dropped:
         log.info("%s: dropped %d jobs without duration or GPUs", p, dropped)
-    return Trace(p.stem, _sorted(jobs), str(p), [f"dropped {dropped} rows"] if dropped else [])
+        notes.append(f"dropped {dropped} rows with zero or missing duration or GPUs")
+    unordered = sum(1 for a, b in zip(jobs, jobs[1:]) if b.submit_s < a.submit_s)
+    if unordered:
+        log.info("%s: %d submit times out of order; sorted", p, unordered)
+        notes.append(f"{unordered} submit times out of order (sorted)")
+    return Trace(p.stem, _sorted(jobs), str(p), notes)
 
 
 # ---------------------------------------------------------------------------
