@@ -13,11 +13,13 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# Tests run the real workers and profilers: torch (the CPU wheel 2.13.0 on this
-# project's machines; installed first so nothing pulls a CUDA build) and jax.
+# Tests run the real workers, profilers and engines: torch (the CPU wheel 2.13.0 on
+# this project's machines; installed first so nothing pulls a CUDA build), jax, ray,
+# and DeepSpeed built against that torch (no build isolation, no compiled ops).
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,jax]'
+	$(BIN)/pip install -q -e '.[dev,jax,ray]'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
 	touch $@ $(VENV)/.core
 
 run: $(VENV)/.core

@@ -392,6 +392,32 @@ def estimate_cmd(
         write_json_atomic(json_out, res)
 
 
+@app.command("run")
+def run_cmd(
+    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | ray | kubernetes"),
+    cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, a bundled name, or local"),
+    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
+    interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
+    until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
+    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run rounds every interval: solve, apply through an executor, poll progress back."""
+    _setup_logging(verbose)
+    from apportion.runtime.run_command import run_command
+
+    try:
+        code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
+                           kubeconfig, time_budget)
+    except InputError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
 @app.command("solve-shards")
 def solve_shards_cmd(
     units: Path = typer.Option(..., "--units", help="shard-unit problem JSON (devices, models)"),

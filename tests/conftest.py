@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Ray started by tests writes nothing to the home directory and asks for no token
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow],
                           derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])

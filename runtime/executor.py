@@ -1,0 +1,135 @@
+"""The Executor protocol: turn a round's decision into running workers, report progress.
+
+Every engine (dry-run, local processes, Ray, Kubernetes) implements the same
+three calls. ``apply`` receives the validated decision and the jobs the round
+was solved for, and returns one :class:`Event` per action taken. ``poll``
+returns one :class:`Progress` per job the executor knows: iterations done,
+the measured iteration time (what the estimator is refitted from), the loss
+and a health word. ``shutdown`` stops everything, checkpointing when asked
+(SIGINT/SIGTERM in ``apportion run``).
+
+The decision's action is a *suggestion* computed from the scheduler's view;
+the executor's own view of what runs is authoritative: a job the decision
+keeps but whose workers died is restarted from its checkpoint, and a running
+job that the decision no longer mentions is preempted. :func:`actions_for`
+writes that reconciliation once for every engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+from apportion.decision import Action, Allocation, Decision
+from apportion.jobs import JobSpec
+
+
+class Health(str, Enum):
+    STARTING = "starting"  # launched, no iteration finished yet in this launch
+    RUNNING = "running"
+    CHECKPOINTED = "checkpointed"  # stopped with a checkpoint (preempted or between launches)
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass
+class Event:
+    """One action an executor took for one job."""
+
+    job: str
+    action: str  # an Action value, or "restart" for a keep whose workers had died
+    workers: int = 0
+    gpu_type: str = ""
+    detail: str = ""
+    wall: float = field(default_factory=time.time)
+    spec: dict[str, Any] | None = None  # the launch spec, where the engine has one
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Progress:
+    """What the scheduler learns about one job."""
+
+    job: str
+    iterations_done: int
+    iterations: int
+    health: Health
+    iter_time_s: float | None = None
+    loss: float | None = None
+    workers: int = 0
+    plan: str = ""
+    reconfig_overhead_s: float | None = None  # decision -> first resumed iteration, last change
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.health in (Health.FINISHED, Health.FAILED)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["health"] = self.health.value
+        return d
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """One engine that runs decisions."""
+
+    name: str
+
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
+        """Start, keep, resize, migrate and preempt jobs as ``decision`` says."""
+        ...
+
+    def poll(self) -> list[Progress]:
+        """Progress of every job this executor has run."""
+        ...
+
+    def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        """Stop every job (checkpointing first when ``checkpoint``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Step:
+    """One reconciled action: what to do with ``job`` and, unless preempting, where."""
+
+    job: str
+    action: Action
+    allocation: Allocation | None
+    restart: bool = False  # a KEEP whose workers are gone: relaunch from the checkpoint
+
+
+def actions_for(decision: Decision, running: Iterable[str], alive: Iterable[str],
+                finished: Iterable[str] = ()) -> list[Step]:
+    """Reconcile the decision with what the executor actually runs.
+
+    ``running``: jobs the executor currently holds resources for; ``alive``:
+    those whose workers are up; ``finished``: jobs that completed (never
+    relaunched). The order is preempt/stop first, then launches, so capacity is
+    released before it is reused.
+    """
+    running, alive, finished = set(running), set(alive), set(finished)
+    steps: list[Step] = []
+    allocated = {a.job for a in decision.allocations}
+    for job in sorted(running - allocated):
+        steps.append(Step(job, Action.PREEMPT, None))
+    for a in sorted(decision.allocations, key=lambda a: a.job):
+        if a.job in finished:
+            continue
+        if a.job not in running:
+            steps.append(Step(a.job, Action.START, a))
+        elif a.action in (Action.RESIZE, Action.MIGRATE):
+            steps.append(Step(a.job, a.action, a))
+        elif a.job not in alive:
+            steps.append(Step(a.job, Action.KEEP, a, restart=True))
+        else:
+            steps.append(Step(a.job, Action.KEEP, a))
+    order = {Action.PREEMPT: 0, Action.RESIZE: 1, Action.MIGRATE: 1, Action.KEEP: 2,
+             Action.START: 3}
+    return sorted(steps, key=lambda s: (order.get(s.action, 9), s.job))

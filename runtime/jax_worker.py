@@ -1,0 +1,166 @@
+"""A JAX worker: a catalog transformer trained under DP or TP sharding on a device mesh.
+
+The model is the token transformer of ``torch_nets`` (same shape read from the
+catalog: hidden size, blocks, heads, sequence length, vocabulary) written as a
+pure function over a parameter pytree. Parallelism is expressed as shardings
+on a ``("dp", "tp")`` mesh and left to XLA's SPMD partitioner:
+
+* DP: the batch is split along ``dp``, parameters are replicated;
+* TP: q/k/v and fc1 weights are split by output column along ``tp``, o and
+  fc2 by input row (Megatron's layout); XLA inserts the all-reduces.
+
+On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set
+before jax is first imported to get 8 virtual devices; ``main`` sets it when
+it runs as a fresh process (``python -m apportion.runtime.jax_worker``), and
+tests run it in a subprocess for that reason. The data are the same
+index-keyed synthetic samples as the torch worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+# the catalog shape and data come from torch_nets (which needs torch); see _data()
+
+
+def _shape(name: str) -> Any:
+    from apportion.runtime.torch_nets import shape_of
+
+    from apportion.models import get_model
+    shape = shape_of(get_model(name))
+    if shape.family == "vit":
+        raise ValueError("the JAX worker trains the token transformers (gpt-tiny, bert-tiny)")
+    return shape
+
+
+def init_params(name: str, seed: int = 0) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    s = _shape(name)
+    h, f = s.hidden, 4 * s.hidden
+    key = jax.random.PRNGKey(seed)
+    keys = iter(jax.random.split(key, 2 + 6 * s.layers))
+
+    def w(shape: tuple[int, ...], std: float = 0.02) -> Any:
+        return std * jax.random.normal(next(keys), shape, jnp.float32)
+
+    blocks = []
+    for _ in range(s.layers):
+        blocks.append({"q": w((h, h)), "k": w((h, h)), "v": w((h, h)), "o": w((h, h)),
+                       "fc1": w((h, f)), "fc2": w((f, h)),
+                       "ln1": jnp.ones((h,)), "ln2": jnp.ones((h,))})
+    return {"wte": w((s.vocab, h)), "wpe": w((s.seq, h)), "blocks": blocks,
+            "ln_f": jnp.ones((h,))}
+
+
+def forward(params: dict[str, Any], tokens: Any, heads: int, causal: bool) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    def ln(x: Any, g: Any) -> Any:
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / jnp.sqrt(v + 1e-5) * g
+
+    b, s = tokens.shape
+    x = params["wte"][tokens] + params["wpe"][:s]
+    h = x.shape[-1]
+    hd = h // heads
+    mask = jnp.tril(jnp.ones((s, s), bool)) if causal else jnp.ones((s, s), bool)
+    for blk in params["blocks"]:
+        y = ln(x, blk["ln1"])
+        q, k, v = (jnp.einsum("bsh,hd->bsd", y, blk[n]).reshape(b, s, heads, hd)
+                   for n in ("q", "k", "v"))
+        att = jnp.einsum("bqnd,bknd->bnqk", q, k) / jnp.sqrt(hd)
+        att = jax.nn.softmax(jnp.where(mask, att, -1e9), axis=-1)
+        y = jnp.einsum("bnqk,bknd->bqnd", att, v).reshape(b, s, h)
+        x = x + y @ blk["o"]
+        x = x + jax.nn.gelu(ln(x, blk["ln2"]) @ blk["fc1"]) @ blk["fc2"]
+    return ln(x, params["ln_f"]) @ params["wte"].T
+
+
+def shardings(params: dict[str, Any], mesh: Any, tp: bool) -> Any:
+    """Replicated parameters for DP; Megatron column/row splits along ``tp`` for TP."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    rep = NamedSharding(mesh, P())
+    if not tp:
+        return jax.tree_util.tree_map(lambda _: rep, params)
+    col, row = NamedSharding(mesh, P(None, "tp")), NamedSharding(mesh, P("tp", None))
+    blocks = [{"q": col, "k": col, "v": col, "o": row, "fc1": col, "fc2": row,
+               "ln1": rep, "ln2": rep} for _ in params["blocks"]]
+    return {"wte": rep, "wpe": rep, "blocks": blocks, "ln_f": rep}
+
+
+def train(name: str, dp: int, tp: int, steps: int, batch_size: int, lr: float = 0.1,
+          seed: int = 0) -> dict[str, Any]:
+    """Train ``steps`` SGD steps on a (dp, tp) mesh; returns losses and where params live."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from apportion.runtime.torch_nets import batch
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    devices = jax.devices()
+    if dp * tp > len(devices):
+        raise ValueError(f"mesh dp={dp} x tp={tp} needs {dp * tp} devices, jax sees "
+                         f"{len(devices)} (set XLA_FLAGS=--xla_force_host_platform_device_count)")
+    if batch_size % dp:
+        raise ValueError(f"global batch {batch_size} is not divisible by dp={dp}")
+    s = _shape(name)
+    if tp > 1 and s.heads % tp:
+        raise ValueError(f"tp={tp} does not divide {s.heads} heads")
+    mesh = Mesh(np.array(devices[:dp * tp]).reshape(dp, tp), ("dp", "tp"))
+    params = init_params(name, seed)
+    p_shard = shardings(params, mesh, tp > 1)
+    params = jax.device_put(params, p_shard)
+    data_shard = NamedSharding(mesh, P("dp", None))
+    causal = s.family == "gpt"
+
+    def loss_fn(p: Any, x: Any, y: Any) -> Any:
+        logits = forward(p, x, s.heads, causal)
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.take_along_axis(logp, y[..., None], -1).mean()
+
+    @jax.jit
+    def step(p: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), loss
+
+    losses = []
+    for it in range(steps):
+        xt, yt = batch(name, seed, it * batch_size, batch_size)
+        x = jax.device_put(jnp.asarray(xt.numpy()), data_shard)
+        y = jax.device_put(jnp.asarray(yt.numpy()), data_shard)
+        params, loss = step(params, x, y)
+        losses.append(float(loss))
+    fc1 = params["blocks"][0]["fc1"]
+    return {"losses": losses, "devices": dp * tp, "dp": dp, "tp": tp,
+            "fc1_shard_shape": list(fc1.addressable_shards[0].data.shape),
+            "fc1_shape": list(fc1.shape)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-tiny")
+    ap.add_argument("--dp", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--devices", type=int, default=8)
+    args = ap.parse_args(argv)
+    if "jax" not in sys.modules:
+        flag = f"--xla_force_host_platform_device_count={args.devices}"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    print(json.dumps(train(args.model, args.dp, args.tp, args.steps, args.batch)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

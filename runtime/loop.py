@@ -1,0 +1,206 @@
+"""The core of ``apportion run``: rounds every interval, applied through an executor.
+
+Each round: read the jobs from the store, solve the round (``run_round``
+validates its own decision and never returns an invalid one), apply it
+through the executor, record the round and its events; between rounds, poll
+progress into the store. A job finishing triggers an early round (its
+capacity is free) unless ``reschedule_on_finish`` is off; otherwise rounds
+are ``interval_s`` apart (Crius uses 5 minutes).
+
+SIGINT and SIGTERM stop the loop cleanly: every running job is checkpointed
+through ``executor.shutdown(checkpoint=True)`` and its last progress
+recorded, so each job is left either finished or resumable. The state store
+is any object with the three calls of :class:`StoreLike`; :class:`MemoryStore`
+is the in-memory one the tests use (the SQLite store implements the same
+calls).
+
+Measured iteration times are handed to ``on_measure`` (when given) with the
+round's estimate, so an estimator can refit when its error grows.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from apportion.runtime.executor import Event, Executor, Health, Progress
+
+from apportion.cluster import Cluster
+from apportion.decision import Decision
+from apportion.jobs import JobSpec, RunningState
+from apportion.round import RoundConfig, run_round
+
+log = logging.getLogger(__name__)
+
+
+class StoreLike(Protocol):
+    """What the loop needs from a state store."""
+
+    def list_jobs(self, now_s: float) -> list[JobSpec]:
+        """Jobs to schedule now (submitted, not finished or failed), each with
+        ``iterations_done`` and ``running`` (its current allocation, or None)."""
+        ...
+
+    def record_round(self, index: int, now_s: float, decision: Decision,
+                     events: list[Event]) -> None:
+        """Persist one round: its decision and the actions the executor took."""
+        ...
+
+    def record_progress(self, progress: list[Progress]) -> None:
+        """Persist polled progress; finished and failed jobs leave the schedule."""
+        ...
+
+
+@dataclass
+class MemoryStore:
+    """An in-memory :class:`StoreLike` (for tests and embedding)."""
+
+    jobs: dict[str, JobSpec] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)  # queued|running|finished|failed|...
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    progress_log: list[dict[str, Any]] = field(default_factory=list)
+
+    def submit(self, job: JobSpec) -> None:
+        self.jobs[job.id] = job
+        self.states[job.id] = "queued"
+
+    def list_jobs(self, now_s: float) -> list[JobSpec]:
+        return [j for j in self.jobs.values() if j.submit_time_s <= now_s
+                and self.states[j.id] not in ("finished", "failed")]
+
+    def record_round(self, index: int, now_s: float, decision: Decision,
+                     events: list[Event]) -> None:
+        self.rounds.append({"index": index, "now_s": now_s, "decision": decision.as_dict(),
+                            "events": [e.as_dict() for e in events]})
+        for a in decision.allocations:
+            if self.states.get(a.job) in ("finished", "failed"):
+                continue
+            self.jobs[a.job] = replace(self.jobs[a.job], running=RunningState(
+                a.gpu_type, a.gpus, a.stages, dict(a.placement), a.plan.tp))
+            self.states[a.job] = "running"
+        for p in decision.pending:
+            if self.jobs[p.job].running is not None:
+                self.jobs[p.job] = replace(self.jobs[p.job], running=None)
+                self.states[p.job] = "checkpointed"
+
+    def record_progress(self, progress: list[Progress]) -> None:
+        for p in progress:
+            if p.job not in self.jobs:
+                continue
+            self.progress_log.append(p.as_dict())
+            job = replace(self.jobs[p.job], iterations_done=p.iterations_done)
+            if p.health in (Health.FINISHED, Health.FAILED):
+                self.states[p.job] = p.health.value
+                job = replace(job, running=None)
+            elif p.health == Health.CHECKPOINTED and self.states[p.job] == "stopping":
+                job = replace(job, running=None)
+            self.jobs[p.job] = job
+
+    def mark_stopped(self, job_ids: list[str]) -> None:
+        """After a shutdown: the jobs hold no resources and resume from their checkpoints."""
+        for j in job_ids:
+            if self.states.get(j) not in ("finished", "failed"):
+                self.jobs[j] = replace(self.jobs[j], running=None)
+                self.states[j] = "checkpointed"
+
+
+@dataclass
+class LoopResult:
+    rounds: int
+    reason: str  # idle | timeout | signal
+    progress: list[Progress]
+    events: list[Event]
+
+
+def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s: float = 300.0,
+             until_idle: bool = False, timeout_s: float | None = None,
+             round_config: RoundConfig | None = None, poll_s: float = 0.5,
+             reschedule_on_finish: bool = True,
+             on_measure: Callable[[str, float | None, float], None] | None = None) -> LoopResult:
+    """Run rounds until idle (with ``until_idle``), ``timeout_s``, or SIGINT/SIGTERM."""
+    t0 = time.monotonic()
+    stop: dict[str, int | None] = {"signal": None}
+    all_events: list[Event] = []
+    estimates: dict[str, float | None] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["signal"] = signum
+        log.warning("signal %d: checkpointing every job and stopping", signum)
+
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[int(sig)] = signal.signal(sig, on_signal)
+    rounds, reason = 0, "signal"
+    progress: list[Progress] = []
+    try:
+        while stop["signal"] is None:
+            now = time.monotonic() - t0
+            jobs = store.list_jobs(now)
+            if until_idle and not jobs and not _future_jobs(store, now):
+                reason = "idle"
+                break
+            if jobs:
+                decision = run_round(cluster, jobs, now, round_config).decision
+                events = executor.apply(decision, jobs)
+                store.record_round(rounds, now, decision, events)
+                all_events.extend(events)
+                estimates.update({a.job: a.iter_time_s for a in decision.allocations})
+                rounds += 1
+                log.info("round %d at %.1fs: %d allocations, %d pending, %d events", rounds, now,
+                         len(decision.allocations), len(decision.pending), len(events))
+            deadline = time.monotonic() + interval_s
+            seen_done = {p.job for p in progress if p.done}
+            while stop["signal"] is None and time.monotonic() < deadline:
+                progress = executor.poll()
+                store.record_progress(progress)
+                if on_measure is not None:
+                    for p in progress:
+                        if p.iter_time_s is not None and p.health == Health.RUNNING:
+                            on_measure(p.job, estimates.get(p.job), p.iter_time_s)
+                if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
+                    stop["signal"] = -1
+                    break
+                newly_done = {p.job for p in progress if p.done} - seen_done
+                if reschedule_on_finish and newly_done:
+                    break
+                if _arrivals(store, now, time.monotonic() - t0):
+                    break
+                time.sleep(poll_s)
+        if stop["signal"] is not None:
+            reason = "timeout" if stop["signal"] == -1 else "signal"
+    finally:
+        if reason != "idle":
+            stopped = executor.shutdown(checkpoint=True)
+            all_events.extend(stopped)
+            progress = executor.poll()
+            store.record_progress(progress)
+            mark = getattr(store, "mark_stopped", None)
+            if mark is not None:
+                mark([e.job for e in stopped])
+        for signum, h in handlers.items():
+            signal.signal(signum, h)
+    return LoopResult(rounds, reason, progress, all_events)
+
+
+def _future_jobs(store: StoreLike, now: float) -> bool:
+    """Jobs submitted for a later time (only stores that expose ``jobs`` can tell)."""
+    jobs = getattr(store, "jobs", None)
+    states = getattr(store, "states", {})
+    if not isinstance(jobs, dict):
+        return False
+    return any(j.submit_time_s > now and states.get(j.id) not in ("finished", "failed")
+               for j in jobs.values())
+
+
+def _arrivals(store: StoreLike, last_round: float, now: float) -> bool:
+    """A job became visible since the last round: solve again now."""
+    jobs = getattr(store, "jobs", None)
+    if not isinstance(jobs, dict):
+        return False
+    return any(last_round < j.submit_time_s <= now for j in jobs.values())

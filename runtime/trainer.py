@@ -1,0 +1,248 @@
+"""The torch training worker: one process per rank, a plan, a constant global batch.
+
+Launched as ``python -m apportion.runtime.trainer CONFIG.json`` with the
+torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``; torchrun itself works too). The config (:class:`TrainConfig`)
+names the catalog model, seed, global batch size, total iterations and the
+execution plan; everything else is derived:
+
+* the per-rank micro-batch is ``global_batch / (dp * accumulation)`` and rank
+  ``r`` reads global samples ``it*B + r*B/dp + k*m ..`` of iteration ``it``,
+  micro-step ``k``; the global batch is therefore the same samples whatever the
+  worker count, and the averaged gradient is the same global mean;
+* DP runs under DDP (gloo on CPU, nccl on CUDA); ZeRO-like sharding under FSDP
+  (``fully_shard``), tensor parallelism with torch's column/row styles, both
+  where ``runtime.parallel`` supports the plan; anything else fails with a
+  :class:`PlanError` naming what the backend cannot do. A plan is never
+  silently changed;
+* checkpointing (activation recomputation) is a flag on every block.
+
+Stopping: the executor creates ``STOP`` in the job folder (or sends SIGTERM);
+rank 0 reads it at each iteration boundary and all ranks agree by an
+all-reduce, save an atomic checkpoint and exit 0. Rank 0 reports progress in
+``progress.json`` (atomic) and the loss of every iteration in
+``losses.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from apportion.runtime import checkpoint as ckpt
+from apportion.runtime.launch import TrainConfig
+from apportion.runtime.torch_nets import batch, build_net
+
+from apportion.plans import ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+STOP_FILE = "STOP"
+PROGRESS_FILE = "progress.json"
+LOSSES_FILE = "losses.jsonl"
+
+
+class PlanError(ValueError):
+    """A plan this backend cannot run as given (the plan is never changed to make it fit)."""
+
+
+def micro_batch(global_batch: int, plan: ExecutionPlan) -> int:
+    """Per-rank micro-batch: the global batch split over DP ranks and accumulation steps."""
+    parts = plan.dp * plan.accumulation
+    if global_batch % parts:
+        raise PlanError(f"global batch {global_batch} is not divisible by dp*accumulation = "
+                        f"{plan.dp}*{plan.accumulation}; the global batch never changes, so "
+                        "choose a plan that divides it")
+    return global_batch // parts
+
+
+def check_plan(plan: ExecutionPlan, world: int, device: str) -> None:
+    """Reject, with a reason, any plan this worker cannot run exactly as given."""
+    if plan.gpus != world:
+        raise PlanError(f"plan {plan.label()} needs dp*tp*pp = {plan.gpus} workers, "
+                        f"but {world} were launched")
+    if plan.offload and device == "cpu":
+        raise PlanError("plan asks for optimizer offload, which moves state from GPU to host "
+                        "memory; on the CPU backend there is no device memory to offload from")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        raise PlanError(f"ZeRO stage {plan.zero_stage} does not exist (0-3)")
+    if plan.pp > 1:
+        raise PlanError(f"plan {plan.label()}: pipeline parallelism is not implemented by the "
+                        "torch worker; the plan is not changed to fit, so choose pp=1 or run it "
+                        "through DeepSpeed (runtime.deepspeed_config)")
+    if plan.tp > 1 and plan.zero_stage:
+        raise PlanError("tensor parallelism combined with ZeRO sharding is not supported by the "
+                        "torch worker")
+
+
+class Worker:
+    """One rank's training loop."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.dir = Path(cfg.workdir)
+        self.plan = cfg.execution_plan
+        self.device = "cuda" if torch.cuda.is_available() and cfg.backend != "gloo" else "cpu"
+        self.stop_requested = False
+        self.launch_wall = time.time()
+
+    # -- lifecycle -----------------------------------------------------------
+    def run(self) -> int:
+        check_plan(self.plan, self.world, self.device)
+        self.micro = micro_batch(self.cfg.global_batch_size, self.plan)
+        if self.world > 1 and not dist.is_initialized():
+            backend = self.cfg.backend if self.cfg.backend != "auto" else (
+                "nccl" if self.device == "cuda" else "gloo")
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+        from apportion.runtime import parallel  # torch-heavy strategy code, loaded in the worker
+        base = build_net(self.cfg.model, self.cfg.seed)
+        for blk in getattr(base, "blocks", []):
+            blk.checkpointing = self.plan.checkpointing
+        self.par = parallel.wrap(base, self.plan, self.rank, self.world, self.micro)
+        self.opt = torch.optim.AdamW(self.par.parameters(), lr=self.cfg.lr)
+        state = ckpt.load(self.dir / ckpt.CHECKPOINT_NAME)
+        start = 0
+        if state is not None:
+            self.par.load_full_state(state.model, self.opt, state.optimizer)
+            ckpt.set_rng_state(state.rng)
+            start = state.iteration
+            expected = start * self.cfg.global_batch_size
+            if state.samples_seen != expected:
+                raise RuntimeError(f"checkpoint has {state.samples_seen} samples seen, expected "
+                                   f"{expected}: the global batch size changed")
+        self.resumed_from = start
+        return self._loop(start)
+
+    def _loop(self, start: int) -> int:
+        cfg = self.cfg
+        end = cfg.iterations if cfg.stop_at is None else min(cfg.iterations, cfg.stop_at)
+        times: list[float] = []
+        first_step_wall = None
+        it = start
+        self._report("running", it, None, None, first_step_wall)
+        while it < end:
+            if self._should_stop():
+                break
+            t0 = time.perf_counter()
+            loss = self._step(it)
+            times.append(time.perf_counter() - t0)
+            it += 1
+            if first_step_wall is None:
+                first_step_wall = time.time()
+            if self.rank == 0:
+                with open(self.dir / LOSSES_FILE, "a") as fh:
+                    fh.write(json.dumps({"iteration": it, "loss": loss, "world": self.world,
+                                         "plan": self.plan.label()}) + "\n")
+            recent = times[-5:]
+            self._report("running", it, sum(recent) / len(recent), loss, first_step_wall)
+            if cfg.checkpoint_every and it % cfg.checkpoint_every == 0 and it < end:
+                self._save(it)
+        self._save(it)
+        done = it >= cfg.iterations
+        recent = times[-5:]
+        self._report("finished" if done else "checkpointed", it,
+                     sum(recent) / len(recent) if recent else None, None, first_step_wall)
+        return 0
+
+    def _step(self, it: int) -> float:
+        B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
+        dp_rank = self.par.dp_rank
+        self.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for k in range(plan.accumulation):
+            start = it * B + dp_rank * (B // plan.dp) + k * m
+            x, y = batch(self.cfg.model, self.cfg.seed, start, m)
+            last = k == plan.accumulation - 1
+            loss = self.par.forward_backward(x, y, scale=1.0 / plan.accumulation, sync=last)
+            total += loss / plan.accumulation
+        self.opt.step()
+        return self.par.global_mean(total)
+
+    # -- stop, save, report ---------------------------------------------------
+    def _should_stop(self) -> bool:
+        local = self.stop_requested or (self.rank == 0 and (self.dir / STOP_FILE).exists())
+        if self.world == 1:
+            return local
+        flag = torch.tensor([1.0 if local else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def _save(self, it: int) -> None:
+        model_sd, opt_sd = self.par.full_state(self.opt)  # collective under FSDP/TP
+        if self.rank == 0:
+            ckpt.save(self.dir / ckpt.CHECKPOINT_NAME, ckpt.TrainState(
+                it, it * self.cfg.global_batch_size, model_sd, opt_sd, ckpt.rng_state(),
+                {"plan": self.plan.as_dict(), "world": self.world, "job": self.cfg.job}))
+        if self.world > 1:
+            dist.barrier()
+
+    def _report(self, state: str, it: int, iter_time: float | None, loss: float | None,
+                first_step_wall: float | None, error: str | None = None) -> None:
+        if self.rank != 0:
+            return
+        ckpt.write_json(self.dir / PROGRESS_FILE, {
+            "job": self.cfg.job, "state": state, "iterations_done": it,
+            "iterations": self.cfg.iterations, "iter_time_s": iter_time, "loss": loss,
+            "world": self.world, "plan": self.plan.label(), "launch_wall": self.launch_wall,
+            "first_step_wall": first_step_wall, "resumed_from": getattr(self, "resumed_from", 0),
+            "updated_wall": time.time(), "pid": os.getpid(), "error": error,
+            "launch_id": self.cfg.launch_id})
+
+
+def run_worker(config_path: str, rank: int, world: int) -> int:
+    """Run one rank in this process (no signal handlers: for hosts such as Ray actors)."""
+    cfg = TrainConfig.load(config_path)
+    worker = Worker(cfg, rank, world)
+    try:
+        return worker.run()
+    except Exception as exc:
+        if rank == 0:
+            worker._report("failed", getattr(worker, "resumed_from", 0), None, None, None,
+                           f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m apportion.runtime.trainer CONFIG.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("APPORTION_LOG", "WARNING"), stream=sys.stderr)
+    cfg = TrainConfig.load(args[0])
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    worker = Worker(cfg, rank, world)
+
+    def on_term(signum: int, frame: Any) -> None:  # checkpoint at the next iteration boundary
+        worker.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        return worker.run()
+    except Exception as exc:  # noqa: BLE001 - any failure: report, then fail the process: the executor marks the job failed
+        msg = f"{type(exc).__name__}: {exc}"
+        print(f"rank {rank}: {msg}\n{traceback.format_exc()}", file=sys.stderr)
+        if rank == 0:
+            worker._report("failed", getattr(worker, "resumed_from", 0), None, None, None, msg)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The local executor on real worker processes, driven by the spine's round decisions."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from apportion.runtime import checkpoint as ckpt
+from apportion.runtime.executor import Executor, Health, Progress
+from apportion.runtime.local import LocalExecutor, local_cluster, local_round_config
+from apportion.solvers.validator import validate
+
+from apportion.decision import Action, Allocation, Decision, SolveReport
+from apportion.jobs import JobSpec, RunningState
+from apportion.plans import ExecutionPlan
+from apportion.round import run_round
+
+
+def decide(cluster, jobs, cfg=None):
+    dec = run_round(cluster, jobs, 0.0, cfg or local_round_config()).decision
+    check = validate(dec, cluster, jobs)
+    assert check.ok, check.violations
+    return dec
+
+
+def wait_for(ex: LocalExecutor, job: str, cond, timeout: float = 120.0) -> Progress:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in ex.poll():
+            if p.job == job and cond(p):
+                return p
+        time.sleep(0.2)
+    raise AssertionError(f"{job}: condition not reached; last {ex.poll()}")
+
+
+def running(job: JobSpec, alloc) -> JobSpec:
+    return replace(job, running=RunningState(alloc.gpu_type, alloc.gpus, alloc.stages,
+                                             dict(alloc.placement), alloc.plan.tp))
+
+
+def test_local_cluster_describes_this_machine() -> None:
+    c = local_cluster(4)
+    assert c.total_gpus == 4 and len(c.nodes) == 1
+    dec = decide(c, [JobSpec("a", "gpt-tiny", 16, 10, 2)])
+    assert dec.allocations and all(a.plan.pp == 1 for a in dec.allocations)
+
+
+def test_start_resize_and_shutdown_from_round_decisions(tmp_path: Path) -> None:
+    cluster = local_cluster(4)
+    ex = LocalExecutor(tmp_path)
+    assert isinstance(ex, Executor)
+    a = JobSpec("a", "gpt-tiny", 16, 400, 2)
+    d1 = decide(cluster, [a])
+    (alloc,) = d1.allocations
+    assert alloc.action == Action.START and alloc.gpus == 4
+    ev = ex.apply(d1, [a])
+    assert [(e.job, e.action, e.workers) for e in ev] == [("a", "start", 4)]
+    p = wait_for(ex, "a", lambda p: p.iterations_done >= 2)
+    assert p.health == Health.RUNNING and p.iter_time_s and p.iter_time_s > 0 and p.workers == 4
+
+    # a second job arrives: the round shrinks "a" (resize) and starts "b"
+    a_run = replace(running(a, alloc), iterations_done=p.iterations_done)
+    b = JobSpec("b", "bert-tiny", 16, 6, 1)
+    d2 = decide(cluster, [a_run, b])
+    acts = {x.job: (x.action, x.gpus) for x in d2.allocations}
+    assert acts["a"] == (Action.RESIZE, 2) and acts["b"][0] == Action.START
+    ev2 = ex.apply(d2, [a_run, b])
+    assert {(e.job, e.action) for e in ev2} == {("a", "resize"), ("b", "start")}
+    state = ckpt.load(tmp_path / "a" / ckpt.CHECKPOINT_NAME)
+    assert state is not None and state.iteration >= 2 and state.meta["world"] == 4
+    p2 = wait_for(ex, "a", lambda p: p.workers == 2 and p.health == Health.RUNNING
+                  and p.iterations_done > state.iteration)
+    assert p2.reconfig_overhead_s is not None and p2.reconfig_overhead_s > 0
+    overheads = dict(ex.overheads()["a"])
+    assert "resize" in overheads
+    wait_for(ex, "b", lambda p: p.health == Health.FINISHED)
+
+    # shutdown checkpoints the running job at the iteration it reports
+    ex.shutdown(checkpoint=True)
+    (pa,) = [p for p in ex.poll() if p.job == "a"]
+    assert pa.health == Health.CHECKPOINTED
+    final = ckpt.load(tmp_path / "a" / ckpt.CHECKPOINT_NAME)
+    assert final is not None and final.iteration == pa.iterations_done
+    worlds = [json.loads(x)["world"] for x in (tmp_path / "a" / "losses.jsonl").read_text()
+              .splitlines()]
+    assert worlds[0] == 4 and worlds[-1] == 2 and worlds == sorted(worlds, reverse=True)
+
+
+def test_a_plan_the_worker_cannot_run_fails_with_its_reason(tmp_path: Path) -> None:
+    """A valid decision whose plan is pipeline-parallel: the worker refuses it by name."""
+    cluster = local_cluster(4)
+    a = JobSpec("a", "gpt-tiny", 16, 4, 2)
+    alloc = Allocation("a", "T4", 2, 2, ExecutionPlan(dp=1, pp=2, micro_batches=4),
+                       {"local-0": 2}, 1.0, Action.START)
+    dec = Decision([alloc], [], SolveReport("test", "optimal", 0.0, 0.0, 0.0, 0.0, False))
+    check = validate(dec, cluster, [a])
+    assert check.ok, check.violations
+    ex = LocalExecutor(tmp_path)
+    ex.apply(dec, [a])
+    p = wait_for(ex, "a", lambda p: p.done)
+    assert p.health == Health.FAILED and "pipeline parallelism" in (p.error or "")
+    assert p.plan == alloc.plan.label()  # the plan was not changed to fit

@@ -1,0 +1,89 @@
+"""The Ray executor: workers as actors in placement groups keyed by GPU type."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+
+from apportion.runtime import checkpoint as ckpt
+from apportion.runtime.executor import Health
+from apportion.runtime.local import local_cluster, local_round_config
+from apportion.runtime.ray_executor import (
+    PlacementError,
+    RayExecutor,
+    bundles_for,
+    missing_resources,
+)
+from apportion.solvers.validator import validate
+
+from apportion.decision import Action, Allocation, Decision, SolveReport
+from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
+from apportion.round import run_round
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory):
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ex = RayExecutor(tmp_path_factory.mktemp("ray"), local_cluster(2), placement_timeout_s=2.0,
+                     num_cpus=2)
+    yield ex
+    ex.shutdown()
+    ray.shutdown()
+
+
+def test_bundles_carry_the_gpu_type() -> None:
+    a = Allocation("j", "A100-80GB", 2, 1, ExecutionPlan(dp=2), {"n": 2}, 1.0)
+    assert bundles_for(a, False) == [{"A100-80GB": 1.0}] * 2
+    assert bundles_for(a, True) == [{"A100-80GB": 1.0, "GPU": 1.0}] * 2
+    assert missing_resources(bundles_for(a, False), {"T4": 4.0}) == {"A100-80GB": (2.0, 0.0)}
+
+
+def test_round_decision_runs_as_actors(executor: RayExecutor) -> None:
+    cluster = local_cluster(2)
+    job = JobSpec("r", "bert-tiny", 4, 3, 2)
+    dec = run_round(cluster, [job], 0.0, local_round_config()).decision
+    assert validate(dec, cluster, [job]).ok
+    (a,) = dec.allocations
+    events = executor.apply(dec, [job])
+    assert [(e.job, e.action, e.workers) for e in events] == [("r", "start", a.gpus)]
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        (p,) = [p for p in executor.poll() if p.job == "r"]
+        if p.done:
+            break
+        time.sleep(0.5)
+    assert p.health == Health.FINISHED, p
+    assert p.iterations_done == 3 and p.workers == a.gpus
+    state = ckpt.load(Path(executor.workdir) / "r" / ckpt.CHECKPOINT_NAME)
+    assert state is not None and state.iteration == 3
+
+
+def test_infeasible_placement_names_the_missing_resource(executor: RayExecutor) -> None:
+    a = Allocation("big", "A100-80GB", 2, 1, ExecutionPlan(dp=2), {"x": 2}, 1.0, Action.START)
+    dec = Decision([a], [], SolveReport("t", "optimal", 0, 0, 0, 0, False))
+    with pytest.raises(PlacementError, match="'A100-80GB': asks 2, available 0"):
+        executor._place(a)
+    events = executor.apply(dec, [JobSpec("big", "gpt-tiny", 4, 2, 2)])
+    assert events[0].action == "pending" and "A100-80GB" in events[0].detail
+
+
+def test_loop_runs_jobs_to_completion_on_ray(executor: RayExecutor) -> None:
+    from apportion.runtime.loop import MemoryStore, run_loop
+    store = MemoryStore()
+    store.submit(JobSpec("la", "bert-tiny", 4, 4, 1))
+    store.submit(JobSpec("lb", "gpt-tiny", 4, 3, 1))
+    res = run_loop(local_cluster(2), store, executor, interval_s=2.0, until_idle=True,
+                   timeout_s=240.0, round_config=local_round_config(), poll_s=0.3)
+    assert res.reason == "idle", [(p.job, p.health, p.error) for p in res.progress]
+    assert store.states["la"] == store.states["lb"] == "finished"
+    assert {p.job: p.iterations_done for p in res.progress if p.job in ("la", "lb")} == {
+        "la": 4, "lb": 3}
+    started = {e["job"] for r in store.rounds for e in r["events"] if e["action"] == "start"}
+    assert started == {"la", "lb"}
