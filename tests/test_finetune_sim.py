@@ -23,3 +23,21 @@ def test_replay_fm1_roberta_base_all_policies():
     assert ours["ymir"] <= ours["normal"] + 1e-6
     assert ours["ymir-temporal"] <= ours["normal"] + 1e-6
     assert "| srtf |" in markdown(res)
+
+
+def test_generated_workload_follows_the_recipe_and_every_job_finishes():
+    from collections import Counter
+
+    from apportion.experiments.finetune_sim import (POLICIES, FinetuneData, Simulator,
+                                                    generate_workload)
+
+    data = FinetuneData.load("roberta-base")
+    jobs = generate_workload(data, 400, 32, seed=5)
+    counts = Counter(j.size_class for j in jobs)
+    for cls_, p in (("small", 0.3), ("medium", 0.6), ("large", 0.1)):
+        assert abs(counts[cls_] / 400 - p) < 0.07, counts
+    assert all(a.submit <= b.submit for a, b in zip(jobs, jobs[1:]))
+    for pol in POLICIES:
+        run = generate_workload(data, 40, 16, seed=2)
+        jct = Simulator(run, data, pol, 16, 60.0).run()
+        assert len(jct) == 40 and all(v > 0 for v in jct.values()), pol
