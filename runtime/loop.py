@@ -121,7 +121,8 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
              until_idle: bool = False, timeout_s: float | None = None,
              round_config: RoundConfig | None = None, poll_s: float = 0.5,
              reschedule_on_finish: bool = True,
-             on_measure: Callable[[str, float | None, float], None] | None = None) -> LoopResult:
+             on_measure: Callable[[str, float | None, float], None] | None = None,
+             refit: Any = None) -> LoopResult:
     """Run rounds until idle (with ``until_idle``), ``timeout_s``, or SIGINT/SIGTERM."""
     t0 = time.monotonic()
     stop: dict[str, int | None] = {"signal": None}
@@ -138,6 +139,8 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
             handlers[int(sig)] = signal.signal(sig, on_signal)
     rounds, reason = 0, "signal"
     progress: list[Progress] = []
+    round_allocs: dict[str, Any] = {}
+    round_jobs: dict[str, JobSpec] = {}
     try:
         while stop["signal"] is None:
             now = time.monotonic() - t0
@@ -146,7 +149,10 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 reason = "idle"
                 break
             if jobs:
-                decision = run_round(cluster, jobs, now, round_config).decision
+                decision = run_round(cluster, jobs, now, round_config,
+                                     estimator=refit.estimator if refit is not None else None).decision
+                round_allocs = {a.job: a for a in decision.allocations}
+                round_jobs = {j.id: j for j in jobs}
                 events = executor.apply(decision, jobs)
                 store.record_round(rounds, now, decision, events)
                 all_events.extend(events)
@@ -159,6 +165,11 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
             while stop["signal"] is None and time.monotonic() < deadline:
                 progress = executor.poll()
                 store.record_progress(progress)
+                if refit is not None:  # measured times recalibrate the next rounds' estimates
+                    for p in progress:
+                        a = round_allocs.get(p.job)
+                        if a is not None and p.iter_time_s and p.health == Health.RUNNING:
+                            refit.observe(rounds, round_jobs[p.job], a, p.iter_time_s)
                 if on_measure is not None:
                     for p in progress:
                         if p.iter_time_s is not None and p.health == Health.RUNNING:

@@ -48,6 +48,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
                 time_budget_s: float = 10.0) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     from apportion.runtime.loop import run_loop
+    from apportion.runtime.refit import OnlineRefit
     from apportion.runtime.store_adapter import SqliteLoopStore
     from apportion.store import RoundLock, StoreBusy, open_store
 
@@ -79,9 +80,11 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     workdir.mkdir(parents=True, exist_ok=True)
     ex = make_executor(executor, workdir, cluster, kubeconfig)
     try:
+        refit = OnlineRefit(cluster)
         res = run_loop(cluster, SqliteLoopStore(store, cluster), ex, interval_s=interval_s,
-                       until_idle=until_idle, timeout_s=timeout_s, round_config=cfg)
-        log.warning("run stopped (%s) after %d rounds", res.reason, res.rounds)
+                       until_idle=until_idle, timeout_s=timeout_s, round_config=cfg, refit=refit)
+        log.warning("run stopped (%s) after %d rounds; %d estimator refits from %d samples",
+                    res.reason, res.rounds, refit.refits, len(refit.samples))
     finally:
         shutdown = getattr(ex, "close", None)
         if callable(shutdown):

@@ -17,6 +17,8 @@ from apportion.runtime import checkpoint as ckpt
 from apportion.runtime.launch import TrainConfig
 from apportion.runtime.local import LocalExecutor, local_cluster, local_round_config
 from apportion.runtime.loop import MemoryStore, run_loop
+from apportion.runtime.refit import OnlineRefit
+from apportion.estimation.analytic import AnalyticEstimator
 from apportion.runtime.trainer import LOSSES_FILE, Worker
 from apportion.solvers.validator import validate
 
@@ -55,9 +57,10 @@ def test_three_jobs_scheduled_resized_and_finished(tmp_path: Path) -> None:
     store.submit(JobSpec("c", "vit-tiny", 4, 4, 1))
     ex = LocalExecutor(tmp_path / "runs")
     measured: list[tuple[str, float | None, float]] = []
+    refit = OnlineRefit(cluster)
     res = run_loop(cluster, store, ex, interval_s=1.0, until_idle=True, timeout_s=240.0,
                    round_config=local_round_config(), poll_s=0.2,
-                   on_measure=lambda j, est, m: measured.append((j, est, m)))
+                   on_measure=lambda j, est, m: measured.append((j, est, m)), refit=refit)
     assert res.reason == "idle", (res, [(p.job, p.error) for p in res.progress])
     assert all(store.states[j] == "finished" for j in "abc"), store.states
     assert {p.job: p.iterations_done for p in res.progress} == {"a": 40, "b": 4, "c": 4}
@@ -69,6 +72,12 @@ def test_three_jobs_scheduled_resized_and_finished(tmp_path: Path) -> None:
     assert ("a", "start") in actions and ("b", "start") in actions and ("c", "start") in actions
     assert any(j == "a" and act in ("resize", "migrate") for j, act in actions), actions
     assert measured and all(m > 0 for _, _, m in measured)
+    # measured CPU iteration times recalibrated the estimator the rounds used
+    assert refit.samples and refit.refits >= 1 and "T4" in refit.estimator.efficiency_
+    s0 = refit.samples[-1]
+    before = AnalyticEstimator().predict(s0.job, s0.plan, s0.placement, cluster).iter_time_s
+    after = refit.estimator.predict(s0.job, s0.plan, s0.placement, cluster).iter_time_s
+    assert abs(after - s0.iter_time_s) < abs(before - s0.iter_time_s)
 
     # "a" changed worker count and still followed the untouched run's losses
     got, worlds = losses(tmp_path / "runs" / "a")
