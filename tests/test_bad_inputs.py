@@ -69,6 +69,12 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "cancel --state": ("state", lambda f, e: ["cancel", "ok1", "--state", f]),
     "solve-round --state": ("state", lambda f, e: ["solve-round", "--state", f, "--json",
                                                    e["out"]]),
+    "run --cluster": ("cluster", lambda f, e: [
+        "run", "--executor", "dry-run", "--cluster", f, "--state", e["db"], "--until-idle",
+        "--timeout", "5", "--workdir", e["results"]]),
+    "run --state": ("state", lambda f, e: [
+        "run", "--executor", "dry-run", "--cluster", "crius-testbed", "--state", f,
+        "--until-idle", "--timeout", "5", "--workdir", e["results"]]),
 }
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
