@@ -74,15 +74,38 @@ class SpillJob:
         return step, per - 1 - k, "bwd"
 
 
+def promote(module: Any, state: dict[str, Any]) -> None:
+    """Copy a shard's host state into its device buffer.
+
+    On CUDA the copy runs on a side stream with non-blocking transfers and is
+    waited for before returning, so a thread can promote the next shard while the
+    current one computes (double buffering); on CPU it is a plain copy.
+    """
+    import torch
+
+    params = module.state_dict()
+    dev = next(iter(params.values())).device if params else torch.device("cpu")
+    if dev.type == "cuda":
+        stream = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(stream):
+            for name, t in params.items():
+                t.copy_(state[name], non_blocking=True)
+        stream.synchronize()
+    else:
+        module.load_state_dict(state)
+
+
 def run_unit(module: Any, state: dict[str, Any], opt_state: dict[str, Any] | None, kind: str,
              optim: OptimSpec, loss_fn: Any, x: Any, y: Any, grad: Any, first: bool, last: bool,
-             rng: Any, device: str) -> dict[str, Any]:
+             rng: Any, device: str, promoted: bool = False) -> dict[str, Any]:
     """Execute one unit on ``device`` with ``module`` as the device-side buffer: load the
-    host state into it (promotion), compute, and return host copies of what changed."""
+    host state into it (promotion, unless a double buffer already did), compute, and return
+    host copies of what changed."""
     import torch
 
     dev = torch.device(device)
-    module.load_state_dict(state)  # promotion: copy host tensors into the device buffer
+    if not promoted:
+        promote(module, state)
     module.train()
     xin = x.to(dev, non_blocking=True)
     if kind == "fwd":
@@ -156,8 +179,21 @@ class SpillTrainer:
     """Train several :class:`SpillJob` s at once, shard by shard, on several devices."""
 
     def __init__(self, jobs: Sequence[SpillJob], workers: int = 2, devices: Sequence[str] = ("cpu",),
-                 threads_per_worker: int = 1) -> None:
+                 threads_per_worker: int = 1, double_buffer: bool = False) -> None:
         import torch
+
+        # Double buffering (in-process devices): while a unit computes, a copier thread
+        # promotes the shard of the same job's next unit into its own buffer. Only that
+        # unit is prefetched, and only when its shard differs from the running one: no
+        # other unit can change that shard's state before it runs, so the copy is exact.
+        self.double_buffer = double_buffer and workers == 0
+        self.prefetched = 0
+        self._prefetch: dict[int, tuple[tuple[int, int], Any]] = {}
+        self._copier = None
+        if self.double_buffer:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._copier = ThreadPoolExecutor(max_workers=max(1, len(devices)))
 
         self.jobs = list(jobs)
         self.workers = workers
@@ -242,7 +278,9 @@ class SpillTrainer:
                     if pool:
                         pool.submit(p, key, args)
                     else:
-                        res = run_unit(self._local(p, key), **args)
+                        promoted = self._claim_prefetch(p, j, u)
+                        self._start_prefetch(p, j, u, queues)
+                        res = run_unit(self._local(p, key), promoted=promoted, **args)
                         self._finish((p, key, res), inflight, carries, losses, nxt, running, done, idle,
                                      queues)
                 if pool and inflight:
@@ -253,7 +291,36 @@ class SpillTrainer:
         finally:
             if pool:
                 pool.close()
+            for _, fut in self._prefetch.values():
+                fut.result()
+            self._prefetch.clear()
         return SpillReport(losses, done, time.perf_counter() - t0)
+
+    def _claim_prefetch(self, p: int, j: int, u: int) -> bool:
+        """Wait for device p's prefetch; True when it promoted exactly this unit's shard."""
+        pf = self._prefetch.pop(p, None)
+        if pf is None:
+            return False
+        (pj, pu), fut = pf
+        fut.result()
+        if (pj, pu) == (j, u):
+            self.prefetched += 1
+            return True
+        return False
+
+    def _start_prefetch(self, p: int, j: int, u: int,
+                        queues: list[list[tuple[int, int]]] | None) -> None:
+        job = self.jobs[j]
+        if self._copier is None or u + 1 >= job.num_units:
+            return
+        if queues is not None and (not queues[p] or queues[p][0] != (j, u + 1)):
+            return  # this device runs another job's unit next
+        k_now, k_next = job.unit(u)[1], job.unit(u + 1)[1]
+        if k_next == k_now:
+            return  # the same buffer: it is in use now
+        module = self._local(p, (j, k_next))
+        fut = self._copier.submit(promote, module, self.host[j][k_next])
+        self._prefetch[p] = ((j, u + 1), fut)
 
     def _pick(self, p: int, queues: list[list[tuple[int, int]]] | None, nxt: list[int],
               running: list[bool]) -> tuple[int, int] | None:
