@@ -126,7 +126,6 @@ class AnalyticEstimator:
                  gpu_type: str, cluster: Cluster | None, eff_override: float | None = None
                  ) -> Estimate:
         model = get_model(job.model)
-        gpu = get_gpu(gpu_type)
         intra, outer = self._links(placement, gpu_type, cluster)
         return self._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
                               eff_override)

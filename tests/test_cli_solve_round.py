@@ -9,8 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from apportion.config import default_cluster, default_jobs
-from apportion.decision import Decision
+from apportion.config import default_jobs
 
 runner = CliRunner()
 
