@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
@@ -25,6 +25,17 @@ MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per 
 MAX_COUNT = 1_000_000
 
 
+def _gpu_name(v: str) -> str:
+    """A catalog GPU name or alias, canonicalised; an unknown one names the known ones."""
+    try:
+        return canonical_gpu_name(v)
+    except CatalogError as exc:
+        raise ValueError(str(exc)) from None
+
+
+GpuName = Annotated[str, AfterValidator(_gpu_name)]
+
+
 class _Strict(BaseModel):
     # strict: YAML gives real ints and bools; "4", true or 2.0 for a count is a mistake
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
@@ -33,21 +44,13 @@ class _Strict(BaseModel):
 class NodeGroupSpec(_Strict):
     prefix: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     count: int = Field(gt=0, le=100_000)
-    gpu_type: str
+    gpu_type: GpuName
     gpus_per_node: int = Field(gt=0, le=64)
     cpus_per_node: int = Field(default=32, gt=0, le=100_000)
     host_memory_gib: float = Field(default=256.0, gt=0, le=1e7)
     intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
     intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
     inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
-
-    @field_validator("gpu_type")
-    @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        try:
-            return canonical_gpu_name(v)
-        except CatalogError as exc:
-            raise ValueError(str(exc)) from None
 
 
 class ClusterSpec(_Strict):
@@ -66,7 +69,7 @@ class ClusterSpec(_Strict):
 
 
 class RunningSpec(_Strict):
-    gpu_type: str
+    gpu_type: GpuName
     gpus: int = Field(gt=0, le=MAX_COUNT)
     stages: int = Field(default=1, gt=0, le=MAX_COUNT)
     placement: dict[str, int] = Field(default_factory=dict)
@@ -80,14 +83,6 @@ class RunningSpec(_Strict):
                 raise ValueError(f"node {node!r}: GPU count {k} must be in 1..{MAX_COUNT}")
         return v
 
-    @field_validator("gpu_type")
-    @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        try:
-            return canonical_gpu_name(v)
-        except CatalogError as exc:
-            raise ValueError(str(exc)) from None
-
 
 class JobEntry(_Strict):
     id: str = Field(min_length=1, max_length=256)
@@ -95,7 +90,7 @@ class JobEntry(_Strict):
     global_batch_size: int = Field(gt=0, le=MAX_COUNT)
     iterations: int = Field(gt=0, le=10**12)
     requested_gpus: int = Field(gt=0, le=MAX_COUNT)
-    requested_gpu_type: str | None = None
+    requested_gpu_type: GpuName | None = None
     submit_time_s: float = Field(default=0.0, ge=0)
     tenant: str = Field(default="default", min_length=1, max_length=256)
     guaranteed: bool = False
@@ -112,16 +107,6 @@ class JobEntry(_Strict):
     def _known_model(cls, v: str) -> str:
         try:
             return get_model(v).name
-        except CatalogError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("requested_gpu_type")
-    @classmethod
-    def _known_gpu(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        try:
-            return canonical_gpu_name(v)
         except CatalogError as exc:
             raise ValueError(str(exc)) from None
 
