@@ -269,6 +269,15 @@ MORPHLING_MODELS = {"vit": "vit-86m", "roberta": "roberta-355m", "bert": "bert-3
                     "llama30": "llama-30b"}
 
 
+def _morphling_batch(app: str) -> int:
+    """Global batch per Morphling model from its artifact's validation scripts (LLaMA-30B
+    takes LLaMA-7B's, as the artifact's own profile does)."""
+    from apportion.experiments.bench.morphling_data import MODELS
+
+    key = "llama7" if app == "llama30" else app
+    return MODELS[key].batch if key in MODELS else 8
+
+
 def load_morphling_workload(path: str | Path) -> Trace:
     p = Path(path)
     _check_file(p)
@@ -283,7 +292,7 @@ def load_morphling_workload(path: str | Path) -> Trace:
         jobs.append(SimJob(
             job_id=str(r.name), submit_s=float(r.submission_time), gpus=int(r.num_gpus),
             iterations=float(r.steps), job_type=app, model=MORPHLING_MODELS.get(app),
-            batch=1, gpu_type="A800-80GB", tenant="A" if sla else "B", guaranteed=sla,
+            batch=_morphling_batch(app), gpu_type="A800-80GB", tenant="A" if sla else "B", guaranteed=sla,
             duration_s=float(r.duration), plan=str(r.exec_plan), cpus=int(r.num_cpus)))
     return Trace(p.stem, _sorted(jobs), str(p))
 

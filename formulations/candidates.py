@@ -69,6 +69,7 @@ class CandidateOptions:
     objective: str = "normalized"  # see formulations/objectives.py
     restart_s: float = 60.0
     round_s: float = 300.0
+    stage_counts: str = "powers"  # or "divisors"
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
@@ -96,9 +97,14 @@ def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
     return sorted(out)
 
 
-def _stage_counts(gpus: int, max_stages: int, layers: int) -> list[int]:
+def _stage_counts(gpus: int, max_stages: int, layers: int, mode: str = "powers") -> list[int]:
+    """Crius's log N choices (1, 2, 4, ...) or, with ``divisors``, every divisor of the size
+    (Morphling's plans use 3 or 6 stages on 24 or 48 GPUs)."""
+    top = min(gpus, max_stages, layers)
+    if mode == "divisors":
+        return [s for s in range(1, top + 1) if gpus % s == 0]
     out, s = [], 1
-    while s <= min(gpus, max_stages, layers):
+    while s <= top:
         if gpus % s == 0:
             out.append(s)
         s *= 2
@@ -128,7 +134,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         cells: list[tuple[Cell, Any]] = []
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
-                for stages in _stage_counts(gpus, opt.max_stages, layers):
+                for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
                     g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)

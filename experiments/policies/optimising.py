@@ -62,7 +62,9 @@ class Optimising:
 
     def __init__(self, backend: str = "auto", time_budget_s: float = 5.0, search_depth: int = 3,
                  no_scaling: bool = False, no_hetero: bool = False, max_changes: int | None = None,
-                 name: str | None = None, resolve_every: int = 12) -> None:
+                 name: str | None = None, resolve_every: int = 12,
+                 stage_counts: str = "powers") -> None:
+        self.stage_counts = stage_counts
         self.backend = backend
         self.time_budget_s = time_budget_s
         self.search_depth = search_depth
@@ -107,7 +109,8 @@ class Optimising:
             if self.no_hetero and js.job.gpu_type:
                 self.est.allowed_types[js.id] = js.job.gpu_type
         specs = [self._spec(js) for js in state.jobs]
-        opts = CandidateOptions(scales=(1.0,)) if self.no_scaling else CandidateOptions()
+        opts = (CandidateOptions(scales=(1.0,), stage_counts=self.stage_counts) if self.no_scaling
+                else CandidateOptions(stage_counts=self.stage_counts))
         cfg = RoundConfig(backend=self.backend, time_budget_s=self.time_budget_s,
                           search_depth=self.search_depth, max_changes=self.max_changes,
                           candidates=opts)
