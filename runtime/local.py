@@ -302,10 +302,14 @@ class LocalExecutor:
             if job_id in self.runs:
                 codes = [p.poll() for p in run.procs]
                 if any(c not in (None, 0) for c in codes):  # one rank failed: the group is gone
-                    for p in run.procs:
+                    for p in run.procs:  # a few seconds for the others to report and exit
                         if p.poll() is None:
-                            p.kill()
-                            p.wait()
+                            try:
+                                p.wait(timeout=5.0)
+                            except subprocess.TimeoutExpired:
+                                p.kill()
+                                p.wait()
+                    prog = read_json_file(run.dir / PROGRESS_FILE) or {}
                     run.health = Health.FAILED
                     run.error = prog.get("error") or f"worker exit codes {codes}"
                     self.stopped[job_id] = self.runs.pop(job_id)
@@ -318,6 +322,9 @@ class LocalExecutor:
                     if run.overhead_s is None:
                         run.overhead_s = float(prog["first_step_wall"]) - run.decision_wall
                         run.history.append((run.action, run.overhead_s))
+            elif run.health == Health.FAILED and prog.get("error") and \
+                    (run.error or "").startswith("worker exit codes"):
+                run.error = prog["error"]  # the worker's own reason, reported after its exit was seen
             out.append(Progress(job_id, int(prog.get("iterations_done", run.job.iterations_done)),
                                 run.job.iterations, run.health, prog.get("iter_time_s"),
                                 prog.get("loss"), run.alloc.plan.gpus, run.alloc.plan.label(),
