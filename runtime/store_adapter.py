@@ -33,6 +33,10 @@ class SqliteLoopStore:
         self._snapshot: RoundInput | None = None
         self._alloc: dict[str, Any] = {}
 
+    def now(self) -> float:
+        """The store's clock: submit times are wall-clock seconds."""
+        return time.time()
+
     def list_jobs(self, now_s: float) -> list[JobSpec]:
         self._snapshot = self.store.round_input()
         return list(self._snapshot.jobs)
