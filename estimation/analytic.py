@@ -42,7 +42,7 @@ from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
-from apportion.estimation.base import Estimate, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
 from apportion.estimation.comm import Link, allreduce_time, p2p_time
 from apportion.estimation.partition import cached_cuts
 
@@ -58,7 +58,7 @@ def powers_of_two_dividing(n: int, upto: int | None = None) -> list[int]:
     return out
 
 
-class AnalyticEstimator:
+class AnalyticEstimator(ParamsMixin):
     """Closed-form iteration time and memory; see the module docstring."""
 
     def __init__(self, efficiency: float | None = None, tp_penalty: float = 0.05,
@@ -71,13 +71,6 @@ class AnalyticEstimator:
         self.max_micro_batches = max_micro_batches
 
     # -- sklearn-style plumbing -------------------------------------------------
-    def get_params(self) -> dict[str, Any]:
-        return {
-            "efficiency": self.efficiency, "tp_penalty": self.tp_penalty,
-            "memory_reserve_gib": self.memory_reserve_gib,
-            "usable_memory_fraction": self.usable_memory_fraction,
-            "max_micro_batches": self.max_micro_batches,
-        }
 
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> "AnalyticEstimator":
         """Calibrate the sustained efficiency per GPU type from measured samples."""

@@ -7,6 +7,7 @@ an :class:`Estimate`. Every estimator passes the same conformance tests.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -54,3 +55,12 @@ class Estimator(Protocol):
                 cluster: Cluster) -> Estimate: ...
 
     def get_params(self) -> dict[str, Any]: ...
+
+
+class ParamsMixin:
+    """``get_params`` derived from ``__init__``'s signature, as scikit-learn does: every
+    constructor argument is stored under its own name, so nothing is listed twice."""
+
+    def get_params(self) -> dict[str, Any]:
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
+        return {n: getattr(self, n) for n in names}

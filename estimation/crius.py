@@ -35,9 +35,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Protocol
+from typing import Protocol
 
-from apportion.estimation.base import Estimate, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
 from apportion.estimation.comm import Link
 from apportion.estimation.tables import CommTables
 
@@ -261,7 +261,7 @@ class AssembledPlan:
     breakdown: Mapping[str, float] = field(default_factory=dict)
 
 
-class CellEstimator:
+class CellEstimator(ParamsMixin):
     """Crius's agile cell estimator behind the fit/predict protocol."""
 
     def __init__(self, efficiency: float = 0.45, tp_penalty: float = 0.08,
@@ -276,12 +276,6 @@ class CellEstimator:
         self.micro_batch_factor = micro_batch_factor
         self.max_micro_batches = max_micro_batches
 
-    def get_params(self) -> dict[str, Any]:
-        return {"efficiency": self.efficiency, "tp_penalty": self.tp_penalty,
-                "tables": self.tables, "profiler": self.profiler,
-                "usable_memory_fraction": self.usable_memory_fraction,
-                "micro_batch_factor": self.micro_batch_factor,
-                "max_micro_batches": self.max_micro_batches}
 
     # -- components --------------------------------------------------------------------
     def _profiler(self, eff_scale: float = 1.0) -> StageProfiler:

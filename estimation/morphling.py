@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from apportion.estimation.base import Estimate, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
 from apportion.estimation.tables import Curve
 from scipy.optimize import least_squares
 
@@ -248,7 +248,7 @@ class FlopsForward:
         return self.flops * samples / self.rate
 
 
-class MorphlingEstimator:
+class MorphlingEstimator(ParamsMixin):
     """Appendix-A model with fitted k-parameters; see the module docstring."""
 
     def __init__(self, env: Env | None = None, min_samples: int = 7,
@@ -266,12 +266,6 @@ class MorphlingEstimator:
         self.act_bytes = act_bytes
         self.max_micro_batches = max_micro_batches
 
-    def get_params(self) -> dict[str, Any]:
-        return {"env": self.env, "min_samples": self.min_samples,
-                "refit_threshold": self.refit_threshold, "cache_dir": self.cache_dir,
-                "efficiency": self.efficiency, "prior_weight": self.prior_weight,
-                "grad_bytes": self.grad_bytes, "act_bytes": self.act_bytes,
-                "max_micro_batches": self.max_micro_batches}
 
     # -- helpers ---------------------------------------------------------------------
     def _env(self) -> Env:

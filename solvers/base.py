@@ -71,3 +71,11 @@ class Backend(Protocol):
     def available(self) -> bool: ...
 
     def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult: ...
+
+
+def empty_model_result(backend: str, model: LinearModel, start: float) -> SolveResult:
+    """A model with no variables: nothing to decide, trivially optimal."""
+    import time
+
+    return SolveResult(backend, Status.OPTIMAL, np.zeros(0), model.obj_constant,
+                       model.obj_constant, time.perf_counter() - start, message="empty model")

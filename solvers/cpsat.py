@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.base import SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,8 @@ class CpSatBackend:
         from ortools.sat.python import cp_model
 
         start = time.perf_counter()
-        if model.num_vars == 0:  # nothing to decide: trivially optimal
-            return SolveResult(self.name, Status.OPTIMAL, np.zeros(0), model.obj_constant,
-                               model.obj_constant, time.perf_counter() - start, message="empty model")
+        if model.num_vars == 0:
+            return empty_model_result(self.name, model, start)
         if not model.is_pure_integer():
             return SolveResult(self.name, Status.ERROR, message="cp-sat needs integer variables only")
         m = cp_model.CpModel()

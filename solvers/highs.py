@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.base import SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,8 @@ class HighsBackend:
         import highspy
 
         start = time.perf_counter()
-        if model.num_vars == 0:  # nothing to decide: trivially optimal
-            return SolveResult(self.name, Status.OPTIMAL, np.zeros(0), model.obj_constant,
-                               model.obj_constant, time.perf_counter() - start, message="empty model")
+        if model.num_vars == 0:
+            return empty_model_result(self.name, model, start)
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
