@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from apportion.estimation.morphling import (
+    K_EXTRAS,
     K_NAMES,
     Arch,
     Env,
@@ -71,16 +72,16 @@ def test_fit_on_the_artifact_samples_reproduces_them(tmp_path):
     samples = md.profile_samples(m, DATA)
     assert len(samples) >= 7
     est = MorphlingEstimator(cache_dir=str(tmp_path)).fit(samples)
-    assert set(est.k_[m.catalog]) == set(K_NAMES)
+    assert set(est.k_[m.catalog]) == set(K_NAMES) | set(K_EXTRAS)
     for s in samples:
         p = est.predict_config(s.arch, s.job.global_batch_size, s.plan, s.nodes, s.cpus,
                                s.gpu_type)["T_iter"]
-        assert abs(p - s.iter_time_s) / s.iter_time_s < 0.3
-    # held-out trace rows on one node: the single-node DP family within 25% on average
+        assert abs(p - s.iter_time_s) / s.iter_time_s < 0.05
+    # held-out trace rows on one node: the single-node DP family within 5% on average
     rows = [s for fam, s in md.trace_rows(m, DATA) if fam == "DP" and len(s.nodes) == 1]
     errs = [abs(est.predict_config(s.arch, 32, s.plan, s.nodes, s.cpus, s.gpu_type)["T_iter"]
                 - s.iter_time_s) / s.iter_time_s for s in rows]
-    assert rows and sum(errs) / len(errs) < 0.25
+    assert rows and sum(errs) / len(errs) < 0.05
     # saved per architecture and reused by a fresh estimator
     again = MorphlingEstimator(cache_dir=str(tmp_path))
     assert again.k_for(m.catalog) == pytest.approx(est.k_[m.catalog])
@@ -115,3 +116,32 @@ def test_sensitivity_curves_are_cached(tmp_path):
     assert fresh.sensitivity_curve(job, "A800-80GB", cl, gpu_counts=(1, 2, 4, 8),
                                    cpu_counts=(1, 4)) == c1
     assert list(tmp_path.glob("sensitivity/*.json"))
+
+
+@needs_data
+def test_offload_form_and_fitted_bandwidth_improve_the_fit():
+    """ViT's offload steps have a fixed floor the paper's overlap form cannot express and its
+    DP synchronisation runs far below nominal NVLink: auto form plus fitted bandwidth fit the
+    artifact's samples several times better than the paper's form at nominal bandwidth."""
+    m = md.MODELS["vit"]
+    samples = md.profile_samples(m, DATA)
+    plain = MorphlingEstimator(fit_env=False, offload_form="overlap").fit(samples)
+    auto = MorphlingEstimator().fit(samples)
+    k = auto.k_[m.catalog]
+    assert auto.fit_rmsle_[m.catalog] < plain.fit_rmsle_[m.catalog] / 3
+    assert k["offload_additive"] == 1.0 and k["intra_scale"] < 0.5
+    assert plain.k_[m.catalog]["intra_scale"] == 1.0
+    with pytest.raises(ValueError, match="offload_form"):
+        MorphlingEstimator(offload_form="sum")
+
+
+def test_additive_offload_form_adds_the_latencies():
+    arch = Arch("x", 1e9, 1024 * 1024 * 24, 24)
+    k = {"k_bwd": 2.0, "k_sync": 2.0, "k_opt": 0.05, "k_opt_off": 2.0, "k_off": 0.03,
+         "k_swap": 0.02, "k_const": 0.01, "offload_additive": 1.0}
+    plan = ExecutionPlan(dp=4, zero_stage=2, offload=True)
+    c = components(k, arch, 32, plan, (4,), 2, Env(), lambda n: 0.01 * n)
+    assert c["T_oo"] == pytest.approx(c["T_comm_dp"] + 0.03 + 0.02 + c["T_opt"] + 2 * c["T_off"])
+    half = components({**k, "intra_scale": 0.5}, arch, 32, plan, (4,), 2, Env(),
+                      lambda n: 0.01 * n)
+    assert half["T_comm_dp"] == pytest.approx(2 * c["T_comm_dp"])
