@@ -267,8 +267,11 @@ class CellEstimator(ParamsMixin):
     def __init__(self, efficiency: float = 0.45, tp_penalty: float = 0.08,
                  tables: CommTables | None = None, profiler: StageProfiler | None = None,
                  usable_memory_fraction: float = 0.95, micro_batch_factor: int = 4,
-                 max_micro_batches: int = 512) -> None:
+                 max_micro_batches: int = 512, per_family: bool = False) -> None:
         self.efficiency = efficiency
+        # also calibrate "<gpu>|<family>" efficiencies (operator mixes differ: on Crius's
+        # data BERT sustains about twice Wide-ResNet's fraction of peak on the same GPU)
+        self.per_family = per_family
         self.tp_penalty = tp_penalty
         self.tables = tables
         self.profiler = profiler
@@ -432,7 +435,8 @@ class CellEstimator(ParamsMixin):
         return est
 
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> CellEstimator:
-        """Per GPU type: efficiency = base x median(predicted / measured) over samples.
+        """Per GPU type: efficiency = base x median(predicted / measured) over samples
+        (and per GPU type and model family with ``per_family``).
 
         A sample's cell is ``(gpu_type, plan.gpus, plan.pp)``; without a cluster
         the estimator uses the GPU's catalog link inside one node.
@@ -457,5 +461,8 @@ class CellEstimator(ParamsMixin):
                 del self.efficiency_
             if est is not None and s.iter_time_s > 0:
                 ratios.setdefault(s.gpu_type, []).append(est.iter_time_s / s.iter_time_s)
+                if self.per_family:
+                    ratios.setdefault(f"{s.gpu_type}|{model.family}", []).append(
+                        est.iter_time_s / s.iter_time_s)
         self.efficiency_ = {g: self.efficiency * float(median(r)) for g, r in ratios.items()}
         return self

@@ -113,3 +113,35 @@ def test_cell_estimator_plugs_into_a_validated_round():
     check = validate(res.decision, cl, jobs[:6])
     assert check.ok, check
     assert res.decision.allocations
+
+
+def test_per_family_calibration_recovers_each_familys_efficiency():
+    """Measurements made at different sustained efficiencies per model family: the per-family
+    fit recovers both (its predictions match the measurements), the per-type fit cannot."""
+    from apportion.estimation.base import Sample
+    from apportion.estimation.crius import AnalyticStageProfiler
+
+    cl = _cluster()
+    truth = CellEstimator(profiler=AnalyticStageProfiler({"A100-40GB|bert": 0.30,
+                                                          "A100-40GB|moe": 0.15}, 0.08))
+    samples = []
+    for model in ("bert-1.3b", "moe-1.3b"):
+        for gpus, stages in ((2, 1), (4, 2), (8, 2)):
+            job = JobSpec(f"{model}-{gpus}", model, 128, 10, gpus)
+            e = truth.best_in_cell(job, Cell(job.id, "A100-40GB", gpus, stages), cl)
+            assert e is not None
+            samples.append(Sample(job, e.plan, {}, "A100-40GB", e.iter_time_s))
+    per_type = CellEstimator().fit(samples, cl)
+    per_family = CellEstimator(per_family=True).fit(samples, cl)
+    assert set(per_family.efficiency_) == {"A100-40GB", "A100-40GB|bert", "A100-40GB|moe"}
+
+    def worst(est: CellEstimator) -> float:
+        errs = []
+        for s in samples:
+            e = est.best_in_cell(s.job, Cell(s.job.id, "A100-40GB", s.plan.gpus, s.plan.pp), cl)
+            assert e is not None
+            errs.append(abs(e.iter_time_s - s.iter_time_s) / s.iter_time_s)
+        return max(errs)
+
+    # not exact: communication does not scale with the efficiency, the median ratio does
+    assert worst(per_family) < 0.05 < 0.2 < worst(per_type)
