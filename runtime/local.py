@@ -69,8 +69,11 @@ def local_cluster(slots: int = 4, gpu_type: str = "T4") -> Cluster:
 def local_round_config(time_budget_s: float = 5.0) -> RoundConfig:
     """Round settings for plans the torch worker runs: one pipeline stage per job.
 
-    The torch worker refuses pipeline-parallel plans (it never changes a plan to
-    fit), so rounds that feed :class:`LocalExecutor` only generate 1-stage cells.
+    The torch worker runs pipeline-parallel plans only with ``tp = 1`` and no ZeRO
+    (``runtime.pipeline_parallel``) and never changes a plan to fit; the cell
+    estimators may combine PP with TP inside one multi-stage cell, so rounds that
+    feed :class:`LocalExecutor` generate 1-stage cells. Pipeline plans reach the
+    worker through decisions that name them (and through DeepSpeed).
     """
     return RoundConfig(time_budget_s=time_budget_s, candidates=CandidateOptions(max_stages=1))
 
@@ -120,7 +123,8 @@ class Proc:
 # Modules the forkserver imports once; every worker forked from it starts with torch, DDP and
 # dynamo loaded (about 5-10 s of imports per process on this machine otherwise).
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-           "apportion.runtime.trainer", "apportion.runtime.parallel"]
+           "apportion.runtime.trainer", "apportion.runtime.parallel",
+           "apportion.runtime.pipeline_parallel"]
 _CTX: Any = None
 
 

@@ -1,4 +1,4 @@
-"""Parallel strategies for the torch worker: DDP, FSDP (ZeRO-like) and tensor parallel.
+"""Parallel strategies for the torch worker: DDP, FSDP (ZeRO-like), tensor and pipeline parallel.
 
 Each strategy wraps a freshly built module and exposes the same small surface
 to the training loop (``forward_backward``, ``global_mean``, ``full_state``,
@@ -7,8 +7,10 @@ fully-qualified-name keyed) model and optimizer state, written through
 ``torch.distributed.checkpoint.state_dict``, so a job checkpointed under one
 plan and world size resumes under any other: that is what resizing needs.
 
-What is not here is refused by ``trainer.check_plan`` with a reason: pipeline
-parallelism, TP combined with ZeRO, and offload on CPU.
+Pipeline parallelism lives in ``runtime.pipeline_parallel`` (imported only for
+``pp > 1``: ``torch.distributed.pipelining`` is not needed otherwise). What no
+strategy runs is refused by ``trainer.check_plan`` with a reason: PP combined
+with TP or ZeRO, TP combined with ZeRO, and offload on CPU.
 """
 
 from __future__ import annotations
@@ -190,6 +192,9 @@ class TensorParallelStrategy(_ShardedState, Strategy):
 
 def wrap(module: nn.Module, plan: ExecutionPlan, rank: int, world: int, micro: int) -> Strategy:
     """The strategy that runs ``plan`` exactly; the caller has already run ``check_plan``."""
+    if plan.pp > 1:
+        from apportion.runtime.pipeline_parallel import PipelineStrategy
+        return PipelineStrategy(module, plan, rank, world, micro)
     if plan.tp > 1:
         return TensorParallelStrategy(module, plan, rank, world)
     if plan.zero_stage and world > 1:

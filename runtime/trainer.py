@@ -11,10 +11,13 @@ execution plan; everything else is derived:
   micro-step ``k``; the global batch is therefore the same samples whatever the
   worker count, and the averaged gradient is the same global mean;
 * DP runs under DDP (gloo on CPU, nccl on CUDA); ZeRO-like sharding under FSDP
-  (``fully_shard``), tensor parallelism with torch's column/row styles, both
-  where ``runtime.parallel`` supports the plan; anything else fails with a
-  :class:`PlanError` naming what the backend cannot do. A plan is never
-  silently changed;
+  (``fully_shard``), tensor parallelism with torch's column/row styles, pipeline
+  parallelism (``pp > 1``, with dp replicas and ``micro_batches`` pipeline
+  micro-batches per rank micro-batch) with ``torch.distributed.pipelining``
+  (``runtime.pipeline_parallel``), each where ``runtime.parallel`` supports the
+  plan; anything else (PP combined with TP or ZeRO, TP with ZeRO, offload on
+  CPU) fails with a :class:`PlanError` naming what the backend cannot do. A
+  plan is never silently changed;
 * checkpointing (activation recomputation) is a flag on every block.
 
 Stopping: the executor creates ``STOP`` in the job folder (or sends SIGTERM);
@@ -56,13 +59,23 @@ class PlanError(ValueError):
 
 
 def micro_batch(global_batch: int, plan: ExecutionPlan) -> int:
-    """Per-rank micro-batch: the global batch split over DP ranks and accumulation steps."""
+    """Per-rank micro-batch: the global batch split over DP ranks and accumulation steps.
+
+    Under pipeline parallelism every rank micro-batch is further cut into
+    ``plan.micro_batches`` equal pipeline micro-batches (equal, so their mean losses
+    average to the micro-batch's mean loss), which must divide it too."""
     parts = plan.dp * plan.accumulation
     if global_batch % parts:
         raise PlanError(f"global batch {global_batch} is not divisible by dp*accumulation = "
                         f"{plan.dp}*{plan.accumulation}; the global batch never changes, so "
                         "choose a plan that divides it")
-    return global_batch // parts
+    micro = global_batch // parts
+    if plan.pp > 1 and (plan.micro_batches < 1 or micro % plan.micro_batches):
+        raise PlanError(f"per-rank micro-batch {micro} (global batch {global_batch} / "
+                        f"dp*accumulation) is not divisible by micro_batches="
+                        f"{plan.micro_batches}; pipeline micro-batches must be equal, so choose "
+                        "a plan that divides it")
+    return micro
 
 
 def check_plan(plan: ExecutionPlan, world: int, device: str) -> None:
@@ -75,10 +88,15 @@ def check_plan(plan: ExecutionPlan, world: int, device: str) -> None:
                         "memory; on the CPU backend there is no device memory to offload from")
     if plan.zero_stage not in (0, 1, 2, 3):
         raise PlanError(f"ZeRO stage {plan.zero_stage} does not exist (0-3)")
-    if plan.pp > 1:
-        raise PlanError(f"plan {plan.label()}: pipeline parallelism is not implemented by the "
-                        "torch worker; the plan is not changed to fit, so choose pp=1 or run it "
-                        "through DeepSpeed (runtime.deepspeed_config)")
+    if plan.pp > 1 and plan.tp > 1:
+        raise PlanError(f"plan {plan.label()}: pipeline parallelism combined with tensor "
+                        "parallelism is not supported by the torch worker (each stage would need "
+                        "its own TP mesh); the plan is not changed to fit, so choose tp=1 or pp=1 "
+                        "or run it through DeepSpeed (runtime.deepspeed_config)")
+    if plan.pp > 1 and plan.zero_stage:
+        raise PlanError(f"plan {plan.label()}: pipeline parallelism combined with ZeRO sharding "
+                        "is not supported by the torch worker (its pipeline stages are not "
+                        "FSDP-sharded); choose zero_stage=0 or pp=1")
     if plan.tp > 1 and plan.zero_stage:
         raise PlanError("tensor parallelism combined with ZeRO sharding is not supported by the "
                         "torch worker")

@@ -93,11 +93,12 @@ def test_start_resize_and_shutdown_from_round_decisions(tmp_path: Path) -> None:
 
 
 def test_a_plan_the_worker_cannot_run_fails_with_its_reason(tmp_path: Path) -> None:
-    """A valid decision whose plan is pipeline-parallel: the worker refuses it by name."""
+    """A valid decision whose plan combines pipeline and tensor parallelism: the worker refuses
+    it by name."""
     cluster = local_cluster(4)
-    a = JobSpec("a", "gpt-tiny", 16, 4, 2)
-    alloc = Allocation("a", "T4", 2, 2, ExecutionPlan(dp=1, pp=2, micro_batches=4),
-                       {"local-0": 2}, 1.0, Action.START)
+    a = JobSpec("a", "gpt-tiny", 16, 4, 4)
+    alloc = Allocation("a", "T4", 4, 2, ExecutionPlan(dp=1, tp=2, pp=2, micro_batches=4),
+                       {"local-0": 4}, 1.0, Action.START)
     dec = Decision([alloc], [], SolveReport("test", "optimal", 0.0, 0.0, 0.0, 0.0, False))
     check = validate(dec, cluster, [a])
     assert check.ok, check.violations

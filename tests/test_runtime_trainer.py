@@ -64,8 +64,9 @@ def test_data_is_keyed_by_global_sample_index(start: int, count: int, split: int
 def test_plans_the_worker_cannot_run_fail_with_a_reason() -> None:
     with pytest.raises(PlanError, match="needs dp\\*tp\\*pp = 2 workers"):
         check_plan(ExecutionPlan(dp=2), 1, "cpu")
-    with pytest.raises(PlanError, match="pipeline parallelism"):
-        check_plan(ExecutionPlan(pp=2), 2, "cpu")
+    check_plan(ExecutionPlan(pp=2, micro_batches=2), 2, "cpu")  # pipeline plans run
+    with pytest.raises(PlanError, match="pipeline parallelism combined with tensor"):
+        check_plan(ExecutionPlan(pp=2, tp=2), 4, "cpu")
     with pytest.raises(PlanError, match="offload"):
         check_plan(ExecutionPlan(zero_stage=3, offload=True), 1, "cpu")
     with pytest.raises(PlanError, match="not divisible"):
