@@ -116,10 +116,15 @@ class TinyModel(nn.Module):
         mods: list[nn.Module] = [Embed(c)] + [Block(c, tp) for _ in range(c.layers)] + [Head(c)]
         self.names = names
         self.layers = nn.ModuleList(mods)
+        self.checkpointing = False  # recompute each block's activations in the backward pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x)
+            if self.checkpointing and isinstance(layer, Block):
+                from torch.utils.checkpoint import checkpoint
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return x
 
     def example_input(self, batch: int, seed: int = 0) -> torch.Tensor:
