@@ -29,9 +29,10 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.estimation.morphling import Arch, MorphlingSample
+from apportion.estimation.morphling import Arch, MorphlingSample, block_flops_share
 
 from apportion.jobs import JobSpec
+from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 
 GPU = "A800-80GB"
@@ -77,7 +78,8 @@ def arch_of(m: ArtifactModel, root: Path) -> Arch:
     rows = _read(root / "profile" / m.profile / "config.csv")
     params = float(rows[0]["parameter_size"]) * 2**20
     seq_hid = float(rows[0]["seq_hid"])
-    return Arch(m.catalog, params, seq_hid, m.layers)
+    return Arch(m.catalog, params, seq_hid, m.layers,
+                recompute_share=block_flops_share(get_model(m.catalog)))
 
 
 def _job(m: ArtifactModel) -> JobSpec:
