@@ -453,10 +453,51 @@ def fit_and_score_local(name: str, samples: list[MorphlingSample], families: lis
                        for i in fit_idx]
     out["fit_rmsle"] = est.fit_rmsle_[name]
     out["k"] = est.k_[name]
+    out["analytic"] = _score_analytic_local(samples, fit_idx, families, env)
     out["measured"] = [
         {"family": families[i], "plan": s.plan.as_dict(), "label": s.plan.label(),
          "batch": s.job.global_batch_size, "iter_s": s.iter_time_s, "fwd_s": s.fwd_s,
          "bwd_sync_s": s.cc_s, "opt_s": s.oo_s} for i, s in enumerate(samples)]
+    return out
+
+
+def _score_analytic_local(samples: list[MorphlingSample], fit_idx: list[int],
+                          families: list[str], env: Env) -> dict[str, Any]:
+    """The spine's analytic estimator on the same split: its one parameter (sustained
+    efficiency of the device, here a CPU process standing in as a catalog GPU type) is
+    calibrated on the fit set; the link is the measured all-reduce bandwidth."""
+    from apportion.estimation.analytic import AnalyticEstimator
+
+    from apportion.cluster import Cluster, NodeGroup
+
+    stand_in = "T4"
+    worlds = max(s.plan.gpus for s in samples)
+    cluster = Cluster("local-bench", [NodeGroup("local", 1, stand_in, worlds,
+                                                intra_node_link="pcie",
+                                                intra_node_bandwidth_GBps=env.intra_GBps,
+                                                inter_node_bandwidth_GBps=env.inter_GBps)])
+    node = next(iter(cluster.nodes))
+
+    def as_sample(s: MorphlingSample) -> Sample:
+        return Sample(s.job, s.plan, {node: s.plan.gpus}, stand_in, s.iter_time_s)
+
+    est = AnalyticEstimator(calibrate="compute").fit([as_sample(samples[i]) for i in fit_idx],
+                                                     cluster)
+    fams: dict[str, list[float]] = {}
+    rows = []
+    for i, s in enumerate(samples):
+        if i in fit_idx:
+            continue
+        e = est.predict(s.job, s.plan, {node: s.plan.gpus}, cluster)
+        err = rel_err(e.iter_time_s, s.iter_time_s)
+        fams.setdefault(families[i], []).append(err)
+        rows.append({"family": families[i], "plan": s.plan.label(),
+                     "batch": s.job.global_batch_size, "measured_s": s.iter_time_s,
+                     "predicted_s": e.iter_time_s, "error": err})
+    out: dict[str, Any] = {f: summarize(v) for f, v in fams.items()}
+    out["overall"] = summarize([x for v in fams.values() for x in v])
+    out["rows"] = rows
+    out["efficiency"] = est.efficiency_
     return out
 
 
@@ -487,7 +528,14 @@ def rescore_local(result: dict[str, Any]) -> dict[str, Any]:
         out["models"][name] = fit_and_score_local(name, samples, fams, env)
         all_err += [r["error"] for r in out["models"][name]["rows"]]
     out["overall"] = summarize(all_err)
+    out["estimators"] = _per_estimator(out)
     return out
+
+
+def _per_estimator(out: dict[str, Any]) -> dict[str, Any]:
+    """Held-out error per estimator over every model (``overall`` is the fitted model's)."""
+    ana = [r["error"] for m in out["models"].values() for r in m["analytic"]["rows"]]
+    return {"morphling (fitted)": out["overall"], "analytic (calibrated)": summarize(ana)}
 
 
 def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
@@ -561,6 +609,7 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
                       "configurations_measured": len(samples)}
         _ = TorchStageProfiler  # the same measurements feed Crius's estimator
     out["overall"] = summarize(all_err)
+    out["estimators"] = _per_estimator(out)
     out["profiling_cost"] = cost
     out["wall_s"] = time.perf_counter() - t0
     return out
@@ -595,6 +644,9 @@ def markdown(result: dict[str, Any]) -> str:
                  f"{100 * o['max_error']:.1f}% | |")
     if "spearman" in result:
         lines += ["", f"Mean Spearman rank agreement of cells per job: {result['spearman']:.3f}"]
+    for est_name, v in result.get("estimators", {}).items():
+        lines.append(f"\n{est_name}: n={v['n']}, mean {100 * v['mean_error']:.1f}%, "
+                     f"max {100 * v['max_error']:.1f}%")
     for section in ("single_node", "covering"):
         sec = result.get(section)
         if not sec:
