@@ -314,7 +314,8 @@ class MorphlingEstimator(ParamsMixin):
                  refit_threshold: float = 0.1, cache_dir: str | None = None,
                  efficiency: float = 0.45, prior_weight: float = 0.02,
                  grad_bytes: float = 2.0, act_bytes: float = 2.0, max_micro_batches: int = 64,
-                 fit_env: bool = True, offload_form: str = "auto") -> None:
+                 fit_env: bool = True, offload_form: str = "auto", loss: str = "linear"
+                 ) -> None:
         if offload_form not in ("auto", "overlap", "additive"):
             raise ValueError(f"offload_form must be auto, overlap or additive, not {offload_form!r}")
         self.env = env
@@ -328,6 +329,7 @@ class MorphlingEstimator(ParamsMixin):
         self.max_micro_batches = max_micro_batches
         self.fit_env = fit_env
         self.offload_form = offload_form
+        self.loss = loss  # scipy least_squares loss: "linear" (plain RMSLE) or a robust one
 
 
     # -- helpers ---------------------------------------------------------------------
@@ -392,10 +394,12 @@ class MorphlingEstimator(ParamsMixin):
         pts: dict[str, list[tuple[float, float]]] = {}
         for arch, s in rows:
             fwd = getattr(s, "fwd_s", None)
-            if fwd is None or fwd <= 0 or s.plan.pp > 1:
+            # the curve is the whole model's forward on one device: a pipeline stage's or a
+            # TP shard's forward is not (TP shards run narrower, less efficient matmuls)
+            if fwd is None or fwd <= 0 or s.plan.pp > 1 or s.plan.tp > 1:
                 continue
             per_gpu = s.job.global_batch_size / s.plan.dp
-            pts.setdefault(f"{arch.name}|{s.gpu_type}", []).append((per_gpu, fwd * s.plan.tp))
+            pts.setdefault(f"{arch.name}|{s.gpu_type}", []).append((per_gpu, fwd))
         if pts:
             tables = dict(getattr(self, "forward_", {}))
             for key, p in pts.items():
@@ -493,7 +497,7 @@ class MorphlingEstimator(ParamsMixin):
         for x0 in starts:
             x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
             res = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac",
-                                max_nfev=2000)
+                                max_nfev=2000, loss=self.loss, f_scale=0.1)
             if best is None or res.cost < best.cost:
                 best = res
         assert best is not None

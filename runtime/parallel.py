@@ -16,6 +16,7 @@ with TP or ZeRO, TP combined with ZeRO, and offload on CPU.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -51,9 +52,13 @@ class Strategy:
             return contextlib.nullcontext()
         return self.model.no_sync()  # type: ignore[operator]
 
+    fwd_s: float | None = 0.0  # forward seconds since the step began (None: not separable)
+
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool) -> float:
         with self._no_sync(sync):
+            t0 = time.perf_counter()
             loss = loss_fn(self.model(x), y)
+            self.fwd_s = (self.fwd_s or 0.0) + time.perf_counter() - t0
             (loss * scale).backward()
         self.after_backward(sync)
         return float(loss.detach())
@@ -147,7 +152,9 @@ class FsdpStrategy(_ShardedState, Strategy):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool) -> float:
         self.model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+        t0 = time.perf_counter()
         loss = loss_fn(self.model(x), y)
+        self.fwd_s = (self.fwd_s or 0.0) + time.perf_counter() - t0
         (loss * scale).backward()
         return float(loss.detach())
 

@@ -246,6 +246,7 @@ class PipelineStrategy(Strategy):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, scale: float, sync: bool) -> float:
         """Run the schedule over this rank's micro-batch; the loss (last stage only; 0.0
         elsewhere) is the unscaled mean, as ``global_mean`` expects."""
+        self.fwd_s = None  # forward and backward interleave in the schedule: not separable
         self._scale = scale / self.plan.micro_batches
         losses: list[torch.Tensor] = []
         args = (x,) if self.is_first else ()

@@ -23,8 +23,8 @@ execution plan; everything else is derived:
 Stopping: the executor creates ``STOP`` in the job folder (or sends SIGTERM);
 rank 0 reads it at each iteration boundary and all ranks agree by an
 all-reduce, save an atomic checkpoint and exit 0. Rank 0 reports progress in
-``progress.json`` (atomic) and the loss of every iteration in
-``losses.jsonl``.
+``progress.json`` (atomic) and the loss, wall time, forward time (where the
+strategy can separate it) and optimizer time of every iteration in ``losses.jsonl``.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ class Worker:
         self.device = "cuda" if torch.cuda.is_available() and cfg.backend != "gloo" else "cpu"
         self.stop_requested = False
         self.launch_wall = time.time()
+        self.last_opt_s = 0.0
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> int:
@@ -158,8 +159,11 @@ class Worker:
                 first_step_wall = time.time()
             if self.rank == 0:
                 with open(self.dir / LOSSES_FILE, "a") as fh:
+                    # per-step wall time and its optimizer part: what estimators fit on
                     fh.write(json.dumps({"iteration": it, "loss": loss, "world": self.world,
-                                         "plan": self.plan.label()}) + "\n")
+                                         "plan": self.plan.label(), "time_s": times[-1],
+                                         "fwd_s": self.par.fwd_s,
+                                         "opt_s": self.last_opt_s}) + "\n")
             recent = times[-5:]
             self._report("running", it, sum(recent) / len(recent), loss, first_step_wall)
             if cfg.checkpoint_every and it % cfg.checkpoint_every == 0 and it < end:
@@ -174,6 +178,7 @@ class Worker:
     def _step(self, it: int) -> float:
         B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
         dp_rank = self.par.dp_rank
+        self.par.fwd_s = 0.0
         self.opt.zero_grad(set_to_none=True)
         total = 0.0
         for k in range(plan.accumulation):
@@ -182,7 +187,9 @@ class Worker:
             last = k == plan.accumulation - 1
             loss = self.par.forward_backward(x, y, scale=1.0 / plan.accumulation, sync=last)
             total += loss / plan.accumulation
+        o0 = time.perf_counter()
         self.opt.step()
+        self.last_opt_s = time.perf_counter() - o0
         return self.par.global_mean(total)
 
     # -- stop, save, report ---------------------------------------------------

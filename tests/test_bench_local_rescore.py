@@ -6,38 +6,46 @@ from __future__ import annotations
 import math
 
 from apportion.estimation.morphling import Arch, Env, components
-from apportion.experiments.bench.estimate import local_grid, rescore_local
+from apportion.experiments.bench.estimate_local import local_grid, rescore_local
 
 from apportion.models import get_model
-from apportion.plans import ExecutionPlan
 
 TRUE_K = {"k_bwd": 1.6, "k_sync": 1.5, "k_opt": 0.4, "k_opt_off": 2.0, "k_off": 2.0,
           "k_swap": 2.0, "k_const": 0.002}
+
+
+def fwd(n: float) -> float:
+    return 0.0018 * n + 0.001  # forward seconds of n samples in one process
 
 
 def synthetic_result(name: str, bw: float = 1.2) -> dict:
     arch = Arch.from_spec(get_model(name))
     env = Env(bw, bw, bw)
     measured = []
-    for b, world, p, fam in local_grid((16, 32), 2):
-        plan = ExecutionPlan(dp=world, accumulation=int(p.get("accumulation", 1)),
-                             zero_stage=1 if p.get("zero") else 0,
-                             checkpointing=bool(p.get("checkpointing")))
-        fwd = lambda n: 0.0018 * n + 0.001  # noqa: E731 - forward seconds per samples per rank
-        c = components(TRUE_K, arch, b, plan, (world,), 1, env, fwd, 4.0, 4.0)
+    for b, plan, fam in local_grid((16, 32), 2):
+        c = components(TRUE_K, arch, b, plan, (plan.gpus,), 1, env, fwd, 4.0, 4.0)
         measured.append({"family": fam, "plan": plan.as_dict(), "label": plan.label(),
-                         "batch": b, "iter_s": c["T_iter"], "fwd_s": c["T_fwd"],
-                         "bwd_sync_s": c["cc_part"], "opt_s": c["T_oo"]})
-    return {"against": "local", "allreduce_GBps": bw, "models": {name: {"measured": measured}}}
+                         "batch": b, "iter_s": c["T_iter"], "opt_s": c["T_oo"]})
+    profile = [[n, fwd(n)] for n in (1, 2, 4, 8, 16, 32)]
+    return {"against": "local", "allreduce_GBps": bw,
+            "models": {name: {"measured": measured, "forward_profile": profile}}}
+
+
+def test_grid_covers_every_family_at_both_batches() -> None:
+    grid = local_grid((16, 32), 2)
+    fams = {(b, fam) for b, _plan, fam in grid}
+    assert fams == {(b, f) for b in (16, 32) for f in ("DP", "GC", "GA", "ZeRO-DP", "TP", "PP")}
+    assert all(plan.gpus <= 2 for _b, plan, _f in grid)
 
 
 def test_rescore_recovers_a_known_model_on_the_held_out_batch() -> None:
-    out = rescore_local(synthetic_result("gpt-tiny"))
+    res = synthetic_result("gpt-tiny")
+    out = rescore_local(res)
     rows = out["models"]["gpt-tiny"]["rows"]
-    assert len(rows) == 7 and {r["batch"] for r in rows} == {32}  # held out by batch size
-    assert out["overall"]["n"] == 7
-    # the forward curve extrapolates linearly, the true forward is affine: a few per cent
+    n32 = sum(1 for b, _p, _f in local_grid((16, 32), 2) if b == 32)
+    assert len(rows) == n32 and {r["batch"] for r in rows} == {32}  # held out by batch size
+    assert out["overall"]["n"] == n32
     assert out["overall"]["mean_error"] < 0.05 and out["overall"]["max_error"] < 0.1
     assert all(math.isfinite(r["predicted_s"]) for r in rows)
-    zero = [r for r in rows if "zero" in r["plan"]]
-    assert zero and zero[0]["error"] < 0.1
+    assert {r["family"] for r in rows} >= {"TP", "PP", "ZeRO-DP"}
+    assert set(out["estimators"]) == {"morphling (fitted)", "analytic (calibrated)"}
