@@ -18,6 +18,7 @@ Every result has, per model and plan family, ``n``, ``mean_error`` and
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -315,7 +316,43 @@ def bench_crius(root: Path | None = None) -> dict[str, Any]:
     out["models"] = out["cell"]["models"]
     out["overall"] = out["cell"]["overall"]
     out["spearman"] = out["cell"]["overall"]["spearman"]
+    out["crius_own_estimates"] = crius_own_accuracy(root, test_jobs=set(jobs) - train_jobs)
     return out
+
+
+def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[str, Any]:
+    """The reference: Crius's own estimates (``prof_database_est.json``: its profiler run on
+    the real GPUs, best (pp, dp, mp) per configuration) against the same measurements."""
+    est = json.loads((root / "converted" / "prof_database_est.json").read_text())
+    meas = json.loads((root / "converted" / "prof_database.json").read_text())["optimal"]
+    errs: list[float] = []
+    fams: dict[str, list[float]] = {}
+    by_job: dict[str, tuple[list[float], list[float]]] = {}
+    for job, cfgs in est.items():
+        if job not in meas or (test_jobs is not None and job not in test_jobs):
+            continue
+        for cfg, plans in cfgs.items():
+            m = meas[job].get(cfg, -1.0)
+            if not isinstance(plans, list):
+                continue
+            vals = [p[4] for p in plans if isinstance(p, list) and len(p) >= 5 and p[4]
+                    and p[4] > 0 and math.isfinite(p[4])]
+            if m <= 0 or not vals:
+                continue
+            e = rel_err(min(vals), m)
+            errs.append(e)
+            fams.setdefault(job.split("_")[0], []).append(e)
+            a, b = by_job.setdefault(job, ([], []))
+            a.append(min(vals))
+            b.append(m)
+    rhos = [r for r in (spearman(a, b) for a, b in by_job.values() if len(a) >= 3)
+            if not math.isnan(r)]
+    return {"overall": {**summarize(errs), "median_error": statistics.median(errs) if errs
+                        else float("nan"),
+                        "spearman": statistics.fmean(rhos) if rhos else float("nan")},
+            "families": {f: summarize(v) for f, v in fams.items()},
+            "note": "jobs of the test half only where the est file has them; Crius's own "
+                    "estimator needs its profiler on the real GPUs, which apportion lacks here"}
 
 
 def run(against: str, **kw: Any) -> dict[str, Any]:
@@ -348,6 +385,13 @@ def markdown(result: dict[str, Any]) -> str:
                  f"{100 * o['max_error']:.1f}% | |")
     if "spearman" in result:
         lines += ["", f"Mean Spearman rank agreement of cells per job: {result['spearman']:.3f}"]
+    own = result.get("crius_own_estimates")
+    if own:
+        o = own["overall"]
+        lines += ["", f"Reference, Crius's own profiler-based estimates on the same test jobs: "
+                  f"n={o['n']}, mean {100 * o['mean_error']:.1f}%, median "
+                  f"{100 * o['median_error']:.1f}%, max {100 * o['max_error']:.1f}%, "
+                  f"Spearman {o['spearman']:.3f}"]
     for est_name, v in result.get("estimators", {}).items():
         lines.append(f"\n{est_name}: n={v['n']}, mean {100 * v['mean_error']:.1f}%, "
                      f"max {100 * v['max_error']:.1f}%")
