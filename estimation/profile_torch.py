@@ -1,7 +1,8 @@
 """torch profiler: per-layer forward/backward time and peak memory of a catalog model.
 
-The model is built as a real torch module (:mod:`apportion.estimation.torch_models`)
-and run on this machine's device (CPU here; the same code on CUDA). A stage
+The model is built as the real torch module the runtime worker trains
+(:mod:`apportion.estimation.torch_models`), viewed as the catalog's layers, and
+run on this machine's device (CPU here; the same code on CUDA). A stage
 of ``n`` devices is profiled as one device's share:
 
 * DP-only: the full layers on ``batch / n`` samples;
@@ -62,7 +63,7 @@ def profile_layers(model_name: str, batch: int, mode: str = "dp", devices: int =
                    ) -> list[LayerProfile]:
     """Per-layer profiles of one device's share of a ``devices``-wide DP or TP stage."""
     import torch
-    from apportion.estimation.torch_models import build
+    from apportion.estimation.torch_models import build_net, example_input, layered
 
     if mode not in ("dp", "tp"):
         raise ValueError("mode must be 'dp' or 'tp'")
@@ -78,16 +79,16 @@ def profile_layers(model_name: str, batch: int, mode: str = "dp", devices: int =
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(model_name, tp=tp).to(device)
-    x = model.example_input(per_dev).to(device)
+    parts = layered(build_net(model_name, tp=tp).to(device))
+    x = example_input(model_name, per_dev).to(device)
     inputs = []
     with torch.no_grad():
         h = x
-        for layer in model.layers:
+        for _name, layer in parts:
             inputs.append(h)
             h = layer(h)
     out: list[LayerProfile] = []
-    for name, layer, inp in zip(model.names, model.layers, inputs):
+    for (name, layer), inp in zip(parts, inputs):
         params = sum(p.numel() for p in layer.parameters())
         fwd_t, bwd_t, peaks = [], [], []
         for it in range(repeats + 1):
@@ -173,11 +174,11 @@ def profile_report(model: str, backend: str = "torch", batch: int = 8, devices: 
     out: dict[str, Any] = {"model": spec.name, "backend": backend, "batch": batch,
                            "devices": devices}
     if backend == "torch":
-        from apportion.estimation.torch_models import CONFIGS
+        from apportion.estimation.torch_models import TRAINABLE
 
-        if spec.name not in CONFIGS:
+        if spec.name not in TRAINABLE:
             raise InputError("MODEL", "model", f"no torch module for {spec.name}; "
-                             f"torch profiles: {', '.join(CONFIGS)}")
+                             f"torch profiles: {', '.join(TRAINABLE)}")
         cache = DiskCache(cache_dir) if cache_dir else DiskCache()
         for mode in ("dp", "tp"):
             out[mode] = [asdict(p) for p in profile_layers(spec.name, batch, mode, devices,

@@ -20,7 +20,7 @@ def test_disk_cache_round_trip(tmp_path):
 def test_torch_profile_dp_and_tp_shards(tmp_path):
     pytest.importorskip("torch")
     from apportion.estimation.profile_torch import TorchStageProfiler, profile_layers
-    from apportion.estimation.torch_models import build
+    from apportion.estimation.torch_models import build_net, layered
 
     spec = get_model("gpt-tiny")
     cache = DiskCache(tmp_path)
@@ -31,7 +31,10 @@ def test_torch_profile_dp_and_tp_shards(tmp_path):
     # a TP-4 shard of a block holds a quarter of the block's matrices
     blk = spec.layers.index("block0")
     assert tp[blk].params < dp[blk].params / 2
-    assert dp[blk].params == sum(p.numel() for p in build("gpt-tiny").layers[blk].parameters())
+    assert dp[blk].params == sum(p.numel() for p in layered(build_net("gpt-tiny"))[blk][1]
+                                 .parameters())
+    # the profiled layers are the catalog's (the tied output embedding is counted in embed)
+    assert [p.params for p in dp][:-1] == [int(spec.layer(n)["params"]) for n in spec.layers][:-1]
     # cached: the same key returns the same figures
     assert profile_layers("gpt-tiny", 4, "dp", 1, repeats=1, cache=cache) == dp
     sp = TorchStageProfiler(repeats=1, cache=cache).profile(spec, (0, 3), "cpu", 1, "dp", 4, 1)

@@ -8,6 +8,7 @@ thread each, whose float reductions may differ in the last bits, so rtol 1e-5.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -80,6 +81,9 @@ def test_double_buffering_prefetches_and_changes_nothing() -> None:
     bit-for-bit those of the single-buffer run, under LRTF and under a fixed order."""
     a, ref_a = _job("a", 1, OptimSpec("adam", 1e-2), 30_000)
     b, _ = _job("b", 2, OptimSpec("sgd", 0.1, momentum=0.9), 25_000, epochs=1)
+    # uniform unit runtimes: LRTF's order (and so how often a device runs the same job's next
+    # unit, the only case a prefetch serves) must not hang on pilot timings of a loaded machine
+    a, b = dataclasses.replace(a, unit_runtimes=None), dataclasses.replace(b, unit_runtimes=None)
     plain = SpillTrainer([a, b], workers=0, devices=["cpu", "cpu"]).train()
     buffered = SpillTrainer([a, b], workers=0, devices=["cpu", "cpu"], double_buffer=True)
     rep = buffered.train()

@@ -243,7 +243,7 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
     import torch
     from apportion.estimation.collectives import measure
     from apportion.estimation.profile_torch import profile_layers
-    from apportion.estimation.torch_models import CONFIGS
+    from apportion.estimation.torch_models import shape_of
 
     t0 = time.perf_counter()
     cores = os.cpu_count() or 1
@@ -280,7 +280,7 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
         errs += [r["error"] for r in out["models"][name]["rows"]]
         # profiling cost of one cell (Crius figure 12b): DP-only and TP-only stage profiles
         p0 = time.perf_counter()
-        width = min(4, CONFIGS[name].heads)  # a TP degree must divide the heads
+        width = min(4, shape_of(get_model(name)).heads)  # a TP degree must divide the heads
         profile_layers(name, min(batches), "dp", width, repeats=3)
         profile_layers(name, min(batches), "tp", width, repeats=3)
         cost[name] = {"profile_s_per_cell": time.perf_counter() - p0, "cell_width": width,
