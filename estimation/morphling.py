@@ -314,8 +314,7 @@ class MorphlingEstimator(ParamsMixin):
                  refit_threshold: float = 0.1, cache_dir: str | None = None,
                  efficiency: float = 0.45, prior_weight: float = 0.02,
                  grad_bytes: float = 2.0, act_bytes: float = 2.0, max_micro_batches: int = 64,
-                 fit_env: bool = True, offload_form: str = "auto", loss: str = "linear"
-                 ) -> None:
+                 fit_env: bool = True, offload_form: str = "auto") -> None:
         if offload_form not in ("auto", "overlap", "additive"):
             raise ValueError(f"offload_form must be auto, overlap or additive, not {offload_form!r}")
         self.env = env
@@ -329,7 +328,6 @@ class MorphlingEstimator(ParamsMixin):
         self.max_micro_batches = max_micro_batches
         self.fit_env = fit_env
         self.offload_form = offload_form
-        self.loss = loss  # scipy least_squares loss: "linear" (plain RMSLE) or a robust one
 
 
     # -- helpers ---------------------------------------------------------------------
@@ -497,7 +495,7 @@ class MorphlingEstimator(ParamsMixin):
         for x0 in starts:
             x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
             res = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac",
-                                max_nfev=2000, loss=self.loss, f_scale=0.1)
+                                max_nfev=2000)
             if best is None or res.cost < best.cost:
                 best = res
         assert best is not None

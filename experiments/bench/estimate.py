@@ -366,23 +366,29 @@ def run(against: str, **kw: Any) -> dict[str, Any]:
     raise ValueError(f"unknown benchmark {against!r}; choose morphling, crius or local")
 
 
-def markdown(result: dict[str, Any]) -> str:
-    """A markdown table of a result (per model and family, then overall)."""
-    lines = [f"# Estimator accuracy against {result['against']}", "",
-             "| model | plan family | n | mean error | max error | paper mean / max |",
+def _family_table(models: dict[str, Any], overall: dict[str, Any],
+                  paper: dict[str, Any]) -> list[str]:
+    """Rows per model and plan family, then the overall row (markdown)."""
+    lines = ["| model | plan family | n | mean error | max error | paper mean / max |",
              "|---|---|---:|---:|---:|---|"]
-    paper = result.get("paper_table2", {})
-    for model, fams in result.get("models", {}).items():
+    for model, fams in models.items():
         for fam, v in fams.items():
             if not isinstance(v, dict) or "mean_error" not in v:
                 continue
             ref = paper.get(model, {}).get(fam)
             lines.append(f"| {model} | {fam} | {v['n']} | {100 * v['mean_error']:.1f}% | "
                          f"{100 * v['max_error']:.1f}% | "
-                         f"{'%.2f%% / %.2f%%' % ref if ref else ''} |")
-    o = result["overall"]
-    lines.append(f"| **overall** | | {o['n']} | {100 * o['mean_error']:.1f}% | "
-                 f"{100 * o['max_error']:.1f}% | |")
+                         f"{'%.2f%% / %.2f%%' % tuple(ref) if ref else ''} |")
+    lines.append(f"| **overall** | | {overall['n']} | {100 * overall['mean_error']:.1f}% | "
+                 f"{100 * overall['max_error']:.1f}% | |")
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """A markdown table of a result (per model and family, then overall)."""
+    paper = result.get("paper_table2", {})
+    lines = [f"# Estimator accuracy against {result['against']}", ""]
+    lines += _family_table(result.get("models", {}), result["overall"], paper)
     if "spearman" in result:
         lines += ["", f"Mean Spearman rank agreement of cells per job: {result['spearman']:.3f}"]
     own = result.get("crius_own_estimates")
@@ -399,20 +405,8 @@ def markdown(result: dict[str, Any]) -> str:
         sec = result.get(section)
         if not sec:
             continue
-        lines += ["", f"## Protocol `{section}`", "", sec.get("note", ""), "",
-                  "| model | plan family | n | mean error | max error | paper mean / max |",
-                  "|---|---|---:|---:|---:|---|"]
-        for model, fams in sec["models"].items():
-            for fam, v in fams.items():
-                if not isinstance(v, dict) or "mean_error" not in v:
-                    continue
-                ref = paper.get(model, {}).get(fam)
-                lines.append(f"| {model} | {fam} | {v['n']} | {100 * v['mean_error']:.1f}% | "
-                             f"{100 * v['max_error']:.1f}% | "
-                             f"{'%.2f%% / %.2f%%' % ref if ref else ''} |")
-        o = sec["overall"]
-        lines.append(f"| **overall** | | {o['n']} | {100 * o['mean_error']:.1f}% | "
-                     f"{100 * o['max_error']:.1f}% | |")
+        lines += ["", f"## Protocol `{section}`", "", sec.get("note", ""), ""]
+        lines += _family_table(sec["models"], sec["overall"], paper)
     for label, by in (("all rows, profile-only fit", result.get("by_placement")),
                       ("covering fit", (result.get("covering") or {}).get("by_placement"))):
         if by:

@@ -10,9 +10,8 @@ optimizer part).
 
 Morphling's model takes the forward pass from a profiler (its ``T_fwd``): the
 worker's own forward time of the fitting configurations (DP-family ones: a
-pipeline stage's or a TP shard's forward is not the model's), over a
-single-process forward profile of the same module as the fallback. Its k-parameters are fitted on the smallest global batch's
-configurations (every plan family and worker count) and it predicts every
+pipeline stage's or a TP shard's forward is not the model's). Its k-parameters
+are fitted on the smallest global batch's configurations (every plan family and worker count) and it predicts every
 configuration of the larger batches: held out by batch size. The spine's
 analytic estimator is scored on the same split, its one efficiency calibrated
 on the fit set.
@@ -36,7 +35,6 @@ from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.morphling import Arch, Env, MorphlingEstimator, MorphlingSample
-from apportion.estimation.tables import Curve
 from apportion.experiments.bench.estimate import _score_morphling as score_morphling
 from apportion.experiments.bench.estimate import rel_err, summarize
 
@@ -52,7 +50,7 @@ LOCAL_PLANS: list[tuple[dict[str, Any], str, int]] = [
     ({"zero_stage": 2}, "ZeRO-DP", 2), ({"tp": 2}, "TP", 2),
     ({"pp": 2, "micro_batches": 2}, "PP", 2),
 ]
-STAND_IN = "cpu"  # the device name the samples carry (Morphling keys its forward profile by it)
+STAND_IN = "cpu"  # the device name the samples carry (Morphling keys its forward curve by it)
 
 
 def local_grid(batches: tuple[int, ...], max_world: int
@@ -76,35 +74,6 @@ def local_grid(batches: tuple[int, ...], max_world: int
                     continue
                 out.append((b, plan, fam))
     return out
-
-
-def forward_profile(model: str, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-                    repeats: int = 7) -> list[tuple[float, float]]:
-    """``(samples, seconds)``: the runtime module's training-mode forward pass (loss
-    included) in this process on one thread; fastest of ``repeats`` after a warm-up."""
-    import torch
-    from apportion.runtime.torch_nets import batch, build_net, loss_fn
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = build_net(model)
-        points = []
-        for n in sizes:
-            x, y = batch(model, 0, 0, n)
-            best = float("inf")
-            for r in range(repeats + 1):
-                t0 = time.perf_counter()
-                loss = loss_fn(net(x), y)
-                dt = time.perf_counter() - t0
-                loss.backward()  # frees the graph; not timed
-                net.zero_grad(set_to_none=True)
-                if r:
-                    best = min(best, dt)
-            points.append((float(n), best))
-        return points
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_runtime(model: str, batch: int, plan: ExecutionPlan, iters: int,
@@ -150,8 +119,7 @@ def _samples_from(name: str, measured: list[dict[str, Any]]
     return samples, fams
 
 
-def fit_and_score_local(name: str, measured: list[dict[str, Any]],
-                        forward: list[tuple[float, float]], env: Env) -> dict[str, Any]:
+def fit_and_score_local(name: str, measured: list[dict[str, Any]], env: Env) -> dict[str, Any]:
     """Fit Morphling's model on the smallest batch's configurations, score the others; the
     analytic estimator on the same split."""
     samples, families = _samples_from(name, measured)
@@ -159,7 +127,6 @@ def fit_and_score_local(name: str, measured: list[dict[str, Any]],
     fit_idx = [i for i, s in enumerate(samples) if s.job.global_batch_size == smallest]
     est = MorphlingEstimator(env=env, min_samples=min(7, len(fit_idx)), act_bytes=4.0,
                              grad_bytes=4.0)
-    est.set_forward_profile(name, STAND_IN, Curve.from_points(forward))
     est.fit([samples[i] for i in fit_idx])
     held = [(families[i], s) for i, s in enumerate(samples) if i not in fit_idx]
     fams, detail = score_morphling(est, held)
@@ -173,7 +140,6 @@ def fit_and_score_local(name: str, measured: list[dict[str, Any]],
     out["k"] = est.k_[name]
     out["analytic"] = _score_analytic(samples, fit_idx, families, env)
     out["measured"] = measured
-    out["forward_profile"] = [list(p) for p in forward]
     return out
 
 
@@ -220,7 +186,7 @@ def per_estimator(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def rescore_local(result: dict[str, Any]) -> dict[str, Any]:
-    """Refit and rescore a saved result from its measurements and forward profiles (no new
+    """Refit and rescore a saved result from its measurements (no new
     runs): model changes are judged on measurements taken once on a quiet machine."""
     bw = float(result["allreduce_GBps"])
     env = Env(intra_GBps=bw, inter_GBps=bw, pcie_GBps=bw)
@@ -228,8 +194,7 @@ def rescore_local(result: dict[str, Any]) -> dict[str, Any]:
     out["models"] = {}
     errs: list[float] = []
     for name, m in result["models"].items():
-        fwd = [(float(x), float(y)) for x, y in m["forward_profile"]]
-        out["models"][name] = fit_and_score_local(name, m["measured"], fwd, env)
+        out["models"][name] = fit_and_score_local(name, m["measured"], env)
         errs += [r["error"] for r in out["models"][name]["rows"]]
     out["overall"] = summarize(errs)
     out["estimators"] = per_estimator(out)
@@ -263,7 +228,6 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
     errs: list[float] = []
     cost: dict[str, Any] = {}
     for name in models:
-        forward = forward_profile(name)
         best: dict[int, tuple[float, float, float | None]] = {}
         measure_s = 0.0
         for _ in range(max(1, launches)):
@@ -276,7 +240,7 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
         measured = [{"family": fam, "plan": plan.as_dict(), "label": plan.label(), "batch": b,
                      "iter_s": best[i][0], "opt_s": best[i][1], "fwd_s": best[i][2]}
                     for i, (b, plan, fam) in enumerate(grid)]
-        out["models"][name] = fit_and_score_local(name, measured, forward, env)
+        out["models"][name] = fit_and_score_local(name, measured, env)
         errs += [r["error"] for r in out["models"][name]["rows"]]
         # profiling cost of one cell (Crius figure 12b): DP-only and TP-only stage profiles
         p0 = time.perf_counter()
