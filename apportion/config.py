@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
-from apportion.jobs import JobSpec, RunningState
+from apportion.jobs import JobSpec, RunningState, control_characters
 from apportion.models import get_model
 
 MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per MB
@@ -101,6 +101,15 @@ class JobEntry(_Strict):
     iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
     admitted: bool = False
+
+    @field_validator("id", "tenant")
+    @classmethod
+    def _no_control_characters(cls, v: str) -> str:
+        bad = control_characters(v)
+        if bad:
+            raise ValueError(f"contains control characters ({', '.join(bad)}); ids are printed "
+                             "and logged, so only printable text is accepted")
+        return v
 
     @field_validator("model")
     @classmethod
@@ -226,7 +235,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def parse_yaml_text(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except RecursionError:
         raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
     except yaml.YAMLError as exc:
@@ -245,8 +254,7 @@ def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
         err = exc.errors()[0]
         loc = field_path(tuple(err["loc"]))
         msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+        msg = msg.removeprefix("Value error, ")
         if msg.startswith(loc + ": "):
             msg = msg[len(loc) + 2:]
         if err["type"] == "extra_forbidden":

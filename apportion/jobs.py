@@ -2,9 +2,46 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+import unicodedata
 from dataclasses import dataclass, field
 
 from apportion.plans import Cell
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def job_dirname(job_id: str) -> str:
+    """The one folder name a job's files live under: never a path, never shared.
+
+    A job id is a name chosen by whoever submits the job, so it must never be
+    joined to a path as it is (``../../x``, ``/abs``, ``./x`` and ``x`` would
+    escape the work folder or share one). The folder name is a readable slug
+    of the id (letters, digits, ``_ . -``; at most 48 characters, no leading
+    dot) followed by 16 hex digits of the id's SHA-256, so it is always one
+    path component inside the work folder and distinct ids get distinct
+    folders (up to a 64-bit hash collision).
+    """
+    slug = _UNSAFE.sub("_", job_id)[:48].lstrip(".") or "job"
+    digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{slug}-{digest}"
+
+
+def control_characters(text: str) -> list[str]:
+    """The control and format characters in ``text`` (as ``U+XXXX``), for input checks.
+
+    Ids are printed on terminals and written into logs; an escape sequence or a
+    bidirectional override in one would rewrite what an operator sees.
+    """
+    return sorted({f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in ("Cc", "Cf")})
+
+
+def printable_id(job_id: str) -> str:
+    """``job_id`` as text safe to print: non-printable characters as escapes."""
+    if job_id.isprintable():
+        return job_id
+    return job_id.encode("unicode_escape").decode("ascii")
 
 
 @dataclass(frozen=True)

@@ -76,14 +76,39 @@ def save(path: str | Path, state: TrainState) -> None:
     log.info("checkpoint at iteration %d written to %s", state.iteration, path)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint file exists but cannot be trusted: it is reported, never used."""
+
+
 def load(path: str | Path) -> TrainState | None:
-    """The checkpoint at ``path``, or ``None`` when there is none yet."""
+    """The checkpoint at ``path``, or ``None`` when there is none yet.
+
+    Loaded with ``weights_only=True``: torch's restricted unpickler accepts
+    tensors and plain containers only, so a planted or damaged file cannot run
+    code. A file that does not load, or does not hold a checkpoint's fields,
+    raises :class:`CheckpointError` naming the file; the worker then fails with
+    that reason instead of training from a state it cannot trust.
+    """
     p = Path(path)
     if not p.exists():
         return None
-    raw = torch.load(p, map_location="cpu", weights_only=False)
-    return TrainState(int(raw["iteration"]), int(raw["samples_seen"]), raw["model"],
-                      raw["optimizer"], raw.get("rng", {}), raw.get("meta", {}))
+    try:
+        raw = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError, ...
+        raise CheckpointError(f"{p}: not a loadable checkpoint (refused by the weights-only "
+                              f"loader): {type(exc).__name__}: {str(exc)[:300]}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or not isinstance(
+            raw.get("optimizer"), dict):
+        raise CheckpointError(f"{p}: not an apportion checkpoint (expected a dict with model "
+                              "and optimizer state)")
+    try:
+        iteration, samples = int(raw["iteration"]), int(raw["samples_seen"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{p}: bad iteration or samples_seen field: {exc}") from None
+    if iteration < 0 or samples < 0:
+        raise CheckpointError(f"{p}: negative iteration or samples_seen")
+    return TrainState(iteration, samples, raw["model"], raw["optimizer"],
+                      raw.get("rng", {}) or {}, raw.get("meta", {}) or {})
 
 
 def write_json(path: str | Path, obj: Any) -> None:

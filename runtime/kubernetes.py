@@ -31,7 +31,7 @@ from apportion.runtime.executor import Event, Health, Progress, actions_for
 from apportion.runtime.launch import TRAINER_MODULE, train_config
 
 from apportion.decision import Allocation, Decision
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def manifests(job: JobSpec, alloc: Allocation, image: str, namespace: str = "def
         raise ValueError(f"job {job.id}: placement {alloc.placement} puts different GPU counts on "
                          "its nodes; a PyTorchJob runs the same nproc_per_node in every pod")
     per_pod = pods[0]
-    cfg = train_config(job, alloc, f"{CHECKPOINT_DIR}/{job.id}", seed)
+    cfg = train_config(job, alloc, f"{CHECKPOINT_DIR}/{job_dirname(job.id)}", seed)
     config_map = {"apiVersion": "v1", "kind": "ConfigMap",
                   "metadata": {"name": f"{name}-config", "namespace": namespace},
                   "data": {"config.json": json.dumps(asdict(cfg), sort_keys=True)}}

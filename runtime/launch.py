@@ -28,7 +28,7 @@ from typing import IO, Any
 from apportion.runtime.executor import Event, Health, Progress, actions_for
 
 from apportion.decision import Allocation, Decision
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
                 python: str = sys.executable, seed: int = 0, threads: int = 1,
                 **extra: Any) -> LaunchSpec:
     """The spec for one worker group; ``per_worker_env`` holds each rank's torchrun variables."""
-    jobdir = Path(workdir) / job.id
+    jobdir = Path(workdir) / job_dirname(job.id)  # a name, never a path: see job_dirname
     cfg = train_config(job, alloc, jobdir, seed, **extra)
     world = alloc.plan.gpus
     env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),

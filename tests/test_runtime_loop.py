@@ -13,16 +13,16 @@ import pytest
 
 pytest.importorskip("torch")
 
+from apportion.estimation.analytic import AnalyticEstimator
 from apportion.runtime import checkpoint as ckpt
 from apportion.runtime.launch import TrainConfig
 from apportion.runtime.local import LocalExecutor, local_cluster, local_round_config
 from apportion.runtime.loop import MemoryStore, run_loop
 from apportion.runtime.refit import OnlineRefit
-from apportion.estimation.analytic import AnalyticEstimator
 from apportion.runtime.trainer import LOSSES_FILE, Worker
 from apportion.solvers.validator import validate
 
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
 
 LOSS_TOL = 1e-4  # see test_runtime_trainer: only summation order differs
@@ -73,7 +73,7 @@ def test_three_jobs_scheduled_resized_and_finished(tmp_path: Path) -> None:
     assert measured and all(m > 0 for _, _, m in measured)
 
     # "a" changed worker count and still followed the untouched run's losses
-    got, worlds = losses(tmp_path / "runs" / "a")
+    got, worlds = losses(tmp_path / "runs" / job_dirname("a"))
     assert len(set(worlds)) >= 2, worlds
     cfg = TrainConfig("a", "bert-tiny", 4, 40, ExecutionPlan().as_dict(), str(tmp_path / "base"))
     assert Worker(cfg, 0, 1).run() == 0
@@ -110,7 +110,7 @@ def test_sigterm_checkpoints_every_job(tmp_path: Path) -> None:
     assert res.reason == "signal"
     (p,) = res.progress
     assert p.health.value == "checkpointed" and p.iterations_done >= 2
-    state = ckpt.load(tmp_path / "a" / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(tmp_path / job_dirname("a") / ckpt.CHECKPOINT_NAME)
     assert state is not None and state.iteration == p.iterations_done
     assert store.states["a"] == "checkpointed" and store.jobs["a"].running is None
     assert store.jobs["a"].iterations_done == p.iterations_done

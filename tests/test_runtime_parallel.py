@@ -15,7 +15,7 @@ from apportion.runtime.local import free_port, spawn, wait
 from apportion.runtime.trainer import LOSSES_FILE, Worker
 
 from apportion.decision import Allocation
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
 
 LOSS_TOL = 1e-4
@@ -37,7 +37,7 @@ def test_dp_fsdp_tp_share_one_trajectory(tmp_path: Path) -> None:
         return [json.loads(x) for x in (d / LOSSES_FILE).read_text().splitlines()]
 
     want = {r["iteration"]: r["loss"] for r in read(tmp_path / "base")}
-    got = read(tmp_path / "moved" / "j")
+    got = read(tmp_path / "moved" / job_dirname("j"))
     assert [r["plan"] for r in got] == ["dp2-tp1-pp1", "dp2-tp1-pp1-zero3", "dp1-tp2-pp1",
                                         "dp2-tp1-pp1-zero2"]
     for r in got:

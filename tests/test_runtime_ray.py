@@ -23,7 +23,7 @@ from apportion.runtime.ray_executor import (
 from apportion.solvers.validator import validate
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
 from apportion.round import run_round
 
@@ -61,7 +61,7 @@ def test_round_decision_runs_as_actors(executor: RayExecutor) -> None:
         time.sleep(0.5)
     assert p.health == Health.FINISHED, p
     assert p.iterations_done == 3 and p.workers == a.gpus
-    state = ckpt.load(Path(executor.workdir) / "r" / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(Path(executor.workdir) / job_dirname("r") / ckpt.CHECKPOINT_NAME)
     assert state is not None and state.iteration == 3
 
 

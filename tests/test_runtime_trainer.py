@@ -19,7 +19,7 @@ from apportion.runtime.torch_nets import TRAINABLE, batch, build_net, param_coun
 from apportion.runtime.trainer import LOSSES_FILE, PlanError, Worker, check_plan, micro_batch
 
 from apportion.decision import Allocation
-from apportion.jobs import JobSpec
+from apportion.jobs import JobSpec, job_dirname
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 
@@ -127,15 +127,15 @@ def test_loss_continuity_across_2_1_2_workers(tmp_path: Path) -> None:
 
     launch(2, 2)
     cfg1 = TrainConfig("j", "gpt-tiny", 4, 6, ExecutionPlan().as_dict(),
-                       str(tmp_path / "moved" / "j"), seed=0, stop_at=4)
+                       str(tmp_path / "moved" / job_dirname("j")), seed=0, stop_at=4)
     assert Worker(cfg1, 0, 1).run() == 0  # the one-worker phase, in this process
     launch(2, None)
-    a, b = losses(base / "j"), losses(tmp_path / "moved" / "j")
+    a, b = losses(base / "j"), losses(tmp_path / "moved" / job_dirname("j"))
     assert sorted(b) == list(range(1, 7))
     worlds = [json.loads(x)["world"] for x in
-              (tmp_path / "moved" / "j" / LOSSES_FILE).read_text().splitlines()]
+              (tmp_path / "moved" / job_dirname("j") / LOSSES_FILE).read_text().splitlines()]
     assert worlds == [2, 2, 1, 1, 2, 2]
     for it in a:
         assert b[it] == pytest.approx(a[it], abs=LOSS_TOL), (it, a, b)
-    state = ckpt.load(tmp_path / "moved" / "j" / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(tmp_path / "moved" / job_dirname("j") / ckpt.CHECKPOINT_NAME)
     assert state is not None and state.iteration == 6 and state.samples_seen == 6 * 4
