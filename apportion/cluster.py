@@ -24,7 +24,11 @@ FABRIC = "fabric"
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """``count`` identical nodes named ``prefix-0`` .. ``prefix-(count-1)``."""
+    """``count`` identical nodes named ``prefix-0`` .. ``prefix-(count-1)``, or ``names``.
+
+    ``names`` keeps the real host names of a cluster imported from Slurm, Ray or
+    Kubernetes, so decisions name nodes the engine knows.
+    """
 
     prefix: str
     count: int
@@ -35,6 +39,10 @@ class NodeGroup:
     intra_node_link: str = "nvlink"
     intra_node_bandwidth_GBps: float = 300.0
     inter_node_bandwidth_GBps: float = 25.0
+    names: tuple[str, ...] = ()
+
+    def node_names(self) -> list[str]:
+        return list(self.names) if self.names else [f"{self.prefix}-{i}" for i in range(self.count)]
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,8 @@ class Cluster:
     def __post_init__(self) -> None:
         if not self.nodes:
             for grp in self.groups:
-                for i in range(grp.count):
-                    n = Node(f"{grp.prefix}-{i}", grp.prefix, grp.gpu_type, grp.gpus_per_node,
+                for name in grp.node_names():
+                    n = Node(name, grp.prefix, grp.gpu_type, grp.gpus_per_node,
                              grp.cpus_per_node, grp.host_memory_gib, grp.intra_node_link,
                              grp.intra_node_bandwidth_GBps, grp.inter_node_bandwidth_GBps)
                     self.nodes[n.name] = n

@@ -41,9 +41,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
 
+NODE_NAME = r"^[A-Za-z0-9_.\-]+$"
+
+
 class NodeGroupSpec(_Strict):
-    prefix: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    count: int = Field(gt=0, le=100_000)
+    prefix: str = Field(min_length=1, max_length=128, pattern=NODE_NAME)
+    count: int | None = Field(default=None, gt=0, le=100_000)
+    # real host names (an imported cluster); count may then be left out
+    nodes: list[Annotated[str, Field(min_length=1, max_length=253, pattern=NODE_NAME)]] | None = \
+        Field(default=None, min_length=1, max_length=100_000)
     gpu_type: GpuName
     gpus_per_node: int = Field(gt=0, le=64)
     cpus_per_node: int = Field(default=32, gt=0, le=100_000)
@@ -61,10 +67,20 @@ class ClusterSpec(_Strict):
     @classmethod
     def _unique_prefixes(cls, groups: list[NodeGroupSpec]) -> list[NodeGroupSpec]:
         seen: set[str] = set()
-        for g in groups:
+        names: set[str] = set()
+        for i, g in enumerate(groups):
             if g.prefix in seen:
                 raise ValueError(f"duplicate node group prefix {g.prefix!r}")
             seen.add(g.prefix)
+            if g.nodes is None and g.count is None:
+                raise ValueError(f"node_groups[{i}].count: required (or list the group's nodes)")
+            if g.nodes is not None and g.count is not None and g.count != len(g.nodes):
+                raise ValueError(f"node_groups[{i}].count: {g.count} but {len(g.nodes)} nodes "
+                                 "are listed")
+            for name in g.nodes or [f"{g.prefix}-{k}" for k in range(g.count or 0)]:
+                if name in names:
+                    raise ValueError(f"node_groups[{i}].nodes: node name {name!r} is used twice")
+                names.add(name)
         return groups
 
 
@@ -275,12 +291,14 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
     spec: ClusterSpec = _validate(ClusterSpec, data, source)
     groups = [
         NodeGroup(
-            prefix=g.prefix, count=g.count, gpu_type=g.gpu_type, gpus_per_node=g.gpus_per_node,
+            prefix=g.prefix, count=len(g.nodes) if g.nodes else int(g.count or 0),
+            gpu_type=g.gpu_type, gpus_per_node=g.gpus_per_node,
             cpus_per_node=g.cpus_per_node, host_memory_gib=g.host_memory_gib,
             intra_node_link=g.intra_node_link,
             intra_node_bandwidth_GBps=g.intra_node_bandwidth_GBps
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
+            names=tuple(g.nodes or ()),
         )
         for g in spec.node_groups
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from apportion.cluster import Cluster, NodeGroup, gpu_id
 from apportion.config import default_cluster
 
@@ -29,3 +31,35 @@ def test_default_cluster_is_crius_testbed() -> None:
     assert c.capacity_by_type() == {"A40": 32, "A10": 32}
     assert len(c.nodes) == 32
     assert c.max_gpus_per_node("A40") == 2
+
+
+def test_node_groups_with_real_host_names() -> None:
+    """An imported cluster keeps its host names, so decisions name nodes the engine knows."""
+    from apportion.config import cluster_from_data
+
+    cl = cluster_from_data({"node_groups": [
+        {"prefix": "a40", "gpu_type": "A40", "gpus_per_node": 2, "nodes": ["gpu17", "gpu18"]},
+        {"prefix": "a10", "count": 1, "gpu_type": "A10", "gpus_per_node": 2}]}, "c.yaml")
+    assert sorted(cl.nodes) == ["a10-0", "gpu17", "gpu18"]
+    assert cl.nodes["gpu17"].gpu_type == "A40" and cl.capacity_by_type() == {"A40": 4, "A10": 2}
+
+
+@pytest.mark.parametrize("groups, field, message", [
+    ([{"prefix": "a", "gpu_type": "A40", "gpus_per_node": 2}], "node_groups[0].count", "required"),
+    ([{"prefix": "a", "gpu_type": "A40", "gpus_per_node": 2, "count": 3, "nodes": ["x", "y"]}],
+     "node_groups[0].count", "2 nodes are listed"),
+    ([{"prefix": "a", "gpu_type": "A40", "gpus_per_node": 2, "nodes": ["x", "x"]}],
+     "node_groups[0].nodes", "used twice"),
+    ([{"prefix": "a", "gpu_type": "A40", "gpus_per_node": 2, "count": 1},
+      {"prefix": "b", "gpu_type": "A10", "gpus_per_node": 2, "nodes": ["a-0"]}],
+     "node_groups[1].nodes", "used twice"),
+    ([{"prefix": "a", "gpu_type": "A40", "gpus_per_node": 2, "nodes": ["../x"]}],
+     "node_groups[0].nodes[0]", "pattern"),
+])
+def test_bad_node_lists_name_the_field(groups: list, field: str, message: str) -> None:
+    from apportion.config import cluster_from_data
+    from apportion.errors import InputError
+
+    with pytest.raises(InputError) as exc:
+        cluster_from_data({"node_groups": groups}, "c.yaml")
+    assert exc.value.field == field and message in exc.value.message, str(exc.value)
