@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
-from apportion.jobs import JobSpec, RunningState, control_characters
+from apportion.jobs import JobSpec, RunningState, Workload, control_characters
 from apportion.models import get_model
 
 MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per MB
@@ -100,6 +100,48 @@ class RunningSpec(_Strict):
         return v
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class WorkloadSpec(_Strict):
+    kind: Literal["builtin", "torchrun", "deepspeed", "jax"] = "builtin"  # = WORKLOAD_KINDS
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None, min_length=1, max_length=1024)
+    workdir: str | None = Field(default=None, min_length=1, max_length=4096)
+    env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)],
+              Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
+    image: str | None = Field(default=None, min_length=1, max_length=1024)
+
+    @field_validator("command", "workdir", "env", "image")
+    @classmethod
+    def _printable(cls, v: Any) -> Any:
+        texts = (v if isinstance(v, list) else [v] if isinstance(v, str)
+                 else list(v) + list(v.values()) if isinstance(v, dict) else [])
+        for t in texts:
+            bad = [c for c in control_characters(t) if c not in ("U+0009", "U+000A")]
+            if bad or "\0" in t:
+                raise ValueError(f"contains control characters ({', '.join(bad) or 'U+0000'})")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _not_reserved(cls, v: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in v if k in RESERVED_ENV or k.startswith("APPORTION_"))
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: set by apportion for every rank; a "
+                             "workload cannot override it")
+        return v
+
+    def to_workload(self) -> Workload:
+        return Workload(self.kind, tuple(self.command or ()), self.workdir, dict(self.env),
+                        self.image)
+
+
+# torchrun's variables and apportion's, given to every rank (issue contract)
+RESERVED_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT"})
+
+
 class JobEntry(_Strict):
     id: str = Field(min_length=1, max_length=256)
     model: str
@@ -117,6 +159,14 @@ class JobEntry(_Strict):
     iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
     admitted: bool = False
+    workload: WorkloadSpec | None = None
+
+    @field_validator("workload")
+    @classmethod
+    def _complete_workload(cls, v: WorkloadSpec | None) -> WorkloadSpec | None:
+        if v is not None and v.kind != "builtin" and not v.command:
+            raise ValueError(f"command: kind {v.kind!r} needs a command (a list of strings)")
+        return v
 
     @field_validator("id", "tenant")
     @classmethod
@@ -321,6 +371,7 @@ def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
             tenant=e.tenant, guaranteed=e.guaranteed, deadline_s=e.deadline_s,
             backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
             iterations_done=e.iterations_done, running=running, admitted=e.admitted,
+            workload=e.workload.to_workload() if e.workload is not None else None,
         ))
     now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
     return jobs, now

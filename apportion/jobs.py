@@ -59,6 +59,38 @@ class RunningState:
         return (self.gpu_type, self.gpus, self.stages)
 
 
+WORKLOAD_KINDS = ("builtin", "torchrun", "deepspeed", "jax")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What runs for a job (the jobs YAML ``workload`` block; its fields are a contract).
+
+    ``builtin`` is apportion's own trainer on the job's catalog model; the other
+    kinds run the user's ``command`` on every rank with torchrun's variables and
+    apportion's (``APPORTION_PLAN``, ``APPORTION_CHECKPOINT_DIR``, ...), see
+    ``apportion.runtime.workload``. ``image`` is for container executors.
+    """
+
+    kind: str = "builtin"
+    command: tuple[str, ...] = ()
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "command": list(self.command), "workdir": self.workdir,
+                "env": dict(self.env), "image": self.image}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object] | None) -> Workload | None:
+        if d is None:
+            return None
+        return cls(kind=str(d.get("kind", "builtin")), command=tuple(d.get("command") or ()),
+                   workdir=d.get("workdir"), env=dict(d.get("env") or {}),  # type: ignore[arg-type]
+                   image=d.get("image"))  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A training job. ``model`` is a catalog name; the global batch never changes."""
@@ -79,6 +111,7 @@ class JobSpec:
     iterations_done: int = 0
     running: RunningState | None = None
     admitted: bool = False  # a deadline job admitted earlier keeps its guarantee
+    workload: Workload | None = None  # None: the built-in trainer
 
     @property
     def remaining_iterations(self) -> int:

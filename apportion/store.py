@@ -48,7 +48,7 @@ from typing import Any, Self
 from apportion.cluster import Cluster
 from apportion.decision import Action, Decision
 from apportion.errors import InputError
-from apportion.jobs import JobSpec, RunningState
+from apportion.jobs import JobSpec, RunningState, Workload
 from apportion.lifecycle import ACTIVE, IllegalTransition, JobState, check_transition
 from apportion.store_schema import SCHEMA_VERSION, SchemaError, migrate
 
@@ -97,6 +97,8 @@ class JobRecord:
             running = RunningState(r["gpu_type"], int(r["gpus"]), int(r["stages"]),
                                    {k: int(v) for k, v in r["placement"].items()}, int(r.get("tp", 1)))
         spec = {k: v for k, v in self.spec.items() if k in _SPEC_FIELDS}
+        if spec.get("workload") is not None:
+            spec["workload"] = Workload.from_dict(spec["workload"])
         return JobSpec(**spec, iterations_done=self.iterations_done, running=running)
 
     def as_dict(self) -> dict[str, Any]:
@@ -325,6 +327,8 @@ class StateStore:
                     raise InputError(source, f"jobs[{i}].id", f"job id {j.id!r} is already in the "
                                      f"state store (state {old[0]}); ids are never reused")
                 spec = {k: getattr(j, k) for k in _SPEC_FIELDS}
+                if j.workload is not None:
+                    spec["workload"] = j.workload.as_dict()
                 seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
                 c.execute("INSERT INTO jobs(id, seq, spec_json, state, iterations, iterations_done,"
                           " checkpoint_iterations, submitted_at, updated_at) "
