@@ -36,6 +36,32 @@ class Reason(str, Enum):
     SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
 
 
+def derive_action(prev: Any, gpu_type: str, gpus: int, stages: int,
+                  placement: dict[str, int], tp: int | None = None) -> Action:
+    """The one action rule: what moving from ``prev`` to a new allocation means.
+
+    ``prev`` is where the job runs now (a :class:`~apportion.jobs.RunningState`
+    or an :class:`Allocation`), or None. Another GPU type is a migration;
+    another GPU count, stage count or tensor-parallel degree is a resize (the
+    workers relaunch with a new plan); the same cell on other nodes is a
+    migration; otherwise the job keeps running as it is. An unknown previous
+    placement (empty) counts as the same.
+    """
+    if prev is None:
+        return Action.START
+    if prev.gpu_type != gpu_type:
+        return Action.MIGRATE
+    prev_tp = getattr(prev, "tp", None)
+    if prev_tp is None and getattr(prev, "plan", None) is not None:
+        prev_tp = prev.plan.tp
+    if prev.gpus != gpus or prev.stages != stages or (
+            tp is not None and prev_tp is not None and prev_tp != tp):
+        return Action.RESIZE
+    if prev.placement and dict(prev.placement) != dict(placement):
+        return Action.MIGRATE
+    return Action.KEEP
+
+
 @dataclass
 class Allocation:
     job: str

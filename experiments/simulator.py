@@ -27,7 +27,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from apportion.solvers.validator import validate
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec
+from apportion.view import JobView, View
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class SimConfig:
     max_sim_s: float | None = None
     stall_rounds: int = 500  # stop when no arrivals remain and nothing progressed this long
     profile: str = "default"
+    information: str = "oracle"  # what every policy's rate source is: oracle | estimated
 
 
 PROFILES: dict[str, SimConfig] = {
@@ -66,68 +68,20 @@ PROFILES: dict[str, SimConfig] = {
 }
 
 
-@dataclass
-class JobState:
-    """A job inside the simulation (mutable; policies read, only the simulator writes)."""
+@dataclass(eq=False)
+class JobState(JobView):
+    """A job inside the simulation: the policy's :class:`JobView` plus what only the
+    simulator knows (the true rate of its allocation, when it finishes). Policies
+    read the view's fields; only the simulator writes."""
 
-    job: SimJob
-    spec: JobSpec
-    done: float = 0.0
-    alloc: Allocation | None = None
-    plan_code: str | None = None
-    rate: float = 0.0  # true iterations/s of the current allocation
-    est_rate: float = 0.0
+    true_rate: float = 0.0  # true iterations/s of the current allocation (never shown to policies)
     busy_until: float = 0.0
-    first_start: float | None = None
     finish: float | None = None
-    restarts: int = 0
-    preemptions: int = 0
-    gpu_seconds: float = 0.0  # attained service
-    run_seconds: float = 0.0
-    rounds_run: int = 0
-    time_on_type: dict[str, float] = field(default_factory=dict)
-    stalled_rounds: int = 0  # rounds holding GPUs at zero true rate
     dropped: bool = False  # the policy gave up on it (ElasticFlow's admission control)
-    memo: dict[str, Any] = field(default_factory=dict)  # per-job scratch for policies
-
-    @property
-    def id(self) -> str:
-        return self.job.job_id
 
     @property
     def remaining(self) -> float:
-        return max(0.0, self.job.iterations - self.done)
-
-    @property
-    def running(self) -> bool:
-        return self.alloc is not None
-
-
-@dataclass
-class SimState:
-    """What a policy sees at a round boundary."""
-
-    now: float
-    round_index: int
-    interval_s: float
-    cluster: Cluster
-    jobs: list[JobState]
-    view: Any
-    seed: int
-    config: SimConfig
-    finished_recent: list[str] = field(default_factory=list)
-    arrived_recent: list[str] = field(default_factory=list)
-    capacity: dict[str, int] = field(default_factory=dict)
-
-    def rate(self, js: JobState, gpu_type: str, gpus: int,
-             placement: dict[str, int] | None = None, plan: str | None = None, **kw: Any) -> float:
-        """The policy's view of iterations/s (truth x profile noise)."""
-        return float(self.view.rate(js.job, gpu_type, gpus, placement, plan, **kw))
-
-    @property
-    def rng(self) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.round_index])
-
+        return max(0.0, self.trace.iterations - self.done)
 
 
 @dataclass
@@ -142,7 +96,8 @@ def _spec(j: SimJob) -> JobSpec:
     return JobSpec(id=j.job_id, model=j.model or j.job_type, global_batch_size=max(1, j.batch),
                    iterations=max(1, int(round(j.iterations))), requested_gpus=j.gpus,
                    requested_gpu_type=j.gpu_type, submit_time_s=j.submit_s, tenant=j.tenant,
-                   guaranteed=j.guaranteed, deadline_s=j.deadline_s)
+                   guaranteed=j.guaranteed, deadline_s=j.deadline_s,
+                   priority_weight=float(j.priority_weight))
 
 
 def _same(a: Allocation, b: Allocation | None, code_a: str | None, code_b: str | None) -> bool:
@@ -191,7 +146,7 @@ class Simulator:
             arrived: list[str] = []
             while arrivals and arrivals[0].submit_s <= t:
                 j = arrivals.popleft()
-                js = JobState(j, _spec(j))
+                js = JobState(_spec(j), trace=j)
                 states[j.job_id] = js
                 if j.gpus > total_gpus:  # can never run here: refuse it, say so, go on
                     js.dropped = True
@@ -209,10 +164,10 @@ class Simulator:
                 continue
             if cfg.max_sim_s is not None and t - t0 >= cfg.max_sim_s:
                 break
-            state = SimState(t, r, iv, self.cluster, active, self.view, cfg.seed, cfg,
-                             finished_recent, arrived, dict(self.cap))
+            state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
+                         cfg.information, list(finished_recent), arrived, dict(self.cap))
             tp = time.perf_counter()
-            decision = self.policy.decide(state, t)
+            decision = self.policy.decide(state)
             policy_s = time.perf_counter() - tp
             if cfg.validate:
                 check = validate(decision, self.cluster, [js.spec for js in active])
@@ -227,7 +182,7 @@ class Simulator:
                 for js in active:
                     if js.id in dropped_now:
                         js.dropped = True
-                        js.alloc, js.rate = None, 0.0
+                        js.alloc, js.true_rate = None, 0.0
                 dropped.extend(js for js in active if js.id in dropped_now)
                 active = [js for js in active if js.id not in dropped_now]
             progressed, finished_recent = self._advance(active, t, t + iv, timeline)
@@ -250,7 +205,7 @@ class Simulator:
             r += 1
             if self.progress is not None:
                 self.progress(t - t0, len(done), len(self.trace.jobs))
-        unfinished = dropped + active + [JobState(j, _spec(j)) for j in arrivals]
+        unfinished = dropped + active + [JobState(_spec(j), trace=j) for j in arrivals]
         if too_large:
             log.warning("%d jobs ask for more GPUs than the cluster has (%d); refused: %s",
                         len(too_large), total_gpus, ", ".join(too_large[:5]))
@@ -269,7 +224,7 @@ class Simulator:
             if a is None:
                 if js.alloc is not None:
                     js.preemptions += 1
-                js.alloc, js.rate, js.plan_code = None, 0.0, None
+                js.alloc, js.true_rate, js.plan_code = None, 0.0, None
                 continue
             code = codes.get(js.id)
             if not _same(a, js.alloc, code, js.plan_code):
@@ -280,8 +235,9 @@ class Simulator:
                 else:
                     js.restarts += 1
             js.alloc, js.plan_code = a, code
-            js.rate = float(self.truth.rate(js.job, a.gpu_type, a.gpus, a.placement, code))
-            js.est_rate = float(a.est_throughput) / max(1, js.job.batch) if a.est_throughput else 0.0
+            js.true_rate = float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code))
+            js.est_rate = (float(a.est_throughput) / max(1, js.trace.batch) if a.est_throughput
+                           else 0.0)
 
     # -- advancing time -----------------------------------------------------------------
     def _advance(self, active: list[JobState], t0: float, t1: float,
@@ -295,26 +251,29 @@ class Simulator:
         running = 0
         for js in active:
             a = js.alloc
+            js.stalled = False
             if a is None:
                 continue
             running += 1
             start = min(max(t0, js.busy_until), t1)
             end = t1
-            if js.rate > 0 and start < t1:
-                need = js.remaining / js.rate
+            rate = js.true_rate
+            if rate > 0 and start < t1:
+                need = js.remaining / rate
                 if start + need <= t1:
                     end = start + need
-                    js.done = js.job.iterations
+                    js.done = js.trace.iterations
                     js.finish = end
                     finished.append(js.id)
                 else:
-                    js.done += js.rate * (t1 - start)
+                    js.done += rate * (t1 - start)
                 progressed = True
-                samples += js.rate * max(1, js.job.batch) * (end - start)
+                samples += rate * max(1, js.trace.batch) * (end - start)
                 iters_norm += (end - start)
                 useful[a.gpu_type] += a.gpus * (end - start)
-            elif js.rate <= 0:
+            elif rate <= 0:  # observable: the job held GPUs and reported no progress
                 js.stalled_rounds += 1
+                js.stalled = True
             held = end - t0
             busy[a.gpu_type] += a.gpus * held
             js.gpu_seconds += a.gpus * held

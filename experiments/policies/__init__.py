@@ -1,4 +1,4 @@
-"""Scheduling policies behind one interface: ``decide(state, now) -> Decision``.
+"""Scheduling policies behind one interface: ``decide(view) -> Decision``.
 
 ``make_policy(name, **options)`` builds one by name; ``POLICIES`` lists them.
 Every policy returns the spine's :class:`apportion.decision.Decision`, which
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.experiments.policies.base import Policy
+from apportion.view import Policy
 
 _FACTORIES: dict[str, Callable[..., Any]] = {}
 

@@ -12,21 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from apportion.cluster import Cluster
-from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
+from apportion.decision import (Action, Allocation, Decision, Pending, Reason, SolveReport,
+                                derive_action)
 from apportion.gpus import get_gpu
 from apportion.plans import ExecutionPlan
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """``decide(state, now) -> Decision``: one scheduling round."""
-
-    name: str
-
-    def decide(self, state: Any, now: float) -> Decision: ...
 
 
 @dataclass
@@ -109,16 +101,6 @@ def type_order(cluster: Cluster) -> list[str]:
     return sorted(cluster.gpu_types, key=lambda t: (-get_gpu(t).half_tflops, t))
 
 
-def _action(prev: Allocation | None, gpu_type: str, gpus: int, placement: dict[str, int]) -> Action:
-    if prev is None:
-        return Action.START
-    if prev.gpu_type != gpu_type:
-        return Action.MIGRATE
-    if prev.gpus != gpus:
-        return Action.RESIZE
-    return Action.KEEP if prev.placement == placement else Action.MIGRATE
-
-
 def build_decision(state: Any, chosen: dict[str, Choice], name: str, t0: float | None = None,
                    reasons: dict[str, tuple[Reason, str]] | None = None,
                    report: SolveReport | None = None, formulation: str = "baseline") -> Decision:
@@ -130,10 +112,10 @@ def build_decision(state: Any, chosen: dict[str, Choice], name: str, t0: float |
         js = by_id[jid]
         plan = c.plan or ExecutionPlan(dp=c.gpus)
         a = Allocation(job=jid, gpu_type=c.gpu_type, gpus=c.gpus, stages=plan.pp, plan=plan,
-                       placement=dict(c.placement), est_throughput=c.est_rate * max(1, js.job.batch),
+                       placement=dict(c.placement), est_throughput=c.est_rate * max(1, js.spec.global_batch_size),
                        iter_time_s=(1.0 / c.est_rate) if c.est_rate > 0 else None,
                        cpus=int(c.cpus or 0))
-        a.action = _action(js.alloc, c.gpu_type, c.gpus, a.placement)
+        a.action = derive_action(js.alloc, c.gpu_type, c.gpus, plan.pp, a.placement, plan.tp)
         allocs.append(a)
         if c.code:
             codes[jid] = c.code
@@ -166,12 +148,12 @@ def best_type(state: Any, js: Any, gpus: int, types: list[str] | None = None) ->
 
 def requested_type(state: Any, js: Any) -> tuple[str | None, float]:
     """The job's requested type when the cluster has it and it runs there, else its best type."""
-    t = js.job.gpu_type
+    t = js.spec.requested_gpu_type
     if t and t in state.capacity:
-        r = state.rate(js, t, js.job.gpus)
+        r = state.rate(js, t, js.spec.requested_gpus)
         if r > 0:
             return t, r
-    return best_type(state, js, js.job.gpus)
+    return best_type(state, js, js.spec.requested_gpus)
 
 
 @dataclass

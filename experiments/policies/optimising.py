@@ -30,6 +30,7 @@ from apportion.estimation.analytic import AnalyticEstimator
 from apportion.experiments.policies.base import Choice, build_decision
 from apportion.formulations.candidates import CandidateOptions
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 from apportion.jobs import JobSpec, RunningState
 from apportion.plans import Cell
@@ -89,10 +90,11 @@ class Optimising:
         """Nothing happened since the last solve: no arrival, completion or runtime failure."""
         return (not state.arrived_recent and not state.finished_recent
                 and state.round_index - self.last_solve_round < self.resolve_every
-                and all(js.alloc is None or js.rate > 0 for js in state.jobs)
+                and not any(js.stalled for js in state.jobs)
                 and any(js.alloc is not None for js in state.jobs))
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
+        now = state.now
         t0 = time.perf_counter()
         if self._quiet(state):  # Crius re-schedules on arrivals and departures only
             keep = {js.id: Choice(js.alloc.gpu_type, js.alloc.gpus, dict(js.alloc.placement),
@@ -104,10 +106,10 @@ class Optimising:
         self.last_solve_round = state.round_index
         for js in state.jobs:  # runtime feedback: a cell that made no progress is out
             a = js.alloc
-            if a is not None and js.rate <= 0 and js.stalled_rounds > 0:
+            if a is not None and js.stalled:
                 self.est.blacklist.add((js.id, a.gpu_type, a.gpus))
-            if self.no_hetero and js.job.gpu_type:
-                self.est.allowed_types[js.id] = js.job.gpu_type
+            if self.no_hetero and js.spec.requested_gpu_type:
+                self.est.allowed_types[js.id] = js.spec.requested_gpu_type
         specs = [self._spec(js) for js in state.jobs]
         opts = (CandidateOptions(scales=(1.0,), stage_counts=self.stage_counts) if self.no_scaling
                 else CandidateOptions(stage_counts=self.stage_counts))
