@@ -102,6 +102,27 @@ def _report_lines(decision: Any) -> str:
     return "\n".join(lines)
 
 
+POLICY_HELP = ("a registered policy (apportion, apportion-plans, apportion-deadline, sia, gavel, "
+               "tiresias, ...; `apportion policies` lists them); default: the formulation's own")
+ESTIMATOR_HELP = "analytic | crius | morphling | tables | auto (per job, the best with data)"
+INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (every policy sees the "
+                    "same profiled measurements, extended by --estimator)")
+SIM_ESTIMATOR_HELP = "the estimated mode's scaling model: analytic | crius | morphling | tables"
+
+
+def _estimator_arg(name: str, tables: Optional[Path], store_samples: Any = None) -> Any:
+    """The ``--estimator`` choice as an object (``tables``/``auto`` read measurements)."""
+    from apportion.estimation.measured import TableEstimator
+    from apportion.estimation.registry import make_estimator
+
+    if name not in ("tables", "auto"):
+        return name
+    table = TableEstimator.from_csv(tables) if tables else TableEstimator()
+    if store_samples is not None:
+        table = TableEstimator(table.rows + store_samples.rows)
+    return make_estimator(name, tables=table)
+
+
 @app.command("solve-round")
 def solve_round(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (default: Crius's testbed)"),
@@ -115,6 +136,10 @@ def solve_round(
     max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
                                               help="at most this many running jobs changed"),
     formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline | gavel"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
+                                          "(model, gpu_type, gpus, iter_time_s) for tables/auto"),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="run each solver backend in a child process"),
     tenants: Optional[Path] = typer.Option(None, "--tenants",
@@ -128,7 +153,7 @@ def solve_round(
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     _setup_logging(verbose)
     from apportion.config import default_cluster, default_jobs, load_jobs, load_tenants, resolve_cluster
-    from apportion.round import FORMULATIONS, RoundConfig, run_round
+    from apportion.round import checked_config, run_round
 
     if state is not None:  # the queue and running jobs come from the state store
         from apportion.store_cli import solve_round_state
@@ -141,17 +166,15 @@ def solve_round(
             state, cluster, jobs, backend=backend, time_budget=time_budget,
             search_depth=search_depth, max_changes=max_changes, formulation=formulation,
             json_out=json_out, dump_problem=dump_problem, round_key=round_key, tenants=tenants,
-            isolate=isolate, show=show, write_json=write_json_atomic))
+            isolate=isolate, show=show, write_json=write_json_atomic, policy=policy,
+            estimator=estimator, tables=tables))
 
     try:
-        if backend not in ("auto", "cp-sat", "highs", "lp-round", "greedy"):
-            raise InputError("--backend", "backend", f"{backend!r} is not one of auto, cp-sat, "
-                                                     "highs, lp-round, greedy")
-        if formulation not in FORMULATIONS:
-            raise InputError("--formulation", "formulation",
-                             f"{formulation!r} is not available; available: "
-                             + ", ".join(FORMULATIONS))
         quotas = load_tenants(tenants) if tenants else None
+        cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
+                             search_depth=search_depth, max_changes=max_changes, quotas=quotas,
+                             isolate=isolate)
+        cfg.estimator = _estimator_arg(estimator, tables)
         _check_output_path(json_out, "--json")
         _check_output_path(dump_problem, "--dump-problem")
         cl = resolve_cluster(cluster) if cluster else default_cluster()
@@ -159,9 +182,6 @@ def solve_round(
     except InputError as exc:
         _fail(exc)
         return
-    cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                      max_changes=max_changes, formulation=formulation, quotas=quotas,
-                      isolate=isolate)
     result = run_round(cl, jb, now, cfg)
     out.print(_decision_table(result.decision))
     err.print(_report_lines(result.decision), highlight=False, markup=False)
@@ -169,6 +189,22 @@ def solve_round(
         write_json_atomic(json_out, result.decision.as_dict())
     if dump_problem:
         write_json_atomic(dump_problem, result.problem)
+
+
+@app.command("policies")
+def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
+    """List every registered policy (usable with --policy on solve-round, run, simulate)."""
+    from apportion.experiments.policies import POLICIES
+
+    if as_json:
+        sys.stdout.write(json.dumps(POLICIES, indent=2, sort_keys=True) + "\n")
+        return
+    t = Table(title="policies")
+    t.add_column("name")
+    t.add_column("what it does")
+    for name, doc in sorted(POLICIES.items()):
+        t.add_row(name, doc)
+    out.print(t)
 
 
 @app.command("models")
@@ -253,6 +289,8 @@ def simulate_cmd(
     window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01,
                                                 help="raw traces: busiest window of this many days"),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="first N jobs only"),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace on a simulated cluster under one policy; print and write the summary."""
@@ -263,7 +301,7 @@ def simulate_cmd(
         _check_output_path(json_out, "--json")
         _check_output_path(jobs_csv, "--jobs-csv")
         summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
-                                window_days, max_jobs, json_out, jobs_csv)
+                                window_days, max_jobs, json_out, jobs_csv, information, estimator)
     except InputError as exc:
         _fail(exc)
         return
@@ -282,6 +320,8 @@ def compare_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", min=1),
     window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -290,7 +330,7 @@ def compare_cmd(
 
     try:
         root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
-                            window_days, max_jobs)
+                            window_days, max_jobs, information, estimator)
     except InputError as exc:
         _fail(exc)
         return
@@ -403,6 +443,8 @@ def run_cmd(
     workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -411,7 +453,7 @@ def run_cmd(
 
     try:
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
-                           kubeconfig, time_budget)
+                           kubeconfig, time_budget, policy=policy, estimator=estimator)
     except InputError as exc:
         _fail(exc)
         return

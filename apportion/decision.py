@@ -34,6 +34,14 @@ class Reason(str, Enum):
     DEADLINE_UNMEETABLE = "deadline-unmeetable"
     PREEMPTED = "preempted"
     SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
+    CATALOG = "catalog"  # its model or GPU type is not in the catalog
+    TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
+
+
+# Reasons no later round can change on this cluster (Kubernetes' UnschedulableAndUnresolvable);
+# the others may clear when capacity frees up.
+UNRESOLVABLE = frozenset({Reason.NO_FIT_MEMORY, Reason.NO_GPU_TYPE, Reason.CATALOG,
+                          Reason.TOO_LARGE, Reason.DEADLINE_UNMEETABLE})
 
 
 def derive_action(prev: Any, gpu_type: str, gpus: int, stages: int,
@@ -77,6 +85,7 @@ class Allocation:
     mem_per_gpu_gib: float | None = None
     cpus: int = 0
     host_memory_gib: float = 0.0
+    estimator: str | None = None  # which estimator the allocation's figures came from
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -93,18 +102,29 @@ class Allocation:
             "mem_per_gpu_gib": self.mem_per_gpu_gib,
             "cpus": self.cpus,
             "host_memory_gib": self.host_memory_gib,
+            "estimator": self.estimator,
         }
 
 
 @dataclass
 class Pending:
+    """A job not placed this round: why, which stage of the round said so, and whether it
+    can ever fit on this cluster (False: no later round will place it as it is)."""
+
     job: str
     reason: Reason
     detail: str = ""
     action: Action | None = None  # PREEMPT when a running job lost its place
+    stage: str = "solve"  # admit | candidates | solve (the round stage that left it out)
+    can_ever_fit: bool | None = None  # None: derived from the reason
+
+    def __post_init__(self) -> None:
+        if self.can_ever_fit is None:
+            self.can_ever_fit = self.reason not in UNRESOLVABLE
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"job": self.job, "reason": self.reason.value, "detail": self.detail}
+        out: dict[str, Any] = {"job": self.job, "reason": self.reason.value, "detail": self.detail,
+                               "stage": self.stage, "can_ever_fit": self.can_ever_fit}
         if self.action is not None:
             out["action"] = self.action.value
         return out

@@ -28,16 +28,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from apportion.admission import catalog_problem
 from apportion.config import default_cluster, jobs_from_data, read_yaml
 from apportion.decision import Decision
-from apportion.errors import CatalogError, InputError
+from apportion.errors import InputError
 from apportion.lifecycle import IllegalTransition, JobState
 from apportion.store import RoundLock, StateStore, StoreBusy, UnknownJob, open_store
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BUSY = 0, 2, 75
-BACKENDS = ("auto", "cp-sat", "highs", "greedy")
 
 
 def _out() -> Console:
@@ -213,18 +213,10 @@ def history(state: Path, as_json: bool = False, limit: int | None = None) -> int
 # ---------------------------------------------------------------------------
 # solve-round --state
 # ---------------------------------------------------------------------------
-def _catalog_problem(job: Any) -> str | None:
-    """A stored job whose model or GPU type left the catalog cannot be planned."""
-    from apportion.gpus import canonical_gpu_name
-    from apportion.models import get_model
+def _tables(path: Path | None) -> Any:
+    from apportion.estimation.measured import TableEstimator
 
-    try:
-        get_model(job.model)
-        if job.requested_gpu_type:
-            canonical_gpu_name(job.requested_gpu_type)
-    except CatalogError as exc:
-        return str(exc)
-    return None
+    return TableEstimator.from_csv(path) if path else TableEstimator()
 
 
 def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
@@ -234,23 +226,21 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       round_key: str | None = None, tenants: Path | None = None,
                       isolate: bool = False,
                       show: Callable[[Decision], None] | None = None,
-                      write_json: Callable[[Path, Any], None] | None = None) -> int:
+                      write_json: Callable[[Path, Any], None] | None = None,
+                      policy: str | None = None, estimator: str = "analytic",
+                      tables: Path | None = None) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
     ``show`` prints the decision (the CLI passes its table and report printer);
     ``write_json`` writes an output file atomically (the CLI passes its writer).
     """
     from apportion.config import load_tenants, resolve_cluster
-    from apportion.round import FORMULATIONS, RoundConfig, run_round
+    from apportion.round import checked_config, run_round
     from apportion.store_faults import effective_cluster
 
     try:
-        if backend not in BACKENDS:
-            raise InputError("--backend", "backend", f"{backend!r} is not one of "
-                                                     f"{', '.join(BACKENDS)}")
-        if formulation not in FORMULATIONS:
-            raise InputError("--formulation", "formulation", f"{formulation!r} is not "
-                             f"available; available: {', '.join(FORMULATIONS)}")
+        cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
+                             search_depth=search_depth, max_changes=max_changes, isolate=isolate)
         if jobs is not None:
             raise InputError(str(jobs), "--jobs", "--jobs and --state exclude each other: with "
                              "--state the queue comes from the store (add jobs with "
@@ -259,8 +249,9 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
             raise InputError("--round-key", "round_key", "must not be empty")
         _check_output(json_out, "--json")
         _check_output(dump_problem, "--dump-problem")
-        quotas = load_tenants(tenants) if tenants else None
+        cfg.quotas = load_tenants(tenants) if tenants else None
         cl = resolve_cluster(cluster) if cluster else default_cluster()
+        table = _tables(tables) if estimator in ("tables", "auto") else None
         store = open_store(state)
     except InputError as exc:
         return _bad(exc)
@@ -273,9 +264,17 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         store.close()
         return _busy(exc)
     try:
-        cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                          max_changes=max_changes, formulation=formulation, quotas=quotas,
-                          isolate=isolate)
+        if table is not None:  # measured times: the file's and this store's own samples
+            from apportion.estimation.measured import TableEstimator
+            from apportion.estimation.registry import make_estimator
+
+            batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+            own = TableEstimator.from_store_samples(store.samples(), batches)
+            try:
+                cfg.estimator = make_estimator(estimator, tables=TableEstimator(table.rows
+                                                                                + own.rows))
+            except InputError as exc:
+                return _bad(exc)
         return _locked_round(store, cl, cfg,
                              round_key, json_out, dump_problem, show, write_json, run_round,
                              effective_cluster)
@@ -304,7 +303,7 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
     failed = False
     for rec in store.jobs(frozenset({JobState.SUBMITTED, JobState.QUEUED,
                                      JobState.CHECKPOINTED})):
-        problem = _catalog_problem(rec.to_jobspec())
+        problem = catalog_problem(rec.to_jobspec())
         if problem:
             store.fail(rec.id, f"cannot be planned: {problem}")
             err.print(f"job {rec.id}: failed: {problem}", highlight=False, markup=False)
@@ -313,8 +312,10 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
         snap = store.round_input()
     now = time.time()
     eff = effective_cluster(store, cl, now)
-    result = run_round(eff, snap.jobs, now, cfg)
-    commit = store.commit_round(result.decision, snap, eff, now, key)
+    committed: list[Any] = []
+    result = run_round(eff, snap.jobs, now, cfg, commit=lambda d: committed.append(
+        store.commit_round(d, snap, eff, now, key)))
+    commit = committed[0]
     if show is not None:
         show(result.decision)
     msg = (f"round {commit.round_id} committed to {store.path} (key {key}): "

@@ -31,6 +31,7 @@ import numpy as np
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
 
 INFORMATION_MODES = ("oracle", "estimated")
 
@@ -66,6 +67,18 @@ class JobView:
     stalled: bool = False  # it held GPUs last round and made no progress
     memo: dict[str, Any] = field(default_factory=dict)  # a policy's per-job scratch
     trace: Any = None  # what a rate source is keyed by in a replay (the trace's job record)
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> JobView:
+        """A job as an operator's files or store describe it: its running state becomes
+        its allocation (a DP/TP/PP plan of that shape), with no history."""
+        alloc = None
+        r = spec.running
+        if r is not None:
+            tp, pp = max(1, r.tp), max(1, r.stages)
+            plan = ExecutionPlan(dp=max(1, r.gpus // (tp * pp)), tp=tp, pp=pp)
+            alloc = Allocation(spec.id, r.gpu_type, r.gpus, pp, plan, dict(r.placement), 0.0)
+        return cls(spec, alloc, done=float(spec.iterations_done))
 
     @property
     def id(self) -> str:
@@ -105,6 +118,8 @@ class View:
     finished_recent: list[str] = field(default_factory=list)
     arrived_recent: list[str] = field(default_factory=list)
     capacity: dict[str, int] = field(default_factory=dict)
+    # False where the rate source knows jobs by their trace records, not catalog models
+    needs_catalog: bool = True
 
     def __post_init__(self) -> None:
         if not self.capacity:

@@ -64,6 +64,23 @@ class DiskCache:
             return None
         return data.get("value")
 
+    def has(self, kind: str, **fields: Any) -> bool:
+        """Whether any entry of ``kind`` has a key with these field values (a scan: caches
+        of profiles are small)."""
+        folder = self.root / kind
+        try:
+            entries = list(folder.glob("*.json"))
+        except OSError:
+            return False
+        for p in entries:
+            try:
+                key = json.loads(p.read_text()).get("key", {})
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(key, dict) and all(key.get(k) == v for k, v in fields.items()):
+                return True
+        return False
+
     def put(self, kind: str, key: Mapping[str, Any], value: Any) -> Path:
         p = self.path(kind, key)
         p.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,8 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     """Run every policy x seed (parallel processes), then write tables and plots."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}")
+    mode = (sim_options or {}).get("information", "estimated")
+    name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
     root.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -197,16 +198,52 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     return root
 
 
+CI_COLS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization")
+
+
+def ci95(values: Any) -> float:
+    """Half-width of the 95 % confidence interval of the mean (Student's t); 0 for one value."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.asarray([x for x in values if x is not None and not pd.isna(x)], dtype=float)
+    if len(v) < 2:
+        return 0.0
+    return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+
+
 def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> pd.DataFrame:
+    """Mean over seeds per policy, with the 95 % CI half-width of the key metrics
+    (``<metric>_ci95``) and the number of seeds; the information mode in the header."""
     rows = [{**{k: s.get(k) for k in SUMMARY_COLS if k != "policy"}, "policy": p, "seed": seed}
             for p, seed, s in results]
     df = pd.DataFrame(rows)
     num = [c for c in SUMMARY_COLS if c != "policy"]
-    mean = df.groupby("policy", sort=False)[num].mean(numeric_only=True).reset_index()
+    grouped = df.groupby("policy", sort=False)
+    mean = grouped[num].mean(numeric_only=True).reset_index()
     mean = mean[[c for c in SUMMARY_COLS if c in mean.columns]]
+    mean.insert(1, "seeds", grouped["seed"].count().to_numpy())
+    for c in CI_COLS:
+        if c in df.columns:
+            mean[f"{c}_ci95"] = grouped[c].apply(ci95).to_numpy()
     mean.to_csv(root / "summary.csv", index=False)
-    (root / "summary.md").write_text(to_markdown(mean))
+    modes = sorted({str(s.get("information", "?")) for _, _, s in results})
+    ests = sorted({str(s.get("estimator", "?")) for _, _, s in results})
+    head = (f"information: {', '.join(modes)}; estimator: {', '.join(ests)}; "
+            f"mean over seeds, ± the 95 % confidence interval (Student's t)\n\n")
+    (root / "summary.md").write_text(head + to_markdown(_with_ci(mean)))
     return mean
+
+
+def _with_ci(mean: pd.DataFrame) -> pd.DataFrame:
+    """The markdown view: ``mean ± ci`` in one cell for the metrics with a CI."""
+    out = mean.copy()
+    for c in CI_COLS:
+        if c in out.columns and f"{c}_ci95" in out.columns:
+            out[c] = [f"{m:.4g} ± {h:.2g}" if pd.notna(m) else "" for m, h in
+                      zip(out[c], out[f"{c}_ci95"])]
+            out = out.drop(columns=[f"{c}_ci95"])
+    return out
 
 
 def to_markdown(df: pd.DataFrame) -> str:
@@ -224,30 +261,58 @@ def to_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _band(ax: Any, curves: list[tuple[Any, Any]], label: str) -> None:
+    """Mean over seeds with a shaded 95 % confidence band (curves on a common grid)."""
+    import numpy as np
+    from scipy import stats
+
+    curves = [(x, y) for x, y in curves if len(x)]
+    if not curves:
+        return
+    grid = np.linspace(0.0, max(float(x[-1]) for x, _ in curves), 400)
+    ys = np.array([np.interp(grid, x, y) for x, y in curves])
+    m = ys.mean(axis=0)
+    line = ax.plot(grid, m, label=f"{label} ({len(curves)} seeds)", lw=0.9)[0]
+    if len(curves) > 1:
+        h = stats.t.ppf(0.975, len(curves) - 1) * ys.std(axis=0, ddof=1) / np.sqrt(len(curves))
+        ax.fill_between(grid, m - h, m + h, color=line.get_color(), alpha=0.2, lw=0)
+
+
 def write_plots(root: Path, policies: list[str], seeds: int) -> None:
+    """JCT CDF, throughput, queue and utilisation: every seed, mean with a 95 % CI band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from apportion.experiments.metrics import jct_cdf
 
     figs = {k: plt.subplots(figsize=(7, 4)) for k in ("jct_cdf", "throughput", "queue", "utilization")}
     for p in policies:
-        d = root / f"{p}-s0"
-        if not (d / "jobs.csv").exists():
-            continue
-        jobs = pd.read_csv(d / "jobs.csv")
-        tl = pd.read_csv(d / "timeline.csv")
-        x, y = jct_cdf(jobs)
-        figs["jct_cdf"][1].plot(x / 3600, y, label=p)
-        if len(tl):
-            h = (tl["t"] - tl["t"].iloc[0]) / 3600
-            figs["throughput"][1].plot(h, tl["throughput_samples_s"], label=p, lw=0.8)
-            figs["queue"][1].plot(h, tl["queued"], label=p, lw=0.8)
-            util = [c for c in tl.columns if c.startswith("util_")]
-            ax = figs["utilization"][1]
-            ax.plot(h, tl[util].mean(axis=1), label=p, lw=0.8)
-    labels = {"jct_cdf": ("JCT (h)", "CDF"), "throughput": ("time (h)", "samples/s"),
+        cdfs, thr, queue, util = [], [], [], []
+        for s in range(seeds):
+            d = root / f"{p}-s{s}"
+            if not (d / "jobs.csv").exists():
+                continue
+            jobs = pd.read_csv(d / "jobs.csv")
+            x, y = jct_cdf(jobs)
+            # the CDF as JCT quantiles: average the JCT at each probability over seeds
+            cdfs.append((y, x / 3600))
+            tl = pd.read_csv(d / "timeline.csv")
+            if len(tl):
+                h = ((tl["t"] - tl["t"].iloc[0]) / 3600).to_numpy()
+                thr.append((h, tl["throughput_samples_s"].to_numpy()))
+                queue.append((h, tl["queued"].to_numpy()))
+                cols = [c for c in tl.columns if c.startswith("util_")]
+                util.append((h, tl[cols].mean(axis=1).to_numpy()))
+        if cdfs:
+            grid = np.linspace(0.0, 1.0, 200)
+            qs = np.array([np.interp(grid, pr, jct) for pr, jct in cdfs])
+            figs["jct_cdf"][1].plot(qs.mean(axis=0), grid, label=f"{p} ({len(cdfs)} seeds)")
+        _band(figs["throughput"][1], thr, p)
+        _band(figs["queue"][1], queue, p)
+        _band(figs["utilization"][1], util, p)
+    labels = {"jct_cdf": ("JCT (h), mean over seeds", "CDF"), "throughput": ("time (h)", "samples/s"),
               "queue": ("time (h)", "queued jobs"), "utilization": ("time (h)", "mean GPU utilisation")}
     for k, (fig, ax) in figs.items():
         ax.set_xlabel(labels[k][0])
@@ -256,20 +321,22 @@ def write_plots(root: Path, policies: list[str], seeds: int) -> None:
         fig.tight_layout()
         fig.savefig(root / f"{k}.png", dpi=110)
         plt.close(fig)
-    _util_by_type(root, policies, plt)
+    _util_by_type(root, policies, seeds, plt)
 
 
-def _util_by_type(root: Path, policies: list[str], plt: Any) -> None:
+def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> None:
     rows = {}
     for p in policies:
-        f = root / f"{p}-s0" / "summary.json"
-        if f.exists():
-            rows[p] = json.loads(f.read_text()).get("utilization_by_type", {})
+        per_seed = [json.loads(f.read_text()).get("utilization_by_type", {})
+                    for f in (root / f"{p}-s{s}" / "summary.json" for s in range(seeds))
+                    if f.exists()]
+        if per_seed:
+            rows[p] = pd.DataFrame(per_seed).mean().to_dict()
     if not rows:
         return
     df = pd.DataFrame(rows).T.fillna(0.0)
     ax = df.plot.bar(figsize=(7, 4))
-    ax.set_ylabel("utilisation by GPU type")
+    ax.set_ylabel("utilisation by GPU type (mean over seeds)")
     ax.figure.tight_layout()
     ax.figure.savefig(root / "utilization_by_type.png", dpi=110)
     plt.close(ax.figure)
@@ -285,12 +352,28 @@ def _check_policy(name: str) -> None:
         raise InputError(name, "--policy", f"unknown policy; known: {', '.join(sorted(POLICIES))}")
 
 
+def _check_information(information: str, estimator: str) -> None:
+    from apportion.estimation.registry import ESTIMATORS
+    from apportion.view import INFORMATION_MODES
+
+    if information not in INFORMATION_MODES:
+        raise InputError("--information", "information", f"{information!r} is not one of "
+                         f"{', '.join(INFORMATION_MODES)}")
+    if estimator not in ESTIMATORS or estimator == "auto":
+        raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
+                         "analytic, crius, morphling, tables (a replay's scaling model; auto "
+                         "needs a real cluster's measurements)")
+
+
 def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int,
                   interval: float | None, restart_cost: float | None, noise: float,
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
-                  jobs_csv: Path | None) -> dict[str, Any]:
+                  jobs_csv: Path | None, information: str = "estimated",
+                  estimator: str = "analytic") -> dict[str, Any]:
     _check_policy(policy)
-    sim: dict[str, Any] = {"noise_sigma": noise}
+    _check_information(information, estimator)
+    sim: dict[str, Any] = {"noise_sigma": noise, "information": information,
+                           "estimator": estimator}
     if interval is not None:
         sim["interval_s"] = interval
     if restart_cost is not None:
@@ -308,7 +391,9 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
 
 def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: str, out: Path,
                  run: str | None, workers: int | None, window_days: float | None,
-                 max_jobs: int | None) -> Path:
+                 max_jobs: int | None, information: str = "estimated",
+                 estimator: str = "analytic") -> Path:
+    _check_information(information, estimator)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError(policies, "--policies", "give at least one policy")
@@ -319,4 +404,5 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     cluster_from_arg(cluster)
     tr.load_trace(trace)  # fail on a bad trace before spawning workers
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
+                   sim_options={"information": information, "estimator": estimator},
                    window_days=window_days, max_jobs=max_jobs)

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from apportion.experiments.groundtruth import NoisyView
+from apportion.experiments.information import rate_source
 from apportion.experiments.traces import SimJob, Trace
-from apportion.solvers.validator import validate
 
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec
+from apportion.round import InvalidDecision, run_pipeline
 from apportion.view import JobView, View
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,11 @@ class SimConfig:
     start_cost_s: float = 0.0
     noise_sigma: float = 0.0
     seed: int = 0
-    validate: bool = True
     max_sim_s: float | None = None
     stall_rounds: int = 500  # stop when no arrivals remain and nothing progressed this long
     profile: str = "default"
-    information: str = "oracle"  # what every policy's rate source is: oracle | estimated
+    information: str = "estimated"  # every policy's rate source: oracle | estimated
+    estimator: str = "analytic"  # the estimated mode's scaling model (estimation.registry)
 
 
 PROFILES: dict[str, SimConfig] = {
@@ -116,7 +116,8 @@ class Simulator:
         self.policy = policy
         self.truth = truth
         self.cfg = config or SimConfig()
-        self.view = NoisyView(truth, self.cfg.noise_sigma, self.cfg.seed)
+        self.view = rate_source(self.cfg.information, truth, cluster, self.cfg.seed,
+                                self.cfg.noise_sigma, self.cfg.estimator)
         self.progress = progress
         self.types = cluster.gpu_types
         self.cap = cluster.capacity_by_type()
@@ -165,16 +166,14 @@ class Simulator:
             if cfg.max_sim_s is not None and t - t0 >= cfg.max_sim_s:
                 break
             state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
-                         cfg.information, list(finished_recent), arrived, dict(self.cap))
+                         cfg.information, list(finished_recent), arrived, dict(self.cap),
+                         needs_catalog=False)
             tp = time.perf_counter()
-            decision = self.policy.decide(state)
+            try:  # the one round pipeline: admit, decide, validate (an invalid one raises)
+                decision = run_pipeline(state, self.policy).decision
+            except InvalidDecision as exc:
+                raise SimulationError(f"round {r} at t={t:.0f}: {exc}") from None
             policy_s = time.perf_counter() - tp
-            if cfg.validate:
-                check = validate(decision, self.cluster, [js.spec for js in active])
-                if not check.ok:
-                    raise SimulationError(f"round {r} at t={t:.0f}: policy "
-                                          f"{getattr(self.policy, 'name', self.policy)} returned an "
-                                          f"invalid decision: {'; '.join(check.violations[:5])}")
             self._apply(decision, active, states, t)
             dropped_now = {p.job for p in decision.pending if p.action is not None
                            and p.action.value == "drop"}
@@ -308,6 +307,8 @@ class Simulator:
             "trace": self.trace.name, "cluster": self.cluster.name, "profile": self.cfg.profile,
             "seed": self.cfg.seed, "interval_s": self.cfg.interval_s,
             "restart_cost_s": self.cfg.restart_cost_s, "noise_sigma": self.cfg.noise_sigma,
+            "information": self.cfg.information, "estimator": self.cfg.estimator,
+            "rates": getattr(self.view, "name", type(self.view).__name__),
             "truth": getattr(self.truth, "name", type(self.truth).__name__),
             "interpolated_configs": len(getattr(self.truth, "interpolated", ())),
             "sim_wall_s": round(wall_s, 3),

@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import networkx as nx
 
@@ -151,6 +151,29 @@ class EstimatedPlans:
                 add(ExecutionPlan(dp=gpus, zero_stage=2, offload=True, checkpointing=True),
                     "zero-offload", cpus)
         return out
+
+
+@dataclass
+class CalibratedPlans:
+    """Another source's options, their times scaled so the best matches a measured rate.
+
+    Where a rate source (a replay's view) says how fast a job's best plan runs on
+    ``gpus`` GPUs of a type, the plan family's relative costs (and CPU/memory needs)
+    still come from ``source``: every option's time is scaled by the same factor, so
+    the fastest option runs at the measured rate; a size the rate source says cannot
+    run has no options.
+    """
+
+    source: PlanSource
+    rate_fn: Any  # (job, gpu_type, gpus) -> iterations/s
+
+    def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        opts = self.source.options(job, gpu_type, gpus, cluster)
+        r = float(self.rate_fn(job, gpu_type, gpus)) if opts else 0.0
+        if r <= 0:
+            return []
+        scale = (1.0 / r) / min(o.iter_time_s for o in opts)
+        return [replace(o, iter_time_s=o.iter_time_s * scale) for o in opts]
 
 
 # ---------------------------------------------------------------------------

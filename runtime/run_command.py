@@ -45,7 +45,8 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
 
 def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float, until_idle: bool,
                 timeout_s: float | None, workdir: Path, kubeconfig: str | None = None,
-                time_budget_s: float = 10.0) -> int:
+                time_budget_s: float = 10.0, policy: str | None = None,
+                estimator: str = "analytic") -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     from apportion.runtime.loop import run_loop
     from apportion.runtime.refit import OnlineRefit
@@ -69,7 +70,22 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
             from apportion.runtime.local import local_round_config
 
             cfg = local_round_config(time_budget_s)
+    from apportion.round import checked_config
+
+    chosen = checked_config(policy=policy, estimator=estimator)  # bad names exit 2
+    cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
     store = open_store(state, create=False)
+    if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
+        from apportion.estimation.measured import TableEstimator
+        from apportion.estimation.registry import make_estimator
+
+        batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+        try:
+            cfg.estimator = make_estimator(estimator, tables=TableEstimator.from_store_samples(
+                store.samples(), batches))
+        except InputError:
+            store.close()
+            raise
     lock = RoundLock(state, "run")
     try:
         lock.acquire()

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import networkx as nx
 
 from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
+from apportion.placement import consolidate
 from apportion.formulations.cells import CellChoice
 
 
@@ -57,20 +58,7 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
             k -= k % tp
             if k > 0:
                 opts.append((k, nn))
-    # prefer a single node that fits (tightest), else fill the largest first
-    single = [(k, nn) for k, nn in opts if k >= need]
-    if single:
-        return {min(single)[1]: need}
-    out: dict[str, int] = {}
-    for k, nn in sorted(opts, key=lambda t: (-t[0], t[1])):
-        take = min(k, need)
-        take -= take % tp
-        if take > 0:
-            out[nn] = take
-            need -= take
-        if need == 0:
-            return out
-    return None
+    return consolidate(opts, need, tp)
 
 
 class Ledger:

@@ -182,7 +182,8 @@ class GavelRound:
                 chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
         reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
                    for jid in by_id if jid not in chosen}
-        rep = SolveReport(self.lp_solver or self.name, "optimal" if self.lp_solver else "feasible",
+        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name,
+                          "optimal" if self.lp_solver else "feasible",
                           None, None, None, time.perf_counter() - t0, False)
         return build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
 
