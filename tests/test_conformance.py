@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Reason
 from apportion.experiments.policies import POLICIES, make_policy
-from apportion.formulations.candidates import build_candidates
-from apportion.formulations.cells import build_cells_model, objective_of
+from apportion.formulations.cells import objective_of
 from apportion.jobs import JobSpec, RunningState
 from apportion.round import STAGES, RoundConfig, run_round
 from apportion.solvers.chain import BACKENDS
