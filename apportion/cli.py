@@ -110,19 +110,6 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = "the estimated mode's scaling model: analytic | crius | morphling | tables"
 
 
-def _estimator_arg(name: str, tables: Optional[Path], store_samples: Any = None) -> Any:
-    """The ``--estimator`` choice as an object (``tables``/``auto`` read measurements)."""
-    from apportion.estimation.measured import TableEstimator
-    from apportion.estimation.registry import make_estimator
-
-    if name not in ("tables", "auto"):
-        return name
-    table = TableEstimator.from_csv(tables) if tables else TableEstimator()
-    if store_samples is not None:
-        table = TableEstimator(table.rows + store_samples.rows)
-    return make_estimator(name, tables=table)
-
-
 @app.command("solve-round")
 def solve_round(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (default: Crius's testbed)"),
@@ -153,7 +140,7 @@ def solve_round(
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     _setup_logging(verbose)
     from apportion.config import default_cluster, default_jobs, load_jobs, load_tenants, resolve_cluster
-    from apportion.round import checked_config, run_round
+    from apportion.round import checked_config, estimator_from, run_round
 
     if state is not None:  # the queue and running jobs come from the state store
         from apportion.store_cli import solve_round_state
@@ -174,7 +161,7 @@ def solve_round(
         cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
                              search_depth=search_depth, max_changes=max_changes, quotas=quotas,
                              isolate=isolate)
-        cfg.estimator = _estimator_arg(estimator, tables)
+        cfg.estimator = estimator_from(estimator, tables)
         _check_output_path(json_out, "--json")
         _check_output_path(dump_problem, "--dump-problem")
         cl = resolve_cluster(cluster) if cluster else default_cluster()

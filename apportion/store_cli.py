@@ -213,12 +213,6 @@ def history(state: Path, as_json: bool = False, limit: int | None = None) -> int
 # ---------------------------------------------------------------------------
 # solve-round --state
 # ---------------------------------------------------------------------------
-def _tables(path: Path | None) -> Any:
-    from apportion.estimation.measured import TableEstimator
-
-    return TableEstimator.from_csv(path) if path else TableEstimator()
-
-
 def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       backend: str = "auto", time_budget: float = 10.0, search_depth: int = 3,
                       max_changes: int | None = None, formulation: str = "cells",
@@ -251,7 +245,6 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         _check_output(dump_problem, "--dump-problem")
         cfg.quotas = load_tenants(tenants) if tenants else None
         cl = resolve_cluster(cluster) if cluster else default_cluster()
-        table = _tables(tables) if estimator in ("tables", "auto") else None
         store = open_store(state)
     except InputError as exc:
         return _bad(exc)
@@ -264,15 +257,12 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         store.close()
         return _busy(exc)
     try:
-        if table is not None:  # measured times: the file's and this store's own samples
-            from apportion.estimation.measured import TableEstimator
-            from apportion.estimation.registry import make_estimator
+        if estimator in ("tables", "auto"):  # measured times: the file's and this store's
+            from apportion.round import estimator_from
 
             batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
-            own = TableEstimator.from_store_samples(store.samples(), batches)
             try:
-                cfg.estimator = make_estimator(estimator, tables=TableEstimator(table.rows
-                                                                                + own.rows))
+                cfg.estimator = estimator_from(estimator, tables, store.samples(), batches)
             except InputError as exc:
                 return _bad(exc)
         return _locked_round(store, cl, cfg,

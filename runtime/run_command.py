@@ -76,13 +76,11 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
     store = open_store(state, create=False)
     if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
-        from apportion.estimation.measured import TableEstimator
-        from apportion.estimation.registry import make_estimator
+        from apportion.round import estimator_from
 
         batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
         try:
-            cfg.estimator = make_estimator(estimator, tables=TableEstimator.from_store_samples(
-                store.samples(), batches))
+            cfg.estimator = estimator_from(estimator, None, store.samples(), batches)
         except InputError:
             store.close()
             raise
