@@ -127,7 +127,8 @@ def _cel_rules(schema: dict[str, Any], value: Any, old: Any, path: str, out: lis
         try:
             ok = _cel_program(rule).evaluate(act)
         except Exception as exc:  # noqa: BLE001 - an evaluation error is a rejection
-            out.append(f"{path}: CEL rule {rule!r} failed to evaluate: {exc}")
+            out.append(f"{path}: {r.get('message', 'CEL rule failed')} (rule {rule!r} "
+                       f"did not evaluate to true: {exc})")
             continue
         if isinstance(ok, celpy.CELEvalError) or not bool(ok):
             out.append(f"{path}: {r.get('message', 'CEL rule failed')} ({rule})")
