@@ -17,13 +17,24 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from apportion.runtime.k8s_manifests import RESOURCES
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 WORKLOAD = ("kueue.x-k8s.io", "v1beta1", "workloads")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def require_k8s(flag: str) -> None:
+    """The ``kubernetes`` and ``tenacity`` packages (the ``[k8s]`` extra), or exit 2 saying so."""
+    import importlib.util
+
+    from apportion.errors import InputError
+
+    missing = [m for m in ("kubernetes", "tenacity") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise InputError(flag, flag.lstrip("-"), f"needs {' and '.join(missing)}: "
+                         "pip install 'apportion[k8s]'")
 
 
 def _status(exc: BaseException) -> int | None:
@@ -42,7 +53,8 @@ class K8sClient:
 
     def __init__(self, api_client: Any, namespace: str, retry_timeout_s: float = 60.0,
                  retry_wait_s: float = 0.5) -> None:
-        from kubernetes import client  # the [k8s] extra
+        require_k8s("--kubeconfig")
+        from kubernetes import client
 
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -53,6 +65,7 @@ class K8sClient:
     @classmethod
     def from_kubeconfig(cls, path: str | None, namespace: str, **kw: Any) -> K8sClient:
         """A client from a kubeconfig file (``None``: in-cluster service account)."""
+        require_k8s("--kubeconfig")
         from kubernetes import config
 
         if path is None:
@@ -63,6 +76,8 @@ class K8sClient:
         return cls(config.new_client_from_config(config_file=path), namespace, **kw)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
         for attempt in Retrying(retry=retry_if_exception(_retryable), reraise=True,
                                 stop=stop_after_delay(self.retry_timeout_s),
                                 wait=wait_exponential(multiplier=self.retry_wait_s,

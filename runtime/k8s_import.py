@@ -62,7 +62,11 @@ def _read(path: str | Path) -> Any:
 
 
 def _quantity(src: str, field: str, value: Any) -> float:
-    from kubernetes.utils import parse_quantity  # the [k8s] extra
+    try:
+        from kubernetes.utils import parse_quantity  # the [k8s] extra
+    except ImportError:
+        raise InputError(src, field, "reading Kubernetes quantities needs the kubernetes "
+                         "package: pip install 'apportion[k8s]'") from None
 
     try:
         q = float(parse_quantity(value))

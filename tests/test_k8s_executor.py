@@ -16,17 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
+from apportion.runtime.executor import Health
+from apportion.runtime.k8s_client import K8sClient
+from apportion.runtime.k8s_config import K8sConfig
+from apportion.runtime.k8s_manifests import object_name
+from apportion.runtime.kubernetes import KubernetesExecutor
 from k8s_schemas.server import ApiServerDouble
 
 from apportion.config import cluster_from_data
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec, Workload, job_dirname
 from apportion.plans import ExecutionPlan
-from apportion.runtime.executor import Health
-from apportion.runtime.k8s_client import K8sClient
-from apportion.runtime.k8s_config import K8sConfig
-from apportion.runtime.k8s_manifests import object_name
-from apportion.runtime.kubernetes import KubernetesExecutor
 
 CLUSTER = cluster_from_data({"name": "c", "node_groups": [{
     "prefix": "a100", "count": 4, "gpu_type": "A100-40GB", "gpus_per_node": 8,
@@ -65,7 +65,7 @@ def suspended(obj: dict) -> bool:
 @pytest.mark.parametrize("api", ["trainjob", "jobset", "pytorchjob"])
 def test_life_cycle(api: str, kueue: bool, tmp_path: Path) -> None:
     name, kind = object_name(JOB.id), KIND[api]
-    with ApiServerDouble(kueue=kueue) as srv:
+    with ApiServerDouble(kueue=kueue, terminate_s=1.0) as srv:  # the create meets it
         ex = executor(srv, cfg_for(api, queue="team" if kueue else None), tmp_path)
         uneven = {"a100-1": 4, "a100-2": 8, "a100-3": 4}
         (ev,) = ex.apply(decision(uneven), [JOB])
@@ -235,6 +235,7 @@ def _workers(srv: ApiServerDouble, mount: Path, stop: threading.Event, kind: str
 
 def test_apportion_run_until_idle(tmp_path: Path) -> None:
     from apportion.runtime.run_command import run_command
+
     from apportion.store import open_store
 
     (tmp_path / "cluster.yaml").write_text(json.dumps({"name": "c", "node_groups": [{

@@ -7,11 +7,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from apportion.runtime.k8s_import import import_k8s
 
 from apportion.config import cluster_from_data, parse_yaml_text
 from apportion.errors import InputError
 from apportion.gpus import canonical_gpu_name, gpu_catalog, gpu_product
-from apportion.runtime.k8s_import import import_k8s
 
 
 def node(name: str, product: str | None, gpus: str | None, cpu: str = "96",

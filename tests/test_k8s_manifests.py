@@ -11,16 +11,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from k8s_schemas import validate
-
-from apportion.cluster import Cluster
-from apportion.config import cluster_from_data, default_jobs, jobs_from_data, resolve_cluster
-from apportion.decision import Action, Allocation, Decision, SolveReport
-from apportion.errors import InputError
-from apportion.jobs import JobSpec
-from apportion.plans import ExecutionPlan
 from apportion.runtime.k8s_config import K8sConfig, allocatable, load_k8s_config
 from apportion.runtime.k8s_manifests import (
     HOSTNAME,
@@ -31,6 +21,16 @@ from apportion.runtime.k8s_manifests import (
     plan_supported,
 )
 from apportion.solvers.validator import validate as validate_decision
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from k8s_schemas import validate
+
+from apportion.cluster import Cluster
+from apportion.config import cluster_from_data, default_jobs, jobs_from_data, resolve_cluster
+from apportion.decision import Action, Allocation, Decision, SolveReport
+from apportion.errors import InputError
+from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
 
 APIS = ("trainjob", "jobset", "pytorchjob")
 README_CLUSTER = {"name": "my-cluster", "node_groups": [{
@@ -250,8 +250,9 @@ def test_reserve_that_leaves_nothing_names_the_field() -> None:
 
 def test_crius_testbed_round_through_every_api() -> None:
     """A real round on the default cluster; plans the built-in trainer refuses are refused."""
-    from apportion.round import RoundConfig, run_round
     from apportion.runtime.local import local_round_config
+
+    from apportion.round import RoundConfig, run_round
 
     cluster = resolve_cluster("crius-testbed")
     jobs, now = default_jobs()

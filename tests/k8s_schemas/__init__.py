@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import gzip
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,10 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "storage"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd(group: str, kind: str) -> dict[str, Any]:
     with gzip.open(HERE / CRD_FILES[(group, kind)], "rt", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        return yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def crd_scope(group: str, kind: str) -> str:
@@ -86,7 +86,7 @@ def _to_json_schema(node: Any) -> Any:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _crd_validator(group: str, kind: str, version: str) -> Any:
     import jsonschema
 
@@ -106,7 +106,7 @@ def _crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
 
 
 # -- CEL rules ----------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@cache
 def _cel_program(rule: str) -> Any:
     import celpy
 
@@ -148,16 +148,29 @@ def _cel_rules(schema: dict[str, Any], value: Any, old: Any, path: str, out: lis
 
 
 # -- core objects ---------------------------------------------------------------------------------
-def _core_errors(obj: dict[str, Any]) -> list[str]:
-    import kubernetes_validate
+@cache
+def _core_validator(kind: str, api_version: str) -> Any:
+    """kubernetes-validate's strict schema for a core kind, loaded once (its own validate()
+    re-reads the multi-megabyte definitions on every call)."""
+    import json
 
-    try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.path)
-        return [f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}: {where}: "
-                f"{exc.message}"]
-    return []
+    import jsonschema
+    import kubernetes_validate
+    from referencing import Registry, Resource
+
+    folder = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+              / f"v{K8S_VERSION}.0-local-strict")
+    name = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)  # same mapping as the package
+    schema = json.loads((folder / f"{kind.lower()}-{name}.json").read_text())
+    defs = json.loads((folder / "_definitions.json").read_text())
+    registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _core_errors(obj: dict[str, Any]) -> list[str]:
+    who = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
+    return [f"{who}: {'.'.join(str(p) for p in e.path)}: {e.message}"
+            for e in _core_validator(obj["kind"], obj["apiVersion"]).iter_errors(obj)]
 
 
 @lru_cache(maxsize=1)

@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlparse
 
 from . import crd, validate
@@ -132,13 +132,13 @@ class ApiServerDouble:
         self._server: ThreadingHTTPServer | None = None
 
     # -- life cycle -------------------------------------------------------------------------
-    def __enter__(self) -> ApiServerDouble:
+    def __enter__(self) -> Self:
         handler = type("Handler", (_Handler,), {"double": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
@@ -378,19 +378,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's names
+    def do_GET(self) -> None:
         self._serve("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._serve("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._serve("PUT")
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         self._serve("PATCH")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._serve("DELETE")
 
 
