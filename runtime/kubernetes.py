@@ -167,7 +167,10 @@ class KubernetesExecutor:
         stopping = [s for s in steps if s.allocation is None
                     or s.action in (Action.RESIZE, Action.MIGRATE)]
         for s in stopping:
-            self._suspend(s.job)
+            try:
+                self._suspend(s.job)
+            except Exception as exc:  # noqa: BLE001 - reported, the round goes on
+                log.error("job %s: suspend failed: %s", s.job, exc)
         self._wait_stopped([s.job for s in stopping])
         for s in steps:
             if s.allocation is None:
@@ -197,7 +200,13 @@ class KubernetesExecutor:
         old = self.tracked.get(job.id)
         how = "written"
         if self.client is not None:
-            how = self._apply_objects(job, docs, old)
+            try:
+                how = self._apply_objects(job, docs, old)
+            except Exception as exc:  # noqa: BLE001 - the API refused or is gone: fail this job
+                msg = f"{type(exc).__name__}: {getattr(exc, 'body', None) or exc}"
+                log.error("job %s: %s not applied: %s", job.id, self.kind, msg)
+                self.tracked[job.id] = Tracked(alloc, "failed", launch_id, error=msg)
+                return Event(job.id, "error", alloc.gpus, alloc.gpu_type, msg)
         self.tracked[job.id] = Tracked(alloc, "running", launch_id, job.iterations_done)
         return Event(job.id, action, alloc.gpus, alloc.gpu_type, f"{self.kind} {how}: {path}",
                      spec={"manifests": docs})
@@ -328,7 +337,11 @@ class KubernetesExecutor:
             return Health.CHECKPOINTED, None
         if self.client is None:
             return (Health.RUNNING if mine else Health.STARTING), None
-        obj = self.client.get(self.kind, object_name(job.id))
+        try:
+            obj = self.client.get(self.kind, object_name(job.id))
+        except Exception as exc:  # noqa: BLE001 - the API is unreachable: report what we know
+            log.warning("status of %s not read: %s", job.id, exc)
+            return (Health.RUNNING if mine else Health.STARTING), None
         if obj is None:
             t.state, t.error = "failed", f"{self.kind} was deleted outside apportion"
             return Health.FAILED, t.error

@@ -47,8 +47,8 @@ def decision(place: dict[str, int] | None, plan: ExecutionPlan | None = None,
 
 
 def cfg_for(api: str, **kw: object) -> K8sConfig:
-    return K8sConfig(api=api, retry_wait_s=0.02, retry_timeout_s=10, stop_timeout_s=5,
-                     **kw)  # type: ignore[arg-type]
+    settings: dict = {"retry_wait_s": 0.02, "retry_timeout_s": 10, "stop_timeout_s": 5, **kw}
+    return K8sConfig(api=api, **settings)
 
 
 def executor(srv: ApiServerDouble, cfg: K8sConfig, tmp: Path, **kw: object) -> KubernetesExecutor:
@@ -65,7 +65,7 @@ def suspended(obj: dict) -> bool:
 @pytest.mark.parametrize("api", ["trainjob", "jobset", "pytorchjob"])
 def test_life_cycle(api: str, kueue: bool, tmp_path: Path) -> None:
     name, kind = object_name(JOB.id), KIND[api]
-    with ApiServerDouble(kueue=kueue, terminate_s=1.0) as srv:  # the create meets it
+    with ApiServerDouble(kueue=kueue) as srv:
         ex = executor(srv, cfg_for(api, queue="team" if kueue else None), tmp_path)
         uneven = {"a100-1": 4, "a100-2": 8, "a100-3": 4}
         (ev,) = ex.apply(decision(uneven), [JOB])
@@ -296,3 +296,15 @@ def test_apportion_run_bad_k8s_config_exits_2(tmp_path: Path) -> None:
                               "--state", str(tmp_path / "s.db"), "--k8s-config",
                               str(tmp_path / "k8s.yaml"), "--until-idle"])
     assert res.exit_code == 2 and "namespace" in res.output
+
+
+def test_an_unreachable_api_fails_the_job_not_the_round(tmp_path: Path) -> None:
+    srv = ApiServerDouble().__enter__()
+    cfg = cfg_for("jobset", retry_timeout_s=1)
+    ex = KubernetesExecutor(tmp_path, CLUSTER, cfg, K8sClient(srv.api_client(retries=0),
+                                                              cfg.namespace, 1, 0.02))
+    srv.__exit__(None, None, None)  # the API server goes away
+    (ev,) = ex.apply(decision({"a100-0": 8}), [JOB])
+    assert ev.action == "error"
+    (p,) = ex.poll()
+    assert p.health is Health.FAILED and p.error

@@ -14,7 +14,9 @@ behaves as the API server does for what apportion uses:
   immutable (but for pod labels, annotations, node selectors, tolerations and
   scheduling gates while suspended) is enforced;
 * a deleted object stays *terminating* for ``terminate_s`` (its name is taken:
-  a create gets 409 AlreadyExists), then disappears with what it owns;
+  a create gets 409 AlreadyExists), then disappears with what it owns; so that
+  tests do not depend on the machine's speed, it outlives ``terminate_s`` until
+  one create has met it (or 5 s more have passed);
 * ``conflicts=N`` answers the next N writes with 409 Conflict, as a concurrent
   writer would cause;
 * a minimal controller: suspended jobs get ``Suspended=True``, running ones
@@ -126,6 +128,7 @@ class ApiServerDouble:
         self.conflicts = conflicts
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, ns, name)
         self.deleting: dict[tuple[str, str, str], float] = {}
+        self.met: set[tuple[str, str, str]] = set()  # terminating objects a create has met
         self.log: list[tuple[str, str, int]] = []
         self.lock = threading.RLock()
         self._rv = 0
@@ -148,11 +151,13 @@ class ApiServerDouble:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def api_client(self) -> Any:
+    def api_client(self, retries: int | None = None) -> Any:
         from kubernetes import client
 
         cfg = client.Configuration()
         cfg.host = self.url
+        if retries is not None:  # urllib3's own retries on connection errors
+            cfg.retries = retries
         return client.ApiClient(cfg)
 
     # -- helpers for tests ----------------------------------------------------------------------
@@ -190,7 +195,8 @@ class ApiServerDouble:
     def _expire(self) -> None:
         now = time.monotonic()
         for key, at in list(self.deleting.items()):
-            if now >= at:
+            if (now >= at and key in self.met) or now >= at + 5.0:
+                self.met.discard(key)
                 del self.deleting[key]
                 gone = self.objects.pop(key, None)
                 uid = (gone or {}).get("metadata", {}).get("uid")
@@ -266,6 +272,8 @@ class ApiServerDouble:
             key = (plural, ns, meta.get("name", ""))
             if key in self.objects:
                 more = " (it is being deleted)" if key in self.deleting else ""
+                if key in self.deleting:
+                    self.met.add(key)
                 raise ApiError(409, "AlreadyExists", f"{plural} \"{key[2]}\" already exists{more}")
             self._check(obj)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
