@@ -428,10 +428,15 @@ def run_cmd(
     until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
     workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here"),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
+                                             "(in-cluster: the pod's service account)"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
     policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
     estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
+                                              "YAML (namespace, image, PVC, queue, priorities)"),
+    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
+                               "every job instead of leaving them running"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -440,7 +445,8 @@ def run_cmd(
 
     try:
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
-                           kubeconfig, time_budget, policy=policy, estimator=estimator)
+                           kubeconfig, time_budget, k8s_config, drain, policy=policy,
+                           estimator=estimator)
     except InputError as exc:
         _fail(exc)
         return
@@ -527,6 +533,67 @@ def bench_solve_cmd(
     out.print(markdown(rows), markup=False, highlight=False)
     if json_out:
         write_json_atomic(json_out, rows)
+
+
+# -- Kubernetes: manifests and Kueue objects (logic in runtime/k8s_export.py) ---------------------
+export_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="write objects for other systems to apply")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("k8s")
+def export_k8s_cmd(
+    decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
+    api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
+    queue: Optional[str] = typer.Option(None, "--queue", help="Kueue LocalQueue for every job"),
+    queue_per_tenant: bool = typer.Option(False, "--queue-per-tenant",
+                                          help="each job in its tenant's LocalQueue (export kueue)"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="namespace (default: default)"),
+    image: Optional[str] = typer.Option(None, "--image", help="worker image"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
+                                          help="write the others when a plan or placement "
+                                               "cannot be expressed"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
+    _setup_logging(verbose)
+    from apportion.runtime.k8s_config import load_k8s_config
+    from apportion.runtime.k8s_export import export_k8s
+
+    try:
+        cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
+                              queue_per_tenant=queue_per_tenant or None)
+        index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
+    except InputError as exc:
+        _fail(exc)
+        return
+    err.print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
+              f"{len(index['refused'])} refused", highlight=False, markup=False)
+
+
+@export_app.command("kueue")
+def export_kueue_cmd(
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    tenants: Path = typer.Option(..., "--tenants", help="tenants YAML (quota_gpus per tenant)"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="LocalQueues' namespace"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+) -> None:
+    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues for the cluster's tenants."""
+    from apportion.runtime.k8s_config import load_k8s_config
+    from apportion.runtime.k8s_export import export_kueue
+
+    try:
+        cfg = load_k8s_config(k8s_config, namespace=namespace)
+        names = export_kueue(cluster, tenants, out_dir, cfg)
+    except InputError as exc:
+        _fail(exc)
+        return
+    err.print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
 
 
 def main() -> None:

@@ -42,6 +42,9 @@ class _Strict(BaseModel):
 
 
 NODE_NAME = r"^[A-Za-z0-9_.\-]+$"
+# [label key "="] label value (Kubernetes label syntax: value <= 63 characters)
+NODE_LABEL = (r"^(([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?=)?"
+              r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 class NodeGroupSpec(_Strict):
@@ -57,6 +60,9 @@ class NodeGroupSpec(_Strict):
     intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
     intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
     inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
+    # the Kubernetes node label that selects this group's GPUs: a value of
+    # nvidia.com/gpu.product (GPU Feature Discovery), or KEY=VALUE for another label
+    gpu_product_label: str | None = Field(default=None, max_length=317, pattern=NODE_LABEL)
 
 
 class ClusterSpec(_Strict):
@@ -348,7 +354,7 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
             intra_node_bandwidth_GBps=g.intra_node_bandwidth_GBps
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
-            names=tuple(g.nodes or ()),
+            names=tuple(g.nodes or ()), gpu_product_label=g.gpu_product_label,
         )
         for g in spec.node_groups
     ]
