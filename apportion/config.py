@@ -42,6 +42,7 @@ class _Strict(BaseModel):
 
 
 NODE_NAME = r"^[A-Za-z0-9_.\-]+$"
+LABEL_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class NodeGroupSpec(_Strict):
@@ -57,6 +58,11 @@ class NodeGroupSpec(_Strict):
     intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
     intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
     inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
+    # engine annotations kept by `apportion cluster import` (raw GPU name, Slurm partitions,
+    # the Kubernetes GPU product label, ...); the solver ignores them, executors may read them
+    labels: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=128)],
+                 Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]] = \
+        Field(default_factory=dict)
 
 
 class ClusterSpec(_Strict):
@@ -349,6 +355,7 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
             names=tuple(g.nodes or ()),
+            labels=tuple(sorted(g.labels.items())),
         )
         for g in spec.node_groups
     ]
