@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from apportion.config import cluster_from_data, read_yaml
+from apportion.config import NODE_NAME, cluster_from_data, read_yaml
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name, get_gpu
 
@@ -142,6 +142,9 @@ def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
             raise InputError(source, f"nodes[{i}].name", "every node needs a name")
         if name in seen:
             raise InputError(source, f"{name}.name", "node name reported twice")
+        if not re.fullmatch(NODE_NAME, name):
+            raise InputError(source, f"{name}.name", "a node name apportion's cluster format "
+                             "cannot hold (letters, digits, '_', '.', '-')")
         seen.add(name)
         gpus = n.get("gpus")
         if isinstance(gpus, float) and gpus.is_integer():

@@ -363,3 +363,17 @@ def replace_action(a: Allocation, action: Action) -> Allocation:
     from dataclasses import replace
 
     return replace(a, action=action)
+
+
+def test_builtin_trainer_across_two_nodes(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """No workload: apportion's own trainer, DDP over gloo between the two slurmd nodes."""
+    pytest.importorskip("torch")
+    job = JobSpec("t", "gpt-tiny", 8, 4, 2)
+    ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
+    (ev,) = ex.apply(_decision(_alloc("t", {"a40-0": 1, "a10-0": 1})), [job])
+    assert ev.spec["command"][-3:-1] == ["-m", "apportion.runtime.trainer"]
+    p = _wait(ex, "t", lambda p: p.done, 120)
+    assert (p.health, p.iterations_done, p.error) == (Health.FINISHED, 4, None)
+    worlds = [json.loads(s)["world"] for s in (tmp_path / "runs" / job_dirname("t") /
+                                               "losses.jsonl").read_text().splitlines()]
+    assert worlds == [2, 2, 2, 2]
