@@ -80,6 +80,7 @@ RECORD_FILE = "slurm-job.json"
 BUILTIN_PROGRESS = "progress.json"
 AGENT_MODULE = "apportion.runtime.slurm_task"
 STDERR_LINES = 12
+COMMENT_PREFIX = "apportion-launch:"
 BACKSTOP_S = 15.0  # beyond the grace, before apportion cancels a job whose agent did not end it
 
 
@@ -161,14 +162,20 @@ class SlurmExecutor:
     def _run(self, args: list[str], timeout_s: float = 60.0) -> str:
         return run(args, env=self.env, timeout_s=timeout_s)
 
-    def _query(self, force: bool = False) -> dict[str, tuple[str, str]]:
-        """Slurm's state of every job this executor knows (one squeue; sacct for the rest)."""
+    def _query(self, force: bool = False) -> dict[str, tuple[str, str]] | None:
+        """Slurm's state of every job this executor knows (one squeue; sacct for the rest);
+        None while squeue does not answer (nothing is concluded from silence)."""
         now = time.monotonic()
         if not force and now - self._states_at < self.query_interval_s:
             return self._states
         ids = {r.slurm_id for r in self.runs.values()}
-        states = squeue_states(self._run(["squeue", "--me", "-h", "-t", "all",
-                                          "-o", "%i|%T|%r"]))
+        try:
+            states = squeue_states(self._run(["squeue", "--me", "-h", "-t", "all",
+                                              "-o", "%i|%T|%r"]))
+        except SlurmError as exc:  # slurmctld restarting or overloaded: keep what was known
+            log.warning("squeue: %s; job states unchanged until it answers", exc)
+            self._states_at = now  # ask again after the interval; until then the last answer
+            return None
         missing = sorted(i for i in ids if i not in states)
         if missing:
             try:
@@ -264,20 +271,25 @@ class SlurmExecutor:
                                  {n: self.gres_type(n, alloc.gpu_type) for n in alloc.placement},
                                  self._requests(alloc))
         common = batch.common_options(f"{batch.JOB_NAME_PREFIX}{job_dirname(job.id)}", jobdir,
-                                      self.partition, self.sbatch_args)
+                                      self.partition,
+                                      [f"--comment={COMMENT_PREFIX}{launch_id}", *self.sbatch_args])
         script = jobdir / f"slurm-{launch_id}.sh"
         cmd = batch.sbatch_command(comps, common, script)
         script.write_text(batch.batch_script(comps, [self.python, "-m", AGENT_MODULE,
                                                      str(launch_file)], cmd))
         start_it = max(self._progress_now(jobdir, builtin), job.iterations_done)
+        prev = self.stopped.pop(job.id, None) or self.runs.pop(job.id, None)
+        run_ = _Launch(job.id, job.iterations, alloc, "", launch_id, jobdir, builtin, t0,
+                       start_it, action, iterations_done=start_it,
+                       history=prev.history if prev else [])
+        # recorded before sbatch too: a kill between the two leaves a launch id that a restarted
+        # executor finds in squeue by the job's comment, never an unknown job
+        write_json(jobdir / RECORD_FILE, run_.record())
         out = self._run(cmd).strip()
         slurm_id = out.split(";", 1)[0].strip()
         if not slurm_id.isdigit():
             raise SlurmError(f"sbatch answered {out!r}, not a job id")
-        prev = self.stopped.pop(job.id, None) or self.runs.pop(job.id, None)
-        run_ = _Launch(job.id, job.iterations, alloc, slurm_id, launch_id, jobdir, builtin, t0,
-                       start_it, action, iterations_done=start_it,
-                       history=prev.history if prev else [])
+        run_.slurm_id = slurm_id
         write_json(jobdir / RECORD_FILE, run_.record())
         self.runs[job.id] = run_
         self._states_at = -1e9
@@ -290,7 +302,7 @@ class SlurmExecutor:
     # -- stopping ------------------------------------------------------------------------
     def _stop(self, runs: Sequence[_Launch], checkpoint: bool = True) -> dict[str, bool]:
         """Stop jobs together: TERM (checkpoint), wait ``grace_s``, then cancel. True: clean."""
-        states = self._query(force=True)
+        states = self._query(force=True) or {}
         for r in runs:
             r.stop_requested = True
             st = states.get(r.slurm_id, ("", ""))[0]
@@ -316,8 +328,9 @@ class SlurmExecutor:
             if not self._wait_ended(r, 120.0):
                 log.error("%s: slurm job %s did not end after scancel", r.job_id, r.slurm_id)
         clean = {}
+        states = self._query(force=True) or {}
         for r in runs:
-            self._settle(r, self._query(force=True).get(r.slurm_id))
+            self._settle(r, states.get(r.slurm_id))
             killed = any(e.get("killed_after_grace") for e in self._exits(r))
             clean[r.job_id] = ended[r.job_id] and not killed
             self.runs.pop(r.job_id, None)
@@ -327,8 +340,9 @@ class SlurmExecutor:
     def _wait_ended(self, r: _Launch, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
-            st = self._query(force=True).get(r.slurm_id)
-            if st is None or st[0] not in ACTIVE_STATES:
+            states = self._query(force=True)
+            st = states.get(r.slurm_id) if states is not None else ("UNKNOWN", "")
+            if st is None or st[0] not in ACTIVE_STATES | {"UNKNOWN"}:
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -418,15 +432,20 @@ class SlurmExecutor:
         records = []
         for d in sorted(p for p in self.workdir.iterdir() if p.is_dir()):
             rec = read_json_file(d / RECORD_FILE)
-            if isinstance(rec, dict) and rec.get("slurm_job_id"):
+            if isinstance(rec, dict) and rec.get("launch_id"):
                 records.append((d, rec))
         if not records:
             return
+        by_comment: dict[str, str] = {}
         try:
-            states = self._query(force=True)
+            text = self._run(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%T|%r|%k"])
+            states: dict[str, tuple[str, str]] | None = squeue_states(text)
+            by_comment = {ln.split("|")[3].strip(): ln.split("|")[0].split("+")[0]
+                          for ln in text.splitlines() if ln.count("|") >= 3}
         except SlurmError as exc:
-            log.warning("cannot ask Slurm about earlier jobs in %s: %s", self.workdir, exc)
-            return
+            log.warning("cannot ask Slurm about earlier jobs in %s (%s): taking them as "
+                        "running until it answers", self.workdir, exc)
+            states = None
         for d, rec in records:
             try:
                 r = _Launch(str(rec["job"]), int(rec["iterations"]),
@@ -437,12 +456,19 @@ class SlurmExecutor:
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("%s: unreadable launch record (%s); ignored", d / RECORD_FILE, exc)
                 continue
-            st = states.get(r.slurm_id)
-            if st is not None and st[0] in ACTIVE_STATES:
+            if not r.slurm_id:  # killed between recording and sbatch: find it by its comment
+                r.slurm_id = by_comment.get(f"{COMMENT_PREFIX}{r.launch_id}", "") if states else ""
+                if not r.slurm_id:
+                    continue  # never submitted
+            st = states.get(r.slurm_id) if states is not None else ("UNKNOWN", "")
+            if st is not None and st[0] in ACTIVE_STATES | {"UNKNOWN"}:
                 r.slurm_state = st[0]
                 self.runs[r.job_id] = r
                 log.warning("adopted %s: slurm job %s (%s) from an earlier run", r.job_id,
                             r.slurm_id, st[0])
+            else:  # it ended while no executor watched it: report how
+                self._settle(r, st)
+                self.stopped[r.job_id] = r
 
     # -- the protocol ------------------------------------------------------------------
     def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
@@ -492,8 +518,8 @@ class SlurmExecutor:
         return events
 
     def poll(self) -> list[Progress]:
-        if self.runs:
-            states = self._query()
+        states = self._query() if self.runs else None
+        if states is not None:
             for job_id, r in list(self.runs.items()):
                 st = states.get(r.slurm_id)
                 if st is None or st[0] not in ACTIVE_STATES:

@@ -328,7 +328,10 @@ def test_heterogeneous_counts_adoption_and_checkpoint_on_shutdown(slurm: LocalSl
                          text=True, check=True).stdout.split()
     assert sorted(out) == sorted([f"{sid}+0", "a10-0", f"{sid}+1", "a40-0"]), out
 
-    # a new executor on the same folder (apportion restarted) adopts the running job
+    # a new executor on the same folder (apportion restarted) adopts the running job, even if
+    # the old one was killed before it recorded the job id (found by the job's comment)
+    record = tmp_path / "runs" / job_dirname("h") / "slurm-job.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "slurm_job_id": ""}))
     ex2 = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
     assert ex2.slurm_job("h") == sid
     (keep,) = ex2.apply(_decision(replace_action(alloc, Action.KEEP)), [job])
