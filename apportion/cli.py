@@ -421,7 +421,7 @@ def estimate_cmd(
 
 @app.command("run")
 def run_cmd(
-    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, a bundled name, or local"),
     state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
@@ -451,6 +451,46 @@ def run_cmd(
         _fail(exc)
         return
     raise typer.Exit(code)
+
+
+cluster_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="describe a real cluster (Slurm, Ray, Kubernetes) as a cluster YAML")
+app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("import")
+def cluster_import_cmd(
+    source: str = typer.Option(..., "--from", help="slurm | ray | k8s"),
+    nodes_file: Optional[Path] = typer.Argument(None, help="k8s: NODES.json (kubectl get nodes "
+                                                "-o json); slurm: saved `scontrol show node -o` "
+                                                "text (default: ask scontrol)"),
+    out_file: str = typer.Option(..., "--out", help="cluster YAML to write (- for stdout)"),
+    gpu_map: Optional[Path] = typer.Option(None, "--gpu-map", help="YAML: raw GPU name -> "
+                                           "catalog name (extends the built-in table)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="with --from ray"),
+    name: Optional[str] = typer.Option(None, "--name", help="cluster name (default SOURCE-cluster)"),
+    include_unavailable: bool = typer.Option(False, "--include-unavailable",
+                                             help="keep drained / down nodes"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept."""
+    _setup_logging(verbose)
+    from apportion.runtime.cluster_import import import_cluster
+
+    try:
+        doc = import_cluster(source, out_file, nodes_file, ray_address, gpu_map, name,
+                             include_unavailable)
+    except InputError as exc:
+        _fail(exc)
+        return
+    groups = doc["node_groups"]
+    gpus: dict[str, int] = {}
+    for g in groups:
+        gpus[g["gpu_type"]] = gpus.get(g["gpu_type"], 0) + g["gpus_per_node"] * len(g["nodes"])
+    err.print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
+              f"{sum(len(g['nodes']) for g in groups)} nodes, GPUs "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items())),
+              highlight=False, markup=False)
 
 
 @app.command("solve-shards")

@@ -45,6 +45,7 @@ NODE_NAME = r"^[A-Za-z0-9_.\-]+$"
 # [label key "="] label value (Kubernetes label syntax: value <= 63 characters)
 NODE_LABEL = (r"^(([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?=)?"
               r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class NodeGroupSpec(_Strict):
@@ -63,6 +64,11 @@ class NodeGroupSpec(_Strict):
     # the Kubernetes node label that selects this group's GPUs: a value of
     # nvidia.com/gpu.product (GPU Feature Discovery), or KEY=VALUE for another label
     gpu_product_label: str | None = Field(default=None, max_length=317, pattern=NODE_LABEL)
+    # engine annotations kept by `apportion cluster import` (raw GPU name, Slurm partitions,
+    # the Kubernetes GPU product label, ...); the solver ignores them, executors may read them
+    labels: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=128)],
+                 Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]] = \
+        Field(default_factory=dict)
 
 
 class ClusterSpec(_Strict):
@@ -355,6 +361,7 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
             names=tuple(g.nodes or ()), gpu_product_label=g.gpu_product_label,
+            labels=tuple(sorted(g.labels.items())),
         )
         for g in spec.node_groups
     ]

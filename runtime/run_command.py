@@ -19,7 +19,7 @@ from apportion.round import RoundConfig
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = ("dry-run", "local", "ray", "kubernetes")
+EXECUTORS = ("dry-run", "local", "slurm", "ray", "kubernetes")
 EXIT_BUSY = 75
 
 
@@ -33,6 +33,10 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
         from apportion.runtime.local import LocalExecutor
 
         return LocalExecutor(workdir)
+    if name == "slurm":
+        from apportion.runtime.slurm import from_environment
+
+        return from_environment(workdir, cluster)
     if name == "ray":
         from apportion.runtime.ray_executor import RayExecutor
 
@@ -77,7 +81,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     else:
         cluster = resolve_cluster(cluster_arg)
         cfg = RoundConfig(time_budget_s=time_budget_s)
-        if executor in ("local", "ray", "kubernetes"):  # the torch worker refuses PP with TP
+        if executor in ("local", "ray", "slurm", "kubernetes"):  # the torch worker refuses PP with TP
             from apportion.runtime.local import local_round_config
 
             cfg = local_round_config(time_budget_s)
