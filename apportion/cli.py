@@ -199,9 +199,10 @@ def solve_round(
     jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
     backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | greedy"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the decision JSON here "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the decision JSON here "
                                             "(- for stdout)"),
-    dump_problem: Optional[Path] = typer.Option(None, "--dump-problem",
+    dump_problem: Optional[Path] = typer.Option(None, "--dump-problem", readable=False,
                                                 help="write the candidates and estimates as JSON "
                                                      "(- for stdout)"),
     search_depth: int = typer.Option(3, "--search-depth", min=0, help="greedy local-search depth"),
@@ -357,9 +358,11 @@ def simulate_cmd(
     policy: str = typer.Option(..., "--policy", help="policy name (see apportion.experiments.policies)"),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
     seed: int = typer.Option(0, "--seed"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the summary JSON here "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the summary JSON here "
                                             "(- for stdout)"),
-    jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", help="write the per-job CSV here "
+    jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", readable=False,
+                                            help="write the per-job CSV here "
                                             "(- for stdout)"),
     interval: Optional[float] = typer.Option(None, "--interval", min=1.0, help="round length, s"),
     restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, help="s per restart"),
@@ -440,7 +443,7 @@ def bench_sim_cmd(
     days: float = typer.Option(14.0, "--days", min=0.1),
     time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
     max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="(- for stdout)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
@@ -464,9 +467,11 @@ def bench_sim_cmd(
 @bench_app.command("estimate")
 def bench_estimate_cmd(
     against: str = typer.Option(..., "--against", help="morphling | crius | local"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the result JSON here "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the result JSON here "
                                             "(- for stdout)"),
-    markdown_out: Optional[Path] = typer.Option(None, "--markdown", help="write a markdown table "
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown", readable=False,
+                                                help="write a markdown table "
                                                 "(- for stdout)"),
 ) -> None:
     """Estimator accuracy against measured iteration times (Morphling, Crius, or this machine).
@@ -500,7 +505,7 @@ def profile_cmd(
     backend: str = typer.Option("torch", "--backend", help="torch | jax"),
     batch: int = typer.Option(8, "--batch", min=1),
     devices: int = typer.Option(4, "--devices", min=1, help="stage width for DP/TP shards"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="(- for stdout)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
     """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
     from apportion.console import Progress
@@ -526,7 +531,7 @@ def estimate_cmd(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML or a bundled "
                                            "name (default testbed): " + _cluster_help()),
     estimator: str = typer.Option("all", "--estimator", help="crius | analytic | morphling | all"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="(- for stdout)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
     """Estimate one cell with the estimators and tune it (Crius 5.1-5.2)."""
     from apportion.config import default_cluster, resolve_cluster
@@ -582,7 +587,8 @@ def solve_shards_cmd(
     units: Path = typer.Option(..., "--units", help="shard-unit problem JSON (devices, models)"),
     method: str = typer.Option("cp-sat", "--method", help="cp-sat | milp | lrtf | random"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the schedule JSON here "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the schedule JSON here "
                                             "(- for stdout; default stdout)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -607,7 +613,8 @@ def solve_finetune_cmd(
     tasks: Path = typer.Option(..., "--tasks", help="fine-tuning task YAML (tasks, gains)"),
     capacity: int = typer.Option(..., "--capacity", help="GPUs available"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the answer JSON here "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the answer JSON here "
                                             "(- for stdout; default stdout)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -631,7 +638,8 @@ def solve_finetune_cmd(
 
 @bench_app.command("solve")
 def bench_solve_cmd(
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON "
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the rows as JSON "
                                             "(- for stdout)"),
     budget: float = typer.Option(5.0, "--time-budget", help="per-backend budget, s"),
     quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),

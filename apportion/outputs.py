@@ -55,7 +55,25 @@ def is_stdout(path: str | Path | None) -> bool:
 
 
 def any_stdout(*paths: str | Path | None) -> bool:
-    return any(is_stdout(p) for p in paths)
+    """Whether an output goes to this process's stdout: ``-``, or a path that is the same
+    file (``/dev/stdout``, or the file stdout is redirected to); the human tables then go to
+    stderr so the data stays clean."""
+    try:
+        out = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's buffer)
+        out = None
+    for p in paths:
+        if p is None:
+            continue
+        if is_stdout(p):
+            return True
+        if out is not None:
+            try:
+                if os.path.samestat(os.stat(p), out):
+                    return True
+            except (OSError, ValueError):
+                continue
+    return False
 
 
 def current_umask() -> int:
@@ -127,6 +145,10 @@ def check_output(path: str | Path | None, option: str) -> OutputTarget | None:
         return OutputTarget(option, given, "new", real)
     if stat.S_ISDIR(st.st_mode):
         raise InputError(given, option, "is a folder; give a file name")
+    if _is_descriptor_link(p, real):
+        # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open file of this process (a pipe, a
+        # terminal, or the file a shell redirected to): appended to in place, never replaced
+        return OutputTarget(option, given, "special", p, st.st_mode)
     if stat.S_ISREG(st.st_mode):
         _writable_dir(real.parent, given, option)
         if not os.access(real, os.W_OK):
@@ -136,6 +158,12 @@ def check_output(path: str | Path | None, option: str) -> OutputTarget | None:
     if not stat.S_ISSOCK(st.st_mode) and not os.access(real, os.W_OK):
         raise InputError(given, option, "not writable by this user")
     return OutputTarget(option, given, "special", real, st.st_mode)
+
+
+def _is_descriptor_link(p: Path, real: Path) -> bool:
+    given = os.path.abspath(p)
+    return (str(real).startswith("/proc/") or given.startswith(("/proc/", "/dev/fd/"))
+            or given in ("/dev/stdout", "/dev/stderr"))
 
 
 def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | None]:
@@ -207,8 +235,8 @@ def open_output(path: str | Path, option: str = "output", *, binary: bool = Fals
             with _socket_writer(real, binary, newline) as fh:
                 yield fh
             return
-        try:
-            fh = open(real, "wb" if binary else "w",  # noqa: SIM115 (closed below) encoding=None if binary else "utf-8",
+        try:  # append: a no-op for devices and pipes, and never truncates a redirected file
+            fh = open(real, "ab" if binary else "a",  # noqa: SIM115 (closed below) encoding=None if binary else "utf-8",
                       newline=None if binary else newline)
         except OSError as exc:
             raise _host_error(exc, str(real)) from None
