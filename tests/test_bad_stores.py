@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nonroot import NOBODY, run_as_nobody, skip_reason
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from nonroot import NOBODY, run_as_nobody, skip_reason
 
 runner = CliRunner()
 JOBS = {"jobs": [{"id": f"j{i}", "model": "bert-0.76b", "global_batch_size": 64,
