@@ -210,8 +210,8 @@ class Progress:
             count = f" {self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
         elif self.done:
             count = f" {self.done}{' ' + self.unit if self.unit else ''}"
-        sys.stderr.write(f"{self.description}:{count} {final or 'running'}, "
-                         f"{now - self._t0:.0f} s\n")
+        sys.stderr.write(f"{self.description}:{count}{',' if count else ''} "
+                         f"{final or 'running'}, {now - self._t0:.0f} s\n")
         sys.stderr.flush()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

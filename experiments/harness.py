@@ -252,18 +252,10 @@ def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> 
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, float):
-                cells.append("" if pd.isna(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The frame as markdown (:func:`apportion.tables.frame_markdown`, the one renderer)."""
+    from apportion.tables import frame_markdown
+
+    return frame_markdown(df)
 
 
 def write_plots(root: Path, policies: list[str], seeds: int) -> None:

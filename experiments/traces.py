@@ -42,7 +42,6 @@ import csv
 import itertools
 import logging
 import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,11 +55,11 @@ log = logging.getLogger(__name__)
 
 
 def data_root() -> Path:
-    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("APPORTION_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``
+    (:func:`apportion.env.data_root`, the one rule)."""
+    from apportion.env import data_root as root
+
+    return root()
 
 
 @dataclass(frozen=True)
