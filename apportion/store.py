@@ -258,7 +258,9 @@ def store_error(exc: sqlite3.Error, path: str | Path) -> Exception:
         return StoreDamaged(src, "--state", f"the state database is damaged ({text}): "
                             + recover_hint(src))
     if name.startswith("SQLITE_IOERR"):
-        return HostError(f"{src}: I/O error ({text}); check the disk, then run it again", 75)
+        return HostError(f"{src}: I/O error ({text}): the disk may be full or a file-size "
+                         "limit may apply; nothing was committed: free space (or check the "
+                         "disk) and run it again", 75)
     if isinstance(exc, sqlite3.IntegrityError):
         return StoreDamaged(src, "--state", f"a stored row breaks the store's rules ({text}): "
                             + recover_hint(src))
@@ -368,7 +370,11 @@ class StateStore:
                               "WHERE key = 'generation'")
             self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk fails the COMMIT itself): a
+            # second ROLLBACK would hide the real error behind "no transaction is active"
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
             raise
 
     def generation(self) -> int:
