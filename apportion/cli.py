@@ -48,7 +48,13 @@ def _uncaught(exc: BaseException) -> int:
     if isinstance(exc, sqlite3.Error):
         exc = store_error(exc, getattr(exc, "path", "the state database"))
     if isinstance(exc, OSError) and not isinstance(exc, InputError):
-        exc = HostError.from_os_error(exc, str(exc.filename or "a file"))
+        from apportion.env import data_root
+
+        name = str(exc.filename or "a file")
+        hint = (" (a data set: set APPORTION_DATA to the folder of the data sets)"
+                if isinstance(exc, FileNotFoundError) and name.startswith(str(data_root()))
+                else "")
+        exc = HostError.from_os_error(exc, name + hint)
     err = stderr_console()
     if isinstance(exc, StoreBusy):
         err.print(f"busy: {printable(exc)}", highlight=False, markup=False, soft_wrap=True)

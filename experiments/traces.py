@@ -529,7 +529,11 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
         n = int(s.split(":", 1)[1]) if ":" in s else 200
         return synthetic(n=n, seed=seed)
     if s in BUNDLED:
-        return load_any(data_root() / BUNDLED[s])
+        path = data_root() / BUNDLED[s]
+        if not path.exists():
+            raise InputError(s, "--trace", f"the bundled trace needs {path}, which is missing: "
+                             "set APPORTION_DATA to the folder of the data sets")
+        return load_any(path)
     p = Path(s)
     if not p.exists():
         raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "
