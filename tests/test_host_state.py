@@ -25,15 +25,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from apportion.estimation.cache import DiskCache
 from nonroot import NOBODY, run_as_nobody, skip_reason
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from apportion.estimation.cache import DiskCache
 
 runner = CliRunner()
 APPORTION = str(Path(sys.executable).with_name("apportion"))
