@@ -1,11 +1,11 @@
 """The newcomer's path: every command of the README, as written, on a fresh clone.
 
 ``git clone`` of this checkout into a temporary folder; the clone's own package is what
-runs: a shim folder puts the clone's ``apportion/`` (with its area folders
-``formulations/``, ``solvers/``, ... linked in, as the package-dir mapping installs them)
-first on ``PYTHONPATH``, and an ``apportion`` script and ``python`` first on ``PATH``.
-Dependencies come from this environment (a pip install of the clone would take minutes;
-``.ci/run`` does that one). The files the README tells a newcomer to save (the blocks
+runs: a ``sitecustomize`` on ``PYTHONPATH`` maps ``apportion`` and its areas
+(``apportion.solvers`` -> ``solvers/``, ...) to the clone, as an editable install of it
+would (``make run`` installs it editable), and ``apportion`` and ``python`` scripts come
+first on ``PATH``. Dependencies come from this environment (a pip install of the clone
+would take minutes; ``.ci/run`` does that one). The files the README tells a newcomer to save (the blocks
 marked ``<!-- file: NAME -->``: cluster.yaml, jobs.yaml, units.json, tasks.yaml) are
 written first; then every line of every ``sh`` block runs, in order, in the clone, and
 must exit 0. ``APPORTION_DATA`` points at this checkout's data (a clone has none beside
@@ -24,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,29 +38,49 @@ LONG: dict[str, tuple[str, object]] = {
     "make test": ("skip", "runs this very test suite"),
     "apportion run": ("append", ["--interval", "2", "--timeout", "4"]),  # dry-run never ends
     "apportion simulate": ("append", ["--max-jobs", "16"]),  # 96 jobs: ~20 s
-    "apportion compare": ("append", ["--max-jobs", "8", "--seeds", "1", "--workers", "2"]),
+    "apportion compare": ("append", ["--max-jobs", "4", "--seeds", "1"]),  # thousands of jobs
     "apportion bench sim": ("append", ["--days", "0.1", "--max-rounds", "2"]),  # 10,000 jobs
     "apportion bench solve": ("append", ["--time-budget", "0.5", "--backends", "highs"]),
-    "apportion bench estimate": ("skip", "fits and scores every estimator on the measured "
-                                         "tables (~30 s); tests/test_estimation_* cover it"),
-    "apportion profile": ("skip", "times every layer of a torch model (~30 s on a loaded "
-                                  "machine); tests/test_estimation_profilers.py covers it"),
+    "apportion bench estimate": ("skip", ("fits and scores every estimator on the measured "
+                                          "tables (~30 s); tests/test_estimation_* cover it")),
+    "apportion profile": ("skip", ("times every layer of a torch model (~30 s on a loaded "
+                                   "machine); tests/test_estimation_profilers.py covers it")),
     "python -m apportion.experiments.reproduce": ("help", "minutes of replays per paper"),
 }
 NEEDS_DATA = ("apportion simulate", "apportion compare", "apportion bench sim",
               "apportion bench estimate")
 
 
+_FINDER = '''"""apportion and its areas come from a fresh clone (tests/test_readme_commands.py)."""
+import importlib.machinery, importlib.util, os, sys
+
+MAPPING = MAPPING_HERE
+
+
+class _CloneFinder:
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        if fullname in MAPPING:
+            init = os.path.join(MAPPING[fullname], "__init__.py")
+            return importlib.util.spec_from_file_location(
+                fullname, init, submodule_search_locations=[MAPPING[fullname]])
+        return None
+
+
+sys.meta_path.insert(0, _CloneFinder)
+'''
+
+
 def readme_files(text: str) -> dict[str, str]:
     """The blocks marked ``<!-- file: NAME -->`` (the files a newcomer saves)."""
     return {m.group(1): m.group(2) for m in re.finditer(
-        r"<!-- file: (\S+) -->\s*\n```\w*\n(.*?)```", text, re.S)}
+        r"<!-- file: (\S+) -->\s*\n```\w*\n(.*?)```", text, re.DOTALL)}
 
 
 def readme_commands(text: str) -> list[str]:
     """Every command line of every ``sh`` block (continuations joined, comments kept)."""
     out = []
-    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+    for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL):
         joined = re.sub(r"\\\n\s*", " ", block)
         out += [ln.strip() for ln in joined.splitlines() if ln.strip()]
     return out
@@ -83,19 +104,17 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     shim = root / "shim"
-    pkg = shim / "apportion"
-    pkg.mkdir(parents=True)
-    for entry in (dest / "apportion").iterdir():
-        (pkg / entry.name).symlink_to(entry)
-    for area in AREAS:
-        (pkg / area).symlink_to(dest / area)
+    shim.mkdir()
+    mapping = {"apportion": str(dest / "apportion"),
+               **{f"apportion.{a}": str(dest / a) for a in AREAS}}
+    (shim / "sitecustomize.py").write_text(_FINDER.replace("MAPPING_HERE", repr(mapping)))
     bin_dir = shim / "bin"
     bin_dir.mkdir()
-    script = bin_dir / "apportion"
-    script.write_text(f"#!{sys.executable}\nimport sys\nfrom apportion.cli import main\n"
-                      "sys.argv[0] = 'apportion'\nmain()\n")
-    script.chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    boot = "import sys; sys.argv[0] = 'apportion'; from apportion.cli import main; main()"
+    for name, body in (("python", f'exec {sys.executable} "$@"\n'),
+                       ("apportion", f'exec {sys.executable} -c "{boot}" "$@"\n')):
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
     return dest
 
 
@@ -110,8 +129,9 @@ def _env(clone: Path) -> dict[str, str]:
 
 
 def test_the_clone_runs_its_own_code(clone: Path) -> None:
-    r = subprocess.run(["python", "-c", "import apportion, apportion.solvers, os; "
-                        "print(os.path.realpath(apportion.solvers.__file__))"],
+    code = ("import apportion, apportion.solvers, os; "
+            "print(os.path.realpath(apportion.solvers.__file__))")
+    r = subprocess.run(["python", "-c", code],
                        cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=60,
                        check=False)
     assert r.returncode == 0, r.stderr
@@ -131,6 +151,8 @@ def test_every_readme_command_runs_as_written(clone: Path) -> None:
     ran, skipped = [], []
     for line in commands:
         argv = shlex.split(line, comments=True)
+        if not argv:  # a comment continuing the line above
+            continue
         prefix = _prefix(argv)
         how, what = LONG.get(prefix, ("as written", None)) if prefix else ("as written", None)
         if how == "skip" or (not have_data and any(" ".join(argv).startswith(p)
@@ -141,8 +163,10 @@ def test_every_readme_command_runs_as_written(clone: Path) -> None:
             argv = argv + list(what)  # type: ignore[arg-type]
         elif how == "help":
             argv = argv + ["--help"]
+        t0 = time.monotonic()
         r = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True,
                            timeout=300, check=False)
+        print(f"{time.monotonic() - t0:6.1f} s  {' '.join(argv)}")
         assert r.returncode == 0, f"{line}\n--- stdout\n{r.stdout[-1500:]}\n--- stderr\n" \
                                   f"{r.stderr[-3000:]}"
         assert "Traceback" not in r.stderr, r.stderr
