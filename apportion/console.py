@@ -107,8 +107,7 @@ def setup_logging(verbose: bool = False) -> None:
     if _handler is None:
         _handler = _StderrHandler()
         _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(_handler)
-        logger.propagate = False
+        logger.addHandler(_handler)  # records still propagate (pytest's caplog, embedders)
     logger.setLevel(log_level(verbose))
 
 
