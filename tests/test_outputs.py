@@ -359,6 +359,16 @@ def test_outputs_as_a_non_root_user(nobody_dir: Path) -> None:
     r = run_as_nobody([*ROUND, "--dump-problem", "link.json"], d)
     assert r.returncode == 0 and (d / "link.json").is_symlink(), r.stderr
     assert "candidates" in (d / "real.json").read_text()
+    pipe = d / "pipe"  # a FIFO another program reads: written in place
+    os.mkfifo(pipe)
+    os.chown(pipe, NOBODY, NOBODY)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    r = run_as_nobody([*ROUND, "--json", "pipe"], d)
+    reader.join(30)
+    assert r.returncode == 0 and json.loads(got[0])["allocations"], r.stderr
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
     locked = d / "locked"
     locked.mkdir()
     os.chmod(locked, 0o755)  # root's folder: nobody cannot write into it
