@@ -13,10 +13,10 @@ import json
 import shutil
 from pathlib import Path
 
+from apportion.experiments import traces as tr
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from apportion.experiments import traces as tr
 
 runner = CliRunner()
 
