@@ -402,17 +402,19 @@ def compare(trace: str = "FM-1-roberta-base", capacity: int = 32, data: Path = D
 
 def markdown(result: dict[str, Any]) -> str:
     """Our average JCT per policy next to the shipped table of the same policy."""
+    from apportion.tables import markdown_table
+
     refs = dict(result["reference_avg_jct_s"])
-    lines = [f"### {result['trace']} ({result['capacity']} GPUs, {result['round_s']:.0f}-s rounds)", "",
-             "| policy | avg JCT (s), this simulator | shipped table | its avg JCT (s) |",
-             "|---|---|---|---|"]
+    rows = []
     for pol, v in result["avg_jct_s"].items():
         ref = REFERENCE.get(pol, "")
         rv = refs.pop(ref, None)
-        lines.append(f"| {pol} | {v:.1f} | {ref or '-'} | {'-' if rv is None else f'{rv:.1f}'} |")
+        rows.append([pol, f"{v:.1f}", ref or "-", "-" if rv is None else f"{rv:.1f}"])
     for ref, rv in refs.items():
-        lines.append(f"| - | - | {ref} | {rv:.1f} |")
-    return "\n".join(lines)
+        rows.append(["-", "-", ref, f"{rv:.1f}"])
+    head = f"### {result['trace']} ({result['capacity']} GPUs, {result['round_s']:.0f}-s rounds)"
+    return head + "\n\n" + markdown_table(["policy", "avg JCT (s), this simulator",
+                                            "shipped table", "its avg JCT (s)"], rows).rstrip("\n")
 
 
 def main(out_dir: str = "experiments/results/finetune", traces: tuple[str, ...] = (

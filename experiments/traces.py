@@ -39,9 +39,9 @@ Only paths are stored; large files are read from ``data_root()``
 from __future__ import annotations
 
 import csv
+import itertools
 import logging
 import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,11 +55,11 @@ log = logging.getLogger(__name__)
 
 
 def data_root() -> Path:
-    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("APPORTION_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``
+    (:func:`apportion.env.data_root`, the one rule)."""
+    from apportion.env import data_root as root
+
+    return root()
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,24 @@ class SimJob:
     cpus: int | None = None
 
 
+#: What :func:`load_any` can tell a trace file is, from its content (never its path):
+#: ``gavel`` (Gavel's .trace), ``gavel-csv`` (a normalised CSV of Gavel job types, with
+#: ``total_steps``), ``crius``, ``morphling``, ``elasticflow`` (a normalised CSV of
+#: ElasticFlow's models), ``raw`` (a cluster trace without models: Philly, ITP),
+#: ``synthetic``. The ground truth of a simulation follows it.
+FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", "raw", "synthetic")
+#: ElasticFlow's measured models (its ``throughputs_*/<model>.csv`` tables).
+ELASTICFLOW_MODELS = frozenset({"bert", "deepspeech2", "gpt2", "inception3", "resnet50",
+                                "resnet50_cifar10", "vgg16"})
+
+
 @dataclass
 class Trace:
     name: str
     jobs: list[SimJob]
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    format: str = ""  # one of FORMATS, detected from the content
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -109,10 +121,11 @@ class Trace:
                           deadline_s=None if j.deadline_s is None else j.deadline_s - start_s)
                   for j in js]
         return Trace(f"{self.name}[{start_s:.0f}:{end_s:.0f}]", js, self.source,
-                     self.notes + [f"window {start_s:.0f}-{end_s:.0f} s"])
+                     self.notes + [f"window {start_s:.0f}-{end_s:.0f} s"], self.format)
 
     def head(self, n: int) -> Trace:
-        return Trace(f"{self.name}[:{n}]", self.jobs[:n], self.source, self.notes + [f"first {n}"])
+        return Trace(f"{self.name}[:{n}]", self.jobs[:n], self.source, self.notes + [f"first {n}"],
+                     self.format)
 
 
 def _sorted(jobs: list[SimJob]) -> list[SimJob]:
@@ -120,10 +133,12 @@ def _sorted(jobs: list[SimJob]) -> list[SimJob]:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
+    """An existing regular file (a FIFO or a device is refused before it is opened)."""
+    from apportion.config import check_input_file
+
+    if not path.exists() and not path.is_symlink():
         raise InputError(str(path), "(file)", "no such trace file")
-    if path.is_dir():
-        raise InputError(str(path), "(file)", "is a directory, not a trace file")
+    check_input_file(path, "trace")
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +155,7 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
     _check_file(p)
     try:
         df = pd.read_csv(p, nrows=limit)
-    except Exception as exc:  # pandas raises many types for bad CSV
+    except Exception as exc:  # noqa: BLE001 (pandas raises many types for bad CSV)
         raise InputError(str(p), "(file)", f"not a readable CSV: {exc}") from None
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
@@ -180,11 +195,23 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
     if dropped:
         log.info("%s: dropped %d jobs without duration or GPUs", p, dropped)
         notes.append(f"dropped {dropped} rows with zero or missing duration or GPUs")
-    unordered = sum(1 for a, b in zip(jobs, jobs[1:]) if b.submit_s < a.submit_s)
+    unordered = sum(1 for a, b in itertools.pairwise(jobs) if b.submit_s < a.submit_s)
     if unordered:
         log.info("%s: %d submit times out of order; sorted", p, unordered)
         notes.append(f"{unordered} submit times out of order (sorted)")
-    return Trace(p.stem, _sorted(jobs), str(p), notes)
+    return Trace(p.stem, _sorted(jobs), str(p), notes, _normalised_format(df))
+
+
+def _normalised_format(df: pd.DataFrame) -> str:
+    """Which measured tables a normalised CSV's jobs belong to, from its columns and models."""
+    cols = set(df.columns)
+    if cols & {"total_steps", "v100_est_duration_s"}:
+        return "gavel-csv"
+    if "model" in cols:
+        models = {str(m) for m in df["model"].dropna().unique()}
+        if models and models <= ELASTICFLOW_MODELS:
+            return "elasticflow"
+    return "raw"
 
 
 # ---------------------------------------------------------------------------
@@ -212,7 +239,7 @@ def load_gavel_trace(path: str | Path) -> Trace:
             jobs.append(SimJob(job_id=f"{i:05d}", submit_s=arrival, gpus=sf, iterations=float(steps),
                                job_type=f[0], priority_weight=prio,
                                deadline_s=None if slo < 0 else arrival + slo))
-    return Trace(p.stem, jobs, str(p))  # Gavel keeps file order (job id) for ties
+    return Trace(p.stem, jobs, str(p), format="gavel")  # Gavel keeps file order for ties
 
 
 # ---------------------------------------------------------------------------
@@ -258,7 +285,8 @@ def load_crius_trace(path: str | Path) -> Trace:
             iterations=float(r.num_iteration), job_type=crius_key(r.model_name, int(r.batch_size)),
             model=crius_catalog_name(r.model_name), batch=int(r.batch_size), gpu_type=gt,
             deadline_s=None if dl is None or pd.isna(dl) else float(dl) - t0))
-    return Trace(p.stem, _sorted(jobs), str(p), [f"submit times rebased by {t0:.0f} s"])
+    return Trace(p.stem, _sorted(jobs), str(p), [f"submit times rebased by {t0:.0f} s"],
+                 "crius")
 
 
 # ---------------------------------------------------------------------------
@@ -294,7 +322,7 @@ def load_morphling_workload(path: str | Path) -> Trace:
             iterations=float(r.steps), job_type=app, model=MORPHLING_MODELS.get(app),
             batch=_morphling_batch(app), gpu_type="A800-80GB", tenant="A" if sla else "B", guaranteed=sla,
             duration_s=float(r.duration), plan=str(r.exec_plan), cpus=int(r.num_cpus)))
-    return Trace(p.stem, _sorted(jobs), str(p))
+    return Trace(p.stem, _sorted(jobs), str(p), format="morphling")
 
 
 # ---------------------------------------------------------------------------
@@ -343,7 +371,7 @@ def adapt_crius(trace: Trace, truth: Any, seed: int = 0, max_iterations: float =
         out.append(replace(j, gpus=gpus, iterations=float(iters), job_type=key,
                            model=crius_catalog_name(name), batch=batch, gpu_type=gtype))
     return Trace(f"{trace.name}-crius-s{seed}", out, trace.source,
-                 trace.notes + [f"adapt_crius seed={seed}"])
+                 trace.notes + [f"adapt_crius seed={seed}"], "crius")
 
 
 def busiest_window(trace: Trace, hours: float, by: str = "jobs") -> tuple[float, float]:
@@ -394,7 +422,8 @@ def morphling_downsample(trace: Trace, cluster_gpus: int = 64, source_gpus: int 
         out.append(replace(j, gpus=gpus, duration_s=dur, job_type=app,
                            model=MORPHLING_MODELS[app], gpu_type="A800-80GB"))
     return Trace(f"{trace.name}-morphling-s{seed}", out, trace.source,
-                 trace.notes + [f"busiest {hours} h from {s:.0f} s, sampled {cluster_gpus}/{source_gpus}"])
+                 trace.notes + [f"busiest {hours} h from {s:.0f} s, sampled {cluster_gpus}/{source_gpus}"],
+                 "morphling")
 
 
 def with_iterations(trace: Trace, truth: Any, gpu_type: str | None = None) -> Trace:
@@ -406,7 +435,8 @@ def with_iterations(trace: Trace, truth: Any, gpu_type: str | None = None) -> Tr
         if rate <= 0 or not j.duration_s:
             continue
         out.append(replace(j, iterations=float(max(1.0, round(j.duration_s * rate)))))
-    return Trace(trace.name, out, trace.source, trace.notes + ["iterations from duration"])
+    return Trace(trace.name, out, trace.source, trace.notes + ["iterations from duration"],
+                 trace.format)
 
 
 def synthetic(n: int = 200, rate_per_h: float = 20.0, seed: int = 0,
@@ -431,7 +461,8 @@ def synthetic(n: int = 200, rate_per_h: float = 20.0, seed: int = 0,
         it = float(round(math.exp(rng.uniform(math.log(iterations[0]), math.log(iterations[1])))))
         gt = gpu_types[rng.integers(len(gpu_types))] if gpu_types else None
         jobs.append(SimJob(f"syn-{i:05d}", round(t, 3), g, it, m, model=m, batch=256, gpu_type=gt))
-    return Trace(f"synthetic-n{n}-s{seed}", jobs, "synthetic", [f"poisson {rate_per_h}/h"])
+    return Trace(f"synthetic-n{n}-s{seed}", jobs, "synthetic", [f"poisson {rate_per_h}/h"],
+                 "synthetic")
 
 
 # ---------------------------------------------------------------------------
@@ -457,20 +488,38 @@ BUNDLED = {
 }
 
 
-def load_any(path: str | Path) -> Trace:
-    """Detect the format of a file: ``.trace`` (Gavel), Crius, Morphling or normalised CSV."""
+def detect_format(path: str | Path) -> str:
+    """The format of a trace file from its first line: ``gavel`` (10 tab-separated fields, or
+    a ``.trace`` file), ``crius``, ``morphling``, or ``csv`` (a normalised CSV, told apart by
+    its columns and models once read, see :func:`load_normalised_csv`)."""
     p = Path(path)
     _check_file(p)
-    if p.suffix == ".trace":
-        return load_gavel_trace(p)
-    with p.open(newline="") as fh:
-        header = next(csv.reader(fh), [])
+    try:
+        with p.open(newline="", encoding="utf-8", errors="replace") as fh:
+            first = fh.readline(1 << 16)
+    except OSError as exc:
+        raise InputError(str(p), "(file)", f"cannot read: {exc.strerror or exc}") from None
+    if p.suffix == ".trace" or first.count("\t") == 9:
+        return "gavel"
+    header = next(csv.reader([first]), [])
     cols = {c.strip().lstrip("\ufeff") for c in header}
     if {"submission_time", "num_iteration", "model_name"} <= cols:
-        return load_crius_trace(p)
+        return "crius"
     if {"name", "application", "exec_plan"} <= cols:
-        return load_morphling_workload(p)
-    return load_normalised_csv(p)
+        return "morphling"
+    return "csv"
+
+
+def load_any(path: str | Path) -> Trace:
+    """Detect the format of a file by its content (:func:`detect_format`) and load it."""
+    fmt = detect_format(path)
+    if fmt == "gavel":
+        return load_gavel_trace(path)
+    if fmt == "crius":
+        return load_crius_trace(path)
+    if fmt == "morphling":
+        return load_morphling_workload(path)
+    return load_normalised_csv(path)
 
 
 def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
@@ -480,7 +529,11 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
         n = int(s.split(":", 1)[1]) if ":" in s else 200
         return synthetic(n=n, seed=seed)
     if s in BUNDLED:
-        return load_any(data_root() / BUNDLED[s])
+        path = data_root() / BUNDLED[s]
+        if not path.exists():
+            raise InputError(s, "--trace", f"the bundled trace needs {path}, which is missing: "
+                             "set APPORTION_DATA to the folder of the data sets")
+        return load_any(path)
     p = Path(s)
     if not p.exists():
         raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "

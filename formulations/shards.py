@@ -29,13 +29,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import networkx as nx
 import numpy as np
 from apportion.formulations.model import LinearModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from apportion.config import read_text
+from apportion.config import field_path, read_text
 from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -177,83 +178,103 @@ def unit_graph(problem: ShardProblem) -> nx.DiGraph:
 
 
 # -- loading and validation ---------------------------------------------------------------
-def _number(value: Any, source: str, where: str, minimum: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(source, where, f"must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < minimum or (strict and v == minimum):
-        op = ">" if strict else ">="
-        raise InputError(source, where, f"must be finite and {op} {minimum:g}, got {value!r}")
-    return v
+#: Largest unit runtime and device time (s) accepted: ~31 years. Beyond it the solvers'
+#: integer time scaling overflows (a speed of 1e-300 made a unit take 1e300 s).
+MAX_SECONDS = 1e9
+#: Speeds and memories are bounded so that runtime / speed and the budgets stay finite.
+MAX_SPEED = 1e9
+MIN_SPEED = 1e-9
+MAX_BYTES = 1e18
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Bytes = Annotated[float, Field(ge=0, le=MAX_BYTES)]
 
 
-def _name(value: Any, source: str, where: str, seen: set[str]) -> str:
-    if not isinstance(value, str) or not value:
-        raise InputError(source, where, "must be a non-empty string")
-    if value in seen:
-        raise InputError(source, where, f"duplicate name {value!r}")
-    seen.add(value)
-    return value
+class _Strict(BaseModel):
+    # strict: a JSON true or "fast" is not a number; extra fields are typos, not options
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class DeviceSpec(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    speed: float = Field(default=1.0, gt=0, ge=MIN_SPEED, le=MAX_SPEED)
+    memory: float | None = Field(default=None, gt=0, le=MAX_BYTES)
+
+
+class ModelSpec(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    units: list[Seconds] = Field(min_length=1, max_length=1_000_000)
+    memory: list[Bytes] | Bytes | None = None
+
+
+class UnitsFile(_Strict):
+    """The ``solve-shards`` input contract (README): devices, models, buffer_fraction."""
+
+    devices: list[DeviceSpec] = Field(min_length=1, max_length=100_000)
+    models: list[ModelSpec] = Field(min_length=1, max_length=100_000)
+    buffer_fraction: float = Field(default=DEFAULT_BUFFER_FRACTION, ge=0, lt=1)
+
+
+def _unique(names: list[str], source: str, what: str) -> None:
+    seen: set[str] = set()
+    for k, n in enumerate(names):
+        if n in seen:
+            raise InputError(source, f"{what}[{k}].name", f"duplicate name {n!r}")
+        seen.add(n)
 
 
 def problem_from_dict(data: Any, source: str = "<memory>") -> ShardProblem:
-    """Validate the solve-shards JSON contract and build a :class:`ShardProblem`.
+    """Validate the solve-shards JSON contract (:class:`UnitsFile`, pydantic) and build a
+    :class:`ShardProblem`; every problem is an :class:`InputError` naming the field.
 
     Required: ``devices[].name``, ``devices[].speed`` (default 1.0),
     ``models[].name``, ``models[].units`` (runtimes in seconds). Optional:
     ``devices[].memory`` (bytes), ``models[].memory`` (bytes, one per unit or a
     single number) and ``buffer_fraction`` (double-buffer reserve, default 0.15).
+    Magnitudes are bounded (:data:`MAX_SECONDS`, :data:`MIN_SPEED`) so that no unit
+    takes longer than :data:`MAX_SECONDS` on any device.
     """
     if not isinstance(data, dict):
         raise InputError(source, "<root>", "must be a JSON object with devices and models")
-    devs = data.get("devices")
-    if not isinstance(devs, list) or not devs:
-        raise InputError(source, "devices", "must be a non-empty list")
-    buffer = data.get("buffer_fraction", DEFAULT_BUFFER_FRACTION)
-    buffer = _number(buffer, source, "buffer_fraction", 0.0, False)
-    if buffer >= 1.0:
-        raise InputError(source, "buffer_fraction", "must be < 1")
-    names: set[str] = set()
-    devices = []
-    for k, d in enumerate(devs):
-        if not isinstance(d, dict):
-            raise InputError(source, f"devices[{k}]", "must be an object")
-        name = _name(d.get("name"), source, f"devices[{k}].name", names)
-        speed = _number(d.get("speed", 1.0), source, f"devices[{k}].speed", 0.0, True)
-        dmem = d.get("memory")
-        dev_memory = math.inf if dmem is None else _number(dmem, source, f"devices[{k}].memory",
-                                                          0.0, True)
-        devices.append(ShardDevice(name, speed, dev_memory))
-    mods = data.get("models")
-    if not isinstance(mods, list) or not mods:
-        raise InputError(source, "models", "must be a non-empty list")
-    names = set()
+    try:
+        spec = UnitsFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(source, field_path(tuple(err["loc"])),
+                         err["msg"].removeprefix("Value error, ")
+                         + (f", got {err['input']!r}" if err["type"] != "missing"
+                            and not isinstance(err.get("input"), (dict, list)) else "")) from None
+    _unique([d.name for d in spec.devices], source, "devices")
+    _unique([m.name for m in spec.models], source, "models")
+    devices = [ShardDevice(d.name, d.speed, math.inf if d.memory is None else d.memory)
+               for d in spec.devices]
     models = []
-    for k, m in enumerate(mods):
-        if not isinstance(m, dict):
-            raise InputError(source, f"models[{k}]", "must be an object")
-        name = _name(m.get("name"), source, f"models[{k}].name", names)
-        units = m.get("units")
-        if not isinstance(units, list) or not units:
-            raise InputError(source, f"models[{k}].units", "must be a non-empty list of runtimes")
-        runtimes = tuple(_number(u, source, f"models[{k}].units[{j}]", 0.0, False)
-                         for j, u in enumerate(units))
-        mem = m.get("memory")
+    for k, m in enumerate(spec.models):
+        runtimes = tuple(float(u) for u in m.units)
         memory: tuple[float, ...] = ()
-        if isinstance(mem, list):
-            if len(mem) != len(runtimes):
+        if isinstance(m.memory, list):
+            if len(m.memory) != len(runtimes):
                 raise InputError(source, f"models[{k}].memory",
-                                 f"has {len(mem)} entries for {len(runtimes)} units")
-            memory = tuple(_number(v, source, f"models[{k}].memory[{j}]", 0.0, False)
-                           for j, v in enumerate(mem))
-        elif mem is not None:
-            memory = (_number(mem, source, f"models[{k}].memory", 0.0, False),) * len(runtimes)
-        models.append(ShardModel(name, runtimes, memory))
+                                 f"has {len(m.memory)} entries for {len(runtimes)} units")
+            memory = tuple(float(v) for v in m.memory)
+        elif m.memory is not None:
+            memory = (float(m.memory),) * len(runtimes)
+        models.append(ShardModel(m.name, runtimes, memory))
+    slowest = min(range(len(devices)), key=lambda p: devices[p].speed)
+    longest = max(((i, j) for i, m in enumerate(models) for j in range(len(m.runtimes))),
+                  key=lambda u: models[u[0]].runtimes[u[1]])
+    worst = models[longest[0]].runtimes[longest[1]] / devices[slowest].speed
+    if worst > MAX_SECONDS:
+        raise InputError(source, f"devices[{slowest}].speed",
+                         f"{devices[slowest].speed:g} is too slow: unit "
+                         f"models[{longest[0]}].units[{longest[1]}] would take {worst:.3g} s "
+                         f"on it (at most {MAX_SECONDS:g} s)")
+    buffer = spec.buffer_fraction
     problem = ShardProblem(devices, models, buffer, source)
     for i, m in enumerate(models):
         for j in range(len(m.runtimes)):
             if not problem.eligible(i, j):
-                where = f"models[{i}].memory[{j}]" if isinstance(mods[i].get("memory"), list) \
+                where = f"models[{i}].memory[{j}]" if isinstance(spec.models[i].memory, list) \
                     else f"models[{i}].memory"
                 raise InputError(source, where, f"unit {j} needs {m.unit_memory(j):g} bytes; no "
                                  f"device holds it after the {buffer:.0%} double-buffer reserve")

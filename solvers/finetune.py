@@ -20,6 +20,7 @@ Every answer goes through the independent validator before it is returned.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -278,12 +279,44 @@ def answer_output(problem: FinetuneProblem, answer: FinetuneAnswer, capacity: in
     return out
 
 
+#: Largest epochs, one-GPU epoch time and their product (GPU-time of a task) accepted:
+#: the answer is exact (fractions) but its floats, the MILP and the greedy are not, and
+#: 1e300 epochs overflowed float conversion. 1e9 s is about 31 years.
+MAX_EPOCHS = 1e6
+MAX_EPOCH_TIME = 1e9
+MAX_TASK_WORK = 1e12
+MAX_CAPACITY = 1_000_000
+
+
+def check_magnitudes(problem: FinetuneProblem, source: str) -> None:
+    """Refuse numbers whose sizes no solver here can use, naming the field."""
+    from apportion.errors import InputError
+
+    for i, t in enumerate(problem.tasks):
+        if t.epochs > MAX_EPOCHS:
+            raise InputError(source, f"tasks[{i}].epochs", f"{float(t.epochs):g} is more than "
+                             f"{MAX_EPOCHS:g} epochs")
+        if t.epoch_time_1gpu > MAX_EPOCH_TIME:
+            raise InputError(source, f"tasks[{i}].epoch_time_1gpu", f"{float(t.epoch_time_1gpu):g}"
+                             f" is more than {MAX_EPOCH_TIME:g}")
+        if t.epochs * t.epoch_time_1gpu > MAX_TASK_WORK:
+            raise InputError(source, f"tasks[{i}].epochs", f"epochs x epoch_time_1gpu = "
+                             f"{float(t.epochs * t.epoch_time_1gpu):g} is more than "
+                             f"{MAX_TASK_WORK:g} GPU-time units")
+
+
 def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 10.0) -> dict:
     """`apportion solve-finetune`: read and validate the task file, solve, validate, answer."""
     from apportion.errors import InputError
 
     problem = load_finetune_problem(tasks_path)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise InputError("--capacity", "capacity", "must be an integer >= 1")
+    check_magnitudes(problem, str(tasks_path))
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not \
+            1 <= capacity <= MAX_CAPACITY:
+        raise InputError("--capacity", "capacity", f"must be an integer in 1..{MAX_CAPACITY}")
+    if not (isinstance(time_budget_s, (int, float)) and math.isfinite(time_budget_s)
+            and time_budget_s > 0):
+        raise InputError("--time-budget", "time_budget", f"must be a positive number of "
+                         f"seconds, got {time_budget_s!r}")
     answer = solve_finetune(problem, capacity, time_budget_s)
     return answer_output(problem, answer, capacity)

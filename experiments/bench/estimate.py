@@ -34,7 +34,11 @@ from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+def _data() -> Path:
+    """``$APPORTION_DATA`` (or ../shared/data), read when a benchmark runs."""
+    from apportion.env import data_root
+
+    return data_root()
 
 # Morphling table 2 (mean / max error, %), for the side-by-side
 PAPER_TABLE2 = {
@@ -66,24 +70,13 @@ def rel_err(pred: float, meas: float) -> float:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rho (average ranks for ties)."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den > 0 else float("nan")
+    """Spearman's rho (average ranks for ties): :func:`scipy.stats.spearmanr`; NaN when a
+    side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
 
 
 # ---------------------------------------------------------------------------
@@ -148,7 +141,7 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
                     env: Env | None = None) -> dict[str, Any]:
     from apportion.experiments.bench import morphling_data as md
 
-    root = root or DATA / "morphling"
+    root = root or _data() / "morphling"
     models: dict[str, Any] = {}
     aug_models: dict[str, Any] = {}
     all_err: list[float] = []
@@ -251,7 +244,7 @@ def bench_crius(root: Path | None = None) -> dict[str, Any]:
     from apportion.estimation.crius import CellEstimator
     from apportion.experiments.bench import crius_data as cd
 
-    root = root or DATA / "crius"
+    root = root or _data() / "crius"
     rows = cd.load(root)
     jobs = sorted({r.job for r in rows})
     train_jobs = set(jobs[::2])
@@ -369,19 +362,22 @@ def run(against: str, **kw: Any) -> dict[str, Any]:
 def _family_table(models: dict[str, Any], overall: dict[str, Any],
                   paper: dict[str, Any]) -> list[str]:
     """Rows per model and plan family, then the overall row (markdown)."""
-    lines = ["| model | plan family | n | mean error | max error | paper mean / max |",
-             "|---|---|---:|---:|---:|---|"]
+    from apportion.tables import markdown_table
+
+    rows = []
     for model, fams in models.items():
         for fam, v in fams.items():
             if not isinstance(v, dict) or "mean_error" not in v:
                 continue
             ref = paper.get(model, {}).get(fam)
-            lines.append(f"| {model} | {fam} | {v['n']} | {100 * v['mean_error']:.1f}% | "
-                         f"{100 * v['max_error']:.1f}% | "
-                         f"{'%.2f%% / %.2f%%' % tuple(ref) if ref else ''} |")
-    lines.append(f"| **overall** | | {overall['n']} | {100 * overall['mean_error']:.1f}% | "
-                 f"{100 * overall['max_error']:.1f}% | |")
-    return lines
+            rows.append([model, fam, str(v["n"]), f"{100 * v['mean_error']:.1f}%",
+                         f"{100 * v['max_error']:.1f}%",
+                         f"{ref[0]:.2f}% / {ref[1]:.2f}%" if ref else ""])
+    rows.append(["**overall**", "", str(overall["n"]), f"{100 * overall['mean_error']:.1f}%",
+                 f"{100 * overall['max_error']:.1f}%", ""])
+    return markdown_table(["model", "plan family", "n", "mean error", "max error",
+                           "paper mean / max"], rows,
+                          align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -422,7 +418,7 @@ def fit_analytic_from_crius(root: Path | None = None) -> Any:
     from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
     from apportion.experiments.bench import crius_data as cd
 
-    rows = cd.load(root or DATA / "crius")
+    rows = cd.load(root or _data() / "crius")
     base = AnalyticEstimator(efficiency=0.45)
     ratios: dict[str, list[float]] = {}
     for r in rows:
