@@ -22,12 +22,13 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.morphling import Env, MorphlingEstimator, MorphlingSample
+from apportion.experiments.bench.accuracy import rel_err, score_morphling, spearman, summarize
+from apportion.experiments.bench.estimate_local import bench_local
 
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
@@ -58,46 +59,9 @@ PAPER_TABLE2 = {
 }
 
 
-def summarize(errors: Iterable[float]) -> dict[str, float]:
-    e = list(errors)
-    if not e:
-        return {"n": 0, "mean_error": float("nan"), "max_error": float("nan")}
-    return {"n": len(e), "mean_error": float(statistics.fmean(e)), "max_error": float(max(e))}
-
-
-def rel_err(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rho (average ranks for ties): :func:`scipy.stats.spearmanr`; NaN when a
-    side is constant."""
-    from scipy.stats import spearmanr
-
-    if len(set(a)) < 2 or len(set(b)) < 2:
-        return float("nan")
-    return float(spearmanr(a, b).statistic)
-
-
 # ---------------------------------------------------------------------------
 # Morphling
 # ---------------------------------------------------------------------------
-def _score_morphling(est: MorphlingEstimator, rows: list[tuple[str, MorphlingSample]]
-                     ) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
-    fams: dict[str, list[float]] = {}
-    detail = []
-    for fam, s in rows:
-        assert s.arch is not None and s.nodes is not None
-        p = est.predict_config(s.arch, s.job.global_batch_size, s.plan, s.nodes, s.cpus,
-                               s.gpu_type)["T_iter"]
-        e = rel_err(p, s.iter_time_s)
-        fams.setdefault(fam, []).append(e)
-        detail.append({"family": fam, "plan": s.plan.label(),
-                       "placement": "".join(str(k) for k in s.nodes),
-                       "measured_s": s.iter_time_s, "predicted_s": p, "error": e})
-    return fams, detail
-
-
 def placement_kind(placement: str) -> str:
     """``single-node``, ``multi-node-even`` or ``multi-node-odd`` (some node holds an odd
     number of the job's GPUs: on Morphling's testbed those placements run 2-5x slower than
@@ -156,7 +120,7 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
         prof = md.profile_samples(m, root)
         rows = md.trace_rows(m, root)
         est = MorphlingEstimator(env=env, min_samples=min(7, len(prof))).fit(prof)
-        fams, detail = _score_morphling(est, rows)
+        fams, detail = score_morphling(est, rows)
         models[key] = {f: summarize(e) for f, e in fams.items()}
         models[key]["fit"] = {"samples": len(prof), "rmsle": est.fit_rmsle_[m.catalog],
                               "k": est.k_[m.catalog]}
@@ -170,14 +134,14 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
         est2 = MorphlingEstimator(env=env, min_samples=7).fit(
             prof + [rows[i][1] for i in sorted(chosen)])
         held = [r for i, r in enumerate(rows) if i not in chosen]
-        fams2, _ = _score_morphling(est2, held)
+        fams2, _ = score_morphling(est2, held)
         aug_models[key] = {f: summarize(e) for f, e in fams2.items()}
         aug_err += [x for e in fams2.values() for x in e]
         # protocol "covering": sampled runs cover every plan family and placement kind
         cover = covering_rows(prof, rows)
         est3 = MorphlingEstimator(env=env, min_samples=7).fit(
             prof + [rows[i][1] for i in cover])
-        fams3, detail3 = _score_morphling(est3, [r for i, r in enumerate(rows)
+        fams3, detail3 = score_morphling(est3, [r for i, r in enumerate(rows)
                                                  if i not in cover])
         cov_models[key] = {f: summarize(e) for f, e in fams3.items()}
         cov_models[key]["fit"] = {"samples": len(prof) + len(cover),
@@ -354,7 +318,6 @@ def run(against: str, **kw: Any) -> dict[str, Any]:
     if against == "crius":
         return bench_crius(**kw)
     if against == "local":
-        from apportion.experiments.bench.estimate_local import bench_local
         return bench_local(**kw)
     raise ValueError(f"unknown benchmark {against!r}; choose morphling, crius or local")
 
