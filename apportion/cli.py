@@ -492,6 +492,8 @@ def solve_finetune_cmd(
     capacity: int = typer.Option(..., "--capacity", help="GPUs available"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the answer JSON here"),
+    gains: str = typer.Option("file", "--gains", help="file: the task file's gains; auto: "
+                              "also Task2Vec-predicted gains from each task's `data` samples"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
@@ -504,10 +506,15 @@ def solve_finetune_cmd(
         if not time_budget > 0:
             raise InputError("--time-budget", "time_budget", f"must be positive, got {time_budget}")
         _check_output_path(json_out, "--json")
-        result = solve_finetune_file(str(tasks), capacity, time_budget)
+        result = solve_finetune_file(str(tasks), capacity, time_budget, gains)
     except InputError as exc:
         _fail(exc)
         return
+    for tid, why in result.get("gains_auto", {}).get("unavailable", {}).items():
+        err.print(f"--gains auto: no gains for task {tid}: {why}", highlight=False, markup=False)
+    note = result.get("gains_auto", {}).get("gain_map", {}).get("note")
+    if note:
+        err.print(f"--gains auto: {note}", highlight=False, markup=False)
     err.print(f"total JCT {result['total_jct']}  status {result['status']}", highlight=False,
               markup=False)
     if json_out:

@@ -89,8 +89,13 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
     """The trace (adapted where the papers adapt it) and the ground truth that fits it."""
     t = tr.load_trace(trace_arg, seed=seed)
     src = t.source
+    if any(j.finetune is not None for j in t.jobs):  # YMIR's fine-tuning workloads
+        from apportion.experiments.finetune_truth import FinetuneTruth
+
+        truth: Any = FinetuneTruth()
+        return truth.with_iterations(t), truth
     if src.endswith(".trace") or "gavel" in src:
-        truth: Any = gt.GavelTruth()
+        truth = gt.GavelTruth()
     elif "/crius/" in src:
         truth = gt.CriusTruth()
     elif "/morphling/" in src:
