@@ -328,9 +328,10 @@ class Simulator:
                     js.finish = end
                     finished.append(js.id)
                     for m in js.members:  # merged jobs reach their targets together
-                        ms = by_id[m]
-                        ms.done, ms.finish = ms.trace.iterations, end
-                        finished.append(m)
+                        ms = by_id.get(m)
+                        if ms is not None:
+                            ms.done, ms.finish = ms.trace.iterations, end
+                            finished.append(m)
                 else:
                     js.done += rate * (t1 - start)
                 progressed = True
