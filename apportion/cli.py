@@ -700,6 +700,8 @@ def solve_finetune_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the answer JSON here "
                                             "(- for stdout; default stdout)"),
+    gains: str = typer.Option("file", "--gains", help="file: the task file's gains; auto: "
+                              "also Task2Vec-predicted gains from each task's `data` samples"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
@@ -711,12 +713,19 @@ def solve_finetune_cmd(
             raise InputError("--capacity", "capacity", f"must be at least 1, got {capacity}")
         _check_finite(time_budget, "--time-budget")
         outputs.check_outputs((json_out, "--json"))
-        result = solve_finetune_file(str(tasks), capacity, time_budget)
+        result = solve_finetune_file(str(tasks), capacity, time_budget, gains)
     except InputError as exc:
         _fail(exc)
         return
-    stderr_console().print(f"total JCT {result['total_jct']}  status {result['status']}",
-                           highlight=False, markup=False)
+    err = stderr_console()
+    for tid, why in result.get("gains_auto", {}).get("unavailable", {}).items():
+        err.print(f"--gains auto: no gains for task {printable(tid)}: {why}", highlight=False,
+                  markup=False)
+    note = result.get("gains_auto", {}).get("gain_map", {}).get("note")
+    if note:
+        err.print(f"--gains auto: {note}", highlight=False, markup=False)
+    err.print(f"total JCT {result['total_jct']}  status {result['status']}",
+              highlight=False, markup=False)
     outputs.write_json(json_out or outputs.STDOUT, result, "--json")
 
 

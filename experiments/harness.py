@@ -81,10 +81,10 @@ def cluster_from_arg(arg: str) -> Cluster:
 
 
 #: ``--truth`` values: ``auto`` follows the trace format detected from the file's content.
-TRUTHS = ("auto", "gavel", "crius", "morphling", "elasticflow", "analytic")
+TRUTHS = ("auto", "gavel", "crius", "morphling", "elasticflow", "analytic", "finetune")
 _TRUTH_OF_FORMAT = {"gavel": "gavel", "gavel-csv": "gavel", "crius": "crius",
                     "morphling": "morphling", "elasticflow": "elasticflow",
-                    "synthetic": "analytic", "raw": "crius"}
+                    "synthetic": "analytic", "raw": "crius", "finetune": "finetune"}
 
 
 def _make_truth(kind: str, cluster: Cluster) -> Any:
@@ -126,6 +126,11 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
         raise InputError(truth, "--truth", f"unknown ground truth; choose {', '.join(TRUTHS)}")
     t = tr.load_trace(trace_arg, seed=seed)
     kind = _TRUTH_OF_FORMAT.get(t.format, "crius") if truth == "auto" else truth
+    if kind == "finetune":  # YMIR's fine-tuning workloads: work to target is the truth's
+        from apportion.experiments.finetune_truth import FinetuneTruth
+
+        ft = FinetuneTruth()
+        return ft.with_iterations(t), ft
     if t.format == "raw":
         if kind != "crius":
             raise InputError(trace_arg, "--truth", f"a raw cluster trace carries no models; "

@@ -12,7 +12,12 @@ plus where it came from. Four source formats are read:
 * Crius's adapted traces (``job_id, submission_time, num_iteration,
   model_name, deadline, batch_size, num_gpu, gpu_type``);
 * Morphling's workloads (``name, submission_time, duration, application,
-  num_gpus, num_cpus, bandwidth, exec_plan, steps, is_sla``).
+  num_gpus, num_cpus, bandwidth, exec_plan, steps, is_sla``);
+* YMIR's fine-tuning workloads (Titan's FMTrace samples: ``name,
+  submission_time, application, num_gpus, target_batch_size, target_lr,
+  target_gradient_steps, target_metric``): :func:`load_finetune_workload`.
+  Their iterations to target are ground truth, filled in by
+  :class:`apportion.experiments.finetune_truth.FinetuneTruth`.
 
 Raw cluster traces (Philly, ITP) carry no model, batch or GPU type: the
 papers' adaptations assign them, seeded and documented here:
@@ -63,6 +68,20 @@ def data_root() -> Path:
 
 
 @dataclass(frozen=True)
+class FinetuneInfo:
+    """What a fine-tuning job of a trace fine-tunes (YMIR's submission, figure 14):
+    the backbone, the task (dataset), the hyper-parameters its convergence curve is
+    measured under, and the target metric value that ends it."""
+
+    backbone: str
+    task: str
+    lr: str  # as the measured curves key it ("4e-5")
+    steps: str  # gradient steps (accumulation) of the curves' key ("8")
+    target: float
+    accepts_sharing: bool = True
+
+
+@dataclass(frozen=True)
 class SimJob:
     """One job of a trace, as the simulator and the policies see it.
 
@@ -86,6 +105,7 @@ class SimJob:
     priority_weight: float = 1.0
     plan: str | None = None
     cpus: int | None = None
+    finetune: FinetuneInfo | None = None  # a fine-tuning job (YMIR): backbone, task, target
 
 
 #: What :func:`load_any` can tell a trace file is, from its content (never its path):
@@ -93,7 +113,8 @@ class SimJob:
 #: ``total_steps``), ``crius``, ``morphling``, ``elasticflow`` (a normalised CSV of
 #: ElasticFlow's models), ``raw`` (a cluster trace without models: Philly, ITP),
 #: ``synthetic``. The ground truth of a simulation follows it.
-FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", "raw", "synthetic")
+FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", "raw", "synthetic",
+           "finetune")
 #: ElasticFlow's measured models (its ``throughputs_*/<model>.csv`` tables).
 ELASTICFLOW_MODELS = frozenset({"bert", "deepspeech2", "gpt2", "inception3", "resnet50",
                                 "resnet50_cifar10", "vgg16"})
@@ -326,6 +347,48 @@ def load_morphling_workload(path: str | Path) -> Trace:
 
 
 # ---------------------------------------------------------------------------
+# YMIR / Titan fine-tuning workloads
+# ---------------------------------------------------------------------------
+FINETUNE_COLUMNS = ("name", "submission_time", "application", "num_gpus", "target_batch_size",
+                    "target_lr", "target_gradient_steps", "target_metric")
+#: GPU type of the throughput profiles the fine-tuning replays use (YMIR simulates on V100)
+FINETUNE_GPU = "V100-32GB"
+
+
+def load_finetune_workload(path: str | Path) -> Trace:
+    """A Titan/YMIR workload CSV: one fine-tuning job per row (``backbone@task``).
+
+    Iterations are left at 0: how many a job needs to reach its target is ground
+    truth (:meth:`apportion.experiments.finetune_truth.FinetuneTruth.with_iterations`)."""
+    p = Path(path)
+    _check_file(p)
+    with p.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    jobs = []
+    for i, r in enumerate(rows):
+        for c in FINETUNE_COLUMNS:
+            if r.get(c) in (None, ""):
+                raise InputError(str(p), f"row {i + 2}.{c}", "required value missing")
+        backbone, sep, task = r["application"].partition("@")
+        if not sep or not backbone or not task:
+            raise InputError(str(p), f"row {i + 2}.application", "must look like backbone@task")
+        try:
+            submit, gpus = float(r["submission_time"]), int(r["num_gpus"])
+            batch, target = int(r["target_batch_size"]), float(r["target_metric"])
+        except ValueError as exc:
+            raise InputError(str(p), f"row {i + 2}", f"bad number: {exc}") from None
+        if submit < 0 or gpus <= 0 or batch <= 0:
+            raise InputError(str(p), f"row {i + 2}", "submission_time must be >= 0, num_gpus "
+                             "and target_batch_size > 0")
+        jobs.append(SimJob(job_id=r["name"], submit_s=submit, gpus=gpus, iterations=0.0,
+                           job_type=r["application"], batch=batch, gpu_type=FINETUNE_GPU,
+                           finetune=FinetuneInfo(backbone, task, r["target_lr"],
+                                                 r["target_gradient_steps"], target)))
+    return Trace(f"{p.parent.name}" if p.stem.startswith("workload") else p.stem, _sorted(jobs),
+                 str(p), format="finetune")
+
+
+# ---------------------------------------------------------------------------
 # Adaptations
 # ---------------------------------------------------------------------------
 CRIUS_TABLE2 = {  # family -> (sizes as in prof_database keys, batch sizes)
@@ -485,6 +548,8 @@ BUNDLED = {
     "morphling-base": "morphling/workloads/workload-base.csv",
     "morphling-bp": "morphling/workloads/workload-bp.csv",
     "morphling-mt": "morphling/workloads/workload-mt.csv",
+    **{f"fm-{load}-{fm}": f"titan-finetune/traces/FM-{load}-{fm}/workload-0.csv"
+       for load in ("1", "1.5", "2") for fm in ("roberta-base", "roberta-large")},
 }
 
 
@@ -507,6 +572,8 @@ def detect_format(path: str | Path) -> str:
         return "crius"
     if {"name", "application", "exec_plan"} <= cols:
         return "morphling"
+    if set(FINETUNE_COLUMNS) <= cols:
+        return "finetune"
     return "csv"
 
 
@@ -519,15 +586,27 @@ def load_any(path: str | Path) -> Trace:
         return load_crius_trace(path)
     if fmt == "morphling":
         return load_morphling_workload(path)
+    if fmt == "finetune":
+        return load_finetune_workload(path)
     return load_normalised_csv(path)
 
 
 def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
-    """A bundled name (see ``BUNDLED``; ``synthetic`` or ``synthetic:N``) or a file path."""
+    """A bundled name (see ``BUNDLED``; ``synthetic`` or ``synthetic:N``; ``fm-generated``
+    or ``fm-generated:N[:backbone]``, YMIR's workload recipe) or a file path."""
     s = str(name_or_path)
     if s.startswith("synthetic"):
         n = int(s.split(":", 1)[1]) if ":" in s else 200
         return synthetic(n=n, seed=seed)
+    if s.startswith("fm-generated"):
+        from apportion.experiments.finetune_truth import generated_trace
+
+        parts = s.split(":")
+        try:
+            n = int(parts[1]) if len(parts) > 1 else 120
+        except ValueError:
+            raise InputError(s, "--trace", "fm-generated:N[:backbone] needs a job count N") from None
+        return generated_trace(n, parts[2] if len(parts) > 2 else "roberta-base", seed)
     if s in BUNDLED:
         path = data_root() / BUNDLED[s]
         if not path.exists():
@@ -537,5 +616,5 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
     p = Path(s)
     if not p.exists():
         raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "
-                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]"]))
+                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]", "fm-generated[:N]"]))
     return load_any(p)

@@ -43,7 +43,12 @@ from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.finetune_validator import validate_finetune_answer
 from apportion.solvers.highs import HighsBackend
 
-from apportion.finetune_spec import FinetuneProblem, load_finetune_problem
+from apportion.finetune_spec import (
+    SPATIAL_SEP,
+    TEMPORAL_SEP,
+    FinetuneProblem,
+    load_finetune_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -305,10 +310,55 @@ def check_magnitudes(problem: FinetuneProblem, source: str) -> None:
                              f"{MAX_TASK_WORK:g} GPU-time units")
 
 
-def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 10.0) -> dict:
-    """`apportion solve-finetune`: read and validate the task file, solve, validate, answer."""
+GAINS_SOURCES = ("file", "auto")
+
+
+def with_auto_gains(problem: FinetuneProblem, probe_kw: dict[str, Any] | None = None
+                    ) -> tuple[FinetuneProblem, dict[str, Any]]:
+    """The problem with Task2Vec-predicted gains added (``--gains auto``).
+
+    Gains the file gives are measurements: they are kept as they are and calibrate the
+    score-to-gain map; every other pair of tasks with ``data`` gets the predicted gain
+    when positive (negative combinations are filtered, as YMIR does). Returns the new
+    problem and the report for the output's ``gains_auto``."""
+    from apportion.estimation.transferability import auto_gains
+
+    measured: dict[str, dict[str, float]] = {
+        "temporal": {f"{a}{TEMPORAL_SEP}{b}": float(g) for (a, b), g in problem.temporal.items()},
+        "spatial": {SPATIAL_SEP.join(sorted(p, key=problem.ids.index)): float(g)
+                    for p, g in problem.spatial.items()}}
+    rows = [(t.id, problem.data_path(t), f"tasks[{i}].data") for i, t in enumerate(problem.tasks)]
+    auto = auto_gains(rows, measured, probe_kw)
+    temporal = dict(problem.temporal)
+    spatial = dict(problem.spatial)
+    added: dict[str, dict[str, float]] = {"temporal": {}, "spatial": {}}
+    for key, g in auto.temporal.items():
+        a, b = key.split(TEMPORAL_SEP)
+        if (a, b) not in temporal:
+            temporal[(a, b)] = Fraction(str(g))
+            added["temporal"][key] = g
+    for key, g in auto.spatial.items():
+        pair = frozenset(key.split(SPATIAL_SEP))
+        if pair not in spatial:
+            spatial[pair] = Fraction(str(g))
+            added["spatial"][key] = g
+    report = auto.report()
+    report["added"] = added
+    report["kept_from_file"] = measured
+    return FinetuneProblem(problem.tasks, temporal, spatial, problem.source), report
+
+
+def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 10.0,
+                        gains: str = "file") -> dict:
+    """`apportion solve-finetune`: read and validate the task file, solve, validate, answer.
+
+    ``gains="auto"`` adds the gains the Task2Vec probe predicts from each task's
+    ``data`` (:func:`with_auto_gains`); the output then holds ``gains`` (every gain the
+    solver used) and ``gains_auto`` (how they were obtained, and which tasks had none)."""
     from apportion.errors import InputError
 
+    if gains not in GAINS_SOURCES:
+        raise InputError("--gains", "gains", f"{gains!r} is not one of {', '.join(GAINS_SOURCES)}")
     problem = load_finetune_problem(tasks_path)
     check_magnitudes(problem, str(tasks_path))
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not \
@@ -318,5 +368,15 @@ def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 1
             and time_budget_s > 0):
         raise InputError("--time-budget", "time_budget", f"must be a positive number of "
                          f"seconds, got {time_budget_s!r}")
+    report = None
+    if gains == "auto":
+        problem, report = with_auto_gains(problem)
     answer = solve_finetune(problem, capacity, time_budget_s)
-    return answer_output(problem, answer, capacity)
+    out = answer_output(problem, answer, capacity)
+    if report is not None:
+        out["gains"] = {
+            "temporal": {f"{a}{TEMPORAL_SEP}{b}": float(g) for (a, b), g in problem.temporal.items()},
+            "spatial": {SPATIAL_SEP.join(sorted(p, key=problem.ids.index)): float(g)
+                        for p, g in problem.spatial.items()}}
+        out["gains_auto"] = report
+    return out
