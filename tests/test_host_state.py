@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import stop_processes_mentioning
 import yaml
 from apportion.estimation.cache import DiskCache
 from nonroot import NOBODY, run_as_nobody, skip_reason
@@ -90,6 +91,7 @@ def ray_tmp() -> Iterator[Path]:
     try:
         yield folder
     finally:
+        stop_processes_mentioning(folder)  # whatever Ray the test left, and only that
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -124,9 +126,8 @@ def test_a_running_ray_is_not_joined(ray_tmp: Path) -> None:
         assert r.returncode == 0, r.stderr[-2000:]
         _one_line(r.stderr)
         assert _dump(db) == before  # an idle run changes nothing
-    finally:
-        subprocess.run([ray_bin, "stop", "--force"], env={**os.environ, **env},
-                       capture_output=True, timeout=120, check=False)
+    finally:  # never `ray stop`: it stops every Ray on the host, in-process ones included
+        stop_processes_mentioning(ray_tmp)
 
 
 def test_a_stale_ray_temp_folder_is_ignored(ray_tmp: Path) -> None:
@@ -158,6 +159,7 @@ def readonly_cwd() -> Iterator[Path]:
     try:
         yield folder
     finally:
+        stop_processes_mentioning(folder)  # whatever Ray the test left, and only that
         shutil.rmtree(folder, ignore_errors=True)
 
 
