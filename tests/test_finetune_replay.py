@@ -105,7 +105,7 @@ class Scripted:
         pk = Packer(view.cluster)
         by = {js.id: js for js in view.jobs}
         chosen, meta = {}, {"transfer": {}, "merged": {}}
-        reasons = {"D": (Reason.NO_CAPACITY, "trains inside C")}
+        reasons = {"D": (Reason.MERGED, "trains inside C")}
         for jid, gpus in (("A", 1), ("C", 2)):
             if jid in by:
                 chosen[jid] = Choice(V100, gpus, pk.place(V100, gpus), 1.0)

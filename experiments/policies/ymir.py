@@ -163,7 +163,7 @@ class Ymir:
                 merged[u.lead.id] = [m.id for m in u.members]
         for u in units:
             for m in u.members:
-                reasons[m.id] = (Reason.NO_CAPACITY, f"trains inside merged job {u.lead.id}")
+                reasons[m.id] = (Reason.MERGED, f"trains inside merged job {u.lead.id}")
         d = build_decision(view, chosen, self.name, t0, reasons)
         d.meta.update(transfer=transfer, merged=merged)
         return d
