@@ -68,9 +68,17 @@ class TrainConfig:
     seed: int = 0
     lr: float = 1e-3
     stop_at: int | None = None  # checkpoint and exit after this many iterations in total
-    checkpoint_every: int = 0  # 0: only when stopping or finished
+    checkpoint_every: int = 0  # periodic checkpoints every N iterations (0: off) ...
+    checkpoint_interval_s: float = 0.0  # ... or every T seconds (0: off); always when stopping
     backend: str = "auto"  # auto | gloo | nccl
     launch_id: str = ""  # echoed in progress.json so an executor never reads a previous group's
+    optimizer: str = "adamw"  # adamw | adam | sgd (the jobs YAML's workload.train block)
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    warmup_iterations: int = 0
+    grad_clip: float = 0.0
+    checkpoint_dir: str = ""  # "": <workdir>/checkpoint (APPORTION_CHECKPOINT_DIR)
+    progress_file: str = ""  # "": <workdir>/progress.jsonl (APPORTION_PROGRESS_FILE)
 
     @property
     def execution_plan(self) -> ExecutionPlan:

@@ -110,7 +110,7 @@ def test_sigterm_checkpoints_every_job(tmp_path: Path) -> None:
     assert res.reason == "signal"
     (p,) = res.progress
     assert p.health.value == "checkpointed" and p.iterations_done >= 2
-    state = ckpt.load(tmp_path / job_dirname("a") / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(ckpt.job_checkpoint(tmp_path / job_dirname("a")))
     assert state is not None and state.iteration == p.iterations_done
     assert store.states["a"] == "checkpointed" and store.jobs["a"].running is None
     assert store.jobs["a"].iterations_done == p.iterations_done

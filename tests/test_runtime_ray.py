@@ -61,7 +61,7 @@ def test_round_decision_runs_as_actors(executor: RayExecutor) -> None:
         time.sleep(0.5)
     assert p.health == Health.FINISHED, p
     assert p.iterations_done == 3 and p.workers == a.gpus
-    state = ckpt.load(Path(executor.workdir) / job_dirname("r") / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(ckpt.job_checkpoint(Path(executor.workdir) / job_dirname("r")))
     assert state is not None and state.iteration == 3
 
 
