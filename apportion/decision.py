@@ -34,6 +34,7 @@ class Reason(str, Enum):
     DEADLINE_UNMEETABLE = "deadline-unmeetable"
     PREEMPTED = "preempted"
     SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
+    NO_PLAN = "no-supported-plan"  # the job's workload runs none of its candidate plans
 
 
 @dataclass

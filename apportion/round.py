@@ -54,6 +54,7 @@ class RoundConfig:
     quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
     isolate: bool = False  # each backend in a child process (operators: a crash costs one answer)
     gavel_variant: str = "max-min-fairness"  # or max-sum-throughput (formulation gavel)
+    plan_filter: Any = None  # (job, plan) -> None | reason: drop plans the job's workers refuse
 
 
 @dataclass
@@ -151,6 +152,9 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         g = build_plan_candidates(cluster, jobs, now_s, source, cfg.quotas, cfg.plan_options)
     else:
         g = build_candidates(cluster, jobs, now_s, est, cfg.candidates)
+    if cfg.plan_filter is not None:  # an executor's workloads run only some plans
+        from apportion.runtime.plan_filter import drop_refused_plans
+        drop_refused_plans(g, jobs, cfg.plan_filter)
     if cfg.formulation == "deadline":
         from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
 

@@ -65,6 +65,8 @@ class Progress:
     plan: str = ""
     reconfig_overhead_s: float | None = None  # decision -> first resumed iteration, last change
     error: str | None = None
+    checkpoint_iterations: int | None = None  # the last checkpoint's iteration, where known
+    launch_id: str = ""  # the worker group this report is about
 
     @property
     def done(self) -> bool:
@@ -93,6 +95,52 @@ class Executor(Protocol):
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         """Stop every job (checkpointing first when ``checkpoint``)."""
         ...
+
+
+class LaunchLog(Protocol):
+    """Where an executor records the worker groups it starts, intent first (see
+    :mod:`apportion.store_launches`; :class:`MemoryLaunchLog` without a store)."""
+
+    def begin(self, job: str, executor: str, action: str, plan: dict[str, Any],
+              placement: dict[str, int], jobdir: str, checkpoint_start: int) -> int:
+        """Record the intent; returns the launch id (before any process exists)."""
+        ...
+
+    def started(self, launch_id: int, workers: list[dict[str, Any]]) -> None: ...
+
+    def stopping(self, launch_id: int, why: str) -> None: ...
+
+    def ended(self, launch_id: int, outcome: str, detail: str = "",
+              checkpoint_end: int | None = None) -> None: ...
+
+
+@dataclass
+class MemoryLaunchLog:
+    """Launch records in memory: ids count up from 1 for this process only."""
+
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def begin(self, job: str, executor: str, action: str, plan: dict[str, Any],
+              placement: dict[str, int], jobdir: str, checkpoint_start: int) -> int:
+        lid = len(self.records) + 1
+        self.records[lid] = {"id": lid, "job": job, "executor": executor, "action": action,
+                             "state": "intended", "plan": plan, "placement": placement,
+                             "jobdir": jobdir, "checkpoint_start": checkpoint_start,
+                             "workers": [], "outcome": None}
+        return lid
+
+    def started(self, launch_id: int, workers: list[dict[str, Any]]) -> None:
+        self.records[launch_id].update(state="running", workers=workers)
+
+    def stopping(self, launch_id: int, why: str) -> None:
+        if self.records[launch_id]["state"] != "ended":
+            self.records[launch_id]["state"] = "stopping"
+
+    def ended(self, launch_id: int, outcome: str, detail: str = "",
+              checkpoint_end: int | None = None) -> None:
+        if self.records[launch_id]["state"] != "ended":
+            self.records[launch_id].update(state="ended", outcome=outcome, detail=detail,
+                                           checkpoint_end=checkpoint_end)
 
 
 @dataclass(frozen=True)
