@@ -183,7 +183,7 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
     env = {"OMP_NUM_THREADS": str(threads), ENV_GPU_TYPE: alloc.gpu_type, **w.env,
            **job_env(job.id, alloc.plan, job.iterations, jobdir, world, master_addr, master_port,
                      launch_id=launch_id, checkpoint_every=every,
-                     checkpoint_interval_s=interval)}
+                     checkpoint_interval_s=interval, global_batch_size=job.global_batch_size)}
     files: dict[str, Any] = {"config.json": asdict(cfg)}
     if w.kind == "deepspeed":
         from apportion.runtime.deepspeed_config import DeepSpeedPlanError, deepspeed_config

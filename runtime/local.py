@@ -279,6 +279,7 @@ class _Run:
     kind: str = "builtin"
     view: ProgressView = field(default_factory=ProgressView)
     rate: tuple[int, float, int, float] | None = None  # (it0, t0, it1, t1) seen by polls
+    loss: float | None = None  # the last loss the workload reported
     history: list[tuple[str, float]] = field(default_factory=list)  # reconfiguration overheads
     stopping: bool = False
     closed: bool = False  # its launch record is ended
@@ -448,6 +449,9 @@ class LocalExecutor:
     # -- progress ----------------------------------------------------------------
     def _read(self, run: _Run) -> None:
         run.view = read_progress_since(run.progress_file, run.offset)
+        loss = (run.view.last or {}).get("loss")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            run.loss = float(loss)
         it = run.view.iteration
         if it is None or it <= run.checkpoint_start and "loss" not in (run.view.last or {}):
             return
@@ -501,8 +505,7 @@ class LocalExecutor:
         else:
             run.health = Health.FAILED
             msg = status.get("error") if own and status.get("error") else None
-            run.error = (msg or f"worker exit codes {codes}") + self._reason_suffix(
-                run, codes, with_tail=msg is None)
+            run.error = msg or ("workload failed" + self._reason_suffix(run, codes))
 
     def _reason_suffix(self, run: _Run, codes: list[int | None], with_tail: bool = True) -> str:
         if not with_tail:
@@ -528,7 +531,7 @@ class LocalExecutor:
                 else:
                     self._read(run)
             out.append(Progress(job_id, run.iterations_done, run.job.iterations, run.health,
-                                self._iter_time(run), (run.view.last or {}).get("loss"),
+                                self._iter_time(run), run.loss,
                                 run.alloc.plan.gpus, run.alloc.plan.label(), run.overhead_s,
                                 run.error, run.checkpoint, run.launch_id))
         return out

@@ -40,6 +40,7 @@ ENV_CHECKPOINT_EVERY = "APPORTION_CHECKPOINT_EVERY"  # checkpoint every N iterat
 ENV_CHECKPOINT_INTERVAL_S = "APPORTION_CHECKPOINT_INTERVAL_S"  # ... or every T seconds (0: off)
 ENV_DEEPSPEED_CONFIG = "APPORTION_DEEPSPEED_CONFIG"  # kind deepspeed: DeepSpeed JSON for the plan
 ENV_GPU_TYPE = "APPORTION_GPU_TYPE"
+ENV_GLOBAL_BATCH = "APPORTION_GLOBAL_BATCH_SIZE"  # the job's constant global batch
 PROGRESS_FILE_NAME = "progress.jsonl"
 CHECKPOINT_DIR_NAME = "checkpoint"
 
@@ -54,7 +55,8 @@ def plan_json(plan: Any) -> str:
 
 def job_env(job_id: str, plan: Any, iterations: int, jobdir: str | Path, world: int,
             master_addr: str, master_port: int, *, launch_id: str = "",
-            checkpoint_every: int = 0, checkpoint_interval_s: float = 0.0) -> dict[str, str]:
+            checkpoint_every: int = 0, checkpoint_interval_s: float = 0.0,
+            global_batch_size: int | None = None) -> dict[str, str]:
     """The variables every rank of one launch shares (paths inside the job's own folder)."""
     d = Path(jobdir)
     env = {"WORLD_SIZE": str(world), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
@@ -65,6 +67,8 @@ def job_env(job_id: str, plan: Any, iterations: int, jobdir: str | Path, world: 
            ENV_CHECKPOINT_INTERVAL_S: f"{float(checkpoint_interval_s):g}"}
     if launch_id:
         env[ENV_LAUNCH_ID] = launch_id
+    if global_batch_size is not None:
+        env[ENV_GLOBAL_BATCH] = str(int(global_batch_size))
     return env
 
 
@@ -166,6 +170,16 @@ def iterations() -> int:
     return int(os.environ[ENV_ITERATIONS])
 
 
+def global_batch_size(default: int | None = None) -> int:
+    """The job's global batch (``APPORTION_GLOBAL_BATCH_SIZE``): constant across every plan."""
+    raw = os.environ.get(ENV_GLOBAL_BATCH)
+    if raw is None:
+        if default is None:
+            raise KeyError(ENV_GLOBAL_BATCH)
+        return default
+    return int(raw)
+
+
 def checkpoint_dir() -> Path:
     """Where to save and resume from (created if missing)."""
     p = Path(os.environ.get(ENV_CHECKPOINT_DIR, "checkpoint"))
@@ -202,12 +216,14 @@ def _on_term(signum: int, frame: Any) -> None:
     _STOP["requested"] = True
 
 
-def stop_requested() -> bool:
+def stop_requested(install: bool = False) -> bool:
     """True once SIGTERM (or SIGINT) arrived: checkpoint at the next step boundary and exit 0.
 
-    The first call installs the handlers (call it once before the loop).
+    The first call installs the handlers (call it once before the loop);
+    ``install=True`` installs them again (after a library such as
+    ``jax.distributed`` replaced them with its own).
     """
-    if not _STOP["installed"]:
+    if install or not _STOP["installed"]:
         import signal
         import threading
         if threading.current_thread() is threading.main_thread():
