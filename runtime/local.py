@@ -261,6 +261,10 @@ def stderr_tail(jobdir: Path, ranks: Sequence[int], lines: int = STDERR_LINES) -
     return ""
 
 
+class FolderBusy(RuntimeError):
+    """A job folder's lock stayed held: no second group is launched into it."""
+
+
 @dataclass
 class _Run:
     job: JobSpec
@@ -369,8 +373,12 @@ class LocalExecutor:
             job = by_id.get(s.job) or (self.stopped[s.job].job if s.job in self.stopped else None)
             if job is None:
                 raise KeyError(f"decision allocates unknown job {s.job!r}")
-            events.append(self._launch(job, s.allocation, "restart" if s.restart
-                                       else s.action.value, t0))
+            try:
+                events.append(self._launch(job, s.allocation, "restart" if s.restart
+                                           else s.action.value, t0))
+            except FolderBusy as exc:  # the next round tries again
+                log.error("%s", exc)
+                events.append(Event(s.job, "pending", 0, s.allocation.gpu_type, str(exc)))
         return events
 
     def _request_stop(self, run: _Run, why: str) -> None:
@@ -400,19 +408,23 @@ class LocalExecutor:
         self.launch_log.ended(int(run.launch_id), outcome, detail, run.checkpoint)
 
     def _take_folder(self, jobdir: Path) -> int:
-        """The job folder's lock; a group still holding it (an orphan of a killed run that
-        reconcile did not see) is stopped first. Never two groups in one folder."""
-        fd = try_lock(jobdir)
-        if fd is not None:
-            return fd
-        pids = stop_holders(jobdir, self.stop_timeout_s)
-        log.warning("%s: a worker group (pids %s) still held the job folder; stopped it",
-                    jobdir.name, pids)
-        fd = try_lock(jobdir)
-        if fd is None:
-            raise RuntimeError(f"{jobdir}: the job folder is still held by pids "
-                               f"{lock_holders(jobdir)}; not launching a second group")
-        return fd
+        """The job folder's lock. A group still holding it (an orphan of a killed run that
+        reconcile did not see, such as a rank its forkserver forked after the run died) is
+        stopped first: SIGTERM, SIGKILL after the grace period, again until the lock is
+        free. Never two groups in one folder: :class:`FolderBusy` if it stays held."""
+        deadline = time.monotonic() + self.stop_timeout_s + 60.0
+        while True:
+            fd = try_lock(jobdir)
+            if fd is not None:
+                return fd
+            if time.monotonic() > deadline:
+                raise FolderBusy(f"{jobdir}: the job folder is still held (pids "
+                                 f"{lock_holders(jobdir)}); not launching a second group")
+            pids = stop_holders(jobdir, self.stop_timeout_s)
+            if pids:
+                log.warning("%s: a worker group (pids %s) still held the job folder; stopped "
+                            "it", jobdir.name, pids)
+            time.sleep(0.5)  # a lock file in flight to a forkserver shows up in a moment
 
     def _launch(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
         jobdir = self.jobdir(job.id)
@@ -521,8 +533,8 @@ class LocalExecutor:
             run = self.runs.get(job_id) or self.stopped[job_id]
             if job_id in self.runs:
                 codes = self._codes(run)
-                if any(c not in (None, 0) for c in codes):  # one rank failed: the group is gone
-                    wait_all(run.procs, 5.0)  # a few seconds for the others to report and exit
+                if any(c not in (None, 0, EXIT_UNKNOWN) for c in codes):  # a rank failed:
+                    wait_all(run.procs, 5.0)  # the group is gone; the others have 5 s to exit
                 if all(c is not None for c in self._codes(run)):
                     self._settle(run)
                     self._close(run, {Health.FINISHED: "finished", Health.FAILED: "failed"}

@@ -54,6 +54,7 @@ import signal
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,10 @@ class Worker:
         if self.world > 1 and not dist.is_initialized():
             backend = self.cfg.backend if self.cfg.backend != "auto" else (
                 "nccl" if self.device == "cuda" else "gloo")
-            dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+            # a rank whose peers never come (its launcher died mid-launch) gives up in time
+            wait = float(os.environ.get("APPORTION_RENDEZVOUS_TIMEOUT_S", "300"))
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world,
+                                    timeout=timedelta(seconds=wait))
         from apportion.runtime import parallel  # torch-heavy strategy code, loaded in the worker
         base = build_net(self.cfg.model, self.cfg.seed).to(self.torch_device)
         for blk in getattr(base, "blocks", []):
