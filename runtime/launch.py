@@ -168,7 +168,9 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
     built-in trainers, the optimiser (``train``).
     """
     w = job.workload or Workload()
-    jobdir = Path(workdir) / job_dirname(job.id)  # a name, never a path: see job_dirname
+    # absolute: ranks run in workload.workdir (or elsewhere on another node) and must still
+    # find the job folder; the folder is a name, never the id as a path (see job_dirname)
+    jobdir = Path(workdir).absolute() / job_dirname(job.id)
     every = w.checkpoint_every if w.checkpoint_every is not None else checkpoint_every
     interval = (w.checkpoint_interval_s if w.checkpoint_interval_s is not None
                 else checkpoint_interval_s)

@@ -319,7 +319,7 @@ class LocalExecutor:
                  checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
                  lr: float = 1e-3, spawn_method: str = "forkserver",
                  launch_log: LaunchLog | None = None) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).absolute()
         self.seed = seed
         self.stop_timeout_s = stop_timeout_s
         self.threads = threads_per_worker

@@ -33,7 +33,17 @@ def workload_plan_filter(device: str | None = None) -> PlanFilter:
     dev = device or ("cuda" if cuda_present() else "cpu")
 
     def accept(job: JobSpec, plan: ExecutionPlan) -> str | None:
-        return plan_supported(job.workload.kind if job.workload else "builtin", plan, dev)
+        kind = job.workload.kind if job.workload else "builtin"
+        why = plan_supported(kind, plan, dev)
+        if why is not None:
+            return why
+        parts = plan.dp * plan.accumulation  # the global batch never changes: it must split
+        if job.global_batch_size % parts:
+            return f"global batch {job.global_batch_size} does not split over dp*accumulation"
+        if kind == "builtin" and plan.pp > 1 and (job.global_batch_size // parts) % max(
+                1, plan.micro_batches):
+            return "the per-rank batch does not split into the pipeline's micro-batches"
+        return None
 
     return accept
 
