@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
@@ -193,6 +202,11 @@ class CustomModelSpec(_Strict):
                                  self.sequence_length, self.parameters, self.heads)
 
 
+# a catalog name or an inline spec; errors name the spec's own fields ("#" tags are dropped)
+ModelField = Annotated[Annotated[str, Tag("#name")] | Annotated[CustomModelSpec, Tag("#spec")],
+                       Discriminator(lambda v: "#spec" if isinstance(v, dict) else "#name")]
+
+
 # torchrun's variables and apportion's, given to every rank (issue contract)
 RESERVED_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                           "MASTER_PORT"})
@@ -200,7 +214,7 @@ RESERVED_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 
 class JobEntry(_Strict):
     id: str = Field(min_length=1, max_length=256)
-    model: str | CustomModelSpec  # a catalog name, or an inline spec for the estimators
+    model: ModelField  # a catalog name, or an inline spec for the estimators
     global_batch_size: int = Field(gt=0, le=MAX_COUNT)
     iterations: int = Field(gt=0, le=10**12)
     requested_gpus: int = Field(gt=0, le=MAX_COUNT)
@@ -306,6 +320,8 @@ def field_path(loc: tuple[Any, ...]) -> str:
     """A pydantic error location as users read it: ``jobs[3].requested_gpus``."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and part.startswith("#"):  # a union branch's tag
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:

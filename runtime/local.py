@@ -389,8 +389,13 @@ class LocalExecutor:
 
     def _finish_stop(self, run: _Run) -> bool:
         """Wait for a group asked to stop; record how it ended. True when it checkpointed."""
-        clean = wait(run.procs, self.stop_timeout_s)
+        in_time = wait_all(run.procs, self.stop_timeout_s)
+        codes = self._codes(run)
         self._settle(run)
+        # an adopted group's exit status went to its new parent: its last checkpoint line tells
+        clean = in_time and (all(c == 0 for c in codes) or (
+            run.adopted and all(c in (0, EXIT_UNKNOWN) for c in codes)
+            and run.health in (Health.CHECKPOINTED, Health.FINISHED)))
         if run.health not in (Health.FINISHED, Health.FAILED):
             run.health = Health.CHECKPOINTED
         self._close(run, "finished" if run.health == Health.FINISHED else

@@ -103,7 +103,7 @@ def test_a_killed_runs_workers_are_adopted_or_stopped_never_doubled(tmp_path: Pa
                                                                      orphans: str) -> None:
     pytest.importorskip("torch")
     (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
-        {"id": "long", "model": "bert-tiny", "global_batch_size": 4, "iterations": 40,
+        {"id": "long", "model": "bert-tiny", "global_batch_size": 4, "iterations": 150,
          "requested_gpus": 2}]}))
     assert _cli("submit", "j.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
     db = tmp_path / "s.db"
@@ -125,16 +125,18 @@ def test_a_killed_runs_workers_are_adopted_or_stopped_never_doubled(tmp_path: Pa
     assert second.returncode == 0, err[-3000:]
     st = json.loads(_cli("status", "--state", "s.db", "--json", cwd=tmp_path).stdout)
     (job,) = st["jobs"]
-    assert job["state"] == "finished" and job["iterations_done"] == 40, job
+    assert job["state"] == "finished" and job["iterations_done"] == 150, job
     assert not any(alive(p, t) for p, t in workers)
     with open_store(db) as store:
         recs = sl.launches(store, "long")
         whys = [e["why"] for e in sl.launch_events(store)]
     if orphans == "adopt":
         assert any(w.startswith("adopted by") for w in whys), whys
-        assert len(recs) == 1 and recs[0].outcome == "finished"
+        # the adopted group ran on (a later round may still resize it, from its checkpoint)
+        assert recs[0].outcome in ("finished", "checkpointed") and recs[-1].outcome == "finished"
     else:
-        assert recs[0].outcome == "stopped" and "orphan" in recs[0].detail
+        assert any(r.outcome == "stopped" and "orphan" in r.detail for r in recs), [
+            (r.outcome, r.detail) for r in recs]
         assert len(recs) >= 2 and recs[-1].outcome == "finished"
     res = audit(tmp_path, ["long"])
     assert res["jobs_lost"] == 0 and res["steps_trained_twice"] == 0, res

@@ -124,9 +124,16 @@ def test_round_offers_only_plans_each_workload_runs() -> None:
     by = {j.id: j for j in jobs}
     for a in dec.allocations:
         assert plan_supported(by[a.job].workload.kind, a.plan, "cuda") is None, a
-    # without the filter the same round picks multi-stage cells the user scripts cannot run
-    free = run_round(cluster, jobs, 0.0, RoundConfig(time_budget_s=5)).decision
-    assert any(a.plan.pp > 1 for a in free.allocations)
+    # the candidates hold multi-stage cells the user scripts cannot run; the hook drops them all
+    from apportion.formulations.candidates import build_candidates
+    from apportion.runtime.plan_filter import cell_plan
+    g = build_candidates(cluster, jobs, 0.0)
+    accept = workload_plan_filter("cuda")
+    refused = {n for n, d in g.nodes(data=True) if d.get("kind") == "cell"
+               and accept(by[d["job"]], cell_plan(d)) is not None}
+    assert refused and {by[g.nodes[n]["job"]].workload.kind for n in refused} >= {
+        "torchrun", "deepspeed", "jax"}
+    assert drop_refused_plans(g, jobs, accept) == len(refused) and not refused & set(g)
     # a job whose workload refuses every candidate is pending with a typed reason
     dec = run_round(cluster, jobs[:1], 0.0, RoundConfig(time_budget_s=2, plan_filter=lambda j, p:
                                                         "refuses everything")).decision
@@ -227,8 +234,8 @@ def test_torch_example_trains_through_run_with_a_resize(tmp_path: Path) -> None:
         {"id": "u", "model": "gpt-tiny", "global_batch_size": 16, "iterations": 60,
          "requested_gpus": 2, "workload": w}]}))
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"jobs": [
-        {"id": "v", "model": "bert-tiny", "global_batch_size": 8, "iterations": 6,
-         "requested_gpus": 2}]}))
+        {"id": "v", "model": "bert-tiny", "global_batch_size": 16, "iterations": 6,
+         "requested_gpus": 1}]}))
     assert _cli("submit", "a.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
     run = subprocess.Popen([sys.executable, "-m", "apportion.cli", "run", "--executor", "local",
                             "--cluster", "local", "--state", "s.db", "--interval", "3",
