@@ -217,6 +217,8 @@ class RayExecutor:
                          num_gpus=0, resources=resources, include_dashboard=False,
                          log_to_driver=False, _temp_dir=self._temp_dir)
             else:
+                from apportion.runtime.ray_import import probe
+                probe(address)
                 ray.init(address=address, log_to_driver=False)
             self._connected = True
         self._actor_cls = ray.remote(_WorkerActor)

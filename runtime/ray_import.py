@@ -94,6 +94,19 @@ def node_ids(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for d in describe_nodes(nodes)}
 
 
+def probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody listens on (Ray itself retries for minutes)."""
+    import socket
+    if address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot reach a Ray cluster at {address!r}: {exc}") from None
+
+
 def import_ray(address: str) -> list[dict[str, Any]]:
     """The nodes of the Ray cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://...``).
 
@@ -108,9 +121,11 @@ def import_ray(address: str) -> list[dict[str, Any]]:
                            "'ray[default]>=2.49' (the 'ray' extra)") from exc
     connected_here = False
     if not ray.is_initialized():
+        probe(address)
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...
+            ray.shutdown()
             raise RuntimeError(f"cannot reach a Ray cluster at {address!r}: "
                                f"{type(exc).__name__}: {exc}") from None
         connected_here = True

@@ -176,6 +176,9 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
     for r in records:  # launches this executor cannot reconcile: their workers died with it
         if r.id in handled:
             continue
+        if r.executor == "local":  # another executor's run now: stop what a local run left
+            from apportion.runtime.procs import stop_holders
+            stop_holders(Path(r.jobdir), float(getattr(ex, "stop_timeout_s", 30.0)))
         ck = read_progress_since(Path(r.jobdir) / PROGRESS_FILE_NAME).checkpoint_iteration or 0
         ck = max(ck, r.checkpoint_start)
         sl.launch_ended(store, r.id, "stopped", "its run died; this executor cannot adopt it", ck)
