@@ -245,7 +245,7 @@ def test_torch_example_trains_through_run_with_a_resize(tmp_path: Path) -> None:
     try:
         _wait_iters(tmp_path, "u", 6)
         assert _cli("submit", "b.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
-        out, err = run.communicate(timeout=560)
+        _, err = run.communicate(timeout=560)
     finally:
         if run.poll() is None:
             run.kill()
