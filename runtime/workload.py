@@ -14,9 +14,20 @@ built-in trainer or the user's own command. Every rank of every executor
 
 A workload resumes from its checkpoint directory, checkpoints and exits 0 on
 SIGTERM within the grace period, and exits 0 when it reaches the target.
+Beyond the contract's minimum every rank also gets ``APPORTION_GLOBAL_BATCH_SIZE``,
+``APPORTION_CHECKPOINT_EVERY`` / ``APPORTION_CHECKPOINT_INTERVAL_S`` (the
+periodic checkpoint policy), ``APPORTION_LAUNCH_ID`` and, for kind
+``deepspeed``, ``APPORTION_DEEPSPEED_CONFIG``; a progress line with
+``"checkpoint": true`` says a checkpoint of that iteration is on disk (how
+far a killed group's job is rolled back).
 
-This module is imported inside user training scripts, so it imports nothing
-heavy (no torch, no numpy) at module level.
+Three parts: the environment (:func:`job_env`, :func:`rank_env`,
+:func:`ranks_by_node`), which plans each kind runs (:func:`plan_supported`),
+helpers for scripts (:func:`plan`, :func:`iterations`, :func:`checkpoint_dir`,
+:func:`stop_requested`, :class:`CheckpointPolicy`, :func:`report_progress`,
+:func:`init_jax_distributed`, ...) and the executors' reader
+(:func:`read_progress_since`). This module is imported inside user training
+scripts, so it imports nothing heavy (no torch, no numpy) at module level.
 """
 
 from __future__ import annotations
