@@ -606,6 +606,19 @@ def run_cmd(
                                               "YAML (namespace, image, PVC, queue, priorities)"),
     drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
                                "every job instead of leaving them running"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off; "
+        "default off; a job's workload.checkpoint_every wins)"),
+    checkpoint_interval: Optional[float] = typer.Option(
+        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
+    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
+                                    "without a new checkpoint before it is failed"),
+    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
+                                       "workload has to checkpoint and exit before SIGKILL"),
+    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
+                                "adopt | stop"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                              help="join this Ray cluster (--executor ray)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -619,7 +632,10 @@ def run_cmd(
         outputs.check_output_dir(workdir, "--workdir")
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
                            kubeconfig, time_budget, k8s_config, drain, policy=policy,
-                           estimator=estimator)
+                           estimator=estimator, checkpoint_every=checkpoint_every,
+                           checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
+                           grace_period_s=grace_period, orphans=orphans,
+                           ray_address=ray_address if executor == "ray" else None)
     except InputError as exc:
         _fail(exc)
         return

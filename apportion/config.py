@@ -20,7 +20,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -134,6 +136,24 @@ class RunningSpec(_Strict):
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+class TrainSpec(_Strict):
+    """The built-in trainer's optimiser settings (``workload.train``); defaults: AdamW, 1e-3."""
+
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = Field(default=1e-3, gt=0, le=10)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    momentum: float = Field(default=0.0, ge=0, lt=1)  # sgd only
+    warmup_iterations: int = Field(default=0, ge=0, le=10**9)
+    grad_clip: float = Field(default=0.0, ge=0, le=1e6)  # 0: none
+
+    @field_validator("lr", "weight_decay", "momentum", "grad_clip", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return float(v)
+
+
 class WorkloadSpec(_Strict):
     kind: Literal["builtin", "torchrun", "deepspeed", "jax"] = "builtin"  # = WORKLOAD_KINDS
     command: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
@@ -142,6 +162,18 @@ class WorkloadSpec(_Strict):
     env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
     image: str | None = Field(default=None, min_length=1, max_length=1024)
+    # periodic checkpoints (either, whichever comes first; 0 turns one off); default: the run's
+    checkpoint_every: int | None = Field(default=None, ge=0, le=10**12)
+    checkpoint_interval_s: float | None = Field(default=None, ge=0, le=10**7)
+    train: TrainSpec | None = None  # the built-in trainers' optimiser (no command only)
+
+    @field_validator("checkpoint_interval_s", mode="before")
+    @classmethod
+    def _seconds(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v)):
+            raise ValueError("must be a finite number of seconds")
+        return None if v is None else float(v)
 
     @field_validator("command", "workdir", "env", "image")
     @classmethod
@@ -165,7 +197,38 @@ class WorkloadSpec(_Strict):
 
     def to_workload(self) -> Workload:
         return Workload(self.kind, tuple(self.command or ()), self.workdir, dict(self.env),
-                        self.image)
+                        self.image, self.checkpoint_every, self.checkpoint_interval_s,
+                        self.train.model_dump() if self.train is not None else {})
+
+
+class CustomModelSpec(_Strict):
+    """An inline model (not in the catalog): what the estimators need, in four numbers."""
+
+    name: str = Field(default="custom", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    family: Literal["gpt", "bert", "llama"] = "gpt"
+    layers: int = Field(gt=0, le=10_000)
+    hidden_size: int = Field(ge=8, le=1_000_000)
+    sequence_length: int = Field(gt=0, le=10_000_000)
+    parameters: int = Field(gt=0, le=10**15)
+    heads: int | None = Field(default=None, gt=0, le=100_000)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:  # 1.3e9 in YAML is a float; a whole number is accepted
+        if isinstance(v, float) and math.isfinite(v) and v == int(v):
+            return int(v)
+        return v
+
+    def catalog_name(self) -> str:
+        from apportion.models import custom_model_name
+
+        return custom_model_name(self.name, self.family, self.layers, self.hidden_size,
+                                 self.sequence_length, self.parameters, self.heads)
+
+
+# a catalog name or an inline spec; errors name the spec's own fields ("#" tags are dropped)
+ModelField = Annotated[Annotated[str, Tag("#name")] | Annotated[CustomModelSpec, Tag("#spec")],
+                       Discriminator(lambda v: "#spec" if isinstance(v, dict) else "#name")]
 
 
 # torchrun's variables and apportion's, given to every rank (issue contract)
@@ -175,7 +238,7 @@ RESERVED_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 
 class JobEntry(_Strict):
     id: str = Field(min_length=1, max_length=256)
-    model: str
+    model: ModelField  # a catalog name, or an inline spec for the estimators
     global_batch_size: int = Field(gt=0, le=MAX_COUNT)
     iterations: int = Field(gt=0, le=10**12)
     requested_gpus: int = Field(gt=0, le=MAX_COUNT)
@@ -195,8 +258,15 @@ class JobEntry(_Strict):
     @field_validator("workload")
     @classmethod
     def _complete_workload(cls, v: WorkloadSpec | None) -> WorkloadSpec | None:
-        if v is not None and v.kind != "builtin" and not v.command:
+        # deepspeed / jax without a command run apportion's own DeepSpeed / JAX trainer
+        if v is not None and v.kind == "torchrun" and not v.command:
             raise ValueError(f"command: kind {v.kind!r} needs a command (a list of strings)")
+        if v is not None and v.kind == "builtin" and v.command:
+            raise ValueError("command: kind 'builtin' runs apportion's trainer; a command needs "
+                             "kind torchrun, deepspeed or jax")
+        if v is not None and v.command and v.train is not None:
+            raise ValueError("train: sets the built-in trainers' optimiser; a user command sets "
+                             "its own (pass settings through env)")
         return v
 
     @field_validator("id", "tenant")
@@ -210,8 +280,10 @@ class JobEntry(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, v: str) -> str:
+    def _known_model(cls, v: str | CustomModelSpec) -> str:
         try:
+            if isinstance(v, CustomModelSpec):
+                return v.catalog_name()
             return get_model(v).name
         except CatalogError as exc:
             raise ValueError(str(exc)) from None
@@ -279,6 +351,8 @@ def field_path(loc: tuple[Any, ...]) -> str:
     """A pydantic error location as users read it: ``jobs[3].requested_gpus``."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and part.startswith("#"):  # a union branch's tag
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:

@@ -37,12 +37,14 @@ class Reason(str, Enum):
     CATALOG = "catalog"  # its model or GPU type is not in the catalog
     TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
     MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
+    NO_PLAN = "no-supported-plan"  # the job's workload runs none of its candidate plans
 
 
 # Reasons no later round can change on this cluster (Kubernetes' UnschedulableAndUnresolvable);
 # the others may clear when capacity frees up.
 UNRESOLVABLE = frozenset({Reason.NO_FIT_MEMORY, Reason.NO_GPU_TYPE, Reason.CATALOG,
-                          Reason.TOO_LARGE, Reason.DEADLINE_UNMEETABLE})
+                          Reason.TOO_LARGE, Reason.DEADLINE_UNMEETABLE,
+                          Reason.NO_PLAN})
 
 
 def derive_action(prev: Any, gpu_type: str, gpus: int, stages: int,

@@ -77,10 +77,15 @@ class Workload:
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     image: str | None = None
+    checkpoint_every: int | None = None  # periodic checkpoints; None: the run's default
+    checkpoint_interval_s: float | None = None
+    train: dict[str, object] = field(default_factory=dict)  # built-in trainers' optimiser
 
     def as_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "command": list(self.command), "workdir": self.workdir,
-                "env": dict(self.env), "image": self.image}
+                "env": dict(self.env), "image": self.image,
+                "checkpoint_every": self.checkpoint_every,
+                "checkpoint_interval_s": self.checkpoint_interval_s, "train": dict(self.train)}
 
     @classmethod
     def from_dict(cls, d: dict[str, object] | None) -> Workload | None:
@@ -88,7 +93,10 @@ class Workload:
             return None
         return cls(kind=str(d.get("kind", "builtin")), command=tuple(d.get("command") or ()),
                    workdir=d.get("workdir"), env=dict(d.get("env") or {}),  # type: ignore[arg-type]
-                   image=d.get("image"))  # type: ignore[arg-type]
+                   image=d.get("image"),  # type: ignore[arg-type]
+                   checkpoint_every=d.get("checkpoint_every"),  # type: ignore[arg-type]
+                   checkpoint_interval_s=d.get("checkpoint_interval_s"),  # type: ignore[arg-type]
+                   train=dict(d.get("train") or {}))  # type: ignore[call-overload]
 
 
 @dataclass(frozen=True)

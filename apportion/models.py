@@ -28,6 +28,7 @@ table 1 and YMIR use the public checkpoints' architectures.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -258,8 +259,70 @@ MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 @lru_cache(maxsize=None)
 def get_model(name: str) -> ModelSpec:
-    """The catalog model ``family-size`` (case-insensitive)."""
+    """The catalog model ``family-size`` (case-insensitive), or an inline custom model's name."""
     key = str(name).lower()
+    if key.startswith(CUSTOM_PREFIX):
+        return _custom_from_name(key)
     if key not in _BUILDERS:
         raise CatalogError("model", name, list(_BUILDERS))
     return _BUILDERS[key]()
+
+
+# ---------------------------------------------------------------------------
+# Inline custom models (a job's own architecture, described by four numbers)
+# ---------------------------------------------------------------------------
+CUSTOM_PREFIX = "custom:"
+CUSTOM_FAMILIES = ("gpt", "bert", "llama")
+_CUSTOM = re.compile(r"^custom:([a-z0-9_.-]{1,64}):(gpt|bert|llama):l(\d+)-h(\d+)-s(\d+)-p(\d+)"
+                     r"(?:-a(\d+))?$")
+
+
+def custom_model_name(name: str, family: str, layers: int, hidden: int, seq_len: int,
+                      params: int, heads: int | None = None) -> str:
+    """The name a job's inline model spec is stored and estimated under.
+
+    Every fact the estimators need is in the name, so a job read back from the
+    state store (or by another process) resolves to the same :class:`ModelSpec`
+    through :func:`get_model` without a registry. Raises ``ValueError`` naming
+    the field when the numbers describe no transformer.
+    """
+    full = (f"{CUSTOM_PREFIX}{name.lower()}:{family}:l{int(layers)}-h{int(hidden)}-"
+            f"s{int(seq_len)}-p{int(params)}" + (f"-a{int(heads)}" if heads else ""))
+    _custom_from_name(full)  # validates
+    return full
+
+
+def _custom_transformer(name: str, family: str, layers: int, hidden: int, seq: int,
+                        heads: int, vocab: int) -> ModelSpec:
+    if family == "llama":
+        ffn = 256 * max(1, round(8 * hidden / 3 / 256))
+        return transformer(name, "llama", layers=layers, hidden=hidden, heads=heads, seq=seq,
+                           vocab=vocab, ffn=ffn, gated=True, tied=False, flash_attention=True)
+    return transformer(name, family, layers=layers, hidden=hidden, heads=heads, seq=seq,
+                       vocab=vocab, positions=seq)
+
+
+def _custom_from_name(key: str) -> ModelSpec:
+    m = _CUSTOM.match(key)
+    if m is None:
+        raise ValueError(f"{key!r} is not a custom model name (custom:NAME:FAMILY:lL-hH-sS-pP)")
+    _, family = m.group(1), m.group(2)
+    layers, hidden, seq, params = (int(m.group(i)) for i in (3, 4, 5, 6))
+    heads = int(m.group(7)) if m.group(7) else max(1, hidden // 64)
+    if not 1 <= layers <= 10_000:
+        raise ValueError(f"layers: {layers} must be in 1..10000")
+    if not 8 <= hidden <= 1_000_000:
+        raise ValueError(f"hidden_size: {hidden} must be in 8..1000000")
+    if not 1 <= seq <= 10_000_000:
+        raise ValueError(f"sequence_length: {seq} must be in 1..10000000")
+    if heads < 1 or hidden % heads:
+        raise ValueError(f"heads: {heads} must divide hidden_size {hidden}")
+    # the embedding (vocabulary) takes whatever the blocks leave of the parameter count
+    one = _custom_transformer(key, family, layers, hidden, seq, heads, 1).params
+    per_token = _custom_transformer(key, family, layers, hidden, seq, heads, 2).params - one
+    vocab = 1 + round((params - one) / per_token)
+    if vocab < 2:
+        raise ValueError(f"parameters: {params} is fewer than {layers} {family} blocks of hidden "
+                         f"size {hidden} hold with their embeddings ({one + per_token}); give the "
+                         "real total or fewer layers")
+    return _custom_transformer(key, family, layers, hidden, seq, heads, vocab)

@@ -36,8 +36,9 @@ from typing import Any
 import networkx as nx
 
 from apportion.admission import admit
+from apportion.assembly import left_out
 from apportion.cluster import Cluster
-from apportion.decision import Decision, SolveReport
+from apportion.decision import Decision, Reason, SolveReport
 from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import estimator_name, make_estimator
 from apportion.formulations.candidates import CandidateOptions, build_candidates, problem_dump
@@ -83,6 +84,7 @@ class RoundConfig:
     gavel_variant: str = "max-min-fairness"  # or max-sum-throughput (formulation gavel)
     estimator: Any = "analytic"  # a name (estimation.registry.ESTIMATORS) or an estimator
     policy: str | None = None  # a registered policy name; None: the formulation's own
+    plan_filter: Any = None  # (job, plan) -> None | reason: drop plans the job's workers refuse
 
 
 @dataclass
@@ -131,6 +133,8 @@ def run_pipeline(view: View, policy: Policy,
     elif decision is None:
         decision = policy.decide(sub)
         t = lap("decide", t)
+    if view.plan_filter is not None:  # the executor's workers run only some plans
+        _refuse_plans(decision, sub, view.plan_filter)
     decision.pending.extend(adm.refused)
     specs = [js.spec for js in sub.jobs]
     if not decision.meta.get("validated"):
@@ -164,6 +168,25 @@ def run_pipeline(view: View, policy: Policy,
                              "requested_gpu_type": js.spec.requested_gpu_type}
                             for js in sub.jobs]}
     return RoundResult(decision, graph, problem, timing)
+
+
+def _refuse_plans(decision: Decision, view: View, accept: Any) -> None:
+    """Allocations whose plan the job's workload refuses become pending (``no-supported-plan``):
+    a heuristic policy picks plans without asking the executor; a formulation never offers
+    them (its candidates are filtered), so this only catches what a policy chose itself."""
+    by_id = {js.id: js for js in view.jobs}
+    kept = []
+    for a in decision.allocations:
+        js = by_id.get(a.job)
+        why = accept(js.spec, a.plan) if js is not None else None
+        if why is None:
+            kept.append(a)
+            continue
+        log.warning("job %s: policy chose plan %s, which its workload refuses (%s)", a.job,
+                    a.plan.label(), why)
+        decision.pending.append(left_out(a.job, js.alloc is not None, Reason.NO_PLAN,
+                                         f"plan {a.plan.label()}: {why}", stage="validate"))
+    decision.allocations[:] = kept
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,7 +306,6 @@ class FormulationPolicy:
         if self.resolve_every is None or not self._quiet(view):
             return None
         from apportion.assembly import Choice, build_decision
-        from apportion.decision import Reason
 
         t0 = time.perf_counter()
         keep = {js.id: Choice(js.alloc.gpu_type, js.alloc.gpus, dict(js.alloc.placement),
@@ -343,6 +365,10 @@ class FormulationPolicy:
                                       cfg.plan_options)
         else:
             g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
+        if cfg.plan_filter is not None:  # an executor's workloads run only some plans
+            from apportion.runtime.plan_filter import drop_refused_plans
+
+            drop_refused_plans(g, specs, cfg.plan_filter)
         if cfg.formulation == "deadline":
             from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
 
@@ -576,4 +602,6 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     rates = EstimatorRates(est, cluster)
     if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
         pol.estimator = _Memo(est)
-    return run_pipeline(view_of(cluster, jobs, now_s, rates), pol, commit, apply)
+    view = view_of(cluster, jobs, now_s, rates)
+    view.plan_filter = cfg.plan_filter
+    return run_pipeline(view, pol, commit, apply)

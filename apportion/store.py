@@ -635,8 +635,13 @@ class StateStore:
 
     # -- measurements -----------------------------------------------------------------
     def record_progress(self, job_id: str, iterations_done: int, at_s: float,
-                        checkpoint: bool = False, source: str = "") -> JobRecord:
-        """Measured progress of a running job; reaching its iterations finishes it."""
+                        checkpoint: bool = False, source: str = "",
+                        checkpoint_iterations: int | None = None) -> JobRecord:
+        """Measured progress of a running job; reaching its iterations finishes it.
+
+        ``checkpoint``: a checkpoint holds ``iterations_done``; or
+        ``checkpoint_iterations``: the last checkpoint's iteration (at most
+        ``iterations_done``), which a fault rolls the job back to."""
         with self.transaction() as c:
             rec = self.job(job_id)
             if rec.state is not JobState.RUNNING:
@@ -649,6 +654,8 @@ class StateStore:
                       "VALUES (?, ?, ?, ?, ?)", (job_id, at_s, iterations_done, int(checkpoint),
                                                 source))
             ckpt = iterations_done if checkpoint else rec.checkpoint_iterations
+            if checkpoint_iterations is not None:
+                ckpt = max(rec.checkpoint_iterations, min(checkpoint_iterations, iterations_done))
             if iterations_done >= rec.iterations:
                 self._move(rec, JobState.FINISHED, "reached its iterations", at_s,
                            iterations_done=iterations_done, checkpoint_iterations=iterations_done)

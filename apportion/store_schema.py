@@ -7,7 +7,9 @@ written by a newer apportion is refused rather than guessed at. Migration 1 is
 the core (jobs, their event log, rounds, decisions, actions); migration 2 adds
 measured progress, estimator samples and node health. Keeping them separate
 is not cosmetic: it is how a version-1 database written by an earlier release
-is upgraded in place, and the tests exercise exactly that path.
+is upgraded in place, and the tests exercise exactly that path. Migration 3
+adds the launch records of ``apportion run`` (every worker group it started,
+with a per-store monotonic launch id; see :mod:`apportion.store_launches`).
 
 Two triggers make the invariants hold at the database level, whoever writes:
 a job's state may only change along :data:`apportion.lifecycle.TRANSITIONS`,
@@ -21,7 +23,7 @@ import time
 
 from apportion.lifecycle import JobState, transition_pairs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APP_ID = 0x41505054  # "APPT": PRAGMA application_id marks the file as an apportion store
 
 _STATES = ", ".join(f"'{s.value}'" for s in JobState)
@@ -144,7 +146,57 @@ def _migration_2() -> list[str]:
     ]
 
 
-MIGRATIONS: dict[int, list[str]] = {1: _migration_1(), 2: _migration_2()}
+LAUNCH_STATES = ("intended", "running", "stopping", "ended")
+LAUNCH_TRANSITIONS = (("intended", "running"), ("intended", "stopping"), ("intended", "ended"),
+                      ("running", "stopping"), ("running", "ended"), ("stopping", "ended"))
+
+
+def _migration_3() -> list[str]:
+    states = ", ".join(f"'{s}'" for s in LAUNCH_STATES)
+    pairs = ", ".join(f"('{s}', '{d}')" for s, d in LAUNCH_TRANSITIONS)
+    return [
+        f"""CREATE TABLE launches (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,     -- the launch id: monotonic, never reused
+            job TEXT NOT NULL REFERENCES jobs(id),
+            executor TEXT NOT NULL,
+            action TEXT NOT NULL,                     -- start resize migrate restart ...
+            state TEXT NOT NULL CHECK (state IN ({states})),
+            plan_json TEXT NOT NULL DEFAULT '{{}}',
+            placement_json TEXT NOT NULL DEFAULT '{{}}',
+            jobdir TEXT NOT NULL,
+            workers_json TEXT NOT NULL DEFAULT '[]',  -- [{{rank, pid, start_ticks, host, ...}}]
+            owner TEXT NOT NULL DEFAULT '',           -- the `run` holding it (pid, host, start)
+            checkpoint_start INTEGER NOT NULL DEFAULT 0 CHECK (checkpoint_start >= 0),
+            checkpoint_end INTEGER,
+            outcome TEXT,                             -- finished checkpointed failed stopped
+            detail TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            CHECK ((state = 'ended') = (outcome IS NOT NULL))
+        )""",
+        """CREATE INDEX launches_job ON launches(job, id)""",
+        """CREATE INDEX launches_open ON launches(state) WHERE state != 'ended'""",
+        """CREATE TABLE launch_events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            launch INTEGER NOT NULL REFERENCES launches(id),
+            src TEXT,
+            dst TEXT NOT NULL,
+            at REAL NOT NULL,
+            why TEXT NOT NULL DEFAULT ''
+        )""",
+        """CREATE TABLE launch_transitions (src TEXT NOT NULL, dst TEXT NOT NULL,
+                                           PRIMARY KEY (src, dst))""",
+        f"""INSERT INTO launch_transitions(src, dst) VALUES {pairs}""",
+        """CREATE TRIGGER launches_legal_transition BEFORE UPDATE OF state ON launches
+           WHEN OLD.state != NEW.state AND NOT EXISTS (
+               SELECT 1 FROM launch_transitions WHERE src = OLD.state AND dst = NEW.state)
+           BEGIN SELECT RAISE(ABORT, 'illegal launch state transition'); END""",
+        """CREATE TRIGGER launches_never_deleted BEFORE DELETE ON launches
+           BEGIN SELECT RAISE(ABORT, 'launch records are never deleted'); END""",
+    ]
+
+
+MIGRATIONS: dict[int, list[str]] = {1: _migration_1(), 2: _migration_2(), 3: _migration_3()}
 
 
 class SchemaError(RuntimeError):

@@ -120,6 +120,8 @@ class View:
     capacity: dict[str, int] = field(default_factory=dict)
     # False where the rate source knows jobs by their trace records, not catalog models
     needs_catalog: bool = True
+    # (job, plan) -> None | reason: what the executor's workloads run (None: every plan)
+    plan_filter: Any = None
 
     def __post_init__(self) -> None:
         if not self.capacity:

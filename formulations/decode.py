@@ -78,7 +78,8 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
             pending.append(Pending(job.id, Reason.QUOTA,
                                    f"tenant {job.tenant}'s quota is used by earlier guaranteed jobs"))
         elif reason is not None:
-            pending.append(Pending(job.id, Reason(reason), REASON_DETAIL.get(reason, ""),
+            pending.append(Pending(job.id, Reason(reason),
+                                   jd.get("reason_detail") or REASON_DETAIL.get(reason, ""),
                                    stage="candidates"))
         else:
             pending.append(left_out(job.id, False, Reason.NO_CAPACITY,

@@ -28,6 +28,12 @@ import torch
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_DIR_NAME = "checkpoint"  # = workload.CHECKPOINT_DIR_NAME (APPORTION_CHECKPOINT_DIR)
+
+
+def job_checkpoint(jobdir: str | Path) -> Path:
+    """The built-in trainer's checkpoint file inside a job folder (its checkpoint directory)."""
+    return Path(jobdir) / CHECKPOINT_DIR_NAME / CHECKPOINT_NAME
 
 
 @dataclass

@@ -65,6 +65,8 @@ class Progress:
     plan: str = ""
     reconfig_overhead_s: float | None = None  # decision -> first resumed iteration, last change
     error: str | None = None
+    checkpoint_iterations: int | None = None  # the last checkpoint's iteration, where known
+    launch_id: str = ""  # the worker group this report is about
 
     @property
     def done(self) -> bool:
@@ -93,6 +95,52 @@ class Executor(Protocol):
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         """Stop every job (checkpointing first when ``checkpoint``)."""
         ...
+
+
+class LaunchLog(Protocol):
+    """Where an executor records the worker groups it starts, intent first (see
+    :mod:`apportion.store_launches`; :class:`MemoryLaunchLog` without a store)."""
+
+    def begin(self, job: str, executor: str, action: str, plan: dict[str, Any],
+              placement: dict[str, int], jobdir: str, checkpoint_start: int) -> int:
+        """Record the intent; returns the launch id (before any process exists)."""
+        ...
+
+    def started(self, launch_id: int, workers: list[dict[str, Any]]) -> None: ...
+
+    def stopping(self, launch_id: int, why: str) -> None: ...
+
+    def ended(self, launch_id: int, outcome: str, detail: str = "",
+              checkpoint_end: int | None = None) -> None: ...
+
+
+@dataclass
+class MemoryLaunchLog:
+    """Launch records in memory: ids count up from 1 for this process only."""
+
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def begin(self, job: str, executor: str, action: str, plan: dict[str, Any],
+              placement: dict[str, int], jobdir: str, checkpoint_start: int) -> int:
+        lid = len(self.records) + 1
+        self.records[lid] = {"id": lid, "job": job, "executor": executor, "action": action,
+                             "state": "intended", "plan": plan, "placement": placement,
+                             "jobdir": jobdir, "checkpoint_start": checkpoint_start,
+                             "workers": [], "outcome": None}
+        return lid
+
+    def started(self, launch_id: int, workers: list[dict[str, Any]]) -> None:
+        self.records[launch_id].update(state="running", workers=workers)
+
+    def stopping(self, launch_id: int, why: str) -> None:
+        if self.records[launch_id]["state"] != "ended":
+            self.records[launch_id]["state"] = "stopping"
+
+    def ended(self, launch_id: int, outcome: str, detail: str = "",
+              checkpoint_end: int | None = None) -> None:
+        if self.records[launch_id]["state"] != "ended":
+            self.records[launch_id].update(state="ended", outcome=outcome, detail=detail,
+                                           checkpoint_end=checkpoint_end)
 
 
 @dataclass(frozen=True)
@@ -133,3 +181,51 @@ def actions_for(decision: Decision, running: Iterable[str], alive: Iterable[str]
     order = {Action.PREEMPT: 0, Action.RESIZE: 1, Action.MIGRATE: 1, Action.KEEP: 2,
              Action.START: 3}
     return sorted(steps, key=lambda s: (order.get(s.action, 9), s.job))
+
+
+class FailureGate:
+    """Hold the relaunch of a group that failed until the caller has seen the failure.
+
+    An executor settles exited groups at the start of :meth:`Executor.apply`
+    (so finished jobs are not relaunched). A group that failed after the
+    caller's last :meth:`Executor.poll` would then be relaunched by the same
+    apply, and the failure never reach the caller's fault policy (a
+    crash-looping job relaunched forever, its failures uncounted). Executors
+    record what each public ``poll`` returned with :meth:`saw`, settle inside
+    ``apply`` under :meth:`quiet`, and skip launching the jobs :meth:`unseen`
+    names this round; the next poll reports the failure.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, str]] = set()
+        self._quiet = False
+
+    def saw(self, progress: list[Progress]) -> list[Progress]:
+        if not self._quiet:
+            self._seen.update((p.job, str(p.launch_id)) for p in progress
+                              if p.health == Health.FAILED)
+        return progress
+
+    def quiet(self) -> _Quiet:
+        return _Quiet(self)
+
+    def unseen(self, stopped: dict[str, Any]) -> set[str]:
+        """Jobs whose last group failed without a poll having said so."""
+        return {j for j, g in stopped.items() if g.health == Health.FAILED
+                and (j, str(g.launch_id)) not in self._seen}
+
+    @staticmethod
+    def held(job: str, gpu_type: str) -> Event:
+        return Event(job, "pending", 0, gpu_type,
+                     "its workers failed; relaunched once the fault policy has seen the failure")
+
+
+class _Quiet:
+    def __init__(self, gate: FailureGate) -> None:
+        self.gate = gate
+
+    def __enter__(self) -> None:
+        self.gate._quiet = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.gate._quiet = False

@@ -50,6 +50,7 @@ from apportion.runtime.workload import (
     ENV_PROGRESS_FILE,
     job_env,
     plan_json,
+    plan_supported,
 )
 
 from apportion.cluster import Cluster, Node
@@ -118,30 +119,6 @@ def dns_label(text: str, prefix: str = "apportion") -> str:
 def tenant_queue(tenant: str) -> str:
     """The LocalQueue (and ClusterQueue) name ``export kueue`` gives a tenant."""
     return dns_label(tenant)
-
-
-# -- which plans a workload runs --------------------------------------------------------------
-def plan_supported(kind: str, plan: ExecutionPlan) -> str | None:
-    """Why the workload ``kind`` cannot run ``plan``, or ``None`` when it can.
-
-    Local stand-in with the signature of the shared predicate another branch
-    adds to :mod:`apportion.runtime.workload`; replace this body with a call to
-    it once merged. The built-in torch trainer refuses pipeline parallelism
-    with tensor parallelism or ZeRO, and TP with ZeRO (``runtime.trainer``);
-    a user's command is trusted to run the plan it is given.
-    """
-    if plan.zero_stage not in (0, 1, 2, 3):
-        return f"ZeRO stage {plan.zero_stage} does not exist (0-3)"
-    if kind != "builtin":
-        return None
-    if plan.pp > 1 and plan.tp > 1:
-        return (f"plan {plan.label()}: the built-in trainer does not combine pipeline and "
-                "tensor parallelism")
-    if plan.pp > 1 and plan.zero_stage:
-        return f"plan {plan.label()}: the built-in trainer does not combine pipeline and ZeRO"
-    if plan.tp > 1 and plan.zero_stage:
-        return f"plan {plan.label()}: the built-in trainer does not combine TP and ZeRO"
-    return None
 
 
 def workload_kind(job: JobSpec) -> str:
@@ -260,7 +237,7 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
     """The ConfigMap, [TrainingRuntime,] and the job object for ``job`` on ``alloc``."""
     cfg, api = target.cfg, target.api
     kind = workload_kind(job)
-    reason = plan_supported(kind, alloc.plan)
+    reason = plan_supported(kind, alloc.plan, "cuda")  # Kubernetes nodes hold the GPUs
     if reason is not None:
         raise InputError("decision", f"allocations[{alloc.job}].plan",
                          f"the {kind} workload cannot run it: {reason}")

@@ -1,9 +1,10 @@
 """The core of ``apportion run``: rounds every interval, applied through an executor.
 
 Each round: read the jobs from the store, solve the round (``run_round``
-validates its own decision and never returns an invalid one), apply it
-through the executor, record the round and its events; between rounds, poll
-progress into the store. A job finishing triggers an early round (its
+validates its own decision and never returns an invalid one), record the
+round (the intent: a run killed now leaves a store that says what it meant
+to do), apply it through the executor, then record what the executor did;
+between rounds, poll progress into the store. A job finishing triggers an early round (its
 capacity is free) unless ``reschedule_on_finish`` is off; otherwise rounds
 are ``interval_s`` apart (Crius uses 5 minutes).
 
@@ -55,6 +56,8 @@ class StoreLike(Protocol):
         """Persist polled progress; finished and failed jobs leave the schedule."""
         ...
 
+    # optional: ``record_events(index, events)``, what the executor did for a recorded round
+
 
 @dataclass
 class MemoryStore:
@@ -87,6 +90,11 @@ class MemoryStore:
             if self.jobs[p.job].running is not None:
                 self.jobs[p.job] = replace(self.jobs[p.job], running=None)
                 self.states[p.job] = "checkpointed"
+
+    def record_events(self, index: int, events: list[Event]) -> None:
+        for r in self.rounds:
+            if r["index"] == index:
+                r["events"].extend(e.as_dict() for e in events)
 
     def record_progress(self, progress: list[Progress]) -> None:
         for p in progress:
@@ -161,8 +169,11 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                                      policy=policy).decision
                 round_allocs = {a.job: a for a in decision.allocations}
                 round_jobs = {j.id: j for j in jobs}
+                store.record_round(rounds, now, decision, [])  # the intent, before acting
                 events = executor.apply(decision, jobs)
-                store.record_round(rounds, now, decision, events)
+                record_events = getattr(store, "record_events", None)
+                if record_events is not None:
+                    record_events(rounds, events)
                 all_events.extend(events)
                 estimates.update({a.job: a.iter_time_s for a in decision.allocations})
                 rounds += 1

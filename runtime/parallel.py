@@ -39,9 +39,11 @@ class Strategy:
         self.plan, self.rank, self.world = plan, rank, world
         self.dp_rank = rank
         self.model: nn.Module = module
+        self.device = _device_of(module)
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.model = DDP(module)
+            cuda = self.device.type == "cuda"
+            self.model = DDP(module, device_ids=[self.device.index] if cuda else None)
 
     def parameters(self) -> Any:
         return self.model.parameters()
@@ -69,7 +71,7 @@ class Strategy:
     def global_mean(self, value: float) -> float:
         if self.world == 1:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return float(t.item()) / self.world
 
@@ -106,14 +108,14 @@ def _plain_full_state(module: nn.Module, opt: torch.optim.Optimizer
     names = {id(p): n for n, p in module.named_parameters()}
     raw = opt.state_dict()
     order = [p for g in opt.param_groups for p in g["params"]]
-    state = {names[id(order[i])]: {k: (v.clone() if torch.is_tensor(v) else v)
+    state = {names[id(order[i])]: {k: (v.to("cpu", copy=True) if torch.is_tensor(v) else v)
                                    for k, v in s.items()} for i, s in raw["state"].items()}
     groups = []
     for g in raw["param_groups"]:
         gg = {k: v for k, v in g.items() if k != "params"}
         gg["params"] = [names[id(order[i])] for i in g["params"]]
         groups.append(gg)
-    return ({k: v.detach().clone() for k, v in module.state_dict().items()},
+    return ({k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()},
             {"state": state, "param_groups": groups})
 
 
@@ -144,7 +146,8 @@ class FsdpStrategy(_ShardedState, Strategy):
         from torch.distributed.fsdp import fully_shard
         self.base, self.plan, self.rank, self.world = module, plan, rank, world
         self.dp_rank = rank
-        mesh = init_device_mesh("cpu", (world,))
+        self.device = _device_of(module)
+        mesh = init_device_mesh(self.device.type, (world,))
         reshard = plan.zero_stage == 3
         for blk in getattr(module, "blocks", []):
             fully_shard(blk, mesh=mesh, reshard_after_forward=reshard)
@@ -176,7 +179,8 @@ class TensorParallelStrategy(_ShardedState, Strategy):
         heads = int(module.shape.heads)  # type: ignore[union-attr,arg-type]
         if heads % plan.tp:
             raise ValueError(f"tensor parallel degree {plan.tp} does not divide {heads} heads")
-        mesh = init_device_mesh("cpu", (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
+        self.device = _device_of(module)
+        mesh = init_device_mesh(self.device.type, (plan.dp, plan.tp), mesh_dim_names=("dp", "tp"))
         self.dp_rank = mesh.get_local_rank("dp")
         self.dp_group = mesh.get_group("dp") if plan.dp > 1 else None
         layout = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
@@ -195,6 +199,12 @@ class TensorParallelStrategy(_ShardedState, Strategy):
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(g, group=self.dp_group)
             g.div_(self.plan.dp)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    """Where the module's parameters live (the worker moved it to its device before wrapping)."""
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
 
 
 def wrap(module: nn.Module, plan: ExecutionPlan, rank: int, world: int, micro: int) -> Strategy:

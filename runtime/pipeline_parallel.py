@@ -279,18 +279,19 @@ class PipelineStrategy(Strategy):
     def global_mean(self, value: float) -> float:
         """The step's global mean loss: only last stages hold a loss, one per replica; every
         rank enters the all-reduce (a rank that skipped it would hang the others)."""
-        t = torch.tensor([value if self.is_last else 0.0], dtype=torch.float64)
+        t = torch.tensor([value if self.is_last else 0.0], dtype=torch.float64,
+                         device=self.stage.device)
         dist.all_reduce(t)
         return float(t.item()) / self.plan.dp
 
     # -- checkpoints --------------------------------------------------------------
     def _stage_state(self, opt: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
         """This stage's part of the full state, keyed by the full module's names."""
-        model_sd = {n: p.detach().clone() for n, p in self.owned}
+        model_sd = {n: p.detach().to("cpu", copy=True) for n, p in self.owned}
         order = [p for g in opt.param_groups for p in g["params"]]
         names = {id(p): n for n, p in self.owned}
         raw = opt.state_dict()
-        state = {names[id(order[i])]: {k: (v.clone() if torch.is_tensor(v) else v)
+        state = {names[id(order[i])]: {k: (v.to("cpu", copy=True) if torch.is_tensor(v) else v)
                                        for k, v in s.items()} for i, s in raw["state"].items()}
         groups = []
         for g in raw["param_groups"]:

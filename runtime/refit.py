@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from apportion.cluster import Cluster
-from apportion.decision import Allocation
 from apportion.estimation.analytic import AnalyticEstimator
 from apportion.estimation.base import Sample
+
+from apportion.cluster import Cluster
+from apportion.decision import Allocation
 from apportion.jobs import JobSpec
 
 log = logging.getLogger(__name__)

@@ -1,30 +1,45 @@
 """``apportion run``: rounds every interval against the state store, applied by an executor.
 
 Holds the store's round lock for the whole run (one scheduler per store), reads
-the queue from it, solves, applies through the executor, polls progress back
-into the store, and stops on ``--until-idle`` (every job finished or failed),
-``--timeout`` or SIGINT/SIGTERM (every running job checkpointed first).
+the queue from it, solves (offering each job only the plans its workload kind
+runs), records the round, applies it through the executor, polls progress
+back into the store, and stops on ``--until-idle`` (every job finished or
+failed), ``--timeout`` or SIGINT/SIGTERM (every running job checkpointed
+first).
+
+A run killed with SIGKILL leaves its workers running. Before its first round
+a run reconciles what the store's launch records say an earlier run left:
+the local executor adopts groups that still run (or stops them with
+``--orphans stop``; SIGTERM, then SIGKILL after ``--grace-period``), every
+other open launch is closed, and every job the store thinks is running but
+nothing runs goes back to the queue from its last checkpoint on disk.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 from pathlib import Path
 from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
+from apportion.jobs import job_dirname
 from apportion.round import RoundConfig
 
 log = logging.getLogger(__name__)
 
 EXECUTORS = ("dry-run", "local", "slurm", "ray", "kubernetes")
 EXIT_BUSY = 75
+ORPHAN_POLICIES = ("adopt", "stop")
 
 
 def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | None,
-                  k8s_config: Path | None = None, drain: bool = False) -> Any:
+                  k8s_config: Path | None = None, drain: bool = False,
+                  launch_log: Any = None, options: dict[str, Any] | None = None) -> Any:
+    opts = dict(options or {})
     if name == "dry-run":
         from apportion.runtime.launch import DryRunExecutor
 
@@ -32,7 +47,7 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     if name == "local":
         from apportion.runtime.local import LocalExecutor
 
-        return LocalExecutor(workdir)
+        return LocalExecutor(workdir, launch_log=launch_log, **opts)
     if name == "slurm":
         from apportion.runtime.slurm import from_environment
 
@@ -40,7 +55,8 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     if name == "ray":
         from apportion.runtime.ray_executor import RayExecutor
 
-        return RayExecutor(workdir, cluster=cluster)
+        return RayExecutor(workdir, cluster=cluster, address=opts.pop("ray_address", None),
+                           launch_log=launch_log, **opts)
     if name == "kubernetes":
         from apportion.runtime.k8s_client import K8sClient
         from apportion.runtime.k8s_config import load_k8s_config
@@ -57,36 +73,56 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
 
 
+def _check(option: str, value: float | None, low: float, integral: bool = False) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value < low or (integral and value != int(value)):
+        kind = "a whole number" if integral else "a finite number"
+        raise InputError(option, option.lstrip("-").replace("-", "_"),
+                         f"must be {kind} >= {low:g}, got {value!r}")
+
+
 def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float, until_idle: bool,
                 timeout_s: float | None, workdir: Path, kubeconfig: str | None = None,
                 time_budget_s: float = 10.0, k8s_config: Path | None = None,
                 drain: bool = False, policy: str | None = None,
-                estimator: str = "analytic") -> int:
+                estimator: str = "analytic", *, checkpoint_every: int | None = None,
+                checkpoint_interval_s: float | None = None, max_retries: int = 3,
+                grace_period_s: float = 120.0, orphans: str = "adopt",
+                ray_address: str | None = None) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     from apportion.runtime.loop import run_loop
+    from apportion.runtime.plan_filter import workload_plan_filter
     from apportion.runtime.refit import OnlineRefit
-    from apportion.runtime.store_adapter import SqliteLoopStore
+    from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteLoopStore
+
     from apportion.store import RoundLock, StoreBusy, open_store
 
     if executor not in EXECUTORS:
         raise InputError("--executor", "executor", f"{executor!r} is not one of "
                          f"{', '.join(EXECUTORS)}")
-    if not interval_s > 0:
+    if not interval_s > 0 or not math.isfinite(interval_s):
         raise InputError("--interval", "interval", f"must be positive, got {interval_s}")
+    _check("--timeout", timeout_s, 0.0)
+    _check("--time-budget", time_budget_s, 0.01)
+    _check("--checkpoint-every", checkpoint_every, 0, integral=True)
+    _check("--checkpoint-interval", checkpoint_interval_s, 0.0)
+    _check("--max-retries", max_retries, 0, integral=True)
+    _check("--grace-period", grace_period_s, 0.0)
+    if orphans not in ORPHAN_POLICIES:
+        raise InputError("--orphans", "orphans", f"{orphans!r} is not one of adopt, stop")
+    if ray_address is not None and executor != "ray":
+        raise InputError("--ray-address", "ray_address", "only with --executor ray")
     if cluster_arg == "local":
-        from apportion.runtime.local import local_cluster, local_round_config
+        from apportion.runtime.local import local_cluster
 
         cluster = local_cluster()
-        cfg = local_round_config(time_budget_s)
     else:
         cluster = resolve_cluster(cluster_arg)
-        cfg = RoundConfig(time_budget_s=time_budget_s)
-        if executor in ("local", "ray", "slurm", "kubernetes"):  # the torch worker refuses PP with TP
-            from apportion.runtime.local import local_round_config
-
-            cfg = local_round_config(time_budget_s)
     from apportion.round import checked_config
 
+    device = None if executor in ("local", "dry-run") else "cuda"  # this host's, or real GPUs
+    cfg = RoundConfig(time_budget_s=time_budget_s, plan_filter=workload_plan_filter(device))
     chosen = checked_config(policy=policy, estimator=estimator)  # bad names exit 2
     cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
     if executor == "kubernetes":
@@ -110,17 +146,27 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         store.close()
         log.error("%s", exc)
         return EXIT_BUSY
-    workdir.mkdir(parents=True, exist_ok=True)
+    ex = None
     try:
-        ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
-    except BaseException:
-        lock.release()
-        store.close()
-        raise
-    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        launch_log = SqliteLaunchLog(store)
+        opts: dict[str, Any] = {"stop_timeout_s": grace_period_s}
+        if checkpoint_every is not None:
+            opts["checkpoint_every"] = int(checkpoint_every)
+        if checkpoint_interval_s is not None:
+            opts["checkpoint_interval_s"] = float(checkpoint_interval_s)
+        if executor == "ray":
+            opts["ray_address"] = ray_address or os.environ.get("RAY_ADDRESS") or None
+        if executor in ("local", "ray"):
+            ex = make_executor(executor, workdir, cluster, kubeconfig, launch_log=launch_log,
+                               options=opts)
+        else:
+            ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
+        reconcile(store, ex, workdir, adopt=orphans == "adopt")
         refit = OnlineRefit(cluster)
-        res = run_loop(cluster, SqliteLoopStore(store, cluster), ex, interval_s=interval_s,
-                       until_idle=until_idle, timeout_s=timeout_s, round_config=cfg, refit=refit)
+        res = run_loop(cluster, SqliteLoopStore(store, cluster, FaultPolicy(int(max_retries))),
+                       ex, interval_s=interval_s, until_idle=until_idle, timeout_s=timeout_s,
+                       round_config=cfg, refit=refit)
         log.warning("run stopped (%s) after %d rounds; %d estimator refits from %d samples",
                     res.reason, res.rounds, refit.refits, len(refit.samples))
     finally:
@@ -130,3 +176,53 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         lock.release()
         store.close()
     return 0
+
+
+def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[Any]:
+    """Settle what an earlier (killed) run left, before the first round: adopt or stop its
+    worker groups, close their launch records, and requeue from its last checkpoint every
+    job the store thinks is running but nothing runs. Returns what was done per launch."""
+    from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress_since
+
+    from apportion import store_launches as sl
+    from apportion.lifecycle import ACTIVE, JobState
+
+    jobs = {r.id: r.to_jobspec() for r in store.jobs(ACTIVE)}
+    records = sl.open_launches(store)
+    done: list[Any] = []
+    mine = [r for r in records if r.executor == getattr(ex, "name", "")]
+    if mine and hasattr(ex, "reconcile"):
+        done = ex.reconcile(mine, jobs, adopt=adopt)
+    handled = {d.launch_id for d in done}
+    adopted = set()
+    for d in done:
+        if d.action == "adopted":
+            sl.adopt_launch(store, d.launch_id, getattr(getattr(ex, "launch_log", None), "owner",
+                                                        "run"))
+            adopted.add(d.job)
+            log.warning("job %s: adopted launch %d left by an earlier run (%s)", d.job,
+                        d.launch_id, d.detail)
+            continue
+        sl.launch_ended(store, d.launch_id, d.action, d.detail, d.checkpoint)
+        sl.settle_checkpoint(store, d.job, d.checkpoint, f"launch {d.launch_id}: {d.detail}")
+        log.warning("job %s: launch %d left by an earlier run %s at checkpoint %d (%s)", d.job,
+                    d.launch_id, d.action, d.checkpoint, d.detail)
+    for r in records:  # launches this executor cannot reconcile: their workers died with it
+        if r.id in handled:
+            continue
+        if r.executor == "local":  # another executor's run now: stop what a local run left
+            from apportion.runtime.procs import stop_holders
+            stop_holders(Path(r.jobdir), float(getattr(ex, "stop_timeout_s", 30.0)))
+        ck = read_progress_since(Path(r.jobdir) / PROGRESS_FILE_NAME).checkpoint_iteration or 0
+        ck = max(ck, r.checkpoint_start)
+        sl.launch_ended(store, r.id, "stopped", "its run died; this executor cannot adopt it", ck)
+        sl.settle_checkpoint(store, r.job, ck, f"launch {r.id}: its run died")
+    for rec in store.jobs(frozenset({JobState.RUNNING})):
+        if rec.id in adopted:
+            continue
+        view = read_progress_since(workdir / job_dirname(rec.id) / PROGRESS_FILE_NAME)
+        ck = view.checkpoint_iteration or 0
+        sl.settle_checkpoint(store, rec.id, ck, "running in the store, but no worker runs it: "
+                             "back to the queue from its last checkpoint")
+        log.warning("job %s: no worker runs it; requeued from checkpoint %d", rec.id, ck)
+    return done

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.runtime import slurm_batch as batch
-from apportion.runtime.executor import Event, Health, Progress, actions_for
+from apportion.runtime.executor import Event, FailureGate, Health, Progress, actions_for
 from apportion.runtime.launch import launch_spec, read_json_file, write_json
 from apportion.runtime.slurm_commands import (
     ACTIVE_STATES,
@@ -151,6 +151,7 @@ class SlurmExecutor:
                                                                    checkpoint_every)
         self.runs: dict[str, _Launch] = {}
         self.stopped: dict[str, _Launch] = {}
+        self.failures = FailureGate()
         self._nodes: dict[str, dict[str, str]] = {}
         self._states: dict[str, tuple[str, str]] = {}
         self._states_at = -1e9
@@ -474,7 +475,9 @@ class SlurmExecutor:
     def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
         t0 = time.time()
         self._states_at = -1e9  # decide on Slurm's state now, not a cached one
-        self.poll()
+        with self.failures.quiet():
+            self.poll()
+        held = self.failures.unseen(self.stopped)
         by_id = {j.id: j for j in state}
         finished = {j for j, r in self.stopped.items() if r.health == Health.FINISHED}
         steps = actions_for(decision, self.runs, self.runs, finished)
@@ -493,6 +496,9 @@ class SlurmExecutor:
                 continue
             if s.action == Action.KEEP and not s.restart:
                 events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
+                continue
+            if s.job in held:
+                events.append(self.failures.held(s.job, s.allocation.gpu_type))
                 continue
             done = self.stopped.get(s.job)
             if done is not None and done.health == Health.FINISHED:  # ended while being stopped
@@ -538,8 +544,8 @@ class SlurmExecutor:
             r = self.runs.get(job_id) or self.stopped[job_id]
             out.append(Progress(job_id, r.iterations_done, r.iterations, r.health, r.iter_time_s,
                                 r.loss, r.alloc.plan.gpus, r.alloc.plan.label(), r.overhead_s,
-                                r.error))
-        return out
+                                r.error, launch_id=r.launch_id))
+        return self.failures.saw(out)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         runs = list(self.runs.values())

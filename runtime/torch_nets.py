@@ -32,6 +32,7 @@ __all__ = ["MASK_ID", "TRAINABLE", "Block", "NetShape", "TokenNet", "VitNet", "b
            "build_net", "loss_fn", "param_count", "shape_of"]
 
 MASK_ID = 0  # bert-tiny's mask token
+STEPS = (1, 2, 3, 5)  # the token streams' strides (see batch)
 
 
 def _sample_gen(seed: int, index: int) -> torch.Generator:
@@ -41,9 +42,13 @@ def _sample_gen(seed: int, index: int) -> torch.Generator:
 def batch(name: str, seed: int, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Global samples ``start .. start+count-1`` of the job's synthetic stream: (inputs, targets).
 
-    gpt: an affine token recurrence (learnable next-token structure); bert: the
-    same sequences with 15% of positions masked, targets the originals; vit:
-    a fixed random prototype per class plus noise, cut into patches.
+    gpt: an affine token recurrence ``t[k+1] = t[k] + step`` (mod the vocabulary)
+    with the step drawn from a few small values, so a short run learns it
+    (each token has a handful of likely successors: the loss falls from
+    ln(vocab) towards ln(len(STEPS)) and below once attention reads the step);
+    bert: the same sequences with 15% of positions masked, targets the
+    originals; vit: a fixed random prototype per class plus noise, cut into
+    patches.
     """
     shape = shape_of(get_model(name))
     xs, ys = [], []
@@ -57,7 +62,8 @@ def batch(name: str, seed: int, start: int, count: int) -> tuple[torch.Tensor, t
             xs.append(protos[c] + 0.5 * torch.randn(shape.patches, shape.patch_dim, generator=g))
             ys.append(torch.tensor(c))
             continue
-        first, step = torch.randint(1, shape.vocab, (2,), generator=g).tolist()
+        first, k = torch.randint(1, shape.vocab, (2,), generator=g).tolist()
+        step = STEPS[k % len(STEPS)]
         seq = (first + step * torch.arange(shape.seq + 1)) % (shape.vocab - 1) + 1
         if shape.family == "gpt":
             xs.append(seq[:-1])

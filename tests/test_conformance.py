@@ -121,6 +121,26 @@ def test_every_policy_decides_an_operator_round(name: str) -> None:
     assert d.meta["policy"] == pol.name and "admit" in d.meta["stages"]
 
 
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_honours_the_executors_plans(name: str) -> None:
+    """What an executor's workers cannot run never reaches them, whichever policy chose: with a
+    plan filter that refuses every data-parallel plan, no allocation has dp > 1, and a job left
+    out for it says ``no-supported-plan``."""
+    def single_rank(job: JobSpec, plan) -> str | None:
+        return None if plan.dp == 1 else f"dp {plan.dp}: this executor runs one rank per stage"
+
+    jobs = _queue(6)
+    cfg = RoundConfig(time_budget_s=3.0, isolate=False, plan_filter=single_rank)
+    res = run_round(CLUSTER, jobs, 50.0, cfg, policy=make_policy(name, config=cfg))
+    d = res.decision
+    assert validate(d, CLUSTER, jobs).ok
+    assert all(a.plan.dp == 1 for a in d.allocations), [a.plan.label() for a in d.allocations]
+    assert {a.job for a in d.allocations} | {p.job for p in d.pending} == {j.id for j in jobs}
+    for p in d.pending:
+        if p.reason == Reason.NO_PLAN:
+            assert "dp" in p.detail and p.can_ever_fit is False
+
+
 # -- executors ------------------------------------------------------------------------------
 def _executors() -> list[str]:
     from apportion.runtime.run_command import EXECUTORS

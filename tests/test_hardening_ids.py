@@ -189,7 +189,8 @@ def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) ->
     marker = tmp_path / "pwned"
     jobdir = tmp_path / "job"
     jobdir.mkdir()
-    torch.save({"evil": _Payload(marker)}, jobdir / ckpt.CHECKPOINT_NAME)
+    ckpt.job_checkpoint(jobdir).parent.mkdir()
+    torch.save({"evil": _Payload(marker)}, ckpt.job_checkpoint(jobdir))
     cfg = TrainConfig(job="j", model="gpt-tiny", global_batch_size=4, iterations=2,
                       plan={"dp": 1}, workdir=str(jobdir), backend="gloo")
     cfg.dump(jobdir / "config.json")

@@ -189,9 +189,11 @@ def test_user_workload_command_image_env() -> None:
     wl = Workload("torchrun", ("python", "train.py", "--lr", "3e-4"), "/work", {"HF_HOME": "/hf"},
                   "ghcr.io/me/trainer:2")
     job = _job("u1", 8, workload=wl)
-    a = _alloc("u1", "A100-40GB", {"a100-0": 8}, ExecutionPlan(dp=2, tp=2, pp=2))
-    assert plan_supported("torchrun", a.plan) is None
-    assert plan_supported("builtin", a.plan) is not None
+    a = _alloc("u1", "A100-40GB", {"a100-0": 8}, ExecutionPlan(dp=2, tp=4))
+    assert plan_supported("torchrun", a.plan, "cuda") is None
+    staged = _alloc("u1", "A100-40GB", {"a100-0": 8}, ExecutionPlan(dp=2, tp=2, pp=2))
+    with pytest.raises(InputError, match="one pipeline stage"):  # a user command runs one
+        job_objects(job, staged, Target(cluster, K8sConfig(), "jobset"))
     docs = job_objects(job, a, Target(cluster, K8sConfig(), "jobset"))
     assert not any(validate(d) for d in docs)
     c = docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
@@ -250,15 +252,14 @@ def test_reserve_that_leaves_nothing_names_the_field() -> None:
 
 def test_crius_testbed_round_through_every_api() -> None:
     """A real round on the default cluster; plans the built-in trainer refuses are refused."""
-    from apportion.runtime.local import local_round_config
+    from apportion.runtime.plan_filter import workload_plan_filter
 
     from apportion.round import RoundConfig, run_round
 
     cluster = resolve_cluster("crius-testbed")
     jobs, now = default_jobs()
-    cfg = local_round_config(5.0)
     res = run_round(cluster, jobs, now, RoundConfig(time_budget_s=5.0, isolate=False,
-                                                    candidates=cfg.candidates))
+                                                    plan_filter=workload_plan_filter("cuda")))
     assert validate_decision(res.decision, cluster, jobs).ok and res.decision.allocations
     for api in APIS:
         export_all(cluster, res.decision, jobs, K8sConfig(queue="q"), api)

@@ -72,7 +72,7 @@ def test_start_resize_and_shutdown_from_round_decisions(tmp_path: Path) -> None:
     assert acts["a"] == (Action.RESIZE, 2) and acts["b"][0] == Action.START
     ev2 = ex.apply(d2, [a_run, b])
     assert {(e.job, e.action) for e in ev2} == {("a", "resize"), ("b", "start")}
-    state = ckpt.load(tmp_path / job_dirname("a") / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(ckpt.job_checkpoint(tmp_path / job_dirname("a")))
     assert state is not None and state.iteration >= 2 and state.meta["world"] == 4
     p2 = wait_for(ex, "a", lambda p: p.workers == 2 and p.health == Health.RUNNING
                   and p.iterations_done > state.iteration)
@@ -85,7 +85,7 @@ def test_start_resize_and_shutdown_from_round_decisions(tmp_path: Path) -> None:
     ex.shutdown(checkpoint=True)
     (pa,) = [p for p in ex.poll() if p.job == "a"]
     assert pa.health == Health.CHECKPOINTED
-    final = ckpt.load(tmp_path / job_dirname("a") / ckpt.CHECKPOINT_NAME)
+    final = ckpt.load(ckpt.job_checkpoint(tmp_path / job_dirname("a")))
     assert final is not None and final.iteration == pa.iterations_done
     worlds = [json.loads(x)["world"] for x in (tmp_path / job_dirname("a") / "losses.jsonl").read_text()
               .splitlines()]

@@ -78,8 +78,8 @@ def assert_same_state(got: Path, want: Path) -> None:
     average or tied-embedding sum). The key biases are skipped: attention is invariant to
     them, so their gradient is float noise around zero in both runs.
     """
-    a = ckpt.load(want / ckpt.CHECKPOINT_NAME)
-    b = ckpt.load(got / ckpt.CHECKPOINT_NAME)
+    a = ckpt.load(ckpt.job_checkpoint(want))
+    b = ckpt.load(ckpt.job_checkpoint(got))
     assert a is not None and b is not None
     assert b.iteration == ITERATIONS and b.samples_seen == ITERATIONS * GLOBAL_BATCH
     assert list(b.model) == list(a.model)

@@ -35,14 +35,15 @@ def executor(tmp_path_factory: pytest.TempPathFactory):
                      num_cpus=2)
     yield ex
     ex.shutdown()
-    ray.shutdown()
+    ex.close()
 
 
-def test_bundles_carry_the_gpu_type() -> None:
-    a = Allocation("j", "A100-80GB", 2, 1, ExecutionPlan(dp=2), {"n": 2}, 1.0)
-    assert bundles_for(a, False) == [{"A100-80GB": 1.0}] * 2
-    assert bundles_for(a, True) == [{"A100-80GB": 1.0, "GPU": 1.0}] * 2
-    assert missing_resources(bundles_for(a, False), {"T4": 4.0}) == {"A100-80GB": (2.0, 0.0)}
+def test_one_bundle_per_node_carries_the_gpu_type() -> None:
+    a = Allocation("j", "A100-80GB", 3, 1, ExecutionPlan(dp=3), {"n": 2, "m": 1}, 1.0)
+    assert bundles_for(a, False) == [{"A100-80GB": 2.0}, {"A100-80GB": 1.0}]
+    assert bundles_for(a, True) == [{"A100-80GB": 2.0, "GPU": 2.0}, {"A100-80GB": 1.0, "GPU": 1.0}]
+    assert bundles_for(a, True, type_resource=False) == [{"GPU": 2.0}, {"GPU": 1.0}]
+    assert missing_resources(bundles_for(a, False), {"T4": 4.0}) == {"A100-80GB": (3.0, 0.0)}
 
 
 def test_round_decision_runs_as_actors(executor: RayExecutor) -> None:
@@ -61,7 +62,7 @@ def test_round_decision_runs_as_actors(executor: RayExecutor) -> None:
         time.sleep(0.5)
     assert p.health == Health.FINISHED, p
     assert p.iterations_done == 3 and p.workers == a.gpus
-    state = ckpt.load(Path(executor.workdir) / job_dirname("r") / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(ckpt.job_checkpoint(Path(executor.workdir) / job_dirname("r")))
     assert state is not None and state.iteration == 3
 
 

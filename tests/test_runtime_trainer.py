@@ -137,5 +137,5 @@ def test_loss_continuity_across_2_1_2_workers(tmp_path: Path) -> None:
     assert worlds == [2, 2, 1, 1, 2, 2]
     for it in a:
         assert b[it] == pytest.approx(a[it], abs=LOSS_TOL), (it, a, b)
-    state = ckpt.load(tmp_path / "moved" / job_dirname("j") / ckpt.CHECKPOINT_NAME)
+    state = ckpt.load(ckpt.job_checkpoint(tmp_path / "moved" / job_dirname("j")))
     assert state is not None and state.iteration == 6 and state.samples_seen == 6 * 4
