@@ -7,10 +7,11 @@ fully-qualified-name keyed) model and optimizer state, written through
 ``torch.distributed.checkpoint.state_dict``, so a job checkpointed under one
 plan and world size resumes under any other: that is what resizing needs.
 
-Pipeline parallelism lives in ``runtime.pipeline_parallel`` (imported only for
-``pp > 1``: ``torch.distributed.pipelining`` is not needed otherwise). What no
-strategy runs is refused by ``trainer.check_plan`` with a reason: PP combined
-with TP or ZeRO, TP combined with ZeRO, and offload on CPU.
+Pipeline parallelism lives in ``runtime.pipeline_parallel`` (built on the
+``Strategy`` here); ``runtime.strategies.wrap`` picks the strategy for a plan.
+What no strategy runs is refused by ``trainer.check_plan`` with a
+:class:`PlanError`: PP combined with TP or ZeRO, TP combined with ZeRO, and
+offload on CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from torch import nn
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
+
+
+class PlanError(ValueError):
+    """A plan this backend cannot run as given (the plan is never changed to make it fit)."""
 
 
 class Strategy:
@@ -205,16 +210,3 @@ def _device_of(module: nn.Module) -> torch.device:
     """Where the module's parameters live (the worker moved it to its device before wrapping)."""
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def wrap(module: nn.Module, plan: ExecutionPlan, rank: int, world: int, micro: int) -> Strategy:
-    """The strategy that runs ``plan`` exactly; the caller has already run ``check_plan``."""
-    if plan.pp > 1:
-        from apportion.runtime.pipeline_parallel import PipelineStrategy
-        return PipelineStrategy(module, plan, rank, world, micro)
-    if plan.tp > 1:
-        return TensorParallelStrategy(module, plan, rank, world)
-    if plan.zero_stage and world > 1:
-        return FsdpStrategy(module, plan, rank, world)
-    # one rank: sharding over a single rank changes nothing, the plain strategy is exact
-    return Strategy(module, plan, rank, world)

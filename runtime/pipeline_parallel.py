@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from apportion.runtime.parallel import Strategy
+from apportion.runtime.parallel import PlanError, Strategy
 from apportion.runtime.torch_nets import NetShape, loss_fn
 from torch import nn
 
@@ -50,18 +50,12 @@ from apportion.plans import ExecutionPlan
 log = logging.getLogger(__name__)
 
 
-def _plan_error(msg: str) -> ValueError:
-    """The trainer's ``PlanError`` (imported late: the trainer imports this module late)."""
-    from apportion.runtime.trainer import PlanError
-    return PlanError(msg)
-
-
 def split_blocks(layers: int, stages: int) -> list[tuple[int, int]]:
     """Contiguous, balanced ``[lo, hi)`` block ranges, one per stage (earlier stages get the
     remainder: stage 0 also runs the embedding, but the last stage runs the vocabulary-sized
     head, the larger of the two for the token nets)."""
     if stages > layers:
-        raise _plan_error(f"pp={stages} stages for a model of {layers} blocks: every stage "
+        raise PlanError(f"pp={stages} stages for a model of {layers} blocks: every stage "
                           "needs at least one block; the plan is not changed to fit")
     base, extra = divmod(layers, stages)
     out, lo = [], 0
@@ -212,7 +206,7 @@ class PipelineStrategy(Strategy):
         self.base, self.plan, self.rank, self.world = module, plan, rank, world
         P, M = plan.pp, plan.micro_batches
         if micro % M:
-            raise _plan_error(f"per-rank micro-batch {micro} is not divisible by "
+            raise PlanError(f"per-rank micro-batch {micro} is not divisible by "
                               f"micro_batches={M}")
         shape: NetShape = module.shape  # type: ignore[assignment]
         ranges = split_blocks(len(module.blocks), P)  # type: ignore[arg-type]

@@ -62,6 +62,8 @@ import torch
 import torch.distributed as dist
 from apportion.runtime import checkpoint as ckpt
 from apportion.runtime.launch import TrainConfig
+from apportion.runtime.parallel import PlanError
+from apportion.runtime.strategies import wrap
 from apportion.runtime.torch_nets import batch, build_net
 
 from apportion.plans import ExecutionPlan
@@ -78,9 +80,6 @@ EXIT_FENCED = 3  # this group was replaced by a newer launch: exited without sav
 class Fenced(RuntimeError):
     """The job folder belongs to a newer launch; this group must not write anything."""
 
-
-class PlanError(ValueError):
-    """A plan this backend cannot run as given (the plan is never changed to make it fit)."""
 
 
 def micro_batch(global_batch: int, plan: ExecutionPlan) -> int:
@@ -191,11 +190,10 @@ class Worker:
             wait = float(os.environ.get("APPORTION_RENDEZVOUS_TIMEOUT_S", "300"))
             dist.init_process_group(backend, rank=self.rank, world_size=self.world,
                                     timeout=timedelta(seconds=wait))
-        from apportion.runtime import parallel  # torch-heavy strategy code, loaded in the worker
         base = build_net(self.cfg.model, self.cfg.seed).to(self.torch_device)
         for blk in getattr(base, "blocks", []):
             blk.checkpointing = self.plan.checkpointing
-        self.par = parallel.wrap(base, self.plan, self.rank, self.world, self.micro)
+        self.par = wrap(base, self.plan, self.rank, self.world, self.micro)
         self.opt = make_optimizer(self.par.parameters(), self.cfg)
         state = ckpt.load(self.checkpoint_path)
         start = 0
