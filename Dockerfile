@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The apportion worker image: the built-in trainer (python -m apportion.runtime.trainer under
+# The apportion worker image: the built-in trainer (python -m apportion.runtime.workers.trainer under
 # torchrun), the workload helpers user scripts import, and the `apportion` command itself (the
 # same image runs the scheduler in deploy/).
 #
@@ -37,7 +37,7 @@ COPY solvers ./solvers
 COPY estimation ./estimation
 COPY runtime ./runtime
 COPY experiments ./experiments
-RUN pip install ".[${EXTRAS}]" && python -c "import apportion.runtime.trainer, torch; print(torch.__version__)"
+RUN pip install ".[${EXTRAS}]" && python -c "import apportion.runtime.workers.trainer, torch; print(torch.__version__)"
 
 # an unprivileged user; checkpoints and progress files go to the volume mounted at /checkpoints
 RUN useradd --create-home --uid 10001 apportion && mkdir -p /checkpoints \
@@ -48,5 +48,5 @@ ENV APPORTION_VARIANT=${VARIANT}
 LABEL org.opencontainers.image.title="apportion-worker" \
       org.opencontainers.image.description="apportion's training worker and scheduler" \
       org.opencontainers.image.licenses="Apache-2.0"
-# no entrypoint: pods run `torchrun ... -m apportion.runtime.trainer CONFIG` or `apportion run`
+# no entrypoint: pods run `torchrun ... -m apportion.runtime.workers.trainer CONFIG` or `apportion run`
 CMD ["apportion", "--help"]

@@ -545,7 +545,7 @@ def profile_cmd(
 ) -> None:
     """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
     from apportion.console import Progress
-    from apportion.estimation.profile_torch import profile_report
+    from apportion.estimation.profilers.profile_torch import profile_report
 
     try:
         outputs.check_outputs((json_out, "--json"))
@@ -571,7 +571,7 @@ def estimate_cmd(
 ) -> None:
     """Estimate one cell with the estimators and tune it (Crius 5.1-5.2)."""
     from apportion.config import default_cluster, resolve_cluster
-    from apportion.estimation.tuning import estimate_report, parse_job_cell
+    from apportion.estimation.models.tuning import estimate_report, parse_job_cell
 
     try:
         outputs.check_outputs((json_out, "--json"))
@@ -778,7 +778,7 @@ def bench_solve_cmd(
         outputs.write_json(json_out, rows, "--json")
 
 
-# -- Kubernetes: manifests and Kueue objects (logic in runtime/k8s_export.py) ---------------------
+# -- Kubernetes: manifests and Kueue objects (logic in runtime/executors/k8s_export.py) ---------------------
 export_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="write objects for other systems to apply")
 app.add_typer(export_app, name="export")
@@ -804,8 +804,8 @@ def export_k8s_cmd(
 ) -> None:
     """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
     _setup_logging(verbose)
-    from apportion.runtime.k8s_config import load_k8s_config
-    from apportion.runtime.k8s_export import export_k8s
+    from apportion.runtime.executors.k8s_config import load_k8s_config
+    from apportion.runtime.executors.k8s_export import export_k8s
 
     try:
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
@@ -827,8 +827,8 @@ def export_kueue_cmd(
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
 ) -> None:
     """ResourceFlavors, a Topology, ClusterQueues and LocalQueues for the cluster's tenants."""
-    from apportion.runtime.k8s_config import load_k8s_config
-    from apportion.runtime.k8s_export import export_kueue
+    from apportion.runtime.executors.k8s_config import load_k8s_config
+    from apportion.runtime.executors.k8s_export import export_kueue
 
     try:
         cfg = load_k8s_config(k8s_config, namespace=namespace)

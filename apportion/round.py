@@ -552,7 +552,7 @@ def estimator_from(name: str, tables: Any = None, samples: Any = None,
                    batches: dict[str, int] | None = None) -> Any:
     """The ``--estimator`` choice as what a RoundConfig carries: a name, or for ``tables`` and
     ``auto`` an estimator holding the measurements (a CSV path and/or a store's samples)."""
-    from apportion.estimation.measured import TableEstimator
+    from apportion.estimation.models.measured import TableEstimator
 
     if name not in ("tables", "auto"):
         return name

@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from apportion.estimation.analytic import (
+from apportion.estimation.models.analytic import (
     AnalyticEstimator,
     nominal_placement,
     powers_of_two_dividing,

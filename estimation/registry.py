@@ -24,9 +24,9 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.errors import InputError
-from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.base import Estimate, ParamsMixin, Sample
-from apportion.estimation.measured import TableEstimator
+from apportion.estimation.models.measured import TableEstimator
 from apportion.jobs import JobSpec
 from apportion.plans import Cell, ExecutionPlan
 
@@ -39,11 +39,11 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
     if name == "analytic":
         return AnalyticEstimator()
     if name == "crius":
-        from apportion.estimation.crius import CellEstimator
+        from apportion.estimation.models.crius import CellEstimator
 
         return CellEstimator()
     if name == "morphling":
-        from apportion.estimation.morphling import MorphlingEstimator
+        from apportion.estimation.models.morphling import MorphlingEstimator
 
         return MorphlingEstimator(cache_dir=cache_dir)
     if name == "tables":
@@ -75,8 +75,8 @@ class AutoEstimator(ParamsMixin):
     def _members(self) -> dict[str, Any]:
         m = self.__dict__.get("members_")
         if m is None:
-            from apportion.estimation.crius import CellEstimator
-            from apportion.estimation.morphling import MorphlingEstimator
+            from apportion.estimation.models.crius import CellEstimator
+            from apportion.estimation.models.morphling import MorphlingEstimator
 
             m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(),
                  "morphling": MorphlingEstimator(cache_dir=self.cache_dir),
@@ -102,7 +102,7 @@ class AutoEstimator(ParamsMixin):
         return chosen[key]
 
     def _morphling_fitted(self, job: JobSpec) -> bool:
-        from apportion.estimation.morphling import Arch
+        from apportion.estimation.models.morphling import Arch
         from apportion.models import get_model
 
         morph = self._members()["morphling"]
@@ -118,7 +118,7 @@ class AutoEstimator(ParamsMixin):
         m = self._members()
         m["tables"].fit(samples)
         m["analytic"].fit(samples, cluster)
-        from apportion.estimation.morphling import Arch
+        from apportion.estimation.models.morphling import Arch
         from apportion.models import get_model
 
         by_arch: dict[str, list[Sample]] = {}

@@ -37,7 +37,7 @@ the YMIR authors' predecessor system; see its ``SOURCES.md``):
   (``multi_task_info``), ``S/E`` each task's samples per epoch; unmeasured pairs,
   pairs where a task never reaches its target, and groups of three or more
   cannot run merged (rate 0);
-* iteration time: :class:`~apportion.estimation.convergence.ThroughputTable` on
+* iteration time: :class:`~apportion.estimation.finetune.convergence.ThroughputTable` on
   the V100 profiles (per GPU count, interpolated; placement is not modelled);
   more GPUs than samples in a batch cannot run;
 * context-switch cost (``<backbone>_context_switch.csv``): :meth:`switch_s`, the
@@ -56,7 +56,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from apportion.estimation.convergence import ThroughputTable, epochs_to_target
+from apportion.estimation.finetune.convergence import ThroughputTable, epochs_to_target
 from apportion.experiments.traces import FINETUNE_GPU, FinetuneInfo, SimJob, Trace, data_root
 
 from apportion.gpus import canonical_gpu_name

@@ -357,7 +357,7 @@ class AnalyticTruth:
     name = "analytic"
 
     def __init__(self, cluster: Any, efficiency: float = 0.45) -> None:
-        from apportion.estimation.analytic import AnalyticEstimator
+        from apportion.estimation.models.analytic import AnalyticEstimator
 
         self.est = AnalyticEstimator(efficiency=efficiency)
         self.cluster = cluster

@@ -33,7 +33,7 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.errors import CatalogError
-from apportion.estimation.analytic import nominal_placement
+from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import make_estimator
 from apportion.experiments.groundtruth import NoisyView

@@ -49,7 +49,7 @@ import networkx as nx
 
 from apportion.cluster import Cluster
 from apportion.decision import Reason
-from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective
 from apportion.jobs import JobSpec
 from apportion.plans import Cell

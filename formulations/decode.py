@@ -17,7 +17,7 @@ import networkx as nx
 from apportion.assembly import allocation, left_out
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision, Pending, Reason, SolveReport
-from apportion.estimation.analytic import nominal_placement
+from apportion.estimation.models.analytic import nominal_placement
 from apportion.formulations.candidates import job_node
 from apportion.formulations.cells import CellChoice
 from apportion.jobs import JobSpec

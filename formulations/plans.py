@@ -49,7 +49,7 @@ import networkx as nx
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.errors import InputError
-from apportion.estimation.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
+from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges, job_node
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective

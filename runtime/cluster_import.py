@@ -1,8 +1,8 @@
 """``apportion cluster import``: a cluster YAML from what Slurm, Ray or Kubernetes reports.
 
 Every source returns one dict per node, ``{"name", "gpu_type" (the engine's
-raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.slurm_import``,
-``runtime.ray_import``, ``runtime.k8s_import``); everything after that is
+raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.executors.slurm_import``,
+``runtime.executors.ray_import``, ``runtime.executors.k8s_import``); everything after that is
 written once, here:
 
 * **GPU names** are mapped to catalog names (``apportion gpus``) through a
@@ -269,7 +269,7 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
     """Nodes from one source: slurm (``scontrol``, or a saved ``scontrol show node -o`` file),
     ray (a cluster address) or k8s (``kubectl get nodes -o json`` saved to a file)."""
     if source == "slurm":
-        from apportion.runtime.slurm_import import import_slurm
+        from apportion.runtime.executors.slurm_import import import_slurm
 
         text = None
         if path is not None:

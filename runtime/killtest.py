@@ -44,7 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from apportion.runtime.procs import alive, folder_free, lock_holders
+from apportion.runtime.executors.procs import alive, folder_free, lock_holders
 
 from apportion.jobs import job_dirname
 

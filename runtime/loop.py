@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from apportion.runtime.executor import Event, Executor, Health, Progress
+from apportion.runtime.executors.executor import Event, Executor, Health, Progress
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision

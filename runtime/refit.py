@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.base import Sample
 
 from apportion.cluster import Cluster

@@ -41,26 +41,26 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
                   launch_log: Any = None, options: dict[str, Any] | None = None) -> Any:
     opts = dict(options or {})
     if name == "dry-run":
-        from apportion.runtime.launch import DryRunExecutor
+        from apportion.runtime.executors.launch import DryRunExecutor
 
         return DryRunExecutor(workdir)
     if name == "local":
-        from apportion.runtime.local import LocalExecutor
+        from apportion.runtime.executors.local import LocalExecutor
 
         return LocalExecutor(workdir, launch_log=launch_log, **opts)
     if name == "slurm":
-        from apportion.runtime.slurm import from_environment
+        from apportion.runtime.executors.slurm import from_environment
 
         return from_environment(workdir, cluster)
     if name == "ray":
-        from apportion.runtime.ray_executor import RayExecutor
+        from apportion.runtime.executors.ray_executor import RayExecutor
 
         return RayExecutor(workdir, cluster=cluster, address=opts.pop("ray_address", None),
                            launch_log=launch_log, **opts)
     if name == "kubernetes":
-        from apportion.runtime.k8s_client import K8sClient
-        from apportion.runtime.k8s_config import load_k8s_config
-        from apportion.runtime.kubernetes import KubernetesExecutor
+        from apportion.runtime.executors.k8s_client import K8sClient
+        from apportion.runtime.executors.k8s_config import load_k8s_config
+        from apportion.runtime.executors.kubernetes import KubernetesExecutor
 
         cfg = load_k8s_config(k8s_config)
         client = None
@@ -114,7 +114,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     if ray_address is not None and executor != "ray":
         raise InputError("--ray-address", "ray_address", "only with --executor ray")
     if cluster_arg == "local":
-        from apportion.runtime.local import local_cluster
+        from apportion.runtime.executors.local import local_cluster
 
         cluster = local_cluster()
     else:
@@ -126,7 +126,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     chosen = checked_config(policy=policy, estimator=estimator)  # bad names exit 2
     cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
     if executor == "kubernetes":
-        from apportion.runtime.k8s_config import load_k8s_config
+        from apportion.runtime.executors.k8s_config import load_k8s_config
 
         load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
     store = open_store(state, create=False)
@@ -211,7 +211,7 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
         if r.id in handled:
             continue
         if r.executor == "local":  # another executor's run now: stop what a local run left
-            from apportion.runtime.procs import stop_holders
+            from apportion.runtime.executors.procs import stop_holders
             stop_holders(Path(r.jobdir), float(getattr(ex, "stop_timeout_s", 30.0)))
         ck = read_progress_since(Path(r.jobdir) / PROGRESS_FILE_NAME).checkpoint_iteration or 0
         ck = max(ck, r.checkpoint_start)

@@ -13,7 +13,7 @@ back to the queue from its last checkpoint, to be relaunched by the next
 round; a job whose launches fail ``max_retries + 1`` times in a row without
 saving a new checkpoint is failed with the last reason.
 
-:class:`SqliteLaunchLog` is the executors' :class:`~apportion.runtime.executor.LaunchLog`
+:class:`SqliteLaunchLog` is the executors' :class:`~apportion.runtime.executors.executor.LaunchLog`
 over :mod:`apportion.store_launches` (launch ids from the store, intent first).
 """
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.runtime.executor import Event, Health, Progress
+from apportion.runtime.executors.executor import Event, Health, Progress
 
 from apportion import store_launches as sl
 from apportion.cluster import Cluster

@@ -321,7 +321,7 @@ def with_auto_gains(problem: FinetuneProblem, probe_kw: dict[str, Any] | None = 
     score-to-gain map; every other pair of tasks with ``data`` gets the predicted gain
     when positive (negative combinations are filtered, as YMIR does). Returns the new
     problem and the report for the output's ``gains_auto``."""
-    from apportion.estimation.transferability import auto_gains
+    from apportion.estimation.finetune.transferability import auto_gains
 
     measured: dict[str, dict[str, float]] = {
         "temporal": {f"{a}{TEMPORAL_SEP}{b}": float(g) for (a, b), g in problem.temporal.items()},

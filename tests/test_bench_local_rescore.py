@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from apportion.estimation.morphling import Arch, Env, components
+from apportion.estimation.models.morphling import Arch, Env, components
 from apportion.experiments.bench.estimate_local import local_grid, rescore_local
 
 from apportion.models import get_model

@@ -152,7 +152,7 @@ def _executors() -> list[str]:
 def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
     """Each executor ``run --executor`` names exposes apply/poll/shutdown with the protocol's
     signatures (constructed without touching a cluster)."""
-    from apportion.runtime import executor as ex
+    from apportion.runtime.executors import executor as ex
     from apportion.runtime.run_command import make_executor
 
     if name == "ray":
@@ -176,7 +176,7 @@ def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
 
 
 def test_dry_run_executor_applies_a_pipeline_decision(tmp_path) -> None:
-    from apportion.runtime.launch import DryRunExecutor
+    from apportion.runtime.executors.launch import DryRunExecutor
 
     jobs = _queue(4)
     d = run_round(CLUSTER, jobs, 5.0, RoundConfig(isolate=False)).decision

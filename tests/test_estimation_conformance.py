@@ -9,9 +9,9 @@ import inspect
 import math
 
 import pytest
-from apportion.estimation.analytic import nominal_placement
+from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.base import Estimate, Estimator, Sample
-from apportion.estimation.measured import TableEstimator
+from apportion.estimation.models.measured import TableEstimator
 from apportion.estimation.registry import ESTIMATORS as REGISTERED
 from apportion.estimation.registry import make_estimator
 

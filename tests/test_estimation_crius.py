@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from apportion.estimation.crius import (
+from apportion.estimation.models.crius import (
     CellEstimator,
     determine_stages,
     gpu_shares,
@@ -119,7 +119,7 @@ def test_per_family_calibration_recovers_each_familys_efficiency():
     """Measurements made at different sustained efficiencies per model family: the per-family
     fit recovers both (its predictions match the measurements), the per-type fit cannot."""
     from apportion.estimation.base import Sample
-    from apportion.estimation.crius import AnalyticStageProfiler
+    from apportion.estimation.models.crius import AnalyticStageProfiler
 
     cl = _cluster()
     truth = CellEstimator(profiler=AnalyticStageProfiler({"A100-40GB|bert": 0.30,

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from apportion.estimation import hlo_rewrite as hr
+from apportion.estimation.profilers import hlo_rewrite as hr
 
 # every collective form the rewriter knows, with layouts, shardings and an N-device header
 HAND = """\
@@ -120,8 +120,8 @@ SCRIPT = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from apportion.estimation import hlo_rewrite as hr
-from apportion.estimation.profile_jax import device0_equivalence
+from apportion.estimation.profilers import hlo_rewrite as hr
+from apportion.estimation.profilers.profile_jax import device0_equivalence
 
 out = {"stage": {m: device0_equivalence("gpt-tiny", m, 8, 8, 1) for m in ("dp", "tp")}}
 mesh = Mesh(jax.devices()[:8], ("x",))
@@ -205,7 +205,7 @@ def test_tiny_programs_with_other_collectives(mesh_run):
 
 def test_rewrite_failure_falls_back_to_sharded_shapes(monkeypatch):
     """A one-device mesh in this process; the rewrite is made to fail on purpose."""
-    from apportion.estimation import profile_jax
+    from apportion.estimation.profilers import profile_jax
 
     def boom(text: str) -> None:
         raise hr.HloRewriteError("synthetic failure")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from apportion.estimation.morphling import (
+from apportion.estimation.models.morphling import (
     K_EXTRAS,
     K_NAMES,
     Arch,

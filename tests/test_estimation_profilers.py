@@ -19,8 +19,8 @@ def test_disk_cache_round_trip(tmp_path):
 
 def test_torch_profile_dp_and_tp_shards(tmp_path):
     pytest.importorskip("torch")
-    from apportion.estimation.profile_torch import TorchStageProfiler, profile_layers
-    from apportion.estimation.torch_models import build_net, layered
+    from apportion.estimation.profilers.profile_torch import TorchStageProfiler, profile_layers
+    from apportion.estimation.profilers.torch_models import build_net, layered
 
     spec = get_model("gpt-tiny")
     cache = DiskCache(tmp_path)
@@ -43,7 +43,7 @@ def test_torch_profile_dp_and_tp_shards(tmp_path):
 
 def test_jax_stage_compiles_for_an_8_device_mesh():
     pytest.importorskip("jax")
-    from apportion.estimation.profile_jax import parse_collectives, profile_stage
+    from apportion.estimation.profilers.profile_jax import parse_collectives, profile_stage
 
     dp = profile_stage("gpt-tiny", "dp", devices=8, micro_batch=8, layers=1, repeats=1)
     tp = profile_stage("gpt-tiny", "tp", devices=8, micro_batch=8, layers=1, repeats=1)

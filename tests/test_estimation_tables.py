@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from apportion.estimation.comm import Link, allreduce_time
-from apportion.estimation.tables import CommTables, Curve, alpha_beta_fit
+from apportion.estimation.models.comm import Link, allreduce_time
+from apportion.estimation.models.tables import CommTables, Curve, alpha_beta_fit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +61,7 @@ def test_comm_tables_round_trip_and_fallback(tmp_path):
 
 def test_real_gloo_microbenchmark_writes_tables(tmp_path):
     pytest.importorskip("torch")
-    from apportion.estimation.collectives import measure, sizes_between
+    from apportion.estimation.profilers.collectives import measure, sizes_between
 
     assert sizes_between(1024, 65536, 4) == [1024, 4096, 16384, 65536]
     tb = measure(ranks=(2,), max_bytes=64 * 1024, repeats=2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apportion.estimation.tuning import favoured_half, layouts, tune_cell
+from apportion.estimation.models.tuning import favoured_half, layouts, tune_cell
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.jobs import JobSpec

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
-from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
+from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement
 from apportion.estimation.base import Estimator, Sample
-from apportion.estimation.comm import Link
-from apportion.estimation.partition import balanced_cuts
+from apportion.estimation.models.comm import Link
+from apportion.estimation.models.partition import balanced_cuts
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan

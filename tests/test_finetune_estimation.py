@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from apportion.estimation.convergence import (
+from apportion.estimation.finetune.convergence import (
     LossCurveFit,
     ThroughputTable,
     epochs_to_target,
     iterations_for_mode,
     measured_gain,
 )
-from apportion.estimation.transferability import (
+from apportion.estimation.finetune.transferability import (
     GainMap,
     symmetric_distance,
     synthetic_task,
@@ -33,7 +33,7 @@ def test_symmetric_distance_properties():
 @pytest.fixture(scope="module")
 def estimator():
     pytest.importorskip("torch")
-    from apportion.estimation.transferability import Task2VecProbe, TransferabilityEstimator
+    from apportion.estimation.finetune.transferability import Task2VecProbe, TransferabilityEstimator
 
     rng = np.random.default_rng(0)
     dim = 8
@@ -55,7 +55,7 @@ def test_related_tasks_score_closer(estimator):
 
 
 def test_gain_mapping_filters_unrelated(estimator):
-    from apportion.estimation.transferability import predicted_gains
+    from apportion.estimation.finetune.transferability import predicted_gains
 
     gains = predicted_gains(estimator, GainMap(), ["A", "A2", "C"])
     assert "A||A2" in gains["spatial"] and gains["spatial"]["A||A2"] > 0

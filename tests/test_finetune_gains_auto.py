@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from apportion.estimation.transferability import synthetic_task
+from apportion.estimation.finetune.transferability import synthetic_task
 from apportion.solvers.finetune_validator import validate_finetune_answer
 from typer.testing import CliRunner
 

@@ -48,7 +48,7 @@ def test_distinct_ids_distinct_folders(a: str, b: str) -> None:
 @pytest.mark.parametrize("job_id", HOSTILE)
 def test_launch_spec_stays_inside_the_workdir(tmp_path: Path, job_id: str) -> None:
     pytest.importorskip("torch")
-    from apportion.runtime.launch import launch_spec
+    from apportion.runtime.executors.launch import launch_spec
 
     work = tmp_path / "runs"
     job = JobSpec(job_id, "gpt-tiny", 8, 10, 1)
@@ -62,7 +62,7 @@ def test_launch_spec_stays_inside_the_workdir(tmp_path: Path, job_id: str) -> No
 
 def test_x_and_dot_x_do_not_share_state(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from apportion.runtime.launch import launch_spec
+    from apportion.runtime.executors.launch import launch_spec
 
     dirs = set()
     for jid in ("x", "./x", "x/", "x/."):
@@ -75,8 +75,8 @@ def test_x_and_dot_x_do_not_share_state(tmp_path: Path) -> None:
 def test_kubernetes_checkpoint_dir_is_derived_from_the_id() -> None:
     pytest.importorskip("yaml")
     from apportion.cluster import Cluster, NodeGroup
-    from apportion.runtime.k8s_config import K8sConfig
-    from apportion.runtime.k8s_manifests import Target, job_objects
+    from apportion.runtime.executors.k8s_config import K8sConfig
+    from apportion.runtime.executors.k8s_manifests import Target, job_objects
 
     CHECKPOINT_DIR = K8sConfig().checkpoint_mount
     job = JobSpec("../../etc", "gpt-tiny", 8, 10, 1)
@@ -118,7 +118,7 @@ class _Payload:
 
 def test_planted_checkpoint_runs_nothing(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from apportion.runtime import checkpoint as ckpt
+    from apportion.runtime.workers import checkpoint as ckpt
 
     marker = tmp_path / "pwned"
     path = tmp_path / ckpt.CHECKPOINT_NAME
@@ -138,7 +138,7 @@ def test_planted_checkpoint_runs_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("content", [b"", b"garbage", b"PK\x03\x04broken zip"])
 def test_damaged_checkpoint_is_reported(tmp_path: Path, content: bytes) -> None:
     pytest.importorskip("torch")
-    from apportion.runtime import checkpoint as ckpt
+    from apportion.runtime.workers import checkpoint as ckpt
 
     path = tmp_path / ckpt.CHECKPOINT_NAME
     path.write_bytes(content)
@@ -148,7 +148,7 @@ def test_damaged_checkpoint_is_reported(tmp_path: Path, content: bytes) -> None:
 
 def test_wrong_shape_checkpoint_is_reported(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from apportion.runtime import checkpoint as ckpt
+    from apportion.runtime.workers import checkpoint as ckpt
 
     path = tmp_path / ckpt.CHECKPOINT_NAME
     torch.save({"iteration": "lots", "samples_seen": 1, "model": {}, "optimizer": {}}, path)
@@ -161,7 +161,7 @@ def test_wrong_shape_checkpoint_is_reported(tmp_path: Path) -> None:
 
 def test_real_checkpoint_round_trips_weights_only(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from apportion.runtime import checkpoint as ckpt
+    from apportion.runtime.workers import checkpoint as ckpt
 
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 3)
@@ -182,9 +182,9 @@ def test_real_checkpoint_round_trips_weights_only(tmp_path: Path) -> None:
 
 def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from apportion.runtime import checkpoint as ckpt
-    from apportion.runtime.launch import TrainConfig
-    from apportion.runtime.trainer import main
+    from apportion.runtime.workers import checkpoint as ckpt
+    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.trainer import main
 
     marker = tmp_path / "pwned"
     jobdir = tmp_path / "job"
@@ -196,7 +196,7 @@ def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) ->
     cfg.dump(jobdir / "config.json")
     assert main([str(jobdir / "config.json")]) == 1
     assert not marker.exists()
-    from apportion.runtime.launch import read_json_file
+    from apportion.runtime.executors.launch import read_json_file
 
     prog = read_json_file(jobdir / "progress.json")
     assert prog is not None and prog.get("health", prog.get("state")) == "failed"

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from apportion.runtime.deepspeed_config import (
+from apportion.runtime.workers.deepspeed_config import (
     DeepSpeedPlanError,
     deepspeed_config,
     launch_command,
@@ -50,14 +50,14 @@ def test_indivisible_batch_is_refused_not_changed() -> None:
 def test_launch_command_runs_one_process_per_gpu() -> None:
     cmd = launch_command(ExecutionPlan(dp=2, tp=2), "c.json", "ds.json", 1234)
     assert "--nproc-per-node=4" in cmd and "--master-port=1234" in cmd
-    assert cmd[-3:] == ["apportion.runtime.deepspeed_config", "c.json", "ds.json"]
+    assert cmd[-3:] == ["apportion.runtime.workers.deepspeed_config", "c.json", "ds.json"]
 
 
 def test_zero2_trains_on_cpu_like_the_torch_worker(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    from apportion.runtime.launch import TrainConfig
-    from apportion.runtime.local import free_port
-    from apportion.runtime.trainer import LOSSES_FILE, Worker
+    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
     plan = ExecutionPlan(dp=2, zero_stage=2)
     cfg = TrainConfig("j", "gpt-tiny", 4, 2, plan.as_dict(), str(tmp_path))
     cfg.dump(tmp_path / "config.json")

@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from apportion.runtime.alpa_adapter import AlpaUnavailable, parallel_method, require_alpa
+from apportion.runtime.workers.alpa_adapter import AlpaUnavailable, parallel_method, require_alpa
 
 from apportion.plans import ExecutionPlan
 
 SCRIPT = """
 import json
-from apportion.runtime.jax_worker import train
+from apportion.runtime.workers.jax_worker import train
 dp = train("gpt-tiny", 8, 1, 3, 8)
 tp = train("gpt-tiny", 2, 4, 3, 8)
 print(json.dumps({"dp": dp, "tp": tp}))

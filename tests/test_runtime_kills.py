@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apportion.runtime.killtest import audit, soak
-from apportion.runtime.procs import alive
+from apportion.runtime.executors.procs import alive
 
 from apportion import store_launches as sl
 from apportion.config import jobs_from_data

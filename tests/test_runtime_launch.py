@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import yaml
-from apportion.runtime.executor import Executor, actions_for
-from apportion.runtime.k8s_config import K8sConfig
-from apportion.runtime.k8s_manifests import Target, job_objects, object_name
-from apportion.runtime.kubernetes import KubernetesExecutor
-from apportion.runtime.launch import DryRunExecutor, launch_spec, torchrun_command
+from apportion.runtime.executors.executor import Executor, actions_for
+from apportion.runtime.executors.k8s_config import K8sConfig
+from apportion.runtime.executors.k8s_manifests import Target, job_objects, object_name
+from apportion.runtime.executors.kubernetes import KubernetesExecutor
+from apportion.runtime.executors.launch import DryRunExecutor, launch_spec, torchrun_command
 from apportion.solvers.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from apportion.runtime import checkpoint as ckpt
-from apportion.runtime.executor import Executor, Health, Progress
-from apportion.runtime.local import LocalExecutor, local_cluster, local_round_config
+from apportion.runtime.workers import checkpoint as ckpt
+from apportion.runtime.executors.executor import Executor, Health, Progress
+from apportion.runtime.executors.local import LocalExecutor, local_cluster, local_round_config
 from apportion.solvers.validator import validate
 
 from apportion.decision import Action, Allocation, Decision, SolveReport

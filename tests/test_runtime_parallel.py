@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from apportion.runtime.launch import TrainConfig, launch_spec
-from apportion.runtime.local import free_port, spawn, wait
-from apportion.runtime.trainer import LOSSES_FILE, Worker
+from apportion.runtime.executors.launch import TrainConfig, launch_spec
+from apportion.runtime.executors.local import free_port, spawn, wait
+from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
 
 from apportion.decision import Allocation
 from apportion.jobs import JobSpec, job_dirname

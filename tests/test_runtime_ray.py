@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from apportion.runtime import checkpoint as ckpt
-from apportion.runtime.executor import Health
-from apportion.runtime.local import local_cluster, local_round_config
-from apportion.runtime.ray_executor import (
+from apportion.runtime.workers import checkpoint as ckpt
+from apportion.runtime.executors.executor import Health
+from apportion.runtime.executors.local import local_cluster, local_round_config
+from apportion.runtime.executors.ray_executor import (
     PlacementError,
     RayExecutor,
     bundles_for,

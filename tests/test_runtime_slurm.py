@@ -3,7 +3,7 @@ user jobs through `apportion run --executor slurm` with a resize and a killed sc
 check failures, adoption and the grace period through the executor itself.
 
 The cluster is private (its own slurm.conf via SLURM_CONF, munged socket, free ports; see
-runtime.slurm_local). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
+runtime.executors.slurm_local). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
 (CI sets it), where they fail: CI never skips them silently.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from apportion.runtime.executor import Health, Progress
-from apportion.runtime.slurm import SlurmExecutor
-from apportion.runtime.slurm_local import LocalSlurm, missing_binaries
+from apportion.runtime.executors.executor import Health, Progress
+from apportion.runtime.executors.slurm import SlurmExecutor
+from apportion.runtime.executors.slurm_local import LocalSlurm, missing_binaries
 
 from apportion.config import load_cluster
 from apportion.decision import Action, Allocation, Decision, SolveReport
@@ -377,7 +377,7 @@ def test_builtin_trainer_across_two_nodes(slurm: LocalSlurm, tmp_path: Path) -> 
     job = JobSpec("t", "gpt-tiny", 8, 4, 2)
     ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
     (ev,) = ex.apply(_decision(_alloc("t", {"a40-0": 1, "a10-0": 1})), [job])
-    assert ev.spec["command"][-3:-1] == ["-m", "apportion.runtime.trainer"]
+    assert ev.spec["command"][-3:-1] == ["-m", "apportion.runtime.workers.trainer"]
     p = _wait(ex, "t", lambda p: p.done, 120)
     assert (p.health, p.iterations_done, p.error) == (Health.FINISHED, 4, None)
     worlds = [json.loads(s)["world"] for s in (tmp_path / "runs" / job_dirname("t") /

@@ -13,9 +13,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from apportion.runtime import slurm_batch as batch
-from apportion.runtime.slurm import allocation_from_dict
-from apportion.runtime.slurm_commands import (
+from apportion.runtime.executors import slurm_batch as batch
+from apportion.runtime.executors.slurm import allocation_from_dict
+from apportion.runtime.executors.slurm_commands import (
     Gres,
     parse_gres,
     parse_key_values,
@@ -23,7 +23,7 @@ from apportion.runtime.slurm_commands import (
     sacct_states,
     squeue_states,
 )
-from apportion.runtime.slurm_task import TASK_VARS, exit_path, rendezvous_path
+from apportion.runtime.executors.slurm_task import TASK_VARS, exit_path, rendezvous_path
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -139,7 +139,7 @@ def _launch(tmp_path: Path, mode: str, nodes: list[dict]) -> tuple[Path, dict]:
 
 def _agent(path: Path, node: str, **env: str) -> subprocess.Popen:
     full = {**os.environ, "SLURMD_NODENAME": node, "SLURM_PROCID": "0", "SLURM_NTASKS": "2", **env}
-    return subprocess.Popen([sys.executable, "-m", "apportion.runtime.slurm_task", str(path)],
+    return subprocess.Popen([sys.executable, "-m", "apportion.runtime.executors.slurm_task", str(path)],
                             env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

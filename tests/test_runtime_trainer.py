@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from apportion.runtime import checkpoint as ckpt
-from apportion.runtime.launch import TrainConfig, launch_spec
-from apportion.runtime.local import free_port, spawn, wait
-from apportion.runtime.torch_nets import TRAINABLE, batch, build_net, param_count
-from apportion.runtime.trainer import LOSSES_FILE, PlanError, Worker, check_plan, micro_batch
+from apportion.runtime.workers import checkpoint as ckpt
+from apportion.runtime.executors.launch import TrainConfig, launch_spec
+from apportion.runtime.executors.local import free_port, spawn, wait
+from apportion.runtime.workers.torch_nets import TRAINABLE, batch, build_net, param_count
+from apportion.runtime.workers.trainer import LOSSES_FILE, PlanError, Worker, check_plan, micro_batch
 
 from apportion.decision import Allocation
 from apportion.jobs import JobSpec, job_dirname

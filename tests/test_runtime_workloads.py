@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apportion.runtime.launch import launch_spec
-from apportion.runtime.local import local_cluster, local_round_config
+from apportion.runtime.executors.launch import launch_spec
+from apportion.runtime.executors.local import local_cluster, local_round_config
 from apportion.runtime.plan_filter import drop_refused_plans, workload_plan_filter
 from apportion.runtime.workload import (
     ENV_CHECKPOINT_DIR,
@@ -85,9 +85,9 @@ def test_every_rank_gets_the_contract_numbered_node_by_node(tmp_path: Path) -> N
     assert e[ENV_DEEPSPEED_CONFIG] == str(jobdir / "deepspeed.json")
     assert ds["train_batch_size"] == 16 and ds["zero_optimization"]["stage"] == 2
     # kinds without a command run apportion's own entries
-    for kind, module in (("jax", "apportion.runtime.jax_worker"),
-                         ("deepspeed", "apportion.runtime.deepspeed_config"),
-                         ("builtin", "apportion.runtime.trainer")):
+    for kind, module in (("jax", "apportion.runtime.workers.jax_worker"),
+                         ("deepspeed", "apportion.runtime.workers.deepspeed_config"),
+                         ("builtin", "apportion.runtime.workers.trainer")):
         j2 = JobSpec("k", "gpt-tiny", 16, 10, 1, workload=Workload(kind))
         assert launch_spec(j2, a, "start", tmp_path).command[2] == module
 
@@ -99,7 +99,7 @@ def test_builtin_acceptance_matches_the_worker(dp: int, tp: int, pp: int, zero: 
                                                offload: bool) -> None:
     """plan_supported("builtin") says exactly what the torch worker's own check refuses."""
     pytest.importorskip("torch")
-    from apportion.runtime.trainer import PlanError, check_plan
+    from apportion.runtime.workers.trainer import PlanError, check_plan
     plan = ExecutionPlan(dp=dp, tp=tp, pp=pp, zero_stage=zero, offload=offload, micro_batches=2)
     why = plan_supported("builtin", plan, "cpu")
     try:
@@ -198,8 +198,8 @@ def test_inline_custom_model_is_estimated_and_stored(tmp_path: Path) -> None:
 # -- the built-in trainer learns; its optimiser is the job's --------------------------------------
 def test_gpt_tiny_loss_falls_clearly_in_a_short_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from apportion.runtime.launch import TrainConfig
-    from apportion.runtime.trainer import LOSSES_FILE, Worker
+    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
     cfg = TrainConfig("g", "gpt-tiny", 8, 40, ExecutionPlan().as_dict(), str(tmp_path),
                       lr=3e-3, warmup_iterations=5, grad_clip=1.0, backend="gloo")
     assert Worker(cfg, 0, 1).run() == 0

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from apportion.formulations.shards import Placement, ShardDevice, ShardModel, ShardProblem
-from apportion.runtime.pilot import OptimSpec, partition
-from apportion.runtime.spill import (
+from apportion.runtime.workers.pilot import OptimSpec, partition
+from apportion.runtime.workers.spill import (
     SpillJob,
     SpillTrainer,
     make_batches,

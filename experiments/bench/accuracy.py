@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from apportion.estimation.morphling import MorphlingEstimator, MorphlingSample
+from apportion.estimation.models.morphling import MorphlingEstimator, MorphlingSample
 
 
 def summarize(errors: Iterable[float]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
-from apportion.estimation.morphling import Env, MorphlingEstimator, MorphlingSample
+from apportion.estimation.models.morphling import Env, MorphlingEstimator, MorphlingSample
 from apportion.experiments.bench.accuracy import rel_err, score_morphling, spearman, summarize
 from apportion.experiments.bench.estimate_local import bench_local
 
@@ -204,8 +204,8 @@ def _best_over_stages(est: Any, r: Any, cluster: Any) -> Any:
 
 
 def bench_crius(root: Path | None = None) -> dict[str, Any]:
-    from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
-    from apportion.estimation.crius import CellEstimator
+    from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement
+    from apportion.estimation.models.crius import CellEstimator
     from apportion.experiments.bench import crius_data as cd
 
     root = root or _data() / "crius"
@@ -378,7 +378,7 @@ def markdown(result: dict[str, Any]) -> str:
 def fit_analytic_from_crius(root: Path | None = None) -> Any:
     """An :class:`AnalyticEstimator` whose per-GPU-type efficiency is fitted on all of Crius's
     measured iteration times (the spine's default 0.45 is optimistic by 2-3x on that data)."""
-    from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
+    from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement
     from apportion.experiments.bench import crius_data as cd
 
     rows = cd.load(root or _data() / "crius")

@@ -1,7 +1,7 @@
 """`apportion bench estimate --against local`: estimator accuracy against real runs here.
 
 Every configuration is trained by apportion's own runtime worker
-(:mod:`apportion.runtime.trainer`, launched like the local executor launches it:
+(:mod:`apportion.runtime.workers.trainer`, launched like the local executor launches it:
 torch gloo process groups, one thread per process), so the plans measured are
 exactly the ones the scheduler hands out -- DP, checkpointing, accumulation,
 ZeRO (FSDP), tensor parallelism and pipeline parallelism -- and the time of a
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
-from apportion.estimation.morphling import Arch, Env, MorphlingEstimator, MorphlingSample
+from apportion.estimation.models.morphling import Arch, Env, MorphlingEstimator, MorphlingSample
 from apportion.experiments.bench.accuracy import rel_err, score_morphling, summarize
 
 from apportion.jobs import JobSpec
@@ -79,9 +79,9 @@ def run_runtime(model: str, batch: int, plan: ExecutionPlan, iters: int,
                 timeout_s: float = 300.0) -> tuple[float, float, float | None]:
     """(step, optimizer, forward seconds or None) of the fastest step after two warm-up steps
     of one launch of the runtime worker group for ``plan`` (rank 0's)."""
-    from apportion.runtime.launch import launch_spec
-    from apportion.runtime.local import free_port, spawn, wait
-    from apportion.runtime.trainer import LOSSES_FILE
+    from apportion.runtime.executors.launch import launch_spec
+    from apportion.runtime.executors.local import free_port, spawn, wait
+    from apportion.runtime.workers.trainer import LOSSES_FILE
 
     from apportion.decision import Allocation
 
@@ -147,7 +147,7 @@ def _score_analytic(samples: list[MorphlingSample], fit_idx: list[int], families
     """The spine's analytic estimator: its one parameter (the sustained efficiency of a CPU
     process standing in as a catalog GPU type) calibrated on the fit set with communication
     and optimizer time taken out; the link is the measured all-reduce bandwidth."""
-    from apportion.estimation.analytic import AnalyticEstimator
+    from apportion.estimation.models.analytic import AnalyticEstimator
 
     from apportion.cluster import Cluster, NodeGroup
 
@@ -205,9 +205,9 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
                 max_world: int | None = None, launches: int = 3) -> dict[str, Any]:
     """Measure every configuration of :func:`local_grid` and score the estimators."""
     import torch
-    from apportion.estimation.collectives import measure
-    from apportion.estimation.profile_torch import profile_layers
-    from apportion.estimation.torch_models import shape_of
+    from apportion.estimation.profilers.collectives import measure
+    from apportion.estimation.profilers.profile_torch import profile_layers
+    from apportion.estimation.profilers.torch_models import shape_of
 
     t0 = time.perf_counter()
     cores = os.cpu_count() or 1

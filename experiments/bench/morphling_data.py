@@ -29,7 +29,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.estimation.morphling import Arch, MorphlingSample, block_flops_share
+from apportion.estimation.models.morphling import Arch, MorphlingSample, block_flops_share
 
 from apportion.jobs import JobSpec
 from apportion.models import get_model

@@ -1,0 +1,1 @@
+"""Fine-tuning estimators: YMIR's convergence fits and Task2Vec transferability."""

@@ -1,0 +1,1 @@
+"""Performance and memory models: analytic, Crius's cells, Morphling's fit, measured tables."""

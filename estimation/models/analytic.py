@@ -1,0 +1,269 @@
+"""The analytic estimator: FLOPs, an alpha-beta network and a memory ledger.
+
+Per pipeline stage and micro-batch of ``m`` samples on a ``(dp, tp)`` stage:
+
+* compute  ``3 * F_stage * m / (tp * peak * eff(tp))`` — forward plus a backward
+  of twice the forward; 4x with activation checkpointing; ``eff(tp) =
+  efficiency * (1 - tp_penalty * log2 tp)`` because tensor-parallel shards run
+  narrower matrix multiplies;
+* tensor-parallel traffic: four all-reduces of each layer's output per
+  micro-batch (two forward, two backward) inside the node;
+* pipeline traffic: the boundary activation forward and its gradient backward;
+* the GPipe/1F1B pipeline: ``sum_s T_s + (B - 1) * max_s (T_s - comm_s)`` with
+  ``B >= 4 * stages`` micro-batches (Crius 5.1), doubled until memory fits;
+* then the data-parallel gradient all-reduce of each stage (not overlapped:
+  conservative) and the optimizer step (memory bound: 16 bytes/param through HBM).
+
+Memory per GPU: 16 bytes per parameter held (16-bit weights and gradients,
+fp32 master weights and two Adam moments; ZeRO shards the 12 optimizer bytes,
+and the gradients too from stage 2, over dp) plus activations of the micro-batches
+in flight (the first stage of 1F1B holds ``min(B, stages)``) divided by tp, plus
+a fixed reserve for the CUDA context and workspace.
+
+``efficiency`` (a fraction of the dense peak) defaults to the per-type values
+calibrated on Crius's measurements (``apportion/data/efficiency.yaml``: 0.14 to
+0.31); ``fit`` recalibrates it per GPU type from measured samples (the median
+ratio of predicted to measured time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from importlib import resources
+from statistics import median
+from typing import Any
+
+import yaml
+
+from apportion.cluster import Cluster
+from apportion.gpus import get_gpu
+from apportion.jobs import JobSpec
+from apportion.models import ModelSpec, get_model
+from apportion.plans import Cell, ExecutionPlan
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.models.comm import Link, allreduce_time, p2p_time
+from apportion.estimation.models.partition import cached_cuts
+
+GiB = 2**30
+
+
+def powers_of_two_dividing(n: int, upto: int | None = None) -> list[int]:
+    out, p = [], 1
+    while p <= n and (upto is None or p <= upto):
+        if n % p == 0:
+            out.append(p)
+        p *= 2
+    return out
+
+
+class AnalyticEstimator(ParamsMixin):
+    """Closed-form iteration time and memory; see the module docstring."""
+
+    def __init__(self, efficiency: float | None = None, tp_penalty: float = 0.05,
+                 memory_reserve_gib: float = 1.5, usable_memory_fraction: float = 0.95,
+                 max_micro_batches: int = 1024, calibrate: str = "total") -> None:
+        if calibrate not in ("total", "compute"):
+            raise ValueError(f"calibrate must be 'total' or 'compute', not {calibrate!r}")
+        self.calibrate = calibrate
+        self.efficiency = efficiency
+        self.tp_penalty = tp_penalty
+        self.memory_reserve_gib = memory_reserve_gib
+        self.usable_memory_fraction = usable_memory_fraction
+        self.max_micro_batches = max_micro_batches
+
+    # -- sklearn-style plumbing -------------------------------------------------
+
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> "AnalyticEstimator":
+        """Calibrate the sustained efficiency per GPU type from measured samples.
+
+        ``calibrate="total"`` (the default, and how the shipped table was made):
+        the median of predicted time at efficiency 1 over measured time.
+        ``calibrate="compute"``: the same with the parts efficiency does not
+        scale -- the DP all-reduce and the optimizer step -- taken out of both
+        sides first; it matters where communication is a large share (on this
+        2-core VM a 2-process gpt-tiny step spends a fifth of its time in gloo,
+        and the total-time ratio then misjudges the efficiency by 2.7x).
+        """
+        ratios: dict[str, list[float]] = {}
+        for s in samples:
+            est = self._predict(s.job, s.plan, s.placement, s.gpu_type, cluster, eff_override=1.0)
+            if not (est.feasible and s.iter_time_s > 0):
+                continue
+            if self.calibrate == "compute":
+                fixed = est.breakdown.get("dp_allreduce_s", 0.0) + \
+                    est.breakdown.get("optimizer_s", 0.0)
+                if s.iter_time_s - fixed <= 0:
+                    continue
+                ratios.setdefault(s.gpu_type, []).append(
+                    (est.iter_time_s - fixed) / (s.iter_time_s - fixed))
+            else:
+                ratios.setdefault(s.gpu_type, []).append(est.iter_time_s / s.iter_time_s)
+        # predicted time at efficiency 1 divided by measured time is the efficiency
+        self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
+        return self
+
+    def _eff(self, gpu_type: str, tp: int) -> float:
+        fitted = getattr(self, "efficiency_", {})
+        if gpu_type in fitted:
+            base = fitted[gpu_type]
+        elif self.efficiency is not None:
+            base = self.efficiency
+        else:
+            base = shipped_efficiency(gpu_type)
+        return base * max(0.2, 1.0 - self.tp_penalty * math.log2(tp))
+
+    # -- prediction --------------------------------------------------------------
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate:
+        node = next(iter(placement), None)
+        if node is None:
+            raise ValueError("empty placement")
+        gpu_type = cluster.nodes[node].gpu_type
+        return self._predict(job, plan, placement, gpu_type, cluster)
+
+    def _links(self, placement: Mapping[str, int], gpu_type: str,
+               cluster: Cluster | None) -> tuple[Link, Link]:
+        """(intra-node link, link used by DP/PP groups) for a placement."""
+        gpu = get_gpu(gpu_type)
+        if cluster is not None and placement and all(n in cluster.nodes for n in placement):
+            nodes = [cluster.nodes[n] for n in placement if placement[n] > 0]
+            intra = Link(nodes[0].intra_link, min(n.intra_bandwidth_GBps for n in nodes))
+            if len(nodes) > 1:
+                return intra, Link("network", min(n.inter_bandwidth_GBps for n in nodes))
+            return intra, intra
+        intra = Link(gpu.link, gpu.link_GBps)
+        return intra, intra
+
+    def _predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                 gpu_type: str, cluster: Cluster | None, eff_override: float | None = None
+                 ) -> Estimate:
+        model = get_model(job.model)
+        intra, outer = self._links(placement, gpu_type, cluster)
+        return self._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
+                              eff_override)
+
+    def _evaluate(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
+                  intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
+        gpu = get_gpu(gpu_type)
+        S, tp, dp = plan.pp, plan.tp, plan.dp
+        flops, params = model.attr("flops"), model.attr("params")
+        acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
+        if S > len(flops):
+            return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
+        ranges = cached_cuts(tuple(flops), tuple(outs), S)
+        peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
+        eff = eff_override if eff_override is not None else self._eff(gpu_type, tp)
+        if eff_override is not None:
+            eff = eff_override * max(0.2, 1.0 - self.tp_penalty * math.log2(tp))
+        per_replica = gbs / dp
+        usable = gpu.memory_bytes * self.usable_memory_fraction - self.memory_reserve_gib * GiB
+        recompute = 4.0 if plan.checkpointing else 3.0
+        B = max(plan.micro_batches, 4 * S if S > 1 else 1)
+        B = min(B, max(1, int(per_replica)))
+        opt_bytes = 12.0 / (dp if plan.zero_stage >= 1 else 1)
+        grad_bytes = 2.0 / (dp if plan.zero_stage >= 2 else 1)
+        weight_bytes = 2.0 / (dp if plan.zero_stage >= 3 else 1)
+        if plan.offload:
+            opt_bytes = 0.0
+        while True:
+            mb = per_replica / B
+            stage_t, stage_comm, stage_mem, dp_t = [], [], [], []
+            for s, (a, b) in enumerate(ranges):
+                f = sum(flops[a:b])
+                p = sum(params[a:b]) / tp
+                act = sum(acts[a:b]) if not plan.checkpointing else sum(outs[a:b]) + max(acts[a:b])
+                comp = recompute * f * mb / (tp * peak * eff)
+                tpc = sum(4 * allreduce_time(o * mb, tp, intra) for o in outs[a:b]) if tp > 1 else 0.0
+                recv = 2 * p2p_time(outs[a - 1] * mb, outer) if s > 0 else 0.0
+                stage_t.append(comp + tpc + recv)
+                stage_comm.append(recv)
+                inflight = min(B, S - s)
+                mem = p * (weight_bytes + grad_bytes + opt_bytes) + act * mb / tp * inflight
+                stage_mem.append(mem)
+                dp_link = intra if dp * tp <= 1 else outer
+                dp_t.append(allreduce_time(p * 2.0, dp, dp_link))
+            peak_mem = max(stage_mem)
+            if peak_mem <= usable or B >= min(self.max_micro_batches, max(1, int(per_replica))):
+                break
+            B = min(B * 2, max(1, int(per_replica)))
+        pipeline = sum(stage_t) + (B - 1) * max(t - c for t, c in zip(stage_t, stage_comm))
+        max_params = max(sum(params[a:b]) for a, b in ranges) / tp
+        opt_step = 16.0 * max_params / (gpu.hbm_GBps * 1e9)
+        if plan.offload:  # optimizer step on the CPU, gradients and weights over PCIe
+            opt_step = 16.0 * max_params / 10e9 + 4.0 * max_params / 16e9
+        total = pipeline + max(dp_t) + opt_step
+        feasible = peak_mem <= usable
+        breakdown = {"pipeline_s": pipeline, "dp_allreduce_s": max(dp_t), "optimizer_s": opt_step,
+                     "micro_batches": float(B), "slowest_stage_s": max(stage_t)}
+        used_plan = ExecutionPlan(dp=dp, tp=tp, pp=S, micro_batches=B, zero_stage=plan.zero_stage,
+                                  offload=plan.offload, accumulation=plan.accumulation,
+                                  checkpointing=plan.checkpointing)
+        return Estimate(total, peak_mem, feasible, used_plan, gbs, breakdown)
+
+    # -- cells ---------------------------------------------------------------------
+    def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        """Best feasible uniform DP/TP split inside ``cell`` (TP within a node), or None.
+
+        Jobs share models and batch sizes, so results are memoised by everything
+        the estimate reads (the cluster by its fingerprint).
+        """
+        key = (cluster.fingerprint_hash, job.model, job.global_batch_size, cell.gpu_type, cell.gpus,
+               cell.stages, tuple(sorted(getattr(self, "efficiency_", {}).items())))
+        cache = self.__dict__.setdefault("_cell_cache", {})
+        if key not in cache:
+            cache[key] = self._best_in_cell(job, cell, cluster)
+        return cache[key]
+
+    def _best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        if cell.gpus % cell.stages:
+            return None
+        per_stage = cell.gpus // cell.stages
+        max_tp = cluster.max_gpus_per_node(cell.gpu_type)
+        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
+        if placement is None:
+            return None
+        model = get_model(job.model)
+        if cell.stages > len(model.layers):
+            return None
+        intra, outer = self._links(placement, cell.gpu_type, cluster)
+        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
+
+    def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
+                    intra: Link, outer: Link) -> Estimate | None:
+        best: Estimate | None = None
+        for tp in powers_of_two_dividing(per_stage, max_tp):
+            plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
+            if job.global_batch_size < plan.dp:
+                continue
+            est = self._evaluate(model, job.global_batch_size, plan, cell.gpu_type, intra, outer)
+            if est.feasible and (best is None or est.iter_time_s < best.iter_time_s):
+                best = est
+        return best
+
+
+@lru_cache(maxsize=1)
+def _shipped_table() -> dict[str, Any]:
+    text = resources.files("apportion").joinpath("data/efficiency.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def shipped_efficiency(gpu_type: str) -> float:
+    """The calibrated sustained efficiency of a GPU type (apportion/data/efficiency.yaml)."""
+    table = _shipped_table()
+    return float(table["types"].get(gpu_type, table["default"]))
+
+
+def nominal_placement(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
+    """The most consolidated placement of ``gpus`` GPUs of one type (fullest nodes first)."""
+    nodes = sorted(cluster.nodes_of_type(gpu_type), key=lambda n: (-n.gpus, n.name))
+    out: dict[str, int] = {}
+    left = gpus
+    for n in nodes:
+        if left <= 0:
+            break
+        k = min(n.gpus, left)
+        out[n.name] = k
+        left -= k
+    return out if left <= 0 else None

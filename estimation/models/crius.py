@@ -1,0 +1,468 @@
+"""Crius's agile cell estimator (Crius sections 4.2 and 5.1).
+
+1. **Stage determination** (figure 7): every layer gets ``gpus * F_i / F``
+   GPUs (so all layers would take equally long); the chain is cut at the
+   ``S - 1`` smallest inter-layer communications (ties, common in
+   transformers whose blocks all emit the same tensor, are broken towards
+   balanced stage FLOPs); each stage's accumulated GPUs are rounded to powers
+   of two that sum to the cell's GPUs (exactly, by dynamic programming over
+   the log-rounding error).
+2. **Stage profiles**: per stage a data-parallel-only and a tensor-parallel-only
+   profile: compute seconds per micro-batch and memory per device. The default
+   :class:`AnalyticStageProfiler` derives them from layer FLOPs and bytes (TP
+   shards run narrower matrix multiplies: a per-degree efficiency loss), and a
+   profiler (torch, JAX) can replace it.
+3. **Communication** from measured tables
+   (:class:`~apportion.estimation.models.tables.CommTables`; alpha-beta for links never
+   measured): TP all-reduces inside a stage, send/recv (plus all-gather when
+   the receiving stage is tensor-parallel) between stages, the DP gradient
+   all-reduce.
+4. **Assembly**: the ``2^S`` plans (each stage DP-only or TP-only) scored with
+   the pipeline formula ``sum_s T_s + (B - 1) * max_s (T_s - comm_s)``,
+   ``B = 4 x stages`` (GPipe, as Crius), plus the slowest stage's gradient
+   all-reduce and the optimizer step; plans whose stage memory exceeds the GPU
+   are dropped; the best is the cell's estimate.
+
+``fit`` calibrates a sustained-efficiency factor per GPU type (median ratio,
+like the analytic estimator) so the estimator can be trained on measured
+iteration times such as Crius's own database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Protocol
+
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.models.comm import Link
+from apportion.estimation.models.tables import CommTables
+
+from apportion.cluster import Cluster
+from apportion.gpus import get_gpu
+from apportion.jobs import JobSpec
+from apportion.models import ModelSpec, get_model
+from apportion.plans import Cell, ExecutionPlan
+
+GiB = 2**30
+
+
+# ---------------------------------------------------------------------------
+# 1. stage determination
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StagePlan:
+    """Stages as layer ranges ``[start, end)`` with their GPU counts."""
+
+    ranges: tuple[tuple[int, int], ...]
+    gpus: tuple[int, ...]
+    exact_gpus: tuple[float, ...]
+
+
+def gpu_shares(flops: Sequence[float], gpus: int) -> list[float]:
+    """GPUs per layer proportional to its FLOPs (figure 7: 1/16 of the FLOPs of 8 GPUs -> 0.5)."""
+    total = float(sum(flops))
+    if total <= 0:
+        return [gpus / len(flops)] * len(flops)
+    return [gpus * f / total for f in flops]
+
+
+def _choose_cuts(flops: Sequence[float], comm: Sequence[float], stages: int,
+                 rel_tol: float = 0.01) -> list[int]:
+    """Cut positions (cut ``i`` lies after layer ``i``): the ``S-1`` smallest communications.
+
+    Positions whose traffic ties (within ``rel_tol``) with the largest one that
+    must be taken are chosen to balance the stages' FLOPs (exact DP).
+    """
+    n = len(flops)
+    k = stages - 1
+    if k == 0:
+        return []
+    pos = list(range(n - 1))
+    order = sorted(pos, key=lambda i: comm[i])
+    threshold = comm[order[k - 1]]
+    tol = rel_tol * max(threshold, 1e-12)
+    mandatory = [i for i in pos if comm[i] < threshold - tol]
+    ties = [i for i in pos if abs(comm[i] - threshold) <= tol]
+    need = k - len(mandatory)
+    if need <= 0:
+        return sorted(order[:k])
+    allowed = sorted(set(mandatory) | set(ties))
+    must = set(mandatory)
+    prefix = [0.0]
+    for f in flops:
+        prefix.append(prefix[-1] + float(f))
+    # DP over allowed cut positions: minimise the largest stage FLOPs
+    # state (index in allowed of the last cut, cuts used) -> best bottleneck
+    INF = math.inf
+    m = len(allowed)
+    best = [[INF] * (k + 1) for _ in range(m)]
+    back = [[-1] * (k + 1) for _ in range(m)]
+    for j, c in enumerate(allowed):
+        # first cut at c: all mandatory cuts before c would be skipped -> forbidden
+        if any(x < c for x in must):
+            continue
+        best[j][1] = prefix[c + 1]
+    for used in range(2, k + 1):
+        for j, c in enumerate(allowed):
+            for i in range(j):
+                prev = allowed[i]
+                if best[i][used - 1] == INF:
+                    continue
+                if any(prev < x < c for x in must):
+                    continue
+                v = max(best[i][used - 1], prefix[c + 1] - prefix[prev + 1])
+                if v < best[j][used]:
+                    best[j][used], back[j][used] = v, i
+    final, arg = INF, -1
+    for j, c in enumerate(allowed):
+        if best[j][k] == INF or any(x > c for x in must):
+            continue
+        v = max(best[j][k], prefix[n] - prefix[c + 1])
+        if v < final:
+            final, arg = v, j
+    if arg < 0:
+        return sorted(order[:k])
+    cuts, j, used = [], arg, k
+    while j >= 0 and used >= 1:
+        cuts.append(allowed[j])
+        j, used = back[j][used], used - 1
+    return sorted(cuts)
+
+
+def round_to_powers_of_two(exact: Sequence[float], total: int) -> tuple[int, ...] | None:
+    """Powers of two, one per stage, summing to ``total`` and closest in log2 to ``exact``.
+
+    None when ``total`` is not a sum of ``len(exact)`` powers of two.
+    """
+    S = len(exact)
+    if total < S:
+        return None
+    pows = [1 << e for e in range(int(math.log2(total)) + 1)]
+    INF = math.inf
+    # best[s][g]: min cost for the first s stages using g GPUs
+    best = [[INF] * (total + 1) for _ in range(S + 1)]
+    pick = [[0] * (total + 1) for _ in range(S + 1)]
+    best[0][0] = 0.0
+    for s in range(1, S + 1):
+        want = max(exact[s - 1], 1e-9)
+        for g in range(total + 1):
+            for p in pows:
+                if p > g or best[s - 1][g - p] == INF:
+                    continue
+                c = best[s - 1][g - p] + abs(math.log2(p / want))
+                if c < best[s][g] - 1e-12:
+                    best[s][g], pick[s][g] = c, p
+    if best[S][total] == INF:
+        return None
+    out, g = [], total
+    for s in range(S, 0, -1):
+        out.append(pick[s][g])
+        g -= pick[s][g]
+    return tuple(out[::-1])
+
+
+def determine_stages(flops: Sequence[float], comm: Sequence[float], gpus: int, stages: int
+                     ) -> StagePlan | None:
+    """Crius figure 7: FLOPs-share GPUs, cuts at the smallest communications, powers of two.
+
+    ``comm[i]`` is the traffic of a cut after layer ``i`` (``len(flops) - 1``
+    entries are used). None when the cell cannot be split so.
+    """
+    n = len(flops)
+    if stages < 1 or stages > n or gpus < stages:
+        return None
+    shares = gpu_shares(flops, gpus)
+    cuts = _choose_cuts(flops, comm, stages)
+    bounds = [0] + [c + 1 for c in cuts] + [n]
+    ranges = tuple((bounds[i], bounds[i + 1]) for i in range(stages))
+    exact = tuple(sum(shares[a:b]) for a, b in ranges)
+    rounded = round_to_powers_of_two(exact, gpus)
+    if rounded is None:
+        return None
+    return StagePlan(ranges, rounded, exact)
+
+
+# ---------------------------------------------------------------------------
+# 2. stage profiles
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageProfile:
+    """One stage under one layout: per micro-batch seconds and per-device bytes."""
+
+    mode: str  # "dp" | "tp"
+    devices: int
+    compute_s: float  # forward + backward of one micro-batch (per device)
+    mem_bytes: float  # peak per device
+    tp_comm_s: float = 0.0  # intra-stage collectives per micro-batch
+    grad_sync_s: float = 0.0  # DP all-reduce of the stage's gradients per iteration
+
+
+class StageProfiler(Protocol):
+    def profile(self, model: ModelSpec, rng: tuple[int, int], gpu_type: str, devices: int,
+                mode: str, micro_batch: float, inflight: int) -> StageProfile: ...
+
+
+class AnalyticStageProfiler:
+    """FLOPs and bytes of the stage's layers; see the module docstring."""
+
+    def __init__(self, efficiency: float | Mapping[str, float] = 0.45, tp_penalty: float = 0.08,
+                 checkpointing: bool = False) -> None:
+        self.efficiency = efficiency
+        self.tp_penalty = tp_penalty
+        self.checkpointing = checkpointing
+
+    def eff(self, gpu_type: str, family: str | None = None) -> float:
+        """Efficiency for ``gpu_type`` (``"<gpu>|<family>"`` keys override per family)."""
+        if isinstance(self.efficiency, Mapping):
+            e = self.efficiency
+            if family is not None and f"{gpu_type}|{family}" in e:
+                return float(e[f"{gpu_type}|{family}"])
+            return float(e.get(gpu_type, e.get("*", 0.45)))
+        return float(self.efficiency)
+
+    def profile(self, model: ModelSpec, rng: tuple[int, int], gpu_type: str, devices: int,
+                mode: str, micro_batch: float, inflight: int) -> StageProfile:
+        a, b = rng
+        gpu = get_gpu(gpu_type)
+        peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
+        flops = model.attr("flops")[a:b]
+        params = sum(model.attr("params")[a:b])
+        acts = model.attr("act_bytes")[a:b]
+        outs = model.attr("out_bytes")[a:b]
+        mult = 4.0 if self.checkpointing else 3.0
+        act = (sum(outs) + max(acts)) if self.checkpointing else sum(acts)
+        if mode == "dp":
+            per_dev = micro_batch / devices
+            comp = mult * sum(flops) * per_dev / (peak * self.eff(gpu_type, model.family))
+            mem = 16.0 * params + act * per_dev * inflight
+        else:
+            e = self.eff(gpu_type, model.family) * max(0.2, 1.0 - self.tp_penalty *
+                                                        math.log2(devices))
+            comp = mult * sum(flops) * micro_batch / (devices * peak * e)
+            mem = 16.0 * params / devices + act * micro_batch / devices * inflight
+        return StageProfile(mode, devices, comp, mem + 1.5 * GiB)
+
+
+# ---------------------------------------------------------------------------
+# 3-4. the cell estimator
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AssembledPlan:
+    modes: tuple[str, ...]
+    stage_gpus: tuple[int, ...]
+    iter_time_s: float
+    mem_per_gpu: float
+    feasible: bool
+    micro_batches: int
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+
+
+class CellEstimator(ParamsMixin):
+    """Crius's agile cell estimator behind the fit/predict protocol."""
+
+    def __init__(self, efficiency: float = 0.45, tp_penalty: float = 0.08,
+                 tables: CommTables | None = None, profiler: StageProfiler | None = None,
+                 usable_memory_fraction: float = 0.95, micro_batch_factor: int = 4,
+                 max_micro_batches: int = 512, per_family: bool = False) -> None:
+        self.efficiency = efficiency
+        # also calibrate "<gpu>|<family>" efficiencies (operator mixes differ: on Crius's
+        # data BERT sustains about twice Wide-ResNet's fraction of peak on the same GPU)
+        self.per_family = per_family
+        self.tp_penalty = tp_penalty
+        self.tables = tables
+        self.profiler = profiler
+        self.usable_memory_fraction = usable_memory_fraction
+        self.micro_batch_factor = micro_batch_factor
+        self.max_micro_batches = max_micro_batches
+
+
+    # -- components --------------------------------------------------------------------
+    def _profiler(self, eff_scale: float = 1.0) -> StageProfiler:
+        if self.profiler is not None:
+            return self.profiler
+        eff = {g: e * eff_scale for g, e in getattr(self, "efficiency_", {}).items()}
+        eff["*"] = self.efficiency * eff_scale
+        return AnalyticStageProfiler(eff, self.tp_penalty)
+
+    def _tables(self) -> CommTables:
+        return self.tables if self.tables is not None else CommTables()
+
+    @staticmethod
+    def links(cluster: Cluster, gpu_type: str, gpus: int) -> tuple[Link, Link]:
+        """(intra-node link, link between the nodes a consolidated placement spans)."""
+        from apportion.estimation.models.analytic import nominal_placement
+
+        placement = nominal_placement(cluster, gpu_type, gpus) or {}
+        nodes = [cluster.nodes[n] for n in placement] or cluster.nodes_of_type(gpu_type)
+        if not nodes:
+            gpu = get_gpu(gpu_type)
+            link = Link(gpu.link, gpu.link_GBps)
+            return link, link
+        intra = Link(nodes[0].intra_link, min(n.intra_bandwidth_GBps for n in nodes))
+        if len(nodes) > 1:
+            return intra, Link("network", min(n.inter_bandwidth_GBps for n in nodes))
+        return intra, intra
+
+    def assemble(self, model: ModelSpec, batch: int, stages: StagePlan, gpu_type: str,
+                 intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0,
+                 micro_batches: int | None = None) -> list[AssembledPlan]:
+        """All ``2^S`` DP-only/TP-only assemblies of ``stages`` with their scores."""
+        S = len(stages.ranges)
+        B = micro_batches or self.micro_batch_factor * S
+        B = max(1, min(B, batch))
+        mb = batch / B
+        prof = self._profiler(eff_scale)
+        tables = self._tables()
+        outs = model.attr("out_bytes")
+        params = model.attr("params")
+        gpu = get_gpu(gpu_type)
+        usable = gpu.memory_bytes * self.usable_memory_fraction
+        nodes_span = outer.kind == "network" and outer != intra
+        options: list[list[StageProfile]] = []
+        for s, (a, b) in enumerate(stages.ranges):
+            n = stages.gpus[s]
+            inflight = min(B, S - s)
+            opts = []
+            dp_p = prof.profile(model, (a, b), gpu_type, n, "dp", mb, inflight)
+            stage_params = sum(params[a:b])
+            link_dp = outer if (nodes_span and n > max_tp) else intra
+            grad = tables.time("all_reduce", 2.0 * stage_params, n, link_dp) if n > 1 else 0.0
+            opts.append(StageProfile("dp", n, dp_p.compute_s, dp_p.mem_bytes, 0.0, grad))
+            if n > 1 and n <= max_tp and mb >= 1:
+                tp_p = prof.profile(model, (a, b), gpu_type, n, "tp", mb, inflight)
+                tpc = sum(4 * tables.time("all_reduce", o * mb, n, intra) for o in outs[a:b])
+                opts.append(StageProfile("tp", n, tp_p.compute_s, tp_p.mem_bytes, tpc, 0.0))
+            elif n > 1:
+                opts.append(StageProfile("tp", n, math.inf, math.inf))
+            options.append(opts)
+        plans: list[AssembledPlan] = []
+        for choice in itertools.product(*[range(len(o)) for o in options]):
+            chosen = [options[s][c] for s, c in enumerate(choice)]
+            if any(math.isinf(p.compute_s) for p in chosen):
+                continue
+            times, comms = [], []
+            for s, p in enumerate(chosen):
+                recv = 0.0
+                if s > 0:
+                    a = stages.ranges[s][0]
+                    nbytes = outs[a - 1] * mb
+                    src, dst = chosen[s - 1], p
+                    link = outer if nodes_span else intra
+                    par = min(src.devices, dst.devices)
+                    if src.mode == "dp" and dst.mode == "dp":
+                        recv = tables.time("send_recv", nbytes / par, 2, link)
+                    elif dst.mode == "tp":
+                        recv = tables.time("send_recv", nbytes / max(1, par), 2, link) + \
+                            tables.time("all_gather", nbytes, dst.devices, intra)
+                    else:
+                        recv = tables.time("send_recv", nbytes / dst.devices, 2, link)
+                    recv *= 2  # the gradient travels back in the backward pass
+                times.append(p.compute_s + p.tp_comm_s + recv)
+                comms.append(recv)
+            pipeline = sum(times) + (B - 1) * max(t - c for t, c in zip(times, comms))
+            grad = max(p.grad_sync_s for p in chosen)
+            opt = max(16.0 * sum(params[a:b]) / (p.devices if p.mode == "tp" else 1)
+                      for p, (a, b) in zip(chosen, stages.ranges)) / (gpu.hbm_GBps * 1e9)
+            mem = max(p.mem_bytes for p in chosen)
+            modes = tuple(p.mode for p in chosen)
+            plans.append(AssembledPlan(modes, stages.gpus, pipeline + grad + opt, mem,
+                                       mem <= usable, B,
+                                       {"pipeline_s": pipeline, "dp_allreduce_s": grad,
+                                        "optimizer_s": opt, "micro_batches": float(B)}))
+        return plans
+
+    def _to_estimate(self, best: AssembledPlan, batch: int, S: int, gpus: int) -> Estimate:
+        tp = max([g for g, m in zip(best.stage_gpus, best.modes) if m == "tp"] or [1])
+        dp = max(1, gpus // (S * tp))
+        plan = ExecutionPlan(dp=dp, tp=tp, pp=S, micro_batches=best.micro_batches)
+        bd = dict(best.breakdown)
+        for i, (g, m) in enumerate(zip(best.stage_gpus, best.modes)):
+            bd[f"stage{i}_gpus"] = float(g)
+            bd[f"stage{i}_tp"] = float(g if m == "tp" else 1)
+        return Estimate(best.iter_time_s, best.mem_per_gpu, best.feasible, plan, batch, bd)
+
+    def estimate_cell(self, model: ModelSpec, batch: int, gpu_type: str, gpus: int, stages: int,
+                      intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0
+                      ) -> tuple[Estimate | None, list[AssembledPlan]]:
+        flops = model.attr("flops")
+        sp = determine_stages(flops, model.attr("out_bytes")[:-1], gpus, stages)
+        if sp is None:
+            return None, []
+        # B = 4 x stages (GPipe, as Crius); doubled while every assembly is out of
+        # memory, as the training framework would accumulate more micro-batches
+        B = max(1, min(self.micro_batch_factor * stages, batch))
+        while True:
+            plans = self.assemble(model, batch, sp, gpu_type, intra, outer, max_tp, eff_scale, B)
+            ok = [p for p in plans if p.feasible]
+            if ok or B >= min(batch, self.max_micro_batches):
+                break
+            B = min(B * 2, batch)
+        if not ok:
+            return None, plans
+        best = min(ok, key=lambda p: p.iter_time_s)
+        return self._to_estimate(best, batch, stages, gpus), plans
+
+    # -- protocol --------------------------------------------------------------------
+    def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        """The best of the cell's assembled plans, or None (no stage split, all OOM)."""
+        model = get_model(job.model)
+        if cell.stages > len(model.layers) or cell.gpus < cell.stages:
+            return None
+        if not cluster.nodes_of_type(cell.gpu_type) or \
+                cluster.capacity_by_type().get(cell.gpu_type, 0) < cell.gpus:
+            return None
+        intra, outer = self.links(cluster, cell.gpu_type, cell.gpus)
+        est, _ = self.estimate_cell(model, job.global_batch_size, cell.gpu_type, cell.gpus,
+                                    cell.stages, intra, outer,
+                                    cluster.max_gpus_per_node(cell.gpu_type))
+        return est
+
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate:
+        """The cell estimate of ``(type, plan.gpus, plan.pp)`` (the tuner picks DP/TP)."""
+        node = next(iter(placement), None)
+        if node is None:
+            raise ValueError("empty placement")
+        gpu_type = cluster.nodes[node].gpu_type
+        cell = Cell(job.id, gpu_type, sum(placement.values()), plan.pp)
+        est = self.best_in_cell(job, cell, cluster)
+        if est is None:
+            return Estimate(math.inf, math.inf, False, plan, job.global_batch_size, {})
+        return est
+
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> CellEstimator:
+        """Per GPU type: efficiency = base x median(predicted / measured) over samples
+        (and per GPU type and model family with ``per_family``).
+
+        A sample's cell is ``(gpu_type, plan.gpus, plan.pp)``; without a cluster
+        the estimator uses the GPU's catalog link inside one node.
+        """
+        ratios: dict[str, list[float]] = {}
+        for s in samples:
+            model = get_model(s.job.model)
+            if cluster is not None:
+                intra, outer = self.links(cluster, s.gpu_type, s.plan.gpus)
+                max_tp = cluster.max_gpus_per_node(s.gpu_type)
+            else:
+                gpu = get_gpu(s.gpu_type)
+                intra = outer = Link(gpu.link, gpu.link_GBps)
+                max_tp = s.plan.gpus
+            saved = getattr(self, "efficiency_", None)
+            self.efficiency_ = {}
+            est, _ = self.estimate_cell(model, s.job.global_batch_size, s.gpu_type,
+                                        s.plan.gpus, s.plan.pp, intra, outer, max_tp)
+            if saved is not None:
+                self.efficiency_ = saved
+            else:
+                del self.efficiency_
+            if est is not None and s.iter_time_s > 0:
+                ratios.setdefault(s.gpu_type, []).append(est.iter_time_s / s.iter_time_s)
+                if self.per_family:
+                    ratios.setdefault(f"{s.gpu_type}|{model.family}", []).append(
+                        est.iter_time_s / s.iter_time_s)
+        self.efficiency_ = {g: self.efficiency * float(median(r)) for g, r in ratios.items()}
+        return self

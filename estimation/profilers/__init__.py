@@ -1,0 +1,1 @@
+"""Profilers: real torch and JAX runs that measure layers, stages and collectives."""

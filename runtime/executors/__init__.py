@@ -1,0 +1,1 @@
+"""Executors: decisions become running worker groups (local, Slurm, Ray, Kubernetes)."""

@@ -1,0 +1,264 @@
+"""Launch specs (command, environment, config per worker group) and the dry-run executor.
+
+A :class:`LaunchSpec` is everything needed to start one job's worker group
+for one allocation: the command every rank runs (apportion's trainer, its
+DeepSpeed or JAX entry, or the job's own ``workload.command``), the workload
+contract's environment (``runtime.workload``), and the
+:class:`~apportion.runtime.workers.trainer.TrainConfig` the built-in workers read.
+Every engine builds its workers from the same spec (local processes, Ray
+actors, Slurm tasks, Kubernetes containers), so what ``--executor dry-run``
+prints is exactly what the others would run.
+
+The plan comes from the allocation unchanged; only the batch split is derived
+(accumulation stays as the plan says; the per-rank micro-batch follows from
+the constant global batch). Where the global batch does not divide, the
+trainer refuses the plan with a message instead of the executor editing it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from apportion.runtime.executors.executor import Event, Health, Progress, actions_for
+from apportion.runtime.workload import (
+    CHECKPOINT_DIR_NAME,
+    ENV_DEEPSPEED_CONFIG,
+    ENV_GPU_TYPE,
+    ENV_PROGRESS_FILE,
+    PROGRESS_FILE_NAME,
+    job_env,
+    rank_env,
+    ranks_by_node,
+)
+
+from apportion.decision import Allocation, Decision
+from apportion.jobs import JobSpec, Workload, job_dirname
+from apportion.plans import ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+TRAINER_MODULE = "apportion.runtime.workers.trainer"
+DEEPSPEED_MODULE = "apportion.runtime.workers.deepspeed_config"
+JAX_MODULE = "apportion.runtime.workers.jax_worker"
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Atomic JSON write (temporary file in the same folder, then rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(obj, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, p)
+
+
+def read_json_file(path: str | Path) -> Any | None:
+    """A JSON file written by :func:`write_json`, or ``None`` when absent."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@dataclass
+class TrainConfig:
+    job: str
+    model: str
+    global_batch_size: int
+    iterations: int
+    plan: dict[str, Any] = field(default_factory=dict)
+    workdir: str = "."
+    seed: int = 0
+    lr: float = 1e-3
+    stop_at: int | None = None  # checkpoint and exit after this many iterations in total
+    checkpoint_every: int = 0  # periodic checkpoints every N iterations (0: off) ...
+    checkpoint_interval_s: float = 0.0  # ... or every T seconds (0: off); always when stopping
+    backend: str = "auto"  # auto | gloo | nccl
+    launch_id: str = ""  # echoed in progress.json so an executor never reads a previous group's
+    optimizer: str = "adamw"  # adamw | adam | sgd (the jobs YAML's workload.train block)
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    warmup_iterations: int = 0
+    grad_clip: float = 0.0
+    checkpoint_dir: str = ""  # "": <workdir>/checkpoint (APPORTION_CHECKPOINT_DIR)
+    progress_file: str = ""  # "": <workdir>/progress.jsonl (APPORTION_PROGRESS_FILE)
+
+    @property
+    def execution_plan(self) -> ExecutionPlan:
+        return ExecutionPlan(**self.plan)
+
+    def dump(self, path: str | Path) -> None:
+        write_json(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+
+
+@dataclass
+class LaunchSpec:
+    job: str
+    action: str
+    workers: int
+    gpu_type: str
+    placement: dict[str, int]
+    command: list[str]  # what every rank runs (the trainer, or the workload's own command)
+    env: dict[str, str]  # shared by every rank: the workload contract, then the job's env
+    config: dict[str, Any]  # the built-in trainers' TrainConfig
+    workdir: str  # the job's own folder (workdir / job_dirname(id))
+    per_worker_env: list[dict[str, str]] = field(default_factory=list)  # RANK, LOCAL_RANK, ...
+    kind: str = "builtin"
+    cwd: str = ""  # the ranks' working directory (workload.workdir, else the job folder)
+    launch_id: str = ""
+    nodes: list[str] = field(default_factory=list)  # the node of each rank
+    files: dict[str, Any] = field(default_factory=dict)  # JSON files written before the launch
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def progress_file(self) -> str:
+        return self.env[ENV_PROGRESS_FILE]
+
+
+def train_config(job: JobSpec, alloc: Allocation, workdir: str | Path, seed: int = 0,
+                 **extra: Any) -> TrainConfig:
+    """The worker config for ``job`` on ``alloc``: the plan exactly as the round chose it."""
+    return TrainConfig(job=job.id, model=job.model, global_batch_size=job.global_batch_size,
+                       iterations=job.iterations, plan=alloc.plan.as_dict(),
+                       workdir=str(workdir), seed=seed, **extra)
+
+
+def workload_command(kind: str, command: Sequence[str], jobdir: Path, python: str) -> list[str]:
+    """What every rank runs: the user's command, or apportion's own entry for the kind."""
+    if command:
+        return list(command)
+    cfg = str(jobdir / "config.json")
+    if kind == "deepspeed":
+        return [python, "-m", DEEPSPEED_MODULE, cfg]
+    if kind == "jax":
+        return [python, "-m", JAX_MODULE, "--config", cfg]
+    return [python, "-m", TRAINER_MODULE, cfg]
+
+
+def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Path,
+                master_addr: str = "127.0.0.1", master_port: int = 29500,
+                python: str = sys.executable, seed: int = 0, threads: int = 1,
+                launch_id: str = "", checkpoint_every: int = 0,
+                checkpoint_interval_s: float = 0.0, **extra: Any) -> LaunchSpec:
+    """The spec for one worker group, for every workload kind and every engine.
+
+    Every rank gets the workload contract (``runtime.workload.job_env`` and
+    ``rank_env``: torchrun's variables and apportion's), ranks numbered node
+    by node in the placement's order. The job's ``workload`` says what runs
+    and may set its own checkpoint period (else the run's) and, for the
+    built-in trainers, the optimiser (``train``).
+    """
+    w = job.workload or Workload()
+    # absolute: ranks run in workload.workdir (or elsewhere on another node) and must still
+    # find the job folder; the folder is a name, never the id as a path (see job_dirname)
+    jobdir = Path(workdir).absolute() / job_dirname(job.id)
+    every = w.checkpoint_every if w.checkpoint_every is not None else checkpoint_every
+    interval = (w.checkpoint_interval_s if w.checkpoint_interval_s is not None
+                else checkpoint_interval_s)
+    train = {**extra, **dict(w.train)}
+    if "warmup_iterations" in train:
+        train["warmup_iterations"] = int(train["warmup_iterations"])  # type: ignore[call-overload]
+    cfg = train_config(job, alloc, jobdir, seed, launch_id=launch_id, checkpoint_every=every,
+                       checkpoint_interval_s=interval,
+                       checkpoint_dir=str(jobdir / CHECKPOINT_DIR_NAME),
+                       progress_file=str(jobdir / PROGRESS_FILE_NAME), **train)
+    world = alloc.plan.gpus
+    env = {"OMP_NUM_THREADS": str(threads), ENV_GPU_TYPE: alloc.gpu_type, **w.env,
+           **job_env(job.id, alloc.plan, job.iterations, jobdir, world, master_addr, master_port,
+                     launch_id=launch_id, checkpoint_every=every,
+                     checkpoint_interval_s=interval, global_batch_size=job.global_batch_size)}
+    files: dict[str, Any] = {"config.json": asdict(cfg)}
+    if w.kind == "deepspeed":
+        from apportion.runtime.workers.deepspeed_config import DeepSpeedPlanError, deepspeed_config
+        try:
+            files["deepspeed.json"] = deepspeed_config(alloc.plan, job.global_batch_size,
+                                                       lr=cfg.lr)
+            env[ENV_DEEPSPEED_CONFIG] = str(jobdir / "deepspeed.json")
+        except DeepSpeedPlanError as exc:  # the workload will refuse the plan itself
+            log.warning("job %s: no DeepSpeed config for plan %s: %s", job.id,
+                        alloc.plan.label(), exc)
+    placement = dict(alloc.placement)
+    if sum(placement.values()) != world:
+        placement = {next(iter(placement), "local"): world}
+    ranks = ranks_by_node(placement)
+    per_rank = [rank_env(r, lr, lw) for _, r, lr, lw in ranks]
+    cmd = workload_command(w.kind, w.command, jobdir, python)
+    return LaunchSpec(job.id, action, world, alloc.gpu_type, dict(alloc.placement), cmd, env,
+                      files["config.json"], str(jobdir), per_rank, kind=w.kind,
+                      cwd=w.workdir or str(jobdir), launch_id=launch_id,
+                      nodes=[n for n, *_ in ranks], files=files)
+
+
+def torchrun_command(spec: LaunchSpec, nnodes: int = 1) -> list[str]:
+    """The same group as one ``torchrun`` invocation (what a multi-node engine would run)."""
+    per_node = spec.workers // max(1, nnodes)
+    return ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}",
+            f"--master-addr={spec.env['MASTER_ADDR']}", f"--master-port={spec.env['MASTER_PORT']}",
+            "-m", TRAINER_MODULE, spec.command[-1]]
+
+
+class DryRunExecutor:
+    """Prints and returns the launch specs of every action; runs nothing.
+
+    It keeps its own notion of what runs (so a second round's actions are
+    reconciled against the first) and reports jobs as never progressing.
+    """
+
+    name = "dry-run"
+
+    def __init__(self, workdir: str | Path = "apportion-runs", out: IO[str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.out = out if out is not None else sys.stdout
+        self.running: dict[str, Allocation] = {}
+        self.jobs: dict[str, JobSpec] = {}
+        self.specs: list[LaunchSpec] = []
+
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
+        by_id = {j.id: j for j in state}
+        self.jobs.update(by_id)
+        events: list[Event] = []
+        for step in actions_for(decision, self.running, self.running):
+            if step.allocation is None:
+                self.running.pop(step.job, None)
+                ev = Event(step.job, step.action.value, detail="stop with checkpoint")
+            else:
+                a = step.allocation
+                spec = launch_spec(by_id[step.job], a, step.action.value, self.workdir)
+                self.specs.append(spec)
+                self.running[step.job] = a
+                ev = Event(step.job, step.action.value, spec.workers, a.gpu_type,
+                           "no change" if step.action.value == "keep" else "launch",
+                           spec=spec.as_dict())
+            self.out.write(json.dumps(ev.as_dict(), sort_keys=True) + "\n")
+            events.append(ev)
+        self.out.flush()
+        return events
+
+    def poll(self) -> list[Progress]:
+        return [Progress(j, self.jobs[j].iterations_done, self.jobs[j].iterations, Health.STARTING,
+                         workers=a.plan.gpus, plan=a.plan.label())
+                for j, a in sorted(self.running.items())]
+
+    def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        events = [Event(j, "preempt", detail="dry-run shutdown") for j in sorted(self.running)]
+        self.running.clear()
+        return events

@@ -1,0 +1,495 @@
+"""The Ray executor: a job's ranks as Ray actors in a placement group, on the nodes chosen.
+
+Two modes. **Embedded** (no address): a fresh local Ray instance of its own
+(``ray.init(address="local")`` with its own short temp dir), never a stale
+``/tmp/ray`` session or a Ray cluster already running on the host; the
+cluster's GPU types are custom resources of that one node (``{"T4": 4}``).
+**Joined** (``--ray-address``, or ``RAY_ADDRESS``): an existing cluster, whose
+node names and GPU types come from :mod:`apportion.runtime.executors.ray_import`
+(``accelerator_type:*`` resources or ``ray.io/accelerator-type`` labels,
+custom resources otherwise): ``apportion cluster import --from ray`` writes
+the cluster YAML with those names, and a decision's placement maps back to
+Ray node ids.
+
+Each allocation becomes one placement group with **one bundle per node of the
+placement** (``{"GPU": k}`` where the node has GPUs, plus the type's custom
+resource where it has one), pinned to that node with a ``ray.io/node-id``
+label selector; every rank is an actor in its node's bundle that requests
+``GPU`` where GPUs exist (Ray then shows it exactly its GPU:
+``CUDA_VISIBLE_DEVICES``). ``MASTER_ADDR`` is rank 0's node address and
+``MASTER_PORT`` a port free there. Ranks get the workload contract's
+environment; the built-in trainer runs inside the actor, any other workload
+kind runs its command as the actor's child process (STOP in the job folder
+becomes SIGTERM for it). Ray leaves an infeasible placement group pending
+without a word, so creation waits ``placement_timeout_s`` and then raises
+:class:`PlacementError` naming what is missing.
+
+Checkpoints and progress files live on a filesystem every worker sees (local
+disk on one machine, shared storage on many). Launches are recorded in the
+launch log; the actors of a killed run die with it (they are not detached),
+so a restarted run closes those records and resumes from the checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apportion.runtime.executors.executor import (
+    Event,
+    FailureGate,
+    Health,
+    LaunchLog,
+    MemoryLaunchLog,
+    Progress,
+    actions_for,
+)
+from apportion.runtime.executors.launch import launch_spec, read_json_file
+from apportion.runtime.executors.ray_import import describe_nodes
+from apportion.runtime.workload import (
+    PROGRESS_FILE_NAME,
+    ProgressView,
+    file_size,
+    ranks_by_node,
+    read_progress_since,
+)
+
+from apportion.cluster import Cluster
+from apportion.decision import Action, Allocation, Decision
+from apportion.jobs import JobSpec, job_dirname
+
+log = logging.getLogger(__name__)
+
+STOP_FILE = "STOP"
+STATUS_FILE = "progress.json"
+
+
+class PlacementError(RuntimeError):
+    """A placement group Ray could not place within the timeout."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError("the Ray executor needs the 'ray' package: "
+                           "pip install 'ray[default]>=2.49' (the 'ray' extra)") from exc
+    return ray
+
+
+class _WorkerActor:
+    """One rank: the built-in trainer in this process, or the workload's command as a child."""
+
+    def where(self) -> dict[str, Any]:
+        """This node's address and id, a port free on it (rank 0 hosts the rendezvous), and
+        the GPUs Ray gave this actor."""
+        import socket
+
+        import ray
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return {"address": ray.util.get_node_ip_address(), "port": port,
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "pid": os.getpid()}
+
+    def run(self, kind: str, command: list[str], env: dict[str, str], cwd: str, jobdir: str,
+            rank: int, world: int) -> dict[str, Any]:
+        os.environ.update(env)
+        if kind == "builtin":
+            import torch
+            from apportion.runtime.workers import trainer
+            torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+            try:
+                return {"code": trainer.run_worker(command[-1], rank, world), "tail": ""}
+            except Exception as exc:  # noqa: BLE001 - the reason goes back to the executor
+                return {"code": 1, "tail": f"{type(exc).__name__}: {exc}"}
+        import signal
+        import subprocess
+
+        from apportion.runtime.executors.local import stderr_tail
+        d = Path(jobdir)
+        with open(d / f"rank{rank}.log", "ab") as out, open(d / f"rank{rank}.err", "ab") as err:
+            p = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd or jobdir,
+                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        termed = False
+        while p.poll() is None:
+            if not termed and (d / STOP_FILE).exists():  # the contract's stop: SIGTERM
+                os.killpg(p.pid, signal.SIGTERM)
+                termed = True
+            time.sleep(0.2)
+        return {"code": p.returncode, "tail": stderr_tail(d, [rank]) if p.returncode else ""}
+
+
+def bundles_for(alloc: Allocation, with_gpu: bool, type_resource: bool = True
+                ) -> list[dict[str, float]]:
+    """One bundle per node of the placement: ``GPU`` where GPUs exist, and the GPU type as a
+    custom resource where the cluster declares types that way."""
+    out = []
+    for k in alloc.placement.values():
+        b: dict[str, float] = {}
+        if with_gpu:
+            b["GPU"] = float(k)
+        if type_resource or not with_gpu:
+            b[alloc.gpu_type] = float(k)
+        out.append(b)
+    return out
+
+
+def missing_resources(bundles: list[dict[str, float]], available: dict[str, float]
+                      ) -> dict[str, tuple[float, float]]:
+    """Resources the bundles ask for beyond what the cluster has: name -> (asked, has)."""
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    return {k: (v, float(available.get(k, 0.0))) for k, v in need.items()
+            if v > available.get(k, 0.0) + 1e-9}
+
+
+@dataclass
+class _Group:
+    job: JobSpec
+    alloc: Allocation
+    pg: Any
+    actors: list[Any]
+    refs: list[Any]
+    dir: Path
+    decision_wall: float
+    kind: str = "builtin"
+    launch_id: str = ""
+    offset: int = 0
+    checkpoint_start: int = 0
+    health: Health = Health.STARTING
+    error: str | None = None
+    overhead_s: float | None = None
+    results: list[dict[str, Any] | None] = field(default_factory=list)
+    view: ProgressView = field(default_factory=ProgressView)
+    loss: float | None = None
+    stopping: bool = False
+    master: tuple[str, int] = ("", 0)
+
+    @property
+    def iterations_done(self) -> int:
+        it = self.view.iteration
+        return max(self.checkpoint_start, it if it is not None else self.job.iterations_done)
+
+    @property
+    def checkpoint(self) -> int:
+        return max(self.checkpoint_start, self.view.checkpoint_iteration or 0)
+
+
+def _private_temp_dir() -> str:
+    """A fresh, short Ray temp folder (its socket paths must stay under 107 bytes): another
+    user's Ray, a stale /tmp/ray or RAY_ADDRESS in the environment never matter."""
+    import tempfile
+
+    base = "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="ray-apo-", dir=base)
+
+
+class RayExecutor:
+    """Actors in placement groups; one group per job, one bundle per node of its placement."""
+
+    name = "ray"
+
+    def __init__(self, workdir: str | Path, cluster: Cluster | None = None,
+                 address: str | None = None, placement_timeout_s: float = 60.0,
+                 stop_timeout_s: float = 120.0, seed: int = 0, threads_per_worker: int = 1,
+                 num_cpus: int | None = None, launch_log: LaunchLog | None = None,
+                 checkpoint_every: int = 0, checkpoint_interval_s: float = 120.0) -> None:
+        ray = _ray()
+        self.workdir = Path(workdir).absolute()
+        self.placement_timeout_s = placement_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.seed, self.threads = seed, threads_per_worker
+        self.checkpoint_every, self.checkpoint_interval_s = checkpoint_every, checkpoint_interval_s
+        self.launch_log: LaunchLog = launch_log if launch_log is not None else MemoryLaunchLog()
+        self.embedded = address is None
+        self._temp_dir: str | None = None
+        self._connected = False
+        if not ray.is_initialized():
+            if self.embedded:
+                # always a fresh instance of our own: never a stale /tmp/ray session, never a
+                # cluster that happens to run on this host (RAY_ADDRESS included)
+                self._temp_dir = _private_temp_dir()  # short: sockets
+                resources = dict(cluster.capacity_by_type()) if cluster is not None else {}
+                ray.init(address="local", num_cpus=num_cpus or max(os.cpu_count() or 1, 1),
+                         num_gpus=0, resources=resources, include_dashboard=False,
+                         log_to_driver=False, _temp_dir=self._temp_dir)
+            else:
+                from apportion.runtime.executors.ray_import import probe
+                probe(address)
+                ray.init(address=address, log_to_driver=False)
+            self._connected = True
+        self._actor_cls = ray.remote(_WorkerActor)
+        self.groups: dict[str, _Group] = {}
+        self.stopped: dict[str, _Group] = {}
+        self.failures = FailureGate()
+
+    def close(self) -> None:
+        """Disconnect (and stop the embedded instance); the run calls it last."""
+        ray = _ray()
+        if self._connected and ray.is_initialized():
+            ray.shutdown()
+        self._connected = False
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    # -- placement -----------------------------------------------------------------
+    def ray_nodes(self) -> dict[str, dict[str, Any]]:
+        """Alive Ray nodes by the names ``apportion cluster import --from ray`` gives them."""
+        return {d["name"]: d for d in describe_nodes(_ray().nodes())}
+
+    def _bundles(self, alloc: Allocation) -> tuple[list[dict[str, float]], list[dict[str, str]]]:
+        ray = _ray()
+        if self.embedded:  # one Ray node stands for the whole (local) cluster
+            return bundles_for(alloc, ray.cluster_resources().get("GPU", 0) > 0), []
+        nodes = self.ray_nodes()
+        raw = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+        bundles, selectors = [], []
+        for node, k in alloc.placement.items():
+            d = nodes.get(node)
+            if d is None:
+                raise PlacementError(f"job {alloc.job}: node {node!r} of its placement is not a "
+                                     f"node of the Ray cluster ({', '.join(sorted(nodes))}); "
+                                     "write the cluster YAML with `apportion cluster import "
+                                     "--from ray`")
+            res = raw[d["node_id"]].get("Resources") or {}
+            b: dict[str, float] = {}
+            if res.get("GPU", 0) > 0:
+                b["GPU"] = float(k)
+            if res.get(alloc.gpu_type, 0) > 0:
+                b[alloc.gpu_type] = float(k)
+            bundles.append(b or {"CPU": 0.01})
+            selectors.append({"ray.io/node-id": d["node_id"]})
+        return bundles, selectors
+
+    def _place(self, alloc: Allocation) -> Any:
+        return self._place_bundles(alloc)[0]
+
+    def _place_bundles(self, alloc: Allocation) -> tuple[Any, list[dict[str, float]]]:
+        ray = _ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        bundles, selectors = self._bundles(alloc)
+        pg = placement_group(bundles, strategy="PACK",
+                             bundle_label_selector=selectors or None)
+        ready, _ = ray.wait([pg.ready()], timeout=self.placement_timeout_s)
+        if not ready:
+            remove_placement_group(pg)
+            missing = missing_resources(bundles, ray.available_resources())
+            what = ", ".join(f"{k!r}: asks {a:g}, available {h:g}" for k, (a, h) in
+                             sorted(missing.items())) or "no single resource short; fragmented"
+            raise PlacementError(f"job {alloc.job}: placement group of {len(bundles)} bundles "
+                                 f"{bundles[0]} not placed within {self.placement_timeout_s:g}s "
+                                 f"({what})")
+        return pg, bundles
+
+    def _launch(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
+        from apportion.runtime.executors.local import prepare
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        ray = _ray()
+        pg, bundles = self._place_bundles(alloc)
+        jobdir = self.workdir / job_dirname(job.id)
+        progress = jobdir / PROGRESS_FILE_NAME
+        ck = read_progress_since(progress).checkpoint_iteration or 0
+        lid = self.launch_log.begin(job.id, self.name, action, alloc.plan.as_dict(),
+                                    dict(alloc.placement), str(jobdir), ck)
+        nodes = list(alloc.placement)
+        placement = dict(alloc.placement)
+        if sum(placement.values()) != alloc.plan.gpus:
+            placement = {nodes[0] if nodes else "local": alloc.plan.gpus}
+            nodes = list(placement)
+        actors = []
+        for node, _, _, _ in ranks_by_node(placement):
+            idx = nodes.index(node)
+            b = bundles[idx] if idx < len(bundles) else {}
+            opts: dict[str, Any] = {"num_cpus": 0, "scheduling_strategy":
+                                    PlacementGroupSchedulingStrategy(
+                                        pg, placement_group_bundle_index=idx)}
+            if b.get("GPU"):
+                opts["num_gpus"] = 1
+            if b.get(alloc.gpu_type):
+                opts["resources"] = {alloc.gpu_type: 1.0}
+            actors.append(self._actor_cls.options(**opts).remote())
+        where = ray.get([a.where.remote() for a in actors], timeout=300)
+        master = (where[0]["address"], int(where[0]["port"]))  # rank 0's node
+        spec = launch_spec(job, alloc, action, self.workdir, master_addr=master[0],
+                           master_port=master[1], seed=self.seed, threads=self.threads,
+                           launch_id=str(lid), checkpoint_every=self.checkpoint_every,
+                           checkpoint_interval_s=self.checkpoint_interval_s)
+        prepare(spec)
+        offset = file_size(progress)
+        refs = [a.run.remote(spec.kind, spec.command, {**spec.env, **rank_env}, spec.cwd,
+                             spec.workdir, int(rank_env["RANK"]), spec.workers)
+                for a, rank_env in zip(actors, spec.per_worker_env, strict=True)]
+        self.launch_log.started(lid, [{"rank": r, "node": n, "actor": _actor_id(a), **w}
+                                      for r, (a, n, w) in enumerate(zip(actors, spec.nodes,
+                                                                        where, strict=True))])
+        self.stopped.pop(job.id, None)
+        self.groups[job.id] = _Group(job, alloc, pg, actors, refs, jobdir, t0, kind=spec.kind,
+                                     launch_id=str(lid), offset=offset, checkpoint_start=ck,
+                                     master=master)
+        return Event(job.id, action, spec.workers, alloc.gpu_type, alloc.plan.label(),
+                     spec=spec.as_dict())
+
+    def _collect(self, g: _Group, timeout_s: float) -> bool:
+        """Wait for the ranks' results, then free the actors and the group. True when every
+        rank exited 0 in time."""
+        ray = _ray()
+        from ray.util.placement_group import remove_placement_group
+        ready, pending = ray.wait(g.refs, num_returns=len(g.refs), timeout=timeout_s)
+        results: list[dict[str, Any] | None] = []
+        for ref in g.refs:
+            if ref not in ready:
+                results.append(None)
+                continue
+            try:
+                results.append(ray.get(ref, timeout=0))
+            except Exception as exc:  # noqa: BLE001 - the actor died or raised
+                results.append({"code": 1, "tail": str(exc).splitlines()[-1][:1000]})
+        g.results = results
+        for a in g.actors:
+            ray.kill(a)
+        remove_placement_group(g.pg)
+        return not pending and all(r is not None and r["code"] == 0 for r in results)
+
+    def _read(self, g: _Group) -> None:
+        g.view = read_progress_since(g.dir / PROGRESS_FILE_NAME, g.offset)
+        loss = (g.view.last or {}).get("loss")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            g.loss = float(loss)
+        it = g.view.iteration
+        if g.health == Health.STARTING and it is not None and (
+                it > g.checkpoint_start or "loss" in (g.view.last or {})):
+            g.health = Health.RUNNING
+            wall = (g.view.last or {}).get("wall")
+            g.overhead_s = max(0.0, (float(wall) if isinstance(wall, (int, float))
+                                     else time.time()) - g.decision_wall)
+
+    def _settle(self, g: _Group, clean: bool) -> str:
+        """Classify an ended group; returns the launch outcome."""
+        self._read(g)
+        status = read_json_file(g.dir / STATUS_FILE) or {}
+        own = status.get("launch_id") == g.launch_id
+        if clean:
+            done = g.iterations_done >= g.job.iterations
+            if g.kind == "builtin":
+                done = own and status.get("state") == "finished"
+            g.health = Health.FINISHED if done else Health.CHECKPOINTED
+            return "finished" if done else "checkpointed"
+        if g.stopping:
+            g.health = Health.CHECKPOINTED
+            return "stopped"
+        g.health = Health.FAILED
+        codes = [r["code"] if r else None for r in g.results]
+        tails = [r["tail"] for r in g.results if r and r.get("tail")]
+        g.error = (status.get("error") if own and status.get("error") else None) or (
+            f"workload failed; exit codes {codes}" + (f"; last stderr lines:\n{tails[0]}"
+                                                      if tails else ""))
+        return "failed"
+
+    def _close(self, g: _Group, outcome: str) -> None:
+        if g.launch_id:
+            self.launch_log.ended(int(g.launch_id), outcome, g.error or "", g.checkpoint)
+
+    # -- the protocol ----------------------------------------------------------------
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
+        t0 = time.time()
+        with self.failures.quiet():
+            self.poll()
+        held = self.failures.unseen(self.stopped)
+        by_id = {j.id: j for j in state}
+        alive = set(self.groups)
+        done = {j for j, g in self.stopped.items() if g.health == Health.FINISHED}
+        steps = actions_for(decision, self.groups, alive, done)
+        events: list[Event] = []
+        stopping = [s for s in steps if s.action in (Action.PREEMPT, Action.RESIZE, Action.MIGRATE)]
+        for s in stopping:
+            g = self.groups[s.job]
+            self.launch_log.stopping(int(g.launch_id), s.action.value)
+            g.stopping = True
+            (g.dir / STOP_FILE).touch()
+        for s in stopping:
+            g = self.groups.pop(s.job)
+            clean = self._collect(g, self.stop_timeout_s)
+            self._close(g, self._settle(g, clean))
+            self.stopped[s.job] = g
+            if s.action == Action.PREEMPT:
+                events.append(Event(s.job, "preempt", 0, g.alloc.gpu_type,
+                                    "checkpointed" if clean else "stopped uncleanly"))
+        for s in steps:
+            if s.allocation is None:
+                continue
+            if s.action == Action.KEEP and not s.restart:
+                events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
+                continue
+            if s.job in held:
+                events.append(self.failures.held(s.job, s.allocation.gpu_type))
+                continue
+            job = by_id.get(s.job) or self.stopped[s.job].job
+            try:
+                events.append(self._launch(job, s.allocation, s.action.value, t0))
+            except PlacementError as exc:
+                log.error("%s", exc)
+                events.append(Event(s.job, "pending", 0, s.allocation.gpu_type, str(exc)))
+        return events
+
+    def poll(self) -> list[Progress]:
+        ray = _ray()
+        out = []
+        for job_id in sorted(set(self.groups) | set(self.stopped)):
+            g = self.groups.get(job_id) or self.stopped[job_id]
+            if job_id in self.groups:
+                ready, _ = ray.wait(g.refs, num_returns=len(g.refs), timeout=0)
+                if len(ready) == len(g.refs) or any(_failed(ray, r) for r in ready):
+                    clean = self._collect(g, 5.0)
+                    self._close(g, self._settle(g, clean))
+                    self.stopped[job_id] = self.groups.pop(job_id)
+                else:
+                    self._read(g)
+            out.append(Progress(job_id, g.iterations_done, g.job.iterations, g.health,
+                                _iter_time(g), g.loss, g.alloc.plan.gpus, g.alloc.plan.label(),
+                                g.overhead_s, g.error, g.checkpoint, g.launch_id))
+        return self.failures.saw(out)
+
+    def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        events = []
+        for g in self.groups.values():
+            self.launch_log.stopping(int(g.launch_id), "shutdown")
+            g.stopping = True
+            (g.dir / STOP_FILE).touch()
+        for job_id in list(self.groups):
+            g = self.groups.pop(job_id)
+            clean = self._collect(g, self.stop_timeout_s if checkpoint else 1.0)
+            self._close(g, self._settle(g, clean))
+            self.stopped[job_id] = g
+            events.append(Event(job_id, "preempt", 0, g.alloc.gpu_type,
+                                "checkpointed on shutdown" if clean else "stopped uncleanly"))
+        return events
+
+
+def _actor_id(actor: Any) -> str:
+    aid = getattr(actor, "_actor_id", None)
+    return aid.hex() if aid is not None else ""
+
+
+def _iter_time(g: _Group) -> float | None:
+    t = (g.view.last or {}).get("iter_time_s")
+    return float(t) if isinstance(t, (int, float)) and t > 0 else None
+
+
+def _failed(ray: Any, ref: Any) -> bool:
+    try:
+        res = ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - a rank that raised has failed
+        return True
+    return not isinstance(res, dict) or res.get("code") != 0

@@ -1,0 +1,1 @@
+"""The real training workers: torch strategies, pipeline, JAX, DeepSpeed, spilling."""

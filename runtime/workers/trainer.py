@@ -1,0 +1,412 @@
+"""The torch training worker: one process per rank, a plan, a constant global batch.
+
+Launched as ``python -m apportion.runtime.workers.trainer CONFIG.json`` with the
+torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``; torchrun itself works too). The config (:class:`TrainConfig`)
+names the catalog model, seed, global batch size, total iterations and the
+execution plan; everything else is derived:
+
+* the per-rank micro-batch is ``global_batch / (dp * accumulation)`` and rank
+  ``r`` reads global samples ``it*B + r*B/dp + k*m ..`` of iteration ``it``,
+  micro-step ``k``; the global batch is therefore the same samples whatever the
+  worker count, and the averaged gradient is the same global mean;
+* DP runs under DDP (gloo on CPU, nccl on CUDA); ZeRO-like sharding under FSDP
+  (``fully_shard``), tensor parallelism with torch's column/row styles, pipeline
+  parallelism (``pp > 1``, with dp replicas and ``micro_batches`` pipeline
+  micro-batches per rank micro-batch) with ``torch.distributed.pipelining``
+  (``runtime.workers.pipeline_parallel``), each where ``runtime.workers.parallel`` supports the
+  plan; anything else (PP combined with TP or ZeRO, TP with ZeRO, offload on
+  CPU) fails with a :class:`PlanError` naming what the backend cannot do. A
+  plan is never silently changed;
+* checkpointing (activation recomputation) is a flag on every block.
+
+Devices: with CUDA (and a backend other than gloo) each rank pins
+``cuda:LOCAL_RANK`` (``torch.cuda.set_device``; device 0 when an engine shows
+it one GPU), moves the model and every batch there and uses NCCL; otherwise
+CPU and gloo. The optimiser (AdamW, Adam or SGD, learning rate, weight decay,
+momentum, linear warm-up, gradient clipping) comes from the job's
+``workload.train`` block.
+
+The workload contract (``apportion.runtime.workload``) holds for this worker
+too: it resumes from ``<checkpoint_dir>/checkpoint.pt``, checkpoints every
+``checkpoint_every`` iterations or ``checkpoint_interval_s`` seconds
+(whichever first; rank 0's clock decides and all ranks agree), and rank 0
+appends one line per step to the progress file (``{"iteration": N, ...}``,
+``"checkpoint": true`` after a save).
+
+Stopping: the executor creates ``STOP`` in the job folder (or sends SIGTERM);
+rank 0 reads it at each iteration boundary and all ranks agree by an
+all-reduce, save an atomic checkpoint and exit 0. Fencing: when the job
+folder's ``OWNER`` file names another launch, this group has been replaced
+(its launcher died and a new one took the job over): every rank exits
+without saving or reporting, so two groups never both write one job's state.
+Rank 0 also keeps ``progress.json`` (atomic; state, error, launch id) and the
+loss, wall time, forward time (where the strategy can separate it) and
+optimizer time of every iteration in ``losses.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from apportion.runtime.workers import checkpoint as ckpt
+from apportion.runtime.executors.launch import TrainConfig
+from apportion.runtime.workers.parallel import PlanError
+from apportion.runtime.workers.strategies import wrap
+from apportion.runtime.workers.torch_nets import batch, build_net
+
+from apportion.plans import ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+STOP_FILE = "STOP"
+OWNER_FILE = "OWNER"  # the launch id allowed to write this job folder
+PROGRESS_FILE = "progress.json"
+LOSSES_FILE = "losses.jsonl"
+EXIT_FENCED = 3  # this group was replaced by a newer launch: exited without saving
+
+
+class Fenced(RuntimeError):
+    """The job folder belongs to a newer launch; this group must not write anything."""
+
+
+
+def micro_batch(global_batch: int, plan: ExecutionPlan) -> int:
+    """Per-rank micro-batch: the global batch split over DP ranks and accumulation steps.
+
+    Under pipeline parallelism every rank micro-batch is further cut into
+    ``plan.micro_batches`` equal pipeline micro-batches (equal, so their mean losses
+    average to the micro-batch's mean loss), which must divide it too."""
+    parts = plan.dp * plan.accumulation
+    if global_batch % parts:
+        raise PlanError(f"global batch {global_batch} is not divisible by dp*accumulation = "
+                        f"{plan.dp}*{plan.accumulation}; the global batch never changes, so "
+                        "choose a plan that divides it")
+    micro = global_batch // parts
+    if plan.pp > 1 and (plan.micro_batches < 1 or micro % plan.micro_batches):
+        raise PlanError(f"per-rank micro-batch {micro} (global batch {global_batch} / "
+                        f"dp*accumulation) is not divisible by micro_batches="
+                        f"{plan.micro_batches}; pipeline micro-batches must be equal, so choose "
+                        "a plan that divides it")
+    return micro
+
+
+def check_plan(plan: ExecutionPlan, world: int, device: str) -> None:
+    """Reject, with a reason, any plan this worker cannot run exactly as given.
+
+    ``workload.plan_supported("builtin", ...)`` says the same before a round
+    offers the plan; the messages here are the worker's own, more specific."""
+    if plan.gpus != world:
+        raise PlanError(f"plan {plan.label()} needs dp*tp*pp = {plan.gpus} workers, "
+                        f"but {world} were launched")
+    if plan.offload and device != "cpu":
+        raise PlanError("plan asks for optimizer offload, which the torch worker does not "
+                        "implement; run it through DeepSpeed (workload kind deepspeed)")
+    if plan.offload and device == "cpu":
+        raise PlanError("plan asks for optimizer offload, which moves state from GPU to host "
+                        "memory; on the CPU backend there is no device memory to offload from")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        raise PlanError(f"ZeRO stage {plan.zero_stage} does not exist (0-3)")
+    if plan.pp > 1 and plan.tp > 1:
+        raise PlanError(f"plan {plan.label()}: pipeline parallelism combined with tensor "
+                        "parallelism is not supported by the torch worker (each stage would need "
+                        "its own TP mesh); the plan is not changed to fit, so choose tp=1 or pp=1 "
+                        "or run it through DeepSpeed (runtime.workers.deepspeed_config)")
+    if plan.pp > 1 and plan.zero_stage:
+        raise PlanError(f"plan {plan.label()}: pipeline parallelism combined with ZeRO sharding "
+                        "is not supported by the torch worker (its pipeline stages are not "
+                        "FSDP-sharded); choose zero_stage=0 or pp=1")
+    if plan.tp > 1 and plan.zero_stage:
+        raise PlanError("tensor parallelism combined with ZeRO sharding is not supported by the "
+                        "torch worker")
+
+
+def select_device(backend: str) -> torch.device:
+    """``cuda:LOCAL_RANK`` pinned with ``set_device`` when CUDA is usable, else the CPU."""
+    if backend != "gloo" and torch.cuda.is_available():
+        from apportion.runtime.workload import device_index
+        idx = device_index(torch.cuda.device_count())
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def make_optimizer(params: Any, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The job's optimiser (``workload.train``): AdamW (default), Adam or SGD."""
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer != "adamw":
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r} (adamw, adam, sgd)")
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class Worker:
+    """One rank's training loop."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.dir = Path(cfg.workdir)
+        self.ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else \
+            self.dir / "checkpoint"
+        self.progress_path = Path(cfg.progress_file) if cfg.progress_file else \
+            self.dir / "progress.jsonl"
+        self.plan = cfg.execution_plan
+        self.torch_device = (torch.device("cuda") if torch.cuda.is_available()
+                             and cfg.backend != "gloo" else torch.device("cpu"))
+        self.device = self.torch_device.type
+        self.stop_requested = False
+        self.launch_wall = time.time()
+        self.last_opt_s = 0.0
+        self.last_ckpt_wall = time.monotonic()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.ckpt_dir / ckpt.CHECKPOINT_NAME
+
+    # -- lifecycle -----------------------------------------------------------
+    def run(self) -> int:
+        check_plan(self.plan, self.world, self.device)
+        self.micro = micro_batch(self.cfg.global_batch_size, self.plan)
+        self._check_owner()
+        self.torch_device = select_device(self.cfg.backend)
+        if self.world > 1 and not dist.is_initialized():
+            backend = self.cfg.backend if self.cfg.backend != "auto" else (
+                "nccl" if self.device == "cuda" else "gloo")
+            # a rank whose peers never come (its launcher died mid-launch) gives up in time
+            wait = float(os.environ.get("APPORTION_RENDEZVOUS_TIMEOUT_S", "300"))
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world,
+                                    timeout=timedelta(seconds=wait))
+        base = build_net(self.cfg.model, self.cfg.seed).to(self.torch_device)
+        for blk in getattr(base, "blocks", []):
+            blk.checkpointing = self.plan.checkpointing
+        self.par = wrap(base, self.plan, self.rank, self.world, self.micro)
+        self.opt = make_optimizer(self.par.parameters(), self.cfg)
+        state = ckpt.load(self.checkpoint_path)
+        start = 0
+        if state is not None:
+            self.par.load_full_state(state.model, self.opt, state.optimizer)
+            ckpt.set_rng_state(state.rng)
+            start = state.iteration
+            expected = start * self.cfg.global_batch_size
+            if state.samples_seen != expected:
+                raise RuntimeError(f"checkpoint has {state.samples_seen} samples seen, expected "
+                                   f"{expected}: the global batch size changed")
+        self.resumed_from = start
+        return self._loop(start)
+
+    def _lr_at(self, it: int) -> float:
+        w = self.cfg.warmup_iterations
+        return self.cfg.lr * min(1.0, (it + 1) / w) if w > 0 else self.cfg.lr
+
+    def _loop(self, start: int) -> int:
+        cfg = self.cfg
+        end = cfg.iterations if cfg.stop_at is None else min(cfg.iterations, cfg.stop_at)
+        times: list[float] = []
+        first_step_wall = None
+        it = start
+        self._report("running", it, None, None, first_step_wall)
+        self._progress_line(it, checkpoint=start > 0, resumed=True)
+        while it < end:
+            stop, save = self._flags(it)
+            if stop:
+                break
+            if save and it > start:
+                self._save(it)
+            t0 = time.perf_counter()
+            loss = self._step(it)
+            times.append(time.perf_counter() - t0)
+            it += 1
+            if first_step_wall is None:
+                first_step_wall = time.time()
+            recent = times[-5:]
+            if self.rank == 0:
+                with open(self.dir / LOSSES_FILE, "a") as fh:
+                    # per-step wall time and its optimizer part: what estimators fit on
+                    fh.write(json.dumps({"iteration": it, "loss": loss, "world": self.world,
+                                         "plan": self.plan.label(), "time_s": times[-1],
+                                         "fwd_s": self.par.fwd_s, "opt_s": self.last_opt_s,
+                                         "launch_id": cfg.launch_id,
+                                         "wall": time.time()}) + "\n")
+                self._progress_line(it, loss=loss, iter_time_s=sum(recent) / len(recent))
+            self._report("running", it, sum(recent) / len(recent), loss, first_step_wall)
+        if self._fenced():
+            raise Fenced(f"job folder now belongs to launch {self._owner()!r}")
+        self._save(it)
+        done = it >= cfg.iterations
+        recent = times[-5:]
+        self._report("finished" if done else "checkpointed", it,
+                     sum(recent) / len(recent) if recent else None, None, first_step_wall)
+        return 0
+
+    def _step(self, it: int) -> float:
+        B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
+        dp_rank = self.par.dp_rank
+        self.par.fwd_s = 0.0
+        self.opt.zero_grad(set_to_none=True)
+        for g in self.opt.param_groups:
+            g["lr"] = self._lr_at(it)
+        total = 0.0
+        for k in range(plan.accumulation):
+            start = it * B + dp_rank * (B // plan.dp) + k * m
+            x, y = batch(self.cfg.model, self.cfg.seed, start, m)
+            x, y = x.to(self.torch_device), y.to(self.torch_device)
+            last = k == plan.accumulation - 1
+            loss = self.par.forward_backward(x, y, scale=1.0 / plan.accumulation, sync=last)
+            total += loss / plan.accumulation
+        if self.cfg.grad_clip > 0:
+            params = [p for p in self.par.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        o0 = time.perf_counter()
+        self.opt.step()
+        self.last_opt_s = time.perf_counter() - o0
+        return self.par.global_mean(total)
+
+    # -- stop, save, fence, report ------------------------------------------------
+    def _owner(self) -> str | None:
+        try:
+            return (self.dir / OWNER_FILE).read_text().strip()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _fenced(self, every_rank: bool = False) -> bool:
+        """Another launch owns the folder (only checked when this group has a launch id; by
+        rank 0 inside the loop, which then tells the others)."""
+        if not self.cfg.launch_id or (self.rank != 0 and not every_rank):
+            return False
+        owner = self._owner()
+        return owner is not None and owner != self.cfg.launch_id
+
+    def _check_owner(self) -> None:
+        """Before any collective: every rank reads the owner itself (none may wait on a rank
+        that already left)."""
+        if self._fenced(every_rank=True):
+            raise Fenced(f"job folder belongs to launch {self._owner()!r}, not "
+                         f"{self.cfg.launch_id!r}")
+
+    def _flags(self, it: int) -> tuple[bool, bool]:
+        """(stop, checkpoint now), decided by rank 0 and agreed by every rank; a fenced group
+        raises :class:`Fenced` on every rank."""
+        cfg = self.cfg
+        stop = fenced = save = False
+        if self.rank == 0:
+            stop = self.stop_requested or (self.dir / STOP_FILE).exists()
+            fenced = self._fenced()
+            save = bool((cfg.checkpoint_every and it % cfg.checkpoint_every == 0) or (
+                cfg.checkpoint_interval_s and
+                time.monotonic() - self.last_ckpt_wall >= cfg.checkpoint_interval_s))
+        stop = stop or self.stop_requested
+        if self.world > 1:
+            flag = torch.tensor([float(stop), float(save), float(fenced)],
+                                device=self.torch_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop, save, fenced = (bool(v > 0) for v in flag.tolist())
+        if fenced:
+            raise Fenced(f"job folder now belongs to launch {self._owner()!r}")
+        return stop, save
+
+    def _should_stop(self) -> bool:
+        return self._flags(-1)[0]
+
+    def _save(self, it: int) -> None:
+        model_sd, opt_sd = self.par.full_state(self.opt)  # collective under FSDP/TP
+        if self.rank == 0:
+            ckpt.save(self.checkpoint_path, ckpt.TrainState(
+                it, it * self.cfg.global_batch_size, model_sd, opt_sd, ckpt.rng_state(),
+                {"plan": self.plan.as_dict(), "world": self.world, "job": self.cfg.job,
+                 "launch_id": self.cfg.launch_id}))
+            self._progress_line(it, checkpoint=True)
+        if self.world > 1:
+            dist.barrier()
+        self.last_ckpt_wall = time.monotonic()
+
+    def _progress_line(self, it: int, checkpoint: bool = False, **fields: Any) -> None:
+        """The contract's progress file: one JSON line per step, rank 0 only."""
+        if self.rank != 0:
+            return
+        rec: dict[str, Any] = {"iteration": it, "launch_id": self.cfg.launch_id,
+                               "wall": time.time(), **fields}
+        if checkpoint:
+            rec["checkpoint"] = True
+        with open(self.progress_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+    def _report(self, state: str, it: int, iter_time: float | None, loss: float | None,
+                first_step_wall: float | None, error: str | None = None) -> None:
+        if self.rank != 0:
+            return
+        ckpt.write_json(self.dir / PROGRESS_FILE, {
+            "job": self.cfg.job, "state": state, "iterations_done": it,
+            "iterations": self.cfg.iterations, "iter_time_s": iter_time, "loss": loss,
+            "world": self.world, "plan": self.plan.label(), "launch_wall": self.launch_wall,
+            "first_step_wall": first_step_wall, "resumed_from": getattr(self, "resumed_from", 0),
+            "updated_wall": time.time(), "pid": os.getpid(), "error": error,
+            "launch_id": self.cfg.launch_id})
+
+
+def run_worker(config_path: str, rank: int, world: int) -> int:
+    """Run one rank in this process (no signal handlers: for hosts such as Ray actors)."""
+    cfg = TrainConfig.load(config_path)
+    worker = Worker(cfg, rank, world)
+    try:
+        return worker.run()
+    except Fenced:
+        return EXIT_FENCED
+    except Exception as exc:
+        if rank == 0:
+            worker._report("failed", getattr(worker, "resumed_from", 0), None, None, None,
+                           f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m apportion.runtime.workers.trainer CONFIG.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=os.environ.get("APPORTION_LOG", "WARNING"), stream=sys.stderr)
+    cfg = TrainConfig.load(args[0])
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    worker = Worker(cfg, rank, world)
+
+    def on_term(signum: int, frame: Any) -> None:  # checkpoint at the next iteration boundary
+        worker.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        return worker.run()
+    except Fenced as exc:
+        print(f"rank {rank}: fenced, exiting without saving: {exc}", file=sys.stderr)
+        return EXIT_FENCED
+    except Exception as exc:  # noqa: BLE001 - any failure: report, then fail the process: the executor marks the job failed
+        msg = f"{type(exc).__name__}: {exc}"
+        print(f"rank {rank}: {traceback.format_exc()}\nrank {rank}: {msg}", file=sys.stderr)
+        if rank == 0:
+            worker._report("failed", getattr(worker, "resumed_from", 0), None, None, None, msg)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
