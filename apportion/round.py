@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -586,10 +586,13 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               config: RoundConfig | None = None, estimator: Any = None,
               policy: Policy | None = None,
               commit: Callable[[Decision], Any] | None = None,
-              apply: Callable[[Decision], Any] | None = None) -> RoundResult:
+              apply: Callable[[Decision], Any] | None = None,
+              history: Mapping[str, Any] | None = None) -> RoundResult:
     """One round on an operator's queue (the library API): admission, the policy
     ``config`` names (the cell formulation by default), validation, then the caller's
-    ``commit`` and ``apply`` hooks."""
+    ``commit`` and ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.
+    JobHistory`, what ``job_histories`` reads from a store) gives history-aware policies
+    the attained service a replay would give them."""
     cfg = config or RoundConfig()
     if cfg.formulation not in FORMULATIONS:
         raise ValueError(f"unknown formulation {cfg.formulation!r}; choose {', '.join(FORMULATIONS)}")
@@ -604,4 +607,11 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         pol.estimator = _Memo(est)
     view = view_of(cluster, jobs, now_s, rates)
     view.plan_filter = cfg.plan_filter
+    for js in view.jobs if history else ():
+        h = history.get(js.id)
+        if h is not None:
+            js.gpu_seconds, js.run_seconds = h.gpu_seconds, h.run_seconds
+            js.time_on_type = dict(h.time_on_type)
+            js.first_start, js.restarts = h.first_start, h.restarts
+            js.preemptions, js.rounds_run = h.preemptions, h.rounds_run
     return run_pipeline(view, pol, commit, apply)

@@ -164,9 +164,12 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 reason = "idle"
                 break
             if jobs:
+                history = getattr(store, "history", None)
                 decision = run_round(cluster, jobs, now, cfg,
                                      estimator=refit.estimator if refit is not None else None,
-                                     policy=policy).decision
+                                     policy=policy,
+                                     history=history(now) if callable(history) else None
+                                     ).decision
                 round_allocs = {a.job: a for a in decision.allocations}
                 round_jobs = {j.id: j for j in jobs}
                 store.record_round(rounds, now, decision, [])  # the intent, before acting

@@ -94,6 +94,13 @@ class SqliteLoopStore:
         self._snapshot = self.store.round_input()
         return list(self._snapshot.jobs)
 
+    def history(self, now_s: float) -> dict[str, Any]:
+        """Attained service of the jobs of the last snapshot (history-aware policies)."""
+        from apportion.store_history import job_histories
+
+        ids = {j.id for j in self._snapshot.jobs} if self._snapshot is not None else None
+        return job_histories(self.store, now_s, ids)
+
     def record_round(self, index: int, now_s: float, decision: Decision,
                      events: list[Event]) -> None:
         assert self._snapshot is not None, "record_round before list_jobs"
