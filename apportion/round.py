@@ -44,6 +44,7 @@ from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
                                           hint_from_choices, objective_of)
 from apportion.formulations.decode import REASON_DETAIL, to_decision
+from apportion.formulations.incremental import CandidateCache
 from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.chain import backends_for, solve_chain
@@ -87,10 +88,21 @@ class RoundConfig:
 
 @dataclass
 class RoundResult:
+    """A round's decision, its candidate graph and per-stage seconds; ``problem`` (the
+    ``--dump-problem`` JSON) is made from the graph when first read, so a replay that
+    never reads it never pays for it."""
+
     decision: Decision
     graph: nx.DiGraph | None
-    problem: dict[str, Any]
+    _problem: dict[str, Any] | None = field(default=None, repr=False)
     timing: dict[str, float] = field(default_factory=dict)  # seconds per stage, commit included
+
+    @property
+    def problem(self) -> dict[str, Any]:
+        if self._problem is None:
+            assert self.graph is not None
+            self._problem = problem_dump(self.graph)
+        return self._problem
 
 
 # ---------------------------------------------------------------------------------------
@@ -115,7 +127,7 @@ def run_pipeline(view: View, policy: Policy,
                               else js for js in view.jobs if js.id in ok])
     t = lap("admit", t0)
     graph: nx.DiGraph | None = None
-    problem: dict[str, Any] = {}
+    problem: dict[str, Any] | None = None
     staged = getattr(policy, "staged", False)
     decision = policy.shortcut(sub) if staged else None  # type: ignore[attr-defined]
     if decision is None and staged:
@@ -127,7 +139,6 @@ def run_pipeline(view: View, policy: Policy,
         t = lap("solve", t)
         decision = policy.decode(sub, graph, form, solved)  # type: ignore[attr-defined]
         t = lap("decode", t)
-        problem = problem_dump(graph)
     elif decision is None:
         decision = policy.decide(sub)
         t = lap("decide", t)
@@ -158,7 +169,7 @@ def run_pipeline(view: View, policy: Policy,
     if apply is not None:
         apply(decision)
         t = lap("apply", t)
-    if not problem:
+    if graph is None:
         problem = {"now_s": view.now, "policy": decision.meta["policy"],
                    "jobs": [{"job": js.id, "requested_gpus": js.spec.requested_gpus,
                              "requested_gpu_type": js.spec.requested_gpu_type}
@@ -178,6 +189,7 @@ class Formulated:
     greedy_wall: float
     specs: list[JobSpec]
     estimator: Any
+    depth: int = 0  # the greedy's search depth used for the hint (the fallback may go deeper)
 
 
 @dataclass
@@ -185,6 +197,8 @@ class Solved:
     best: SolveResult | None
     attempts: list[SolveResult]
     wall_s: float
+    # per accepted answer (by id): its decoded choices and decision, validated once
+    accepted: dict[int, tuple[list[CellChoice], Decision]] = field(default_factory=dict)
 
 
 class _Memo:
@@ -275,6 +289,9 @@ class FormulationPolicy:
         self.estimator = _Memo(make_estimator(est) if isinstance(est, str) else est)
         self._viewed: _Memo | None = None  # the view's measured rates (a replay)
         self._view_rate = _ViewRate(None, {})
+        self.rounds_made = 0
+        self.cache = CandidateCache()  # per-job candidate fragments across rounds
+        self._cache_owner: Any = None
 
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
@@ -341,8 +358,19 @@ class FormulationPolicy:
                 source = CalibratedPlans(source, self._view_rate.rate)
             g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
                                       cfg.plan_options)
-        else:
+        elif self.rounds_made == 0:  # one round (solve-round): no cache to fill
             g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
+        else:  # later rounds: only new or changed jobs are estimated again
+            if self._cache_owner is not est:
+                self.cache.clear()
+                self._cache_owner = est
+            stalls: dict[str, list[tuple[str, int]]] = {}
+            for jid, t, n in est.blacklist:
+                stalls.setdefault(jid, []).append((t, n))
+            g = self.cache.build(view.cluster, specs, view.now, est, cfg.candidates,
+                                 lambda j: (tuple(sorted(stalls.get(j.id, ()))),
+                                            est.only_type.get(j.id), est.fitted))
+        self.rounds_made += 1
         if cfg.formulation == "deadline":
             from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
 
@@ -352,47 +380,76 @@ class FormulationPolicy:
                        candidates_s=round(time.perf_counter() - t0, 4))
         return g
 
-    def formulate(self, view: View, g: nx.DiGraph) -> Formulated:
+    def formulate(self, view: View, g: nx.DiGraph, full: bool = False) -> Formulated:
+        """The model and the heuristic's answer as its hint. In a replay's later rounds the
+        hint is the greedy's first pass only (running jobs kept, queued ones placed where they
+        fit: last round's answer extended); its local search runs only if the round falls back
+        to it (``full``), so a round the solver answers does not pay for it."""
         cfg = self.cfg
         model = build_cells_model(g, max_changes=cfg.max_changes)
-        heuristic = SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(cfg.search_depth)
+        f = self._heuristic(g, model, full)
+        if cfg.max_changes is None or _changes(g, f.greedy_choices) <= cfg.max_changes:
+            model.set_hint(hint_from_choices(model, f.greedy_choices))
+        return f
+
+    def _heuristic(self, g: nx.DiGraph, model: Any, full: bool) -> Formulated:
+        cfg = self.cfg
+        depth = cfg.search_depth if (full or not self.incremental) else 0
+        heuristic = SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(depth)
         choices, obj, wall = heuristic.solve(g)
-        if cfg.max_changes is None or _changes(g, choices) <= cfg.max_changes:
-            model.set_hint(hint_from_choices(model, choices))
         return Formulated(model, heuristic, choices, obj, wall, g.graph["specs"],
-                          g.graph["estimator"])
+                          g.graph["estimator"], depth)
+
+    @property
+    def incremental(self) -> bool:
+        """Rounds after the first of a replay or loop: candidates from the cache, the hint
+        from the greedy's first pass."""
+        return self.rounds_made > 1 and self.cfg.formulation != "plans"
 
     def solve(self, view: View, g: nx.DiGraph, f: Formulated) -> Solved:
         cfg = self.cfg
         t0 = time.perf_counter()
         model = f.model
 
+        accepted: dict[int, tuple[list[CellChoice], Decision]] = {}
+
         def accept(res: SolveResult) -> bool:  # each accepted answer is validated once
             assert res.x is not None and model.decode is not None
-            dec = to_decision(g, model.decode(res.x), view.cluster, f.specs, _placeholder())
+            choices = model.decode(res.x)
+            dec = to_decision(g, choices, view.cluster, f.specs, _placeholder(), f.estimator)
             check = validate(dec, view.cluster, f.specs)
             if not check.ok:
                 log.error("%s answer rejected by the validator: %s", res.backend, check.violations)
+            else:
+                accepted[id(res)] = (choices, dec)
             return check.ok
 
         left = max(0.05, cfg.time_budget_s - _elapsed(g))  # the budget covers the whole round
         backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
         best, attempts = solve_chain(model, backends, left, accept)
-        return Solved(best, attempts, time.perf_counter() - t0)
+        return Solved(best, attempts, time.perf_counter() - t0, accepted)
 
     def decode(self, view: View, g: nx.DiGraph, f: Formulated, s: Solved) -> Decision:
         cfg = self.cfg
         model = f.model
         attempt_dicts = [a.as_dict() for a in s.attempts]
+        answered = s.best is not None and s.best.x is not None and model.decode is not None
+        if not answered and f.depth < cfg.search_depth:  # falling back: the whole greedy now
+            f = self._heuristic(g, model, full=True)
         attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
                               "objective": f.greedy_obj, "bound": None, "gap": None,
                               "wall_s": round(f.greedy_wall, 6),
-                              "message": f"search depth {cfg.search_depth}"
+                              "message": f"search depth {f.depth}"
                               if f.heuristic.name == "greedy" else "Morphling's slope heuristic"})
         wall = _elapsed(g)
         validated = False
-        if s.best is not None and s.best.x is not None and model.decode is not None:
-            choices = model.decode(s.best.x)
+        decision: Decision | None = None
+        if answered:
+            assert s.best is not None and s.best.x is not None and model.decode is not None
+            if id(s.best) in s.accepted:
+                choices, decision = s.accepted[id(s.best)]
+            else:
+                choices = model.decode(s.best.x)
             # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
             bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
             bound = min(bounds) if bounds else s.best.bound
@@ -416,7 +473,9 @@ class FormulationPolicy:
         report.model_size = {**model.summary(), **describe(g),
                              "candidates_s": g.graph.get("candidates_s"),
                              "node_classes": model.meta.get("node_classes")}
-        decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
+        if decision is None:
+            decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
+        decision.report = report
         self._annotate(decision, g, choices, f)
         decision.meta["validated"] = validated
         return decision
@@ -424,7 +483,7 @@ class FormulationPolicy:
     def fallback(self, view: View, g: nx.DiGraph | None, reason: str) -> Decision:
         """The greedy's decision (the validator rejected the solver's)."""
         assert g is not None
-        f = self.formulate(view, g)
+        f = self._heuristic(g, None, full=True)
         report = SolveReport(f.heuristic.name, Status.FALLBACK.value, f.greedy_obj, None, None,
                              _elapsed(g), fallback=True, fallback_reason=reason)
         decision = to_decision(g, f.greedy_choices, view.cluster, f.specs, report)
