@@ -82,6 +82,26 @@ def _decision_table(decision: Any) -> Table:
     return t
 
 
+def _print_decision(decision: Any) -> None:
+    """The decision table on stdout: Rich's box table, or for a big round (past 200 rows,
+    where Rich spends longer laying the table out than the solver took) the same columns
+    as aligned plain text."""
+    rows = [(a.job, a.action.value, a.gpu_type, str(a.gpus), str(a.stages), a.plan.label(),
+             ", ".join(f"{n}:{k}" for n, k in sorted(a.placement.items())),
+             f"{a.est_throughput:.2f}") for a in sorted(decision.allocations, key=lambda a: a.job)]
+    rows += [(p.job, p.action.value if p.action else "pending", "-", "-", "-", "-",
+              f"pending: {p.reason.value}", "-") for p in sorted(decision.pending, key=lambda p: p.job)]
+    if len(rows) <= 200:
+        out.print(_decision_table(decision))
+        return
+    head = ("job", "action", "GPU type", "GPUs", "stages", "plan", "placement",
+            "est. throughput (samples/s)")
+    width = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head[:-2])]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, width)) + "  " + "  ".join(r[-2:])  # noqa: E731
+    sys.stdout.write("apportion round decision\n" + line(head) + "\n"
+                     + "".join(line(r) + "\n" for r in rows))
+
+
 def _report_lines(decision: Any) -> str:
     r = decision.report
     gap = "n/a" if r.gap is None else f"{r.gap:.2%}"
@@ -151,6 +171,9 @@ def solve_round(
                                             "committed under this key is not redone"),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
+    import time
+
+    started = time.perf_counter()  # the budget covers the whole command from here
     _setup_logging(verbose)
     from apportion.config import default_cluster, default_jobs, load_jobs, load_tenants, resolve_cluster
     from apportion.round import checked_config, run_round
@@ -159,7 +182,7 @@ def solve_round(
         from apportion.store_cli import solve_round_state
 
         def show(d: Any) -> None:
-            out.print(_decision_table(d))
+            _print_decision(d)
             err.print(_report_lines(d), highlight=False, markup=False)
 
         raise typer.Exit(solve_round_state(
@@ -175,6 +198,7 @@ def solve_round(
                              search_depth=search_depth, max_changes=max_changes, quotas=quotas,
                              isolate=isolate)
         cfg.estimator = _estimator_arg(estimator, tables)
+        cfg.deadline_s = started + time_budget
         _check_output_path(json_out, "--json")
         _check_output_path(dump_problem, "--dump-problem")
         cl = resolve_cluster(cluster) if cluster else default_cluster()
@@ -183,7 +207,7 @@ def solve_round(
         _fail(exc)
         return
     result = run_round(cl, jb, now, cfg)
-    out.print(_decision_table(result.decision))
+    _print_decision(result.decision)
     err.print(_report_lines(result.decision), highlight=False, markup=False)
     if json_out:
         write_json_atomic(json_out, result.decision.as_dict())
