@@ -169,6 +169,12 @@ def solve_round(
                                          "and commit the round to it (instead of --jobs)"),
     round_key: Optional[str] = typer.Option(None, "--round-key", help="with --state: a round "
                                             "committed under this key is not redone"),
+    partitions: int = typer.Option(1, "--partitions", min=1, help="> 1: a POP-style partitioned "
+                                   "solve in that many parts, in parallel"),
+    engine: str = typer.Option("local", "--engine", help="where a partitioned solve's parts run: "
+                               "local (child processes) | ray (Ray tasks)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     import time
@@ -194,9 +200,12 @@ def solve_round(
 
     try:
         quotas = load_tenants(tenants) if tenants else None
+        if engine not in ("local", "ray"):
+            raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
         cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
                              search_depth=search_depth, max_changes=max_changes, quotas=quotas,
-                             isolate=isolate)
+                             isolate=isolate, partitions=partitions, engine=engine,
+                             ray_address=ray_address)
         cfg.estimator = _estimator_arg(estimator, tables)
         cfg.deadline_s = started + time_budget
         _check_output_path(json_out, "--json")

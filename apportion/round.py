@@ -47,7 +47,7 @@ from apportion.formulations.decode import REASON_DETAIL, to_decision
 from apportion.formulations.incremental import CandidateCache
 from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status
-from apportion.solvers.chain import backends_for, solve_chain
+from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_chain
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
@@ -87,6 +87,9 @@ class RoundConfig:
     # when the round must have answered (a time.perf_counter() instant; solve-round sets it
     # from the command's start): None, the budget runs from the candidates stage
     deadline_s: float | None = None
+    partitions: int = 1  # > 1: POP-style partitioned solve (solvers.partition)
+    engine: str = "local"  # where a partitioned solve's tasks run: local | ray
+    ray_address: str | None = None  # engine ray: an existing cluster (None: a local one)
 
 
 @dataclass
@@ -187,12 +190,18 @@ def run_pipeline(view: View, policy: Policy,
 class Formulated:
     model: Any
     heuristic: Any
-    greedy_choices: list[CellChoice]
+    greedy_choices: list[CellChoice] | None  # None: not run yet (a large round runs it later)
     greedy_obj: float
     greedy_wall: float
     specs: list[JobSpec]
     estimator: Any
     depth: int = 0  # the greedy's search depth used for the hint (the fallback may go deeper)
+
+    def take(self, other: Formulated) -> None:
+        """Adopt ``other``'s heuristic answer (the same model)."""
+        self.heuristic, self.greedy_choices = other.heuristic, other.greedy_choices
+        self.greedy_obj, self.greedy_wall, self.depth = other.greedy_obj, other.greedy_wall, \
+            other.depth
 
 
 @dataclass
@@ -296,6 +305,7 @@ class FormulationPolicy:
         self.cache = CandidateCache()  # per-job candidate fragments across rounds
         self._cache_owner: Any = None
         self._child: Any = None  # an isolated chain's child process, started early
+        self._engine: Any = None  # a partitioned solve's engine (local processes or Ray)
 
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
@@ -341,10 +351,15 @@ class FormulationPolicy:
 
     def candidates(self, view: View) -> nx.DiGraph:
         t0 = time.perf_counter()
-        if self.cfg.isolate and self.cfg.backend != "greedy" and self._child is None:
+        if self.cfg.isolate and self.cfg.backend != "greedy" and self._child is None \
+                and not self.partitioned:
             from apportion.solvers.isolation import ChainChild
 
             self._child = ChainChild().start()  # its imports overlap the candidates
+        if self.partitioned and self._engine is None and self.cfg.formulation != "plans":
+            from apportion.solvers.partition import make_engine
+
+            self._engine = make_engine(self.cfg.engine, self.cfg.ray_address)  # starts now
         self.last_solve_round = view.round_index
         est = self._estimator_for(view)
         est.refresh()
@@ -392,10 +407,15 @@ class FormulationPolicy:
         """The model and the heuristic's answer as its hint: the greedy's first pass
         (running jobs kept, queued ones placed where they fit: last round's answer extended);
         its local search runs only if the round falls back to it (``full``) or the greedy is
-        the chosen backend, so a round the solver answers does not pay for it."""
+        the chosen backend, so a round the solver answers does not pay for it. On a large
+        model (the chain answers from LP rounding first, which needs no hint) the greedy runs
+        while an isolated chain solves, or only if the round falls back to it."""
         cfg = self.cfg
         model = build_cells_model(g, max_changes=cfg.max_changes)
+        if model.num_vars > LARGE_MODEL_COLUMNS and cfg.backend == "auto" and not full:
+            return Formulated(model, None, None, 0.0, 0.0, g.graph["specs"], g.graph["estimator"])
         f = self._heuristic(g, model, full)
+        assert f.greedy_choices is not None
         if cfg.max_changes is None or _changes(g, f.greedy_choices) <= cfg.max_changes:
             model.set_hint(hint_from_choices(model, f.greedy_choices))
         return f
@@ -417,7 +437,8 @@ class FormulationPolicy:
 
         def accept(res: SolveResult) -> bool:  # each accepted answer is validated once
             assert res.x is not None and model.decode is not None
-            choices = model.decode(res.x)
+            # a partitioned answer carries its own placements; a backend's is decoded
+            choices = res.extra["choices"] if "choices" in res.extra else model.decode(res.x)
             dec = to_decision(g, choices, view.cluster, f.specs, _placeholder(), f.estimator)
             check = validate(dec, view.cluster, f.specs)
             if not check.ok:
@@ -431,23 +452,59 @@ class FormulationPolicy:
         deadline = cfg.deadline_s if cfg.deadline_s is not None else \
             float(g.graph["t0"]) + cfg.time_budget_s
         left = max(0.05, deadline - time.perf_counter() - answer_reserve(model.num_vars))
+        if self.partitioned and cfg.formulation != "plans":
+            return self._solve_partitioned(g, f, left, accept, accepted, t0)
         backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
         child, self._child = self._child, None
-        best, attempts = solve_chain(model, backends, left, accept, child=child)
+
+        def greedy_meanwhile() -> None:  # the fallback, made while the child solves
+            f.take(self._heuristic(g, model, full=False))
+
+        later = f.greedy_choices is None and cfg.isolate and bool(backends)
+        best, attempts = solve_chain(model, backends, left, accept, child=child,
+                                     meanwhile=greedy_meanwhile if later else None)
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.cfg.partitions > 1 or self.cfg.engine != "local"
+
+    def _solve_partitioned(self, g: nx.DiGraph, f: Formulated, left: float,
+                           accept: Callable[[SolveResult], bool],
+                           accepted: dict[int, tuple[list[CellChoice], Decision]],
+                           t0: float) -> Solved:
+        """POP-k (:mod:`apportion.solvers.partition`) on the round, its parts on the engine."""
+        from apportion.solvers.partition import make_engine, solve_partitioned
+
+        cfg = self.cfg
+        if self._engine is None:
+            self._engine = make_engine(cfg.engine, cfg.ray_address)
+        best, attempts = solve_partitioned(g, f.model, cfg.partitions, build_cells_model,
+                                           self._engine, left, accept)
+        return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    def close(self) -> None:
+        """Stop what the policy started (an early child, a Ray instance of its own)."""
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def decode(self, view: View, g: nx.DiGraph, f: Formulated, s: Solved) -> Decision:
         cfg = self.cfg
         model = f.model
         attempt_dicts = [a.as_dict() for a in s.attempts]
         answered = s.best is not None and s.best.x is not None and model.decode is not None
-        if not answered and f.depth < cfg.search_depth:  # falling back: the whole greedy now
-            f = self._heuristic(g, model, full=True)
-        attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
-                              "objective": f.greedy_obj, "bound": None, "gap": None,
-                              "wall_s": round(f.greedy_wall, 6),
-                              "message": f"search depth {f.depth}"
-                              if f.heuristic.name == "greedy" else "Morphling's slope heuristic"})
+        if not answered and (f.greedy_choices is None or f.depth < cfg.search_depth):
+            f = self._heuristic(g, model, full=True)  # falling back: the whole greedy now
+        if f.greedy_choices is not None:
+            attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
+                                  "objective": f.greedy_obj, "bound": None, "gap": None,
+                                  "wall_s": round(f.greedy_wall, 6),
+                                  "message": f"search depth {f.depth}" if f.heuristic.name ==
+                                  "greedy" else "Morphling's slope heuristic"})
         wall = _elapsed(g)
         validated = False
         decision: Decision | None = None
@@ -467,6 +524,7 @@ class FormulationPolicy:
                                  gap, wall, fallback=False, attempts=attempt_dicts)
             validated = True  # accepted by the chain's validation
         else:
+            assert f.greedy_choices is not None
             choices = f.greedy_choices
             explicit = cfg.backend == "greedy"
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
@@ -633,4 +691,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     rates = EstimatorRates(est, cluster)
     if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
         pol.estimator = _Memo(est)
-    return run_pipeline(view_of(cluster, jobs, now_s, rates), pol, commit, apply)
+    try:
+        return run_pipeline(view_of(cluster, jobs, now_s, rates), pol, commit, apply)
+    finally:
+        if policy is None and isinstance(pol, FormulationPolicy):
+            pol.close()  # this round's own policy: its child or Ray instance goes with it

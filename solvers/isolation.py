@@ -275,7 +275,7 @@ class ChainChild:
             self._buf = b""
             self.proc = subprocess.Popen([sys.executable, "-c", _CHAIN_CHILD],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE)
+                                         stderr=subprocess.DEVNULL)  # never read: never full
             assert self.proc.stdin is not None
             self.proc.stdin.write(pickle.dumps(list(sys.path)))
             self.proc.stdin.flush()
@@ -307,9 +307,7 @@ class ChainChild:
                         return tuple(pickle.loads(data))
                     except Exception as exc:  # noqa: BLE001
                         return ("raised", "?", f"answer could not be read: {exc!r}", "")
-            wait = until - time.perf_counter()
-            if wait <= 0:
-                return None
+            wait = max(0.0, until - time.perf_counter())  # past it: only what is there
             ready, _, _ = select.select([fd], [], [], wait)
             if not ready:
                 return None
@@ -328,23 +326,37 @@ class ChainChild:
 
     def run(self, model: LinearModel, specs: list[str | Backend], deadline: float,
             gap: float) -> Iterator[SolveResult]:
-        """Yield every backend's result in order (``Status.ERROR`` with the reason for one
-        that crashed, raised, lied or ran past the deadline); asking for the next result
-        after a final one means the caller refused it."""
+        """Send the chain to the child now and return an iterator over every backend's
+        result in order (``Status.ERROR`` with the reason for one that crashed, raised,
+        lied or ran past the deadline); asking for the next result after a final one means
+        the caller refused it. The child works while the caller does something else."""
         todo = list(specs)
-        while todo:
+        return self._stream(model, todo, deadline, gap, self._submit(model, todo, deadline, gap))
+
+    def _submit(self, model: LinearModel, todo: list[Any], deadline: float, gap: float) -> str:
+        """Start the child if needed and send it the chain; '' or why it could not."""
+        try:
             self.start()
             assert self.proc is not None and self.proc.stdin is not None
             left = deadline - time.perf_counter()
-            hard = left + self.grace_s + 5.0
-            try:
-                self.proc.stdin.write(pickle.dumps((todo, dataclasses.replace(model, decode=None),
-                                                    left, gap, hard)))
-                self.proc.stdin.flush()
-            except OSError as exc:
-                self.close()
+            self.proc.stdin.write(pickle.dumps((todo, dataclasses.replace(model, decode=None),
+                                                left, gap, left + self.grace_s + 5.0)))
+            self.proc.stdin.flush()
+        except OSError as exc:
+            self.close()
+            return f"could not start a child: {exc!r}"
+        return ""
+
+    def _stream(self, model: LinearModel, todo: list[Any], deadline: float, gap: float,
+                failed: str) -> Iterator[SolveResult]:
+        first = True
+        while todo:
+            if not first:
+                failed = self._submit(model, todo, deadline, gap)
+            first = False
+            if failed:
                 for spec in todo:
-                    yield self._error(_backend_name(spec), f"could not start a child: {exc!r}")
+                    yield self._error(_backend_name(spec), failed)
                 return
             running: str | None = None
             since = time.perf_counter()
@@ -393,6 +405,158 @@ class ChainChild:
     def _error(self, name: str, msg: str) -> SolveResult:
         log.warning("isolated backend %s: %s", name, msg)
         return SolveResult(name, Status.ERROR, message=msg, extra={"isolated": True})
+
+
+# -- a pool of child processes (the partitioned solve's local engine) --------------------
+_POOL_CHILD = "from apportion.solvers.isolation import pool_child_main; pool_child_main()"
+
+
+def resolve_ref(ref: str) -> Any:
+    """``"package.module:attr"`` -> the object."""
+    mod, attr = ref.split(":", 1)
+    return getattr(importlib.import_module(mod), attr)
+
+
+def _recv(stream: Any) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    return pickle.loads(stream.read(int.from_bytes(head, "big")))
+
+
+def pool_child_main() -> None:
+    """A pool worker: read (sys.path, modules to warm up), then tasks
+    ``(task id, "module:function", args)`` until ``None``; answer each with
+    ``(task id, "ok", value)`` or ``(task id, "raised", repr, traceback)``."""
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    stdin = sys.stdin.buffer
+    path, warm = _recv(stdin)
+    sys.path[:] = path
+    for mod in warm:
+        try:
+            importlib.import_module(mod)
+        except Exception:  # noqa: BLE001 - the task that needs it will say so
+            pass
+    while True:
+        try:
+            task = _recv(stdin)
+        except EOFError:
+            return
+        if task is None:
+            return
+        tid, ref, args = task
+        try:
+            msg: tuple[Any, ...] = (tid, "ok", resolve_ref(ref)(*args))
+        except BaseException as exc:  # noqa: BLE001 - back to the parent as data
+            msg = (tid, "raised", repr(exc), traceback.format_exc(limit=8))
+        _send(answer, msg)
+
+
+class WorkerPool:
+    """``workers`` child processes, each importing its modules once and then running tasks
+    one at a time; :meth:`run` hands out tasks as workers free up and kills every worker
+    still busy at the deadline (a crashed worker costs its task, and is replaced)."""
+
+    def __init__(self, workers: int, warm: tuple[str, ...] = ()) -> None:
+        self.size = max(1, workers)
+        self.warm = warm
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.bufs: dict[int, bytes] = {}
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-c", _POOL_CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._write(p, (list(sys.path), self.warm))
+        self.bufs[p.pid] = b""
+        return p
+
+    @staticmethod
+    def _write(p: subprocess.Popen[bytes], msg: Any) -> bool:
+        try:
+            assert p.stdin is not None
+            data = pickle.dumps(msg)
+            p.stdin.write(len(data).to_bytes(8, "big") + data)
+            p.stdin.flush()
+            return True
+        except (OSError, AssertionError):
+            return False
+
+    def start(self) -> WorkerPool:
+        while len(self.procs) < self.size:
+            self.procs.append(self._spawn())
+        return self
+
+    def run(self, tasks: list[tuple[str, tuple[Any, ...]]], until: float) -> list[tuple[bool, Any]]:
+        """[(True, value) or (False, why)] for every task, in order; never past ``until``."""
+        import select
+
+        self.start()
+        out: list[tuple[bool, Any] | None] = [None] * len(tasks)
+        todo = list(range(len(tasks)))
+        busy: dict[int, int] = {}  # pid -> task index
+        idle = list(self.procs)
+        by_pid = {p.pid: p for p in self.procs}
+        while todo or busy:
+            while todo and idle:
+                p = idle.pop(0)
+                i = todo.pop(0)
+                if self._write(p, (i, *tasks[i])):
+                    busy[p.pid] = i
+                else:
+                    out[i] = (False, "could not reach a worker")
+            if not busy:
+                break
+            wait = until - time.perf_counter()
+            fds = {by_pid[pid].stdout.fileno(): pid for pid in busy}  # type: ignore[union-attr]
+            ready = select.select(list(fds), [], [], max(0.0, wait))[0] if wait > 0 else []
+            if not ready:  # the deadline: every busy worker is killed, its task has no answer
+                for pid, i in busy.items():
+                    by_pid[pid].kill()
+                    out[i] = (False, "timed out: killed at the deadline")
+                self.procs = [p for p in self.procs if p.pid not in busy]
+                busy.clear()
+                break
+            for fd in ready:
+                pid = fds[fd]
+                p = by_pid[pid]
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:  # died: its task is lost, a fresh worker takes its place
+                    p.wait()
+                    out[busy.pop(pid)] = (False, f"crashed: worker {_signal_name(p.returncode)}")
+                    self.procs.remove(p)
+                    q = self._spawn()
+                    self.procs.append(q)
+                    by_pid[q.pid] = q
+                    idle.append(q)
+                    continue
+                self.bufs[pid] += chunk
+                buf = self.bufs[pid]
+                if len(buf) >= 8 and len(buf) >= 8 + int.from_bytes(buf[:8], "big"):
+                    n = int.from_bytes(buf[:8], "big")
+                    msg, self.bufs[pid] = pickle.loads(buf[8:8 + n]), buf[8 + n:]
+                    i = busy.pop(pid)
+                    out[i] = (True, msg[2]) if msg[1] == "ok" else (False, f"raised {msg[2]}")
+                    idle.append(p)
+        for i in todo:
+            out[i] = (False, "no budget left")
+        return [o if o is not None else (False, "no answer") for o in out]
+
+    def close(self) -> None:
+        """Stop every worker now (they hold nothing worth a clean exit)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+        self.procs = []
 
 
 class IsolatedBackend:
