@@ -556,10 +556,34 @@ def bench_solve_cmd(
     quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),
     backends: str = typer.Option("highs,cp-sat,chain", "--backends", help="comma-separated"),
     seed: int = typer.Option(0, "--seed"),
+    peers: bool = typer.Option(False, "--peers", help="apportion, Gavel's LPs, POP-2/4/8, Sia's "
+                               "ILP and Crius's greedy on the same rounds (1,000-10,000 jobs)"),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="--peers: comma-separated job "
+                                        "counts (default 1000,2000,5000,10000)"),
 ) -> None:
     """Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."""
     from apportion.experiments.bench.solve import DEFAULT_GRID, QUICK_GRID, markdown, run_bench
 
+    if peers:
+        from apportion.experiments.bench import peers as pb
+
+        try:
+            _check_output_path(json_out, "--json")
+            ns = tuple(int(x) for x in sizes.split(",")) if sizes else \
+                ((1000,) if quick else pb.PEER_SIZES)
+            if any(n < 1 for n in ns):
+                raise ValueError
+        except ValueError:
+            _fail(InputError("--sizes", "sizes", f"{sizes!r}: give positive job counts"))
+            return
+        except InputError as exc:
+            _fail(exc)
+            return
+        rows = pb.bench_peers(ns, budget_s=budget, seed=seed if seed else 1)
+        out.print(pb.markdown(rows, budget), markup=False, highlight=False)
+        if json_out:
+            write_json_atomic(json_out, rows)
+        return
     try:
         _check_output_path(json_out, "--json")
         names = [b.strip() for b in backends.split(",") if b.strip()]

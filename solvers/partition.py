@@ -26,8 +26,8 @@ candidate graph:
    ledger and packing rule);
 5. **bound**: meanwhile the whole round's LP relaxation (LP rounding on the
    full model) runs as one more task; its optimum bounds the round, so the gap
-   POP reports is against the whole problem, never against its parts. Its
-   rounded answer is reported as an attempt of its own.
+   POP reports is against the whole problem, never against its parts (its own
+   rounded point is recorded, not offered as POP's answer).
 
 POP's answer is its choices with their real placements (``extra["choices"]``),
 judged by the independent validator like any backend's answer.
@@ -417,7 +417,11 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
                                        for p, a in zip(parts, answers)],
                              "repaired": repaired, "engine": engine.name, "choices": choices})
     attempts.append(pop)
-    if lp is not None:
+    if lp is not None:  # the bound's own record; its rounded point is not POP's answer
+        if lp.x is not None:
+            lp.message = (f"the whole round's LP relaxation (the bound); its rounded point "
+                          f"{lp.objective:.6g} is not offered as an answer")
+        lp.x, lp.objective = None, None
         attempts.append(lp)
     best: SolveResult | None = None
     for res in attempts:
