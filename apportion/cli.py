@@ -355,6 +355,10 @@ def compare_cmd(
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    engine: str = typer.Option("local", "--engine", help="local (processes) | ray (a Ray task "
+                               "per policy and seed)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -363,7 +367,7 @@ def compare_cmd(
 
     try:
         root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
-                            window_days, max_jobs, information, estimator)
+                            window_days, max_jobs, information, estimator, engine, ray_address)
     except InputError as exc:
         _fail(exc)
         return
