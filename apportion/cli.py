@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -97,7 +98,7 @@ def _print_decision(decision: Any) -> None:
     head = ("job", "action", "GPU type", "GPUs", "stages", "plan", "placement",
             "est. throughput (samples/s)")
     width = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head[:-2])]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, width)) + "  " + "  ".join(r[-2:])  # noqa: E731
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, width)) + "  " + "  ".join(r[-2:])
     sys.stdout.write("apportion round decision\n" + line(head) + "\n"
                      + "".join(line(r) + "\n" for r in rows))
 
@@ -177,8 +178,6 @@ def solve_round(
                                               "existing cluster (default: a local one)"),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
-    import time
-
     started = time.perf_counter()  # the budget covers the whole command from here
     _setup_logging(verbose)
     from apportion.config import default_cluster, default_jobs, load_jobs, load_tenants, resolve_cluster
@@ -599,6 +598,40 @@ def bench_solve_cmd(
         return
     rows = run_bench(QUICK_GRID if quick else DEFAULT_GRID, names, budget, seed)
     out.print(markdown(rows), markup=False, highlight=False)
+    if json_out:
+        write_json_atomic(json_out, rows)
+
+
+@bench_app.command("round")
+def bench_round_cmd(
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the rows as JSON"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="runs per case"),
+    seed: int = typer.Option(1, "--seed", help="the held-out rounds' seed"),
+    case: Optional[list[str]] = typer.Option(None, "--case", help="JOBS:GPUS:BUDGET[:PARTS"
+                                             "[:ENGINE]] (repeatable; default: the targets)"),
+) -> None:
+    """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
+    from apportion.experiments.bench import rounds
+
+    try:
+        _check_output_path(json_out, "--json")
+        cases = None
+        if case:
+            cases = []
+            for c in case:
+                f = c.split(":")
+                if len(f) < 3 or f[4:5] not in ([], ["local"], ["ray"]):
+                    raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]")
+                cases.append((int(f[0]), int(f[1]), 4, float(f[2]), int(f[3]) if len(f) > 3
+                              else 1, f[4] if len(f) > 4 else "local"))
+    except ValueError:
+        _fail(InputError("--case", "case", "numbers expected: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]"))
+        return
+    except InputError as exc:
+        _fail(exc)
+        return
+    rows = rounds.main(cases, seed, repeat)
+    out.print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:
         write_json_atomic(json_out, rows)
 

@@ -46,11 +46,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import networkx as nx
 import numpy as np
-
 from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
 from apportion.formulations.model import LinearModel
 
@@ -64,9 +64,10 @@ class CellChoice:
     placement: dict[str, int]
 
 
-def natural_key(name: str) -> list[Any]:
-    """Sort ``a40-2`` before ``a40-10``."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+@lru_cache(maxsize=1 << 16)
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort ``a40-2`` before ``a40-10`` (memoised: every round sorts the same node names)."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 def unit_of(d: dict[str, Any]) -> int:

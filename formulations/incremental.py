@@ -30,11 +30,15 @@ from dataclasses import replace
 from typing import Any
 
 import networkx as nx
+from apportion.formulations.candidates import (
+    CandidateOptions,
+    build_candidates,
+    job_node,
+    queue_bonus,
+)
+from apportion.formulations.objectives import apply_objective
 
 from apportion.cluster import Cluster
-from apportion.formulations.candidates import (CandidateOptions, build_candidates, job_node,
-                                               queue_bonus)
-from apportion.formulations.objectives import apply_objective
 from apportion.jobs import JobSpec
 
 # one job's piece of the graph: its vertex's attributes and, per cell in order, the

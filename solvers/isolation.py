@@ -214,7 +214,7 @@ def chain_child_main() -> None:
     for mod in _WARM:
         try:
             importlib.import_module(mod)
-        except Exception:  # noqa: BLE001 - a backend that cannot import fails when run
+        except Exception:  # noqa: BLE001, S110 - a backend that cannot import fails when run
             pass
     from apportion.solvers.chain import better, proven_gap, share, tighter
 
@@ -289,7 +289,7 @@ class ChainChild:
             p.kill()
         try:
             p.communicate(timeout=5)
-        except Exception:  # noqa: BLE001 - a child that will not go is left to the OS
+        except Exception:  # noqa: BLE001, S110 - a child that will not go is left to the OS
             pass
 
     def _read(self, until: float) -> tuple[Any, ...] | None:
@@ -437,7 +437,7 @@ def pool_child_main() -> None:
     for mod in warm:
         try:
             importlib.import_module(mod)
-        except Exception:  # noqa: BLE001 - the task that needs it will say so
+        except Exception:  # noqa: BLE001, S110 - the task that needs it will say so
             pass
     while True:
         try:

@@ -42,11 +42,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import networkx as nx
 import numpy as np
-
 from apportion.formulations.candidates import cells_of, job_node, jobs_in
 from apportion.formulations.cells import CellChoice, hint_from_choices
 from apportion.formulations.model import LinearModel
@@ -101,7 +101,7 @@ def _pinned_components(g: nx.DiGraph) -> list[list[str]]:
     for cn, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d.get("current"):
             held = [s for s in g.successors(cn) if g.nodes[s]["kind"] == "node"]
-            for a, b in zip(held, held[1:]):
+            for a, b in pairwise(held):
                 parent[find(a)] = find(b)
     comps: dict[str, list[str]] = {}
     for n in parent:
@@ -295,9 +295,8 @@ class RayEngine:
 
 
 def _warm_up() -> bool:
-    import highspy  # noqa: F401
-
     import apportion.formulations.cells  # noqa: F401
+    import highspy  # noqa: F401
     return True
 
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import math
 
+import networkx as nx
 import pytest
+from apportion.estimation.analytic import AnalyticEstimator, stage_sums
+from apportion.estimation.comm import Link, allreduce_time, p2p_time
+from apportion.estimation.partition import cached_cuts
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
+from apportion.formulations.candidates import build_candidates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import networkx as nx
 from apportion.cluster import Cluster, NodeGroup
-from apportion.estimation.analytic import AnalyticEstimator, stage_sums
-from apportion.estimation.comm import Link, allreduce_time, p2p_time
-from apportion.estimation.partition import cached_cuts
-from apportion.formulations.candidates import build_candidates
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 from apportion.round import FormulationPolicy

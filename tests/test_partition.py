@@ -12,19 +12,24 @@ import os
 import time
 
 import pytest
-
-from apportion.cluster import Cluster, NodeGroup
-from apportion.decision import SolveReport
 from apportion.formulations.candidates import build_candidates, cells_of, job_node, jobs_in
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.decode import to_decision
-from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
-from apportion.solvers.partition import (LocalEngine, partition_round, repair, solve_partitioned,
-                                         subgraph)
+from apportion.solvers.partition import (
+    LocalEngine,
+    partition_round,
+    repair,
+    solve_partitioned,
+    subgraph,
+)
 from apportion.solvers.validator import validate
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.decision import SolveReport
+from apportion.jobs import JobSpec, RunningState
+from apportion.round import RoundConfig, run_round
 
 
 def cluster() -> Cluster:
@@ -160,8 +165,8 @@ def test_pop_on_a_real_local_ray_cluster(local_ray) -> None:  # type: ignore[no-
     model = build_cells_model(g)
     eng = RayEngine()  # attaches to the instance the fixture started; never shuts it down
     assert not eng.owned
-    best, attempts = solve_partitioned(g, model, 2, build_cells_model, eng, 120.0,
-                                       accept=lambda r: _valid(g, r.extra["choices"], cl, js))
+    best, _ = solve_partitioned(g, model, 2, build_cells_model, eng, 120.0,
+                                accept=lambda r: _valid(g, r.extra["choices"], cl, js))
     eng.close()
     assert local_ray.is_initialized()
     assert best is not None and best.backend == "pop-2" and best.extra["engine"] == "ray"
@@ -172,7 +177,7 @@ def test_pop_on_a_real_local_ray_cluster(local_ray) -> None:  # type: ignore[no-
 def test_compare_runs_over_ray_and_resumes(local_ray, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from apportion.experiments.harness import compare
 
-    kw = dict(show_progress=False, plots=False, engine="ray", max_jobs=6)
+    kw = {"show_progress": False, "plots": False, "engine": "ray", "max_jobs": 6}
     root = compare("synthetic:6", "crius-testbed", ["fcfs", "srtf"], 1, tmp_path / "out", **kw)
     first = (root / "fcfs-s0" / "summary.json").stat().st_mtime_ns
     assert (root / "summary.md").exists() and (root / "srtf-s0" / "jobs.csv").exists()

@@ -32,15 +32,16 @@ import platform
 import time
 from typing import Any
 
-from apportion.cluster import Cluster
-from apportion.decision import Decision
 from apportion.estimation.analytic import AnalyticEstimator
 from apportion.estimation.rates import EstimatorRates
 from apportion.experiments.bench.solve import synthetic_jobs
 from apportion.experiments.policies import make_policy
+from apportion.solvers.validator import validate
+
+from apportion.cluster import Cluster
+from apportion.decision import Decision
 from apportion.jobs import JobSpec
 from apportion.round import RoundConfig, run_round
-from apportion.solvers.validator import validate
 from apportion.view import JobView
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def peer_cluster(jobs: int) -> Cluster:
     at 1,000 jobs)."""
     from apportion.experiments.bench.solve import synthetic_cluster
 
-    return synthetic_cluster(int(round(jobs * 1.28)), 4)
+    return synthetic_cluster(round(jobs * 1.28), 4)
 
 
 def normalised_throughput(decision: Decision, cluster: Cluster, jobs: list[JobSpec],
@@ -110,7 +111,7 @@ def bench_peers(sizes: tuple[int, ...] = PEER_SIZES, methods: tuple[str, ...] = 
             load = os.getloadavg()[0]
             try:
                 dec, wall = run_method(method, cluster, jobs, now, budget_s)
-            except Exception as exc:  # noqa: BLE001 - a peer that fails is a row saying so
+            except Exception as exc:
                 log.exception("%s on %d jobs failed", method, n)
                 rows.append({"jobs": n, "gpus": cluster.total_gpus, "method": method,
                              "error": repr(exc)[:300], "load": round(load, 2)})
@@ -139,7 +140,7 @@ def markdown(rows: list[dict[str, Any]], budget_s: float) -> str:
             "| jobs | GPUs | method | wall s | x apportion | sum of normalised throughput | "
             "x apportion | placed | valid | status | gap | load |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    fmt = lambda v, f: "-" if v is None else format(v, f)
     body = ""
     for r in rows:
         if "error" in r:
