@@ -385,11 +385,17 @@ def bench_sim_cmd(
     time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
     max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
     json_out: Optional[Path] = typer.Option(None, "--json"),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.experiments.bench.sim import main as bench_sim_main
+    from apportion.view import INFORMATION_MODES
 
-    res = bench_sim_main(policy, days, time_budget, max_rounds)
+    if information not in INFORMATION_MODES:
+        _fail(InputError("--information", "information", f"{information!r} is not one of "
+                         f"{', '.join(INFORMATION_MODES)}"))
+        return
+    res = bench_sim_main(policy, days, time_budget, max_rounds, information)
     out.print_json(data=res)
     if json_out:
         write_json_atomic(json_out, res)
