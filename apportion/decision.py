@@ -36,6 +36,7 @@ class Reason(str, Enum):
     SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
     CATALOG = "catalog"  # its model or GPU type is not in the catalog
     TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
+    MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
 
 
 # Reasons no later round can change on this cluster (Kubernetes' UnschedulableAndUnresolvable);

@@ -653,6 +653,22 @@ def checked_config(backend: str = "auto", formulation: str = "cells", policy: st
                        estimator=estimator, **kw)
 
 
+def estimator_from(name: str, tables: Any = None, samples: Any = None,
+                   batches: dict[str, int] | None = None) -> Any:
+    """The ``--estimator`` choice as what a RoundConfig carries: a name, or for ``tables`` and
+    ``auto`` an estimator holding the measurements (a CSV path and/or a store's samples)."""
+    from apportion.estimation.measured import TableEstimator
+
+    if name not in ("tables", "auto"):
+        return name
+    rows: tuple[Any, ...] = ()
+    if tables is not None:
+        rows += TableEstimator.from_csv(tables).rows
+    if samples is not None:
+        rows += TableEstimator.from_store_samples(samples, batches).rows
+    return make_estimator(name, tables=TableEstimator(rows))
+
+
 def policy_for(config: RoundConfig, estimator: Any = None) -> Policy:
     """The policy ``config`` names: a registered one, Gavel's for ``formulation=gavel``, or
     the formulation's own."""

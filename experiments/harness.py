@@ -64,14 +64,10 @@ def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
 
 
 def cluster_from_arg(arg: str) -> Cluster:
-    from apportion.config import default_cluster, load_cluster
+    from apportion.config import canonical_cluster_name, cluster_names_help, load_cluster
 
-    if arg in ("crius-1280", "crius", "crius-sim"):
-        return crius_cluster()
-    if arg in ("crius-testbed", "default"):
-        return default_cluster()
-    if arg in ("morphling-64", "morphling"):
-        return morphling_cluster()
+    if canonical_cluster_name(arg) is not None and not Path(arg).exists():
+        return resolve_cluster(arg)
     m = re.fullmatch(r"(\d+):(\d+):(\d+)", arg)
     if m:
         v, p, k = (int(x) for x in m.groups())
@@ -80,45 +76,90 @@ def cluster_from_arg(arg: str) -> Cluster:
         return gavel_cluster(v, p, k)
     if arg.endswith((".yaml", ".yml")) or Path(arg).exists():
         return load_cluster(arg)
-    raise InputError(arg, "--cluster", "not a YAML file, V100:P100:K80 counts, or one of "
-                     "crius-1280, crius-testbed, morphling-64")
+    raise InputError(arg, "--cluster", "not a YAML file, V100:P100:K80 counts, or a bundled "
+                     "name: " + cluster_names_help())
+
+
+#: ``--truth`` values: ``auto`` follows the trace format detected from the file's content.
+TRUTHS = ("auto", "gavel", "crius", "morphling", "elasticflow", "analytic", "finetune")
+_TRUTH_OF_FORMAT = {"gavel": "gavel", "gavel-csv": "gavel", "crius": "crius",
+                    "morphling": "morphling", "elasticflow": "elasticflow",
+                    "synthetic": "analytic", "raw": "crius", "finetune": "finetune"}
+
+
+def _make_truth(kind: str, cluster: Cluster) -> Any:
+    return {"gavel": gt.GavelTruth, "crius": gt.CriusTruth, "morphling": gt.MorphlingTruth,
+            "elasticflow": gt.ElasticFlowTruth}[kind]() if kind != "analytic" \
+        else gt.AnalyticTruth(cluster)
+
+
+def _check_truth_covers(t: tr.Trace, truth: Any, cluster: Cluster, kind: str) -> None:
+    """A ground truth that gives none of the trace's jobs a rate on this cluster would replay
+    nothing and report it as a result: refuse it before the replay, naming the choice."""
+    sample = t.jobs[:50]
+    if not sample:
+        return
+    for j in sample:
+        for g in cluster.gpu_types:
+            try:
+                if float(truth.rate(j, g, j.gpus)) > 0:
+                    return
+            except (KeyError, ValueError, ZeroDivisionError):
+                continue
+    raise InputError(t.source or t.name, "--truth",
+                     f"the {kind} ground truth knows none of the first {len(sample)} jobs of "
+                     f"this {t.format or 'unknown'}-format trace on cluster {cluster.name} "
+                     f"({', '.join(cluster.gpu_types)}): every job would stall; give --truth "
+                     f"(one of {', '.join(TRUTHS[1:])}) or a cluster of the trace's GPU types")
 
 
 def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
-            window_days: float | None = None) -> tuple[tr.Trace, Any]:
-    """The trace (adapted where the papers adapt it) and the ground truth that fits it."""
+            window_days: float | None = None, truth: str = "auto") -> tuple[tr.Trace, Any]:
+    """The trace (adapted where the papers adapt it) and the ground truth that fits it.
+
+    The truth follows the format detected from the trace's content
+    (:data:`apportion.experiments.traces.FORMATS`), never its path, unless ``truth``
+    names one. A raw cluster trace (no models) gets Crius's adaptation onto Crius's
+    measured models.
+    """
+    if truth not in TRUTHS:
+        raise InputError(truth, "--truth", f"unknown ground truth; choose {', '.join(TRUTHS)}")
     t = tr.load_trace(trace_arg, seed=seed)
-    src = t.source
-    if src.endswith(".trace") or "gavel" in src:
-        truth: Any = gt.GavelTruth()
-    elif "/crius/" in src:
-        truth = gt.CriusTruth()
-    elif "/morphling/" in src:
-        truth = gt.MorphlingTruth()
-    elif "elasticflow" in src:
-        truth = gt.ElasticFlowTruth()
-        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source, t.notes)
-    elif src == "synthetic":
-        truth = gt.AnalyticTruth(cluster)
-    else:  # a raw cluster trace: Crius's adaptation onto Crius's measured models
-        truth = gt.CriusTruth()
+    kind = _TRUTH_OF_FORMAT.get(t.format, "crius") if truth == "auto" else truth
+    if kind == "finetune":  # YMIR's fine-tuning workloads: work to target is the truth's
+        from apportion.experiments.finetune_truth import FinetuneTruth
+
+        ft = FinetuneTruth()
+        return ft.with_iterations(t), ft
+    if t.format == "raw":
+        if kind != "crius":
+            raise InputError(trace_arg, "--truth", f"a raw cluster trace carries no models; "
+                             f"only crius (Crius's adaptation) applies, not {kind}")
+        gtruth: Any = gt.CriusTruth()
         if window_days:
             s, e = tr.busiest_window(t, window_days * 24)
             t = t.window(s, e)
-        t = tr.adapt_crius(t, truth, seed=seed)
-    return t, truth
+        t = tr.adapt_crius(t, gtruth, seed=seed)
+        return t, gtruth
+    gtruth = _make_truth(kind, cluster)
+    if kind == "elasticflow":
+        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source,
+                     t.notes, t.format)
+    _check_truth_covers(t, gtruth, cluster, kind)
+    return t, gtruth
 
 
 def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
             policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
             window_days: float | None = None, max_jobs: int | None = None,
-            progress: Any = None) -> SimResult:
+            progress: Any = None,
+            ground_truth: str = "auto") -> SimResult:
     from apportion.experiments.policies import make_policy
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cl = cluster_from_arg(cluster)
-    t, truth = resolve(trace, cl, seed, window_days)
+    t, truth = resolve(trace, cl, seed, window_days, ground_truth)
     if max_jobs:
         t = t.head(max_jobs)
     cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
@@ -166,8 +207,11 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
             max_jobs: int | None = None, show_progress: bool = True, plots: bool = True,
             engine: str = "local", ray_address: str | None = None) -> Path:
     """Run every policy x seed (parallel processes, or Ray tasks with ``engine="ray"``),
-    then write tables and plots."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    then write tables and plots.
+
+    Progress (jobs finished over all runs; runs finished on Ray) goes to stderr: a bar on
+    a terminal, plain periodic lines otherwise (:class:`apportion.console.Progress`)."""
+    from apportion.console import Progress
 
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
@@ -189,19 +233,22 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
              window_days, max_jobs, str(root), queue) for p in policies for s in range(seeds)]
     results: list[tuple[str, int, dict[str, Any]]] = []
     nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
-                  TimeElapsedColumn(), disable=not show_progress, transient=False) as prog:
-        tasks = {(p, s): prog.add_task(f"{p} seed {s}", total=None) for p in policies for s in range(seeds)}
+    state: dict[tuple[str, int], tuple[int, int]] = {}
+    desc = f"compare {len(policies)} policies x {seeds} seeds"
+    with Progress(desc, unit="jobs finished", heartbeat=True, enabled=show_progress) as prog:
         with ctx.Pool(nproc) as pool:
             pending = pool.map_async(_worker, jobs)
             while not pending.ready():
                 pending.wait(0.2)
                 while not queue.empty():
                     p, s, d, tot = queue.get()
-                    prog.update(tasks[(p, s)], completed=d, total=tot)
+                    state[(p, s)] = (d, tot)
+                    prog.update(sum(v[0] for v in state.values()),
+                                sum(v[1] for v in state.values()))
             results = pending.get()
         for p, s, summ in results:
-            prog.update(tasks[(p, s)], completed=summ["jobs"], total=summ["jobs"])
+            state[(p, s)] = (summ["jobs"], summ["jobs"])
+        prog.update(sum(v[0] for v in state.values()), sum(v[1] for v in state.values()))
     manager.shutdown()
     write_tables(root, results)
     if plots:
@@ -214,6 +261,7 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
     """Every (policy, seed) run as a Ray task (one CPU each) on the cluster at ``address``,
     or on a local Ray instance of its own; a run whose summary exists is not redone (the
     results folder must be visible to the workers: a shared filesystem)."""
+    from apportion.console import Progress
     from apportion.solvers.partition import RayEngine
 
     eng = RayEngine(address)
@@ -221,12 +269,11 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
         remote = eng.ray.remote(num_cpus=1, max_retries=0)(_worker)
         refs = {remote.remote(a): (a[2], a[4]) for a in args}
         pending = list(refs)
-        while pending:
-            done, pending = eng.ray.wait(pending, num_returns=1)
-            if show_progress:
-                for r in done:
-                    p, s = refs[r]
-                    log.warning("ray: %s seed %d done (%d left)", p, s, len(pending))
+        with Progress(f"compare on ray: {len(refs)} runs", unit="runs finished",
+                      heartbeat=True, enabled=show_progress) as prog:
+            while pending:
+                _, pending = eng.ray.wait(pending, num_returns=1)
+                prog.update(len(refs) - len(pending), len(refs))
         return [eng.ray.get(r) for r in refs]
     finally:
         eng.close()
@@ -281,18 +328,10 @@ def _with_ci(mean: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, float):
-                cells.append("" if pd.isna(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The frame as markdown (:func:`apportion.tables.frame_markdown`, the one renderer)."""
+    from apportion.tables import frame_markdown
+
+    return frame_markdown(df)
 
 
 def _band(ax: Any, curves: list[tuple[Any, Any]], label: str) -> None:
@@ -403,7 +442,17 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                   interval: float | None, restart_cost: float | None, noise: float,
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
                   jobs_csv: Path | None, information: str = "estimated",
-                  estimator: str = "analytic") -> dict[str, Any]:
+                  estimator: str = "analytic", ground_truth: str = "auto",
+                  show_progress: bool = True) -> dict[str, Any]:
+    """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
+
+    Jobs left unfinished that were neither dropped by the policy nor larger than the
+    cluster stopped progressing: the outputs are written (they show the state) and
+    :class:`StalledReplay` names them, so the command exits non-zero.
+    """
+    from apportion import outputs
+    from apportion.console import Progress
+
     _check_policy(policy)
     _check_information(information, estimator)
     sim: dict[str, Any] = {"noise_sigma": noise, "information": information,
@@ -413,14 +462,35 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
     if restart_cost is not None:
         sim["restart_cost_s"] = restart_cost
     cluster_from_arg(cluster)  # bad input fails before anything runs
-    res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs)
+    with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
+        res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs,
+                      lambda _t, done, total: prog.update(done, total), ground_truth)
+        prog.update(res.summary["finished"], res.summary["jobs"])
     if json_out:
-        tmp = json_out.with_name(f".{json_out.name}.tmp")
-        tmp.write_text(json.dumps(res.summary, indent=2, default=str) + "\n")
-        os.replace(tmp, json_out)
+        outputs.write_json(json_out, res.summary, "--json")
     if jobs_csv:
-        res.jobs.to_csv(jobs_csv, index=False)
+        outputs.write_with(jobs_csv, lambda fh: res.jobs.to_csv(fh, index=False), "--jobs-csv",
+                           newline="")
+    jf = res.jobs
+    if len(jf):
+        stuck = jf[~jf["finished"].astype(bool) & ~jf["dropped"].astype(bool)]
+        if len(stuck):
+            raise StalledReplay(list(stuck["job_id"].astype(str)), res.summary)
     return res.summary
+
+
+class StalledReplay(RuntimeError):
+    """A replay ended with jobs that stopped progressing (no rate, no capacity ever)."""
+
+    def __init__(self, jobs: list[str], summary: dict[str, Any]) -> None:
+        self.jobs = jobs
+        self.summary = summary
+        shown = ", ".join(jobs[:10]) + (f" and {len(jobs) - 10} more" if len(jobs) > 10 else "")
+        super().__init__(
+            f"{len(jobs)} of {summary.get('jobs')} jobs stopped progressing and never finished "
+            f"({shown}); ground truth {summary.get('truth')!r}, cluster "
+            f"{summary.get('cluster')!r}: check the trace's GPU types against the cluster, or "
+            "give --truth")
 
 
 def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: str, out: Path,

@@ -17,6 +17,17 @@ resize, migration, new plan) makes no progress for ``restart_cost_s``
 first start costs ``start_cost_s`` (default 0). The ``gavel`` profile follows
 Gavel: 360 s rounds, no restart cost.
 
+Run modes (fine-tuning, YMIR): a decision's ``meta`` may say *how* a job starts,
+and the ground truth says what that changes. ``meta["transfer"] = {job: source}``
+starts a job from a finished job's weights; ``meta["merged"] = {lead: [members]}``
+trains the members inside the lead's allocation as one merged job (the
+validator still sees one allocation per GPU set: the lead's; the members are
+pending). The mode is fixed at a job's first start (:meth:`Simulator._fix_modes`)
+and handed to the truth's ``rate`` as keyword arguments (``source=``,
+``members=``, trace records) for the rest of the job's life; members finish
+when their lead does. Decisions without these keys (every other policy) run
+exactly as before.
+
 Everything is seeded: the same trace, policy, cluster and seed give the same
 numbers, byte for byte.
 """
@@ -27,7 +38,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +76,9 @@ class SimConfig:
 PROFILES: dict[str, SimConfig] = {
     "default": SimConfig(),
     "gavel": SimConfig(interval_s=360.0, restart_cost_s=0.0, start_cost_s=0.0, profile="gavel"),
+    # YMIR's fine-tuning replays: 60-s rounds; every start and restart costs the measured
+    # context switch of RoBERTa-base on V100 (30.4 s, titan-finetune fminfo)
+    "ymir": SimConfig(interval_s=60.0, restart_cost_s=30.4, start_cost_s=30.4, profile="ymir"),
 }
 
 
@@ -78,6 +92,11 @@ class JobState(JobView):
     busy_until: float = 0.0
     finish: float | None = None
     dropped: bool = False  # the policy gave up on it (ElasticFlow's admission control)
+    # run mode fixed at the first start: keyword arguments of the truth's ``rate``
+    # (``source=``: started from a finished job's weights; ``members=``: merged lead)
+    mode: dict[str, Any] = field(default_factory=dict)
+    members: tuple[str, ...] = ()  # jobs trained inside this one; they finish with it
+    merged_into: str | None = None  # the lead this job trains inside
 
     @property
     def remaining(self) -> float:
@@ -93,11 +112,14 @@ class SimResult:
 
 
 def _spec(j: SimJob) -> JobSpec:
+    ft = j.finetune
     return JobSpec(id=j.job_id, model=j.model or j.job_type, global_batch_size=max(1, j.batch),
                    iterations=max(1, int(round(j.iterations))), requested_gpus=j.gpus,
                    requested_gpu_type=j.gpu_type, submit_time_s=j.submit_s, tenant=j.tenant,
                    guaranteed=j.guaranteed, deadline_s=j.deadline_s,
-                   priority_weight=float(j.priority_weight))
+                   priority_weight=float(j.priority_weight),
+                   backbone=ft.backbone if ft else None, task=ft.task if ft else None,
+                   accepts_sharing=bool(ft and ft.accepts_sharing))
 
 
 def _same(a: Allocation, b: Allocation | None, code_a: str | None, code_b: str | None) -> bool:
@@ -218,6 +240,7 @@ class Simulator:
                now: float) -> None:
         codes: dict[str, str] = decision.meta.get("plan_codes", {}) if decision.meta else {}
         by_job = {a.job: a for a in decision.allocations}
+        self._fix_modes(decision, states, now)
         for js in active:
             a = by_job.get(js.id)
             if a is None:
@@ -234,9 +257,48 @@ class Simulator:
                 else:
                     js.restarts += 1
             js.alloc, js.plan_code = a, code
-            js.true_rate = float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code))
+            js.true_rate = float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code,
+                                                 **js.mode))
             js.est_rate = (float(a.est_throughput) / max(1, js.trace.batch) if a.est_throughput
                            else 0.0)
+
+    def _fix_modes(self, decision: Decision, states: dict[str, JobState], now: float) -> None:
+        """The run mode a decision's ``meta`` asks for, fixed at each job's first start
+        (``transfer``: a finished source job; ``merged``: unstarted members, trained in
+        the lead's allocation). A decision that allocates a merged member on its own,
+        names an unfinished source or merges a started job is a policy bug."""
+        meta = decision.meta or {}
+        transfer: dict[str, str] = meta.get("transfer") or {}
+        merged: dict[str, list[str]] = meta.get("merged") or {}
+        allocated = {a.job for a in decision.allocations}
+        for a in decision.allocations:
+            js = states[a.job]
+            if js.merged_into is not None:
+                raise SimulationError(f"{a.job} trains inside {js.merged_into}; it cannot be "
+                                      "allocated on its own")
+            if js.first_start is not None:
+                continue  # the mode is fixed at the first start
+            members = tuple(merged.get(a.job, ()))
+            src = transfer.get(a.job)
+            for m in members:
+                ms = states.get(m)
+                if (ms is None or ms.first_start is not None or ms.finish is not None
+                        or ms.dropped or m in allocated or ms.members or ms.merged_into
+                        or m == a.job):
+                    raise SimulationError(f"{a.job} cannot merge {m}: members must be other "
+                                          "queued jobs that never started")
+            if src is not None:
+                ss = states.get(src)
+                if ss is None or ss.finish is None or ss.finish > now:
+                    raise SimulationError(f"{a.job} starts from {src}'s weights, which has "
+                                          "not finished")
+                js.mode["source"] = ss.trace
+            if members:
+                js.mode["members"] = tuple(states[m].trace for m in members)
+                js.members = members
+                for m in members:
+                    states[m].merged_into = a.job
+                    states[m].first_start = now
 
     # -- advancing time -----------------------------------------------------------------
     def _advance(self, active: list[JobState], t0: float, t1: float,
@@ -248,6 +310,7 @@ class Simulator:
         finished: list[str] = []
         progressed = False
         running = 0
+        by_id = {js.id: js for js in active}
         for js in active:
             a = js.alloc
             js.stalled = False
@@ -264,6 +327,11 @@ class Simulator:
                     js.done = js.trace.iterations
                     js.finish = end
                     finished.append(js.id)
+                    for m in js.members:  # merged jobs reach their targets together
+                        ms = by_id.get(m)
+                        if ms is not None:
+                            ms.done, ms.finish = ms.trace.iterations, end
+                            finished.append(m)
                 else:
                     js.done += rate * (t1 - start)
                 progressed = True

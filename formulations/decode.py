@@ -27,6 +27,7 @@ REASON_DETAIL = {
     Reason.NO_FIT_MEMORY.value: "no cell of any GPU type fits its memory",
     Reason.NO_GPU_TYPE.value: "its requested GPU type is not in the cluster",
     Reason.DEADLINE_UNMEETABLE.value: "no allocation finishes it before its deadline",
+    Reason.NO_CAPACITY.value: "no GPU type has as many GPUs as any of its candidate sizes",
 }
 
 

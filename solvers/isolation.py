@@ -364,6 +364,11 @@ class ChainChild:
                 msg = self._read(deadline + self.grace_s)
                 if msg is None:  # the deadline passed, or the child died
                     assert self.proc is not None
+                    if time.perf_counter() < deadline + self.grace_s:  # its output closed
+                        try:  # before the deadline: it is exiting (reap it, or poll races)
+                            self.proc.wait(timeout=5.0)
+                        except subprocess.TimeoutExpired:
+                            pass
                     alive = self.proc.poll() is None
                     code = self.proc.returncode
                     self.close()

@@ -149,6 +149,10 @@ def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
     close = getattr(e, "close", None)
     if callable(close):
         close()
+    if name == "ray":  # the executor started an in-process Ray: leave none behind
+        import ray
+
+        ray.shutdown()
 
 
 def test_dry_run_executor_applies_a_pipeline_decision(tmp_path) -> None:

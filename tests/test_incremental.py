@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
-from apportion.round import FormulationPolicy
+from apportion.round import FormulationPolicy, _Memo
 
 
 def small_cluster() -> Cluster:
@@ -48,15 +48,24 @@ def same_graph(a: nx.DiGraph, b: nx.DiGraph) -> None:
     assert a.graph == b.graph
 
 
-@pytest.mark.parametrize("information", ["estimated", "oracle"])
-def test_cached_candidates_equal_a_fresh_build_every_round(information: str,
+@pytest.mark.parametrize(("information", "estimator"), [
+    ("estimated", "analytic"), ("oracle", "analytic"),  # both information modes
+    ("estimated", "crius"), ("oracle", "auto"),  # estimators other than the analytic one
+])
+def test_cached_candidates_equal_a_fresh_build_every_round(information: str, estimator: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round's cached graph equals a fresh build by a fresh memo over the same estimator
+    (the runtime feedback copied), so neither the cache nor the estimator memo serves a stale
+    answer, whatever the information mode and the estimator."""
     checked: list[int] = []
     orig = FormulationPolicy.candidates
 
     def candidates(self: FormulationPolicy, view):  # type: ignore[no-untyped-def]
         g = orig(self, view)
-        fresh = build_candidates(view.cluster, g.graph["specs"], view.now, g.graph["estimator"],
+        used = g.graph["estimator"]
+        memo = _Memo(used.inner, per_job=used.per_job)
+        memo.blacklist, memo.only_type = set(used.blacklist), dict(used.only_type)
+        fresh = build_candidates(view.cluster, g.graph["specs"], view.now, memo,
                                  self.cfg.candidates)
         mine = g.copy()
         for k in ("specs", "estimator", "t0", "candidates_s"):
@@ -69,7 +78,7 @@ def test_cached_candidates_equal_a_fresh_build_every_round(information: str,
     cl = small_cluster()
     trace = tr.synthetic(n=14, rate_per_h=20.0, seed=3, sizes={1: 0.4, 2: 0.3, 4: 0.3},
                          models={"bert-0.76b": 0.5, "wresnet-0.5b": 0.5}, iterations=(50.0, 3000.0))
-    pol = make_policy("apportion", time_budget_s=5.0, resolve_every=1)
+    pol = make_policy("apportion", time_budget_s=5.0, resolve_every=1, estimator=estimator)
     res = Simulator(cl, trace, pol, AnalyticTruth(cl),
                     SimConfig(information=information, restart_cost_s=10.0)).run()
     assert res.summary["finished"] == 14

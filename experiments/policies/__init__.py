@@ -62,6 +62,14 @@ register("elasticflow-ls", _lazy("elasticflow", "ElasticFlow", loosened=True),
 register("sia", _lazy("sia", "SiaLike"), "Sia-like: goodput across types, DP-only scaling")
 register("synergy", _lazy("synergy", "Synergy"), "Synergy: CPU/memory-sensitive, fixed GPUs")
 register("antman", _lazy("antman", "AntMan"), "AntMan: guaranteed vs opportunistic jobs")
+register("ymir", _lazy("ymir", "Ymir"),
+         "YMIR: fine-tuning transfer (temporal A->B, spatial merging A||B) + elastic SRTF")
+register("ymir-temporal", _lazy("ymir", "Ymir", spatial=False),
+         "YMIR without merging: temporal transfer from finished siblings + elastic SRTF")
+register("ymir-spatial", _lazy("ymir", "Ymir", temporal=False),
+         "YMIR without temporal transfer: spatial merging (A||B) + elastic SRTF")
+register("ymir-normal", _lazy("ymir", "Ymir", temporal=False, spatial=False),
+         "YMIR's elastic SRTF alone (no transfer): the ablation of its modes")
 register("crius-greedy", _formulation(backend="greedy"),
          "Crius algorithm 1: GreedyCells with search depth on the candidate graph")
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")
