@@ -497,6 +497,14 @@ class FormulationPolicy:
         model = f.model
         attempt_dicts = [a.as_dict() for a in s.attempts]
         answered = s.best is not None and s.best.x is not None and model.decode is not None
+        # a backend's answer worse than the greedy's (an LP rounding the clock stopped HiGHS
+        # from improving): the greedy's is the round's answer, never the worse one
+        beaten = (answered and f.greedy_choices is not None and s.best is not None
+                  and s.best.objective is not None
+                  and (f.greedy_obj > s.best.objective + 1e-9 if model.sense == "max"
+                       else f.greedy_obj < s.best.objective - 1e-9))
+        if beaten:
+            answered = False
         if not answered and (f.greedy_choices is None or f.depth < cfg.search_depth):
             f = self._heuristic(g, model, full=True)  # falling back: the whole greedy now
         if f.greedy_choices is not None:
@@ -526,13 +534,16 @@ class FormulationPolicy:
         else:
             assert f.greedy_choices is not None
             choices = f.greedy_choices
-            explicit = cfg.backend == "greedy"
+            explicit = cfg.backend == "greedy" or beaten
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                                 for a in s.attempts) or "no backend ran"
             report = SolveReport(f.heuristic.name,
                                  Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
                                  f.greedy_obj, None, None, wall, fallback=not explicit,
                                  fallback_reason=why, attempts=attempt_dicts)
+            if beaten:
+                report.fallback_reason = (f"the backends' best ({s.best.backend}: "
+                                          f"{s.best.objective:.6g}) is worse than the greedy's")
             if not explicit:
                 log.warning("no backend answered in time; greedy fallback used: %s", why)
         report.model_size = {**model.summary(), **describe(g),

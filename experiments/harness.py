@@ -261,8 +261,9 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
     """Every (policy, seed) run as a Ray task (one CPU each) on the cluster at ``address``,
     or on a local Ray instance of its own; a run whose summary exists is not redone (the
     results folder must be visible to the workers: a shared filesystem)."""
-    from apportion.console import Progress
     from apportion.solvers.partition import RayEngine
+
+    from apportion.console import Progress
 
     eng = RayEngine(address)
     try:

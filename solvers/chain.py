@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
 
@@ -115,6 +116,19 @@ def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:
     return min(bound, res.bound) if sense == "max" else max(bound, res.bound)
 
 
+def _hint_answer(model: LinearModel) -> SolveResult | None:
+    """The model's hint as an answer to beat, if it is a complete feasible solution."""
+    hint = getattr(model, "hint", None)
+    if not hint or len(hint) < model.num_vars:
+        return None
+    x = np.zeros(model.num_vars)
+    for k, v in hint.items():
+        x[k] = v
+    if not model.is_feasible(x):
+        return None
+    return SolveResult("hint", Status.FEASIBLE, objective=model.objective_value(x), x=x)
+
+
 def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
                 ) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left."""
@@ -151,6 +165,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
     start = time.perf_counter()
     deadline = start + budget_s
     best: SolveResult | None = None
+    floor = _hint_answer(model)  # the hint (the greedy's answer): replaced only by a better one
     bound: float | None = None
     attempts: list[SolveResult] = []
     isolated = bool(backends) and all(isinstance(b, IsolatedBackend) for b in backends)
@@ -176,7 +191,9 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
             bound = tighter(bound, res, model.sense)
             if better(res, best, model.sense):
                 best = res
-                model.set_hint(dict(enumerate(res.x)))  # the next backend starts from the best
+                if floor is None or better(res, floor, model.sense):
+                    floor = None  # the next backend starts from the best
+                    model.set_hint(dict(enumerate(res.x)))
             g = proven_gap(best, bound, model.sense)
             if res.status is Status.OPTIMAL or (g is not None and g <= gap):
                 break
