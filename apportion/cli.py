@@ -14,6 +14,7 @@ import logging
 import math
 import sqlite3
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -163,6 +164,31 @@ def _decision_table(decision: Any) -> Table:
     return t
 
 
+def _decision_rows(decision: Any) -> list[tuple[str, ...]]:
+    rows = [(printable(a.job, False), a.action.value, a.gpu_type, str(a.gpus), str(a.stages),
+             a.plan.label(), printable(", ".join(f"{n}:{k}" for n, k in sorted(a.placement.items()))),
+             f"{a.est_throughput:.2f}") for a in sorted(decision.allocations, key=lambda a: a.job)]
+    rows += [(printable(p.job, False), p.action.value if p.action else "pending", "-", "-", "-",
+              "-", f"pending: {p.reason.value}", "-")
+             for p in sorted(decision.pending, key=lambda p: p.job)]
+    return rows
+
+
+def _plain_decision(rows: list[tuple[str, ...]], stream: Any) -> None:
+    """The decision table's columns as aligned plain text: for a big round (past 200 rows),
+    where Rich spends longer laying the table out than the solver took."""
+    head = ("job", "action", "GPU type", "GPUs", "stages", "plan", "placement",
+            "est. throughput (samples/s)")
+    width = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head[:-2])]
+
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, width)) + "  " + "  ".join(r[-2:])
+
+    stream.write("apportion round decision\n" + line(head) + "\n"
+                 + "".join(line(r) + "\n" for r in rows))
+    stream.flush()
+
+
 def _report_lines(decision: Any) -> str:
     r = decision.report
     gap = "n/a" if r.gap is None else f"{r.gap:.2%}"
@@ -186,8 +212,12 @@ def _report_lines(decision: Any) -> str:
 def _show_decision(decision: Any, data_on_stdout: bool) -> None:
     """The decision table on stdout (stderr when an output option is ``-``), the solver
     report on stderr."""
-    console = stderr_console() if data_on_stdout else stdout_console()
-    console.print(_decision_table(decision))
+    rows = _decision_rows(decision)
+    if len(rows) > 200:
+        _plain_decision(rows, sys.stderr if data_on_stdout else sys.stdout)
+    else:
+        console = stderr_console() if data_on_stdout else stdout_console()
+        console.print(_decision_table(decision))
     stderr_console().print(_report_lines(decision), highlight=False, markup=False)
 
 
@@ -236,8 +266,15 @@ def solve_round(
                                          "and commit the round to it (instead of --jobs)"),
     round_key: Optional[str] = typer.Option(None, "--round-key", help="with --state: a round "
                                             "committed under this key is not redone"),
+    partitions: int = typer.Option(1, "--partitions", min=1, help="> 1: a POP-style partitioned "
+                                   "solve in that many parts, in parallel"),
+    engine: str = typer.Option("local", "--engine", help="where a partitioned solve's parts run: "
+                               "local (child processes) | ray (Ray tasks)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
+    started = time.perf_counter()  # the budget covers the whole command from here
     _setup_logging(verbose)
     from apportion.config import (
         check_running,
@@ -263,10 +300,14 @@ def solve_round(
     try:
         _check_finite(time_budget, "--time-budget")
         quotas = load_tenants(tenants) if tenants else None
+        if engine not in ("local", "ray"):
+            raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
         cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
                              search_depth=search_depth, max_changes=max_changes, quotas=quotas,
-                             isolate=isolate)
+                             isolate=isolate, partitions=partitions, engine=engine,
+                             ray_address=ray_address)
         cfg.estimator = estimator_from(estimator, tables)
+        cfg.deadline_s = started + time_budget
         outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         jb, now = load_jobs(jobs) if jobs else default_jobs()
@@ -451,6 +492,10 @@ def compare_cmd(
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    engine: str = typer.Option("local", "--engine", help="local (processes) | ray (a Ray task "
+                               "per policy and seed)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -461,7 +506,7 @@ def compare_cmd(
         outputs.check_output_dir(out_dir, "--out")
         _check_finite(window_days, "--window-days")
         root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
-                            window_days, max_jobs, information, estimator)
+                            window_days, max_jobs, information, estimator, engine, ray_address)
     except InputError as exc:
         _fail(exc)
         return
@@ -480,20 +525,25 @@ def bench_sim_cmd(
     time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
     max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
     from apportion.experiments.bench.sim import main as bench_sim_main
+    from apportion.view import INFORMATION_MODES
 
     try:
         outputs.check_outputs((json_out, "--json"))
         _check_finite(days, "--days")
         _check_finite(time_budget, "--time-budget")
+        if information not in INFORMATION_MODES:
+            raise InputError("--information", "information", f"{information!r} is not one of "
+                             f"{', '.join(INFORMATION_MODES)}")
     except InputError as exc:
         _fail(exc)
         return
     with Progress(f"bench sim {policy}", heartbeat=True):
-        res = bench_sim_main(policy, days, time_budget, max_rounds)
+        res = bench_sim_main(policy, days, time_budget, max_rounds, information)
     if not outputs.is_stdout(json_out):
         _print_json(res)
     if json_out:
@@ -754,11 +804,37 @@ def bench_solve_cmd(
     quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),
     backends: str = typer.Option("highs,cp-sat,chain", "--backends", help="comma-separated"),
     seed: int = typer.Option(0, "--seed"),
+    peers: bool = typer.Option(False, "--peers", help="apportion, Gavel's LPs, POP-2/4/8, Sia's "
+                               "ILP and Crius's greedy on the same rounds (1,000-10,000 jobs)"),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="--peers: comma-separated job "
+                                        "counts (default 1000,2000,5000,10000)"),
 ) -> None:
     """Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."""
     from apportion.console import Progress
     from apportion.experiments.bench.solve import DEFAULT_GRID, QUICK_GRID, markdown, run_bench
 
+    if peers:
+        from apportion.experiments.bench import peers as pb
+
+        try:
+            outputs.check_outputs((json_out, "--json"))
+            ns = tuple(int(x) for x in sizes.split(",")) if sizes else \
+                ((1000,) if quick else pb.PEER_SIZES)
+            if any(n < 1 for n in ns):
+                raise ValueError
+        except ValueError:
+            _fail(InputError("--sizes", "sizes", f"{sizes!r}: give positive job counts"))
+            return
+        except InputError as exc:
+            _fail(exc)
+            return
+        with Progress("bench solve --peers", heartbeat=True):
+            rows = pb.bench_peers(ns, budget_s=budget, seed=seed if seed else 1)
+        if not outputs.is_stdout(json_out):
+            stdout_console().print(pb.markdown(rows, budget), markup=False, highlight=False)
+        if json_out:
+            outputs.write_json(json_out, rows, "--json")
+        return
     try:
         outputs.check_outputs((json_out, "--json"))
         _check_finite(budget, "--time-budget")
@@ -837,6 +913,44 @@ def export_kueue_cmd(
         _fail(exc)
         return
     stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
+
+
+@bench_app.command("round")
+def bench_round_cmd(
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the rows as JSON (- for stdout)"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="runs per case"),
+    seed: int = typer.Option(1, "--seed", help="the held-out rounds' seed"),
+    case: Optional[list[str]] = typer.Option(None, "--case", help="JOBS:GPUS:BUDGET[:PARTS"
+                                             "[:ENGINE]] (repeatable; default: the targets)"),
+) -> None:
+    """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
+    from apportion.console import Progress
+    from apportion.experiments.bench import rounds
+
+    try:
+        outputs.check_outputs((json_out, "--json"))
+        cases = None
+        if case:
+            cases = []
+            for c in case:
+                f = c.split(":")
+                if len(f) < 3 or f[4:5] not in ([], ["local"], ["ray"]):
+                    raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]")
+                cases.append((int(f[0]), int(f[1]), 4, float(f[2]), int(f[3]) if len(f) > 3
+                              else 1, f[4] if len(f) > 4 else "local"))
+    except ValueError:
+        _fail(InputError("--case", "case", "numbers expected: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]"))
+        return
+    except InputError as exc:
+        _fail(exc)
+        return
+    with Progress("bench round", heartbeat=True):
+        rows = rounds.main(cases, seed, repeat)
+    if not outputs.is_stdout(json_out):
+        stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, rows, "--json")
 
 
 def main() -> None:

@@ -45,9 +45,10 @@ from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
                                           hint_from_choices, objective_of)
 from apportion.formulations.decode import REASON_DETAIL, to_decision
+from apportion.formulations.incremental import CandidateCache
 from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status
-from apportion.solvers.chain import backends_for, solve_chain
+from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_chain
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
@@ -85,14 +86,31 @@ class RoundConfig:
     estimator: Any = "analytic"  # a name (estimation.registry.ESTIMATORS) or an estimator
     policy: str | None = None  # a registered policy name; None: the formulation's own
     plan_filter: Any = None  # (job, plan) -> None | reason: drop plans the job's workers refuse
+    # when the round must have answered (a time.perf_counter() instant; solve-round sets it
+    # from the command's start): None, the budget runs from the candidates stage
+    deadline_s: float | None = None
+    partitions: int = 1  # > 1: POP-style partitioned solve (solvers.partition)
+    engine: str = "local"  # where a partitioned solve's tasks run: local | ray
+    ray_address: str | None = None  # engine ray: an existing cluster (None: a local one)
 
 
 @dataclass
 class RoundResult:
+    """A round's decision, its candidate graph and per-stage seconds; ``problem`` (the
+    ``--dump-problem`` JSON) is made from the graph when first read, so a replay that
+    never reads it never pays for it."""
+
     decision: Decision
     graph: nx.DiGraph | None
-    problem: dict[str, Any]
+    _problem: dict[str, Any] | None = field(default=None, repr=False)
     timing: dict[str, float] = field(default_factory=dict)  # seconds per stage, commit included
+
+    @property
+    def problem(self) -> dict[str, Any]:
+        if self._problem is None:
+            assert self.graph is not None
+            self._problem = problem_dump(self.graph)
+        return self._problem
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,7 +135,7 @@ def run_pipeline(view: View, policy: Policy,
                               else js for js in view.jobs if js.id in ok])
     t = lap("admit", t0)
     graph: nx.DiGraph | None = None
-    problem: dict[str, Any] = {}
+    problem: dict[str, Any] | None = None
     staged = getattr(policy, "staged", False)
     decision = policy.shortcut(sub) if staged else None  # type: ignore[attr-defined]
     if decision is None and staged:
@@ -129,7 +147,6 @@ def run_pipeline(view: View, policy: Policy,
         t = lap("solve", t)
         decision = policy.decode(sub, graph, form, solved)  # type: ignore[attr-defined]
         t = lap("decode", t)
-        problem = problem_dump(graph)
     elif decision is None:
         decision = policy.decide(sub)
         t = lap("decide", t)
@@ -162,7 +179,7 @@ def run_pipeline(view: View, policy: Policy,
     if apply is not None:
         apply(decision)
         t = lap("apply", t)
-    if not problem:
+    if graph is None:
         problem = {"now_s": view.now, "policy": decision.meta["policy"],
                    "jobs": [{"job": js.id, "requested_gpus": js.spec.requested_gpus,
                              "requested_gpu_type": js.spec.requested_gpu_type}
@@ -196,11 +213,18 @@ def _refuse_plans(decision: Decision, view: View, accept: Any) -> None:
 class Formulated:
     model: Any
     heuristic: Any
-    greedy_choices: list[CellChoice]
+    greedy_choices: list[CellChoice] | None  # None: not run yet (a large round runs it later)
     greedy_obj: float
     greedy_wall: float
     specs: list[JobSpec]
     estimator: Any
+    depth: int = 0  # the greedy's search depth used for the hint (the fallback may go deeper)
+
+    def take(self, other: Formulated) -> None:
+        """Adopt ``other``'s heuristic answer (the same model)."""
+        self.heuristic, self.greedy_choices = other.heuristic, other.greedy_choices
+        self.greedy_obj, self.greedy_wall, self.depth = other.greedy_obj, other.greedy_wall, \
+            other.depth
 
 
 @dataclass
@@ -208,6 +232,8 @@ class Solved:
     best: SolveResult | None
     attempts: list[SolveResult]
     wall_s: float
+    # per accepted answer (by id): its decoded choices and decision, validated once
+    accepted: dict[int, tuple[list[CellChoice], Decision]] = field(default_factory=dict)
 
 
 class _Memo:
@@ -298,6 +324,11 @@ class FormulationPolicy:
         self.estimator = _Memo(make_estimator(est) if isinstance(est, str) else est)
         self._viewed: _Memo | None = None  # the view's measured rates (a replay)
         self._view_rate = _ViewRate(None, {})
+        self.rounds_made = 0
+        self.cache = CandidateCache()  # per-job candidate fragments across rounds
+        self._cache_owner: Any = None
+        self._child: Any = None  # an isolated chain's child process, started early
+        self._engine: Any = None  # a partitioned solve's engine (local processes or Ray)
 
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
@@ -342,6 +373,15 @@ class FormulationPolicy:
 
     def candidates(self, view: View) -> nx.DiGraph:
         t0 = time.perf_counter()
+        if self.cfg.isolate and self.cfg.backend != "greedy" and self._child is None \
+                and not self.partitioned:
+            from apportion.solvers.isolation import ChainChild
+
+            self._child = ChainChild().start()  # its imports overlap the candidates
+        if self.partitioned and self._engine is None and self.cfg.formulation != "plans":
+            from apportion.solvers.partition import make_engine
+
+            self._engine = make_engine(self.cfg.engine, self.cfg.ray_address)  # starts now
         self.last_solve_round = view.round_index
         est = self._estimator_for(view)
         est.refresh()
@@ -363,8 +403,19 @@ class FormulationPolicy:
                 source = CalibratedPlans(source, self._view_rate.rate)
             g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
                                       cfg.plan_options)
-        else:
+        elif self.rounds_made == 0:  # one round (solve-round): no cache to fill
             g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
+        else:  # later rounds: only new or changed jobs are estimated again
+            if self._cache_owner is not est:
+                self.cache.clear()
+                self._cache_owner = est
+            stalls: dict[str, list[tuple[str, int]]] = {}
+            for jid, t, n in est.blacklist:
+                stalls.setdefault(jid, []).append((t, n))
+            g = self.cache.build(view.cluster, specs, view.now, est, cfg.candidates,
+                                 lambda j: (tuple(sorted(stalls.get(j.id, ()))),
+                                            est.only_type.get(j.id), est.fitted))
+        self.rounds_made += 1
         if cfg.plan_filter is not None:  # an executor's workloads run only some plans
             from apportion.runtime.plan_filter import drop_refused_plans
 
@@ -378,47 +429,125 @@ class FormulationPolicy:
                        candidates_s=round(time.perf_counter() - t0, 4))
         return g
 
-    def formulate(self, view: View, g: nx.DiGraph) -> Formulated:
+    def formulate(self, view: View, g: nx.DiGraph, full: bool = False) -> Formulated:
+        """The model and the heuristic's answer as its hint: the greedy's first pass
+        (running jobs kept, queued ones placed where they fit: last round's answer extended);
+        its local search runs only if the round falls back to it (``full``) or the greedy is
+        the chosen backend, so a round the solver answers does not pay for it. On a large
+        model (the chain answers from LP rounding first, which needs no hint) the greedy runs
+        while an isolated chain solves, or only if the round falls back to it."""
         cfg = self.cfg
         model = build_cells_model(g, max_changes=cfg.max_changes)
-        heuristic = SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(cfg.search_depth)
+        if model.num_vars > LARGE_MODEL_COLUMNS and cfg.backend == "auto" and not full:
+            return Formulated(model, None, None, 0.0, 0.0, g.graph["specs"], g.graph["estimator"])
+        f = self._heuristic(g, model, full)
+        assert f.greedy_choices is not None
+        if cfg.max_changes is None or _changes(g, f.greedy_choices) <= cfg.max_changes:
+            model.set_hint(hint_from_choices(model, f.greedy_choices))
+        return f
+
+    def _heuristic(self, g: nx.DiGraph, model: Any, full: bool) -> Formulated:
+        cfg = self.cfg
+        depth = cfg.search_depth if (full or cfg.backend == "greedy") else 0
+        heuristic = SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(depth)
         choices, obj, wall = heuristic.solve(g)
-        if cfg.max_changes is None or _changes(g, choices) <= cfg.max_changes:
-            model.set_hint(hint_from_choices(model, choices))
         return Formulated(model, heuristic, choices, obj, wall, g.graph["specs"],
-                          g.graph["estimator"])
+                          g.graph["estimator"], depth)
 
     def solve(self, view: View, g: nx.DiGraph, f: Formulated) -> Solved:
         cfg = self.cfg
         t0 = time.perf_counter()
         model = f.model
 
+        accepted: dict[int, tuple[list[CellChoice], Decision]] = {}
+
         def accept(res: SolveResult) -> bool:  # each accepted answer is validated once
             assert res.x is not None and model.decode is not None
-            dec = to_decision(g, model.decode(res.x), view.cluster, f.specs, _placeholder())
+            # a partitioned answer carries its own placements; a backend's is decoded
+            choices = res.extra["choices"] if "choices" in res.extra else model.decode(res.x)
+            dec = to_decision(g, choices, view.cluster, f.specs, _placeholder(), f.estimator)
             check = validate(dec, view.cluster, f.specs)
             if not check.ok:
                 log.error("%s answer rejected by the validator: %s", res.backend, check.violations)
+            else:
+                accepted[id(res)] = (choices, dec)
             return check.ok
 
-        left = max(0.05, cfg.time_budget_s - _elapsed(g))  # the budget covers the whole round
+        # the budget covers the whole round: what is left after the stages so far, less a
+        # reserve for decoding and writing the answer
+        deadline = cfg.deadline_s if cfg.deadline_s is not None else \
+            float(g.graph["t0"]) + cfg.time_budget_s
+        left = max(0.05, deadline - time.perf_counter() - answer_reserve(model.num_vars))
+        if self.partitioned and cfg.formulation != "plans":
+            return self._solve_partitioned(g, f, left, accept, accepted, t0)
         backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
-        best, attempts = solve_chain(model, backends, left, accept)
-        return Solved(best, attempts, time.perf_counter() - t0)
+        child, self._child = self._child, None
+
+        def greedy_meanwhile() -> None:  # the fallback, made while the child solves
+            f.take(self._heuristic(g, model, full=False))
+
+        later = f.greedy_choices is None and cfg.isolate and bool(backends)
+        best, attempts = solve_chain(model, backends, left, accept, child=child,
+                                     meanwhile=greedy_meanwhile if later else None)
+        return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.cfg.partitions > 1 or self.cfg.engine != "local"
+
+    def _solve_partitioned(self, g: nx.DiGraph, f: Formulated, left: float,
+                           accept: Callable[[SolveResult], bool],
+                           accepted: dict[int, tuple[list[CellChoice], Decision]],
+                           t0: float) -> Solved:
+        """POP-k (:mod:`apportion.solvers.partition`) on the round, its parts on the engine."""
+        from apportion.solvers.partition import make_engine, solve_partitioned
+
+        cfg = self.cfg
+        if self._engine is None:
+            self._engine = make_engine(cfg.engine, cfg.ray_address)
+        best, attempts = solve_partitioned(g, f.model, cfg.partitions, build_cells_model,
+                                           self._engine, left, accept)
+        return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    def close(self) -> None:
+        """Stop what the policy started (an early child, a Ray instance of its own)."""
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     def decode(self, view: View, g: nx.DiGraph, f: Formulated, s: Solved) -> Decision:
         cfg = self.cfg
         model = f.model
         attempt_dicts = [a.as_dict() for a in s.attempts]
-        attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
-                              "objective": f.greedy_obj, "bound": None, "gap": None,
-                              "wall_s": round(f.greedy_wall, 6),
-                              "message": f"search depth {cfg.search_depth}"
-                              if f.heuristic.name == "greedy" else "Morphling's slope heuristic"})
+        answered = s.best is not None and s.best.x is not None and model.decode is not None
+        # a backend's answer worse than the greedy's (an LP rounding the clock stopped HiGHS
+        # from improving): the greedy's is the round's answer, never the worse one
+        beaten = (answered and f.greedy_choices is not None and s.best is not None
+                  and s.best.objective is not None
+                  and (f.greedy_obj > s.best.objective + 1e-9 if model.sense == "max"
+                       else f.greedy_obj < s.best.objective - 1e-9))
+        if beaten:
+            answered = False
+        if not answered and (f.greedy_choices is None or f.depth < cfg.search_depth):
+            f = self._heuristic(g, model, full=True)  # falling back: the whole greedy now
+        if f.greedy_choices is not None:
+            attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
+                                  "objective": f.greedy_obj, "bound": None, "gap": None,
+                                  "wall_s": round(f.greedy_wall, 6),
+                                  "message": f"search depth {f.depth}" if f.heuristic.name ==
+                                  "greedy" else "Morphling's slope heuristic"})
         wall = _elapsed(g)
         validated = False
-        if s.best is not None and s.best.x is not None and model.decode is not None:
-            choices = model.decode(s.best.x)
+        decision: Decision | None = None
+        if answered:
+            assert s.best is not None and s.best.x is not None and model.decode is not None
+            if id(s.best) in s.accepted:
+                choices, decision = s.accepted[id(s.best)]
+            else:
+                choices = model.decode(s.best.x)
             # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
             bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
             bound = min(bounds) if bounds else s.best.bound
@@ -429,20 +558,26 @@ class FormulationPolicy:
                                  gap, wall, fallback=False, attempts=attempt_dicts)
             validated = True  # accepted by the chain's validation
         else:
+            assert f.greedy_choices is not None
             choices = f.greedy_choices
-            explicit = cfg.backend == "greedy"
+            explicit = cfg.backend == "greedy" or beaten
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                                 for a in s.attempts) or "no backend ran"
             report = SolveReport(f.heuristic.name,
                                  Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
                                  f.greedy_obj, None, None, wall, fallback=not explicit,
                                  fallback_reason=why, attempts=attempt_dicts)
+            if beaten:
+                report.fallback_reason = (f"the backends' best ({s.best.backend}: "
+                                          f"{s.best.objective:.6g}) is worse than the greedy's")
             if not explicit:
                 log.warning("no backend answered in time; greedy fallback used: %s", why)
         report.model_size = {**model.summary(), **describe(g),
                              "candidates_s": g.graph.get("candidates_s"),
                              "node_classes": model.meta.get("node_classes")}
-        decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
+        if decision is None:
+            decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
+        decision.report = report
         self._annotate(decision, g, choices, f)
         decision.meta["validated"] = validated
         return decision
@@ -450,7 +585,7 @@ class FormulationPolicy:
     def fallback(self, view: View, g: nx.DiGraph | None, reason: str) -> Decision:
         """The greedy's decision (the validator rejected the solver's)."""
         assert g is not None
-        f = self.formulate(view, g)
+        f = self._heuristic(g, None, full=True)
         report = SolveReport(f.heuristic.name, Status.FALLBACK.value, f.greedy_obj, None, None,
                              _elapsed(g), fallback=True, fallback_reason=reason)
         decision = to_decision(g, f.greedy_choices, view.cluster, f.specs, report)
@@ -496,6 +631,13 @@ class _ViewRate:
     def rate(self, spec: JobSpec, gpu_type: str, gpus: int) -> float:
         js = self.jobs.get(spec.id)
         return 0.0 if js is None else float(self.rates.rate(js, gpu_type, gpus))
+
+
+def answer_reserve(variables: int) -> float:
+    """Seconds kept back from the solvers for what follows them: decoding and validating
+    the answer, the report, writing the decision (measured on the cell model: about 15 µs
+    per variable on this project's 2-core machine, plus a fixed 50 ms)."""
+    return 0.05 + 15e-6 * variables
 
 
 def _elapsed(g: nx.DiGraph) -> float:
@@ -614,4 +756,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             js.time_on_type = dict(h.time_on_type)
             js.first_start, js.restarts = h.first_start, h.restarts
             js.preemptions, js.rounds_run = h.preemptions, h.rounds_run
-    return run_pipeline(view, pol, commit, apply)
+    try:
+        return run_pipeline(view, pol, commit, apply)
+    finally:
+        if policy is None and isinstance(pol, FormulationPolicy):
+            pol.close()  # this round's own policy: its child or Ray instance goes with it

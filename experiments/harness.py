@@ -204,17 +204,28 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
             run: str | None = None, profile: str = "default", workers: int | None = None,
             policy_options: dict[str, dict[str, Any]] | None = None,
             sim_options: dict[str, Any] | None = None, window_days: float | None = None,
-            max_jobs: int | None = None, show_progress: bool = True, plots: bool = True) -> Path:
-    """Run every policy x seed (parallel processes), then write tables and plots.
+            max_jobs: int | None = None, show_progress: bool = True, plots: bool = True,
+            engine: str = "local", ray_address: str | None = None) -> Path:
+    """Run every policy x seed (parallel processes, or Ray tasks with ``engine="ray"``),
+    then write tables and plots.
 
-    Progress (jobs finished over all runs) goes to stderr: a bar on a terminal, plain
-    periodic lines otherwise (:class:`apportion.console.Progress`)."""
+    Progress (jobs finished over all runs; runs finished on Ray) goes to stderr: a bar on
+    a terminal, plain periodic lines otherwise (:class:`apportion.console.Progress`)."""
     from apportion.console import Progress
 
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
     root.mkdir(parents=True, exist_ok=True)
+    if engine == "ray":
+        args = [(trace, cluster, p, profile, s, (policy_options or {}).get(p, {}),
+                 sim_options or {}, window_days, max_jobs, str(root), None)
+                for p in policies for s in range(seeds)]
+        results = _run_on_ray(args, ray_address, show_progress)
+        write_tables(root, results)
+        if plots:
+            write_plots(root, policies, seeds)
+        return root
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     queue = manager.Queue()
@@ -243,6 +254,30 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     if plots:
         write_plots(root, policies, seeds)
     return root
+
+
+def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress: bool
+                ) -> list[tuple[str, int, dict[str, Any]]]:
+    """Every (policy, seed) run as a Ray task (one CPU each) on the cluster at ``address``,
+    or on a local Ray instance of its own; a run whose summary exists is not redone (the
+    results folder must be visible to the workers: a shared filesystem)."""
+    from apportion.solvers.partition import RayEngine
+
+    from apportion.console import Progress
+
+    eng = RayEngine(address)
+    try:
+        remote = eng.ray.remote(num_cpus=1, max_retries=0)(_worker)
+        refs = {remote.remote(a): (a[2], a[4]) for a in args}
+        pending = list(refs)
+        with Progress(f"compare on ray: {len(refs)} runs", unit="runs finished",
+                      heartbeat=True, enabled=show_progress) as prog:
+            while pending:
+                _, pending = eng.ray.wait(pending, num_returns=1)
+                prog.update(len(refs) - len(pending), len(refs))
+        return [eng.ray.get(r) for r in refs]
+    finally:
+        eng.close()
 
 
 CI_COLS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization")
@@ -462,8 +497,11 @@ class StalledReplay(RuntimeError):
 def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: str, out: Path,
                  run: str | None, workers: int | None, window_days: float | None,
                  max_jobs: int | None, information: str = "estimated",
-                 estimator: str = "analytic") -> Path:
+                 estimator: str = "analytic", engine: str = "local",
+                 ray_address: str | None = None) -> Path:
     _check_information(information, estimator)
+    if engine not in ("local", "ray"):
+        raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError(policies, "--policies", "give at least one policy")
@@ -475,4 +513,5 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     tr.load_trace(trace)  # fail on a bad trace before spawning workers
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
                    sim_options={"information": information, "estimator": estimator},
-                   window_days=window_days, max_jobs=max_jobs)
+                   window_days=window_days, max_jobs=max_jobs, engine=engine,
+                   ray_address=ray_address)

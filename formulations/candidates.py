@@ -111,6 +111,12 @@ def _stage_counts(gpus: int, max_stages: int, layers: int, mode: str = "powers")
     return out
 
 
+def queue_bonus(job: JobSpec, now_s: float, opt: CandidateOptions) -> float:
+    """The bonus of a job waiting since its submission: rises to ``queue_weight`` at
+    ``starvation_s`` (the one time-dependent part of a job's candidates)."""
+    return opt.queue_weight * min(1.0, job.wait_s(now_s) / opt.starvation_s)
+
+
 def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      estimator: AnalyticEstimator | None = None,
                      options: CandidateOptions | None = None) -> nx.DiGraph:
@@ -124,10 +130,9 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     add_topology(g, cluster)
     for job in jobs:
         jn = job_node(job.id)
-        wait = job.wait_s(now_s)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
                    requested_gpu_type=job.requested_gpu_type,
-                   queue_bonus=opt.queue_weight * min(1.0, wait / opt.starvation_s),
+                   queue_bonus=queue_bonus(job, now_s, opt),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None)
         layers = len(get_model(job.model).layers)

@@ -46,11 +46,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import networkx as nx
 import numpy as np
-
 from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
 from apportion.formulations.model import LinearModel
 
@@ -64,9 +64,10 @@ class CellChoice:
     placement: dict[str, int]
 
 
-def natural_key(name: str) -> list[Any]:
-    """Sort ``a40-2`` before ``a40-10``."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+@lru_cache(maxsize=1 << 16)
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort ``a40-2`` before ``a40-10`` (memoised: every round sorts the same node names)."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
 def unit_of(d: dict[str, Any]) -> int:
@@ -206,13 +207,13 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
             if residual and d.get("current"):
-                fixed[cn] = {nn.split(":", 1)[1]: int(g.edges[cn, nn]["max_gpus"])
-                             for nn in g.successors(cn)}
+                fixed[cn] = {nn.split(":", 1)[1]: int(ea["max_gpus"])
+                             for nn, ea in g.succ[cn].items()}
                 place_cols[cn] = []
                 continue
             cap_by_class: dict[int, int] = {}
-            for succ in g.successors(cn):
-                edge_cap = int(g.edges[cn, succ]["max_gpus"])
+            for succ, ea in g.succ[cn].items():
+                edge_cap = int(ea["max_gpus"])
                 for k in classes_behind(succ):
                     cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
             if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
@@ -224,6 +225,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             link = {x: -float(gpus)}
             place_cols[cn] = []
             for k, cap in sorted(cap_by_class.items()):
+                if min(cap, gpus) // tp <= 0:  # no whole unit fits there: no column
+                    continue
                 y = m.add_var(("y", cn, k), 0, min(cap, gpus) // tp, integer=True)
                 link[y] = float(tp)
                 class_rows.setdefault(k, {})[y] = float(tp)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -86,13 +87,18 @@ class LinearModel:
         name: str = "",
     ) -> int:
         """Add ``lb <= sum coeffs <= ub``; repeated columns are summed."""
-        merged: dict[int, float] = {}
-        items = coeffs.items() if isinstance(coeffs, Mapping) else coeffs
-        for col, val in items:
-            if not 0 <= col < len(self.var_keys):
-                raise IndexError(f"row {name!r}: no column {col}")
-            merged[col] = merged.get(col, 0.0) + float(val)
-        merged = {c: v for c, v in merged.items() if v != 0.0}
+        n = len(self.var_keys)
+        if isinstance(coeffs, Mapping):  # columns already unique: one pass
+            merged = {c: float(v) for c, v in coeffs.items()}
+        else:
+            merged = {}
+            for col, val in coeffs:
+                merged[col] = merged.get(col, 0.0) + float(val)
+        bad = [c for c in merged if not 0 <= c < n]
+        if bad:
+            raise IndexError(f"row {name!r}: no column {bad[0]}")
+        if 0.0 in merged.values():
+            merged = {c: v for c, v in merged.items() if v != 0.0}
         self.rows.append(Row(name or f"r{len(self.rows)}", merged, float(lb), float(ub)))
         return len(self.rows) - 1
 
@@ -110,17 +116,16 @@ class LinearModel:
         return len(self.rows)
 
     def matrix(self) -> sparse.csr_matrix:
-        """The constraint matrix as CSR (rows x columns)."""
-        data, indices, indptr = [], [], [0]
-        for row in self.rows:
-            for col, val in sorted(row.coeffs.items()):
-                indices.append(col)
-                data.append(val)
-            indptr.append(len(indices))
-        return sparse.csr_matrix(
-            (np.asarray(data, float), np.asarray(indices, int), np.asarray(indptr, int)),
-            shape=(self.num_rows, self.num_vars),
-        )
+        """The constraint matrix as CSR (rows x columns, column indices sorted)."""
+        lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
+        indptr = np.zeros(len(self.rows) + 1, np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        nnz = int(indptr[-1])
+        indices = np.fromiter(chain.from_iterable(r.coeffs for r in self.rows), np.int64, nnz)
+        data = np.fromiter(chain.from_iterable(r.coeffs.values() for r in self.rows), float, nnz)
+        m = sparse.csr_matrix((data, indices, indptr), shape=(self.num_rows, self.num_vars))
+        m.sort_indices()
+        return m
 
     def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return (

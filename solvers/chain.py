@@ -1,22 +1,43 @@
 """A solver chain under one wall-clock budget.
 
-Backends run in order, each with the budget that is left, all warm-started
-from the model's hint (normally the greedy answer). Every answer is offered to
-an ``accept`` callback (decode + independent validation); the best accepted
-answer wins. A backend that raises, times out without a solution, or returns
-something the validator rejects is recorded in the attempts and skipped.
+Backends run in order, each warm-started from the best answer so far (the
+model's hint: normally the greedy's first pass). Every answer is offered to an
+``accept`` callback (decode + independent validation); the best accepted answer
+wins. A backend that raises, times out without a solution, or returns something
+the validator rejects is recorded in the attempts and skipped.
+
+The budget is split so the chain answers well when time is short:
+
+* ``auto`` starts with LP relaxation and rounding (``lp-round``): a
+  near-optimal answer and a bound in a small share of the budget (the cell
+  model is a multiple-choice knapsack whose relaxation is near-integral);
+  it may use at most ``LP_SHARE`` of what is left;
+* then HiGHS's branch and bound from that answer with everything left (then
+  CP-SAT, for small models, if HiGHS neither proved optimality nor answered);
+* the chain stops as soon as an accepted answer is optimal or within
+  ``gap`` of the best bound any backend proved (the LP's, say), so a round
+  whose rounded LP is already within the tolerance never waits for a MIP.
+
+Isolated backends (:class:`~apportion.solvers.isolation.IsolatedBackend`) run
+in one child process for the whole chain (started early by the caller if it
+likes, so its imports overlap the round's candidates), which streams each
+answer back as soon as it has it and is killed at the deadline: a crash or a
+hang costs the answers not yet sent, never the round, and never the budget.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
 
 log = logging.getLogger(__name__)
+
 
 def _factory(name: str) -> Callable[[], Backend]:
     def build() -> Backend:
@@ -27,18 +48,19 @@ def _factory(name: str) -> Callable[[], Backend]:
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CLASSES}
-AUTO_ORDER = ("highs", "cp-sat")
-# past this many columns CP-SAT rarely beats its hint in seconds, while the LP relaxation
-# is near-integral: answer from it first, then let HiGHS improve from that hint
+AUTO_ORDER = ("lp-round", "highs", "cp-sat")
+# past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
 LARGE_MODEL_COLUMNS = 20000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
+MIP_REL_GAP = 1e-4  # an answer this close to the best proven bound is final
+LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
 
 
 def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Backend]:
-    """``auto`` -> HiGHS then CP-SAT (LP rounding then HiGHS for models past
+    """``auto`` -> LP rounding, HiGHS, then CP-SAT (without CP-SAT past
     ``LARGE_MODEL_COLUMNS`` columns); a single name -> that backend; ``greedy`` -> none.
 
-    ``isolate`` runs each backend in a child process (:mod:`apportion.solvers.isolation`):
+    ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
     """
     if name == "auto":
@@ -48,51 +70,134 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Bac
     elif name in BACKENDS:
         names = (name,)
     else:
-        raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs or greedy")
+        raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round or "
+                         "greedy")
     if isolate:
         from apportion.solvers.isolation import IsolatedBackend
 
         return [IsolatedBackend(n) for n in names]
+    if columns > LARGE_MODEL_COLUMNS and "highs" in names:
+        # in this process HiGHS must stop at its limit: its presolve builds a clique partition
+        # of the objective that never looks at the clock (28-84 s on an 85,000-column round
+        # given 8 s); without presolve it keeps to the limit. An isolated HiGHS keeps its
+        # presolve: its child is killed at the deadline.
+        from apportion.solvers.highs import HighsBackend
+
+        return [HighsBackend(presolve="off") if n == "highs" else BACKENDS[n]() for n in names]
     return [BACKENDS[n]() for n in names]
 
 
-def _better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
+def share(name: str, left: float, last: bool) -> float:
+    """The time a backend may use of ``left`` seconds (the LP relaxation a share only)."""
+    return left if (last or name != "lp-round") else LP_SHARE * left
+
+
+def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
     if b is None or b.objective is None:
         return True
     assert a.objective is not None
     return a.objective > b.objective + 1e-9 if sense == "max" else a.objective < b.objective - 1e-9
 
 
-def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float,
-                accept: Callable[[SolveResult], bool] | None = None
-                ) -> tuple[SolveResult | None, list[SolveResult]]:
-    """(best accepted result or None, every attempt in order)."""
-    start = time.perf_counter()
-    best: SolveResult | None = None
-    attempts: list[SolveResult] = []
-    for be in backends:
-        left = budget_s - (time.perf_counter() - start)
+def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> float | None:
+    """Relative gap of ``best`` to the tightest bound proved so far (None: no bound)."""
+    if best is None or best.objective is None or bound is None:
+        return None
+    diff = bound - best.objective if sense == "max" else best.objective - bound
+    return max(0.0, diff) / max(1.0, abs(best.objective))
+
+
+def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:
+    """The tighter of ``bound`` and what ``res`` proved (a bound counts only with an answer)."""
+    if res.bound is None or res.x is None:
+        return bound
+    if bound is None:
+        return res.bound
+    return min(bound, res.bound) if sense == "max" else max(bound, res.bound)
+
+
+def _hint_answer(model: LinearModel) -> SolveResult | None:
+    """The model's hint as an answer to beat, if it is a complete feasible solution."""
+    hint = getattr(model, "hint", None)
+    if not hint or len(hint) < model.num_vars:
+        return None
+    x = np.zeros(model.num_vars)
+    for k, v in hint.items():
+        x[k] = v
+    if not model.is_feasible(x):
+        return None
+    return SolveResult("hint", Status.FEASIBLE, objective=model.objective_value(x), x=x)
+
+
+def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
+                ) -> Iterator[SolveResult]:
+    """Each backend in turn in this process, with its share of what is left."""
+    for i, be in enumerate(backends):
+        left = deadline - time.perf_counter()
         if left <= 0.01:
-            attempts.append(SolveResult(be.name, Status.ERROR, message="no budget left"))
+            yield SolveResult(be.name, Status.ERROR, message="no budget left")
             continue
         if not be.available():
-            attempts.append(SolveResult(be.name, Status.ERROR, message="backend not installed"))
+            yield SolveResult(be.name, Status.ERROR, message="backend not installed")
             continue
         try:
-            res = be.solve(model, left)
+            res = be.solve(model, share(be.name, left, i == len(backends) - 1))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")
-        attempts.append(res)
-        if res.x is None or not res.status.has_solution:
-            continue
-        if accept is not None and not accept(res):
-            res.message += " (rejected by the validator)"
-            res.status = Status.ERROR
-            continue
-        if _better(res, best, model.sense):
-            best = res
-            model.set_hint(dict(enumerate(res.x)))  # the next backend starts from the best so far
-        if res.status is Status.OPTIMAL:
-            break
+        yield res
+
+
+def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float,
+                accept: Callable[[SolveResult], bool] | None = None,
+                gap: float = MIP_REL_GAP, child: Any = None,
+                meanwhile: Callable[[], Any] | None = None
+                ) -> tuple[SolveResult | None, list[SolveResult]]:
+    """(best accepted result or None, every attempt in order).
+
+    ``child``: a started :class:`~apportion.solvers.isolation.ChainChild` to run
+    isolated backends in (one is started here if the backends are isolated and none is
+    given); it is closed before returning. ``meanwhile`` runs once the chain is under way:
+    while an isolated child solves, or before in-process backends start.
+    """
+    from apportion.solvers.isolation import ChainChild, IsolatedBackend
+
+    start = time.perf_counter()
+    deadline = start + budget_s
+    best: SolveResult | None = None
+    floor = _hint_answer(model)  # the hint (the greedy's answer): replaced only by a better one
+    bound: float | None = None
+    attempts: list[SolveResult] = []
+    isolated = bool(backends) and all(isinstance(b, IsolatedBackend) for b in backends)
+    if isolated:
+        child = child or ChainChild(grace_s=getattr(backends[0], "grace_s", None))
+        stream: Iterator[SolveResult] = child.run(model, [b.inner for b in backends], deadline, gap)
+    else:
+        if child is not None:
+            child.close()
+            child = None
+        stream = _in_process(model, backends, deadline)
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        for res in stream:
+            attempts.append(res)
+            if res.x is None or not res.status.has_solution:
+                continue
+            if accept is not None and not accept(res):
+                res.message += " (rejected by the validator)"
+                res.status = Status.ERROR
+                continue
+            bound = tighter(bound, res, model.sense)
+            if better(res, best, model.sense):
+                best = res
+                if floor is None or better(res, floor, model.sense):
+                    floor = None  # the next backend starts from the best
+                    model.set_hint(dict(enumerate(res.x)))
+            g = proven_gap(best, bound, model.sense)
+            if res.status is Status.OPTIMAL or (g is not None and g <= gap):
+                break
+    finally:
+        if child is not None:
+            child.close()
     return best, attempts

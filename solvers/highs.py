@@ -78,6 +78,8 @@ class HighsBackend:
             sol.col_value = [model.hint[i] for i in range(n)]
             sol.value_valid = True
             h.setSolution(sol)
+        # the limit counts from the call: building the model above spent part of it
+        h.setOptionValue("time_limit", max(0.01, float(time_limit_s) - (time.perf_counter() - start)))
         try:
             h.run()
         except Exception as exc:  # a backend fault must not take the round down

@@ -39,3 +39,26 @@ def test_bench_solve_command_writes_contract_rows(tmp_path: Path) -> None:
                     "greedy_objective"):
             assert key in row
     assert CliRunner().invoke(app, ["bench", "solve", "--backends", "gurobi"]).exit_code == 2
+
+
+def test_peers_rows_are_validated_and_share_one_metric(tmp_path: Path) -> None:
+    """Every peer answers the same round; the metric is computed from validated placements
+    only, and apportion's row is the unit of the ratios."""
+    from apportion.experiments.bench.peers import METHODS, bench_peers, markdown
+
+    rows = bench_peers((30,), METHODS, budget_s=20.0, seed=1)
+    assert [r["method"] for r in rows] == list(METHODS)
+    for r in rows:
+        assert "error" not in r, r
+        assert r["valid"] and r["metric"] is not None and r["metric"] >= 0
+        assert r["placed"] >= 0 and r["wall_s"] > 0
+    base = rows[0]
+    assert base["method"] == "apportion" and base["metric_ratio"] == 1.0
+    # nothing beats the exact answer on its own objective's main term by much: POP and the
+    # greedy work on the same candidates, so they cannot exceed it (up to the queue bonus)
+    for r in rows:
+        if r["method"].startswith("pop-") or r["method"] == "crius-greedy":
+            assert r["metric_ratio"] <= 1.05, r
+    assert "| 30 |" in markdown(rows, 20.0)
+    bad = CliRunner().invoke(app, ["bench", "solve", "--peers", "--sizes", "0"])
+    assert bad.exit_code == 2 and "--sizes" in bad.output

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from importlib import resources
 from statistics import median
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -146,13 +146,14 @@ class AnalyticEstimator(ParamsMixin):
 
     def _evaluate(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
                   intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
+        """One plan's estimate. The per-layer sums of a stage (FLOPs, parameters,
+        activations, the TP all-reduces of its layers' outputs) are taken once per model and
+        stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers)."""
         gpu = get_gpu(gpu_type)
         S, tp, dp = plan.pp, plan.tp, plan.dp
-        flops, params = model.attr("flops"), model.attr("params")
-        acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
-        if S > len(flops):
+        sums = stage_sums(model, S)
+        if sums is None:
             return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
-        ranges = cached_cuts(tuple(flops), tuple(outs), S)
         peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
         eff = eff_override if eff_override is not None else self._eff(gpu_type, tp)
         if eff_override is not None:
@@ -167,29 +168,31 @@ class AnalyticEstimator(ParamsMixin):
         weight_bytes = 2.0 / (dp if plan.zero_stage >= 3 else 1)
         if plan.offload:
             opt_bytes = 0.0
+        state_bytes = weight_bytes + grad_bytes + opt_bytes
+        dp_link = intra if dp * tp <= 1 else outer
+        # the data-parallel all-reduce and the per-layer TP message count do not depend on B
+        dp_t = [allreduce_time(st.params / tp * 2.0, dp, dp_link) for st in sums]
+        tp_alpha = 4 * 2 * (tp - 1) * intra.alpha_s if tp > 1 else 0.0
+        tp_beta = 4 * 2 * (tp - 1) / tp / intra.bytes_per_s if tp > 1 else 0.0
         while True:
             mb = per_replica / B
-            stage_t, stage_comm, stage_mem, dp_t = [], [], [], []
-            for s, (a, b) in enumerate(ranges):
-                f = sum(flops[a:b])
-                p = sum(params[a:b]) / tp
-                act = sum(acts[a:b]) if not plan.checkpointing else sum(outs[a:b]) + max(acts[a:b])
-                comp = recompute * f * mb / (tp * peak * eff)
-                tpc = sum(4 * allreduce_time(o * mb, tp, intra) for o in outs[a:b]) if tp > 1 else 0.0
-                recv = 2 * p2p_time(outs[a - 1] * mb, outer) if s > 0 else 0.0
+            stage_t, stage_comm, stage_mem = [], [], []
+            for s, st in enumerate(sums):
+                comp = recompute * st.flops * mb / (tp * peak * eff)
+                # sum over the stage's layers of 4 ring all-reduces of each output (o * mb bytes)
+                tpc = st.out_layers * tp_alpha + tp_beta * st.outs * mb if tp > 1 else 0.0
+                recv = 2 * p2p_time(st.boundary * mb, outer) if s > 0 else 0.0
                 stage_t.append(comp + tpc + recv)
                 stage_comm.append(recv)
+                act = st.acts if not plan.checkpointing else st.ckpt_acts
                 inflight = min(B, S - s)
-                mem = p * (weight_bytes + grad_bytes + opt_bytes) + act * mb / tp * inflight
-                stage_mem.append(mem)
-                dp_link = intra if dp * tp <= 1 else outer
-                dp_t.append(allreduce_time(p * 2.0, dp, dp_link))
+                stage_mem.append(st.params / tp * state_bytes + act * mb / tp * inflight)
             peak_mem = max(stage_mem)
             if peak_mem <= usable or B >= min(self.max_micro_batches, max(1, int(per_replica))):
                 break
             B = min(B * 2, max(1, int(per_replica)))
         pipeline = sum(stage_t) + (B - 1) * max(t - c for t, c in zip(stage_t, stage_comm))
-        max_params = max(sum(params[a:b]) for a, b in ranges) / tp
+        max_params = max(st.params for st in sums) / tp
         opt_step = 16.0 * max_params / (gpu.hbm_GBps * 1e9)
         if plan.offload:  # optimizer step on the CPU, gradients and weights over PCIe
             opt_step = 16.0 * max_params / 10e9 + 4.0 * max_params / 16e9
@@ -221,7 +224,7 @@ class AnalyticEstimator(ParamsMixin):
             return None
         per_stage = cell.gpus // cell.stages
         max_tp = cluster.max_gpus_per_node(cell.gpu_type)
-        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
+        placement = _nominal_memo(cluster, cell.gpu_type, cell.gpus)
         if placement is None:
             return None
         model = get_model(job.model)
@@ -241,6 +244,53 @@ class AnalyticEstimator(ParamsMixin):
             if est.feasible and (best is None or est.iter_time_s < best.iter_time_s):
                 best = est
         return best
+
+
+class StageSums(NamedTuple):
+    """One pipeline stage's per-layer sums (the parts of a plan's estimate that do not
+    depend on the plan): FLOPs, parameters, activation bytes, output bytes of its layers
+    and how many of them have an output (each costs a TP all-reduce), the activations
+    kept under checkpointing, and the boundary activation it receives."""
+
+    flops: float
+    params: float
+    acts: float
+    ckpt_acts: float
+    outs: float
+    out_layers: int
+    boundary: float
+
+
+def stage_sums(model: ModelSpec, stages: int) -> tuple[StageSums, ...] | None:
+    """Per-stage sums of ``model`` cut into ``stages`` balanced stages (memoised on the
+    model; None when it has fewer layers than stages)."""
+    memo = model.__dict__.get("_stage_sums")
+    if memo is None:
+        memo = {}
+        object.__setattr__(model, "_stage_sums", memo)
+    if stages not in memo:
+        flops, params = model.attr("flops"), model.attr("params")
+        acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
+        if stages > len(flops):
+            memo[stages] = None
+        else:
+            ranges = cached_cuts(tuple(flops), tuple(outs), stages)
+            memo[stages] = tuple(StageSums(
+                math.fsum(flops[a:b]), math.fsum(params[a:b]), math.fsum(acts[a:b]),
+                math.fsum(outs[a:b]) + max(acts[a:b]), math.fsum(o for o in outs[a:b] if o > 0),
+                sum(1 for o in outs[a:b] if o > 0), outs[a - 1] if a > 0 else 0.0)
+                for a, b in ranges)
+    return memo[stages]
+
+
+def _nominal_memo(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
+    """:func:`nominal_placement` memoised on the cluster (treated as immutable once built)."""
+    memo = cluster.__dict__.setdefault("_nominal_memo", {})
+    key = (gpu_type, gpus)
+    if key not in memo:
+        memo[key] = nominal_placement(cluster, gpu_type, gpus)
+    p = memo[key]
+    return None if p is None else dict(p)
 
 
 @lru_cache(maxsize=1)

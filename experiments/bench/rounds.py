@@ -1,0 +1,121 @@
+"""`apportion bench round`: the whole `solve-round` command, timed as an operator runs it.
+
+Each case writes a held-out round (``experiments.bench.solve``'s generator, seed 1:
+never the seed the code was tuned on) as the two YAML files an operator would
+give, runs ``apportion solve-round --cluster C --jobs J --time-budget B --json OUT``
+as a child process, and records the process's wall time, its CPU time (user +
+system, children included: isolated solvers and POP's workers), the 1-minute load
+average before it started, and from the decision: backend, status, objective,
+bound and gap. The targets (issue 16):
+
+* 1,000 jobs on 1,280 GPUs: the whole process within 2 s on a quiet machine, proven
+  optimal or within 0.1 %;
+* 10,000 jobs on 20,480 GPUs: within 30 s at no more than 1 % gap, on one machine;
+* 20,480 GPUs / 10,000 jobs partitioned (POP, ``--partitions``, local processes or
+  Ray tasks): within 60 s at no more than 2 % gap.
+
+On a loaded machine the wall time is the CPU time stretched by the load: the CPU
+time is the figure that carries over to a quiet machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from apportion.experiments.bench.solve import synthetic_cluster, synthetic_jobs
+
+# (jobs, GPUs, GPU types, budget s, partitions, engine)
+CASES: list[tuple[int, int, int, float, int, str]] = [
+    (1000, 1280, 4, 2.0, 1, "local"),
+    (10000, 20480, 4, 30.0, 1, "local"),
+    (10000, 20480, 4, 60.0, 4, "local"),
+]
+
+
+def write_instance(jobs: int, gpus: int, types: int, seed: int, folder: Path) -> tuple[Path, Path]:
+    """The round as an operator's two files (cluster and jobs YAML)."""
+    cl = synthetic_cluster(gpus, types)
+    groups = [{"prefix": g.prefix, "count": g.count, "gpu_type": g.gpu_type,
+               "gpus_per_node": g.gpus_per_node, "cpus_per_node": g.cpus_per_node,
+               "host_memory_gib": g.host_memory_gib, "intra_node_link": g.intra_node_link,
+               "intra_node_bandwidth_GBps": g.intra_node_bandwidth_GBps,
+               "inter_node_bandwidth_GBps": g.inter_node_bandwidth_GBps} for g in cl.groups]
+    cpath = folder / f"cluster-{gpus}.yaml"
+    jpath = folder / f"jobs-{jobs}-s{seed}.yaml"
+    cpath.write_text(yaml.safe_dump({"name": cl.name, "node_groups": groups}, sort_keys=False))
+    js = [{"id": j.id, "model": j.model, "global_batch_size": j.global_batch_size,
+           "iterations": j.iterations, "requested_gpus": j.requested_gpus,
+           "requested_gpu_type": j.requested_gpu_type, "submit_time_s": j.submit_time_s}
+          for j in synthetic_jobs(jobs, cl.gpu_types, seed)]
+    jpath.write_text(yaml.safe_dump({"now_s": 36000.0, "jobs": js}, sort_keys=False))
+    return cpath, jpath
+
+
+def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
+               engine: str = "local", extra: list[str] | None = None) -> dict[str, Any]:
+    """Run the command once; its wall and CPU time and what it decided."""
+    with tempfile.TemporaryDirectory(prefix="ap-bench-") as tmp:
+        out = Path(tmp) / "decision.json"
+        cmd = [sys.executable, "-m", "apportion.cli", "solve-round", "--cluster", str(cluster),
+               "--jobs", str(jobs), "--time-budget", str(budget), "--json", str(out),
+               "--partitions", str(partitions), "--engine", engine, *(extra or [])]
+        load = os.getloadavg()[0]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              check=False)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        row: dict[str, Any] = {"budget_s": budget, "partitions": partitions, "engine": engine,
+                               "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                               "load_before": round(load, 2), "exit": proc.returncode}
+        if proc.returncode != 0 or not out.exists():
+            row["error"] = proc.stderr.strip().splitlines()[-3:]
+            return row
+        rep = json.loads(out.read_text())["solver"]
+        row.update({k: rep.get(k) for k in ("backend", "status", "objective", "bound", "gap",
+                                            "fallback")})
+        row["solver_wall_s"] = rep.get("wall_s")
+        row["attempts"] = [(a["backend"], a["status"], a.get("wall_s")) for a in rep["attempts"]]
+        return row
+
+
+def main(cases: list[tuple[int, int, int, float, int, str]] | None = None, seed: int = 1,
+         repeat: int = 1) -> list[dict[str, Any]]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ap-rounds-") as tmp:
+        for jobs, gpus, types, budget, parts, engine in cases or CASES:
+            c, j = write_instance(jobs, gpus, types, seed, Path(tmp))
+            for _ in range(repeat):
+                row = time_round(c, j, budget, parts, engine)
+                row.update({"jobs": jobs, "gpus": gpus, "types": types, "seed": seed})
+                rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}; `load` is the 1-minute load average before the run; "
+            "`CPU s` is user + system time of the process and its children.\n\n"
+            "| jobs | GPUs | budget s | parts | engine | wall s | CPU s | load | backend | "
+            "status | objective | gap |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    return head + "".join(
+        f"| {r['jobs']} | {r['gpus']} | {r['budget_s']:g} | {r['partitions']} | {r['engine']} | "
+        f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['load_before']} | {r.get('backend', '-')} | "
+        f"{r.get('status', r.get('error'))} | {fmt(r.get('objective'), '.6g')} | "
+        f"{fmt(r.get('gap'), '.3%')} |\n" for r in rows)
+
+
+__all__ = ["CASES", "main", "markdown", "time_round", "write_instance"]

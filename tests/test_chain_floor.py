@@ -1,0 +1,71 @@
+"""The greedy's answer is a floor: a backend answer worse than it (an LP rounding the clock
+stopped HiGHS from improving) neither replaces the hint the next backend starts from nor
+becomes the round's answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from apportion.formulations.candidates import build_candidates
+from apportion.formulations.cells import build_cells_model, hint_from_choices
+from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.chain import solve_chain
+from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.validator import validate
+
+import apportion.round as round_mod
+from apportion.config import cluster_from_data, jobs_from_data
+from apportion.round import RoundConfig, run_round
+
+
+class ZeroBackend:
+    """A backend whose (feasible) answer places nothing: worse than any greedy answer."""
+
+    name = "zero"
+
+    def available(self) -> bool:
+        return True
+
+    def solve(self, model, time_limit_s):  # type: ignore[no-untyped-def]
+        return SolveResult(self.name, Status.FEASIBLE, x=np.zeros(model.num_vars),
+                           objective=model.objective_value(np.zeros(model.num_vars)))
+
+
+def _round() -> tuple:
+    cl = cluster_from_data({"node_groups": [
+        {"prefix": "a40", "count": 2, "gpu_type": "A40", "gpus_per_node": 4},
+        {"prefix": "a10", "count": 2, "gpu_type": "A10", "gpus_per_node": 4}]}, "test")
+    jobs, now = jobs_from_data({"jobs": [
+        {"id": f"j{i}", "model": m, "global_batch_size": 128, "iterations": 1000,
+         "requested_gpus": n, "submit_time_s": 60 * i}
+        for i, (m, n) in enumerate([("bert-0.76b", 2), ("bert-1.3b", 4), ("moe-0.69b", 4),
+                                    ("wresnet-1b", 4)])]}, "test")
+    return cl, jobs, now
+
+
+def test_a_worse_answer_does_not_replace_the_greedy_hint() -> None:
+    cl, jobs, now = _round()
+    g = build_candidates(cl, jobs, now)
+    model = build_cells_model(g)
+    choices, obj, _ = GreedyCells(0).solve(g)
+    assert obj > 0
+    hint = hint_from_choices(model, choices)
+    model.set_hint(hint)
+    best, attempts = solve_chain(model, [ZeroBackend()], 10.0)
+    assert best is not None and best.objective is not None and best.objective < obj
+    assert model.hint == hint  # the next backend would still start from the greedy's answer
+
+
+def test_the_round_takes_the_greedy_when_the_backends_did_worse(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cl, jobs, now = _round()
+    real = round_mod.solve_chain
+    monkeypatch.setattr(round_mod, "solve_chain",
+                        lambda model, backends, *a, **kw: real(model, [ZeroBackend()], *a, **kw))
+    res = run_round(cl, jobs, now, RoundConfig(time_budget_s=10.0, isolate=False))
+    rep = res.decision.report
+    assert rep.backend == "greedy" and not rep.fallback, rep
+    assert "worse than the greedy" in rep.fallback_reason
+    assert rep.objective is not None and rep.objective > 0
+    assert len(res.decision.allocations) > 0
+    assert validate(res.decision, cl, jobs).ok

@@ -1,0 +1,139 @@
+"""Incremental candidates and the vectorised analytic model: same answers, less work.
+
+The candidate cache must give exactly the graph a fresh build gives, round after
+round of a real replay (arrivals, completions, preemptions, both information
+modes); the O(stages) analytic estimate must equal the per-layer sum it replaced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import pytest
+from apportion.estimation.models.analytic import AnalyticEstimator, stage_sums
+from apportion.estimation.models.comm import Link, allreduce_time, p2p_time
+from apportion.estimation.models.partition import cached_cuts
+from apportion.experiments import traces as tr
+from apportion.experiments.groundtruth import AnalyticTruth
+from apportion.experiments.policies import make_policy
+from apportion.experiments.simulator import SimConfig, Simulator
+from apportion.formulations.candidates import build_candidates
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.models import get_model
+from apportion.plans import ExecutionPlan
+from apportion.round import FormulationPolicy, _Memo
+
+
+def small_cluster() -> Cluster:
+    return Cluster("mini", [NodeGroup("a40", 3, "A40", 2, 48, 256.0, "pcie", 32.0, 12.5),
+                            NodeGroup("a100", 2, "A100-40GB", 4, 64, 512.0, "nvlink", 600.0, 25.0)])
+
+
+def same_graph(a: nx.DiGraph, b: nx.DiGraph) -> None:
+    assert list(a.nodes) == list(b.nodes)
+    for n in a.nodes:
+        da, db = a.nodes[n], b.nodes[n]
+        assert da.keys() == db.keys(), n
+        for k, va in da.items():
+            vb = db[k]
+            if isinstance(va, float):
+                assert math.isclose(va, vb, rel_tol=1e-12, abs_tol=1e-12), (n, k, va, vb)
+            else:
+                assert va == vb, (n, k, va, vb)
+        assert list(a.adj[n].items()) == list(b.adj[n].items()), n
+    assert a.graph == b.graph
+
+
+@pytest.mark.parametrize(("information", "estimator"), [
+    ("estimated", "analytic"), ("oracle", "analytic"),  # both information modes
+    ("estimated", "crius"), ("oracle", "auto"),  # estimators other than the analytic one
+])
+def test_cached_candidates_equal_a_fresh_build_every_round(information: str, estimator: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round's cached graph equals a fresh build by a fresh memo over the same estimator
+    (the runtime feedback copied), so neither the cache nor the estimator memo serves a stale
+    answer, whatever the information mode and the estimator."""
+    checked: list[int] = []
+    orig = FormulationPolicy.candidates
+
+    def candidates(self: FormulationPolicy, view):  # type: ignore[no-untyped-def]
+        g = orig(self, view)
+        used = g.graph["estimator"]
+        memo = _Memo(used.inner, per_job=used.per_job)
+        memo.blacklist, memo.only_type = set(used.blacklist), dict(used.only_type)
+        fresh = build_candidates(view.cluster, g.graph["specs"], view.now, memo,
+                                 self.cfg.candidates)
+        mine = g.copy()
+        for k in ("specs", "estimator", "t0", "candidates_s"):
+            mine.graph.pop(k)
+        same_graph(mine, fresh)
+        checked.append(len(g.graph["specs"]))
+        return g
+
+    monkeypatch.setattr(FormulationPolicy, "candidates", candidates)
+    cl = small_cluster()
+    trace = tr.synthetic(n=14, rate_per_h=20.0, seed=3, sizes={1: 0.4, 2: 0.3, 4: 0.3},
+                         models={"bert-0.76b": 0.5, "wresnet-0.5b": 0.5}, iterations=(50.0, 3000.0))
+    pol = make_policy("apportion", time_budget_s=5.0, resolve_every=1, estimator=estimator)
+    res = Simulator(cl, trace, pol, AnalyticTruth(cl),
+                    SimConfig(information=information, restart_cost_s=10.0)).run()
+    assert res.summary["finished"] == 14
+    assert len(checked) >= 5 and pol.cache.hits > 0 and pol.cache.misses >= 14
+
+
+def _per_layer(model_name: str, gbs: int, plan: ExecutionPlan, gpu_type: str,
+               intra: Link, outer: Link) -> tuple[float, float]:
+    """The per-layer loop the stage sums replaced (time, peak memory), as it was."""
+    from apportion.gpus import get_gpu
+
+    est = AnalyticEstimator()
+    model = get_model(model_name)
+    gpu = get_gpu(gpu_type)
+    S, tp, dp = plan.pp, plan.tp, plan.dp
+    flops, params = model.attr("flops"), model.attr("params")
+    acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
+    ranges = cached_cuts(tuple(flops), tuple(outs), S)
+    peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
+    eff = est._eff(gpu_type, tp)
+    per_replica = gbs / dp
+    usable = gpu.memory_bytes * est.usable_memory_fraction - est.memory_reserve_gib * 2**30
+    B = min(max(plan.micro_batches, 4 * S if S > 1 else 1), max(1, int(per_replica)))
+    while True:
+        mb = per_replica / B
+        st_t, st_c, st_m, dp_t = [], [], [], []
+        for s, (a, b) in enumerate(ranges):
+            f, p = sum(flops[a:b]), sum(params[a:b]) / tp
+            tpc = sum(4 * allreduce_time(o * mb, tp, intra) for o in outs[a:b]) if tp > 1 else 0.0
+            recv = 2 * p2p_time(outs[a - 1] * mb, outer) if s > 0 else 0.0
+            st_t.append(3.0 * f * mb / (tp * peak * eff) + tpc + recv)
+            st_c.append(recv)
+            st_m.append(p * 16.0 + sum(acts[a:b]) * mb / tp * min(B, S - s))
+            dp_t.append(allreduce_time(p * 2.0, dp, intra if dp * tp <= 1 else outer))
+        if max(st_m) <= usable or B >= min(est.max_micro_batches, max(1, int(per_replica))):
+            break
+        B = min(B * 2, max(1, int(per_replica)))
+    pipe = sum(st_t) + (B - 1) * max(t - c for t, c in zip(st_t, st_c))
+    opt = 16.0 * max(sum(params[a:b]) for a, b in ranges) / tp / (gpu.hbm_GBps * 1e9)
+    return pipe + max(dp_t) + opt, max(st_m)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["bert-1.3b", "gpt2-1.5b", "wresnet-1b", "moe-1.3b", "t5-1.2b"]),
+       gbs=st.sampled_from([8, 64, 512]), stages=st.sampled_from([1, 2, 4, 8]),
+       tp=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 8]),
+       gpu=st.sampled_from(["A100-40GB", "A40", "V100-32GB"]))
+def test_stage_sums_give_the_per_layer_estimate(model: str, gbs: int, stages: int, tp: int,
+                                                dp: int, gpu: str) -> None:
+    if stages > len(get_model(model).layers) or gbs < dp:
+        return
+    intra, outer = Link("nvlink", 300.0), Link("network", 12.5)
+    plan = ExecutionPlan(dp=dp, tp=tp, pp=stages)
+    e = AnalyticEstimator()._evaluate(get_model(model), gbs, plan, gpu, intra, outer)
+    t, mem = _per_layer(model, gbs, plan, gpu, intra, outer)
+    assert math.isclose(e.iter_time_s, t, rel_tol=1e-9)
+    assert math.isclose(e.mem_per_gpu, mem, rel_tol=1e-9)
+    assert stage_sums(get_model(model), stages) is stage_sums(get_model(model), stages)
