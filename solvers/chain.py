@@ -8,12 +8,19 @@ the validator rejects is recorded in the attempts and skipped.
 
 The budget is split so the chain answers well when time is short:
 
-* ``auto`` starts with LP relaxation and rounding (``lp-round``): a
-  near-optimal answer and a bound in a small share of the budget (the cell
-  model is a multiple-choice knapsack whose relaxation is near-integral);
-  it may use at most ``LP_SHARE`` of what is left;
-* then HiGHS's branch and bound from that answer with everything left (then
-  CP-SAT, for small models, if HiGHS neither proved optimality nor answered);
+* ``auto`` on a large model (past ``LARGE_MODEL_COLUMNS`` columns) starts
+  with LP relaxation and rounding (``lp-round``): a near-optimal answer and a
+  bound in a small share of the budget (the cell model is a multiple-choice
+  knapsack whose relaxation is near-integral); it may use at most
+  ``LP_SHARE`` of what is left; then HiGHS's branch and bound from that answer
+  with everything left;
+* on smaller models ``auto`` starts with HiGHS (then CP-SAT if HiGHS neither
+  proved optimality nor answered). LP rounding first there answers within
+  ``MIP_REL_GAP`` of the bound just as well, but among near-equal answers it
+  picks different ones, and replays showed they schedule worse: Philly day 1
+  on the 1,280-GPU cluster, average JCT 3,754 s with LP rounding first vs
+  3,241 s with HiGHS first, the same code otherwise (main before: 3,289 s;
+  experiments/results/bench/speed.md);
 * the chain stops as soon as an accepted answer is optimal or within
   ``gap`` of the best bound any backend proved (the LP's, say), so a round
   whose rounded LP is already within the tolerance never waits for a MIP.
@@ -48,7 +55,7 @@ def _factory(name: str) -> Callable[[], Backend]:
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CLASSES}
-AUTO_ORDER = ("lp-round", "highs", "cp-sat")
+AUTO_ORDER = ("highs", "cp-sat")  # see the module docstring: HiGHS first schedules better
 # past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
 LARGE_MODEL_COLUMNS = 20000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
@@ -57,7 +64,7 @@ LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
 
 
 def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Backend]:
-    """``auto`` -> LP rounding, HiGHS, then CP-SAT (without CP-SAT past
+    """``auto`` -> HiGHS then CP-SAT (LP rounding then HiGHS past
     ``LARGE_MODEL_COLUMNS`` columns); a single name -> that backend; ``greedy`` -> none.
 
     ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):

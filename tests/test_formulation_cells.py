@@ -193,7 +193,7 @@ def test_large_rounds_answer_from_the_lp_first() -> None:
 
     assert [b.name for b in backends_for("auto", columns=LARGE_MODEL_COLUMNS + 1)] == \
         ["lp-round", "highs"]
-    assert [b.name for b in backends_for("auto", columns=10)] == ["lp-round", "highs", "cp-sat"]
+    assert [b.name for b in backends_for("auto", columns=10)] == ["highs", "cp-sat"]
 
 
 def test_residual_mode_on_a_busy_cluster_is_valid_and_small(monkeypatch) -> None:
