@@ -70,10 +70,22 @@ class CandidateOptions:
     restart_s: float = 60.0
     round_s: float = 300.0
     stage_counts: str = "powers"  # or "divisors"
+    # -- JCT-aware options (defaults keep the documented weights above) --------------
+    place_bonus: float = 0.0  # per placed job (see formulations/objectives.py)
+    remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
+    weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
+    # a running job's present cell is attached to node groups like any other cell (it keeps
+    # its keep bonus): the model then counts the GPUs a running job frees by shrinking,
+    # moving or stopping in the same round; the caller restores present placements after
+    # decoding (solvers.greedy.restore_placements)
+    relocatable_running: bool = False
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
-                                restart_s=self.restart_s, round_s=self.round_s)
+                                restart_s=self.restart_s, round_s=self.round_s,
+                                place_bonus=self.place_bonus,
+                                remaining_exponent=self.remaining_exponent,
+                                weight_bounds=self.weight_bounds)
 
 
 def job_node(job_id: str) -> str:
@@ -199,10 +211,13 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
                    bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
                    current=current)
         g.add_edge(jn, cn)
-        single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
+        pinned = job.running.placement if (current and job.running) else None
+        if pinned and opt.relocatable_running:
+            g.nodes[cn]["present_placement"] = dict(pinned)
+            pinned = None
+        single = not pinned and not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
         g.nodes[cn]["single_node"] = single
-        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
-                          job.running.placement if (current and job.running) else None)
+        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single, pinned)
 
 
 def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:

@@ -14,9 +14,19 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   isolated finish time gain more;
 * ``makespan``:     n_c * rem_j / mean(rem) — longest remaining work first (LPT);
 * ``composite``:    sum_k weight_k * term_k over the above, documented default
-  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``.
+  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``;
+* ``jct-aware``:    n_c * w_j with w_j = clip((median(rem) / rem_j) ** alpha,
+  w_min, w_max) — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
+  default 0.5; 1 is SRTF's ratio, 0 is ``normalized``) and bounded, so short
+  jobs come first without starving long ones (whose weight never falls below
+  ``w_min``); used with a ``place_bonus``.
 
-Then ``value_c = term_c + bonus_c + keep_bonus [c is the running cell]
+Every kind may add a **per-placed-job term** ``place_bonus`` (default 0; Sia's
+ILP uses 1): a cell's value then holds a constant for running at all, so the
+optimum places one more job before it scales a placed one up — an extra cell
+of speed buys less than a job that would otherwise wait.
+
+Then ``value_c = term_c + place_bonus + bonus_c + keep_bonus [c is the running cell]
 - reconfig_c``, where ``bonus_c`` holds the queue bonus and any SLA/deadline
 priority the formulation set, and the reconfiguration cost of moving a running
 job to another cell is the fraction of the round lost to the restart,
@@ -29,13 +39,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from statistics import mean
+from statistics import mean, median
 
 import networkx as nx
 
 from apportion.jobs import JobSpec
 
-OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite")
+OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 
 
@@ -46,6 +56,9 @@ class ObjectiveOptions:
     keep_bonus: float = 0.3
     restart_s: float = 60.0
     round_s: float = 300.0
+    place_bonus: float = 0.0
+    remaining_exponent: float = 0.5
+    weight_bounds: tuple[float, float] = (0.25, 4.0)
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -60,7 +73,19 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return n * js["rho"] / stats["rho_mean"]
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
+    if kind == "jct-aware":
+        return n * js["weight"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
+
+
+def jct_weights(rem: dict[str, float], exponent: float,
+                bounds: tuple[float, float]) -> dict[str, float]:
+    """``clip((median(rem) / rem_j) ** exponent, *bounds)`` per job (1 for a lone job)."""
+    if not rem:
+        return {}
+    mid = median(rem.values())
+    lo, hi = bounds
+    return {j: min(hi, max(lo, (mid / r) ** exponent)) for j, r in rem.items()}
 
 
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
@@ -81,13 +106,19 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
     if not per_job:
         return
+    weights = jct_weights({j: v["rem"] for j, v in per_job.items()}, opt.remaining_exponent,
+                          opt.weight_bounds)
+    for j, v in per_job.items():
+        v["weight"] = weights[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}
     lost = min(1.0, opt.restart_s / opt.round_s) if opt.round_s > 0 else 1.0
     g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
                             "keep_bonus": opt.keep_bonus, "restart_s": opt.restart_s,
-                            "round_s": opt.round_s}
+                            "round_s": opt.round_s, "place_bonus": opt.place_bonus,
+                            "remaining_exponent": opt.remaining_exponent,
+                            "weight_bounds": list(opt.weight_bounds)}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
@@ -96,7 +127,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
         else:
             term = _terms(opt.kind, d, js, stats)
-        value = term + float(d.get("bonus", 0.0))
+        value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):
             value += opt.keep_bonus
         elif js["running"]:

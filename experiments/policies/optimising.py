@@ -23,17 +23,21 @@ GPU type.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.rate_estimator import RateEstimator
 from apportion.experiments.policies.base import Choice, build_decision
 from apportion.formulations.candidates import CandidateOptions
+from apportion.formulations.cells import CellChoice
+from apportion.solvers.greedy import restore_placements
+from apportion.solvers.validator import validate
 
 from apportion.decision import Decision, Reason
 from apportion.jobs import JobSpec, RunningState
 from apportion.plans import Cell
-from apportion.round import RoundConfig, run_round
+from apportion.round import RoundConfig, run_round, to_decision
 
 
 class CachedEstimator(AnalyticEstimator):
@@ -63,8 +67,9 @@ class Optimising:
     def __init__(self, backend: str = "auto", time_budget_s: float = 5.0, search_depth: int = 3,
                  no_scaling: bool = False, no_hetero: bool = False, max_changes: int | None = None,
                  name: str | None = None, resolve_every: int = 12,
-                 stage_counts: str = "powers") -> None:
+                 stage_counts: str = "powers", **quality: Any) -> None:
         self.stage_counts = stage_counts
+        self.quality = QualityOptions.for_backend(backend, **quality)
         self.backend = backend
         self.time_budget_s = time_budget_s
         self.search_depth = search_depth
@@ -87,6 +92,8 @@ class Optimising:
 
     def _quiet(self, state: Any) -> bool:
         """Nothing happened since the last solve: no arrival, completion or runtime failure."""
+        if self.quality.resolve_when_queued and any(js.alloc is None for js in state.jobs):
+            return False
         return (not state.arrived_recent and not state.finished_recent
                 and state.round_index - self.last_solve_round < self.resolve_every
                 and all(js.alloc is None or js.rate > 0 for js in state.jobs)
@@ -111,10 +118,107 @@ class Optimising:
         specs = [self._spec(js) for js in state.jobs]
         opts = (CandidateOptions(scales=(1.0,), stage_counts=self.stage_counts) if self.no_scaling
                 else CandidateOptions(stage_counts=self.stage_counts))
+        opts = self.quality.candidate_options(opts)
         cfg = RoundConfig(backend=self.backend, time_budget_s=self.time_budget_s,
                           search_depth=self.search_depth, max_changes=self.max_changes,
                           candidates=opts)
-        res = run_round(state.cluster, specs, now, cfg, estimator=self.est)
+        est = oracle_estimator(state, self.est) if self.quality.oracle else self.est
+        res = run_round(state.cluster, specs, now, cfg, estimator=est)
         dec = res.decision
+        if opts.relocatable_running:
+            dec = stable_decision(res, state.cluster, specs, est)
         dec.meta = {**(dec.meta or {}), "plan_codes": {}, "policy_s": time.perf_counter() - t0}
         return dec
+
+
+# ---------------------------------------------------------------------------------------
+# Schedule-quality options (issue 13, item 7): kept in one block so the round pipeline's
+# refactor can move it whole. ``QualityOptions`` says which objective, bonuses and
+# capacity accounting a policy's rounds use; ``oracle_estimator`` feeds the simulator's
+# viewed rates through :class:`RateEstimator`; ``stable_decision`` puts kept jobs back
+# where they run after a relocatable solve.
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QualityOptions:
+    """What apportion's own rounds optimise (Crius's greedy keeps Crius's objective).
+
+    ``objective``/``place_bonus``/``remaining_exponent``/``weight_bounds``/
+    ``keep_bonus``/``queue_weight``: see :mod:`apportion.formulations.objectives`;
+    ``relocatable``: running jobs' present cells are attached to node groups, so a
+    solve counts the GPUs a running job frees (by shrinking, moving or stopping) in
+    the same round, then kept jobs are put back where they run;
+    ``resolve_when_queued``: a round with a job waiting is never quiet (the model
+    re-decides instead of leaving it for the next arrival or completion);
+    ``oracle``: rates come from the simulator's view (``state.rate``) through
+    :class:`apportion.estimation.rate_estimator.RateEstimator` instead of the
+    analytic estimator (plans and memory stay analytic).
+    """
+
+    objective: str = "normalized"
+    place_bonus: float = 0.0
+    remaining_exponent: float = 0.5
+    weight_bounds: tuple[float, float] = (0.25, 4.0)
+    keep_bonus: float = 0.3
+    queue_weight: float = 0.25
+    relocatable: bool = False
+    resolve_when_queued: bool = False
+    oracle: bool = False
+    scales: tuple[float, ...] | None = None  # GPU counts as multiples of the request (None: Crius's)
+
+    @classmethod
+    def for_backend(cls, backend: str, **kw: Any) -> QualityOptions:
+        """The defaults: Crius's (today's) for the greedy baseline, JCT-aware for the solver."""
+        unknown = set(kw) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+        base = cls() if backend == "greedy" else SOLVER_DEFAULTS
+        return replace(base, **kw)
+
+    def candidate_options(self, opts: CandidateOptions) -> CandidateOptions:
+        if self.scales is not None and opts.scales != (1.0,):  # the no-scaling ablation stays
+            opts = replace(opts, scales=tuple(self.scales))
+        return replace(opts, objective=self.objective, place_bonus=self.place_bonus,
+                       remaining_exponent=self.remaining_exponent,
+                       weight_bounds=self.weight_bounds, keep_bonus=self.keep_bonus,
+                       queue_weight=self.queue_weight, relocatable_running=self.relocatable)
+
+
+SOLVER_DEFAULTS = QualityOptions()
+
+
+def oracle_estimator(state: Any, inner: CachedEstimator) -> RateEstimator:
+    """Rates as the simulator's view gives them (measured truth when its noise is 0).
+
+    Cells the runtime saw fail (``inner.blacklist``) and types outside a no-hetero
+    ablation's allowance rate 0, as with the analytic estimator.
+    """
+    by_id = {js.id: js for js in state.jobs}
+
+    def rate(job: JobSpec, gpu_type: str, gpus: int) -> float:
+        js = by_id.get(job.id)
+        if js is None or (job.id, gpu_type, gpus) in inner.blacklist:
+            return 0.0
+        only = inner.allowed_types.get(job.id)
+        if only is not None and gpu_type != only:
+            return 0.0
+        return state.rate(js, gpu_type, gpus)
+
+    return RateEstimator(rate, inner=inner)
+
+
+def stable_decision(res: Any, cluster: Any, jobs: list[JobSpec], est: Any) -> Decision:
+    """The round's decision with kept jobs on their present placements (validated), or as is."""
+    dec = res.decision
+    g = res.graph
+    choices = []
+    for a in dec.allocations:
+        cn = Cell(a.job, a.gpu_type, a.gpus, a.stages).node_id
+        if cn not in g:
+            return dec
+        choices.append(CellChoice(a.job, cn, dict(a.placement)))
+    moved = restore_placements(g, choices)
+    out = to_decision(g, moved, cluster, jobs, dec.report, est)
+    out.meta = dec.meta
+    if not validate(out, cluster, jobs).ok:  # never act on an invalid answer: keep the original
+        return dec
+    return out

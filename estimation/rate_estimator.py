@@ -1,0 +1,174 @@
+"""A rate source presented as a cell estimator: measured (or oracle) speed, analytic plans.
+
+Formulations read estimates through ``best_in_cell(job, cell, cluster) ->
+Estimate | None``. A simulator, a lookup of measured throughputs or an
+operator's profiling run knows something different: how many iterations per
+second a job makes on ``gpus`` GPUs of ``gpu_type`` under its best plan. This
+adapter turns such a *rate function*
+
+    ``rate_fn(job: JobSpec, gpu_type: str, gpus: int) -> iterations/s`` (0: cannot run)
+
+into the estimator interface, so the same formulation, solvers and validator
+can schedule on measured truth (the harness's ``oracle`` information mode) or
+on any other rate source, and a comparison with a policy that sees truth is
+fair.
+
+What comes from where:
+
+* **time**: ``iter_time_s = 1 / rate_fn(job, gpu_type, gpus)``; a rate of 0
+  (or less) means the cell cannot run: ``None``. The rate does not depend on
+  the stage count (a rate source measures the job's best plan at a size), so
+  cells of the same size with different stage counts get the same rate, and
+  :func:`apportion.formulations.candidates.prune_dominated` keeps the one
+  with the fewest stages;
+* **plan and memory**: the DP/TP split inside the cell and the memory per GPU
+  come from an inner estimator (an :class:`AnalyticEstimator` by default):
+  its best feasible split in the cell, or, where the inner model thinks no
+  split fits but the rate source says the job runs (the rate source is the
+  better witness), its fastest split, marked feasible;
+* ``fit(samples)`` records measured iteration times, keyed by (model, global
+  batch, GPU type, GPU count); a measured configuration overrides ``rate_fn``.
+
+Rates are memoised per (job id, GPU type, GPU count) when ``memoize`` is true
+(a rate function that changes, say with a per-round view, must be given a
+fresh adapter or ``clear()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from apportion.estimation.analytic import (
+    AnalyticEstimator,
+    nominal_placement,
+    powers_of_two_dividing,
+)
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+
+from apportion.cluster import Cluster
+from apportion.jobs import JobSpec
+from apportion.plans import Cell, ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+RateFn = Callable[[JobSpec, str, int], float]
+
+
+class RateEstimator(ParamsMixin):
+    """Cell estimates whose time comes from ``rate_fn`` and whose plan/memory from ``inner``.
+
+    Parameters
+    ----------
+    rate_fn:
+        ``(job, gpu_type, gpus) -> iterations/s`` of the job's best plan on
+        that many GPUs of that type; 0 when it cannot run there.
+    inner:
+        the estimator that proposes the DP/TP split and the memory per GPU
+        (default: a new :class:`AnalyticEstimator`).
+    memoize:
+        cache rates per (job id, GPU type, GPU count).
+    """
+
+    def __init__(self, rate_fn: RateFn, inner: AnalyticEstimator | None = None,
+                 memoize: bool = True) -> None:
+        if not callable(rate_fn):
+            raise TypeError("rate_fn must be callable: (job, gpu_type, gpus) -> iterations/s")
+        self.rate_fn = rate_fn
+        self.inner = inner
+        self.memoize = memoize
+        self._inner = inner if inner is not None else AnalyticEstimator()
+        self._rates: dict[tuple[str, str, int], float] = {}
+
+    # -- sklearn-style plumbing ----------------------------------------------------
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> RateEstimator:
+        """Record measured iteration times; a measured configuration overrides ``rate_fn``."""
+        measured: dict[tuple[str, int, str, int], float] = {}
+        for s in samples:
+            if s.iter_time_s > 0:
+                gpus = int(sum(s.placement.values()))
+                measured[(s.job.model, s.job.global_batch_size, s.gpu_type, gpus)] = 1.0 / s.iter_time_s
+        self.measured_ = measured
+        self._rates.clear()
+        return self
+
+    def clear(self) -> None:
+        """Forget memoised rates (call when the rate source has changed)."""
+        self._rates.clear()
+
+    # -- rates -----------------------------------------------------------------------
+    def rate(self, job: JobSpec, gpu_type: str, gpus: int) -> float:
+        """Iterations/s of ``job`` on ``gpus`` GPUs of ``gpu_type`` (0: cannot run)."""
+        measured = getattr(self, "measured_", {})
+        mk = (job.model, job.global_batch_size, gpu_type, gpus)
+        if mk in measured:
+            return measured[mk]
+        key = (job.id, gpu_type, gpus)
+        if self.memoize and key in self._rates:
+            return self._rates[key]
+        r = float(self.rate_fn(job, gpu_type, gpus))
+        r = r if math.isfinite(r) and r > 0 else 0.0
+        if self.memoize:
+            self._rates[key] = r
+        return r
+
+    # -- the estimator interface ----------------------------------------------------------
+    def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        """The cell's estimate: the rate source's time, the inner estimator's plan and memory."""
+        if cell.gpus <= 0 or cell.gpus % cell.stages:
+            return None
+        r = self.rate(job, cell.gpu_type, cell.gpus)
+        if r <= 0:
+            return None
+        base = self._inner.best_in_cell(job, cell, cluster)
+        if base is None:
+            base = self._fastest_split(job, cell, cluster)
+            if base is None:
+                return None
+        return self._timed(base, 1.0 / r, job.global_batch_size)
+
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate:
+        """The rate source's time for the placement's type and size; memory from ``inner``."""
+        node = next(iter(placement), None)
+        if node is None:
+            raise ValueError("empty placement")
+        gpu_type = cluster.nodes[node].gpu_type
+        gpus = int(sum(placement.values()))
+        base = self._inner.predict(job, plan, placement, cluster)
+        r = self.rate(job, gpu_type, gpus)
+        if r <= 0:
+            return replace(base, iter_time_s=math.inf, feasible=False)
+        return self._timed(base, 1.0 / r, job.global_batch_size)
+
+    # -- helpers ----------------------------------------------------------------------
+    @staticmethod
+    def _timed(base: Estimate, iter_time_s: float, gbs: int) -> Estimate:
+        breakdown = dict(base.breakdown)
+        breakdown["inner_iter_time_s"] = float(base.iter_time_s)
+        return Estimate(iter_time_s, base.mem_per_gpu, True, base.plan, gbs, breakdown)
+
+    def _fastest_split(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        """The inner model's fastest DP/TP split in the cell, feasible in memory or not."""
+        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
+        if placement is None:
+            return None
+        per_stage = cell.gpus // cell.stages
+        best: Estimate | None = None
+        for tp in powers_of_two_dividing(per_stage, cluster.max_gpus_per_node(cell.gpu_type)):
+            plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
+            if job.global_batch_size < plan.dp:
+                continue
+            try:
+                e = self._inner.predict(job, plan, placement, cluster)
+            except (KeyError, ValueError) as exc:  # the inner model cannot describe the job
+                log.debug("inner estimator cannot evaluate %s on %s: %s", job.id, cell, exc)
+                return None
+            if math.isfinite(e.iter_time_s) and (best is None or e.iter_time_s < best.iter_time_s):
+                best = e
+        return best
+
+
+__all__ = ["RateEstimator", "RateFn"]
