@@ -79,6 +79,11 @@ class CandidateOptions:
     # moving or stopping in the same round; the caller restores present placements after
     # decoding (solvers.greedy.restore_placements)
     relocatable_running: bool = False
+    # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
+    # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
+    # feasible type, Sia's: independent of a requested type that may be arbitrary), or
+    # ``best`` (N GPUs of its fastest type)
+    normalize: str = "requested"
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
@@ -86,6 +91,9 @@ class CandidateOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds)
+
+
+NORMALIZATIONS = ("requested", "slowest", "best")
 
 
 def job_node(job_id: str) -> str:
@@ -185,6 +193,16 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
         return
     # normalisation: requested N of the requested (or best) type
     at_n = [(c, e) for c, e in cells if c.gpus == job.requested_gpus]
+    if opt.normalize not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalize {opt.normalize!r}; choose {', '.join(NORMALIZATIONS)}")
+    if opt.normalize != "requested" and at_n:
+        by_type: dict[str, float] = {}
+        for c, e in at_n:
+            by_type[c.gpu_type] = max(by_type.get(c.gpu_type, 0.0), e.throughput)
+        pick = min if opt.normalize == "slowest" else max
+        _attach_cells(g, job, cells, cluster, opt, pick(by_type.values()),
+                      f"{job.requested_gpus} x {opt.normalize} type")
+        return
     if job.requested_gpu_type:
         typed = [(c, e) for c, e in at_n if c.gpu_type == job.requested_gpu_type]
         basis = f"{job.requested_gpus} x {job.requested_gpu_type}"
@@ -193,7 +211,12 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
     pool = typed or at_n or cells
     if not typed:
         basis = "best candidate" if not at_n else f"{job.requested_gpus} x best type"
-    ref = max(e.throughput for _, e in pool)
+    _attach_cells(g, job, cells, cluster, opt, max(e.throughput for _, e in pool), basis)
+
+
+def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster,
+                  opt: CandidateOptions, ref: float, basis: str) -> None:
+    jn = job_node(job.id)
     g.nodes[jn]["ref_throughput"] = ref
     g.nodes[jn]["ref_basis"] = basis
     bonus = g.nodes[jn]["queue_bonus"]

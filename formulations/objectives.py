@@ -19,7 +19,9 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   w_min, w_max) — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
   default 0.5; 1 is SRTF's ratio, 0 is ``normalized``) and bounded, so short
   jobs come first without starving long ones (whose weight never falls below
-  ``w_min``); used with a ``place_bonus``.
+  ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
+  too, so a job's stickiness is in the units of its own gains (a long job
+  may still grow when GPUs free up).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (default 0; Sia's
 ILP uses 1): a cell's value then holds a constant for running at all, so the
@@ -128,8 +130,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         else:
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
-        if d.get("current"):
-            value += opt.keep_bonus
+        if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
+            value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:
             value -= term * lost  # a running job that moves loses the restart time
         d["term"] = term

@@ -151,3 +151,17 @@ def test_apportion_defaults_in_a_replay_validate_every_round() -> None:
     res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()  # validates
     assert res.summary["finished"] == 10
     assert set(res.rounds["backend"]) & {"highs", "cp-sat"}
+
+
+@pytest.mark.parametrize("normalize", ["requested", "slowest", "best"])
+def test_normalisations(normalize: str) -> None:
+    cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 4, "A10", 2)])
+    jobs = [JobSpec("j", "bert-336m", 64, 1000, 2, requested_gpu_type="A10")]
+    g = build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize=normalize))
+    at_n = {g.nodes[c]["gpu_type"]: g.nodes[c]["est_throughput"] for c in cells_of(g, "j")
+            if g.nodes[c]["gpus"] == 2}
+    ref = g.nodes[job_node("j")]["ref_throughput"]
+    want = {"requested": at_n["A10"], "slowest": min(at_n.values()), "best": max(at_n.values())}
+    assert ref == pytest.approx(want[normalize])
+    with pytest.raises(ValueError):
+        build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize="nope"))

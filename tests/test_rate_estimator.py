@@ -40,7 +40,7 @@ def table_rate(job: JobSpec, gpu_type: str, gpus: int) -> float:
 def test_protocol_params_and_fit_returns_self() -> None:
     est = RateEstimator(table_rate)
     assert isinstance(est, Estimator)
-    assert set(est.get_params()) == {"rate_fn", "inner", "memoize"}
+    assert set(est.get_params()) == {"rate_fn", "inner", "memoize", "calibrate"}
     job = JobSpec("j", "bert-336m", 64, 100, 4)
     placement = nominal_placement(CL, "A100-40GB", 4)
     sample = Sample(job, ExecutionPlan(dp=4), placement, "A100-40GB", 0.5)
@@ -146,3 +146,34 @@ def test_optimising_policy_oracle_sees_the_simulators_rates() -> None:
     res = Simulator(cl, trace(), Spy(), truth, SimConfig(seed=0)).run()
     assert res.summary["finished"] == 10
     assert seen and all(e == pytest.approx(t) for e, t in seen)
+
+
+def test_calibrate_corrects_unmeasured_sizes_from_measured_ones() -> None:
+    """Predictions 2x too fast; one measurement per type pulls every size of it back."""
+    def optimistic(job: JobSpec, gpu_type: str, gpus: int) -> float:
+        return 2.0 * table_rate(job, gpu_type, gpus)
+
+    job = JobSpec("j", "bert-336m", 64, 100, 4)
+    measured = Sample(job, ExecutionPlan(dp=4), nominal_placement(CL, "A100-40GB", 4), "A100-40GB",
+                      1.0 / table_rate(job, "A100-40GB", 4))
+    plain = RateEstimator(optimistic).fit([measured])
+    cal = RateEstimator(optimistic, calibrate=True).fit([measured])
+    for gpus in (1, 2, 8):
+        truth = table_rate(job, "A100-40GB", gpus)
+        assert plain.rate(job, "A100-40GB", gpus) == pytest.approx(2 * truth)
+        assert cal.rate(job, "A100-40GB", gpus) == pytest.approx(truth)
+    # another type of the same model and batch takes the model's correction
+    assert cal.rate(job, "A10", 2) == pytest.approx(table_rate(job, "A10", 2))
+    # another model is left alone
+    other = JobSpec("o", "bert-0.76b", 64, 100, 4)
+    assert cal.rate(other, "A10", 2) == pytest.approx(optimistic(other, "A10", 2))
+
+
+def test_optimising_feedback_learns_from_what_ran() -> None:
+    cl = small_cluster()
+    pol = make_policy("apportion", time_budget_s=1.0, feedback=True)
+    res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()  # validates
+    assert res.summary["finished"] == 10
+    assert pol.measured.samples  # configurations that ran were measured
+    for (model, batch, gpu_type, gpus), s in pol.measured.samples.items():
+        assert s.gpu_type == gpu_type and sum(s.placement.values()) == gpus and s.iter_time_s > 0

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.base import Sample
 from apportion.estimation.rate_estimator import RateEstimator
 from apportion.experiments.policies.base import Choice, build_decision
 from apportion.formulations.candidates import CandidateOptions
@@ -70,6 +71,7 @@ class Optimising:
                  stage_counts: str = "powers", **quality: Any) -> None:
         self.stage_counts = stage_counts
         self.quality = QualityOptions.for_backend(backend, **quality)
+        self.measured = MeasuredRates()
         self.backend = backend
         self.time_budget_s = time_budget_s
         self.search_depth = search_depth
@@ -101,6 +103,8 @@ class Optimising:
 
     def decide(self, state: Any, now: float) -> Decision:
         t0 = time.perf_counter()
+        if self.quality.feedback:
+            self.measured.observe(state)
         if self._quiet(state):  # Crius re-schedules on arrivals and departures only
             keep = {js.id: Choice(js.alloc.gpu_type, js.alloc.gpus, dict(js.alloc.placement),
                                   js.est_rate, js.alloc.plan, js.plan_code)
@@ -122,7 +126,12 @@ class Optimising:
         cfg = RoundConfig(backend=self.backend, time_budget_s=self.time_budget_s,
                           search_depth=self.search_depth, max_changes=self.max_changes,
                           candidates=opts)
-        est = oracle_estimator(state, self.est) if self.quality.oracle else self.est
+        if self.quality.oracle:
+            est: Any = oracle_estimator(state, self.est)
+        elif self.quality.feedback:
+            est = self.measured.estimator(state.cluster, self.est)
+        else:
+            est = self.est
         res = run_round(state.cluster, specs, now, cfg, estimator=est)
         dec = res.decision
         if opts.relocatable_running:
@@ -151,7 +160,11 @@ class QualityOptions:
     re-decides instead of leaving it for the next arrival or completion);
     ``oracle``: rates come from the simulator's view (``state.rate``) through
     :class:`apportion.estimation.rate_estimator.RateEstimator` instead of the
-    analytic estimator (plans and memory stay analytic).
+    analytic estimator (plans and memory stay analytic);
+    ``feedback``: (estimated mode) throughputs measured while jobs ran replace the
+    analytic estimate of that configuration and calibrate the others of the same
+    model and batch (:class:`MeasuredRates`), as ``apportion run`` refits from
+    measured iteration times.
     """
 
     objective: str = "normalized"
@@ -164,6 +177,8 @@ class QualityOptions:
     resolve_when_queued: bool = False
     oracle: bool = False
     scales: tuple[float, ...] | None = None  # GPU counts as multiples of the request (None: Crius's)
+    feedback: bool = False
+    normalize: str = "requested"
 
     @classmethod
     def for_backend(cls, backend: str, **kw: Any) -> QualityOptions:
@@ -180,7 +195,8 @@ class QualityOptions:
         return replace(opts, objective=self.objective, place_bonus=self.place_bonus,
                        remaining_exponent=self.remaining_exponent,
                        weight_bounds=self.weight_bounds, keep_bonus=self.keep_bonus,
-                       queue_weight=self.queue_weight, relocatable_running=self.relocatable)
+                       queue_weight=self.queue_weight, relocatable_running=self.relocatable,
+                       normalize=self.normalize)
 
 
 SOLVER_DEFAULTS = QualityOptions()
@@ -204,6 +220,43 @@ def oracle_estimator(state: Any, inner: CachedEstimator) -> RateEstimator:
         return state.rate(js, gpu_type, gpus)
 
     return RateEstimator(rate, inner=inner)
+
+
+class MeasuredRates:
+    """Iterations/s measured on configurations jobs really ran, by (model, batch, type, GPUs).
+
+    A job's progress over a round it held its allocation for is what an executor
+    reports (``apportion run`` turns it into measured iteration times); the
+    simulator's ``JobState.rate`` is that measurement. Jobs of the same model and
+    global batch share what was measured.
+    """
+
+    def __init__(self) -> None:
+        self.samples: dict[tuple[str, int, str, int], Sample] = {}
+
+    def observe(self, state: Any) -> None:
+        for js in state.jobs:
+            a = js.alloc
+            if a is None or js.rate <= 0 or js.rounds_run <= 0:
+                continue
+            key = (js.spec.model, js.spec.global_batch_size, a.gpu_type, a.gpus)
+            self.samples[key] = Sample(js.spec, a.plan, dict(a.placement), a.gpu_type, 1.0 / js.rate)
+
+    def estimator(self, cluster: Any, inner: CachedEstimator) -> RateEstimator:
+        """The analytic rate (best stage count of a size), corrected by what was measured."""
+
+        def analytic_rate(job: JobSpec, gpu_type: str, gpus: int) -> float:
+            best = 0.0
+            s = 1
+            while s <= min(gpus, 16):
+                if gpus % s == 0:
+                    e = inner.best_in_cell(job, Cell(job.id, gpu_type, gpus, s), cluster)
+                    if e is not None and e.iter_time_s > 0:
+                        best = max(best, 1.0 / e.iter_time_s)
+                s *= 2
+            return best
+
+        return RateEstimator(analytic_rate, inner=inner, calibrate=True).fit(self.samples.values())
 
 
 def stable_decision(res: Any, cluster: Any, jobs: list[JobSpec], est: Any) -> Decision:
