@@ -2,7 +2,7 @@
 
     python -m apportion.experiments.quality [--traces philly-d1,philly-d4,crius-venus,...]
         [--policies fcfs,srtf,...,apportion,apportion-oracle] [--seeds 3] [--workers 2]
-        [--budget 2] [--max-jobs N] [--runs DIR] [--name quality_crius]
+        [--budget 5] [--max-jobs N] [--runs DIR] [--name quality_crius]
 
 Traces (all on Crius's 1,280-GPU cluster, table 1):
 
@@ -70,7 +70,9 @@ def make(policy: str, budget: float) -> Any:
     from apportion.experiments.policies import make_policy
 
     if policy == "apportion-oracle":
-        return make_policy("apportion", time_budget_s=budget, oracle=True, name=policy)
+        pol = make_policy("apportion", time_budget_s=budget, oracle=True)
+        pol.name = policy
+        return pol
     if policy.startswith("apportion"):
         return make_policy(policy, time_budget_s=budget)
     return make_policy(policy)
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--policies", default=",".join(BASELINES + APPORTION))
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--budget", type=float, default=2.0, help="solver budget per round (s)")
+    ap.add_argument("--budget", type=float, default=5.0, help="solver budget per round (s), the policy default")
     ap.add_argument("--max-jobs", type=int, default=None)
     ap.add_argument("--runs", default=str(Path(__file__).resolve().parents[1] / "results" / "quality-runs"))
     ap.add_argument("--name", default="quality_crius")

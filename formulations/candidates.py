@@ -82,7 +82,9 @@ class CandidateOptions:
     # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
     # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
     # feasible type, Sia's: independent of a requested type that may be arbitrary), or
-    # ``best`` (N GPUs of its fastest type)
+    # ``best`` (N GPUs of its fastest type), or ``least-efficient`` (N x the throughput per
+    # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
+    # their efficient ones higher)
     normalize: str = "requested"
 
     def objective_options(self) -> ObjectiveOptions:
@@ -93,7 +95,7 @@ class CandidateOptions:
                                 weight_bounds=self.weight_bounds)
 
 
-NORMALIZATIONS = ("requested", "slowest", "best")
+NORMALIZATIONS = ("requested", "slowest", "best", "least-efficient")
 
 
 def job_node(job_id: str) -> str:
@@ -195,6 +197,14 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
     at_n = [(c, e) for c, e in cells if c.gpus == job.requested_gpus]
     if opt.normalize not in NORMALIZATIONS:
         raise ValueError(f"unknown normalize {opt.normalize!r}; choose {', '.join(NORMALIZATIONS)}")
+    if opt.normalize == "least-efficient":
+        best: dict[tuple[str, int], float] = {}  # each size's best plan, as Sia's options
+        for c, e in cells:
+            best[c.gpu_type, c.gpus] = max(best.get((c.gpu_type, c.gpus), 0.0), e.throughput)
+        per_gpu = min(thr / gpus for (_, gpus), thr in best.items())
+        _attach_cells(g, job, cells, cluster, opt, per_gpu * job.requested_gpus,
+                      f"{job.requested_gpus} x least efficient GPU")
+        return
     if opt.normalize != "requested" and at_n:
         by_type: dict[str, float] = {}
         for c, e in at_n:

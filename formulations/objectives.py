@@ -15,8 +15,9 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
 * ``makespan``:     n_c * rem_j / mean(rem) — longest remaining work first (LPT);
 * ``composite``:    sum_k weight_k * term_k over the above, documented default
   weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``;
-* ``jct-aware``:    n_c * w_j with w_j = clip((median(rem) / rem_j) ** alpha,
-  w_min, w_max) — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
+* ``jct-aware``:    n_c * w_j with w_j = clip((median(soon) / soon_j) ** alpha,
+  w_min, w_max), soon_j the job's remaining time on its fastest candidate
+  cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
   default 0.5; 1 is SRTF's ratio, 0 is ``normalized``) and bounded, so short
   jobs come first without starving long ones (whose weight never falls below
   ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
@@ -108,8 +109,15 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
     if not per_job:
         return
-    weights = jct_weights({j: v["rem"] for j, v in per_job.items()}, opt.remaining_exponent,
-                          opt.weight_bounds)
+    fastest: dict[str, float] = {}  # each job's best candidate throughput
+    for _, d in g.nodes(data=True):
+        if d.get("kind") == "cell" and d["job"] in per_job:
+            fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
+    # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
+    # a job that is slow where it asked to run but fast elsewhere is a short job
+    soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
+               else per_job[j]["rem"] for j in per_job}
+    weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
     for j, v in per_job.items():
         v["weight"] = weights[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),

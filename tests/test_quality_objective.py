@@ -153,7 +153,7 @@ def test_apportion_defaults_in_a_replay_validate_every_round() -> None:
     assert set(res.rounds["backend"]) & {"highs", "cp-sat"}
 
 
-@pytest.mark.parametrize("normalize", ["requested", "slowest", "best"])
+@pytest.mark.parametrize("normalize", ["requested", "slowest", "best", "least-efficient"])
 def test_normalisations(normalize: str) -> None:
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 4, "A10", 2)])
     jobs = [JobSpec("j", "bert-336m", 64, 1000, 2, requested_gpu_type="A10")]
@@ -161,7 +161,9 @@ def test_normalisations(normalize: str) -> None:
     at_n = {g.nodes[c]["gpu_type"]: g.nodes[c]["est_throughput"] for c in cells_of(g, "j")
             if g.nodes[c]["gpus"] == 2}
     ref = g.nodes[job_node("j")]["ref_throughput"]
-    want = {"requested": at_n["A10"], "slowest": min(at_n.values()), "best": max(at_n.values())}
+    per_gpu = min(g.nodes[c]["est_throughput"] / g.nodes[c]["gpus"] for c in cells_of(g, "j"))
+    want = {"requested": at_n["A10"], "slowest": min(at_n.values()), "best": max(at_n.values()),
+            "least-efficient": 2 * per_gpu}
     assert ref == pytest.approx(want[normalize])
     with pytest.raises(ValueError):
         build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize="nope"))

@@ -199,7 +199,14 @@ class QualityOptions:
                        normalize=self.normalize)
 
 
-SOLVER_DEFAULTS = QualityOptions()
+# apportion's own rounds (measured on Crius's Venus trace and Philly days; see
+# experiments/results/quality_crius.md): runs of the solver that count freed GPUs, place
+# one more job before growing one, weigh short remaining work higher (tempered), judge
+# speed against each job's slowest type, and keep little stickiness (a restart costs
+# about a quarter of a round)
+SOLVER_DEFAULTS = QualityOptions(objective="jct-aware", place_bonus=1.0, remaining_exponent=0.25,
+                                 keep_bonus=0.1, relocatable=True, normalize="slowest",
+                                 feedback=True)
 
 
 def oracle_estimator(state: Any, inner: CachedEstimator) -> RateEstimator:
