@@ -40,6 +40,11 @@ class NodeGroup:
     intra_node_bandwidth_GBps: float = 300.0
     inter_node_bandwidth_GBps: float = 25.0
     names: tuple[str, ...] = ()
+    gpu_product_label: str | None = None  # Kubernetes: the node label selecting these GPUs
+    labels: tuple[tuple[str, str], ...] = ()  # engine annotations (cluster import), sorted
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
 
     def node_names(self) -> list[str]:
         return list(self.names) if self.names else [f"{self.prefix}-{i}" for i in range(self.count)]

@@ -8,12 +8,23 @@ escape to the user. The field names here are a contract (see README).
 from __future__ import annotations
 
 import math
+import os
+import re
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
@@ -42,6 +53,10 @@ class _Strict(BaseModel):
 
 
 NODE_NAME = r"^[A-Za-z0-9_.\-]+$"
+# [label key "="] label value (Kubernetes label syntax: value <= 63 characters)
+NODE_LABEL = (r"^(([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?=)?"
+              r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_KEY = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class NodeGroupSpec(_Strict):
@@ -57,6 +72,14 @@ class NodeGroupSpec(_Strict):
     intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
     intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
     inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
+    # the Kubernetes node label that selects this group's GPUs: a value of
+    # nvidia.com/gpu.product (GPU Feature Discovery), or KEY=VALUE for another label
+    gpu_product_label: str | None = Field(default=None, max_length=317, pattern=NODE_LABEL)
+    # engine annotations kept by `apportion cluster import` (raw GPU name, Slurm partitions,
+    # the Kubernetes GPU product label, ...); the solver ignores them, executors may read them
+    labels: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=128)],
+                 Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]] = \
+        Field(default_factory=dict)
 
 
 class ClusterSpec(_Strict):
@@ -98,6 +121,14 @@ class RunningSpec(_Strict):
             if not 0 < k <= MAX_COUNT:
                 raise ValueError(f"node {node!r}: GPU count {k} must be in 1..{MAX_COUNT}")
         return v
+
+    @model_validator(mode="after")
+    def _placement_holds_the_gpus(self) -> RunningSpec:
+        placed = sum(self.placement.values())
+        if placed != self.gpus:
+            raise ValueError(f"<placement> places {placed} GPUs but gpus is {self.gpus}; a "
+                             "running job's placement must list where each of its GPUs is")
+        return self
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -192,6 +223,13 @@ class JobEntry(_Strict):
             raise ValueError("must be a finite number")
         return v
 
+    @model_validator(mode="after")
+    def _done_within_iterations(self) -> JobEntry:
+        if self.iterations_done > self.iterations:
+            raise ValueError(f"<iterations_done> {self.iterations_done} is more than the job's "
+                             f"{self.iterations} iterations")
+        return self
+
 
 class JobsSpec(_Strict):
     jobs: list[JobEntry]
@@ -253,27 +291,60 @@ def read_yaml(path: str | Path) -> Any:
     return parse_yaml_text(read_text(path, "YAML"), str(path))
 
 
+def _file_kind(mode: int) -> str:
+    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device"
+            if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def check_input_file(path: str | Path, kind: str = "input") -> os.stat_result:
+    """Refuse, before opening, anything but an existing regular file (after symlinks).
+
+    A FIFO would block the read forever, a device such as /dev/zero never ends, a
+    socket cannot be read: all are refused by what they are, with the file named.
+    """
+    src = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(src, "(file)", "no such file") from None
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(src, "(file)", f"{_file_kind(st.st_mode)}, not a regular file; "
+                         f"give a {kind} file")
+    return st
+
+
 def read_text(path: str | Path, kind: str = "input") -> str:
     """A bounded, UTF-8 read of an input file; every failure is an :class:`InputError`.
 
-    Shared by every loader (YAML and JSON alike) so size limits, devices such as
-    /dev/zero, directories and undecodable bytes are refused the same way.
+    Shared by every loader (YAML and JSON alike) so size limits, devices, FIFOs,
+    directories and undecodable bytes are refused the same way. The file is opened
+    non-blocking and checked again through its descriptor, so a FIFO swapped in after
+    the check cannot hang the read either.
     """
     p = Path(path)
     src = str(p)
-    if not p.exists():
-        raise InputError(src, "(file)", "no such file")
-    if p.is_dir():
-        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
-    size = p.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise InputError(src, "(file)", f"file is {size} bytes; inputs are limited to "
+    st = check_input_file(p, kind)
+    if st.st_size > MAX_FILE_BYTES:
+        raise InputError(src, "(file)", f"file is {st.st_size} bytes; inputs are limited to "
                                          f"{MAX_FILE_BYTES} bytes")
-    try:  # bounded read: a FIFO or a device such as /dev/zero reports size 0
-        with p.open("rb") as fh:
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(src, "(file)", "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         raise InputError(src, "(file)", f"inputs are limited to {MAX_FILE_BYTES} bytes")
     try:
@@ -331,9 +402,15 @@ def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
         # a list-level validator names its own element inside the message
         if msg.startswith(loc + "[") and ": " in msg:
             loc, msg = msg.split(": ", 1)
+        # a model-level validator names its field first ("<placement> ...")
+        m = _FIELD_FIRST.match(msg)
+        if err["type"] == "value_error" and m:
+            loc = f"{loc}.{m.group(1)}" if loc != "(top level)" else m.group(1)
+            msg = msg[m.end():]
         raise InputError(source, loc, msg) from None
 
 
+_FIELD_FIRST = re.compile(r"^<([a-z_]+)> ")  # a model validator names its field
 _LINK_DEFAULT_GBPS = {"nvlink": 300.0, "pcie": 32.0}
 
 
@@ -348,7 +425,8 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
             intra_node_bandwidth_GBps=g.intra_node_bandwidth_GBps
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
-            names=tuple(g.nodes or ()),
+            names=tuple(g.nodes or ()), gpu_product_label=g.gpu_product_label,
+            labels=tuple(sorted(g.labels.items())),
         )
         for g in spec.node_groups
     ]
@@ -391,22 +469,70 @@ def load_jobs(path: str | Path) -> tuple[list[JobSpec], float]:
     return jobs_from_data(read_yaml(path), str(path))
 
 
+def check_running(jobs: list[JobSpec], cluster: Cluster, source: str) -> None:
+    """Each ``running`` block fits ``cluster``: its GPU type and nodes exist, each node is of
+    that type and holds the GPUs placed on it. Without this a stale jobs file would be
+    planned as if the job ran on GPUs that are not there."""
+    types = cluster.gpu_types
+    for i, j in enumerate(jobs):
+        r = j.running
+        if r is None:
+            continue
+        where = f"jobs[{i}].running"
+        if r.gpu_type not in types:
+            raise InputError(source, f"{where}.gpu_type", f"{r.gpu_type} is not in cluster "
+                             f"{cluster.name} (it has {', '.join(types)})")
+        for node, k in sorted(r.placement.items()):
+            n = cluster.nodes.get(node)
+            if n is None:
+                raise InputError(source, f"{where}.placement", f"node {node!r} is not in "
+                                 f"cluster {cluster.name}")
+            if n.gpu_type != r.gpu_type:
+                raise InputError(source, f"{where}.placement", f"node {node!r} has "
+                                 f"{n.gpu_type} GPUs, not {r.gpu_type}")
+            if k > n.gpus:
+                raise InputError(source, f"{where}.placement", f"node {node!r} has {n.gpus} "
+                                 f"GPUs, {k} placed on it")
+
+
+#: The bundled clusters by their one canonical name, and the other spellings accepted
+#: everywhere a cluster name is (solve-round, estimate, run, simulate, compare).
+CLUSTER_ALIASES = {"crius-sim": "crius-1280", "crius": "crius-1280", "default": "crius-testbed",
+                   "morphling": "morphling-64"}
+
+
 def bundled_clusters() -> list[str]:
-    """Names of the clusters shipped in ``apportion/data/clusters``."""
+    """Canonical names of the clusters shipped in ``apportion/data/clusters``."""
     folder = resources.files("apportion").joinpath("data/clusters")
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+def cluster_names_help() -> str:
+    """The bundled names and their aliases, for ``--help``."""
+    alias: dict[str, list[str]] = {}
+    for a, c in CLUSTER_ALIASES.items():
+        alias.setdefault(c, []).append(a)
+    return ", ".join(n + (f" (alias {', '.join(alias[n])})" if n in alias else "")
+                     for n in bundled_clusters())
+
+
+def canonical_cluster_name(name: str) -> str | None:
+    """The canonical bundled name for ``name`` (itself or an alias), or None."""
+    name = CLUSTER_ALIASES.get(name, name)
+    return name if name in bundled_clusters() else None
+
+
 def resolve_cluster(arg: str | Path) -> Cluster:
-    """A cluster from a YAML path, or from a bundled name (``crius-sim``, ``crius-testbed``)."""
+    """A cluster from a YAML path, or from a bundled name or alias (:data:`CLUSTER_ALIASES`)."""
     p = Path(arg)
+    name = canonical_cluster_name(str(arg))
+    if name is not None and not p.exists():
+        text = resources.files("apportion").joinpath(f"data/clusters/{name}.yaml").read_text()
+        return cluster_from_data(yaml.safe_load(text), f"<bundled cluster {name}>")
     if p.exists() or str(arg).endswith((".yaml", ".yml")) or "/" in str(arg):
         return load_cluster(p)
-    if str(arg) in bundled_clusters():
-        text = resources.files("apportion").joinpath(f"data/clusters/{arg}.yaml").read_text()
-        return cluster_from_data(yaml.safe_load(text), f"<bundled cluster {arg}>")
     raise InputError(str(arg), "--cluster", "neither a file nor a bundled cluster; bundled: "
-                     + ", ".join(bundled_clusters()))
+                     + cluster_names_help())
 
 
 def default_cluster() -> Cluster:

@@ -34,6 +34,41 @@ class Reason(str, Enum):
     DEADLINE_UNMEETABLE = "deadline-unmeetable"
     PREEMPTED = "preempted"
     SEARCH_DEPTH = "search-depth"  # the round's change budget was used up
+    CATALOG = "catalog"  # its model or GPU type is not in the catalog
+    TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
+    MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
+
+
+# Reasons no later round can change on this cluster (Kubernetes' UnschedulableAndUnresolvable);
+# the others may clear when capacity frees up.
+UNRESOLVABLE = frozenset({Reason.NO_FIT_MEMORY, Reason.NO_GPU_TYPE, Reason.CATALOG,
+                          Reason.TOO_LARGE, Reason.DEADLINE_UNMEETABLE})
+
+
+def derive_action(prev: Any, gpu_type: str, gpus: int, stages: int,
+                  placement: dict[str, int], tp: int | None = None) -> Action:
+    """The one action rule: what moving from ``prev`` to a new allocation means.
+
+    ``prev`` is where the job runs now (a :class:`~apportion.jobs.RunningState`
+    or an :class:`Allocation`), or None. Another GPU type is a migration;
+    another GPU count, stage count or tensor-parallel degree is a resize (the
+    workers relaunch with a new plan); the same cell on other nodes is a
+    migration; otherwise the job keeps running as it is. An unknown previous
+    placement (empty) counts as the same.
+    """
+    if prev is None:
+        return Action.START
+    if prev.gpu_type != gpu_type:
+        return Action.MIGRATE
+    prev_tp = getattr(prev, "tp", None)
+    if prev_tp is None and getattr(prev, "plan", None) is not None:
+        prev_tp = prev.plan.tp
+    if prev.gpus != gpus or prev.stages != stages or (
+            tp is not None and prev_tp is not None and prev_tp != tp):
+        return Action.RESIZE
+    if prev.placement and dict(prev.placement) != dict(placement):
+        return Action.MIGRATE
+    return Action.KEEP
 
 
 @dataclass
@@ -51,6 +86,7 @@ class Allocation:
     mem_per_gpu_gib: float | None = None
     cpus: int = 0
     host_memory_gib: float = 0.0
+    estimator: str | None = None  # which estimator the allocation's figures came from
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,18 +103,29 @@ class Allocation:
             "mem_per_gpu_gib": self.mem_per_gpu_gib,
             "cpus": self.cpus,
             "host_memory_gib": self.host_memory_gib,
+            "estimator": self.estimator,
         }
 
 
 @dataclass
 class Pending:
+    """A job not placed this round: why, which stage of the round said so, and whether it
+    can ever fit on this cluster (False: no later round will place it as it is)."""
+
     job: str
     reason: Reason
     detail: str = ""
     action: Action | None = None  # PREEMPT when a running job lost its place
+    stage: str = "solve"  # admit | candidates | solve (the round stage that left it out)
+    can_ever_fit: bool | None = None  # None: derived from the reason
+
+    def __post_init__(self) -> None:
+        if self.can_ever_fit is None:
+            self.can_ever_fit = self.reason not in UNRESOLVABLE
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"job": self.job, "reason": self.reason.value, "detail": self.detail}
+        out: dict[str, Any] = {"job": self.job, "reason": self.reason.value, "detail": self.detail,
+                               "stage": self.stage, "can_ever_fit": self.can_ever_fit}
         if self.action is not None:
             out["action"] = self.action.value
         return out

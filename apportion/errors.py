@@ -28,3 +28,27 @@ class CatalogError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message otherwise
         return str(self.args[0])
+
+
+class HostError(RuntimeError):
+    """The host refused something apportion needs (a full disk, a read-only folder, a
+    permission): one line naming what and the remedy. ``exit_code`` 75 ("try again later")
+    when freeing space or waiting fixes it, 2 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, what: str) -> HostError:
+        import errno
+
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return cls(f"{what}: {reason} (the disk is full or a file-size limit applies); "
+                       "free space or raise the limit, then run it again; nothing was "
+                       "replaced", 75)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return cls(f"{what}: {reason}; the folder is read-only or belongs to another "
+                       "user: choose a writable path or fix its permissions", 2)
+        return cls(f"{what}: {reason}", 2)

@@ -8,8 +8,10 @@ Two formats live here, both validated with pydantic and both reported through
   rate, whether the task accepts parameter sharing (merging / transfer), the
   target metric and value, and the GPUs requested;
 * the **task file** of ``apportion solve-finetune``: a ``tasks`` list (``id``,
-  ``epochs``, ``epoch_time_1gpu``, ``max_gpus``) and an optional ``gains``
-  mapping (``temporal: {"A->B": g}``, ``spatial: {"A||B": g}``).
+  ``epochs``, ``epoch_time_1gpu``, ``max_gpus``, optional ``data``: the path of
+  the task's samples, relative to the task file, which ``--gains auto`` embeds
+  with the Task2Vec probe) and an optional ``gains`` mapping (``temporal:
+  {"A->B": g}``, ``spatial: {"A||B": g}``).
 
 Numbers of the task file are turned into exact :class:`fractions.Fraction`
 values (through their decimal text, so ``0.3`` is 3/10) because the table-9
@@ -66,6 +68,7 @@ class _TaskRow(BaseModel):
     epochs: float = Field(gt=0)
     epoch_time_1gpu: float = Field(gt=0)
     max_gpus: int = Field(ge=1)
+    data: str | None = Field(default=None, min_length=1)  # samples for --gains auto
 
     @field_validator("id", mode="before")
     @classmethod
@@ -109,6 +112,7 @@ class FinetuneTask:
     epochs: Fraction
     epoch_time_1gpu: Fraction  # time units per epoch on one GPU
     max_gpus: int
+    data: str | None = None  # the task's samples (``--gains auto``), as written in the file
 
     @property
     def work(self) -> Fraction:
@@ -139,6 +143,15 @@ class FinetuneProblem:
     def ids(self) -> list[str]:
         return [t.id for t in self.tasks]
 
+    def data_path(self, task: FinetuneTask) -> Path | None:
+        """Where ``task``'s samples are: its ``data`` field, relative to the task file."""
+        if task.data is None:
+            return None
+        p = Path(task.data).expanduser()
+        if p.is_absolute() or self.source.startswith("<"):
+            return p
+        return Path(self.source).parent / p
+
 
 def _exact(value: float | str | Fraction) -> Fraction:
     """Decimal-exact fraction: 0.3 -> 3/10 (not the binary float's 5404319552844595/2**54)."""
@@ -163,7 +176,7 @@ def parse_finetune_problem(data: Any, source: str = "<memory>") -> FinetuneProbl
         if row.id in ids:
             raise InputError(source, f"tasks[{i}].id", f"duplicate task id {row.id!r}")
         ids.append(row.id)
-    tasks = [FinetuneTask(r.id, _exact(r.epochs), _exact(r.epoch_time_1gpu), r.max_gpus)
+    tasks = [FinetuneTask(r.id, _exact(r.epochs), _exact(r.epoch_time_1gpu), r.max_gpus, r.data)
              for r in spec.tasks]
     temporal: dict[tuple[str, str], Fraction] = {}
     spatial: dict[frozenset[str], Fraction] = {}

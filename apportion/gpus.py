@@ -32,6 +32,8 @@ class GpuType:
     fp16_tflops: float | None = None
     tf32_tflops: float | None = None
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    # Kubernetes node-label values for this GPU (GPU Feature Discovery's first), also aliases
+    products: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def memory_bytes(self) -> float:
@@ -57,6 +59,7 @@ def gpu_catalog() -> dict[str, GpuType]:
     for row in yaml.safe_load(text)["gpus"]:
         row = dict(row)
         row["aliases"] = tuple(row.get("aliases") or ())
+        row["products"] = tuple(row.get("products") or ())
         gpu = GpuType(**row)
         out[gpu.name] = gpu
     return out
@@ -67,9 +70,15 @@ def _alias_map() -> dict[str, str]:
     out: dict[str, str] = {}
     for gpu in gpu_catalog().values():
         out[gpu.name.lower()] = gpu.name
-        for alias in gpu.aliases:
+        for alias in (*gpu.aliases, *gpu.products):
             out[alias.lower()] = gpu.name
     return out
+
+
+def gpu_product(name: str) -> str:
+    """The ``nvidia.com/gpu.product`` value GPU Feature Discovery writes for ``name``."""
+    gpu = get_gpu(name)
+    return gpu.products[0] if gpu.products else gpu.name
 
 
 def canonical_gpu_name(name: str) -> str:

@@ -112,6 +112,7 @@ class JobSpec:
     running: RunningState | None = None
     admitted: bool = False  # a deadline job admitted earlier keeps its guarantee
     workload: Workload | None = None  # None: the built-in trainer
+    priority_weight: float = 1.0  # a fairness weight (Gavel's max-min priorities)
 
     @property
     def remaining_iterations(self) -> int:

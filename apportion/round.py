@@ -1,247 +1,481 @@
-"""The round loop, written once, in order.
+"""The round, written once, in order: admit -> candidates -> formulate -> solve -> decode
+-> validate -> commit -> apply.
 
-admission -> candidates -> formulate -> solve (chain, greedy hint and fallback)
--> validate -> (commit) -> (apply). State goes in, a :class:`RoundResult` comes
-out; nothing here mutates the inputs. This module and ``cli.py`` are the only
-core modules that sit on top of the areas.
+Every driver makes its rounds here: ``solve-round`` (with or without a state
+store), ``apportion run``, the simulator and ``compare``. A round takes a
+:class:`~apportion.view.View` and a :class:`~apportion.view.Policy` and
+returns a :class:`RoundResult`; nothing here mutates the inputs.
+
+* **admit** (:mod:`apportion.admission`): jobs that can never be planned get a
+  typed pending reason at stage ``admit``;
+* **candidates, formulate, solve, decode**: a *staged* policy — apportion's
+  formulations, :class:`FormulationPolicy` — exposes each stage, and they run
+  here in order (the solver chain under the budget, the greedy as hint and
+  fallback, every accepted answer checked by the validator once as it is
+  accepted). A baseline is one ``decide(view)`` call in place of the four;
+* **validate**: the independent validator checks every decision not already
+  checked when it was accepted; an invalid decision is never used (a staged
+  policy falls back to its greedy, a baseline's bug raises);
+* **commit** and **apply**: hooks the caller passes (the state store's
+  transaction; an executor or the simulator).
+
+``run_round(cluster, jobs, now, config)`` is the library entry point: the
+same pipeline with the policy :class:`RoundConfig` names (the cell
+formulation by default) and the configured estimator as every policy's rate
+source.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
 
+from apportion.admission import admit
 from apportion.cluster import Cluster
-from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
-from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
-from apportion.formulations.candidates import (CandidateOptions, build_candidates, job_node,
-                                               problem_dump)
+from apportion.decision import Decision, SolveReport
+from apportion.estimation.rates import EstimatorRates
+from apportion.estimation.registry import estimator_name, make_estimator
+from apportion.formulations.candidates import CandidateOptions, build_candidates, problem_dump
 from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
                                           hint_from_choices, objective_of)
-from apportion.jobs import JobSpec
-from apportion.plans import ExecutionPlan
+from apportion.formulations.decode import REASON_DETAIL, to_decision
+from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.chain import backends_for, solve_chain
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
+from apportion.view import JobView, Policy, View
 
 log = logging.getLogger(__name__)
 
-
 FORMULATIONS = ("cells", "plans", "deadline", "gavel")
-REASON_DETAIL = {
-    Reason.NO_FIT_MEMORY.value: "no cell of any GPU type fits its memory",
-    Reason.NO_GPU_TYPE.value: "its requested GPU type is not in the cluster",
-    Reason.DEADLINE_UNMEETABLE.value: "no allocation finishes it before its deadline",
-}
+BACKENDS = ("auto", "cp-sat", "highs", "lp-round", "greedy")
+STAGES = ("admit", "candidates", "formulate", "solve", "decode", "validate", "commit", "apply")
+GAVEL_POLICIES = {"max-min-fairness": "gavel-max-min-fairness",
+                  "max-sum-throughput": "gavel-max-sum-throughput"}
+__all__ = ["BACKENDS", "FORMULATIONS", "FormulationPolicy", "InvalidDecision", "REASON_DETAIL", "RoundConfig",
+           "RoundResult", "STAGES", "policy_for", "run_pipeline", "run_round", "to_decision",
+           "view_of"]
+
+
+class InvalidDecision(RuntimeError):
+    """A policy returned a decision the validator rejects (a bug: never acted on)."""
 
 
 @dataclass
 class RoundConfig:
-    backend: str = "auto"  # auto | cp-sat | highs | greedy
+    backend: str = "auto"  # auto | cp-sat | highs | lp-round | greedy
     time_budget_s: float = 10.0
     search_depth: int = 3
     max_changes: int | None = None  # bound on running jobs changed per round
     candidates: CandidateOptions = field(default_factory=CandidateOptions)
-    formulation: str = "cells"  # cells | plans
+    formulation: str = "cells"  # cells | plans | deadline | gavel
     plan_source: Any = None  # a formulations.plans.PlanSource (default: EstimatedPlans)
     plan_options: Any = None  # formulations.plans.PlanOptions
     quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
     isolate: bool = False  # each backend in a child process (operators: a crash costs one answer)
     gavel_variant: str = "max-min-fairness"  # or max-sum-throughput (formulation gavel)
+    estimator: Any = "analytic"  # a name (estimation.registry.ESTIMATORS) or an estimator
+    policy: str | None = None  # a registered policy name; None: the formulation's own
 
 
 @dataclass
 class RoundResult:
     decision: Decision
-    graph: nx.DiGraph
+    graph: nx.DiGraph | None
     problem: dict[str, Any]
+    timing: dict[str, float] = field(default_factory=dict)  # seconds per stage, commit included
 
 
-def _action(job: JobSpec, a: Allocation) -> Action:
-    r = job.running
-    if r is None:
-        return Action.START
-    if (r.gpu_type, r.gpus, r.stages) == (a.gpu_type, a.gpus, a.stages):
-        return Action.KEEP if (not r.placement or r.placement == a.placement) else Action.MIGRATE
-    if r.gpu_type != a.gpu_type:
-        return Action.MIGRATE
-    return Action.RESIZE
-
-
-def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
-                jobs: list[JobSpec], report: SolveReport,
-                estimator: AnalyticEstimator | None = None) -> Decision:
-    """Turn decoded cell choices into allocations, actions and typed pending reasons.
-
-    With an ``estimator``, an allocation spread over more nodes than the
-    nominal (most consolidated) placement its candidate was estimated on is
-    re-estimated on its real placement: the bottleneck bandwidth feeds back
-    into the reported throughput.
-    """
-    by_id = {j.id: j for j in jobs}
-    allocs: list[Allocation] = []
-    placed = set()
-    for ch in choices:
-        d = g.nodes[ch.cell]
-        job = by_id[ch.job]
-        if "cpus_per_gpu" in d:  # plans: the option says what it needs
-            cpus = int(round(float(d["cpus_per_gpu"]) * int(d["gpus"])))
-            mem = float(d["host_mem_gib_per_gpu"]) * int(d["gpus"])
-        else:  # cells: the GPUs' share of their nodes
-            cpus = sum(cluster.nodes[n].cpus * k // cluster.nodes[n].gpus
-                       for n, k in ch.placement.items())
-            mem = sum(cluster.nodes[n].host_memory_gib * k / cluster.nodes[n].gpus
-                      for n, k in ch.placement.items())
-        plan = d.get("plan") or ExecutionPlan(dp=int(d["dp"]), tp=int(d["tp"]), pp=int(d["stages"]),
-                                              micro_batches=int(d["micro_batches"]))
-        thr = float(d["est_throughput"])
-        nominal = nominal_placement(cluster, d["gpu_type"], int(d["gpus"]))
-        if estimator is not None and nominal is not None and len(ch.placement) > len(nominal):
-            re = estimator.predict(job, plan, ch.placement, cluster)
-            if re.feasible:
-                thr = min(thr, re.throughput)
-        a = Allocation(
-            job=ch.job, gpu_type=d["gpu_type"], gpus=int(d["gpus"]), stages=int(d["stages"]),
-            plan=plan,
-            placement=dict(ch.placement), est_throughput=thr,
-            iter_time_s=float(d["iter_time_s"]), normalized_throughput=float(d["normalized"]),
-            mem_per_gpu_gib=float(d["mem_per_gpu"]) / 2**30, cpus=int(cpus),
-            host_memory_gib=round(mem, 3))
-        a.action = _action(job, a)
-        allocs.append(a)
-        placed.add(ch.job)
-    pending = []
-    for job in jobs:
-        if job.id in placed:
-            continue
-        reason = g.nodes[job_node(job.id)]["reason"]
-        if job.running is not None:
-            pending.append(Pending(job.id, Reason.PREEMPTED, "a higher-value allocation took its GPUs",
-                                   Action.PREEMPT))
-        elif g.nodes[job_node(job.id)].get("over_quota"):
-            pending.append(Pending(job.id, Reason.QUOTA,
-                                   f"tenant {job.tenant}'s quota is used by earlier guaranteed jobs"))
-        elif reason is not None:
-            pending.append(Pending(job.id, Reason(reason), REASON_DETAIL.get(reason, "")))
-        else:
-            pending.append(Pending(job.id, Reason.NO_CAPACITY,
-                                   "feasible cells exist; the capacity went to higher-value jobs"))
-    return Decision(allocs, pending, report, formulation=g.graph.get("formulation", "cells"))
-
-
-def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
-              config: RoundConfig | None = None,
-              estimator: AnalyticEstimator | None = None) -> RoundResult:
-    """One scheduling round on the cell formulation."""
-    cfg = config or RoundConfig()
-    if cfg.formulation not in FORMULATIONS:
-        raise ValueError(f"unknown formulation {cfg.formulation!r}; choose {', '.join(FORMULATIONS)}")
+# ---------------------------------------------------------------------------------------
+# the pipeline
+# ---------------------------------------------------------------------------------------
+def run_pipeline(view: View, policy: Policy,
+                 commit: Callable[[Decision], Any] | None = None,
+                 apply: Callable[[Decision], Any] | None = None) -> RoundResult:
+    """One round of ``policy`` on ``view`` through every stage, in order."""
     t0 = time.perf_counter()
-    est = estimator or AnalyticEstimator()
-    if cfg.formulation == "plans":
-        from apportion.formulations.plans import EstimatedPlans, build_plan_candidates
+    timing: dict[str, float] = {}
 
-        source = cfg.plan_source or EstimatedPlans(est)
-        g = build_plan_candidates(cluster, jobs, now_s, source, cfg.quotas, cfg.plan_options)
-    else:
-        g = build_candidates(cluster, jobs, now_s, est, cfg.candidates)
-    if cfg.formulation == "deadline":
-        from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
+    def lap(stage: str, since: float) -> float:
+        now = time.perf_counter()
+        timing[stage] = round(timing.get(stage, 0.0) + now - since, 6)
+        return now
 
-        apply_deadlines(g, jobs, now_s, DeadlineOptions(restart_s=cfg.candidates.restart_s))
-        g.graph["formulation"] = "deadline"
-    t_cand = time.perf_counter() - t0
-    if cfg.formulation == "gavel":
-        return _gavel_round(g, cluster, jobs, now_s, cfg, est, t0)
-    model = build_cells_model(g, max_changes=cfg.max_changes)
-
-    heuristic = (SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(cfg.search_depth))
-    greedy_choices, greedy_obj, greedy_wall = heuristic.solve(g)
-    if cfg.max_changes is None or _changes(g, greedy_choices) <= cfg.max_changes:
-        model.set_hint(hint_from_choices(model, greedy_choices))
-
-    def accept(res: SolveResult) -> bool:
-        assert res.x is not None and model.decode is not None
-        dec = to_decision(g, model.decode(res.x), cluster, jobs, _placeholder())
-        check = validate(dec, cluster, jobs)
+    adm = admit(view.cluster, [js.spec for js in view.jobs], catalog=view.needs_catalog)
+    ok = {j.id: j for j in adm.admitted}
+    # a job whose nodes are gone no longer runs anywhere: it is planned as queued
+    sub = replace(view, jobs=[replace(js, spec=ok[js.id], alloc=None) if js.id in adm.requeued
+                              else js for js in view.jobs if js.id in ok])
+    t = lap("admit", t0)
+    graph: nx.DiGraph | None = None
+    problem: dict[str, Any] = {}
+    staged = getattr(policy, "staged", False)
+    decision = policy.shortcut(sub) if staged else None  # type: ignore[attr-defined]
+    if decision is None and staged:
+        graph = policy.candidates(sub)  # type: ignore[attr-defined]
+        t = lap("candidates", t)
+        form = policy.formulate(sub, graph)  # type: ignore[attr-defined]
+        t = lap("formulate", t)
+        solved = policy.solve(sub, graph, form)  # type: ignore[attr-defined]
+        t = lap("solve", t)
+        decision = policy.decode(sub, graph, form, solved)  # type: ignore[attr-defined]
+        t = lap("decode", t)
+        problem = problem_dump(graph)
+    elif decision is None:
+        decision = policy.decide(sub)
+        t = lap("decide", t)
+    decision.pending.extend(adm.refused)
+    specs = [js.spec for js in sub.jobs]
+    if not decision.meta.get("validated"):
+        check = validate(decision, view.cluster, specs)
         if not check.ok:
-            log.error("%s answer rejected by the validator: %s", res.backend, check.violations)
-        return check.ok
-
-    left = max(0.05, cfg.time_budget_s - (time.perf_counter() - t0))
-    backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
-    best, attempts = solve_chain(model, backends, left, accept)
-    attempt_dicts = [a.as_dict() for a in attempts]
-    attempt_dicts.append({"backend": heuristic.name, "status": "feasible", "objective": greedy_obj,
-                          "bound": None, "gap": None, "wall_s": round(greedy_wall, 6),
-                          "message": f"search depth {cfg.search_depth}"
-                          if heuristic.name == "greedy" else "Morphling's slope heuristic"})
-    wall = time.perf_counter() - t0
-    if best is not None and best.x is not None and model.decode is not None:
-        choices = model.decode(best.x)
-        # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
-        bounds = [a.bound for a in attempts if a.bound is not None and a.x is not None]
-        bound = min(bounds) if bounds else best.bound
-        gap = None
-        if bound is not None and best.objective is not None:
-            gap = max(0.0, bound - best.objective) / max(1.0, abs(best.objective))
-        report = SolveReport(best.backend, best.status.value, best.objective, bound, gap,
-                             wall, fallback=False, attempts=attempt_dicts)
-    else:
-        choices = greedy_choices
-        explicit = cfg.backend == "greedy"
-        why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
-                                            for a in attempts) or "no backend ran"
-        report = SolveReport(heuristic.name, Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
-                             greedy_obj, None, None, wall, fallback=not explicit,
-                             fallback_reason=why, attempts=attempt_dicts)
-        if not explicit:
-            log.warning("no backend answered in time; greedy fallback used: %s", why)
-    report.model_size = {**model.summary(), **describe(g), "candidates_s": round(t_cand, 4),
-                         "node_classes": model.meta.get("node_classes")}
-    decision = to_decision(g, choices, cluster, jobs, report, est)
-    decision.meta = {"now_s": now_s, "objective_recomputed": objective_of(g, choices)}
-    if cfg.formulation == "deadline":
-        from apportion.formulations.deadline import deadline_projection
-
-        decision.meta.update(deadline_projection(g, {c.job for c in choices}))
-    final = validate(decision, cluster, jobs)
-    if not final.ok:  # never act on an invalid decision: fall back to the (validated) greedy
-        log.error("decision rejected by the validator: %s", final.violations)
-        report.fallback, report.backend, report.status = True, heuristic.name, Status.FALLBACK.value
-        report.fallback_reason = "validator rejected: " + "; ".join(final.violations)
-        decision = to_decision(g, greedy_choices, cluster, jobs, report)
-        if not validate(decision, cluster, jobs).ok:
-            raise RuntimeError("greedy decision failed validation: " + str(final.violations))
-    return RoundResult(decision, g, problem_dump(g))
+            if not staged:
+                raise InvalidDecision(f"policy {getattr(policy, 'name', policy)} returned an "
+                                      f"invalid decision: {'; '.join(check.violations[:5])}")
+            log.error("decision rejected by the validator: %s", check.violations)
+            decision = policy.fallback(sub, graph, "validator rejected: "  # type: ignore[attr-defined]
+                                       + "; ".join(check.violations))
+            decision.pending.extend(adm.refused)
+            if not validate(decision, view.cluster, specs).ok:
+                raise InvalidDecision("the greedy fallback failed validation too: "
+                                      + "; ".join(check.violations))
+    decision.meta.pop("validated", None)
+    t = lap("validate", t)
+    # the decision is complete before it is committed: what is stored is what is reported
+    decision.meta["stages"] = dict(timing)
+    decision.meta.setdefault("policy", getattr(policy, "name", type(policy).__name__))
+    decision.meta.setdefault("now_s", view.now)
+    if commit is not None:
+        commit(decision)
+        t = lap("commit", t)
+    if apply is not None:
+        apply(decision)
+        t = lap("apply", t)
+    if not problem:
+        problem = {"now_s": view.now, "policy": decision.meta["policy"],
+                   "jobs": [{"job": js.id, "requested_gpus": js.spec.requested_gpus,
+                             "requested_gpu_type": js.spec.requested_gpu_type}
+                            for js in sub.jobs]}
+    return RoundResult(decision, graph, problem, timing)
 
 
-def _gavel_round(g: nx.DiGraph, cluster: Cluster, jobs: list[JobSpec], now_s: float,
-                 cfg: RoundConfig, est: AnalyticEstimator, t0: float) -> RoundResult:
-    """Gavel's LP on the same candidates, rounded to whole GPUs for this round."""
-    from apportion.solvers.gavel_round import gavel_round
+# ---------------------------------------------------------------------------------------
+# apportion's formulations as a staged policy
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Formulated:
+    model: Any
+    heuristic: Any
+    greedy_choices: list[CellChoice]
+    greedy_obj: float
+    greedy_wall: float
+    specs: list[JobSpec]
+    estimator: Any
 
-    g.graph["formulation"] = "gavel"
-    choices, info = gavel_round(g, cfg.gavel_variant)
-    report = SolveReport(f"cvxpy/{info['solver']}", Status.OPTIMAL.value if info.get("lp_feasible")
-                         else Status.FEASIBLE.value, info.get("objective"), info.get("objective"),
-                         0.0, time.perf_counter() - t0, fallback=False,
-                         attempts=[{"backend": f"cvxpy/{info['solver']}", "status": "optimal",
-                                    "objective": info.get("objective"), "bound": None, "gap": None,
-                                    "wall_s": round(info["wall_s"], 6),
-                                    "message": f"Gavel {info['variant']} LP, rounded for one round"}])
-    decision = to_decision(g, choices, cluster, jobs, report, est)
-    decision.meta = {"now_s": now_s, "gavel_allocation": info.get("allocation", {})}
-    check = validate(decision, cluster, jobs)
-    if not check.ok:
-        raise RuntimeError("Gavel rounding produced an invalid decision: " + str(check.violations))
-    return RoundResult(decision, g, problem_dump(g))
+
+@dataclass
+class Solved:
+    best: SolveResult | None
+    attempts: list[SolveResult]
+    wall_s: float
+
+
+class _Memo:
+    """An estimator's ``best_in_cell`` memoised per (model, batch, cell), with runtime
+    feedback: a cell a job made no progress on (it ran out of memory at runtime although
+    the estimate said it fits) is removed from that job's candidates, as a real scheduler
+    would after a crash report; ``only_type`` pins jobs to one type (an ablation)."""
+
+    def __init__(self, inner: Any, per_job: bool = False) -> None:
+        self.inner = inner
+        self.per_job = per_job  # rates measured per job (a replay's view): memo by job, not model
+        self.memo: dict[tuple[Any, ...], Any] = {}
+        self.blacklist: set[tuple[str, str, int]] = set()
+        self.only_type: dict[str, str] = {}
+        self.fitted: str = self._fitted()
+
+    def _fitted(self) -> str:
+        """The inner estimator's fitted state (attributes ending in ``_``, scikit-learn's
+        convention), so a refit between rounds empties the memo."""
+        return repr(sorted((k, v) for k, v in vars(self.inner).items()
+                           if k.endswith("_") and not k.startswith("_")
+                           and isinstance(v, (dict, float, int, tuple, str))))
+
+    def refresh(self) -> None:
+        now = self._fitted()
+        if now != self.fitted:
+            self.memo.clear()
+            self.fitted = now
+
+    def best_in_cell(self, job: JobSpec, cell: Any, cluster: Cluster) -> Any:
+        if (job.id, cell.gpu_type, cell.gpus) in self.blacklist:
+            return None
+        only = self.only_type.get(job.id)
+        if only is not None and cell.gpu_type != only:
+            return None
+        k = (job.id if self.per_job else job.model, job.global_batch_size, cell.gpu_type,
+             cell.gpus, cell.stages, cluster.fingerprint_hash)
+        if k not in self.memo:
+            self.memo[k] = self.inner.best_in_cell(job, cell, cluster)
+        return self.memo[k]
+
+    def predict(self, *args: Any, **kw: Any) -> Any:
+        return self.inner.predict(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _spec_of(js: JobView) -> JobSpec:
+    """The job as a formulation sees it: iterations done and where it runs now."""
+    a = js.alloc
+    running = None if a is None else RunningState(a.gpu_type, a.gpus, a.stages, dict(a.placement),
+                                                  a.plan.tp)
+    done = min(js.spec.iterations - 1, int(js.done)) if js.done else js.spec.iterations_done
+    return replace(js.spec, iterations_done=max(0, done), running=running)
+
+
+class FormulationPolicy:
+    """apportion's policies: a formulation (cells, plans, deadline) solved exactly.
+
+    Each round: candidates from the estimator (the rate source's estimator on a
+    real cluster; the view's rates through the configured estimator where the
+    view measures them), the formulation's model, the solver chain under the
+    budget warm-started from the greedy (Crius's algorithm 1, or Morphling's
+    slope heuristic for plans), the best validated answer decoded. With
+    ``resolve_every`` (replays) it re-solves only on events — arrivals,
+    completions, a stalled job — and at least every ``resolve_every`` rounds,
+    as Crius's algorithm 1 is triggered by arrivals and departures.
+    """
+
+    staged = True
+
+    def __init__(self, config: RoundConfig | None = None, name: str | None = None,
+                 resolve_every: int | None = None, no_hetero: bool = False) -> None:
+        self.cfg = config or RoundConfig()
+        if self.cfg.formulation not in ("cells", "plans", "deadline"):
+            raise ValueError(f"unknown formulation {self.cfg.formulation!r}; choose cells, plans "
+                             "or deadline (gavel is the Gavel policy)")
+        default = {"cells": "apportion", "plans": "apportion-plans",
+                   "deadline": "apportion-deadline"}[self.cfg.formulation]
+        if self.cfg.backend == "greedy" and self.cfg.formulation == "cells":
+            default = "crius-greedy"
+        self.name = name or default
+        self.resolve_every = resolve_every
+        self.no_hetero = no_hetero
+        self.last_solve_round = -10**9
+        est = self.cfg.estimator
+        self.estimator = _Memo(make_estimator(est) if isinstance(est, str) else est)
+        self._viewed: _Memo | None = None  # the view's measured rates (a replay)
+        self._view_rate = _ViewRate(None, {})
+
+    # -- the stages ----------------------------------------------------------------------
+    def shortcut(self, view: View) -> Decision | None:
+        """In a replay's quiet round (no arrival, completion or stall since the last solve),
+        every running job keeps its place; None: solve."""
+        if self.resolve_every is None or not self._quiet(view):
+            return None
+        from apportion.assembly import Choice, build_decision
+        from apportion.decision import Reason
+
+        t0 = time.perf_counter()
+        keep = {js.id: Choice(js.alloc.gpu_type, js.alloc.gpus, dict(js.alloc.placement),
+                              js.est_rate, js.alloc.plan, js.plan_code)
+                for js in view.jobs if js.alloc is not None}
+        return build_decision(view, keep, self.name, t0,
+                              {js.id: (Reason.NO_CAPACITY, "waiting for the next event")
+                               for js in view.jobs if js.alloc is None},
+                              formulation=self.cfg.formulation)
+
+    def _quiet(self, view: View) -> bool:
+        return (not view.arrived_recent and not view.finished_recent
+                and view.round_index - self.last_solve_round < (self.resolve_every or 0)
+                and not any(js.stalled for js in view.jobs)
+                and any(js.alloc is not None for js in view.jobs))
+
+    def _estimator_for(self, view: View) -> Any:
+        """On a real cluster the rate source is an estimator: use it directly (plans, memory
+        and times). In a replay the view's rates are measurements every policy shares: read
+        them through a :class:`RateEstimator` (times from the view, plans and memory from
+        the configured estimator), so apportion knows what the baselines know."""
+        if isinstance(view.rates, EstimatorRates):
+            if view.rates.estimator is not self.estimator.inner:
+                self.estimator = _Memo(view.rates.estimator)
+            return self.estimator
+        if self._viewed is None or self._view_rate.rates is not view.rates:
+            from apportion.estimation.rate_estimator import RateEstimator
+
+            self._view_rate = _ViewRate(view.rates, {})
+            self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
+                                 per_job=True)
+        self._view_rate.jobs = {js.id: js for js in view.jobs}
+        return self._viewed
+
+    def candidates(self, view: View) -> nx.DiGraph:
+        t0 = time.perf_counter()
+        self.last_solve_round = view.round_index
+        est = self._estimator_for(view)
+        est.refresh()
+        for js in view.jobs:  # runtime feedback: a cell that made no progress is out
+            a = js.alloc
+            if a is not None and js.stalled:
+                est.blacklist.add((js.id, a.gpu_type, a.gpus))
+            if self.no_hetero and js.spec.requested_gpu_type:
+                est.only_type[js.id] = js.spec.requested_gpu_type
+        specs = [_spec_of(js) for js in view.jobs]
+        cfg = self.cfg
+        if cfg.formulation == "plans":
+            from apportion.formulations.plans import EstimatedPlans, PlanOptions, build_plan_candidates
+
+            source = cfg.plan_source or EstimatedPlans(self.estimator.inner)
+            if est is self._viewed:  # a replay: the view's measured rates set the times
+                from apportion.formulations.plans import CalibratedPlans
+
+                source = CalibratedPlans(source, self._view_rate.rate)
+            # one objective for both formulations: the plans take the cells' objective knobs
+            g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
+                                      cfg.plan_options or PlanOptions.like(cfg.candidates))
+        else:
+            g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
+        if cfg.formulation == "deadline":
+            from apportion.formulations.deadline import DeadlineOptions, apply_deadlines
+
+            apply_deadlines(g, specs, view.now, DeadlineOptions(restart_s=cfg.candidates.restart_s))
+            g.graph["formulation"] = "deadline"
+        g.graph.update(specs=specs, estimator=est, t0=t0,
+                       candidates_s=round(time.perf_counter() - t0, 4))
+        return g
+
+    def formulate(self, view: View, g: nx.DiGraph) -> Formulated:
+        cfg = self.cfg
+        model = build_cells_model(g, max_changes=cfg.max_changes)
+        heuristic = SlopeGreedy() if cfg.formulation == "plans" else GreedyCells(cfg.search_depth)
+        choices, obj, wall = heuristic.solve(g)
+        if cfg.max_changes is None or _changes(g, choices) <= cfg.max_changes:
+            model.set_hint(hint_from_choices(model, choices))
+        return Formulated(model, heuristic, choices, obj, wall, g.graph["specs"],
+                          g.graph["estimator"])
+
+    def solve(self, view: View, g: nx.DiGraph, f: Formulated) -> Solved:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        model = f.model
+
+        def accept(res: SolveResult) -> bool:  # each accepted answer is validated once
+            assert res.x is not None and model.decode is not None
+            dec = to_decision(g, model.decode(res.x), view.cluster, f.specs, _placeholder())
+            check = validate(dec, view.cluster, f.specs)
+            if not check.ok:
+                log.error("%s answer rejected by the validator: %s", res.backend, check.violations)
+            return check.ok
+
+        left = max(0.05, cfg.time_budget_s - _elapsed(g))  # the budget covers the whole round
+        backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
+        best, attempts = solve_chain(model, backends, left, accept)
+        return Solved(best, attempts, time.perf_counter() - t0)
+
+    def decode(self, view: View, g: nx.DiGraph, f: Formulated, s: Solved) -> Decision:
+        cfg = self.cfg
+        model = f.model
+        attempt_dicts = [a.as_dict() for a in s.attempts]
+        attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
+                              "objective": f.greedy_obj, "bound": None, "gap": None,
+                              "wall_s": round(f.greedy_wall, 6),
+                              "message": f"search depth {cfg.search_depth}"
+                              if f.heuristic.name == "greedy" else "Morphling's slope heuristic"})
+        wall = _elapsed(g)
+        validated = False
+        if s.best is not None and s.best.x is not None and model.decode is not None:
+            choices = model.decode(s.best.x)
+            # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
+            bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
+            bound = min(bounds) if bounds else s.best.bound
+            gap = None
+            if bound is not None and s.best.objective is not None:
+                gap = max(0.0, bound - s.best.objective) / max(1.0, abs(s.best.objective))
+            report = SolveReport(s.best.backend, s.best.status.value, s.best.objective, bound,
+                                 gap, wall, fallback=False, attempts=attempt_dicts)
+            validated = True  # accepted by the chain's validation
+        else:
+            choices = f.greedy_choices
+            explicit = cfg.backend == "greedy"
+            why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
+                                                for a in s.attempts) or "no backend ran"
+            report = SolveReport(f.heuristic.name,
+                                 Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
+                                 f.greedy_obj, None, None, wall, fallback=not explicit,
+                                 fallback_reason=why, attempts=attempt_dicts)
+            if not explicit:
+                log.warning("no backend answered in time; greedy fallback used: %s", why)
+        report.model_size = {**model.summary(), **describe(g),
+                             "candidates_s": g.graph.get("candidates_s"),
+                             "node_classes": model.meta.get("node_classes")}
+        decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
+        self._annotate(decision, g, choices, f)
+        decision.meta["validated"] = validated
+        return decision
+
+    def fallback(self, view: View, g: nx.DiGraph | None, reason: str) -> Decision:
+        """The greedy's decision (the validator rejected the solver's)."""
+        assert g is not None
+        f = self.formulate(view, g)
+        report = SolveReport(f.heuristic.name, Status.FALLBACK.value, f.greedy_obj, None, None,
+                             _elapsed(g), fallback=True, fallback_reason=reason)
+        decision = to_decision(g, f.greedy_choices, view.cluster, f.specs, report)
+        self._annotate(decision, g, f.greedy_choices, f)
+        return decision
+
+    def _annotate(self, decision: Decision, g: nx.DiGraph, choices: list[CellChoice],
+                  f: Formulated) -> None:
+        est = f.estimator.inner if isinstance(f.estimator, _Memo) else f.estimator
+        per_job = {j.id: estimator_name(est, j) for j in f.specs}
+        for a in decision.allocations:
+            a.estimator = per_job.get(a.job)
+        decision.meta.update({"now_s": g.graph.get("now_s"), "policy": self.name,
+                              "objective_recomputed": objective_of(g, choices),
+                              "estimator": {"name": estimator_name(est, f.specs[0])
+                                            .split(":")[0] if f.specs else "", "per_job": per_job},
+                              "plan_codes": {}})
+        if self.cfg.formulation == "deadline":
+            from apportion.formulations.deadline import deadline_projection
+
+            decision.meta.update(deadline_projection(g, {c.job for c in choices}))
+
+    def decide(self, view: View) -> Decision:
+        """The four middle stages in one call (no admission, no final validation: use
+        :func:`run_pipeline` for a whole round)."""
+        d = self.shortcut(view)
+        if d is not None:
+            return d
+        g = self.candidates(view)
+        f = self.formulate(view, g)
+        d = self.decode(view, g, f, self.solve(view, g, f))
+        d.meta.pop("validated", None)
+        return d
+
+
+class _ViewRate:
+    """``rate_fn`` for a RateEstimator: a job spec's rate from the view's rate source."""
+
+    def __init__(self, rates: Any, jobs: dict[str, JobView]) -> None:
+        self.rates = rates
+        self.jobs = jobs
+
+    def rate(self, spec: JobSpec, gpu_type: str, gpus: int) -> float:
+        js = self.jobs.get(spec.id)
+        return 0.0 if js is None else float(self.rates.rate(js, gpu_type, gpus))
+
+
+def _elapsed(g: nx.DiGraph) -> float:
+    """Seconds since the round's candidates stage began (the budget's clock)."""
+    return time.perf_counter() - float(g.graph["t0"])
 
 
 def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
@@ -252,3 +486,95 @@ def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
 
 def _placeholder() -> SolveReport:
     return SolveReport("-", "-", None, None, None, 0.0, False)
+
+
+# ---------------------------------------------------------------------------------------
+# views, policies and the library entry point
+# ---------------------------------------------------------------------------------------
+def view_of(cluster: Cluster, jobs: list[JobSpec], now_s: float, rates: Any,
+            information: str = "estimated", **kw: Any) -> View:
+    """A view of a queue as an operator's files or store describe it (no history)."""
+    return View(now_s, cluster, [JobView.from_spec(j) for j in jobs], rates,
+                information=information, **kw)
+
+
+def checked_config(backend: str = "auto", formulation: str = "cells", policy: str | None = None,
+                   estimator: str = "analytic", **kw: Any) -> RoundConfig:
+    """A :class:`RoundConfig` from command-line choices; a bad one is an
+    :class:`~apportion.errors.InputError` naming the flag and the choices."""
+    from apportion.errors import InputError
+    from apportion.estimation.registry import ESTIMATORS
+
+    if backend not in BACKENDS:
+        raise InputError("--backend", "backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    if formulation not in FORMULATIONS:
+        raise InputError("--formulation", "formulation", f"{formulation!r} is not available; "
+                         f"available: {', '.join(FORMULATIONS)}")
+    if estimator not in ESTIMATORS:
+        raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
+                         f"{', '.join(ESTIMATORS)}")
+    if policy is not None:
+        from apportion.experiments.policies import POLICIES
+
+        if policy not in POLICIES:
+            raise InputError("--policy", "policy", f"{policy!r} is not a policy; known: "
+                             f"{', '.join(sorted(POLICIES))}")
+    return RoundConfig(backend=backend, formulation=formulation, policy=policy,
+                       estimator=estimator, **kw)
+
+
+def estimator_from(name: str, tables: Any = None, samples: Any = None,
+                   batches: dict[str, int] | None = None) -> Any:
+    """The ``--estimator`` choice as what a RoundConfig carries: a name, or for ``tables`` and
+    ``auto`` an estimator holding the measurements (a CSV path and/or a store's samples)."""
+    from apportion.estimation.measured import TableEstimator
+
+    if name not in ("tables", "auto"):
+        return name
+    rows: tuple[Any, ...] = ()
+    if tables is not None:
+        rows += TableEstimator.from_csv(tables).rows
+    if samples is not None:
+        rows += TableEstimator.from_store_samples(samples, batches).rows
+    return make_estimator(name, tables=TableEstimator(rows))
+
+
+def policy_for(config: RoundConfig, estimator: Any = None) -> Policy:
+    """The policy ``config`` names: a registered one, Gavel's for ``formulation=gavel``, or
+    the formulation's own."""
+    name = config.policy
+    if name is None and config.formulation == "gavel":
+        name = GAVEL_POLICIES.get(config.gavel_variant)
+        if name is None:
+            raise ValueError(f"unknown Gavel variant {config.gavel_variant!r}; choose "
+                             f"{', '.join(GAVEL_POLICIES)}")
+    if name is not None:
+        from apportion.experiments.policies import make_policy
+
+        return make_policy(name, config=config)
+    if estimator is not None:
+        config = replace(config, estimator=estimator)
+    return FormulationPolicy(config)
+
+
+def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
+              config: RoundConfig | None = None, estimator: Any = None,
+              policy: Policy | None = None,
+              commit: Callable[[Decision], Any] | None = None,
+              apply: Callable[[Decision], Any] | None = None) -> RoundResult:
+    """One round on an operator's queue (the library API): admission, the policy
+    ``config`` names (the cell formulation by default), validation, then the caller's
+    ``commit`` and ``apply`` hooks."""
+    cfg = config or RoundConfig()
+    if cfg.formulation not in FORMULATIONS:
+        raise ValueError(f"unknown formulation {cfg.formulation!r}; choose {', '.join(FORMULATIONS)}")
+    pol = policy or policy_for(cfg, estimator)
+    est = estimator
+    if est is None:
+        inner = getattr(pol, "estimator", None)
+        est = inner.inner if isinstance(inner, _Memo) else (
+            make_estimator(cfg.estimator) if isinstance(cfg.estimator, str) else cfg.estimator)
+    rates = EstimatorRates(est, cluster)
+    if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
+        pol.estimator = _Memo(est)
+    return run_pipeline(view_of(cluster, jobs, now_s, rates), pol, commit, apply)

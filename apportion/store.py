@@ -39,18 +39,21 @@ import logging
 import math
 import os
 import sqlite3
+import stat
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Self
 
 from apportion.cluster import Cluster
+from apportion.console import printable
 from apportion.decision import Action, Decision
 from apportion.errors import InputError
 from apportion.jobs import JobSpec, RunningState, Workload
 from apportion.lifecycle import ACTIVE, IllegalTransition, JobState, check_transition
-from apportion.store_schema import SCHEMA_VERSION, SchemaError, migrate
+from apportion.store_schema import SCHEMA_VERSION, SchemaError, current_version, migrate
 
 log = logging.getLogger(__name__)
 
@@ -179,33 +182,113 @@ class RoundLock:
 
 
 def _check_db_path(path: Path, create: bool) -> None:
+    """The file is a state database we may open: checked before SQLite touches it."""
     src = str(path)
-    if path.is_dir():
-        raise InputError(src, "--state", "is a directory, not a state database file")
-    if not path.exists():
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise InputError(src, "--state", f"cannot use: {exc.strerror or exc}") from None
+    if st is None:
         if not create:
             raise InputError(src, "--state", "no such state database (`apportion submit` "
                                              "creates one)")
-        if not path.parent.exists():
-            raise InputError(src, "--state", f"directory {path.parent} does not exist")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(src, "--state", f"directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(src, "--state", f"cannot create the state database: folder "
+                             f"{parent} is not writable by this user (or is read-only); "
+                             "choose a writable folder")
         return
-    if not path.is_file():
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(src, "--state", "is a directory, not a state database file")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would hang the read below
         raise InputError(src, "--state", "not a regular file")
-    with path.open("rb") as fh:
-        head = fh.read(len(SQLITE_HEADER))
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise InputError(src, "--state", f"cannot read the state database: "
+                         f"{exc.strerror or exc}; run as its owner or fix its permissions") from None
     if head and head != SQLITE_HEADER:
         raise InputError(src, "--state", "not an apportion state database (not a SQLite file)")
     if not head and not create:
         raise InputError(src, "--state", "an empty file, not an apportion state database")
 
 
-def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 10.0) -> StateStore:
-    """Open (and upgrade) a store; every problem with the file is an :class:`InputError`."""
+def _writable(path: Path) -> bool:
+    """Whether this user can write the store (SQLite also writes -wal/-shm beside it)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    return (os.access(parent, os.W_OK | os.X_OK)
+            and (not path.exists() or os.access(path, os.W_OK)))
+
+
+class StoreDamaged(InputError):
+    """The database file is damaged (bad pages, a hand-edited row): the remedy is named."""
+
+
+def recover_hint(path: str | Path) -> str:
+    return (f"restore it from a backup, or recover what is readable with `sqlite3 {path} "
+            f".recover | sqlite3 recovered.db` and use --state recovered.db")
+
+
+def store_error(exc: sqlite3.Error, path: str | Path) -> Exception:
+    """One SQLite failure as the error a user can act on (exit 2, or 75 for busy / full)."""
+    from apportion.errors import HostError
+
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    src = str(path)
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text or "busy" in text:
+        return StoreBusy(f"{src}: the database is locked by another writer ({text}); run it "
+                         "again once that one has finished")
+    if name.startswith("SQLITE_FULL") or "disk is full" in text:
+        return HostError(f"{src}: the disk is full ({text}); nothing was committed: free "
+                         "space and run it again", 75)
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return InputError(src, "--state", f"the state database is read-only here ({text}); "
+                          "run as its owner, or make the file and its folder writable")
+    if name.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
+        return InputError(src, "--state", f"cannot open ({text}); check the file and its "
+                          "folder exist and are readable by this user")
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text \
+            or "not a database" in text:
+        return StoreDamaged(src, "--state", f"the state database is damaged ({text}): "
+                            + recover_hint(src))
+    if name.startswith("SQLITE_IOERR"):
+        return HostError(f"{src}: I/O error ({text}): the disk may be full or a file-size "
+                         "limit may apply; nothing was committed: free space (or check the "
+                         "disk) and run it again", 75)
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StoreDamaged(src, "--state", f"a stored row breaks the store's rules ({text}): "
+                            + recover_hint(src))
+    return InputError(src, "--state", f"cannot use as a state database: {text}")
+
+
+def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 10.0,
+               readonly: bool = False) -> StateStore:
+    """Open (and upgrade) a store; every problem with the file is an :class:`InputError`.
+
+    A file that is not an apportion store (another program's SQLite database) is
+    refused before anything is written to it (no switch to WAL, no migration).
+    ``readonly``: for commands that only read (``status``, ``history``); a user who
+    may not write the file or its folder still gets a consistent read.
+    """
     p = Path(path)
     _check_db_path(p, create)
+    if not _writable(p):
+        if readonly and p.exists():
+            return _open_readonly(p, busy_timeout_s)
+        raise InputError(str(p), "--state", "the state database (or its folder, where SQLite "
+                         "keeps its -wal and -shm files) is not writable by this user or is on "
+                         "a read-only file system; run as its owner or fix the permissions "
+                         "(read-only users can run `apportion status` and `history`)")
     conn = sqlite3.connect(str(p), isolation_level=None, timeout=busy_timeout_s)
     try:
         conn.execute("PRAGMA foreign_keys = ON")
+        current_version(conn)  # a foreign database is refused here, before any write
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             log.warning("%s: journal mode %s (WAL unavailable on this filesystem)", p, mode)
@@ -214,23 +297,55 @@ def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 1
     except SchemaError as exc:
         conn.close()
         raise InputError(str(p), "--state", str(exc)) from None
-    except sqlite3.OperationalError as exc:
+    except sqlite3.Error as exc:
         conn.close()
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise StoreBusy(f"{p}: the database is locked by another writer") from None
-        raise InputError(str(p), "--state", f"cannot use as a state database: {exc}") from None
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise InputError(str(p), "--state", f"not an apportion state database: {exc}") from None
+        raise store_error(exc, p) from None
     return StateStore(p, conn)
+
+
+def _open_readonly(p: Path, busy_timeout_s: float) -> StateStore:
+    """A read-only connection for a user who may not write the store or its folder.
+
+    SQLite reads a WAL database read-only when its -shm file exists (a writer has it
+    open); otherwise, with no pending WAL content, the main file alone is the whole
+    committed state and is opened ``immutable``.
+    """
+    base = "file:" + urllib.parse.quote(str(p.resolve()))
+    wal = Path(str(p) + "-wal")
+    attempts = [base + "?mode=ro"]
+    if not wal.exists() or wal.stat().st_size == 0:
+        attempts.append(base + "?mode=ro&immutable=1")
+    last: sqlite3.Error | None = None
+    for uri in attempts:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=busy_timeout_s)
+        try:
+            version = current_version(conn)
+            if version != SCHEMA_VERSION:
+                conn.close()
+                raise InputError(str(p), "--state", f"schema version {version}, this apportion "
+                                 f"reads {SCHEMA_VERSION}; it is upgraded when a user who may "
+                                 "write it opens it (run `apportion status` as its owner once)")
+            conn.execute("SELECT COUNT(*) FROM jobs").fetchone()
+            return StateStore(p, conn, readonly=True)
+        except SchemaError as exc:
+            conn.close()
+            raise InputError(str(p), "--state", str(exc)) from None
+        except sqlite3.Error as exc:
+            conn.close()
+            last = exc
+    assert last is not None
+    raise InputError(str(p), "--state", f"cannot read as this user while a writer has pending "
+                     f"changes ({last}); run as the store's owner, or again once it has "
+                     "finished") from None
 
 
 class StateStore:
     """All reads and writes of the state database. Use :func:`open_store` to get one."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, readonly: bool = False) -> None:
         self.path = path
         self.conn = conn
+        self.readonly = readonly
 
     def close(self) -> None:
         self.conn.close()
@@ -255,7 +370,11 @@ class StateStore:
                               "WHERE key = 'generation'")
             self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk fails the COMMIT itself): a
+            # second ROLLBACK would hide the real error behind "no transaction is active"
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
             raise
 
     def generation(self) -> int:
@@ -268,11 +387,27 @@ class StateStore:
     _JOB_COLS = ("id, state, spec_json, iterations, iterations_done, checkpoint_iterations, "
                  "running_json, reason, version, submitted_at, updated_at, last_round")
 
-    @staticmethod
-    def _record(row: tuple[Any, ...]) -> JobRecord:
-        return JobRecord(row[0], JobState(row[1]), json.loads(row[2]), row[3], row[4], row[5],
-                         json.loads(row[6]) if row[6] else None, row[7], row[8], row[9], row[10],
-                         row[11])
+    def _record(self, row: tuple[Any, ...]) -> JobRecord:
+        """A jobs row as a record; a row edited by hand into nonsense is :class:`StoreDamaged`
+        naming the job and the column, never a traceback."""
+        col = "state"
+        try:
+            state = JobState(row[1])
+            col = "spec_json"
+            spec = json.loads(row[2])
+            if not isinstance(spec, dict):
+                raise TypeError("not a JSON object")
+            col = "running_json"
+            running = json.loads(row[6]) if row[6] else None
+            if running is not None and not isinstance(running, dict):
+                raise TypeError("not a JSON object")
+            col = "iterations"
+            counts = [int(row[3]), int(row[4]), int(row[5])]
+        except (ValueError, TypeError) as exc:
+            raise StoreDamaged(str(self.path), f"jobs[{printable(row[0], False)}].{col}",
+                               f"unreadable value ({exc}): " + recover_hint(self.path)) from None
+        return JobRecord(row[0], state, spec, counts[0], counts[1], counts[2], running, row[7],
+                         row[8], row[9], row[10], row[11])
 
     def jobs(self, states: frozenset[JobState] | None = None) -> list[JobRecord]:
         rows = self.conn.execute(f"SELECT {self._JOB_COLS} FROM jobs ORDER BY seq").fetchall()
@@ -365,7 +500,15 @@ class StateStore:
             gen = self.generation()
         finally:
             self.conn.execute("COMMIT")
-        return RoundInput([r.to_jobspec() for r in recs], {r.id: r.version for r in recs},
+        specs = []
+        for r in recs:
+            try:
+                specs.append(r.to_jobspec())
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StoreDamaged(str(self.path), f"jobs[{printable(r.id, False)}].spec_json",
+                                   f"not a job specification ({exc!r}): "
+                                   + recover_hint(self.path)) from None
+        return RoundInput(specs, {r.id: r.version for r in recs},
                           {r.id: r.state for r in recs}, gen)
 
     def round_by_key(self, key: str) -> dict[str, Any] | None:
@@ -463,23 +606,31 @@ class StateStore:
         if row is None:
             raise KeyError(f"no round {round_id}")
         out = dict(zip(cols, row))
-        out["cluster"] = json.loads(out.pop("cluster_json"))
+        out["cluster"] = self._json(out.pop("cluster_json"), f"rounds[{round_id}].cluster_json")
         out["fallback"] = bool(out["fallback"])
         return out
+
+    def _json(self, text: Any, where: str) -> Any:
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise StoreDamaged(str(self.path), where, f"unreadable value ({exc}): "
+                               + recover_hint(self.path)) from None
 
     def decision(self, round_id: int) -> dict[str, Any]:
         row = self.conn.execute("SELECT decision_json FROM decisions WHERE round_id = ?",
                                 (round_id,)).fetchone()
         if row is None:
             raise KeyError(f"no decision for round {round_id}")
-        return json.loads(row[0])
+        return self._json(row[0], f"decisions[{round_id}].decision_json")
 
     def actions(self, round_id: int) -> list[dict[str, Any]]:
         keys = ("job", "action", "gpu_type", "gpus", "placement", "reason", "applied")
         rows = self.conn.execute("SELECT job, action, gpu_type, gpus, placement_json, reason, "
                                  "applied FROM actions WHERE round_id = ? ORDER BY job",
                                  (round_id,)).fetchall()
-        return [dict(zip(keys, (*r[:4], json.loads(r[4]) if r[4] else None, r[5], bool(r[6]))))
+        return [dict(zip(keys, (*r[:4], self._json(r[4], f"actions[{round_id}].placement_json")
+                                if r[4] else None, r[5], bool(r[6]))))
                 for r in rows]
 
     # -- measurements -----------------------------------------------------------------
@@ -600,6 +751,8 @@ __all__ = [
     "RoundLock",
     "StateStore",
     "StoreBusy",
+    "StoreDamaged",
     "UnknownJob",
     "open_store",
+    "store_error",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -28,44 +29,67 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from apportion.admission import catalog_problem
+from apportion import outputs
 from apportion.config import default_cluster, jobs_from_data, read_yaml
+from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision
-from apportion.errors import CatalogError, InputError
+from apportion.errors import HostError, InputError
 from apportion.lifecycle import IllegalTransition, JobState
-from apportion.store import RoundLock, StateStore, StoreBusy, UnknownJob, open_store
+from apportion.store import (
+    RoundLock,
+    StateStore,
+    StoreBusy,
+    UnknownJob,
+    open_store,
+    store_error,
+)
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_BUSY = 0, 2, 75
-BACKENDS = ("auto", "cp-sat", "highs", "greedy")
 
 
 def _out() -> Console:
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return stdout_console()
 
 
 def _err() -> Console:
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    return stderr_console()
 
 
 def _bad(exc: Exception) -> int:
-    _err().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    _err().print(f"[bold red]error:[/] {escape(printable(exc))}", highlight=False,
+                 soft_wrap=True)
     return EXIT_BAD_INPUT
 
 
 def _busy(exc: Exception) -> int:
-    _err().print(f"[bold yellow]busy:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    _err().print(f"[bold yellow]busy:[/] {escape(printable(exc))}", highlight=False,
+                 soft_wrap=True)
     return EXIT_BUSY
 
 
-def _check_output(path: Path | None, option: str) -> None:
-    if path is None:
-        return
-    if path.is_dir():
-        raise InputError(str(path), option, "is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.exists():
-        raise InputError(str(path), option, f"directory {parent} does not exist")
+def _host(exc: HostError) -> int:
+    _err().print(f"[bold red]error:[/] {escape(printable(exc))}", highlight=False,
+                 soft_wrap=True)
+    return exc.exit_code
+
+
+def report(exc: BaseException, state: Path | str | None = None) -> int:
+    """Print one line for an error a user can act on; the exit code (2, or 75)."""
+    if isinstance(exc, sqlite3.Error):
+        exc = store_error(exc, state if state is not None else "state database")
+    if isinstance(exc, StoreBusy):
+        return _busy(exc)
+    if isinstance(exc, HostError):
+        return _host(exc)
+    if isinstance(exc, OSError):
+        return _host(HostError.from_os_error(exc, str(exc.filename or state or "file")))
+    return _bad(exc)
+
+
+_HANDLED = (InputError, StoreBusy, HostError, sqlite3.Error, OSError)
 
 
 # ---------------------------------------------------------------------------
@@ -83,12 +107,10 @@ def submit(file: Path, state: Path) -> int:
                 else dataclasses.replace(j, submit_time_s=now) for j, r in zip(jobs, raw)]
         with open_store(state, create=True) as store:
             ids = store.submit(jobs, source=str(file), at=now)
-    except InputError as exc:
-        return _bad(exc)
-    except StoreBusy as exc:
-        return _busy(exc)
+    except _HANDLED as exc:
+        return report(exc, state)
     _out().print(f"submitted {len(ids)} job{'s' if len(ids) != 1 else ''} to {state}: "
-                 f"{', '.join(ids)}", highlight=False, markup=False)
+                 f"{', '.join(printable(i, False) for i in ids)}", highlight=False, markup=False)
     return EXIT_OK
 
 
@@ -99,22 +121,47 @@ def cancel(job: str, state: Path) -> int:
             try:
                 rec = store.cancel(job)
             except UnknownJob:
-                raise InputError(str(state), "JOB", f"no job {job!r} in the state store") from None
+                raise InputError(str(state), "JOB", f"no job {printable(job, False)!r} in the "
+                                 "state store") from None
             except IllegalTransition as exc:
                 raise InputError(str(state), "JOB", str(exc)) from None
-    except InputError as exc:
-        return _bad(exc)
-    except StoreBusy as exc:
-        return _busy(exc)
-    _out().print(f"job {rec.id}: {rec.state.value}", highlight=False, markup=False)
+    except _HANDLED as exc:
+        return report(exc, state)
+    _out().print(f"job {printable(rec.id, False)}: {rec.state.value}", highlight=False,
+                 markup=False)
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------
 # status / history
 # ---------------------------------------------------------------------------
+def _pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, str]]:
+    """Why each waiting job is waiting: the reason and detail of its last round's decision."""
+    out: dict[str, dict[str, str]] = {}
+    decisions: dict[int, dict[str, dict[str, str]]] = {}
+    for j in jobs:
+        if j.state not in (JobState.SUBMITTED, JobState.QUEUED, JobState.CHECKPOINTED) \
+                or j.last_round is None:
+            continue
+        if j.last_round not in decisions:
+            try:
+                d = store.decision(j.last_round)
+            except KeyError:
+                d = {}
+            decisions[j.last_round] = {p.get("job"): p for p in d.get("pending", [])
+                                       if isinstance(p, dict)}
+        p = decisions[j.last_round].get(j.id)
+        if p is not None:
+            out[j.id] = {"reason": str(p.get("reason", "")), "detail": str(p.get("detail", ""))}
+    return out
+
+
 def status_data(store: StateStore) -> dict[str, Any]:
-    """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use."""
+    """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
+
+    A waiting job also carries ``pending_reason`` and ``pending_detail`` (from its last
+    round's decision) when a round has considered it.
+    """
     from apportion.store_faults import node_states
 
     jobs = store.jobs()
@@ -125,11 +172,19 @@ def status_data(store: StateStore) -> dict[str, Any]:
         if j.state is JobState.RUNNING and j.running:
             used[j.running["gpu_type"]] += int(j.running["gpus"])
     cap = last["cluster"]["capacity"] if last else {}
+    pending = _pending_details(store, jobs)
+    rows = []
+    for j in jobs:
+        row = j.as_dict()
+        if j.id in pending:
+            row["pending_reason"] = pending[j.id]["reason"]
+            row["pending_detail"] = pending[j.id]["detail"]
+        rows.append(row)
     return {
         "state_db": str(store.path),
         "schema_version": store.schema_version(),
         "generation": store.generation(),
-        "jobs": [j.as_dict() for j in jobs],
+        "jobs": rows,
         "counts": dict(sorted(Counter(j.state.value for j in jobs).items())),
         "cluster_use": {t: {"used": used.get(t, 0), "capacity": cap.get(t)}
                         for t in sorted(set(cap) | set(used))},
@@ -138,18 +193,24 @@ def status_data(store: StateStore) -> dict[str, Any]:
     }
 
 
+def _when(at: Any) -> str:
+    """A stored wall-clock time as local time; one from a clock that jumped is still shown."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(at)))
+    except (OverflowError, OSError, ValueError, TypeError):
+        return f"{at!r} (not a valid time)"
+
+
 def status(state: Path, as_json: bool = False) -> int:
     try:
-        with open_store(state) as store:
+        with open_store(state, readonly=True) as store:
             data = status_data(store)
-    except InputError as exc:
-        return _bad(exc)
-    except StoreBusy as exc:
-        return _busy(exc)
+    except _HANDLED as exc:
+        return report(exc, state)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return EXIT_OK
-    t = Table(title=f"apportion state {state}")
+    t = Table(title=f"apportion state {printable(state)}")
     for col in ("job", "state", "model", "GPUs", "placement", "progress", "reason"):
         t.add_column(col, overflow="fold")
     for j in data["jobs"]:
@@ -157,8 +218,15 @@ def status(state: Path, as_json: bool = False) -> int:
         gpus = (f"{r['gpus']} {r['gpu_type']}" if r else
                 f"req {j['requested_gpus']}{' ' + j['requested_gpu_type'] if j['requested_gpu_type'] else ''}")
         place = ", ".join(f"{n}:{k}" for n, k in sorted(r["placement"].items())) if r else "-"
-        t.add_row(Text(j["id"]), j["state"], str(j["model"]), gpus, place,  # Text: not markup
-                  f"{j['iterations_done']}/{j['iterations']}", Text(j["reason"]))
+        reason = j["reason"]
+        if "pending_reason" in j:
+            reason = f"pending: {j['pending_reason']}"
+            if j["pending_detail"]:
+                reason += f" ({j['pending_detail']})"
+        # Text and printable: ids and reasons are neither markup nor terminal controls
+        t.add_row(Text(printable(j["id"], False)), j["state"], printable(j["model"]), gpus,
+                  printable(place), f"{j['iterations_done']}/{j['iterations']}",
+                  Text(printable(reason)))
     out = _out()
     out.print(t)
     counts = ", ".join(f"{k} {v}" for k, v in data["counts"].items()) or "no jobs"
@@ -168,36 +236,33 @@ def status(state: Path, as_json: bool = False) -> int:
     out.print(f"cluster use (GPUs): {use or 'no round yet'}", highlight=False, markup=False)
     for n in data["nodes"]:
         if n["state"] != "up":
-            out.print(f"node {n['name']}: {n['state']} ({n['reason']})", highlight=False,
-                      markup=False)
+            out.print(printable(f"node {n['name']}: {n['state']} ({n['reason']})"),
+                      highlight=False, markup=False)
     return EXIT_OK
 
 
 def history(state: Path, as_json: bool = False, limit: int | None = None) -> int:
     """Rounds with their solver reports, oldest first."""
     try:
-        with open_store(state) as store:
+        with open_store(state, readonly=True) as store:
             rounds = store.rounds(limit)
             for r in rounds:
                 r["solver"] = store.decision(r["id"])["solver"]
                 r["actions"] = store.actions(r["id"])
-    except InputError as exc:
-        return _bad(exc)
-    except StoreBusy as exc:
-        return _busy(exc)
+    except _HANDLED as exc:
+        return report(exc, state)
     if as_json:
         sys.stdout.write(json.dumps({"rounds": rounds}, indent=2, default=str) + "\n")
         return EXIT_OK
-    t = Table(title=f"apportion rounds in {state}")
+    t = Table(title=f"apportion rounds in {printable(state)}")
     for col in ("round", "key", "committed", "backend", "status", "objective", "gap", "wall s",
                 "placed", "pending", "changes"):
         t.add_column(col, overflow="fold")
     for r in rounds:
         changes = Counter(a["action"] for a in r["actions"]
                           if a["action"] not in ("keep", "pending"))
-        t.add_row(str(r["id"]), Text(r["round_key"]),
-                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["committed_at"])),
-                  r["backend"], r["status"] + (" (fallback)" if r["fallback"] else ""),
+        t.add_row(str(r["id"]), Text(printable(r["round_key"], False)), _when(r["committed_at"]),
+                  printable(r["backend"]), r["status"] + (" (fallback)" if r["fallback"] else ""),
                   "n/a" if r["objective"] is None else f"{r['objective']:.4f}",
                   "n/a" if r["gap"] is None else f"{r['gap']:.2%}", f"{r['wall_s']:.3f}",
                   str(r["placed"]), str(r["pending"]),
@@ -205,28 +270,14 @@ def history(state: Path, as_json: bool = False, limit: int | None = None) -> int
     _out().print(t)
     for r in rounds:
         if r["fallback_reason"]:
-            _out().print(f"round {r['id']} fallback: {r['fallback_reason']}", highlight=False,
-                         markup=False)
+            _out().print(printable(f"round {r['id']} fallback: {r['fallback_reason']}"),
+                         highlight=False, markup=False)
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------
 # solve-round --state
 # ---------------------------------------------------------------------------
-def _catalog_problem(job: Any) -> str | None:
-    """A stored job whose model or GPU type left the catalog cannot be planned."""
-    from apportion.gpus import canonical_gpu_name
-    from apportion.models import get_model
-
-    try:
-        get_model(job.model)
-        if job.requested_gpu_type:
-            canonical_gpu_name(job.requested_gpu_type)
-    except CatalogError as exc:
-        return str(exc)
-    return None
-
-
 def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       backend: str = "auto", time_budget: float = 10.0, search_depth: int = 3,
                       max_changes: int | None = None, formulation: str = "cells",
@@ -234,53 +285,58 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       round_key: str | None = None, tenants: Path | None = None,
                       isolate: bool = False,
                       show: Callable[[Decision], None] | None = None,
-                      write_json: Callable[[Path, Any], None] | None = None) -> int:
+                      write_json: Callable[[Path, Any], None] | None = None,
+                      policy: str | None = None, estimator: str = "analytic",
+                      tables: Path | None = None) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
     ``show`` prints the decision (the CLI passes its table and report printer);
-    ``write_json`` writes an output file atomically (the CLI passes its writer).
+    ``write_json`` writes an output file (default :func:`apportion.outputs.write_json`).
+    Every output path is checked before the store is opened, so a bad one commits nothing.
     """
     from apportion.config import load_tenants, resolve_cluster
-    from apportion.round import FORMULATIONS, RoundConfig, run_round
+    from apportion.round import checked_config, run_round
     from apportion.store_faults import effective_cluster
 
+    write_json = write_json or outputs.write_json
     try:
-        if backend not in BACKENDS:
-            raise InputError("--backend", "backend", f"{backend!r} is not one of "
-                                                     f"{', '.join(BACKENDS)}")
-        if formulation not in FORMULATIONS:
-            raise InputError("--formulation", "formulation", f"{formulation!r} is not "
-                             f"available; available: {', '.join(FORMULATIONS)}")
+        cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
+                             search_depth=search_depth, max_changes=max_changes, isolate=isolate)
         if jobs is not None:
             raise InputError(str(jobs), "--jobs", "--jobs and --state exclude each other: with "
                              "--state the queue comes from the store (add jobs with "
                              "`apportion submit FILE --state DB`)")
         if round_key is not None and not round_key.strip():
             raise InputError("--round-key", "round_key", "must not be empty")
-        _check_output(json_out, "--json")
-        _check_output(dump_problem, "--dump-problem")
-        quotas = load_tenants(tenants) if tenants else None
+        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
+        cfg.quotas = load_tenants(tenants) if tenants else None
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         store = open_store(state)
-    except InputError as exc:
-        return _bad(exc)
-    except StoreBusy as exc:
-        return _busy(exc)
+    except _HANDLED as exc:
+        return report(exc, state)
     lock = RoundLock(state, "solve-round")
     try:
         lock.acquire()
     except StoreBusy as exc:
         store.close()
         return _busy(exc)
+    except OSError as exc:
+        store.close()
+        return report(exc, state)
     try:
-        cfg = RoundConfig(backend=backend, time_budget_s=time_budget, search_depth=search_depth,
-                          max_changes=max_changes, formulation=formulation, quotas=quotas,
-                          isolate=isolate)
+        if estimator in ("tables", "auto"):  # measured times: the file's and this store's
+            from apportion.round import estimator_from
+
+            batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+            try:
+                cfg.estimator = estimator_from(estimator, tables, store.samples(), batches)
+            except InputError as exc:
+                return _bad(exc)
         return _locked_round(store, cl, cfg,
                              round_key, json_out, dump_problem, show, write_json, run_round,
                              effective_cluster)
-    except StoreBusy as exc:
-        return _busy(exc)
+    except _HANDLED as exc:
+        return report(exc, state)
     finally:
         lock.release()
         store.close()
@@ -289,32 +345,35 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
 def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
                   json_out: Path | None, dump_problem: Path | None,
                   show: Callable[[Decision], None] | None,
-                  write_json: Callable[[Path, Any], None] | None,
+                  write_json: Callable[[Path, Any], None],
                   run_round: Callable[..., Any], effective_cluster: Callable[..., Any]) -> int:
     err = _err()
     snap = store.round_input()
     key = round_key or snap.default_key
     done = store.round_by_key(key)
     if done is not None:  # an idempotent rerun: write nothing to the store
-        err.print(f"round key {key!r} was already committed as round {done['id']}; "
-                  "nothing changed", highlight=False, markup=False)
-        if json_out and write_json:
+        err.print(printable(f"round key {key!r} was already committed as round {done['id']}; "
+                            "nothing changed"), highlight=False, markup=False)
+        if json_out:
             write_json(json_out, store.decision(done["id"]))
         return EXIT_OK
     failed = False
     for rec in store.jobs(frozenset({JobState.SUBMITTED, JobState.QUEUED,
                                      JobState.CHECKPOINTED})):
-        problem = _catalog_problem(rec.to_jobspec())
+        problem = catalog_problem(rec.to_jobspec())
         if problem:
             store.fail(rec.id, f"cannot be planned: {problem}")
-            err.print(f"job {rec.id}: failed: {problem}", highlight=False, markup=False)
+            err.print(printable(f"job {rec.id}: failed: {problem}"), highlight=False,
+                      markup=False)
             failed = True
     if failed:
         snap = store.round_input()
     now = time.time()
     eff = effective_cluster(store, cl, now)
-    result = run_round(eff, snap.jobs, now, cfg)
-    commit = store.commit_round(result.decision, snap, eff, now, key)
+    committed: list[Any] = []
+    result = run_round(eff, snap.jobs, now, cfg, commit=lambda d: committed.append(
+        store.commit_round(d, snap, eff, now, key)))
+    commit = committed[0]
     if show is not None:
         show(result.decision)
     msg = (f"round {commit.round_id} committed to {store.path} (key {key}): "
@@ -324,10 +383,14 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
                f"{', '.join(commit.skipped)}"
     if not commit.created:
         msg = f"round key {key!r} was committed meanwhile as round {commit.round_id}; nothing changed"
-    err.print(msg, highlight=False, markup=False)
-    if write_json is not None:
+    err.print(printable(msg), highlight=False, markup=False)
+    try:
         if json_out:
             write_json(json_out, result.decision.as_dict())
         if dump_problem:
             write_json(dump_problem, result.problem)
+    except HostError as exc:  # the round is safe in the store; say where to get it
+        raise HostError(f"{exc}; round {commit.round_id} is committed: its decision is in "
+                        f"`apportion history --state {store.path} --json`",
+                        exc.exit_code) from None
     return EXIT_OK

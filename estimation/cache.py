@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    """``$APPORTION_CACHE`` or ``~/.cache/apportion``."""
-    env = os.environ.get("APPORTION_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "apportion"
+    """``$APPORTION_CACHE`` or the user's cache folder (:func:`apportion.env.cache_dir`)."""
+    from apportion.env import cache_dir
+
+    return cache_dir()
 
 
 def cache_key(model: str, device: str, plan: Mapping[str, Any] | str, **extra: Any
@@ -52,11 +53,11 @@ class DiskCache:
 
     def get(self, kind: str, key: Mapping[str, Any]) -> Any | None:
         p = self.path(kind, key)
-        if not p.exists():
-            return None
         try:
+            if not p.exists():
+                return None
             data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             log.warning("unreadable cache entry %s; ignoring it", p)
             return None
         want = json.loads(json.dumps(key, sort_keys=True, default=str))
@@ -64,17 +65,50 @@ class DiskCache:
             return None
         return data.get("value")
 
+    def has(self, kind: str, **fields: Any) -> bool:
+        """Whether any entry of ``kind`` has a key with these field values (a scan: caches
+        of profiles are small)."""
+        folder = self.root / kind
+        try:
+            entries = list(folder.glob("*.json"))
+        except OSError:
+            return False
+        for p in entries:
+            try:
+                key = json.loads(p.read_text()).get("key", {})
+            except (OSError, json.JSONDecodeError):
+                continue
+            if isinstance(key, dict) and all(key.get(k) == v for k, v in fields.items()):
+                return True
+        return False
+
     def put(self, kind: str, key: Mapping[str, Any], value: Any) -> Path:
+        """Store an entry; a cache that cannot be written (read-only, full, no permission)
+        is a warning, once per cache, and the value is simply not cached."""
         p = self.path(kind, key)
-        p.parent.mkdir(parents=True, exist_ok=True)
         payload = {"key": json.loads(json.dumps(key, sort_keys=True, default=str)),
                    "value": value}
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)
+        except OSError as exc:
+            self._unwritable(exc)
+            return p
         try:
             with os.fdopen(fd, "w") as fh:
                 json.dump(payload, fh, default=str)
             os.replace(tmp, p)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            self._unwritable(exc)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         return p
+
+    def _unwritable(self, exc: OSError) -> None:
+        if not getattr(self, "_warned", False):
+            self._warned = True
+            log.warning("profile cache %s is not writable (%s); continuing without caching "
+                        "(set APPORTION_CACHE to a writable folder)", self.root,
+                        exc.strerror or exc)

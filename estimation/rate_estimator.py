@@ -28,10 +28,6 @@ What comes from where:
   better witness), its fastest split, marked feasible;
 * ``fit(samples)`` records measured iteration times, keyed by (model, global
   batch, GPU type, GPU count); a measured configuration overrides ``rate_fn``.
-  With ``calibrate=True`` the measurements also correct ``rate_fn`` where
-  nothing was measured: by the geometric mean of measured / predicted over the
-  same (model, batch, GPU type), else over the same (model, batch) on any type
-  (online calibration: what a scheduler learns from the jobs it ran).
 
 Rates are memoised per (job id, GPU type, GPU count) when ``memoize`` is true
 (a rate function that changes, say with a per-round view, must be given a
@@ -44,7 +40,6 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from apportion.estimation.analytic import (
     AnalyticEstimator,
@@ -75,18 +70,15 @@ class RateEstimator(ParamsMixin):
         (default: a new :class:`AnalyticEstimator`).
     memoize:
         cache rates per (job id, GPU type, GPU count).
-    calibrate:
-        let measured configurations (``fit``) correct ``rate_fn`` elsewhere.
     """
 
     def __init__(self, rate_fn: RateFn, inner: AnalyticEstimator | None = None,
-                 memoize: bool = True, calibrate: bool = False) -> None:
+                 memoize: bool = True) -> None:
         if not callable(rate_fn):
             raise TypeError("rate_fn must be callable: (job, gpu_type, gpus) -> iterations/s")
         self.rate_fn = rate_fn
         self.inner = inner
         self.memoize = memoize
-        self.calibrate = calibrate
         self._inner = inner if inner is not None else AnalyticEstimator()
         self._rates: dict[tuple[str, str, int], float] = {}
 
@@ -94,20 +86,11 @@ class RateEstimator(ParamsMixin):
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> RateEstimator:
         """Record measured iteration times; a measured configuration overrides ``rate_fn``."""
         measured: dict[tuple[str, int, str, int], float] = {}
-        ratios: dict[tuple[Any, ...], list[float]] = {}
         for s in samples:
             if s.iter_time_s > 0:
                 gpus = int(sum(s.placement.values()))
-                key = (s.job.model, s.job.global_batch_size, s.gpu_type, gpus)
-                measured[key] = 1.0 / s.iter_time_s
-                if self.calibrate:
-                    predicted = float(self.rate_fn(s.job, s.gpu_type, gpus))
-                    if math.isfinite(predicted) and predicted > 0:
-                        r = math.log(measured[key] / predicted)
-                        ratios.setdefault(key[:3], []).append(r)
-                        ratios.setdefault(key[:2], []).append(r)
+                measured[(s.job.model, s.job.global_batch_size, s.gpu_type, gpus)] = 1.0 / s.iter_time_s
         self.measured_ = measured
-        self.correction_ = {k: math.exp(sum(v) / len(v)) for k, v in ratios.items()}
         self._rates.clear()
         return self
 
@@ -127,10 +110,6 @@ class RateEstimator(ParamsMixin):
             return self._rates[key]
         r = float(self.rate_fn(job, gpu_type, gpus))
         r = r if math.isfinite(r) and r > 0 else 0.0
-        corr = getattr(self, "correction_", {})
-        if corr and r > 0:
-            r *= corr.get((job.model, job.global_batch_size, gpu_type),
-                          corr.get((job.model, job.global_batch_size), 1.0))
         if self.memoize:
             self._rates[key] = r
         return r

@@ -19,16 +19,26 @@ A monotone map turns a score into a predicted transfer gain (fraction of iterati
 saved); it can be fitted to measured gains. Pairs predicted non-positive are
 filtered out, as YMIR filters negative combinations before scheduling.
 
+:func:`auto_gains` is what ``apportion solve-finetune --gains auto`` runs: it reads
+each task's samples (:func:`load_task_data`: ``.npz`` with arrays ``x`` and ``y``, or a
+``.csv`` with a ``label`` column and numeric feature columns), embeds every task with
+one probe, scores every pair, and maps scores to gains — calibrated on the gains the
+task file measured, where it gives two or more, else YMIR's default map, said so.
+
 torch is imported lazily so ``apportion.estimation`` imports without it.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +152,16 @@ class TransferabilityEstimator:
     reseeded_: dict[str, np.ndarray] = field(default_factory=dict)
 
     def fit(self, tasks: list[TaskData]) -> TransferabilityEstimator:
-        for t in tasks:
-            self.embeddings_[t.name] = self.probe.embed(t, seed=0)
-            self.reseeded_[t.name] = self.probe.embed(t, seed=1)
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the probe's matrices are tiny: threads only contend
+        try:
+            for t in tasks:
+                self.embeddings_[t.name] = self.probe.embed(t, seed=0)
+                self.reseeded_[t.name] = self.probe.embed(t, seed=1)
+        finally:
+            torch.set_num_threads(threads)
         return self
 
     def distance(self, a: str, b: str) -> float:
@@ -220,3 +237,124 @@ def synthetic_task(name: str, dim: int, classes: int, n: int, seed: int,
     y = rng.integers(0, classes, size=n)
     x = means[y] + rng.normal(size=(n, dim))
     return TaskData(name, x.astype(np.float32), y)
+
+
+# ---------------------------------------------------------------------------------------
+# --gains auto: the task file's samples -> gains
+# ---------------------------------------------------------------------------------------
+#: fewest samples per task the probe is given (its head and Fisher need a few per class)
+MIN_SAMPLES = 20
+
+
+def load_task_data(path: str | Path, name: str, where: str) -> TaskData:
+    """A task's samples: ``.npz`` (arrays ``x``: n x d numbers, ``y``: n labels) or ``.csv``
+    (a ``label`` column, every other column a numeric feature). Labels may be any values;
+    they are numbered. Problems raise :class:`InputError` naming the file and ``where``."""
+    p = Path(path)
+    src = str(p)
+    if not p.is_file():
+        raise InputError(src, where, "no such data file (needed by --gains auto)")
+    try:
+        if p.suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                if "x" not in z or "y" not in z:
+                    raise InputError(src, where, "an .npz needs arrays 'x' and 'y'")
+                x, y = np.asarray(z["x"]), np.asarray(z["y"])
+        elif p.suffix == ".csv":
+            with p.open(newline="") as fh:
+                rows = list(csv.DictReader(fh))
+            if not rows or "label" not in rows[0]:
+                raise InputError(src, where, "a .csv needs a header with a 'label' column")
+            cols = [c for c in rows[0] if c != "label"]
+            y = np.array([r["label"] for r in rows])
+            try:
+                x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=float)
+            except (TypeError, ValueError):
+                raise InputError(src, where, "feature columns must be numbers") from None
+        else:
+            raise InputError(src, where, "data must be a .npz (x, y) or .csv (label, features)")
+    except (OSError, ValueError) as exc:
+        raise InputError(src, where, f"unreadable: {exc}") from None
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or x.shape[1] < 1:
+        raise InputError(src, where, f"x must be n x d and y n long (got {x.shape}, {y.shape})")
+    if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x.astype(float))):
+        raise InputError(src, where, "x must hold finite numbers")
+    if len(y) < MIN_SAMPLES:
+        raise InputError(src, where, f"{len(y)} samples; the probe needs at least {MIN_SAMPLES}")
+    classes, labels = np.unique(y, return_inverse=True)
+    if len(classes) < 2:
+        raise InputError(src, where, "needs at least two labels (the probe fits a classifier)")
+    return TaskData(name, x.astype(np.float32), labels.astype(np.int64))
+
+
+@dataclass
+class AutoGains:
+    """Gains predicted by the Task2Vec probe for a task file, and how they were obtained."""
+
+    temporal: dict[str, float]
+    spatial: dict[str, float]
+    scores: dict[str, dict[str, float]]
+    gain_map: dict[str, Any]
+    embedded: list[str]
+    unavailable: dict[str, str]
+
+    def report(self) -> dict[str, Any]:
+        return {"method": "task2vec", "embedded": self.embedded, "unavailable": self.unavailable,
+                "scores": self.scores, "gain_map": self.gain_map,
+                "predicted": {"temporal": self.temporal, "spatial": self.spatial}}
+
+
+def auto_gains(tasks: list[tuple[str, Path | None, str]],
+               measured: dict[str, dict[str, float]] | None = None,
+               probe_kw: dict[str, Any] | None = None) -> AutoGains:
+    """Task2Vec gains among ``tasks`` (``(id, data path or None, field name)``).
+
+    Tasks without data are listed in ``unavailable`` (with why) and get no gains;
+    fewer than two tasks with data is an :class:`InputError` (nothing to compare).
+    ``measured`` (the file's own ``gains``, keys ``A->B`` / ``A||B``) calibrates the
+    score-to-gain map when two or more of its pairs have data and distinct scores."""
+    unavailable = {tid: "no 'data' field: the Task2Vec probe needs the task's samples "
+                        "(x, y) to embed it" for tid, path, _ in tasks if path is None}
+    data = [load_task_data(path, tid, where) for tid, path, where in tasks if path is not None]
+    if len(data) < 2:
+        raise InputError("--gains", "gains", "auto needs 'data' for at least two tasks; "
+                         f"missing for: {', '.join(sorted(unavailable)) or '-'}")
+    dims = {t.x.shape[1] for t in data}
+    if len(dims) > 1:
+        where = next(w for tid, p, w in tasks if p is not None and
+                     next(d for d in data if d.name == tid).x.shape[1] != data[0].x.shape[1])
+        raise InputError(where, "data", f"every task's samples must have the same number of "
+                         f"features for one probe; found {sorted(dims)}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError("--gains", "gains", "auto needs torch (pip install 'apportion[torch]')"
+                         ) from None
+    probe = Task2VecProbe(data[0].x.shape[1], **(probe_kw or {}))
+    est = TransferabilityEstimator(probe).fit(data)
+    names = [t.name for t in data]
+    scores: dict[str, dict[str, float]] = {"temporal": {}, "spatial": {}}
+    for i, a in enumerate(names):
+        for b in names:
+            if a != b:
+                scores["temporal"][f"{a}->{b}"] = round(est.temporal_score(a, b), 6)
+        for b in names[i + 1:]:
+            scores["spatial"][f"{a}||{b}"] = round(est.spatial_score(a, b), 6)
+    gmap, info = GainMap(), {"fitted": False}
+    pts = [(scores[k][key], float(g)) for k, table in (measured or {}).items()
+           if k in scores for key, g in table.items() if key in scores[k]]
+    if len({s for s, _ in pts}) >= 2:
+        gmap.fit([s for s, _ in pts], [g for _, g in pts])
+        info = {"fitted": True, "fitted_on": len(pts)}
+    else:
+        info["note"] = ("not calibrated: YMIR's default map (a score of 0 saves 30 %, 0.3 breaks "
+                        "even); give measured gains for two or more pairs with data to fit it")
+        log.info("--gains auto: %s", info["note"])
+    info.update(intercept=round(float(gmap.intercept), 6), slope=round(float(gmap.slope), 6),
+                max_gain=gmap.max_gain)
+    pred = predicted_gains(est, gmap, names)
+    for tid, why in unavailable.items():
+        log.info("--gains auto: task %s gets no gains: %s", tid, why)
+    return AutoGains(pred["temporal"], pred["spatial"], scores, info, names, unavailable)

@@ -390,8 +390,10 @@ class AnalyticTruth:
 class NoisyView:
     """A truth seen through seeded multiplicative log-normal noise (sigma in log space).
 
-    The noise of a (job, type, GPU count) is fixed for the run: a profile that is
-    wrong stays wrong, as a mis-measured profile would."""
+    The ``oracle`` information mode's rate source (:class:`apportion.view.RateSource`):
+    policies ask with a :class:`apportion.view.JobView`, whose ``trace`` record keys
+    the truth. The noise of a (job, type, GPU count) is fixed for the run: a profile
+    that is wrong stays wrong, as a mis-measured profile would."""
 
     def __init__(self, base: Any, sigma: float = 0.0, seed: int = 0) -> None:
         self.base = base
@@ -409,11 +411,12 @@ class NoisyView:
         z = math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
         return math.exp(self.sigma * z)
 
-    def rate(self, job: SimJob, gpu_type: str, gpus: int,
+    def rate(self, job: Any, gpu_type: str, gpus: int,
              placement: Mapping[str, int] | None = None, plan: str | None = None,
              **kw: Any) -> float:
-        r = self.base.rate(job, gpu_type, gpus, placement, plan, **kw)
-        return r * self.factor(job.job_id, gpu_type, gpus) if r > 0 else 0.0
+        j: SimJob = job.trace if hasattr(job, "trace") else job
+        r = self.base.rate(j, gpu_type, gpus, placement, plan, **kw)
+        return r * self.factor(j.job_id, gpu_type, gpus) if r > 0 else 0.0
 
 
 def truth_for(profile: str, cluster: Any) -> Any:

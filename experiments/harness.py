@@ -64,14 +64,10 @@ def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
 
 
 def cluster_from_arg(arg: str) -> Cluster:
-    from apportion.config import default_cluster, load_cluster
+    from apportion.config import canonical_cluster_name, cluster_names_help, load_cluster
 
-    if arg in ("crius-1280", "crius", "crius-sim"):
-        return crius_cluster()
-    if arg in ("crius-testbed", "default"):
-        return default_cluster()
-    if arg in ("morphling-64", "morphling"):
-        return morphling_cluster()
+    if canonical_cluster_name(arg) is not None and not Path(arg).exists():
+        return resolve_cluster(arg)
     m = re.fullmatch(r"(\d+):(\d+):(\d+)", arg)
     if m:
         v, p, k = (int(x) for x in m.groups())
@@ -80,45 +76,90 @@ def cluster_from_arg(arg: str) -> Cluster:
         return gavel_cluster(v, p, k)
     if arg.endswith((".yaml", ".yml")) or Path(arg).exists():
         return load_cluster(arg)
-    raise InputError(arg, "--cluster", "not a YAML file, V100:P100:K80 counts, or one of "
-                     "crius-1280, crius-testbed, morphling-64")
+    raise InputError(arg, "--cluster", "not a YAML file, V100:P100:K80 counts, or a bundled "
+                     "name: " + cluster_names_help())
+
+
+#: ``--truth`` values: ``auto`` follows the trace format detected from the file's content.
+TRUTHS = ("auto", "gavel", "crius", "morphling", "elasticflow", "analytic", "finetune")
+_TRUTH_OF_FORMAT = {"gavel": "gavel", "gavel-csv": "gavel", "crius": "crius",
+                    "morphling": "morphling", "elasticflow": "elasticflow",
+                    "synthetic": "analytic", "raw": "crius", "finetune": "finetune"}
+
+
+def _make_truth(kind: str, cluster: Cluster) -> Any:
+    return {"gavel": gt.GavelTruth, "crius": gt.CriusTruth, "morphling": gt.MorphlingTruth,
+            "elasticflow": gt.ElasticFlowTruth}[kind]() if kind != "analytic" \
+        else gt.AnalyticTruth(cluster)
+
+
+def _check_truth_covers(t: tr.Trace, truth: Any, cluster: Cluster, kind: str) -> None:
+    """A ground truth that gives none of the trace's jobs a rate on this cluster would replay
+    nothing and report it as a result: refuse it before the replay, naming the choice."""
+    sample = t.jobs[:50]
+    if not sample:
+        return
+    for j in sample:
+        for g in cluster.gpu_types:
+            try:
+                if float(truth.rate(j, g, j.gpus)) > 0:
+                    return
+            except (KeyError, ValueError, ZeroDivisionError):
+                continue
+    raise InputError(t.source or t.name, "--truth",
+                     f"the {kind} ground truth knows none of the first {len(sample)} jobs of "
+                     f"this {t.format or 'unknown'}-format trace on cluster {cluster.name} "
+                     f"({', '.join(cluster.gpu_types)}): every job would stall; give --truth "
+                     f"(one of {', '.join(TRUTHS[1:])}) or a cluster of the trace's GPU types")
 
 
 def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
-            window_days: float | None = None) -> tuple[tr.Trace, Any]:
-    """The trace (adapted where the papers adapt it) and the ground truth that fits it."""
+            window_days: float | None = None, truth: str = "auto") -> tuple[tr.Trace, Any]:
+    """The trace (adapted where the papers adapt it) and the ground truth that fits it.
+
+    The truth follows the format detected from the trace's content
+    (:data:`apportion.experiments.traces.FORMATS`), never its path, unless ``truth``
+    names one. A raw cluster trace (no models) gets Crius's adaptation onto Crius's
+    measured models.
+    """
+    if truth not in TRUTHS:
+        raise InputError(truth, "--truth", f"unknown ground truth; choose {', '.join(TRUTHS)}")
     t = tr.load_trace(trace_arg, seed=seed)
-    src = t.source
-    if src.endswith(".trace") or "gavel" in src:
-        truth: Any = gt.GavelTruth()
-    elif "/crius/" in src:
-        truth = gt.CriusTruth()
-    elif "/morphling/" in src:
-        truth = gt.MorphlingTruth()
-    elif "elasticflow" in src:
-        truth = gt.ElasticFlowTruth()
-        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source, t.notes)
-    elif src == "synthetic":
-        truth = gt.AnalyticTruth(cluster)
-    else:  # a raw cluster trace: Crius's adaptation onto Crius's measured models
-        truth = gt.CriusTruth()
+    kind = _TRUTH_OF_FORMAT.get(t.format, "crius") if truth == "auto" else truth
+    if kind == "finetune":  # YMIR's fine-tuning workloads: work to target is the truth's
+        from apportion.experiments.finetune_truth import FinetuneTruth
+
+        ft = FinetuneTruth()
+        return ft.with_iterations(t), ft
+    if t.format == "raw":
+        if kind != "crius":
+            raise InputError(trace_arg, "--truth", f"a raw cluster trace carries no models; "
+                             f"only crius (Crius's adaptation) applies, not {kind}")
+        gtruth: Any = gt.CriusTruth()
         if window_days:
             s, e = tr.busiest_window(t, window_days * 24)
             t = t.window(s, e)
-        t = tr.adapt_crius(t, truth, seed=seed)
-    return t, truth
+        t = tr.adapt_crius(t, gtruth, seed=seed)
+        return t, gtruth
+    gtruth = _make_truth(kind, cluster)
+    if kind == "elasticflow":
+        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source,
+                     t.notes, t.format)
+    _check_truth_covers(t, gtruth, cluster, kind)
+    return t, gtruth
 
 
 def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
             policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
             window_days: float | None = None, max_jobs: int | None = None,
-            progress: Any = None) -> SimResult:
+            progress: Any = None,
+            ground_truth: str = "auto") -> SimResult:
     from apportion.experiments.policies import make_policy
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cl = cluster_from_arg(cluster)
-    t, truth = resolve(trace, cl, seed, window_days)
+    t, truth = resolve(trace, cl, seed, window_days, ground_truth)
     if max_jobs:
         t = t.head(max_jobs)
     cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
@@ -164,10 +205,14 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
             policy_options: dict[str, dict[str, Any]] | None = None,
             sim_options: dict[str, Any] | None = None, window_days: float | None = None,
             max_jobs: int | None = None, show_progress: bool = True, plots: bool = True) -> Path:
-    """Run every policy x seed (parallel processes), then write tables and plots."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    """Run every policy x seed (parallel processes), then write tables and plots.
 
-    name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}")
+    Progress (jobs finished over all runs) goes to stderr: a bar on a terminal, plain
+    periodic lines otherwise (:class:`apportion.console.Progress`)."""
+    from apportion.console import Progress
+
+    mode = (sim_options or {}).get("information", "estimated")
+    name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
     root.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
@@ -177,19 +222,22 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
              window_days, max_jobs, str(root), queue) for p in policies for s in range(seeds)]
     results: list[tuple[str, int, dict[str, Any]]] = []
     nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
-                  TimeElapsedColumn(), disable=not show_progress, transient=False) as prog:
-        tasks = {(p, s): prog.add_task(f"{p} seed {s}", total=None) for p in policies for s in range(seeds)}
+    state: dict[tuple[str, int], tuple[int, int]] = {}
+    desc = f"compare {len(policies)} policies x {seeds} seeds"
+    with Progress(desc, unit="jobs finished", heartbeat=True, enabled=show_progress) as prog:
         with ctx.Pool(nproc) as pool:
             pending = pool.map_async(_worker, jobs)
             while not pending.ready():
                 pending.wait(0.2)
                 while not queue.empty():
                     p, s, d, tot = queue.get()
-                    prog.update(tasks[(p, s)], completed=d, total=tot)
+                    state[(p, s)] = (d, tot)
+                    prog.update(sum(v[0] for v in state.values()),
+                                sum(v[1] for v in state.values()))
             results = pending.get()
         for p, s, summ in results:
-            prog.update(tasks[(p, s)], completed=summ["jobs"], total=summ["jobs"])
+            state[(p, s)] = (summ["jobs"], summ["jobs"])
+        prog.update(sum(v[0] for v in state.values()), sum(v[1] for v in state.values()))
     manager.shutdown()
     write_tables(root, results)
     if plots:
@@ -197,57 +245,113 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     return root
 
 
+CI_COLS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization")
+
+
+def ci95(values: Any) -> float:
+    """Half-width of the 95 % confidence interval of the mean (Student's t); 0 for one value."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.asarray([x for x in values if x is not None and not pd.isna(x)], dtype=float)
+    if len(v) < 2:
+        return 0.0
+    return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+
+
 def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> pd.DataFrame:
+    """Mean over seeds per policy, with the 95 % CI half-width of the key metrics
+    (``<metric>_ci95``) and the number of seeds; the information mode in the header."""
     rows = [{**{k: s.get(k) for k in SUMMARY_COLS if k != "policy"}, "policy": p, "seed": seed}
             for p, seed, s in results]
     df = pd.DataFrame(rows)
     num = [c for c in SUMMARY_COLS if c != "policy"]
-    mean = df.groupby("policy", sort=False)[num].mean(numeric_only=True).reset_index()
+    grouped = df.groupby("policy", sort=False)
+    mean = grouped[num].mean(numeric_only=True).reset_index()
     mean = mean[[c for c in SUMMARY_COLS if c in mean.columns]]
+    mean.insert(1, "seeds", grouped["seed"].count().to_numpy())
+    for c in CI_COLS:
+        if c in df.columns:
+            mean[f"{c}_ci95"] = grouped[c].apply(ci95).to_numpy()
     mean.to_csv(root / "summary.csv", index=False)
-    (root / "summary.md").write_text(to_markdown(mean))
+    modes = sorted({str(s.get("information", "?")) for _, _, s in results})
+    ests = sorted({str(s.get("estimator", "?")) for _, _, s in results})
+    head = (f"information: {', '.join(modes)}; estimator: {', '.join(ests)}; "
+            f"mean over seeds, ± the 95 % confidence interval (Student's t)\n\n")
+    (root / "summary.md").write_text(head + to_markdown(_with_ci(mean)))
     return mean
 
 
+def _with_ci(mean: pd.DataFrame) -> pd.DataFrame:
+    """The markdown view: ``mean ± ci`` in one cell for the metrics with a CI."""
+    out = mean.copy()
+    for c in CI_COLS:
+        if c in out.columns and f"{c}_ci95" in out.columns:
+            out[c] = [f"{m:.4g} ± {h:.2g}" if pd.notna(m) else "" for m, h in
+                      zip(out[c], out[f"{c}_ci95"])]
+            out = out.drop(columns=[f"{c}_ci95"])
+    return out
+
+
 def to_markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if isinstance(v, float):
-                cells.append("" if pd.isna(v) else (f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The frame as markdown (:func:`apportion.tables.frame_markdown`, the one renderer)."""
+    from apportion.tables import frame_markdown
+
+    return frame_markdown(df)
+
+
+def _band(ax: Any, curves: list[tuple[Any, Any]], label: str) -> None:
+    """Mean over seeds with a shaded 95 % confidence band (curves on a common grid)."""
+    import numpy as np
+    from scipy import stats
+
+    curves = [(x, y) for x, y in curves if len(x)]
+    if not curves:
+        return
+    grid = np.linspace(0.0, max(float(x[-1]) for x, _ in curves), 400)
+    ys = np.array([np.interp(grid, x, y) for x, y in curves])
+    m = ys.mean(axis=0)
+    line = ax.plot(grid, m, label=f"{label} ({len(curves)} seeds)", lw=0.9)[0]
+    if len(curves) > 1:
+        h = stats.t.ppf(0.975, len(curves) - 1) * ys.std(axis=0, ddof=1) / np.sqrt(len(curves))
+        ax.fill_between(grid, m - h, m + h, color=line.get_color(), alpha=0.2, lw=0)
 
 
 def write_plots(root: Path, policies: list[str], seeds: int) -> None:
+    """JCT CDF, throughput, queue and utilisation: every seed, mean with a 95 % CI band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     from apportion.experiments.metrics import jct_cdf
 
     figs = {k: plt.subplots(figsize=(7, 4)) for k in ("jct_cdf", "throughput", "queue", "utilization")}
     for p in policies:
-        d = root / f"{p}-s0"
-        if not (d / "jobs.csv").exists():
-            continue
-        jobs = pd.read_csv(d / "jobs.csv")
-        tl = pd.read_csv(d / "timeline.csv")
-        x, y = jct_cdf(jobs)
-        figs["jct_cdf"][1].plot(x / 3600, y, label=p)
-        if len(tl):
-            h = (tl["t"] - tl["t"].iloc[0]) / 3600
-            figs["throughput"][1].plot(h, tl["throughput_samples_s"], label=p, lw=0.8)
-            figs["queue"][1].plot(h, tl["queued"], label=p, lw=0.8)
-            util = [c for c in tl.columns if c.startswith("util_")]
-            ax = figs["utilization"][1]
-            ax.plot(h, tl[util].mean(axis=1), label=p, lw=0.8)
-    labels = {"jct_cdf": ("JCT (h)", "CDF"), "throughput": ("time (h)", "samples/s"),
+        cdfs, thr, queue, util = [], [], [], []
+        for s in range(seeds):
+            d = root / f"{p}-s{s}"
+            if not (d / "jobs.csv").exists():
+                continue
+            jobs = pd.read_csv(d / "jobs.csv")
+            x, y = jct_cdf(jobs)
+            # the CDF as JCT quantiles: average the JCT at each probability over seeds
+            cdfs.append((y, x / 3600))
+            tl = pd.read_csv(d / "timeline.csv")
+            if len(tl):
+                h = ((tl["t"] - tl["t"].iloc[0]) / 3600).to_numpy()
+                thr.append((h, tl["throughput_samples_s"].to_numpy()))
+                queue.append((h, tl["queued"].to_numpy()))
+                cols = [c for c in tl.columns if c.startswith("util_")]
+                util.append((h, tl[cols].mean(axis=1).to_numpy()))
+        if cdfs:
+            grid = np.linspace(0.0, 1.0, 200)
+            qs = np.array([np.interp(grid, pr, jct) for pr, jct in cdfs])
+            figs["jct_cdf"][1].plot(qs.mean(axis=0), grid, label=f"{p} ({len(cdfs)} seeds)")
+        _band(figs["throughput"][1], thr, p)
+        _band(figs["queue"][1], queue, p)
+        _band(figs["utilization"][1], util, p)
+    labels = {"jct_cdf": ("JCT (h), mean over seeds", "CDF"), "throughput": ("time (h)", "samples/s"),
               "queue": ("time (h)", "queued jobs"), "utilization": ("time (h)", "mean GPU utilisation")}
     for k, (fig, ax) in figs.items():
         ax.set_xlabel(labels[k][0])
@@ -256,20 +360,22 @@ def write_plots(root: Path, policies: list[str], seeds: int) -> None:
         fig.tight_layout()
         fig.savefig(root / f"{k}.png", dpi=110)
         plt.close(fig)
-    _util_by_type(root, policies, plt)
+    _util_by_type(root, policies, seeds, plt)
 
 
-def _util_by_type(root: Path, policies: list[str], plt: Any) -> None:
+def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> None:
     rows = {}
     for p in policies:
-        f = root / f"{p}-s0" / "summary.json"
-        if f.exists():
-            rows[p] = json.loads(f.read_text()).get("utilization_by_type", {})
+        per_seed = [json.loads(f.read_text()).get("utilization_by_type", {})
+                    for f in (root / f"{p}-s{s}" / "summary.json" for s in range(seeds))
+                    if f.exists()]
+        if per_seed:
+            rows[p] = pd.DataFrame(per_seed).mean().to_dict()
     if not rows:
         return
     df = pd.DataFrame(rows).T.fillna(0.0)
     ax = df.plot.bar(figsize=(7, 4))
-    ax.set_ylabel("utilisation by GPU type")
+    ax.set_ylabel("utilisation by GPU type (mean over seeds)")
     ax.figure.tight_layout()
     ax.figure.savefig(root / "utilization_by_type.png", dpi=110)
     plt.close(ax.figure)
@@ -285,30 +391,79 @@ def _check_policy(name: str) -> None:
         raise InputError(name, "--policy", f"unknown policy; known: {', '.join(sorted(POLICIES))}")
 
 
+def _check_information(information: str, estimator: str) -> None:
+    from apportion.estimation.registry import ESTIMATORS
+    from apportion.view import INFORMATION_MODES
+
+    if information not in INFORMATION_MODES:
+        raise InputError("--information", "information", f"{information!r} is not one of "
+                         f"{', '.join(INFORMATION_MODES)}")
+    if estimator not in ESTIMATORS or estimator == "auto":
+        raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
+                         "analytic, crius, morphling, tables (a replay's scaling model; auto "
+                         "needs a real cluster's measurements)")
+
+
 def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int,
                   interval: float | None, restart_cost: float | None, noise: float,
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
-                  jobs_csv: Path | None) -> dict[str, Any]:
+                  jobs_csv: Path | None, information: str = "estimated",
+                  estimator: str = "analytic", ground_truth: str = "auto",
+                  show_progress: bool = True) -> dict[str, Any]:
+    """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
+
+    Jobs left unfinished that were neither dropped by the policy nor larger than the
+    cluster stopped progressing: the outputs are written (they show the state) and
+    :class:`StalledReplay` names them, so the command exits non-zero.
+    """
+    from apportion import outputs
+    from apportion.console import Progress
+
     _check_policy(policy)
-    sim: dict[str, Any] = {"noise_sigma": noise}
+    _check_information(information, estimator)
+    sim: dict[str, Any] = {"noise_sigma": noise, "information": information,
+                           "estimator": estimator}
     if interval is not None:
         sim["interval_s"] = interval
     if restart_cost is not None:
         sim["restart_cost_s"] = restart_cost
     cluster_from_arg(cluster)  # bad input fails before anything runs
-    res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs)
+    with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
+        res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs,
+                      lambda _t, done, total: prog.update(done, total), ground_truth)
+        prog.update(res.summary["finished"], res.summary["jobs"])
     if json_out:
-        tmp = json_out.with_name(f".{json_out.name}.tmp")
-        tmp.write_text(json.dumps(res.summary, indent=2, default=str) + "\n")
-        os.replace(tmp, json_out)
+        outputs.write_json(json_out, res.summary, "--json")
     if jobs_csv:
-        res.jobs.to_csv(jobs_csv, index=False)
+        outputs.write_with(jobs_csv, lambda fh: res.jobs.to_csv(fh, index=False), "--jobs-csv",
+                           newline="")
+    jf = res.jobs
+    if len(jf):
+        stuck = jf[~jf["finished"].astype(bool) & ~jf["dropped"].astype(bool)]
+        if len(stuck):
+            raise StalledReplay(list(stuck["job_id"].astype(str)), res.summary)
     return res.summary
+
+
+class StalledReplay(RuntimeError):
+    """A replay ended with jobs that stopped progressing (no rate, no capacity ever)."""
+
+    def __init__(self, jobs: list[str], summary: dict[str, Any]) -> None:
+        self.jobs = jobs
+        self.summary = summary
+        shown = ", ".join(jobs[:10]) + (f" and {len(jobs) - 10} more" if len(jobs) > 10 else "")
+        super().__init__(
+            f"{len(jobs)} of {summary.get('jobs')} jobs stopped progressing and never finished "
+            f"({shown}); ground truth {summary.get('truth')!r}, cluster "
+            f"{summary.get('cluster')!r}: check the trace's GPU types against the cluster, or "
+            "give --truth")
 
 
 def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: str, out: Path,
                  run: str | None, workers: int | None, window_days: float | None,
-                 max_jobs: int | None) -> Path:
+                 max_jobs: int | None, information: str = "estimated",
+                 estimator: str = "analytic") -> Path:
+    _check_information(information, estimator)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError(policies, "--policies", "give at least one policy")
@@ -319,4 +474,5 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     cluster_from_arg(cluster)
     tr.load_trace(trace)  # fail on a bad trace before spawning workers
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
+                   sim_options={"information": information, "estimator": estimator},
                    window_days=window_days, max_jobs=max_jobs)

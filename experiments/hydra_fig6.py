@@ -17,7 +17,6 @@ Run: ``python -m apportion.experiments.hydra_fig6 --out DIR --budget 2``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -27,8 +26,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import typer
 from apportion.formulations.shards import ShardDevice, ShardModel, ShardProblem
 from apportion.solvers.shards import solve
+
+from apportion.errors import InputError
+from apportion.tables import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +131,11 @@ def _markdown(summary: dict[str, Any]) -> str:
     methods = summary["methods"]
     head = ["setting", "models x GPUs", "units"] + [f"{m}" for m in methods] + \
         [f"{m} raw" for m in methods if m in ("cp-sat", "milp")] + ["LRTF / LB"]
-    lines = [(f"Makespan normalised to the best method per instance (mean ± std over seeds "
+    intro = (f"Makespan normalised to the best method per instance (mean ± std over seeds "
              f"{summary['seeds']}); solver budget {summary['budget_s']} s. 'raw' is the solver's "
              "own schedule before the better-of-hint rule; LRTF / LB is Sharded-LRTF's makespan "
-             "over the lower bound."), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             "over the lower bound.")
+    rows = []
     for row in summary["table"]:
         cells = [row["setting"], f"{row['models']} x {row['devices']}", f"{row['units_mean']:.0f}"]
         cells += [f"{row[f'{m}.normalised.mean']:.4f} ± {row[f'{m}.normalised.std']:.4f}"
@@ -141,8 +144,8 @@ def _markdown(summary: dict[str, Any]) -> str:
                   for m in methods if m in ("cp-sat", "milp")]
         if "lrtf" in methods:
             cells.append(f"{row['lrtf.over_lb.mean']:.5f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return intro + "\n\n" + markdown_table(head, rows)
 
 
 def _plot(summary: dict[str, Any], path: Path) -> None:
@@ -208,37 +211,62 @@ def run_crossover(out_dir: str | Path, budget_s: float = 2.0,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossover.json").write_text(json.dumps({"budget_s": budget_s, "rows": rows}, indent=1))
-    lines = [(f"CP-SAT (whole instance, LRTF hint, {budget_s} s) vs Sharded-LRTF; makespan / "
+    intro = (f"CP-SAT (whole instance, LRTF hint, {budget_s} s) vs Sharded-LRTF; makespan / "
              "lower bound, mean over seeds; 'improved' counts seeds where CP-SAT's own "
-             "schedule beat LRTF."), "",
-             "| units | LRTF / LB | CP-SAT raw / LB | improved | optimal |", "|---|---|---|---|---|"]
+             "schedule beat LRTF.")
+    table = []
     for size in sizes:
         grp = [r for r in rows if abs(r["units"] - size) <= models]
         if not grp:
             continue
         imp = sum(r["cpsat_raw_over_lb"] < r["lrtf_over_lb"] - 1e-9 for r in grp)
         opt = sum(r["cpsat_status"] == "optimal" for r in grp)
-        lines.append(f"| {size} | {statistics.mean(r['lrtf_over_lb'] for r in grp):.4f} | "
-                     f"{statistics.mean(r['cpsat_raw_over_lb'] for r in grp):.4f} | "
-                     f"{imp}/{len(grp)} | {opt}/{len(grp)} |")
+        table.append([str(size), f"{statistics.mean(r['lrtf_over_lb'] for r in grp):.4f}",
+                      f"{statistics.mean(r['cpsat_raw_over_lb'] for r in grp):.4f}",
+                      f"{imp}/{len(grp)}", f"{opt}/{len(grp)}"])
+    lines = [intro, "", markdown_table(["units", "LRTF / LB", "CP-SAT raw / LB", "improved",
+                                        "optimal"], table).rstrip("\n")]
     (out / "crossover.md").write_text("\n".join(lines) + "\n")
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="experiments/results/hydra_fig6")
-    ap.add_argument("--budget", type=float, default=2.0, help="solver seconds per instance")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--crossover", action="store_true", help="also run the CP-SAT/LRTF crossover")
-    args = ap.parse_args(argv)
+cli = typer.Typer(add_completion=False, no_args_is_help=False,
+                  help="Hydra figure 6: shard-unit schedulers on growing instances.")
+
+
+@cli.command()
+def fig6(out: Path = typer.Option(Path("experiments/results/hydra_fig6"), "--out",
+                                  help="output folder"),
+         budget: float = typer.Option(2.0, "--budget", help="solver seconds per instance"),
+         seeds: str = typer.Option("0,1,2", "--seeds", help="comma-separated seeds"),
+         crossover: bool = typer.Option(False, "--crossover",
+                                        help="also run the CP-SAT/LRTF crossover")) -> None:
+    """Run figure 6 (and optionally the crossover); print the markdown tables."""
+    from apportion import outputs
+
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{seeds!r}: give integers separated by commas",
+                                 param_hint="--seeds") from None
+    if not seed_list or not budget > 0:
+        raise typer.BadParameter("need at least one seed and a positive budget")
+    try:
+        outputs.check_output_dir(out, "--out")
+    except InputError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--out") from None
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    summary = run_fig6(args.out, args.budget, args.seeds)
-    print(Path(args.out, "table.md").read_text())
+    summary = run_fig6(str(out), budget, seed_list)
+    print((out / "table.md").read_text())
     log.info("figure 6 done in %.1f s", summary["wall_s"])
-    if args.crossover:
-        run_crossover(args.out, args.budget, seeds=args.seeds)
-        print(Path(args.out, "crossover.md").read_text())
+    if crossover:
+        run_crossover(str(out), budget, seeds=seed_list)
+        print((out / "crossover.md").read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli(args=list(argv) if argv is not None else None,
+        prog_name="python -m apportion.experiments.hydra_fig6")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ JOB_COLUMNS = ["job_id", "submit_s", "gpus", "gpu_type", "job_type", "model", "t
 
 
 def _isolated(js: Any, truth: Any) -> float:
-    j = js.job
+    j = js.trace
     types = [j.gpu_type] if j.gpu_type else []
     best = 0.0
     for t in types or ["A100-40GB", "A40", "A10", "V100-32GB", "A800-80GB", "P100", "K80"]:
@@ -46,7 +46,7 @@ def _isolated(js: Any, truth: Any) -> float:
 def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFrame:
     rows = []
     for js, fin in [(x, True) for x in done] + [(x, False) for x in unfinished]:
-        j = js.job
+        j = js.trace
         jct = (js.finish - j.submit_s) if fin and js.finish is not None else math.nan
         iso = _isolated(js, truth)
         rows.append({

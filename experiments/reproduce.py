@@ -1,10 +1,12 @@
-"""The reproductions, one command each; each writes a small markdown table under
-``experiments/results/``.
+"""The reproductions, one command each; each writes a markdown table and its JSON under
+``--out DIR`` (default ``results/reproduce`` in the current folder; the committed tables
+are in ``experiments/results/``: refresh them with ``--out experiments/results``), and
+the runs' CSVs under ``DIR/runs``. Nothing is written into the installed package.
 
-    python -m apportion.experiments.reproduce crius     [--days 1] [--budget 2]
-    python -m apportion.experiments.reproduce morphling
-    python -m apportion.experiments.reproduce ablation  [--days 1]
-    python -m apportion.experiments.reproduce gavel
+    python -m apportion.experiments.reproduce crius     [--days 1] [--budget 2] [--out DIR]
+    python -m apportion.experiments.reproduce morphling [--budget 2] [--out DIR]
+    python -m apportion.experiments.reproduce ablation  [--days 1] [--budget 2] [--out DIR]
+    python -m apportion.experiments.reproduce gavel     [--out DIR]
 
 * ``crius`` — Crius section 8.4: Crius's 1,280-GPU cluster (table 1), a Philly
   window (the two-week ~13,000-job window of ``apportion bench sim``, first
@@ -24,13 +26,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import typer
 from apportion.experiments.bench.sim import bench_trace
 from apportion.experiments.harness import (
     crius_cluster,
@@ -41,8 +43,12 @@ from apportion.experiments.harness import (
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 
-RESULTS = Path(__file__).resolve().parent / "results"
-RUNS = Path(__file__).resolve().parents[1] / "results" / "reproduce-runs"  # git-ignored
+DEFAULT_OUT = Path("results") / "reproduce"
+_OUT: list[Path] = [DEFAULT_OUT]  # set by the command line (--out); the library default
+
+
+def out_dir() -> Path:
+    return _OUT[0]
 
 
 def _h(x: Any) -> float | None:
@@ -50,11 +56,15 @@ def _h(x: Any) -> float | None:
 
 
 def _table(rows: list[dict[str, Any]], name: str, header: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    from apportion import outputs
+
+    out = out_dir()
+    out.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
-    path = RESULTS / f"{name}.md"
-    path.write_text(header.strip() + "\n\n" + to_markdown(df))
-    (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    path = out / f"{name}.md"
+    outputs.write_text(path, header.strip() + "\n\n" + to_markdown(df), "--out")
+    outputs.write_text(out / f"{name}.json", json.dumps(rows, indent=2, default=str) + "\n",
+                       "--out")
     return path
 
 
@@ -68,7 +78,7 @@ def crius(days: float = 1.0, budget: float = 2.0,
         opts = {"time_budget_s": budget} if p.startswith("apportion") else {}
         t0 = time.perf_counter()
         res = Simulator(crius_cluster(), trace, make_policy(p, **opts), truth, SimConfig()).run()
-        write_run(res, RUNS / f"{name}-{p}")
+        write_run(res, out_dir() / "runs" / f"{name}-{p}")
         s = res.summary
         rows.append({"policy": p, "jobs": s["jobs"], "finished": s["finished"],
                      "avg_jct_h": _h(s["avg_jct_s"]), "p99_jct_h": _h(s["p99_jct_s"]),
@@ -97,7 +107,7 @@ def morphling(budget: float = 2.0) -> Path:
                     if p.startswith("apportion") else {})
             t0 = time.perf_counter()
             res = run_one(f"morphling-{variant}", "morphling-64", p, policy_options=opts)
-            write_run(res, RUNS / f"morphling-{variant}-{p}")
+            write_run(res, out_dir() / "runs" / f"morphling-{variant}-{p}")
             s = res.summary
             rows.append({"trace": variant, "policy": p, "finished": s["finished"],
                          "avg_jct_h": _h(s["avg_jct_s"]), "p99_jct_h": _h(s["p99_jct_s"]),
@@ -131,15 +141,57 @@ def gavel() -> Path:
 360 s rounds, progress = Gavel's measured steps/s, no restart cost. Deviations: GAVEL_FIDELITY.md.""")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m apportion.experiments.reproduce")
-    ap.add_argument("which", choices=["crius", "morphling", "ablation", "gavel"])
-    ap.add_argument("--days", type=float, default=1.0)
-    ap.add_argument("--budget", type=float, default=2.0)
-    a = ap.parse_args()
-    path = {"crius": lambda: crius(a.days, a.budget), "morphling": lambda: morphling(a.budget),
-            "ablation": lambda: ablation(a.days, a.budget), "gavel": gavel}[a.which]()
+cli = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="The papers' experiments on apportion's simulator.")
+OUT_HELP = "output folder (tables, JSON, runs/); default results/reproduce"
+
+
+def _run(out: Path, make: Any) -> None:
+    from apportion import outputs
+    from apportion.console import Progress
+    from apportion.errors import InputError
+
+    try:
+        outputs.check_output_dir(out, "--out")
+    except InputError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--out") from None
+    _OUT[0] = out
+    with Progress("reproduce", heartbeat=True):
+        path = make()
     print(path.read_text())
+
+
+@cli.command("crius")
+def crius_cmd(days: float = typer.Option(1.0, "--days", min=0.01),
+              budget: float = typer.Option(2.0, "--budget", min=0.01),
+              out: Path = typer.Option(DEFAULT_OUT, "--out", help=OUT_HELP)) -> None:
+    """Crius 8.4: 1,280 GPUs, a Philly window, six policies."""
+    _run(out, lambda: crius(days, budget))
+
+
+@cli.command("morphling")
+def morphling_cmd(budget: float = typer.Option(2.0, "--budget", min=0.01),
+                  out: Path = typer.Option(DEFAULT_OUT, "--out", help=OUT_HELP)) -> None:
+    """Morphling 7.3: 64 A800 GPUs, the base, best-plan and multi-tenant workloads."""
+    _run(out, lambda: morphling(budget))
+
+
+@cli.command("ablation")
+def ablation_cmd(days: float = typer.Option(1.0, "--days", min=0.01),
+                 budget: float = typer.Option(2.0, "--budget", min=0.01),
+                 out: Path = typer.Option(DEFAULT_OUT, "--out", help=OUT_HELP)) -> None:
+    """Crius figure 20: apportion without GPU-count or heterogeneity scaling."""
+    _run(out, lambda: ablation(days, budget))
+
+
+@cli.command("gavel")
+def gavel_cmd(out: Path = typer.Option(DEFAULT_OUT, "--out", help=OUT_HELP)) -> None:
+    """Gavel's fidelity runs: max_min_fairness.trace on 8:8:8."""
+    _run(out, gavel)
+
+
+def main() -> None:
+    cli(prog_name="python -m apportion.experiments.reproduce")
 
 
 if __name__ == "__main__":

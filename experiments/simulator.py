@@ -17,6 +17,17 @@ resize, migration, new plan) makes no progress for ``restart_cost_s``
 first start costs ``start_cost_s`` (default 0). The ``gavel`` profile follows
 Gavel: 360 s rounds, no restart cost.
 
+Run modes (fine-tuning, YMIR): a decision's ``meta`` may say *how* a job starts,
+and the ground truth says what that changes. ``meta["transfer"] = {job: source}``
+starts a job from a finished job's weights; ``meta["merged"] = {lead: [members]}``
+trains the members inside the lead's allocation as one merged job (the
+validator still sees one allocation per GPU set: the lead's; the members are
+pending). The mode is fixed at a job's first start (:meth:`Simulator._fix_modes`)
+and handed to the truth's ``rate`` as keyword arguments (``source=``,
+``members=``, trace records) for the rest of the job's life; members finish
+when their lead does. Decisions without these keys (every other policy) run
+exactly as before.
+
 Everything is seeded: the same trace, policy, cluster and seed give the same
 numbers, byte for byte.
 """
@@ -32,13 +43,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from apportion.experiments.groundtruth import NoisyView
+from apportion.experiments.information import rate_source
 from apportion.experiments.traces import SimJob, Trace
-from apportion.solvers.validator import validate
 
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec
+from apportion.round import InvalidDecision, run_pipeline
+from apportion.view import JobView, View
 
 log = logging.getLogger(__name__)
 
@@ -54,80 +66,41 @@ class SimConfig:
     start_cost_s: float = 0.0
     noise_sigma: float = 0.0
     seed: int = 0
-    validate: bool = True
     max_sim_s: float | None = None
     stall_rounds: int = 500  # stop when no arrivals remain and nothing progressed this long
     profile: str = "default"
+    information: str = "estimated"  # every policy's rate source: oracle | estimated
+    estimator: str = "analytic"  # the estimated mode's scaling model (estimation.registry)
 
 
 PROFILES: dict[str, SimConfig] = {
     "default": SimConfig(),
     "gavel": SimConfig(interval_s=360.0, restart_cost_s=0.0, start_cost_s=0.0, profile="gavel"),
+    # YMIR's fine-tuning replays: 60-s rounds; every start and restart costs the measured
+    # context switch of RoBERTa-base on V100 (30.4 s, titan-finetune fminfo)
+    "ymir": SimConfig(interval_s=60.0, restart_cost_s=30.4, start_cost_s=30.4, profile="ymir"),
 }
 
 
-@dataclass
-class JobState:
-    """A job inside the simulation (mutable; policies read, only the simulator writes)."""
+@dataclass(eq=False)
+class JobState(JobView):
+    """A job inside the simulation: the policy's :class:`JobView` plus what only the
+    simulator knows (the true rate of its allocation, when it finishes). Policies
+    read the view's fields; only the simulator writes."""
 
-    job: SimJob
-    spec: JobSpec
-    done: float = 0.0
-    alloc: Allocation | None = None
-    plan_code: str | None = None
-    rate: float = 0.0  # true iterations/s of the current allocation
-    est_rate: float = 0.0
+    true_rate: float = 0.0  # true iterations/s of the current allocation (never shown to policies)
     busy_until: float = 0.0
-    first_start: float | None = None
     finish: float | None = None
-    restarts: int = 0
-    preemptions: int = 0
-    gpu_seconds: float = 0.0  # attained service
-    run_seconds: float = 0.0
-    rounds_run: int = 0
-    time_on_type: dict[str, float] = field(default_factory=dict)
-    stalled_rounds: int = 0  # rounds holding GPUs at zero true rate
     dropped: bool = False  # the policy gave up on it (ElasticFlow's admission control)
-    memo: dict[str, Any] = field(default_factory=dict)  # per-job scratch for policies
-
-    @property
-    def id(self) -> str:
-        return self.job.job_id
+    # run mode fixed at the first start: keyword arguments of the truth's ``rate``
+    # (``source=``: started from a finished job's weights; ``members=``: merged lead)
+    mode: dict[str, Any] = field(default_factory=dict)
+    members: tuple[str, ...] = ()  # jobs trained inside this one; they finish with it
+    merged_into: str | None = None  # the lead this job trains inside
 
     @property
     def remaining(self) -> float:
-        return max(0.0, self.job.iterations - self.done)
-
-    @property
-    def running(self) -> bool:
-        return self.alloc is not None
-
-
-@dataclass
-class SimState:
-    """What a policy sees at a round boundary."""
-
-    now: float
-    round_index: int
-    interval_s: float
-    cluster: Cluster
-    jobs: list[JobState]
-    view: Any
-    seed: int
-    config: SimConfig
-    finished_recent: list[str] = field(default_factory=list)
-    arrived_recent: list[str] = field(default_factory=list)
-    capacity: dict[str, int] = field(default_factory=dict)
-
-    def rate(self, js: JobState, gpu_type: str, gpus: int,
-             placement: dict[str, int] | None = None, plan: str | None = None, **kw: Any) -> float:
-        """The policy's view of iterations/s (truth x profile noise)."""
-        return float(self.view.rate(js.job, gpu_type, gpus, placement, plan, **kw))
-
-    @property
-    def rng(self) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.round_index])
-
+        return max(0.0, self.trace.iterations - self.done)
 
 
 @dataclass
@@ -139,10 +112,14 @@ class SimResult:
 
 
 def _spec(j: SimJob) -> JobSpec:
+    ft = j.finetune
     return JobSpec(id=j.job_id, model=j.model or j.job_type, global_batch_size=max(1, j.batch),
                    iterations=max(1, int(round(j.iterations))), requested_gpus=j.gpus,
                    requested_gpu_type=j.gpu_type, submit_time_s=j.submit_s, tenant=j.tenant,
-                   guaranteed=j.guaranteed, deadline_s=j.deadline_s)
+                   guaranteed=j.guaranteed, deadline_s=j.deadline_s,
+                   priority_weight=float(j.priority_weight),
+                   backbone=ft.backbone if ft else None, task=ft.task if ft else None,
+                   accepts_sharing=bool(ft and ft.accepts_sharing))
 
 
 def _same(a: Allocation, b: Allocation | None, code_a: str | None, code_b: str | None) -> bool:
@@ -161,7 +138,8 @@ class Simulator:
         self.policy = policy
         self.truth = truth
         self.cfg = config or SimConfig()
-        self.view = NoisyView(truth, self.cfg.noise_sigma, self.cfg.seed)
+        self.view = rate_source(self.cfg.information, truth, cluster, self.cfg.seed,
+                                self.cfg.noise_sigma, self.cfg.estimator)
         self.progress = progress
         self.types = cluster.gpu_types
         self.cap = cluster.capacity_by_type()
@@ -191,7 +169,7 @@ class Simulator:
             arrived: list[str] = []
             while arrivals and arrivals[0].submit_s <= t:
                 j = arrivals.popleft()
-                js = JobState(j, _spec(j))
+                js = JobState(_spec(j), trace=j)
                 states[j.job_id] = js
                 if j.gpus > total_gpus:  # can never run here: refuse it, say so, go on
                     js.dropped = True
@@ -209,17 +187,15 @@ class Simulator:
                 continue
             if cfg.max_sim_s is not None and t - t0 >= cfg.max_sim_s:
                 break
-            state = SimState(t, r, iv, self.cluster, active, self.view, cfg.seed, cfg,
-                             finished_recent, arrived, dict(self.cap))
+            state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
+                         cfg.information, list(finished_recent), arrived, dict(self.cap),
+                         needs_catalog=False)
             tp = time.perf_counter()
-            decision = self.policy.decide(state, t)
+            try:  # the one round pipeline: admit, decide, validate (an invalid one raises)
+                decision = run_pipeline(state, self.policy).decision
+            except InvalidDecision as exc:
+                raise SimulationError(f"round {r} at t={t:.0f}: {exc}") from None
             policy_s = time.perf_counter() - tp
-            if cfg.validate:
-                check = validate(decision, self.cluster, [js.spec for js in active])
-                if not check.ok:
-                    raise SimulationError(f"round {r} at t={t:.0f}: policy "
-                                          f"{getattr(self.policy, 'name', self.policy)} returned an "
-                                          f"invalid decision: {'; '.join(check.violations[:5])}")
             self._apply(decision, active, states, t)
             dropped_now = {p.job for p in decision.pending if p.action is not None
                            and p.action.value == "drop"}
@@ -227,7 +203,7 @@ class Simulator:
                 for js in active:
                     if js.id in dropped_now:
                         js.dropped = True
-                        js.alloc, js.rate = None, 0.0
+                        js.alloc, js.true_rate = None, 0.0
                 dropped.extend(js for js in active if js.id in dropped_now)
                 active = [js for js in active if js.id not in dropped_now]
             progressed, finished_recent = self._advance(active, t, t + iv, timeline)
@@ -250,7 +226,7 @@ class Simulator:
             r += 1
             if self.progress is not None:
                 self.progress(t - t0, len(done), len(self.trace.jobs))
-        unfinished = dropped + active + [JobState(j, _spec(j)) for j in arrivals]
+        unfinished = dropped + active + [JobState(_spec(j), trace=j) for j in arrivals]
         if too_large:
             log.warning("%d jobs ask for more GPUs than the cluster has (%d); refused: %s",
                         len(too_large), total_gpus, ", ".join(too_large[:5]))
@@ -264,12 +240,13 @@ class Simulator:
                now: float) -> None:
         codes: dict[str, str] = decision.meta.get("plan_codes", {}) if decision.meta else {}
         by_job = {a.job: a for a in decision.allocations}
+        self._fix_modes(decision, states, now)
         for js in active:
             a = by_job.get(js.id)
             if a is None:
                 if js.alloc is not None:
                     js.preemptions += 1
-                js.alloc, js.rate, js.plan_code = None, 0.0, None
+                js.alloc, js.true_rate, js.plan_code = None, 0.0, None
                 continue
             code = codes.get(js.id)
             if not _same(a, js.alloc, code, js.plan_code):
@@ -280,8 +257,48 @@ class Simulator:
                 else:
                     js.restarts += 1
             js.alloc, js.plan_code = a, code
-            js.rate = float(self.truth.rate(js.job, a.gpu_type, a.gpus, a.placement, code))
-            js.est_rate = float(a.est_throughput) / max(1, js.job.batch) if a.est_throughput else 0.0
+            js.true_rate = float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code,
+                                                 **js.mode))
+            js.est_rate = (float(a.est_throughput) / max(1, js.trace.batch) if a.est_throughput
+                           else 0.0)
+
+    def _fix_modes(self, decision: Decision, states: dict[str, JobState], now: float) -> None:
+        """The run mode a decision's ``meta`` asks for, fixed at each job's first start
+        (``transfer``: a finished source job; ``merged``: unstarted members, trained in
+        the lead's allocation). A decision that allocates a merged member on its own,
+        names an unfinished source or merges a started job is a policy bug."""
+        meta = decision.meta or {}
+        transfer: dict[str, str] = meta.get("transfer") or {}
+        merged: dict[str, list[str]] = meta.get("merged") or {}
+        allocated = {a.job for a in decision.allocations}
+        for a in decision.allocations:
+            js = states[a.job]
+            if js.merged_into is not None:
+                raise SimulationError(f"{a.job} trains inside {js.merged_into}; it cannot be "
+                                      "allocated on its own")
+            if js.first_start is not None:
+                continue  # the mode is fixed at the first start
+            members = tuple(merged.get(a.job, ()))
+            src = transfer.get(a.job)
+            for m in members:
+                ms = states.get(m)
+                if (ms is None or ms.first_start is not None or ms.finish is not None
+                        or ms.dropped or m in allocated or ms.members or ms.merged_into
+                        or m == a.job):
+                    raise SimulationError(f"{a.job} cannot merge {m}: members must be other "
+                                          "queued jobs that never started")
+            if src is not None:
+                ss = states.get(src)
+                if ss is None or ss.finish is None or ss.finish > now:
+                    raise SimulationError(f"{a.job} starts from {src}'s weights, which has "
+                                          "not finished")
+                js.mode["source"] = ss.trace
+            if members:
+                js.mode["members"] = tuple(states[m].trace for m in members)
+                js.members = members
+                for m in members:
+                    states[m].merged_into = a.job
+                    states[m].first_start = now
 
     # -- advancing time -----------------------------------------------------------------
     def _advance(self, active: list[JobState], t0: float, t1: float,
@@ -293,28 +310,37 @@ class Simulator:
         finished: list[str] = []
         progressed = False
         running = 0
+        by_id = {js.id: js for js in active}
         for js in active:
             a = js.alloc
+            js.stalled = False
             if a is None:
                 continue
             running += 1
             start = min(max(t0, js.busy_until), t1)
             end = t1
-            if js.rate > 0 and start < t1:
-                need = js.remaining / js.rate
+            rate = js.true_rate
+            if rate > 0 and start < t1:
+                need = js.remaining / rate
                 if start + need <= t1:
                     end = start + need
-                    js.done = js.job.iterations
+                    js.done = js.trace.iterations
                     js.finish = end
                     finished.append(js.id)
+                    for m in js.members:  # merged jobs reach their targets together
+                        ms = by_id.get(m)
+                        if ms is not None:
+                            ms.done, ms.finish = ms.trace.iterations, end
+                            finished.append(m)
                 else:
-                    js.done += js.rate * (t1 - start)
+                    js.done += rate * (t1 - start)
                 progressed = True
-                samples += js.rate * max(1, js.job.batch) * (end - start)
+                samples += rate * max(1, js.trace.batch) * (end - start)
                 iters_norm += (end - start)
                 useful[a.gpu_type] += a.gpus * (end - start)
-            elif js.rate <= 0:
+            elif rate <= 0:  # observable: the job held GPUs and reported no progress
                 js.stalled_rounds += 1
+                js.stalled = True
             held = end - t0
             busy[a.gpu_type] += a.gpus * held
             js.gpu_seconds += a.gpus * held
@@ -349,6 +375,8 @@ class Simulator:
             "trace": self.trace.name, "cluster": self.cluster.name, "profile": self.cfg.profile,
             "seed": self.cfg.seed, "interval_s": self.cfg.interval_s,
             "restart_cost_s": self.cfg.restart_cost_s, "noise_sigma": self.cfg.noise_sigma,
+            "information": self.cfg.information, "estimator": self.cfg.estimator,
+            "rates": getattr(self.view, "name", type(self.view).__name__),
             "truth": getattr(self.truth, "name", type(self.truth).__name__),
             "interpolated_configs": len(getattr(self.truth, "interpolated", ())),
             "sim_wall_s": round(wall_s, 3),

@@ -12,7 +12,12 @@ plus where it came from. Four source formats are read:
 * Crius's adapted traces (``job_id, submission_time, num_iteration,
   model_name, deadline, batch_size, num_gpu, gpu_type``);
 * Morphling's workloads (``name, submission_time, duration, application,
-  num_gpus, num_cpus, bandwidth, exec_plan, steps, is_sla``).
+  num_gpus, num_cpus, bandwidth, exec_plan, steps, is_sla``);
+* YMIR's fine-tuning workloads (Titan's FMTrace samples: ``name,
+  submission_time, application, num_gpus, target_batch_size, target_lr,
+  target_gradient_steps, target_metric``): :func:`load_finetune_workload`.
+  Their iterations to target are ground truth, filled in by
+  :class:`apportion.experiments.finetune_truth.FinetuneTruth`.
 
 Raw cluster traces (Philly, ITP) carry no model, batch or GPU type: the
 papers' adaptations assign them, seeded and documented here:
@@ -39,9 +44,9 @@ Only paths are stored; large files are read from ``data_root()``
 from __future__ import annotations
 
 import csv
+import itertools
 import logging
 import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,11 +60,25 @@ log = logging.getLogger(__name__)
 
 
 def data_root() -> Path:
-    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("APPORTION_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    """Where the real data lives: ``$APPORTION_DATA`` or ``<repo>/../shared/data``
+    (:func:`apportion.env.data_root`, the one rule)."""
+    from apportion.env import data_root as root
+
+    return root()
+
+
+@dataclass(frozen=True)
+class FinetuneInfo:
+    """What a fine-tuning job of a trace fine-tunes (YMIR's submission, figure 14):
+    the backbone, the task (dataset), the hyper-parameters its convergence curve is
+    measured under, and the target metric value that ends it."""
+
+    backbone: str
+    task: str
+    lr: str  # as the measured curves key it ("4e-5")
+    steps: str  # gradient steps (accumulation) of the curves' key ("8")
+    target: float
+    accepts_sharing: bool = True
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,19 @@ class SimJob:
     priority_weight: float = 1.0
     plan: str | None = None
     cpus: int | None = None
+    finetune: FinetuneInfo | None = None  # a fine-tuning job (YMIR): backbone, task, target
+
+
+#: What :func:`load_any` can tell a trace file is, from its content (never its path):
+#: ``gavel`` (Gavel's .trace), ``gavel-csv`` (a normalised CSV of Gavel job types, with
+#: ``total_steps``), ``crius``, ``morphling``, ``elasticflow`` (a normalised CSV of
+#: ElasticFlow's models), ``raw`` (a cluster trace without models: Philly, ITP),
+#: ``synthetic``. The ground truth of a simulation follows it.
+FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", "raw", "synthetic",
+           "finetune")
+#: ElasticFlow's measured models (its ``throughputs_*/<model>.csv`` tables).
+ELASTICFLOW_MODELS = frozenset({"bert", "deepspeech2", "gpt2", "inception3", "resnet50",
+                                "resnet50_cifar10", "vgg16"})
 
 
 @dataclass
@@ -94,6 +126,7 @@ class Trace:
     jobs: list[SimJob]
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    format: str = ""  # one of FORMATS, detected from the content
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -109,10 +142,11 @@ class Trace:
                           deadline_s=None if j.deadline_s is None else j.deadline_s - start_s)
                   for j in js]
         return Trace(f"{self.name}[{start_s:.0f}:{end_s:.0f}]", js, self.source,
-                     self.notes + [f"window {start_s:.0f}-{end_s:.0f} s"])
+                     self.notes + [f"window {start_s:.0f}-{end_s:.0f} s"], self.format)
 
     def head(self, n: int) -> Trace:
-        return Trace(f"{self.name}[:{n}]", self.jobs[:n], self.source, self.notes + [f"first {n}"])
+        return Trace(f"{self.name}[:{n}]", self.jobs[:n], self.source, self.notes + [f"first {n}"],
+                     self.format)
 
 
 def _sorted(jobs: list[SimJob]) -> list[SimJob]:
@@ -120,10 +154,12 @@ def _sorted(jobs: list[SimJob]) -> list[SimJob]:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
+    """An existing regular file (a FIFO or a device is refused before it is opened)."""
+    from apportion.config import check_input_file
+
+    if not path.exists() and not path.is_symlink():
         raise InputError(str(path), "(file)", "no such trace file")
-    if path.is_dir():
-        raise InputError(str(path), "(file)", "is a directory, not a trace file")
+    check_input_file(path, "trace")
 
 
 # ---------------------------------------------------------------------------
@@ -140,7 +176,7 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
     _check_file(p)
     try:
         df = pd.read_csv(p, nrows=limit)
-    except Exception as exc:  # pandas raises many types for bad CSV
+    except Exception as exc:  # noqa: BLE001 (pandas raises many types for bad CSV)
         raise InputError(str(p), "(file)", f"not a readable CSV: {exc}") from None
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
@@ -180,11 +216,23 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
     if dropped:
         log.info("%s: dropped %d jobs without duration or GPUs", p, dropped)
         notes.append(f"dropped {dropped} rows with zero or missing duration or GPUs")
-    unordered = sum(1 for a, b in zip(jobs, jobs[1:]) if b.submit_s < a.submit_s)
+    unordered = sum(1 for a, b in itertools.pairwise(jobs) if b.submit_s < a.submit_s)
     if unordered:
         log.info("%s: %d submit times out of order; sorted", p, unordered)
         notes.append(f"{unordered} submit times out of order (sorted)")
-    return Trace(p.stem, _sorted(jobs), str(p), notes)
+    return Trace(p.stem, _sorted(jobs), str(p), notes, _normalised_format(df))
+
+
+def _normalised_format(df: pd.DataFrame) -> str:
+    """Which measured tables a normalised CSV's jobs belong to, from its columns and models."""
+    cols = set(df.columns)
+    if cols & {"total_steps", "v100_est_duration_s"}:
+        return "gavel-csv"
+    if "model" in cols:
+        models = {str(m) for m in df["model"].dropna().unique()}
+        if models and models <= ELASTICFLOW_MODELS:
+            return "elasticflow"
+    return "raw"
 
 
 # ---------------------------------------------------------------------------
@@ -212,7 +260,7 @@ def load_gavel_trace(path: str | Path) -> Trace:
             jobs.append(SimJob(job_id=f"{i:05d}", submit_s=arrival, gpus=sf, iterations=float(steps),
                                job_type=f[0], priority_weight=prio,
                                deadline_s=None if slo < 0 else arrival + slo))
-    return Trace(p.stem, jobs, str(p))  # Gavel keeps file order (job id) for ties
+    return Trace(p.stem, jobs, str(p), format="gavel")  # Gavel keeps file order for ties
 
 
 # ---------------------------------------------------------------------------
@@ -258,7 +306,8 @@ def load_crius_trace(path: str | Path) -> Trace:
             iterations=float(r.num_iteration), job_type=crius_key(r.model_name, int(r.batch_size)),
             model=crius_catalog_name(r.model_name), batch=int(r.batch_size), gpu_type=gt,
             deadline_s=None if dl is None or pd.isna(dl) else float(dl) - t0))
-    return Trace(p.stem, _sorted(jobs), str(p), [f"submit times rebased by {t0:.0f} s"])
+    return Trace(p.stem, _sorted(jobs), str(p), [f"submit times rebased by {t0:.0f} s"],
+                 "crius")
 
 
 # ---------------------------------------------------------------------------
@@ -294,7 +343,49 @@ def load_morphling_workload(path: str | Path) -> Trace:
             iterations=float(r.steps), job_type=app, model=MORPHLING_MODELS.get(app),
             batch=_morphling_batch(app), gpu_type="A800-80GB", tenant="A" if sla else "B", guaranteed=sla,
             duration_s=float(r.duration), plan=str(r.exec_plan), cpus=int(r.num_cpus)))
-    return Trace(p.stem, _sorted(jobs), str(p))
+    return Trace(p.stem, _sorted(jobs), str(p), format="morphling")
+
+
+# ---------------------------------------------------------------------------
+# YMIR / Titan fine-tuning workloads
+# ---------------------------------------------------------------------------
+FINETUNE_COLUMNS = ("name", "submission_time", "application", "num_gpus", "target_batch_size",
+                    "target_lr", "target_gradient_steps", "target_metric")
+#: GPU type of the throughput profiles the fine-tuning replays use (YMIR simulates on V100)
+FINETUNE_GPU = "V100-32GB"
+
+
+def load_finetune_workload(path: str | Path) -> Trace:
+    """A Titan/YMIR workload CSV: one fine-tuning job per row (``backbone@task``).
+
+    Iterations are left at 0: how many a job needs to reach its target is ground
+    truth (:meth:`apportion.experiments.finetune_truth.FinetuneTruth.with_iterations`)."""
+    p = Path(path)
+    _check_file(p)
+    with p.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    jobs = []
+    for i, r in enumerate(rows):
+        for c in FINETUNE_COLUMNS:
+            if r.get(c) in (None, ""):
+                raise InputError(str(p), f"row {i + 2}.{c}", "required value missing")
+        backbone, sep, task = r["application"].partition("@")
+        if not sep or not backbone or not task:
+            raise InputError(str(p), f"row {i + 2}.application", "must look like backbone@task")
+        try:
+            submit, gpus = float(r["submission_time"]), int(r["num_gpus"])
+            batch, target = int(r["target_batch_size"]), float(r["target_metric"])
+        except ValueError as exc:
+            raise InputError(str(p), f"row {i + 2}", f"bad number: {exc}") from None
+        if submit < 0 or gpus <= 0 or batch <= 0:
+            raise InputError(str(p), f"row {i + 2}", "submission_time must be >= 0, num_gpus "
+                             "and target_batch_size > 0")
+        jobs.append(SimJob(job_id=r["name"], submit_s=submit, gpus=gpus, iterations=0.0,
+                           job_type=r["application"], batch=batch, gpu_type=FINETUNE_GPU,
+                           finetune=FinetuneInfo(backbone, task, r["target_lr"],
+                                                 r["target_gradient_steps"], target)))
+    return Trace(f"{p.parent.name}" if p.stem.startswith("workload") else p.stem, _sorted(jobs),
+                 str(p), format="finetune")
 
 
 # ---------------------------------------------------------------------------
@@ -343,7 +434,7 @@ def adapt_crius(trace: Trace, truth: Any, seed: int = 0, max_iterations: float =
         out.append(replace(j, gpus=gpus, iterations=float(iters), job_type=key,
                            model=crius_catalog_name(name), batch=batch, gpu_type=gtype))
     return Trace(f"{trace.name}-crius-s{seed}", out, trace.source,
-                 trace.notes + [f"adapt_crius seed={seed}"])
+                 trace.notes + [f"adapt_crius seed={seed}"], "crius")
 
 
 def busiest_window(trace: Trace, hours: float, by: str = "jobs") -> tuple[float, float]:
@@ -394,7 +485,8 @@ def morphling_downsample(trace: Trace, cluster_gpus: int = 64, source_gpus: int 
         out.append(replace(j, gpus=gpus, duration_s=dur, job_type=app,
                            model=MORPHLING_MODELS[app], gpu_type="A800-80GB"))
     return Trace(f"{trace.name}-morphling-s{seed}", out, trace.source,
-                 trace.notes + [f"busiest {hours} h from {s:.0f} s, sampled {cluster_gpus}/{source_gpus}"])
+                 trace.notes + [f"busiest {hours} h from {s:.0f} s, sampled {cluster_gpus}/{source_gpus}"],
+                 "morphling")
 
 
 def with_iterations(trace: Trace, truth: Any, gpu_type: str | None = None) -> Trace:
@@ -406,7 +498,8 @@ def with_iterations(trace: Trace, truth: Any, gpu_type: str | None = None) -> Tr
         if rate <= 0 or not j.duration_s:
             continue
         out.append(replace(j, iterations=float(max(1.0, round(j.duration_s * rate)))))
-    return Trace(trace.name, out, trace.source, trace.notes + ["iterations from duration"])
+    return Trace(trace.name, out, trace.source, trace.notes + ["iterations from duration"],
+                 trace.format)
 
 
 def synthetic(n: int = 200, rate_per_h: float = 20.0, seed: int = 0,
@@ -431,7 +524,8 @@ def synthetic(n: int = 200, rate_per_h: float = 20.0, seed: int = 0,
         it = float(round(math.exp(rng.uniform(math.log(iterations[0]), math.log(iterations[1])))))
         gt = gpu_types[rng.integers(len(gpu_types))] if gpu_types else None
         jobs.append(SimJob(f"syn-{i:05d}", round(t, 3), g, it, m, model=m, batch=256, gpu_type=gt))
-    return Trace(f"synthetic-n{n}-s{seed}", jobs, "synthetic", [f"poisson {rate_per_h}/h"])
+    return Trace(f"synthetic-n{n}-s{seed}", jobs, "synthetic", [f"poisson {rate_per_h}/h"],
+                 "synthetic")
 
 
 # ---------------------------------------------------------------------------
@@ -454,35 +548,73 @@ BUNDLED = {
     "morphling-base": "morphling/workloads/workload-base.csv",
     "morphling-bp": "morphling/workloads/workload-bp.csv",
     "morphling-mt": "morphling/workloads/workload-mt.csv",
+    **{f"fm-{load}-{fm}": f"titan-finetune/traces/FM-{load}-{fm}/workload-0.csv"
+       for load in ("1", "1.5", "2") for fm in ("roberta-base", "roberta-large")},
 }
 
 
-def load_any(path: str | Path) -> Trace:
-    """Detect the format of a file: ``.trace`` (Gavel), Crius, Morphling or normalised CSV."""
+def detect_format(path: str | Path) -> str:
+    """The format of a trace file from its first line: ``gavel`` (10 tab-separated fields, or
+    a ``.trace`` file), ``crius``, ``morphling``, or ``csv`` (a normalised CSV, told apart by
+    its columns and models once read, see :func:`load_normalised_csv`)."""
     p = Path(path)
     _check_file(p)
-    if p.suffix == ".trace":
-        return load_gavel_trace(p)
-    with p.open(newline="") as fh:
-        header = next(csv.reader(fh), [])
+    try:
+        with p.open(newline="", encoding="utf-8", errors="replace") as fh:
+            first = fh.readline(1 << 16)
+    except OSError as exc:
+        raise InputError(str(p), "(file)", f"cannot read: {exc.strerror or exc}") from None
+    if p.suffix == ".trace" or first.count("\t") == 9:
+        return "gavel"
+    header = next(csv.reader([first]), [])
     cols = {c.strip().lstrip("\ufeff") for c in header}
     if {"submission_time", "num_iteration", "model_name"} <= cols:
-        return load_crius_trace(p)
+        return "crius"
     if {"name", "application", "exec_plan"} <= cols:
-        return load_morphling_workload(p)
-    return load_normalised_csv(p)
+        return "morphling"
+    if set(FINETUNE_COLUMNS) <= cols:
+        return "finetune"
+    return "csv"
+
+
+def load_any(path: str | Path) -> Trace:
+    """Detect the format of a file by its content (:func:`detect_format`) and load it."""
+    fmt = detect_format(path)
+    if fmt == "gavel":
+        return load_gavel_trace(path)
+    if fmt == "crius":
+        return load_crius_trace(path)
+    if fmt == "morphling":
+        return load_morphling_workload(path)
+    if fmt == "finetune":
+        return load_finetune_workload(path)
+    return load_normalised_csv(path)
 
 
 def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
-    """A bundled name (see ``BUNDLED``; ``synthetic`` or ``synthetic:N``) or a file path."""
+    """A bundled name (see ``BUNDLED``; ``synthetic`` or ``synthetic:N``; ``fm-generated``
+    or ``fm-generated:N[:backbone]``, YMIR's workload recipe) or a file path."""
     s = str(name_or_path)
     if s.startswith("synthetic"):
         n = int(s.split(":", 1)[1]) if ":" in s else 200
         return synthetic(n=n, seed=seed)
+    if s.startswith("fm-generated"):
+        from apportion.experiments.finetune_truth import generated_trace
+
+        parts = s.split(":")
+        try:
+            n = int(parts[1]) if len(parts) > 1 else 120
+        except ValueError:
+            raise InputError(s, "--trace", "fm-generated:N[:backbone] needs a job count N") from None
+        return generated_trace(n, parts[2] if len(parts) > 2 else "roberta-base", seed)
     if s in BUNDLED:
-        return load_any(data_root() / BUNDLED[s])
+        path = data_root() / BUNDLED[s]
+        if not path.exists():
+            raise InputError(s, "--trace", f"the bundled trace needs {path}, which is missing: "
+                             "set APPORTION_DATA to the folder of the data sets")
+        return load_any(path)
     p = Path(s)
     if not p.exists():
         raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "
-                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]"]))
+                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]", "fm-generated[:N]"]))
     return load_any(p)

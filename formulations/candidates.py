@@ -50,7 +50,8 @@ import networkx as nx
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.estimation.analytic import AnalyticEstimator
-from apportion.formulations.objectives import ObjectiveOptions, apply_objective
+from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
+                                               reference_throughput)
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 
@@ -74,11 +75,6 @@ class CandidateOptions:
     place_bonus: float = 0.0  # per placed job (see formulations/objectives.py)
     remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
     weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
-    # a running job's present cell is attached to node groups like any other cell (it keeps
-    # its keep bonus): the model then counts the GPUs a running job frees by shrinking,
-    # moving or stopping in the same round; the caller restores present placements after
-    # decoding (solvers.greedy.restore_placements)
-    relocatable_running: bool = False
     # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
     # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
     # feasible type, Sia's: independent of a requested type that may be arbitrary), or
@@ -93,9 +89,6 @@ class CandidateOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds)
-
-
-NORMALIZATIONS = ("requested", "slowest", "best", "least-efficient")
 
 
 def job_node(job_id: str) -> str:
@@ -193,35 +186,9 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0
         return
-    # normalisation: requested N of the requested (or best) type
-    at_n = [(c, e) for c, e in cells if c.gpus == job.requested_gpus]
-    if opt.normalize not in NORMALIZATIONS:
-        raise ValueError(f"unknown normalize {opt.normalize!r}; choose {', '.join(NORMALIZATIONS)}")
-    if opt.normalize == "least-efficient":
-        best: dict[tuple[str, int], float] = {}  # each size's best plan, as Sia's options
-        for c, e in cells:
-            best[c.gpu_type, c.gpus] = max(best.get((c.gpu_type, c.gpus), 0.0), e.throughput)
-        per_gpu = min(thr / gpus for (_, gpus), thr in best.items())
-        _attach_cells(g, job, cells, cluster, opt, per_gpu * job.requested_gpus,
-                      f"{job.requested_gpus} x least efficient GPU")
-        return
-    if opt.normalize != "requested" and at_n:
-        by_type: dict[str, float] = {}
-        for c, e in at_n:
-            by_type[c.gpu_type] = max(by_type.get(c.gpu_type, 0.0), e.throughput)
-        pick = min if opt.normalize == "slowest" else max
-        _attach_cells(g, job, cells, cluster, opt, pick(by_type.values()),
-                      f"{job.requested_gpus} x {opt.normalize} type")
-        return
-    if job.requested_gpu_type:
-        typed = [(c, e) for c, e in at_n if c.gpu_type == job.requested_gpu_type]
-        basis = f"{job.requested_gpus} x {job.requested_gpu_type}"
-    else:
-        typed, basis = at_n, f"{job.requested_gpus} x best type"
-    pool = typed or at_n or cells
-    if not typed:
-        basis = "best candidate" if not at_n else f"{job.requested_gpus} x best type"
-    _attach_cells(g, job, cells, cluster, opt, max(e.throughput for _, e in pool), basis)
+    ref, basis = reference_throughput(opt.normalize, job.requested_gpus, job.requested_gpu_type,
+                                      [(c.gpu_type, c.gpus, e.throughput) for c, e in cells])
+    _attach_cells(g, job, cells, cluster, opt, ref, basis)
 
 
 def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster,
@@ -244,13 +211,10 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
                    bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
                    current=current)
         g.add_edge(jn, cn)
-        pinned = job.running.placement if (current and job.running) else None
-        if pinned and opt.relocatable_running:
-            g.nodes[cn]["present_placement"] = dict(pinned)
-            pinned = None
-        single = not pinned and not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
+        single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
         g.nodes[cn]["single_node"] = single
-        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single, pinned)
+        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
+                          job.running.placement if (current and job.running) else None)
 
 
 def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:

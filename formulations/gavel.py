@@ -15,7 +15,7 @@ capacities ``cap[j]``:
 These builders return cvxpy problems (the model); ``apportion.solvers.cvx``
 solves them. The round mechanism that turns X into integral allocations lives
 with its users: the Gavel baseline policy (priorities = allocation / rounds
-received) and ``apportion.round`` (one round: jobs by allocation, largest first).
+received); ``solve-round --formulation gavel`` runs that same policy for one round.
 """
 
 from __future__ import annotations

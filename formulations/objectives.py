@@ -81,6 +81,46 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
+NORMALIZATIONS = ("requested", "slowest", "best", "least-efficient")
+
+
+def reference_throughput(normalize: str, requested_gpus: int, requested_type: str | None,
+                         options: list[tuple[str, int, float]]) -> tuple[float, str]:
+    """A job's reference throughput ``ref_j`` (``n_c = thr_c / ref_j``) and its basis.
+
+    ``options`` are the job's candidates as (GPU type, GPU count, throughput). One
+    definition for every formulation (cells and plans):
+
+    * ``requested``: its requested N GPUs of its requested type (Gavel's; the best type
+      when none is requested, the best candidate when no N-GPU candidate exists);
+    * ``slowest``: N GPUs of its slowest type (Sia's: independent of a requested type
+      that may be arbitrary);
+    * ``best``: N GPUs of its fastest type;
+    * ``least-efficient``: N x the throughput per GPU of its least efficient (type,
+      count), Sia's base: jobs whose slow options waste GPUs rate their efficient ones
+      higher.
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalize {normalize!r}; choose {', '.join(NORMALIZATIONS)}")
+    if not options:
+        raise ValueError("a reference throughput needs at least one candidate")
+    best: dict[tuple[str, int], float] = {}  # each (type, count)'s best plan
+    for t, n, thr in options:
+        best[t, n] = max(best.get((t, n), 0.0), thr)
+    if normalize == "least-efficient":
+        per_gpu = min(thr / n for (_, n), thr in best.items())
+        return per_gpu * requested_gpus, f"{requested_gpus} x least efficient GPU"
+    at_n = {t: thr for (t, n), thr in best.items() if n == requested_gpus}
+    if normalize != "requested" and at_n:
+        pick = min if normalize == "slowest" else max
+        return pick(at_n.values()), f"{requested_gpus} x {normalize} type"
+    if requested_type and requested_type in at_n:
+        return at_n[requested_type], f"{requested_gpus} x {requested_type}"
+    if at_n:
+        return max(at_n.values()), f"{requested_gpus} x best type"
+    return max(best.values()), "best candidate"
+
+
 def jct_weights(rem: dict[str, float], exponent: float,
                 bounds: tuple[float, float]) -> dict[str, float]:
     """``clip((median(rem) / rem_j) ** exponent, *bounds)`` per job (1 for a lone job)."""

@@ -18,11 +18,12 @@ index-keyed synthetic samples as the torch worker's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Any
+
+import typer
 
 # the catalog shape and data come from torch_nets (which needs torch); see _data()
 
@@ -145,20 +146,25 @@ def train(name: str, dp: int, tp: int, steps: int, batch_size: int, lr: float = 
             "fc1_shape": list(fc1.shape)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gpt-tiny")
-    ap.add_argument("--dp", type=int, default=8)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--devices", type=int, default=8)
-    args = ap.parse_args(argv)
-    if "jax" not in sys.modules:
-        flag = f"--xla_force_host_platform_device_count={args.devices}"
+cli = typer.Typer(add_completion=False, help=(__doc__ or "").splitlines()[0])
+
+
+@cli.command()
+def run(model: str = typer.Option("gpt-tiny", "--model"),
+        dp: int = typer.Option(8, "--dp", min=1), tp: int = typer.Option(1, "--tp", min=1),
+        steps: int = typer.Option(3, "--steps", min=1),
+        batch: int = typer.Option(8, "--batch", min=1),
+        devices: int = typer.Option(8, "--devices", min=1)) -> None:
+    """Train a few steps with DP x TP sharding on forced host devices; print JSON."""
+    if "jax" not in sys.modules:  # XLA reads its flags when jax is first imported
+        flag = f"--xla_force_host_platform_device_count={devices}"
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    print(json.dumps(train(args.model, args.dp, args.tp, args.steps, args.batch)))
+    print(json.dumps(train(model, dp, tp, steps, batch)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli(args=argv, prog_name="python -m apportion.runtime.jax_worker")
     return 0
 
 

@@ -1,200 +1,386 @@
-"""Kubernetes: PyTorchJob manifests from a decision, written out or applied.
+"""The Kubernetes executor: decisions become TrainJobs (or JobSets, PyTorchJobs), status comes back.
 
-One allocation becomes a ConfigMap (the worker's ``config.json``) and a
-Kubeflow ``PyTorchJob`` (``kubeflow.org/v1``): one pod per placement node,
-each with ``nproc_per_node`` = the GPUs it holds on that node, a node selector
-on the GPU-feature-discovery label ``nvidia.com/gpu.product`` (GPU types are
-opaque names mapped per engine: :data:`GPU_PRODUCT_LABELS`), and resource
-requests/limits from the decision (``nvidia.com/gpu``, CPUs, host memory).
-The container runs ``torchrun`` on the same trainer the local executor runs;
-checkpoints go to a shared volume so a resized job resumes.
+The objects are :mod:`apportion.runtime.k8s_manifests`'s, the same ``apportion
+export k8s`` writes. Every round's objects are also written under the workdir
+(``manifests/roundNNNN-<name>.yaml``) for audit; with an API server
+(``--kubeconfig``, or the in-cluster service account) the executor also runs
+their life cycle:
 
-Without a kubeconfig the manifests are written as YAML files (one per job and
-round) and nothing is contacted; with one, and the ``kubernetes`` package
-installed, they are applied through ``CustomObjectsApi`` (resize and migrate
-delete the old job first: the trainer checkpoints on SIGTERM within the grace
-period).
+* **start**: create the ConfigMap and the job (suspended when a Kueue queue
+  admits it: Kueue unsuspends the gang once it fits);
+* **preempt**: *suspend* the job (Kueue: deactivate its Workload first, or
+  Kueue would unsuspend it again); the pods get SIGTERM and the workers
+  checkpoint within ``termination_grace_s``; the object stays, suspended;
+* **resize / migrate / start of a suspended job**: suspend, wait until the
+  pods are gone (the checkpoint is on the volume), then *patch* when only the
+  ConfigMap changes (the plan: ``APPORTION_PLAN`` and ``config.json`` come
+  from it) and *resume*; when the pod templates change (GPUs per pod, nodes,
+  replicas: immutable in a JobSet), delete the job and create the new one, the
+  create retried while the old object terminates (409);
+* **poll**: read each job's conditions (TrainJob ``Complete``/``Failed``,
+  JobSet ``Completed``/``Failed``, PyTorchJob ``Succeeded``/``Failed``,
+  ``Suspended``) and, when the checkpoint volume is mounted here
+  (``local_checkpoint_mount``), the progress the workers write on it
+  (iterations, iteration time, loss) into the store;
+* **stop** (``apportion run`` ends): jobs keep running unless ``drain``, which
+  suspends (checkpoints) every running job. A restarted scheduler adopts the
+  objects it finds (their allocation is in an annotation).
+
+Every API call is retried on conflicts by :class:`~apportion.runtime.k8s_client.K8sClient`.
+A placement the chosen API cannot express or a plan the workload cannot run
+is refused for that job (reported as failed with the reason), never a crash.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
+import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from apportion.runtime.executor import Event, Health, Progress, actions_for
-from apportion.runtime.launch import TRAINER_MODULE, train_config
+from apportion.runtime.k8s_client import JOB_UID_LABEL, K8sClient
+from apportion.runtime.k8s_config import K8sConfig
+from apportion.runtime.k8s_manifests import (
+    JOB_ID_ANNOTATION,
+    JOB_KIND,
+    MANAGED_BY,
+    QUEUE_LABEL,
+    Target,
+    allocation_of,
+    job_objects,
+    object_name,
+    workload_kind,
+)
+from apportion.runtime.launch import read_json_file
+from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress
 
-from apportion.decision import Allocation, Decision
+from apportion.cluster import Cluster
+from apportion.decision import Action, Allocation, Decision
+from apportion.errors import InputError
 from apportion.jobs import JobSpec, job_dirname
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-GPU_RESOURCE = "nvidia.com/gpu"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
-# catalog name -> the value NVIDIA GPU feature discovery puts on nodes
-GPU_PRODUCT_LABELS = {
-    "A100-40GB": "NVIDIA-A100-SXM4-40GB", "A100-80GB": "NVIDIA-A100-SXM4-80GB",
-    "A800-80GB": "NVIDIA-A800-SXM4-80GB", "H100-80GB": "NVIDIA-H100-80GB-HBM3",
-    "H200": "NVIDIA-H200", "A40": "NVIDIA-A40", "A10": "NVIDIA-A10", "L4": "NVIDIA-L4",
-    "T4": "Tesla-T4", "V100-32GB": "Tesla-V100-SXM2-32GB", "V100-16GB": "Tesla-V100-SXM2-16GB",
-    "P100": "Tesla-P100-PCIE-16GB", "K80": "Tesla-K80",
-}
-CONFIG_DIR = "/etc/apportion"
-CHECKPOINT_DIR = "/checkpoints"
+DONE = {"Complete", "Completed", "Succeeded"}
+BUILTIN_PROGRESS = "progress.json"  # the built-in trainer's (runtime.trainer)
 
 
-def k8s_name(job: str) -> str:
-    """A DNS-1123 name for a job id (lower case, ``-``, at most 63 characters)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", f"apportion-{job}".lower()).strip("-")
-    return name[:63].rstrip("-")
+@dataclass
+class Tracked:
+    """One job object this executor manages."""
+
+    alloc: Allocation
+    state: str  # running | suspended | finished | failed | refused
+    launch_id: str = ""
+    launched_at_iter: int = 0
+    error: str | None = None
 
 
-def pods_of(alloc: Allocation) -> list[int]:
-    """GPUs per pod: one pod per placement node, in node order."""
-    return [k for _, k in sorted(alloc.placement.items()) if k > 0] or [alloc.gpus]
+def _suspend_body(api: str, value: bool) -> dict[str, Any]:
+    if api == "pytorchjob":
+        return {"spec": {"runPolicy": {"suspend": value}}}
+    return {"spec": {"suspend": value}}
 
 
-def manifests(job: JobSpec, alloc: Allocation, image: str, namespace: str = "default",
-              checkpoint_claim: str = "apportion-checkpoints",
-              labels: dict[str, str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
-    """The ConfigMap and PyTorchJob for ``job`` on ``alloc`` (plain dicts, API field names)."""
-    name = k8s_name(job.id)
-    pods = pods_of(alloc)
-    if len(set(pods)) != 1:
-        raise ValueError(f"job {job.id}: placement {alloc.placement} puts different GPU counts on "
-                         "its nodes; a PyTorchJob runs the same nproc_per_node in every pod")
-    per_pod = pods[0]
-    cfg = train_config(job, alloc, f"{CHECKPOINT_DIR}/{job_dirname(job.id)}", seed)
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": f"{name}-config", "namespace": namespace},
-                  "data": {"config.json": json.dumps(asdict(cfg), sort_keys=True)}}
-    product = GPU_PRODUCT_LABELS.get(alloc.gpu_type, alloc.gpu_type)
-    cpus = max(1, alloc.cpus // len(pods)) if alloc.cpus else None
-    mem = alloc.host_memory_gib / len(pods) if alloc.host_memory_gib else None
-    res: dict[str, Any] = {GPU_RESOURCE: per_pod}
-    if cpus:
-        res["cpu"] = str(cpus)
-    if mem:
-        res["memory"] = f"{max(1, int(mem))}Gi"
-    meta_labels = {"app.kubernetes.io/managed-by": "apportion", "apportion/job": job.id,
-                   **(labels or {})}
+def _is_suspended(api: str, obj: dict[str, Any]) -> bool:
+    spec = obj.get("spec") or {}
+    return bool((spec.get("runPolicy") or {}).get("suspend") if api == "pytorchjob"
+                else spec.get("suspend"))
 
-    def replica(count: int) -> dict[str, Any]:
-        return {"replicas": count, "restartPolicy": "OnFailure", "template": {
-            "metadata": {"labels": dict(meta_labels)},
-            "spec": {
-                "nodeSelector": {PRODUCT_LABEL: product},
-                "terminationGracePeriodSeconds": 120,  # time to checkpoint on SIGTERM
-                "containers": [{
-                    "name": "pytorch",  # the container name the training operator requires
-                    "image": image,
-                    "command": ["torchrun", f"--nproc-per-node={per_pod}", "-m",
-                                TRAINER_MODULE, f"{CONFIG_DIR}/config.json"],
-                    "env": [{"name": "APPORTION_GPU_TYPE", "value": alloc.gpu_type}],
-                    "resources": {"requests": dict(res), "limits": dict(res)},
-                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR},
-                                     {"name": "checkpoints", "mountPath": CHECKPOINT_DIR}]}],
-                "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
-                            {"name": "checkpoints",
-                             "persistentVolumeClaim": {"claimName": checkpoint_claim}}]}}}
 
-    specs: dict[str, Any] = {"Master": replica(1)}
-    if len(pods) > 1:
-        specs["Worker"] = replica(len(pods) - 1)
-    job_manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob",
-                    "metadata": {"name": name, "namespace": namespace, "labels": meta_labels,
-                                 "annotations": {"apportion/plan": alloc.plan.label(),
-                                                 "apportion/action": alloc.action.value}},
-                    "spec": {"nprocPerNode": str(per_pod),
-                             "runPolicy": {"cleanPodPolicy": "None"},
-                             "pytorchReplicaSpecs": specs}}
-    return [config_map, job_manifest]
+def _unsuspended(api: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """A job spec without its suspend flag (what must match for a patch to do)."""
+    out = dict(spec or {})
+    if api == "pytorchjob":
+        out["runPolicy"] = {k: v for k, v in (out.get("runPolicy") or {}).items()
+                            if k != "suspend"}
+    else:
+        out.pop("suspend", None)
+    return out
+
+
+def _queued(obj: dict[str, Any]) -> bool:
+    """Kueue admits this object (it carries a queue name)."""
+    return bool(((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
+
+
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"}
 
 
 class KubernetesExecutor:
-    """Writes manifests per round (always) and applies them when a kubeconfig is given."""
+    """Runs decisions on Kubernetes (see the module docstring)."""
 
     name = "kubernetes"
 
-    def __init__(self, out_dir: str | Path, image: str = "apportion-worker:latest",
-                 namespace: str = "default", kubeconfig: str | None = None,
-                 checkpoint_claim: str = "apportion-checkpoints") -> None:
+    def __init__(self, out_dir: str | Path, cluster: Cluster, cfg: K8sConfig | None = None,
+                 client: K8sClient | None = None, drain: bool | None = None) -> None:
         self.out_dir = Path(out_dir)
-        self.image, self.namespace = image, namespace
-        self.claim = checkpoint_claim
-        self.kubeconfig = kubeconfig
-        self.running: dict[str, Allocation] = {}
+        self.cluster = cluster
+        self.cfg = cfg if cfg is not None else K8sConfig()
+        self.api = self.cfg.api
+        self.kind = JOB_KIND[self.api]
+        self.drain = self.cfg.drain if drain is None else drain
+        self.client = client
         self.jobs: dict[str, JobSpec] = {}
+        self.tracked: dict[str, Tracked] = {}
         self.round = 0
-        self._api: Any = None
-        if kubeconfig is not None:
-            try:
-                from kubernetes import client, config  # type: ignore[import-not-found]
-            except ImportError as exc:
-                raise RuntimeError("a kubeconfig was given but the 'kubernetes' package is not "
-                                   "installed (pip install kubernetes)") from exc
-            config.load_kube_config(config_file=kubeconfig)
-            self._api = (client.CustomObjectsApi(), client.CoreV1Api())
+        if client is not None:
+            self._adopt()
+
+    # -- adoption: a restarted scheduler finds its objects ------------------------------------
+    def _adopt(self) -> None:
+        assert self.client is not None
+        for obj in self.client.list(self.kind, f"{MANAGED_BY}=apportion"):
+            meta = obj.get("metadata") or {}
+            job = (meta.get("annotations") or {}).get(JOB_ID_ANNOTATION)
+            alloc = allocation_of(obj)
+            if job is None or alloc is None or meta.get("deletionTimestamp"):
+                continue
+            cond = _conditions(obj)
+            stopped = _is_suspended(self.api, obj) and (
+                not _queued(obj) or any(not (w.get("spec") or {}).get("active", True)
+                                        for w in self.client.list("Workload", f"{JOB_UID_LABEL}="
+                                                                  f"{meta.get('uid', '')}")))
+            state = ("finished" if cond.keys() & DONE else "failed" if "Failed" in cond
+                     else "suspended" if stopped else "running")
+            self.tracked[job] = Tracked(alloc, state)
+            log.info("adopted %s/%s (job %s, %s)", self.kind, meta.get("name"), job, state)
+
+    # -- apply ----------------------------------------------------------------------------------
+    def _set(self, state: str) -> set[str]:
+        return {j for j, t in self.tracked.items() if t.state == state}
 
     def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
         self.round += 1
         by_id = {j.id: j for j in state}
         self.jobs.update(by_id)
+        running = self._set("running")
+        steps = actions_for(decision, running, running, self._set("finished"))
         events: list[Event] = []
-        for step in actions_for(decision, self.running, self.running):
-            if step.allocation is None:
-                self._delete(step.job)
-                self.running.pop(step.job, None)
-                events.append(Event(step.job, "preempt", detail="PyTorchJob deleted"))
-                continue
-            if step.action.value == "keep":
-                events.append(Event(step.job, "keep", step.allocation.gpus, detail="no change"))
-                continue
-            if step.job in self.running:
-                self._delete(step.job)
-            docs = manifests(by_id[step.job], step.allocation, self.image, self.namespace,
-                             self.claim)
-            path = self.out_dir / f"round{self.round:04d}-{k8s_name(step.job)}.yaml"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-            self._create(docs)
-            self.running[step.job] = step.allocation
-            events.append(Event(step.job, step.action.value, step.allocation.gpus,
-                                step.allocation.gpu_type, str(path),
-                                spec={"manifests": docs}))
+        # stop first (all together), then launch: capacity is released before it is reused
+        stopping = [s for s in steps if s.allocation is None
+                    or s.action in (Action.RESIZE, Action.MIGRATE)]
+        for s in stopping:
+            try:
+                self._suspend(s.job)
+            except Exception as exc:  # noqa: BLE001 - reported, the round goes on
+                log.error("job %s: suspend failed: %s", s.job, exc)
+        self._wait_stopped([s.job for s in stopping])
+        for s in steps:
+            if s.allocation is None:
+                self.tracked[s.job].state = "suspended"
+                events.append(Event(s.job, "preempt", detail=f"{self.kind} suspended; the "
+                                    "workers checkpoint on SIGTERM"))
+            elif s.action is Action.KEEP and not s.restart:
+                events.append(Event(s.job, "keep", s.allocation.gpus, s.allocation.gpu_type,
+                                    "no change"))
+            else:
+                events.append(self._launch(by_id[s.job], s.allocation,
+                                           "restart" if s.restart else s.action.value))
         return events
 
-    def _create(self, docs: list[dict[str, Any]]) -> None:
-        if self._api is None:
-            return
-        custom, core = self._api
-        core.create_namespaced_config_map(self.namespace, docs[0])
-        custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, docs[1])
+    def _launch(self, job: JobSpec, alloc: Allocation, action: str) -> Event:
+        launch_id = f"{self.round}-{object_name(job.id)}"
+        target = Target(self.cluster, self.cfg, self.api, launch_id=launch_id)
+        try:
+            docs = job_objects(job, alloc, target)
+        except InputError as exc:  # plan or placement this API / workload cannot take
+            log.error("job %s not launched: %s", job.id, exc.message)
+            self.tracked[job.id] = Tracked(alloc, "refused", error=exc.message)
+            return Event(job.id, "refused", alloc.gpus, alloc.gpu_type, exc.message)
+        path = self.out_dir / f"round{self.round:04d}-{object_name(job.id)}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        old = self.tracked.get(job.id)
+        how = "written"
+        if self.client is not None:
+            try:
+                how = self._apply_objects(job, docs, old)
+            except Exception as exc:  # noqa: BLE001 - the API refused or is gone: fail this job
+                msg = f"{type(exc).__name__}: {getattr(exc, 'body', None) or exc}"
+                log.error("job %s: %s not applied: %s", job.id, self.kind, msg)
+                self.tracked[job.id] = Tracked(alloc, "failed", launch_id, error=msg)
+                return Event(job.id, "error", alloc.gpus, alloc.gpu_type, msg)
+        self.tracked[job.id] = Tracked(alloc, "running", launch_id, job.iterations_done)
+        return Event(job.id, action, alloc.gpus, alloc.gpu_type, f"{self.kind} {how}: {path}",
+                     spec={"manifests": docs})
 
-    def _delete(self, job: str) -> None:
-        if self._api is None:
+    def _apply_objects(self, job: JobSpec, docs: list[dict[str, Any]],
+                       old: Tracked | None) -> str:
+        """Create, or patch-and-resume, or replace; returns which."""
+        assert self.client is not None
+        name = docs[-1]["metadata"]["name"]
+        current = self.client.get(self.kind, name)
+        if current is not None and current["metadata"].get("deletionTimestamp"):
+            current = None  # terminating: create (retried until it is gone)
+        if current is not None and old is not None and old.state in ("running", "suspended") \
+                and self._patchable(current, docs):
+            self.client.put_config_map(docs[0])
+            self.client.patch(self.kind, name, {"metadata": {"annotations":
+                                                             docs[-1]["metadata"]["annotations"]}})
+            self._resume(job, current)
+            return "patched"
+        if current is not None:
+            self._delete(name)
+        self.client.put_config_map(docs[0])
+        for d in docs[1:]:
+            self.client.create(d)
+        return "replaced" if current is not None else "created"
+
+    def _patchable(self, current: dict[str, Any], docs: list[dict[str, Any]]) -> bool:
+        """Only the ConfigMap differs: the pod templates (immutable once created) are equal."""
+        new = docs[-1]
+        if _unsuspended(self.api, current.get("spec")) != _unsuspended(self.api, new.get("spec")):
+            return False
+        if self.api == "trainjob":
+            assert self.client is not None
+            rt = self.client.get("TrainingRuntime", new["metadata"]["name"])
+            return rt is not None and rt.get("spec") == docs[1]["spec"]
+        return True
+
+    def _delete(self, name: str) -> None:
+        assert self.client is not None
+        self.client.delete(self.kind, name)
+        if self.api == "trainjob":
+            self.client.delete("TrainingRuntime", name)
+
+    def _suspend(self, job: str) -> None:
+        t = self.tracked.get(job)
+        if t is None or self.client is None or t.state != "running":
             return
-        custom, core = self._api
-        name = k8s_name(job)
-        custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        core.delete_namespaced_config_map(f"{name}-config", self.namespace)
+        name = object_name(job)
+        obj = self.client.get(self.kind, name)
+        if obj is None:
+            return
+        if _queued(obj):
+            self.client.set_workloads_active(obj["metadata"].get("uid", ""), False)
+        self.client.patch(self.kind, name, _suspend_body(self.api, True))
+
+    def _resume(self, job: JobSpec, obj: dict[str, Any]) -> None:
+        assert self.client is not None
+        name = obj["metadata"]["name"]
+        if _queued(obj):  # Kueue admits the gang again and unsuspends it
+            self.client.set_workloads_active(obj["metadata"].get("uid", ""), True)
+        else:
+            self.client.patch(self.kind, name, _suspend_body(self.api, False))
+
+    def _wait_stopped(self, jobs: list[str]) -> None:
+        """Until every job's controller reports it suspended (its pods gone) or the timeout."""
+        if self.client is None or not jobs:
+            return
+        deadline = time.monotonic() + self.cfg.stop_timeout_s
+        pending = set(jobs)
+        while pending:
+            for j in sorted(pending):
+                obj = self.client.get(self.kind, object_name(j))
+                cond = _conditions(obj) if obj is not None else {}
+                if obj is None or "Suspended" in cond or cond.keys() & DONE or "Failed" in cond:
+                    pending.discard(j)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                log.warning("still stopping after %.0fs: %s; going on (their pods are being "
+                            "deleted)", self.cfg.stop_timeout_s, ", ".join(sorted(pending)))
+                return
+            time.sleep(self.cfg.retry_wait_s)
+
+    # -- poll -------------------------------------------------------------------------------------
+    def _progress(self, job: JobSpec, t: Tracked) -> tuple[int | None, float | None,
+                                                             float | None, bool]:
+        """(iterations done, iteration time, loss, this launch) from the checkpoint volume."""
+        if not self.cfg.local_checkpoint_mount:
+            return None, None, None, False
+        d = Path(self.cfg.local_checkpoint_mount) / job_dirname(job.id)
+        if workload_kind(job) == "builtin":
+            p = read_json_file(d / BUILTIN_PROGRESS)
+            if not isinstance(p, dict) or not isinstance(p.get("iterations_done"), int):
+                return None, None, None, False
+            mine = p.get("launch_id") == t.launch_id
+            return (p["iterations_done"], p.get("iter_time_s") if mine else None, p.get("loss"),
+                    mine)
+        rec = read_progress(d / PROGRESS_FILE_NAME)
+        if rec is None:
+            return None, None, None, False
+        it = rec["iteration"]
+        return it, rec.get("iter_time_s"), rec.get("loss"), it > t.launched_at_iter
 
     def poll(self) -> list[Progress]:
-        """Without a cluster there is nothing to observe: jobs are reported as starting."""
-        return [Progress(j, self.jobs[j].iterations_done, self.jobs[j].iterations, Health.STARTING,
-                         workers=a.gpus, plan=a.plan.label()) for j, a in sorted(self.running.items())]
+        out: list[Progress] = []
+        for job_id, t in sorted(self.tracked.items()):
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            done, iter_time, loss, mine = self._progress(job, t)
+            iters = job.iterations_done if done is None else done
+            health, error = self._health(job, t, iters, mine)
+            if health is Health.FINISHED:
+                iters = max(iters, job.iterations)
+            out.append(Progress(job_id, iters, job.iterations, health, iter_time, loss,
+                                t.alloc.gpus, t.alloc.plan.label(), error=error))
+        return out
 
+    def _health(self, job: JobSpec, t: Tracked, iters: int,
+                mine: bool) -> tuple[Health, str | None]:
+        if t.state == "refused":
+            return Health.FAILED, t.error
+        if t.state == "finished":
+            return Health.FINISHED, None
+        if t.state == "failed":
+            return Health.FAILED, t.error
+        if t.state == "suspended":
+            return Health.CHECKPOINTED, None
+        if self.client is None:
+            return (Health.RUNNING if mine else Health.STARTING), None
+        try:
+            obj = self.client.get(self.kind, object_name(job.id))
+        except Exception as exc:  # noqa: BLE001 - the API is unreachable: report what we know
+            log.warning("status of %s not read: %s", job.id, exc)
+            return (Health.RUNNING if mine else Health.STARTING), None
+        if obj is None:
+            t.state, t.error = "failed", f"{self.kind} was deleted outside apportion"
+            return Health.FAILED, t.error
+        cond = _conditions(obj)
+        if cond.keys() & DONE:
+            if self.cfg.local_checkpoint_mount and iters < job.iterations:
+                t.state = "failed"
+                t.error = (f"{self.kind} completed at iteration {iters} of {job.iterations} "
+                           "(workers stopped early, e.g. evicted); resume from the checkpoint")
+                return Health.FAILED, t.error
+            t.state = "finished"
+            return Health.FINISHED, None
+        if "Failed" in cond:
+            c = cond["Failed"]
+            t.state, t.error = "failed", f"{c.get('reason', 'Failed')}: {c.get('message', '')}"
+            return Health.FAILED, t.error
+        return (Health.RUNNING if mine else Health.STARTING), None
+
+    # -- stop -------------------------------------------------------------------------------------
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        """Leave jobs running (the default), or with ``drain`` suspend them all (checkpoint)."""
+        running = sorted(self._set("running"))
+        if not self.drain:
+            if running:
+                log.warning("leaving %d jobs running on Kubernetes (drain to stop them): %s",
+                            len(running), ", ".join(running))
+            return []
+        for j in running:
+            self._suspend(j)
+        self._wait_stopped(running)
         events = []
-        for j in sorted(self.running):
-            self._delete(j)
-            events.append(Event(j, "preempt", detail="deleted; workers checkpoint on SIGTERM"))
-        self.running.clear()
+        for j in running:
+            self.tracked[j].state = "suspended"
+            events.append(Event(j, "preempt", detail=f"drained: {self.kind} suspended"))
         return events
+
+    def close(self) -> None:
+        if self.client is not None:
+            api = getattr(self.client.custom, "api_client", None)
+            close = getattr(api, "close", None)
+            if callable(close):
+                close()

@@ -33,7 +33,7 @@ from apportion.runtime.executor import Event, Executor, Health, Progress
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
+from apportion.round import RoundConfig, policy_for, run_round
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,10 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
     clock = getattr(store, "now", None)
     round_allocs: dict[str, Any] = {}
     round_jobs: dict[str, JobSpec] = {}
+    cfg = round_config or RoundConfig()
+    # one policy object for the whole run: a policy's memory (Gavel's rounds received, the
+    # formulation's re-solve cadence) lasts across rounds
+    policy = policy_for(cfg, refit.estimator if refit is not None else None)
     try:
         while stop["signal"] is None:
             now = clock() if clock is not None else time.monotonic() - t0
@@ -152,8 +156,9 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 reason = "idle"
                 break
             if jobs:
-                decision = run_round(cluster, jobs, now, round_config,
-                                     estimator=refit.estimator if refit is not None else None).decision
+                decision = run_round(cluster, jobs, now, cfg,
+                                     estimator=refit.estimator if refit is not None else None,
+                                     policy=policy).decision
                 round_allocs = {a.job: a for a in decision.allocations}
                 round_jobs = {j.id: j for j in jobs}
                 events = executor.apply(decision, jobs)

@@ -99,6 +99,15 @@ class _Group:
     launch_id: str = ""
 
 
+def _private_temp_dir() -> str:
+    """A fresh, short Ray temp folder (its socket paths must stay under 107 bytes): another
+    user's Ray, a stale /tmp/ray or RAY_ADDRESS in the environment never matter."""
+    import tempfile
+
+    base = "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="ray-apo-", dir=base)
+
+
 class RayExecutor:
     """Actors in placement groups; one group per job, sized by its allocation."""
 
@@ -114,9 +123,10 @@ class RayExecutor:
         self.stop_timeout_s = stop_timeout_s
         self.seed, self.threads = seed, threads_per_worker
         if not ray.is_initialized():
-            if address is None:
+            if address is None:  # our own Ray: never join a running one or a stale /tmp/ray
                 resources = dict(cluster.capacity_by_type()) if cluster is not None else {}
-                ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, 1), resources=resources,
+                ray.init(address="local", _temp_dir=_private_temp_dir(),
+                         num_cpus=num_cpus or max(os.cpu_count() or 1, 1), resources=resources,
                          include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=address, log_to_driver=False)

@@ -19,11 +19,12 @@ from apportion.round import RoundConfig
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = ("dry-run", "local", "ray", "kubernetes")
+EXECUTORS = ("dry-run", "local", "slurm", "ray", "kubernetes")
 EXIT_BUSY = 75
 
 
-def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | None) -> Any:
+def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | None,
+                  k8s_config: Path | None = None, drain: bool = False) -> Any:
     if name == "dry-run":
         from apportion.runtime.launch import DryRunExecutor
 
@@ -32,20 +33,35 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
         from apportion.runtime.local import LocalExecutor
 
         return LocalExecutor(workdir)
+    if name == "slurm":
+        from apportion.runtime.slurm import from_environment
+
+        return from_environment(workdir, cluster)
     if name == "ray":
         from apportion.runtime.ray_executor import RayExecutor
 
         return RayExecutor(workdir, cluster=cluster)
     if name == "kubernetes":
+        from apportion.runtime.k8s_client import K8sClient
+        from apportion.runtime.k8s_config import load_k8s_config
         from apportion.runtime.kubernetes import KubernetesExecutor
 
-        return KubernetesExecutor(workdir / "manifests", kubeconfig=kubeconfig)
+        cfg = load_k8s_config(k8s_config)
+        client = None
+        if kubeconfig is not None:  # "in-cluster": the pod's service account
+            client = K8sClient.from_kubeconfig(None if kubeconfig == "in-cluster" else kubeconfig,
+                                               cfg.namespace, retry_timeout_s=cfg.retry_timeout_s,
+                                               retry_wait_s=cfg.retry_wait_s)
+        return KubernetesExecutor(workdir / "manifests", cluster, cfg, client,
+                                  drain=drain or cfg.drain)
     raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
 
 
 def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float, until_idle: bool,
                 timeout_s: float | None, workdir: Path, kubeconfig: str | None = None,
-                time_budget_s: float = 10.0) -> int:
+                time_budget_s: float = 10.0, k8s_config: Path | None = None,
+                drain: bool = False, policy: str | None = None,
+                estimator: str = "analytic") -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     from apportion.runtime.loop import run_loop
     from apportion.runtime.refit import OnlineRefit
@@ -65,11 +81,28 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
     else:
         cluster = resolve_cluster(cluster_arg)
         cfg = RoundConfig(time_budget_s=time_budget_s)
-        if executor in ("local", "ray"):  # the torch worker refuses pipeline plans
+        if executor in ("local", "ray", "slurm", "kubernetes"):  # the torch worker refuses PP with TP
             from apportion.runtime.local import local_round_config
 
             cfg = local_round_config(time_budget_s)
+    from apportion.round import checked_config
+
+    chosen = checked_config(policy=policy, estimator=estimator)  # bad names exit 2
+    cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
+    if executor == "kubernetes":
+        from apportion.runtime.k8s_config import load_k8s_config
+
+        load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
     store = open_store(state, create=False)
+    if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
+        from apportion.round import estimator_from
+
+        batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+        try:
+            cfg.estimator = estimator_from(estimator, None, store.samples(), batches)
+        except InputError:
+            store.close()
+            raise
     lock = RoundLock(state, "run")
     try:
         lock.acquire()
@@ -78,7 +111,12 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         log.error("%s", exc)
         return EXIT_BUSY
     workdir.mkdir(parents=True, exist_ok=True)
-    ex = make_executor(executor, workdir, cluster, kubeconfig)
+    try:
+        ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
+    except BaseException:
+        lock.release()
+        store.close()
+        raise
     try:
         refit = OnlineRefit(cluster)
         res = run_loop(cluster, SqliteLoopStore(store, cluster), ex, interval_s=interval_s,

@@ -63,6 +63,13 @@ class SolveResult:
         }
 
 
+# Every solver backend by name, once: the chain builds them in-process and the isolation
+# layer in a child process, both from this table ("module:Class", imported when used).
+BACKEND_CLASSES = {"highs": "apportion.solvers.highs:HighsBackend",
+                   "cp-sat": "apportion.solvers.cpsat:CpSatBackend",
+                   "lp-round": "apportion.solvers.lpround:LpRoundBackend"}
+
+
 class Backend(Protocol):
     """A solver backend: consumes a neutral :class:`LinearModel` under a budget."""
 

@@ -14,15 +14,19 @@ import time
 from collections.abc import Callable, Sequence
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import Backend, SolveResult, Status
-from apportion.solvers.cpsat import CpSatBackend
-from apportion.solvers.highs import HighsBackend
-from apportion.solvers.lpround import LpRoundBackend
+from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
 
 log = logging.getLogger(__name__)
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"highs": HighsBackend, "cp-sat": CpSatBackend,
-                                              "lp-round": LpRoundBackend}
+def _factory(name: str) -> Callable[[], Backend]:
+    def build() -> Backend:
+        from apportion.solvers.isolation import resolve_backend
+
+        return resolve_backend(name)
+    return build
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CLASSES}
 AUTO_ORDER = ("highs", "cp-sat")
 # past this many columns CP-SAT rarely beats its hint in seconds, while the LP relaxation
 # is near-integral: answer from it first, then let HiGHS improve from that hint

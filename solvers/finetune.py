@@ -20,6 +20,7 @@ Every answer goes through the independent validator before it is returned.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -42,7 +43,12 @@ from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.finetune_validator import validate_finetune_answer
 from apportion.solvers.highs import HighsBackend
 
-from apportion.finetune_spec import FinetuneProblem, load_finetune_problem
+from apportion.finetune_spec import (
+    SPATIAL_SEP,
+    TEMPORAL_SEP,
+    FinetuneProblem,
+    load_finetune_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -278,12 +284,99 @@ def answer_output(problem: FinetuneProblem, answer: FinetuneAnswer, capacity: in
     return out
 
 
-def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 10.0) -> dict:
-    """`apportion solve-finetune`: read and validate the task file, solve, validate, answer."""
+#: Largest epochs, one-GPU epoch time and their product (GPU-time of a task) accepted:
+#: the answer is exact (fractions) but its floats, the MILP and the greedy are not, and
+#: 1e300 epochs overflowed float conversion. 1e9 s is about 31 years.
+MAX_EPOCHS = 1e6
+MAX_EPOCH_TIME = 1e9
+MAX_TASK_WORK = 1e12
+MAX_CAPACITY = 1_000_000
+
+
+def check_magnitudes(problem: FinetuneProblem, source: str) -> None:
+    """Refuse numbers whose sizes no solver here can use, naming the field."""
     from apportion.errors import InputError
 
+    for i, t in enumerate(problem.tasks):
+        if t.epochs > MAX_EPOCHS:
+            raise InputError(source, f"tasks[{i}].epochs", f"{float(t.epochs):g} is more than "
+                             f"{MAX_EPOCHS:g} epochs")
+        if t.epoch_time_1gpu > MAX_EPOCH_TIME:
+            raise InputError(source, f"tasks[{i}].epoch_time_1gpu", f"{float(t.epoch_time_1gpu):g}"
+                             f" is more than {MAX_EPOCH_TIME:g}")
+        if t.epochs * t.epoch_time_1gpu > MAX_TASK_WORK:
+            raise InputError(source, f"tasks[{i}].epochs", f"epochs x epoch_time_1gpu = "
+                             f"{float(t.epochs * t.epoch_time_1gpu):g} is more than "
+                             f"{MAX_TASK_WORK:g} GPU-time units")
+
+
+GAINS_SOURCES = ("file", "auto")
+
+
+def with_auto_gains(problem: FinetuneProblem, probe_kw: dict[str, Any] | None = None
+                    ) -> tuple[FinetuneProblem, dict[str, Any]]:
+    """The problem with Task2Vec-predicted gains added (``--gains auto``).
+
+    Gains the file gives are measurements: they are kept as they are and calibrate the
+    score-to-gain map; every other pair of tasks with ``data`` gets the predicted gain
+    when positive (negative combinations are filtered, as YMIR does). Returns the new
+    problem and the report for the output's ``gains_auto``."""
+    from apportion.estimation.transferability import auto_gains
+
+    measured: dict[str, dict[str, float]] = {
+        "temporal": {f"{a}{TEMPORAL_SEP}{b}": float(g) for (a, b), g in problem.temporal.items()},
+        "spatial": {SPATIAL_SEP.join(sorted(p, key=problem.ids.index)): float(g)
+                    for p, g in problem.spatial.items()}}
+    rows = [(t.id, problem.data_path(t), f"tasks[{i}].data") for i, t in enumerate(problem.tasks)]
+    auto = auto_gains(rows, measured, probe_kw)
+    temporal = dict(problem.temporal)
+    spatial = dict(problem.spatial)
+    added: dict[str, dict[str, float]] = {"temporal": {}, "spatial": {}}
+    for key, g in auto.temporal.items():
+        a, b = key.split(TEMPORAL_SEP)
+        if (a, b) not in temporal:
+            temporal[(a, b)] = Fraction(str(g))
+            added["temporal"][key] = g
+    for key, g in auto.spatial.items():
+        pair = frozenset(key.split(SPATIAL_SEP))
+        if pair not in spatial:
+            spatial[pair] = Fraction(str(g))
+            added["spatial"][key] = g
+    report = auto.report()
+    report["added"] = added
+    report["kept_from_file"] = measured
+    return FinetuneProblem(problem.tasks, temporal, spatial, problem.source), report
+
+
+def solve_finetune_file(tasks_path: str, capacity: int, time_budget_s: float = 10.0,
+                        gains: str = "file") -> dict:
+    """`apportion solve-finetune`: read and validate the task file, solve, validate, answer.
+
+    ``gains="auto"`` adds the gains the Task2Vec probe predicts from each task's
+    ``data`` (:func:`with_auto_gains`); the output then holds ``gains`` (every gain the
+    solver used) and ``gains_auto`` (how they were obtained, and which tasks had none)."""
+    from apportion.errors import InputError
+
+    if gains not in GAINS_SOURCES:
+        raise InputError("--gains", "gains", f"{gains!r} is not one of {', '.join(GAINS_SOURCES)}")
     problem = load_finetune_problem(tasks_path)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise InputError("--capacity", "capacity", "must be an integer >= 1")
+    check_magnitudes(problem, str(tasks_path))
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not \
+            1 <= capacity <= MAX_CAPACITY:
+        raise InputError("--capacity", "capacity", f"must be an integer in 1..{MAX_CAPACITY}")
+    if not (isinstance(time_budget_s, (int, float)) and math.isfinite(time_budget_s)
+            and time_budget_s > 0):
+        raise InputError("--time-budget", "time_budget", f"must be a positive number of "
+                         f"seconds, got {time_budget_s!r}")
+    report = None
+    if gains == "auto":
+        problem, report = with_auto_gains(problem)
     answer = solve_finetune(problem, capacity, time_budget_s)
-    return answer_output(problem, answer, capacity)
+    out = answer_output(problem, answer, capacity)
+    if report is not None:
+        out["gains"] = {
+            "temporal": {f"{a}{TEMPORAL_SEP}{b}": float(g) for (a, b), g in problem.temporal.items()},
+            "spatial": {SPATIAL_SEP.join(sorted(p, key=problem.ids.index)): float(g)
+                        for p, g in problem.spatial.items()}}
+        out["gains_auto"] = report
+    return out

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes, node_node
+from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
+from apportion.placement import consolidate
 from apportion.formulations.cells import CellChoice
 
 
@@ -35,12 +36,6 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
     """
     d = g.nodes[cell]
     need, tp = int(d["gpus"]), int(d["tp"])
-    present = d.get("present_placement")
-    if present:  # a relocatable running cell: where it runs now, when that is still free
-        here = {node_node(n): k for n, k in present.items()}
-        if all(int(free.get(nn, 0)) >= k for nn, k in here.items()) and \
-                sum(here.values()) == need and _resources_fit(d, here, cpu_free, mem_free):
-            return here
     if d.get("single_node"):
         tp = need  # the whole cell on one node, as its estimate assumed
     succ = list(g.successors(cell))
@@ -63,80 +58,7 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
             k -= k % tp
             if k > 0:
                 opts.append((k, nn))
-    # prefer a single node that fits (tightest), else fill the largest first
-    single = [(k, nn) for k, nn in opts if k >= need]
-    if single:
-        return {min(single)[1]: need}
-    out: dict[str, int] = {}
-    for k, nn in sorted(opts, key=lambda t: (-t[0], t[1])):
-        take = min(k, need)
-        take -= take % tp
-        if take > 0:
-            out[nn] = take
-            need -= take
-        if need == 0:
-            return out
-    return None
-
-
-def _resources_fit(d: Mapping[str, object], placement: Mapping[str, int],
-                   cpu_free: Mapping[str, float] | None, mem_free: Mapping[str, float] | None) -> bool:
-    cpg = float(d.get("cpus_per_gpu", 0.0))  # type: ignore[arg-type]
-    mpg = float(d.get("host_mem_gib_per_gpu", 0.0))  # type: ignore[arg-type]
-    return all((cpu_free is None or cpg <= 0 or cpu_free.get(nn, 0.0) + 1e-9 >= k * cpg)
-               and (mem_free is None or mpg <= 0 or mem_free.get(nn, 0.0) + 1e-9 >= k * mpg)
-               for nn, k in placement.items())
-
-
-def restore_placements(g: nx.DiGraph, choices: list[CellChoice]) -> list[CellChoice]:
-    """Keep running jobs where they run: re-place decoded choices, present placements first.
-
-    With relocatable running cells (``CandidateOptions.relocatable_running``) the
-    model decides cells against whole node groups, so a kept job's decoded
-    placement may differ from where it runs. Per GPU type, this puts every
-    chosen cell that is its job's present cell back on its present placement,
-    then places the other chosen cells of that type, largest TP unit and size
-    first, most consolidated, into what is left. Where that does not fit
-    (fragmentation), the decoder's placements of that type are kept as they
-    were (they are a valid packing), so the answer never gets worse than the
-    decoder's: at most some kept jobs move.
-    """
-    by_type: dict[str, list[CellChoice]] = {}
-    for ch in choices:
-        by_type.setdefault(str(g.nodes[ch.cell]["gpu_type"]), []).append(ch)
-    out: list[CellChoice] = []
-    for _, group in sorted(by_type.items()):
-        ledger = Ledger(g)
-        placed: dict[str, dict[str, int]] = {}
-        rest = []
-        for ch in group:
-            d = g.nodes[ch.cell]
-            present = d.get("present_placement")
-            here = {node_node(n): k for n, k in (present or {}).items()}
-            if present and all(ledger.free.get(nn, 0) >= k for nn, k in here.items()):
-                ledger.take(ch.cell, here, +1)
-                placed[ch.job] = here
-            else:
-                rest.append(ch)
-        ok = True
-        for ch in sorted(rest, key=lambda c: (-_unit(g, c.cell), -int(g.nodes[c.cell]["gpus"]), c.job)):
-            p = ledger.fit(ch.cell)
-            if p is None:
-                ok = False
-                break
-            ledger.take(ch.cell, p, +1)
-            placed[ch.job] = p
-        if not ok:
-            out.extend(group)
-            continue
-        out.extend(CellChoice(ch.job, ch.cell, {nn.split(":", 1)[1]: k for nn, k in placed[ch.job].items()})
-                   for ch in group)
-    return out
-
-
-def _unit(g: nx.DiGraph, cell: str) -> int:
-    d = g.nodes[cell]
-    return int(d["gpus"]) if d.get("single_node") else int(d["tp"])
+    return consolidate(opts, need, tp)
 
 
 class Ledger:

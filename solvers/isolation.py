@@ -49,12 +49,11 @@ from typing import Any
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import Backend, SolveResult, Status
+from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
 
 log = logging.getLogger(__name__)
 
-_REGISTRY = {"highs": "apportion.solvers.highs:HighsBackend",
-             "cp-sat": "apportion.solvers.cpsat:CpSatBackend"}
+_REGISTRY = BACKEND_CLASSES
 _CHILD = "from apportion.solvers.isolation import child_main; child_main()"
 
 

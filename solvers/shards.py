@@ -1,5 +1,11 @@
 """Solving Hydra's shard-unit job shop: greedy list schedulers, CP-SAT, the MILP.
 
+Every entry point reads the shard-unit graph (:mod:`apportion.shards_spec`:
+unit vertices with runtime and memory, precedence edges, ``runs-on`` edges to
+the devices a unit fits, with its duration there) or encodes a
+:class:`ShardProblem` into it first; the independent validator checks every
+answer against the raw problem.
+
 * :func:`list_schedule` is event driven: whenever a device frees up it takes the
   best eligible model (front unit ready, no unit of that model running, unit
   fits the device) by a priority rule, scanning the models once — linear per
@@ -34,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 from apportion.formulations.shards import (
     MILP_MAX_UNITS,
     Placement,
@@ -49,6 +56,15 @@ from apportion.solvers.base import Status
 from apportion.solvers.shards_validator import check_schedule
 
 from apportion.errors import InputError
+from apportion.shards_spec import (
+    as_graph,
+    chains,
+    lower_bound,
+    problem_from_graph,
+    runs_on,
+    shard_graph,
+    speed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +101,7 @@ class ShardSolution:
 
 # -- greedy list scheduling -------------------------------------------------------------------
 def list_schedule(
-    problem: ShardProblem, rule: str = "lrtf", seed: int = 0,
+    problem: ShardProblem | nx.DiGraph, rule: str = "lrtf", seed: int = 0,
     device_ready: Sequence[float] | None = None, model_ready: Sequence[float] | None = None,
     tails: Sequence[float] | None = None,
 ) -> list[Placement]:
@@ -95,21 +111,25 @@ def list_schedule(
     each idle device (fastest first) then takes the eligible model with the
     highest priority in one linear scan. ``tails`` (work after this horizon) is
     added to the remaining time, so rolling windows rank models globally.
+    Runtimes, speeds and which devices hold a unit are read from the graph once.
     """
     if rule not in ("lrtf", "random"):
         raise ValueError(f"unknown rule {rule!r}")
+    g = as_graph(problem)
     rng = _random.Random(seed)
-    n_mod, n_dev = len(problem.models), len(problem.devices)
-    runtimes = [m.runtimes for m in problem.models]
+    model_chains = chains(g)
+    n_mod, n_dev = len(model_chains), len(g.graph["devices"])
+    runtimes = [[g.nodes[u]["runtime"] for u in c] for c in model_chains]
+    on = [[dict(runs_on(g, u)) for u in c] for c in model_chains]
     tail = list(tails) if tails is not None else [0.0] * n_mod
     remaining = [sum(r) + tail[i] for i, r in enumerate(runtimes)]
     nxt = [0] * n_mod
     busy = [False] * n_mod
     ready_at = list(model_ready) if model_ready is not None else [0.0] * n_mod
     free_at = list(device_ready) if device_ready is not None else [0.0] * n_dev
-    speed = [d.speed for d in problem.devices]
-    dev_order = sorted(range(n_dev), key=lambda p: (-speed[p], p))
-    restricted = any(m.memory for m in problem.models)
+    speeds = [speed(g, p) for p in range(n_dev)]
+    dev_order = sorted(range(n_dev), key=lambda p: (-speeds[p], p))
+    restricted = any(len(d) < n_dev for c in on for d in c)
     idle = [True] * n_dev
     events: list[tuple[float, int, int, int]] = []  # (time, kind 0=device 1=model, id, model)
     for p in range(n_dev):
@@ -132,7 +152,7 @@ def list_schedule(
                 j = nxt[i]
                 if busy[i] or j >= len(runtimes[i]):
                     continue
-                if restricted and p not in problem.eligible(i, j):
+                if restricted and p not in on[i][j]:
                     continue
                 if rule == "lrtf":
                     if remaining[i] > best_key:
@@ -144,7 +164,7 @@ def list_schedule(
             if best < 0:
                 continue
             j = nxt[best]
-            end = t + runtimes[best][j] / speed[p]
+            end = t + on[best][j][p]
             out.append(Placement(best, j, p, t, end))
             remaining[best] -= runtimes[best][j]
             nxt[best] += 1
@@ -168,18 +188,18 @@ def list_schedule(
     return out
 
 
-def sharded_lrtf(problem: ShardProblem) -> list[Placement]:
+def sharded_lrtf(problem: ShardProblem | nx.DiGraph) -> list[Placement]:
     """Hydra's Sharded-LRTF (Algorithm 2): longest remaining train time first."""
     return list_schedule(problem, "lrtf")
 
 
-def random_schedule(problem: ShardProblem, seed: int = 0) -> list[Placement]:
+def random_schedule(problem: ShardProblem | nx.DiGraph, seed: int = 0) -> list[Placement]:
     """The paper's randomized baseline: a uniformly random eligible model per decision."""
     return list_schedule(problem, "random", seed)
 
 
 # -- aggregation --------------------------------------------------------------------------------
-def aggregate(problem: ShardProblem, max_blocks: int
+def aggregate(problem: ShardProblem | nx.DiGraph, max_blocks: int
               ) -> tuple[ShardProblem, list[list[tuple[int, int]]]]:
     """Merge consecutive units of each chain into blocks of about equal work.
 
@@ -189,14 +209,15 @@ def aggregate(problem: ShardProblem, max_blocks: int
     expands to a valid unit schedule. Returns the block problem and, per model,
     the unit ranges [lo, hi) of its blocks.
     """
-    works = [sum(m.runtimes) for m in problem.models]
+    base = problem_from_graph(problem) if isinstance(problem, nx.DiGraph) else problem
+    works = [sum(m.runtimes) for m in base.models]
     total = sum(works) or 1.0
-    budget = max(max_blocks, len(problem.models))
+    budget = max(max_blocks, len(base.models))
     counts = [max(1, min(len(m.runtimes), int(budget * w / total)))
-              for m, w in zip(problem.models, works)]
+              for m, w in zip(base.models, works)]
     ranges: list[list[tuple[int, int]]] = []
     models: list[ShardModel] = []
-    for m, n in zip(problem.models, counts):
+    for m, n in zip(base.models, counts):
         cuts, acc, target, k = [0], 0.0, sum(m.runtimes) / n, 1
         for j, r in enumerate(m.runtimes[:-1]):
             acc += r
@@ -209,30 +230,31 @@ def aggregate(problem: ShardProblem, max_blocks: int
         models.append(ShardModel(
             m.name, tuple(sum(m.runtimes[lo:hi]) for lo, hi in rs),
             tuple(max(m.memory[lo:hi]) for lo, hi in rs) if m.memory else ()))
-    return ShardProblem(problem.devices, models, problem.buffer_fraction, problem.source), ranges
+    return ShardProblem(base.devices, models, base.buffer_fraction, base.source), ranges
 
 
-def expand(problem: ShardProblem, ranges: list[list[tuple[int, int]]],
+def expand(problem: ShardProblem | nx.DiGraph, ranges: list[list[tuple[int, int]]],
            block_schedule: Sequence[Placement]) -> list[Placement]:
     """A unit schedule from a block schedule: each block's units back to back on its device."""
+    g = as_graph(problem)
     assignment: dict[tuple[int, int], int] = {}
-    orders: list[list[tuple[int, int]]] = [[] for _ in problem.devices]
+    orders: list[list[tuple[int, int]]] = [[] for _ in g.graph["devices"]]
     for bl in sorted(block_schedule, key=lambda q: (q.start, q.end, q.model, q.unit)):
         lo, hi = ranges[bl.model][bl.unit]
         for j in range(lo, hi):
             assignment[bl.model, j] = bl.device
             orders[bl.device].append((bl.model, j))
-    return schedule_from_orders(problem, assignment, orders)
+    return schedule_from_orders(g, assignment, orders)
 
 
 # -- exact backends ---------------------------------------------------------------------------------
-def _cpsat_solve(problem: ShardProblem, hint: list[Placement], budget_s: float, seed: int,
+def _cpsat_solve(g: nx.DiGraph, hint: list[Placement], budget_s: float, seed: int,
                  workers: int, **ready: Any) -> tuple[list[Placement] | None, Status, float | None, str]:
     """Run the CP-SAT interval model; returns (schedule, status, real-time bound, message)."""
     from apportion.formulations.shards_cpsat import build_cpsat
     from ortools.sat.python import cp_model
 
-    built = build_cpsat(problem, hint=hint, **ready)
+    built = build_cpsat(g, hint=hint, **ready)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, budget_s)
     solver.parameters.num_workers = workers
@@ -245,30 +267,31 @@ def _cpsat_solve(problem: ShardProblem, hint: list[Placement], budget_s: float, 
         return None, Status.ERROR, None, f"cp-sat: {solver.status_name(code)}"
     # Durations were rounded up by < 1 tick each, so the real optimum is at least
     # the tick bound less one tick per unit of the longest chain.
-    slack = max(len(m.runtimes) for m in problem.models)
+    slack = max(len(c) for c in chains(g))
     bound = (solver.best_objective_bound - slack) / built.scale
     status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
     return built.decode(solver), status, bound, f"cp-sat: {solver.status_name(code)}"
 
 
-def _milp_solve(problem: ShardProblem, hint: list[Placement], budget_s: float
+def _milp_solve(g: nx.DiGraph, hint: list[Placement], budget_s: float
                 ) -> tuple[list[Placement] | None, Status, float | None, str]:
     from apportion.solvers.highs import HighsBackend
 
-    lm = build_milp(problem, hint=hint)
+    lm = build_milp(g, hint=hint)
     res = HighsBackend().solve(lm, budget_s)
     if res.x is None or lm.decode is None:
         return None, Status.ERROR, None, f"highs: {res.message}"
     return lm.decode(res.x), res.status, res.bound, f"highs: {res.message} ({lm.summary()})"
 
 
-def _rolling(problem: ShardProblem, budget_s: float, seed: int, workers: int, window: int
+def _rolling(g: nx.DiGraph, budget_s: float, seed: int, workers: int, window: int
              ) -> tuple[list[Placement], str]:
     """Rolling horizon: CP-SAT on the next ``window`` units per model, tails in the
     objective, commit every unit that starts before the earliest mid-window start
     of a model with units beyond the window, then slide. Once the budget is spent,
     Sharded-LRTF schedules everything left in one go."""
-    speed = max(d.speed for d in problem.devices)
+    problem = problem_from_graph(g)
+    fastest = max(d.speed for d in problem.devices)
     n_mod, n_dev = len(problem.models), len(problem.devices)
     nxt, chain_free, dev_free = [0] * n_mod, [0.0] * n_mod, [0.0] * n_dev
     total, windows = problem.num_units, 0
@@ -284,13 +307,15 @@ def _rolling(problem: ShardProblem, budget_s: float, seed: int, workers: int, wi
             hi = min(len(m.runtimes), nxt[i] + width)
             sub_models.append(ShardModel(m.name, m.runtimes[nxt[i]:hi],
                                          m.memory[nxt[i]:hi] if m.memory else ()))
-            tails.append(sum(m.runtimes[hi:]) / speed)
-        sub = ShardProblem(problem.devices, sub_models, problem.buffer_fraction, problem.source)
+            tails.append(sum(m.runtimes[hi:]) / fastest)
+        sub = shard_graph(ShardProblem(problem.devices, sub_models, problem.buffer_fraction,
+                                       problem.source))
         ready: dict[str, Any] = {"device_ready": dev_free, "tails": tails,
                                  "model_ready": [chain_free[i] for i in live]}
         sched = list_schedule(sub, "lrtf", **ready)
         if width < total:
-            share = max(0.05, time_left * sub.num_units / (total - len(out)))
+            share = max(0.05, time_left * sum(len(m.runtimes) for m in sub_models)
+                        / (total - len(out)))
             got, _, _, _ = _cpsat_solve(sub, sched, share, seed, workers, **ready)
             if got is not None and _window_objective(got, tails) <= _window_objective(sched, tails):
                 sched = got
@@ -307,7 +332,7 @@ def _rolling(problem: ShardProblem, budget_s: float, seed: int, workers: int, wi
         for pl in keep:
             nxt[live[pl.model]] += 1
     assignment, orders = orders_of(out, n_dev)
-    return schedule_from_orders(problem, assignment, orders), f"rolling: {windows} CP-SAT windows"
+    return schedule_from_orders(g, assignment, orders), f"rolling: {windows} CP-SAT windows"
 
 
 def _window_objective(schedule: Sequence[Placement], tails: Sequence[float]) -> float:
@@ -319,12 +344,13 @@ def _window_objective(schedule: Sequence[Placement], tails: Sequence[float]) -> 
 
 
 # -- entry points ---------------------------------------------------------------------------------
-def solve(problem: ShardProblem, method: str = "cp-sat", time_budget_s: float = 10.0,
+def solve(problem: ShardProblem | nx.DiGraph, method: str = "cp-sat", time_budget_s: float = 10.0,
           seed: int = 0, workers: int = 2, scheme: str = "aggregate",
           max_blocks: int = DEFAULT_MAX_BLOCKS, window: int = 8,
           direct_max_units: int = CPSAT_DIRECT_MAX_UNITS) -> ShardSolution:
     """Schedule every unit by ``method`` under ``time_budget_s``; the result is validated.
 
+    ``problem`` is the shard-unit graph or a :class:`ShardProblem` (encoded first).
     ``scheme`` (``aggregate`` or ``rolling``) applies when the instance is larger
     than the method's direct limit. Exact methods start from Sharded-LRTF and
     return the better of their answer and it.
@@ -332,56 +358,60 @@ def solve(problem: ShardProblem, method: str = "cp-sat", time_budget_s: float = 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     t0 = time.perf_counter()
-    lb = problem.lower_bound()
+    g = as_graph(problem)
+    raw = problem_from_graph(g) if isinstance(problem, nx.DiGraph) else problem
+    lb = lower_bound(g)
     if method == "random":
-        sched = random_schedule(problem, seed)
+        sched = random_schedule(g, seed)
         sol = ShardSolution(sched, makespan(sched), lb, Status.FEASIBLE, method, 0.0,
                             message="randomized list scheduling")
     else:
-        greedy = sharded_lrtf(problem)
+        greedy = sharded_lrtf(g)
         g_ms = makespan(greedy)
         sol = ShardSolution(greedy, g_ms, lb, Status.FEASIBLE, method, 0.0, g_ms,
                             message="Sharded-LRTF")
         if method != "lrtf" and g_ms > lb * (1 + 1e-9):
             budget = max(0.01, time_budget_s - (time.perf_counter() - t0))
-            sol = _exact(problem, method, greedy, budget, seed, workers, scheme, max_blocks,
+            sol = _exact(g, method, greedy, budget, seed, workers, scheme, max_blocks,
                          window, direct_max_units, sol)
     if sol.status is not Status.FALLBACK and sol.makespan <= lb * (1 + 1e-9):
         sol.status = Status.OPTIMAL
     sol.wall_s = time.perf_counter() - t0
-    check_schedule(problem, sol.schedule)
+    check_schedule(raw, sol.schedule)
     log.info("solve-shards %s: makespan %.6g, lower bound %.6g, %s", method, sol.makespan, lb,
              sol.status.value)
     return sol
 
 
-def _exact(problem: ShardProblem, method: str, greedy: list[Placement], budget: float, seed: int,
+def _exact(g: nx.DiGraph, method: str, greedy: list[Placement], budget: float, seed: int,
            workers: int, scheme: str, max_blocks: int, window: int, direct_max_units: int,
            sol: ShardSolution) -> ShardSolution:
     limit = MILP_MAX_UNITS if method == "milp" else direct_max_units
-    extra: dict[str, Any] = {"units": problem.num_units}
+    n_units = sum(len(c) for c in chains(g))
+    extra: dict[str, Any] = {"units": n_units}
     got: list[Placement] | None
     bound: float | None = None
-    if problem.num_units <= limit:
+    if n_units <= limit:
         extra["scheme"] = "direct"
         if method == "milp":
-            got, status, bound, msg = _milp_solve(problem, greedy, budget)
+            got, status, bound, msg = _milp_solve(g, greedy, budget)
         else:
-            got, status, bound, msg = _cpsat_solve(problem, greedy, budget, seed, workers)
+            got, status, bound, msg = _cpsat_solve(g, greedy, budget, seed, workers)
     elif method == "cp-sat" and scheme == "rolling":
         extra.update(scheme="rolling", window=window)
-        got, msg = _rolling(problem, budget, seed, workers, window)
+        got, msg = _rolling(g, budget, seed, workers, window)
         status = Status.FEASIBLE
     elif scheme in ("aggregate", "rolling"):
         blocks = min(max_blocks, limit)
-        agg, ranges = aggregate(problem, blocks)
+        agg, ranges = aggregate(g, blocks)
         extra.update(scheme="aggregate", blocks=agg.num_units)
-        hint = sharded_lrtf(agg)
+        ag = shard_graph(agg)
+        hint = sharded_lrtf(ag)
         if method == "milp":
-            got, status, _, msg = _milp_solve(agg, hint, budget)
+            got, status, _, msg = _milp_solve(ag, hint, budget)
         else:
-            got, status, _, msg = _cpsat_solve(agg, hint, budget, seed, workers)
-        got = expand(problem, ranges, got) if got is not None else None
+            got, status, _, msg = _cpsat_solve(ag, hint, budget, seed, workers)
+        got = expand(g, ranges, got) if got is not None else None
         if status is Status.OPTIMAL:
             status = Status.FEASIBLE  # optimal for the blocks only
     else:
@@ -402,8 +432,11 @@ def _exact(problem: ShardProblem, method: str, greedy: list[Placement], budget: 
                          sol.makespan, bound, f"{msg}; its hint (Sharded-LRTF) was better", extra)
 
 
-def solution_to_dict(problem: ShardProblem, sol: ShardSolution) -> dict[str, Any]:
+def solution_to_dict(problem: ShardProblem | nx.DiGraph, sol: ShardSolution) -> dict[str, Any]:
     """The solve-shards output contract (makespan, lower_bound, status, schedule) plus extras."""
+    g = problem.graph if isinstance(problem, nx.DiGraph) else None
+    models = g["models"] if g is not None else [m.name for m in problem.models]  # type: ignore[union-attr]
+    devices = g["devices"] if g is not None else [d.name for d in problem.devices]  # type: ignore[union-attr]
     return {
         "makespan": sol.makespan,
         "lower_bound": sol.lower_bound,
@@ -416,8 +449,8 @@ def solution_to_dict(problem: ShardProblem, sol: ShardSolution) -> dict[str, Any
         "message": sol.message,
         **{k: v for k, v in sol.extra.items() if k not in ("makespan", "schedule")},
         "schedule": [
-            {"model": problem.models[pl.model].name, "unit": pl.unit,
-             "device": problem.devices[pl.device].name, "start": pl.start, "end": pl.end}
+            {"model": models[pl.model], "unit": pl.unit,
+             "device": devices[pl.device], "start": pl.start, "end": pl.end}
             for pl in sol.schedule
         ],
     }
@@ -437,7 +470,9 @@ def solve_shards_file(units_path: str, method: str, time_budget_s: float) -> dic
         raise InputError("--time-budget", "time_budget", f"must be a positive number of seconds, "
                          f"got {time_budget_s!r}")
     problem = load_problem(units_path)
-    sol = solve(problem, method, float(time_budget_s))
-    out = solution_to_dict(problem, sol)
+    graph = shard_graph(problem)  # the solvers read the shard-unit graph
+    sol = solve(graph, method, float(time_budget_s))
+    check_schedule(problem, sol.schedule)  # the raw problem, independently of the graph
+    out = solution_to_dict(graph, sol)
     json.dumps(out)  # the contract is JSON: fail here, not in the CLI, if it is not
     return out

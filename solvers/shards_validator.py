@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from apportion.formulations.shards import Placement, ShardProblem
+from apportion.shards_spec import Placement, ShardProblem
 
 log = logging.getLogger(__name__)
 

@@ -30,3 +30,33 @@ def shared_data() -> Path:
     if not root.exists():
         pytest.skip(f"shared data not present at {root}")
     return root
+
+
+def stop_processes_mentioning(marker: str | Path, grace_s: float = 2.0) -> list[int]:
+    """Stop exactly the processes whose command line names ``marker`` (a private temp dir).
+
+    Tests start Ray clusters with their own temp folder; ``ray stop`` would stop every
+    Ray on the host — another test's in-process Ray (whose driver then aborts the whole
+    test process when its GCS disappears) or another user's cluster.
+    """
+    import contextlib
+    import signal
+    import time
+
+    needle = str(marker).encode()
+    mine = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if needle in (d / "cmdline").read_bytes():
+                mine.append(int(d.name))
+        except OSError:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        if mine:
+            time.sleep(grace_s)
+    return mine

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import socket
 import sqlite3
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +64,9 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "compare --cluster": ("cluster", lambda f, e: [
         "compare", "--trace", "philly", "--cluster", f, "--policies", "fcfs", "--out",
         e["results"]]),
-    "solve-shards --units": ("foreign", lambda f, e: [
+    "solve-shards --units": ("units", lambda f, e: [
         "solve-shards", "--units", f, "--json", e["out"]]),
-    "solve-finetune --tasks": ("foreign", lambda f, e: [
+    "solve-finetune --tasks": ("tasks", lambda f, e: [
         "solve-finetune", "--tasks", f, "--capacity", "8", "--json", e["out"]]),
     "status --state": ("state", lambda f, e: ["status", "--state", f, "--json"]),
     "history --state": ("state", lambda f, e: ["history", "--state", f, "--json"]),
@@ -78,7 +82,7 @@ COMMANDS: dict[str, tuple[str, Any]] = {
 }
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
-NO_INPUT_FILE = {"models", "gpus", "profile", "bench sim", "bench estimate", "bench solve"}
+NO_INPUT_FILE = {"models", "gpus", "policies", "profile", "bench sim", "bench estimate", "bench solve"}
 
 # Known defects in loaders, reported to the lead: they raise instead of exiting 2.
 # strict=True: a marker must go once its defect is fixed. (None open.)
@@ -87,7 +91,8 @@ KNOWN: dict[tuple[str, str], str] = {}
 # apportion.config.read_text, which is bounded.)
 UNSAFE: dict[tuple[str, str], str] = {}
 STATE_MESSAGES = ("not an apportion state database", "is a directory", "no such state database",
-                  "an empty file", "not a regular file")
+                  "an empty file", "not a regular file", "cannot use")
+FOREIGN = ("units", "tasks")  # formats of their own: entries of kind "any" only name the file
 
 
 def _name(entry: dict[str, str]) -> str:
@@ -99,7 +104,8 @@ def _cases() -> list[Any]:
     for entry in INDEX:
         for cmd, (kind, _) in COMMANDS.items():
             applies = (kind == "state" or entry["kind"] == kind
-                       or (entry["kind"] == "any" and kind in ("cluster", "jobs", "foreign")))
+                       or (entry["kind"] == "any" and kind in ("cluster", "jobs", *FOREIGN))
+                       or (entry["kind"] == "round" and cmd == "solve-round --jobs"))
             if not applies:
                 continue
             marks = []
@@ -113,7 +119,7 @@ def _cases() -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A work dir with a populated state DB (one submit, one round) and the generated inputs."""
     root = tmp_path_factory.mktemp("bad")
     work = root / "work"
@@ -132,11 +138,22 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         fh.truncate(100 * 2**20)
     assert big.stat().st_size > MAX_FILE_BYTES
     (gen / "directory").mkdir()
+    os.mkfifo(gen / "fifo.yaml")  # nothing ever writes it: a read would block forever
+    (gen / "fifo_link.yaml").symlink_to(gen / "fifo.yaml")
+    (gen / "loop_a.yaml").symlink_to(gen / "loop_b.yaml")
+    (gen / "loop_b.yaml").symlink_to(gen / "loop_a.yaml")
+    sock_dir = Path(tempfile.mkdtemp(prefix="apo-bad-"))  # AF_UNIX paths are short
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(sock_dir / "s.yaml"))
     paths = {"file_100mb": big, "directory": gen / "directory", "missing": gen / "missing.yaml",
-             "dev_zero": Path("/dev/zero")}
-    return {"work": work, "db": db, "newdb": work / "new.db", "out": work / "out.json",
-            "dump": work / "problem.json", "csv": work / "jobs.csv", "results": work / "results",
-            "generated": paths}
+             "dev_zero": Path("/dev/zero"), "dev_null": Path("/dev/null"),
+             "fifo": gen / "fifo.yaml", "fifo_symlink": gen / "fifo_link.yaml",
+             "socket": sock_dir / "s.yaml", "symlink_loop": gen / "loop_a.yaml"}
+    yield {"work": work, "db": db, "newdb": work / "new.db", "out": work / "out.json",
+           "dump": work / "problem.json", "csv": work / "jobs.csv", "results": work / "results",
+           "generated": paths}
+    sock.close()
+    shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _dump(db: Path) -> list[str]:
@@ -151,12 +168,13 @@ def _files(work: Path) -> set[str]:
     return {p.name for p in work.iterdir() if not p.name.startswith("state.db")}
 
 
+@pytest.mark.timeout(120)  # a FIFO read would block forever: fail, never hang
 @pytest.mark.parametrize("entry,command", _cases())
 def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(
         entry: dict[str, str], command: str, env: dict[str, Any]) -> None:
     path = BAD / entry["file"] if "file" in entry else env["generated"][entry["generated"]]
-    if not path.exists() and entry.get("generated") == "dev_zero":
-        pytest.skip("no /dev/zero here")
+    if not path.exists() and entry.get("generated") in ("dev_zero", "dev_null"):
+        pytest.skip(f"no {path} here")
     kind, argv = COMMANDS[command]
     before_db, before_files = _dump(env["db"]), _files(env["work"])
     r = runner.invoke(app, [str(a) for a in argv(str(path), env)])
@@ -165,9 +183,10 @@ def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(
     assert str(path) in msg, msg
     if kind == "state":
         assert "--state" in msg and any(m in msg for m in STATE_MESSAGES), msg
-    elif kind != "foreign":
+    elif not (kind in FOREIGN and entry["kind"] == "any"):
         assert f": {entry['field']}: " in msg, msg
         assert entry["message"] in msg, msg
+    assert "Traceback" not in r.output
     assert r.stdout.strip() == "", r.stdout  # no --json output on stdout either
     assert _dump(env["db"]) == before_db
     assert _files(env["work"]) == before_files  # no output file, no new store, no results dir
@@ -188,7 +207,8 @@ def test_corpus_is_complete_and_indexed() -> None:
     assert on_disk == indexed
     assert len(INDEX) >= 40
     for e in INDEX:
-        assert e["kind"] in ("cluster", "jobs", "any") and e["field"] and e["message"]
+        assert e["kind"] in ("cluster", "jobs", "any", "round", *FOREIGN)
+        assert e["field"] and e["message"]
 
 
 # -- fuzzing the loaders ------------------------------------------------------------------
@@ -292,3 +312,73 @@ def test_fuzz_yaml_text(text: str, tmp_path_factory: pytest.TempPathFactory) -> 
         except InputError as exc:
             assert exc.source == str(path)
     os.unlink(path)
+
+
+# -- bad option values: refused with the option named, before anything runs or is written -----
+BAD_OPTIONS = [
+    (["run", "--timeout", "nan"], "--timeout"),
+    (["run", "--timeout", "inf"], "--timeout"),
+    (["run", "--timeout", "-1"], "--timeout"),
+    (["run", "--time-budget", "-5"], "--time-budget"),
+    (["run", "--time-budget", "nan"], "--time-budget"),
+    (["run", "--interval", "0"], "--interval"),
+    (["run", "--interval", "nan"], "--interval"),
+    (["solve-round", "--time-budget", "nan"], "--time-budget"),
+    (["simulate", "--trace", "synthetic:3", "--cluster", "crius-testbed", "--policy", "fcfs",
+      "--interval", "nan"], "--interval"),
+    (["simulate", "--trace", "synthetic:3", "--cluster", "crius-testbed", "--policy", "fcfs",
+      "--noise", "nan"], "--noise"),
+    (["simulate", "--trace", "synthetic:3", "--cluster", "crius-testbed", "--policy", "fcfs",
+      "--truth", "oracle"], "--truth"),
+    (["solve-finetune", "--tasks", str(BAD / "tasks_huge_work.yaml"), "--capacity", "2",
+      "--time-budget", "-5"], "--time-budget"),
+    (["bench", "solve", "--time-budget", "nan"], "--time-budget"),
+]
+
+
+@pytest.mark.parametrize("argv, option", BAD_OPTIONS, ids=[" ".join(a[:1] + a[-2:])
+                                                           for a, _ in BAD_OPTIONS])
+def test_bad_option_values_are_refused(argv: list[str], option: str,
+                                       env: dict[str, Any]) -> None:
+    if argv[0] == "run":
+        argv = [*argv, "--executor", "dry-run", "--cluster", "crius-testbed", "--state",
+                str(env["db"]), "--until-idle", "--workdir", str(env["results"])]
+    before_db, before_files = _dump(env["db"]), _files(env["work"])
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert option in r.stderr and "Traceback" not in r.output, r.stderr
+    assert _dump(env["db"]) == before_db and _files(env["work"]) == before_files
+
+
+# -- the top-level handler: one line, the traceback only with -v --------------------------------
+def test_unexpected_errors_are_one_line_and_tracebacks_need_v(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import apportion.round
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("a bug\x1b[2J in the round")
+
+    monkeypatch.setattr(apportion.round, "run_round", boom)
+    argv = ["solve-round", "--backend", "greedy", "--no-isolate"]
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "internal error" in lines[0] and "-v" in lines[0], r.stderr
+    assert "\x1b" not in r.stderr and "\\x1b" in r.stderr  # escaped, never raw
+    for verbose in (["-v", *argv], [*argv, "-v"]):
+        r = runner.invoke(app, verbose)
+        assert r.exit_code == 1 and "Traceback" in r.stderr, r.stderr
+
+    def denied(*a: Any, **k: Any) -> Any:
+        raise PermissionError(13, "Permission denied", "/srv/x")
+
+    monkeypatch.setattr(apportion.round, "run_round", denied)
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2 and "/srv/x" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    def full(*a: Any, **k: Any) -> Any:
+        raise OSError(28, "No space left on device", "/srv/x")
+
+    monkeypatch.setattr(apportion.round, "run_round", full)
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 75 and "free space" in r.stderr, r.stderr

@@ -1,4 +1,7 @@
-"""One conformance suite every estimator passes (sklearn-style protocol)."""
+"""One conformance suite every estimator passes (sklearn-style protocol).
+
+The estimators come from the registry (``apportion.estimation.registry.ESTIMATORS``,
+what ``--estimator`` accepts), so a new one is checked on arrival."""
 
 from __future__ import annotations
 
@@ -6,17 +9,40 @@ import inspect
 import math
 
 import pytest
-from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
+from apportion.estimation.analytic import nominal_placement
 from apportion.estimation.base import Estimate, Estimator, Sample
-from apportion.estimation.crius import CellEstimator
-from apportion.estimation.morphling import MorphlingEstimator
+from apportion.estimation.measured import TableEstimator
+from apportion.estimation.registry import ESTIMATORS as REGISTERED
+from apportion.estimation.registry import make_estimator
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.jobs import JobSpec
 from apportion.plans import Cell, ExecutionPlan
 
-ESTIMATORS = [AnalyticEstimator, CellEstimator, MorphlingEstimator]
 CL = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 8)])
+
+
+def _reference_s(model: str, batch: int, gpus: int) -> float:
+    """A fixed reference model of measured time (not an estimator): the table's data."""
+    size = {"bert-336m": 1.0, "bert-1.3b": 4.0}[model]
+    return 0.05 + size * batch / 40.0 / gpus
+
+
+def _tables() -> TableEstimator:
+    return TableEstimator([(m, b, "A100-40GB", g, _reference_s(m, b, g))
+                           for m in ("bert-336m", "bert-1.3b") for b in (32, 256)
+                           for g in (1, 2, 8)])
+
+
+def _make(name: str):
+    """A fresh estimator registered as ``name`` (``tables`` and ``auto`` with measurements)."""
+    def build():
+        return make_estimator(name, tables=_tables() if name in ("tables", "auto") else None)
+    build.__name__ = name
+    return build
+
+
+ESTIMATORS = [_make(n) for n in REGISTERED]
 
 
 def _samples() -> list[Sample]:
@@ -30,11 +56,11 @@ def _samples() -> list[Sample]:
     return out
 
 
-@pytest.mark.parametrize("cls", ESTIMATORS)
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=REGISTERED)
 def test_params_only_in_init_and_fit_returns_self(cls):
     est = cls()
     assert isinstance(est, Estimator)
-    sig = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    sig = set(inspect.signature(type(est).__init__).parameters) - {"self"}
     assert set(est.get_params()) == sig
     before = set(vars(est))
     params = est.get_params()
@@ -46,7 +72,7 @@ def test_params_only_in_init_and_fit_returns_self(cls):
     assert est.get_params() == params  # fit never changes parameters
 
 
-@pytest.mark.parametrize("cls", ESTIMATORS)
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=REGISTERED)
 def test_predict_and_best_in_cell_return_estimates(cls):
     est = cls().fit(_samples())
     job = JobSpec("j", "bert-336m", 64, 10, 4)
@@ -58,7 +84,7 @@ def test_predict_and_best_in_cell_return_estimates(cls):
     assert b is not None
 
 
-@pytest.mark.parametrize("cls", ESTIMATORS)
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=REGISTERED)
 def test_monotonic_sanity(cls):
     est = cls()
     small = JobSpec("a", "bert-336m", 32, 10, 4)

@@ -38,16 +38,16 @@ def test_lp_allocations_are_feasible() -> None:
     from apportion.experiments.groundtruth import GavelTruth, NoisyView
     from apportion.experiments.harness import gavel_cluster
     from apportion.experiments.policies.gavel import MaxMinFairness, MaxSumThroughput
-    from apportion.experiments.simulator import JobState, SimConfig, SimState, _spec
+    from apportion.experiments.simulator import JobState, _spec
+    from apportion.view import View
 
     cl = gavel_cluster(8, 8, 8)
     t = tr.load_trace("gavel-max-min-fairness")
-    jobs = [JobState(j, _spec(j)) for j in t.jobs]
-    state = SimState(0.0, 0, 360.0, cl, jobs, NoisyView(GavelTruth()), 0, SimConfig(),
-                     capacity=cl.capacity_by_type())
+    jobs = [JobState(_spec(j), trace=j) for j in t.jobs]
+    state = View(0.0, cl, jobs, NoisyView(GavelTruth()), interval_s=360.0)
     types = ["V100-32GB", "P100", "K80"]
-    T = np.array([[state.rate(js, ty, js.job.gpus) for ty in types] for js in jobs])
-    sf = np.array([js.job.gpus for js in jobs], dtype=float)
+    T = np.array([[state.rate(js, ty, js.spec.requested_gpus) for ty in types] for js in jobs])
+    sf = np.array([js.spec.requested_gpus for js in jobs], dtype=float)
     w = np.ones(len(jobs))
     for pol in (MaxMinFairness(), MaxSumThroughput()):
         X = pol.allocation(state, jobs, types, T, sf, w)

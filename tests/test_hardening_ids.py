@@ -74,11 +74,15 @@ def test_x_and_dot_x_do_not_share_state(tmp_path: Path) -> None:
 
 def test_kubernetes_checkpoint_dir_is_derived_from_the_id() -> None:
     pytest.importorskip("yaml")
-    from apportion.runtime.kubernetes import CHECKPOINT_DIR, manifests
+    from apportion.cluster import Cluster, NodeGroup
+    from apportion.runtime.k8s_config import K8sConfig
+    from apportion.runtime.k8s_manifests import Target, job_objects
 
+    CHECKPOINT_DIR = K8sConfig().checkpoint_mount
     job = JobSpec("../../etc", "gpt-tiny", 8, 10, 1)
-    alloc = Allocation(job.id, "A40", 1, 1, ExecutionPlan(dp=1), {"n0": 1}, 1.0)
-    objs = manifests(job, alloc, "img")
+    alloc = Allocation(job.id, "A40", 1, 1, ExecutionPlan(dp=1), {"n0-0": 1}, 1.0)
+    objs = job_objects(job, alloc, Target(Cluster("c", [NodeGroup("n0", 1, "A40", 1)]),
+                                          K8sConfig(), "trainjob"))
     text = repr(objs)
     assert f"{CHECKPOINT_DIR}/{job_dirname(job.id)}" in text
     assert f"{CHECKPOINT_DIR}/../../etc" not in text

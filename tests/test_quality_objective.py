@@ -1,28 +1,23 @@
-"""The JCT-aware objective, the per-placed-job bonus and relocatable running cells."""
+"""The JCT-aware objective, the per-placed-job bonus and the normalisations."""
 
 from __future__ import annotations
 
 import pytest
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
-from apportion.experiments.policies.optimising import QualityOptions
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import CandidateOptions, build_candidates, cells_of, job_node
-from apportion.formulations.cells import build_cells_model
 from apportion.formulations.objectives import jct_weights
-from apportion.round import RoundConfig, run_round, to_decision
-from apportion.solvers.base import Status
-from apportion.solvers.greedy import GreedyCells, restore_placements
-from apportion.solvers.highs import HighsBackend
 from apportion.solvers.validator import validate
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_policies_all import trace
 from test_sim_properties import small_cluster
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
-from apportion.jobs import JobSpec, RunningState
+from apportion.jobs import JobSpec
+from apportion.round import RoundConfig, run_round
 
 REPORT = SolveReport("t", "optimal", None, None, None, 0.0, False)
 
@@ -78,69 +73,12 @@ def test_place_bonus_places_a_second_job_before_scaling_one_up() -> None:
         assert d["value"] == pytest.approx(d["term"] + 1.0 + g.nodes[job_node("j0")]["queue_bonus"])
 
 
-def _busy() -> tuple[Cluster, list[JobSpec]]:
-    """A running 8-GPU job on two 4-GPU nodes and a waiting job: only shrinking the first frees room."""
-    cl = Cluster("busy", [NodeGroup("a", 2, "A100-40GB", 4)])
-    big = JobSpec("big", "bert-336m", 256, 50_000, 4, submit_time_s=0.0, iterations_done=10,
-                  running=RunningState("A100-40GB", 8, 1, {"a-0": 4, "a-1": 4}, 1))
-    waiting = JobSpec("wait", "bert-336m", 256, 50_000, 4, submit_time_s=0.0)
-    return cl, [big, waiting]
+def test_crius_greedy_keeps_crius_objective() -> None:
+    from apportion.experiments.policies.optimising import CRIUS_OBJECTIVE
 
-
-def test_relocatable_running_counts_freed_gpus_and_keeps_placements(monkeypatch) -> None:
-    import apportion.formulations.cells as cells_mod
-
-    cl, jobs = _busy()
-    monkeypatch.setattr(cells_mod, "PINNED_EXACT_LIMIT", 0)  # residual mode, as at cluster scale
-    for reloc in (False, True):
-        opts = CandidateOptions(place_bonus=1.0, relocatable_running=reloc)
-        g = build_candidates(cl, jobs, 100.0, options=opts)
-        m = build_cells_model(g)
-        res = HighsBackend().solve(m, 10.0)
-        assert res.status is Status.OPTIMAL
-        choices = restore_placements(g, m.decode(res.x))
-        dec = to_decision(g, choices, cl, jobs, REPORT)
-        assert validate(dec, cl, jobs).ok
-        placed = {a.job: a for a in dec.allocations}
-        if not reloc:  # residual mode cannot reuse the GPUs "big" would free
-            assert set(placed) == {"big"}
-        else:  # both run: big shrinks to 4 GPUs, and stays on one of its own nodes
-            assert set(placed) == {"big", "wait"}
-            assert placed["big"].gpus == 4 and set(placed["big"].placement) <= {"a-0", "a-1"}
-        gchoices, _, _ = GreedyCells().solve(g)
-        assert validate(to_decision(g, gchoices, cl, jobs, REPORT), cl, jobs).ok
-
-
-@settings(max_examples=15, deadline=None)
-@given(moves=st.lists(st.tuples(st.sampled_from(["a-0", "a-1", "a-2", "a-3"]), st.sampled_from([1, 2])),
-                      min_size=1, max_size=4, unique_by=lambda t: t[0]))
-def test_kept_jobs_stay_where_they_run(moves: list[tuple[str, int]]) -> None:
-    """Relocatable solve + restore: a job whose cell is kept keeps its exact placement."""
-    cl = Cluster("c", [NodeGroup("a", 4, "A100-40GB", 4)])
-    jobs = [JobSpec(f"r{i}", "bert-336m", 64, 10_000, k, iterations_done=5,
-                    running=RunningState("A100-40GB", k, 1, {node: k}, 1))
-            for i, (node, k) in enumerate(moves)]
-    jobs.append(JobSpec("new", "bert-336m", 64, 10_000, 2))
-    opts = CandidateOptions(relocatable_running=True, place_bonus=1.0)
-    res = run_round(cl, jobs, 10.0, RoundConfig(time_budget_s=5.0, candidates=opts))
-    g = res.graph
-    from apportion.formulations.cells import CellChoice
-
-    choices = [CellChoice(a.job, f"cell:{a.job}:{a.gpu_type}:{a.gpus}:{a.stages}", a.placement)
-               for a in res.decision.allocations]
-    dec = to_decision(g, restore_placements(g, choices), cl, jobs, REPORT)
-    assert validate(dec, cl, jobs).ok
-    for a in dec.allocations:
-        j = next(x for x in jobs if x.id == a.job)
-        if j.running is not None and (a.gpu_type, a.gpus, a.stages) == j.running.cell_key:
-            assert a.placement == j.running.placement
-            assert a.action.value == "keep"
-
-
-def test_crius_greedy_keeps_crius_objective_and_apportion_is_jct_aware() -> None:
-    assert make_policy("crius-greedy").quality == QualityOptions()
-    ap = make_policy("apportion").quality
-    assert ap.objective == "jct-aware" and ap.place_bonus > 0 and ap.relocatable
+    opts = make_policy("crius-greedy").cfg.candidates
+    assert {k: getattr(opts, k) for k in CRIUS_OBJECTIVE} == CRIUS_OBJECTIVE
+    assert make_policy("apportion", place_bonus=2.0).cfg.candidates.place_bonus == 2.0
     with pytest.raises(TypeError):
         make_policy("apportion", no_such_option=1)
 

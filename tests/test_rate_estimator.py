@@ -8,24 +8,19 @@ import pytest
 from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
 from apportion.estimation.base import Estimate, Estimator, Sample
 from apportion.estimation.rate_estimator import RateEstimator
-from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
-from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import build_candidates, cells_of
 from apportion.formulations.cells import build_cells_model
-from apportion.round import RoundConfig, run_round, to_decision
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
 from apportion.solvers.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_policies_all import trace
-from test_sim_properties import small_cluster
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
 from apportion.jobs import JobSpec
 from apportion.plans import Cell, ExecutionPlan
+from apportion.round import RoundConfig, run_round, to_decision
 
 CL = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 4, "A10", 2)])
 TYPES = ("A100-40GB", "A10")
@@ -40,7 +35,7 @@ def table_rate(job: JobSpec, gpu_type: str, gpus: int) -> float:
 def test_protocol_params_and_fit_returns_self() -> None:
     est = RateEstimator(table_rate)
     assert isinstance(est, Estimator)
-    assert set(est.get_params()) == {"rate_fn", "inner", "memoize", "calibrate"}
+    assert set(est.get_params()) == {"rate_fn", "inner", "memoize"}
     job = JobSpec("j", "bert-336m", 64, 100, 4)
     placement = nominal_placement(CL, "A100-40GB", 4)
     sample = Sample(job, ExecutionPlan(dp=4), placement, "A100-40GB", 0.5)
@@ -121,59 +116,3 @@ def test_run_round_with_rates_validates() -> None:
     assert res.decision.report.backend in ("highs", "cp-sat")
     for a in res.decision.allocations:
         assert a.est_throughput == pytest.approx(64 * table_rate(jobs[0], a.gpu_type, a.gpus))
-
-
-def test_optimising_policy_oracle_sees_the_simulators_rates() -> None:
-    """``oracle=True``: every allocation's estimate is the view's rate (sigma 0: the truth)."""
-    cl = small_cluster()
-    truth = AnalyticTruth(cl)
-    pol = make_policy("apportion", time_budget_s=1.0, oracle=True)
-    seen: list[tuple[float, float]] = []
-
-    class Spy:
-        name = pol.name
-
-        def decide(self, state, now):
-            dec = pol.decide(state, now)
-            by = {js.id: js for js in state.jobs}
-            for a in dec.allocations:
-                if a.action.value != "keep":
-                    js = by[a.job]
-                    seen.append((a.est_throughput / js.job.batch,
-                                 truth.rate(js.job, a.gpu_type, a.gpus)))
-            return dec
-
-    res = Simulator(cl, trace(), Spy(), truth, SimConfig(seed=0)).run()
-    assert res.summary["finished"] == 10
-    assert seen and all(e == pytest.approx(t) for e, t in seen)
-
-
-def test_calibrate_corrects_unmeasured_sizes_from_measured_ones() -> None:
-    """Predictions 2x too fast; one measurement per type pulls every size of it back."""
-    def optimistic(job: JobSpec, gpu_type: str, gpus: int) -> float:
-        return 2.0 * table_rate(job, gpu_type, gpus)
-
-    job = JobSpec("j", "bert-336m", 64, 100, 4)
-    measured = Sample(job, ExecutionPlan(dp=4), nominal_placement(CL, "A100-40GB", 4), "A100-40GB",
-                      1.0 / table_rate(job, "A100-40GB", 4))
-    plain = RateEstimator(optimistic).fit([measured])
-    cal = RateEstimator(optimistic, calibrate=True).fit([measured])
-    for gpus in (1, 2, 8):
-        truth = table_rate(job, "A100-40GB", gpus)
-        assert plain.rate(job, "A100-40GB", gpus) == pytest.approx(2 * truth)
-        assert cal.rate(job, "A100-40GB", gpus) == pytest.approx(truth)
-    # another type of the same model and batch takes the model's correction
-    assert cal.rate(job, "A10", 2) == pytest.approx(table_rate(job, "A10", 2))
-    # another model is left alone
-    other = JobSpec("o", "bert-0.76b", 64, 100, 4)
-    assert cal.rate(other, "A10", 2) == pytest.approx(optimistic(other, "A10", 2))
-
-
-def test_optimising_feedback_learns_from_what_ran() -> None:
-    cl = small_cluster()
-    pol = make_policy("apportion", time_budget_s=1.0, feedback=True)
-    res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()  # validates
-    assert res.summary["finished"] == 10
-    assert pol.measured.samples  # configurations that ran were measured
-    for (model, batch, gpu_type, gpus), s in pol.measured.samples.items():
-        assert s.gpu_type == gpu_type and sum(s.placement.values()) == gpus and s.iter_time_s > 0

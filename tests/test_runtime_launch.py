@@ -8,13 +8,9 @@ from pathlib import Path
 
 import yaml
 from apportion.runtime.executor import Executor, actions_for
-from apportion.runtime.kubernetes import (
-    GPU_PRODUCT_LABELS,
-    PRODUCT_LABEL,
-    KubernetesExecutor,
-    k8s_name,
-    manifests,
-)
+from apportion.runtime.k8s_config import K8sConfig
+from apportion.runtime.k8s_manifests import Target, job_objects, object_name
+from apportion.runtime.kubernetes import KubernetesExecutor
 from apportion.runtime.launch import DryRunExecutor, launch_spec, torchrun_command
 from apportion.solvers.validator import validate
 from hypothesis import given, settings
@@ -22,6 +18,7 @@ from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Allocation, Decision, SolveReport
+from apportion.gpus import gpu_product
 from apportion.jobs import JobSpec, RunningState
 from apportion.plans import ExecutionPlan
 from apportion.round import run_round
@@ -104,11 +101,12 @@ def test_reconciliation_covers_every_job_once(running: set[str], alive: set[str]
 def test_pytorchjob_manifest_shapes() -> None:
     job = JobSpec("Job_1", "gpt-tiny", 16, 10, 8)
     a = alloc("Job_1", 8, gpu_type="A100-80GB", placement={"a100-0": 4, "a100-1": 4})
-    cm, pj = manifests(job, a, "img:1", "ml")
+    cm, pj = job_objects(job, a, Target(HETERO, K8sConfig(image="img:1", namespace="ml"),
+                                        "pytorchjob"))
     assert cm["apiVersion"] == "v1" and cm["kind"] == "ConfigMap"
     assert json.loads(cm["data"]["config.json"])["plan"] == a.plan.as_dict()
     assert pj["apiVersion"] == "kubeflow.org/v1" and pj["kind"] == "PyTorchJob"
-    assert pj["metadata"]["name"] == k8s_name("Job_1") == "apportion-job-1"
+    assert pj["metadata"]["name"] == object_name("Job_1")
     specs = pj["spec"]["pytorchReplicaSpecs"]
     assert set(specs) == {"Master", "Worker"}
     assert specs["Master"]["replicas"] + specs["Worker"]["replicas"] == 2
@@ -116,12 +114,12 @@ def test_pytorchjob_manifest_shapes() -> None:
     for rs in specs.values():
         assert rs["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
         pod = rs["template"]["spec"]
-        assert pod["nodeSelector"] == {PRODUCT_LABEL: GPU_PRODUCT_LABELS["A100-80GB"]}
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": gpu_product("A100-80GB")}
         (c,) = pod["containers"]
         assert c["name"] == "pytorch"
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
-        assert c["resources"]["requests"] == c["resources"]["limits"]
-        assert c["resources"]["limits"]["memory"] == "32Gi" and c["resources"]["limits"]["cpu"] == "4"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        # the decision's 4 of 8 CPUs (32-CPU nodes) scaled to allocatable; never the whole node
+        assert c["resources"]["requests"]["cpu"] == f"{int(4 * 31 / 32 * 1000)}m"
         mounts = {m["name"] for m in c["volumeMounts"]}
         assert mounts == {v["name"] for v in pod["volumes"]}
     assert yaml.safe_load(yaml.safe_dump(pj)) == pj
@@ -130,17 +128,18 @@ def test_pytorchjob_manifest_shapes() -> None:
 def test_kubernetes_executor_writes_manifests_per_round(tmp_path: Path) -> None:
     jobs = [JobSpec("a", "gpt-tiny", 16, 10, 4), JobSpec("b", "bert-tiny", 16, 10, 2)]
     dec = decide(HETERO, jobs)
-    ex = KubernetesExecutor(tmp_path)
+    ex = KubernetesExecutor(tmp_path, HETERO, K8sConfig(api="pytorchjob"))
     events = ex.apply(dec, jobs)
     assert {e.job for e in events} == {"a", "b"}
     files = sorted(tmp_path.glob("round0001-*.yaml"))
-    assert [f.name for f in files] == ["round0001-apportion-a.yaml", "round0001-apportion-b.yaml"]
+    assert [f.name for f in files] == sorted(f"round0001-{object_name(j)}.yaml" for j in "ab")
+    files = [tmp_path / f"round0001-{object_name(j)}.yaml" for j in "ab"]
     for f, a in zip(files, sorted(dec.allocations, key=lambda a: a.job)):
         _cm, pj = yaml.safe_load_all(f.read_text())
         pod = pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-        assert pod["nodeSelector"][PRODUCT_LABEL] == GPU_PRODUCT_LABELS[a.gpu_type]
-        total = sum(rs["replicas"] * rs["template"]["spec"]["containers"][0]["resources"]
-                    ["limits"]["nvidia.com/gpu"] for rs in pj["spec"]["pytorchReplicaSpecs"].values())
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == gpu_product(a.gpu_type)
+        total = sum(rs["replicas"] * int(rs["template"]["spec"]["containers"][0]["resources"]
+                    ["limits"]["nvidia.com/gpu"]) for rs in pj["spec"]["pytorchReplicaSpecs"].values())
         assert total == a.gpus
     # a resize in a later round writes a new manifest for that job only
     a_alloc = dec.allocation("a")
@@ -151,4 +150,5 @@ def test_kubernetes_executor_writes_manifests_per_round(tmp_path: Path) -> None:
                          {min(a_alloc.placement): 1}, 1.0, Action.RESIZE)
     ev2 = ex.apply(Decision([smaller], [], report()), running)
     assert {(e.job, e.action) for e in ev2} == {("a", "resize"), ("b", "preempt")}
-    assert [f.name for f in tmp_path.glob("round0002-*.yaml")] == ["round0002-apportion-a.yaml"]
+    assert [f.name for f in tmp_path.glob("round0002-*.yaml")] == [
+        f"round0002-{object_name('a')}.yaml"]

@@ -108,10 +108,22 @@ def test_chain_runtimes_forward_then_backward_reversed() -> None:
 
 
 def test_unit_graph_and_bounds() -> None:
+    """The shard-unit graph: unit and device vertices, precedence and runs-on edges."""
+    from apportion import shards_spec as ss
+
     p = problem_from_dict(VALID)
     g = unit_graph(p)
-    assert g.number_of_nodes() == 4 and g.number_of_edges() == 2
-    assert g.nodes[0, 2]["durations"] == {"a100": 1.5, "v100": 3.0}
+    units = [n for n, d in g.nodes(data=True) if d["kind"] == "unit"]
+    devices = [n for n, d in g.nodes(data=True) if d["kind"] == "device"]
+    assert len(units) == 4 and len(devices) == 2
+    kinds = [d["kind"] for _, _, d in g.edges(data=True)]
+    assert kinds.count("precedence") == 2 and kinds.count("runs-on") == 8
+    u = ss.unit_key(0, 2)
+    assert g.nodes[u]["runtime"] == 3.0 and g.nodes[u]["model"] == "bert"
+    assert ss.runs_on(g, u) == [(0, 1.5), (1, 3.0)]
+    assert ss.chains(g) == [[ss.unit_key(0, j) for j in range(3)], [ss.unit_key(1, 0)]]
+    assert ss.lower_bound(g) == pytest.approx(p.lower_bound())
+    assert ss.problem_from_graph(g).models == p.models
     assert p.work_bound() == pytest.approx(10.0 / 3.0)
     assert p.chain_bound() == pytest.approx(3.0)
     assert p.lower_bound() == pytest.approx(10.0 / 3.0)

@@ -29,7 +29,7 @@ FAST = ["fcfs", "fcfs-backfill", "srtf", "tiresias", "gandiva", "gandiva-migrate
 def run(policy: str, trace: tr.Trace, seed: int = 0, **cfg: object) -> object:
     cl = small_cluster()
     return Simulator(cl, trace, make_policy(policy), AnalyticTruth(cl),
-                     SimConfig(seed=seed, **cfg)).run()  # validate=True: every round is checked
+                     SimConfig(seed=seed, **cfg)).run()  # the pipeline validates every round
 
 
 def trace_of(n: int, seed: int) -> tr.Trace:

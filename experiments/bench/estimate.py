@@ -22,19 +22,24 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.morphling import Env, MorphlingEstimator, MorphlingSample
+from apportion.experiments.bench.accuracy import rel_err, score_morphling, spearman, summarize
+from apportion.experiments.bench.estimate_local import bench_local
 
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+def _data() -> Path:
+    """``$APPORTION_DATA`` (or ../shared/data), read when a benchmark runs."""
+    from apportion.env import data_root
+
+    return data_root()
 
 # Morphling table 2 (mean / max error, %), for the side-by-side
 PAPER_TABLE2 = {
@@ -54,57 +59,9 @@ PAPER_TABLE2 = {
 }
 
 
-def summarize(errors: Iterable[float]) -> dict[str, float]:
-    e = list(errors)
-    if not e:
-        return {"n": 0, "mean_error": float("nan"), "max_error": float("nan")}
-    return {"n": len(e), "mean_error": float(statistics.fmean(e)), "max_error": float(max(e))}
-
-
-def rel_err(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rho (average ranks for ties)."""
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2.0
-            i = j + 1
-        return r
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den > 0 else float("nan")
-
-
 # ---------------------------------------------------------------------------
 # Morphling
 # ---------------------------------------------------------------------------
-def _score_morphling(est: MorphlingEstimator, rows: list[tuple[str, MorphlingSample]]
-                     ) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
-    fams: dict[str, list[float]] = {}
-    detail = []
-    for fam, s in rows:
-        assert s.arch is not None and s.nodes is not None
-        p = est.predict_config(s.arch, s.job.global_batch_size, s.plan, s.nodes, s.cpus,
-                               s.gpu_type)["T_iter"]
-        e = rel_err(p, s.iter_time_s)
-        fams.setdefault(fam, []).append(e)
-        detail.append({"family": fam, "plan": s.plan.label(),
-                       "placement": "".join(str(k) for k in s.nodes),
-                       "measured_s": s.iter_time_s, "predicted_s": p, "error": e})
-    return fams, detail
-
-
 def placement_kind(placement: str) -> str:
     """``single-node``, ``multi-node-even`` or ``multi-node-odd`` (some node holds an odd
     number of the job's GPUs: on Morphling's testbed those placements run 2-5x slower than
@@ -148,7 +105,7 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
                     env: Env | None = None) -> dict[str, Any]:
     from apportion.experiments.bench import morphling_data as md
 
-    root = root or DATA / "morphling"
+    root = root or _data() / "morphling"
     models: dict[str, Any] = {}
     aug_models: dict[str, Any] = {}
     all_err: list[float] = []
@@ -163,7 +120,7 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
         prof = md.profile_samples(m, root)
         rows = md.trace_rows(m, root)
         est = MorphlingEstimator(env=env, min_samples=min(7, len(prof))).fit(prof)
-        fams, detail = _score_morphling(est, rows)
+        fams, detail = score_morphling(est, rows)
         models[key] = {f: summarize(e) for f, e in fams.items()}
         models[key]["fit"] = {"samples": len(prof), "rmsle": est.fit_rmsle_[m.catalog],
                               "k": est.k_[m.catalog]}
@@ -177,14 +134,14 @@ def bench_morphling(root: Path | None = None, augment: int = 7,
         est2 = MorphlingEstimator(env=env, min_samples=7).fit(
             prof + [rows[i][1] for i in sorted(chosen)])
         held = [r for i, r in enumerate(rows) if i not in chosen]
-        fams2, _ = _score_morphling(est2, held)
+        fams2, _ = score_morphling(est2, held)
         aug_models[key] = {f: summarize(e) for f, e in fams2.items()}
         aug_err += [x for e in fams2.values() for x in e]
         # protocol "covering": sampled runs cover every plan family and placement kind
         cover = covering_rows(prof, rows)
         est3 = MorphlingEstimator(env=env, min_samples=7).fit(
             prof + [rows[i][1] for i in cover])
-        fams3, detail3 = _score_morphling(est3, [r for i, r in enumerate(rows)
+        fams3, detail3 = score_morphling(est3, [r for i, r in enumerate(rows)
                                                  if i not in cover])
         cov_models[key] = {f: summarize(e) for f, e in fams3.items()}
         cov_models[key]["fit"] = {"samples": len(prof) + len(cover),
@@ -251,7 +208,7 @@ def bench_crius(root: Path | None = None) -> dict[str, Any]:
     from apportion.estimation.crius import CellEstimator
     from apportion.experiments.bench import crius_data as cd
 
-    root = root or DATA / "crius"
+    root = root or _data() / "crius"
     rows = cd.load(root)
     jobs = sorted({r.job for r in rows})
     train_jobs = set(jobs[::2])
@@ -361,7 +318,6 @@ def run(against: str, **kw: Any) -> dict[str, Any]:
     if against == "crius":
         return bench_crius(**kw)
     if against == "local":
-        from apportion.experiments.bench.estimate_local import bench_local
         return bench_local(**kw)
     raise ValueError(f"unknown benchmark {against!r}; choose morphling, crius or local")
 
@@ -369,19 +325,22 @@ def run(against: str, **kw: Any) -> dict[str, Any]:
 def _family_table(models: dict[str, Any], overall: dict[str, Any],
                   paper: dict[str, Any]) -> list[str]:
     """Rows per model and plan family, then the overall row (markdown)."""
-    lines = ["| model | plan family | n | mean error | max error | paper mean / max |",
-             "|---|---|---:|---:|---:|---|"]
+    from apportion.tables import markdown_table
+
+    rows = []
     for model, fams in models.items():
         for fam, v in fams.items():
             if not isinstance(v, dict) or "mean_error" not in v:
                 continue
             ref = paper.get(model, {}).get(fam)
-            lines.append(f"| {model} | {fam} | {v['n']} | {100 * v['mean_error']:.1f}% | "
-                         f"{100 * v['max_error']:.1f}% | "
-                         f"{'%.2f%% / %.2f%%' % tuple(ref) if ref else ''} |")
-    lines.append(f"| **overall** | | {overall['n']} | {100 * overall['mean_error']:.1f}% | "
-                 f"{100 * overall['max_error']:.1f}% | |")
-    return lines
+            rows.append([model, fam, str(v["n"]), f"{100 * v['mean_error']:.1f}%",
+                         f"{100 * v['max_error']:.1f}%",
+                         f"{ref[0]:.2f}% / {ref[1]:.2f}%" if ref else ""])
+    rows.append(["**overall**", "", str(overall["n"]), f"{100 * overall['mean_error']:.1f}%",
+                 f"{100 * overall['max_error']:.1f}%", ""])
+    return markdown_table(["model", "plan family", "n", "mean error", "max error",
+                           "paper mean / max"], rows,
+                          align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -422,7 +381,7 @@ def fit_analytic_from_crius(root: Path | None = None) -> Any:
     from apportion.estimation.analytic import AnalyticEstimator, nominal_placement
     from apportion.experiments.bench import crius_data as cd
 
-    rows = cd.load(root or DATA / "crius")
+    rows = cd.load(root or _data() / "crius")
     base = AnalyticEstimator(efficiency=0.45)
     ratios: dict[str, list[float]] = {}
     for r in rows:

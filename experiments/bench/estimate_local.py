@@ -35,8 +35,7 @@ from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.morphling import Arch, Env, MorphlingEstimator, MorphlingSample
-from apportion.experiments.bench.estimate import _score_morphling as score_morphling
-from apportion.experiments.bench.estimate import rel_err, summarize
+from apportion.experiments.bench.accuracy import rel_err, score_morphling, summarize
 
 from apportion.jobs import JobSpec
 from apportion.models import get_model

@@ -138,12 +138,13 @@ def run_bench(grid: list[tuple[int, int, int]], backends: list[str], budget_s: f
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| jobs | GPUs | types | backend | status | wall s | objective | bound | gap | greedy | valid |\n"
-    head += "|---|---|---|---|---|---|---|---|---|---|---|\n"
-    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
-    pct = lambda v: "-" if v is None else f"{v:.3%}"  # noqa: E731
-    body = "".join(
-        f"| {r['jobs']} | {r['gpus']} | {r['types']} | {r['backend']} | {r['status']} | "
-        f"{r['wall_s']:.2f} | {fmt(r['objective'])} | {fmt(r['bound'])} | "
-        f"{pct(r['gap'])} | {r['greedy_objective']:.4g} | {r['valid']} |\n" for r in rows)
-    return head + body
+    from apportion.tables import markdown_table
+
+    fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+    pct = lambda v: "-" if v is None else f"{v:.3%}"
+    return markdown_table(
+        ["jobs", "GPUs", "types", "backend", "status", "wall s", "objective", "bound", "gap",
+         "greedy", "valid"],
+        [[str(r["jobs"]), str(r["gpus"]), str(r["types"]), str(r["backend"]), str(r["status"]),
+          f"{r['wall_s']:.2f}", fmt(r["objective"]), fmt(r["bound"]), pct(r["gap"]),
+          f"{r['greedy_objective']:.4g}", str(r["valid"])] for r in rows])

@@ -1,4 +1,4 @@
-"""Scheduling policies behind one interface: ``decide(state, now) -> Decision``.
+"""Scheduling policies behind one interface: ``decide(view) -> Decision``.
 
 ``make_policy(name, **options)`` builds one by name; ``POLICIES`` lists them.
 Every policy returns the spine's :class:`apportion.decision.Decision`, which
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion.experiments.policies.base import Policy
+from apportion.view import Policy
 
 _FACTORIES: dict[str, Callable[..., Any]] = {}
 
@@ -24,11 +24,21 @@ POLICIES: dict[str, str] = {}
 
 
 def _lazy(module: str, attr: str, **fixed: Any) -> Callable[..., Any]:
-    def build(**kw: Any) -> Any:
+    """A baseline's factory; the driver's ``config`` (a RoundConfig) is not a baseline's."""
+    def build(config: Any = None, **kw: Any) -> Any:
         import importlib
 
         cls = getattr(importlib.import_module(f"apportion.experiments.policies.{module}"), attr)
         return cls(**{**fixed, **kw})
+    return build
+
+
+def _formulation(**fixed: Any) -> Callable[..., Any]:
+    """apportion's own policies take the driver's ``config`` (flags, estimator, budget)."""
+    def build(config: Any = None, **kw: Any) -> Any:
+        from apportion.experiments.policies.optimising import Optimising
+
+        return Optimising(config, **{**fixed, **kw})
     return build
 
 
@@ -52,21 +62,33 @@ register("elasticflow-ls", _lazy("elasticflow", "ElasticFlow", loosened=True),
 register("sia", _lazy("sia", "SiaLike"), "Sia-like: goodput across types, DP-only scaling")
 register("synergy", _lazy("synergy", "Synergy"), "Synergy: CPU/memory-sensitive, fixed GPUs")
 register("antman", _lazy("antman", "AntMan"), "AntMan: guaranteed vs opportunistic jobs")
-register("crius-greedy", _lazy("optimising", "Optimising", backend="greedy"),
+register("ymir", _lazy("ymir", "Ymir"),
+         "YMIR: fine-tuning transfer (temporal A->B, spatial merging A||B) + elastic SRTF")
+register("ymir-temporal", _lazy("ymir", "Ymir", spatial=False),
+         "YMIR without merging: temporal transfer from finished siblings + elastic SRTF")
+register("ymir-spatial", _lazy("ymir", "Ymir", temporal=False),
+         "YMIR without temporal transfer: spatial merging (A||B) + elastic SRTF")
+register("ymir-normal", _lazy("ymir", "Ymir", temporal=False, spatial=False),
+         "YMIR's elastic SRTF alone (no transfer): the ablation of its modes")
+register("crius-greedy", _formulation(backend="greedy"),
          "Crius algorithm 1: GreedyCells with search depth on the candidate graph")
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")
-register("apportion", _lazy("optimising", "Optimising"), "run_round: cell formulation + solver chain")
-register("apportion-na", _lazy("optimising", "Optimising", no_scaling=True),
-         "ablation: no GPU-count scaling")
-register("apportion-nh", _lazy("optimising", "Optimising", no_hetero=True),
-         "ablation: no heterogeneity scaling")
+register("apportion", _formulation(), "apportion: the cell formulation + solver chain")
+register("apportion-plans", _formulation(formulation="plans"),
+         "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, SLAs)")
+register("apportion-deadline", _formulation(formulation="deadline"),
+         "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain")
+register("apportion-na", _formulation(no_scaling=True), "ablation: no GPU-count scaling")
+register("apportion-nh", _formulation(no_hetero=True), "ablation: no heterogeneity scaling")
 
 
-def make_policy(name: str, **options: Any) -> Any:
-    """Build the policy registered as ``name``; ``options`` go to its constructor."""
+def make_policy(name: str, config: Any = None, **options: Any) -> Any:
+    """Build the policy registered as ``name``; ``config`` is the driver's
+    :class:`apportion.round.RoundConfig` (apportion's policies read it), ``options`` go to
+    its constructor."""
     if name not in _FACTORIES:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_FACTORIES))}")
-    return _FACTORIES[name](**options)
+    return _FACTORIES[name](config, **options)
 
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]

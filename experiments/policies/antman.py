@@ -17,6 +17,7 @@ from typing import Any
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 from apportion.experiments.policies.morphling import plan_rate
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
@@ -26,7 +27,7 @@ class AntMan:
     def __init__(self, quota: dict[str, int] | None = None) -> None:
         self.quota = quota if quota is not None else {"A": 64}
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         pk = Packer(state.cluster)
         chosen: dict[str, Choice] = {}
@@ -40,46 +41,46 @@ class AntMan:
                                    js.plan_code)
 
         for js in state.jobs:
-            if js.alloc is not None and js.job.guaranteed:
+            if js.alloc is not None and js.spec.guaranteed:
                 keep(js)
-                used[js.job.tenant] = used.get(js.job.tenant, 0) + js.alloc.gpus
-        be_running = sorted((js for js in state.jobs if js.alloc is not None and not js.job.guaranteed),
+                used[js.spec.tenant] = used.get(js.spec.tenant, 0) + js.alloc.gpus
+        be_running = sorted((js for js in state.jobs if js.alloc is not None and not js.spec.guaranteed),
                             key=lambda js: -(js.first_start or 0.0))
         for js in be_running:
             keep(js)
         for js in state.jobs:
-            if js.id in chosen or not js.job.guaranteed:
+            if js.id in chosen or not js.spec.guaranteed:
                 continue
             t, _ = requested_type(state, js)
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
                 continue
-            q = self.quota.get(js.job.tenant, 0)
-            if used.get(js.job.tenant, 0) + js.job.gpus > q:
-                reasons[js.id] = (Reason.QUOTA, f"tenant {js.job.tenant} quota {q} GPUs in use")
+            q = self.quota.get(js.spec.tenant, 0)
+            if used.get(js.spec.tenant, 0) + js.spec.requested_gpus > q:
+                reasons[js.id] = (Reason.QUOTA, f"tenant {js.spec.tenant} quota {q} GPUs in use")
                 continue
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             while p is None and be_running:  # preempt opportunistic jobs, newest first
                 victim = be_running.pop(0)
                 if victim.id in chosen and chosen[victim.id].gpu_type == t:
                     pk.release(chosen.pop(victim.id).placement)
-                    p = pk.place(t, js.job.gpus)
+                    p = pk.place(t, js.spec.requested_gpus)
             if p is None:
                 continue
-            used[js.job.tenant] = used.get(js.job.tenant, 0) + js.job.gpus
-            chosen[js.id] = Choice(t, js.job.gpus, p, plan_rate(state, js, t, js.job.gpus,
-                                                                 plan=js.job.plan, placement=p),
-                                   code=js.job.plan)
+            used[js.spec.tenant] = used.get(js.spec.tenant, 0) + js.spec.requested_gpus
+            chosen[js.id] = Choice(t, js.spec.requested_gpus, p, plan_rate(state, js, t, js.spec.requested_gpus,
+                                                                 plan=js.plan_hint, placement=p),
+                                   code=js.plan_hint)
         for js in state.jobs:
-            if js.id in chosen or js.job.guaranteed or js.id in reasons:
+            if js.id in chosen or js.spec.guaranteed or js.id in reasons:
                 continue
             t, _ = requested_type(state, js)
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
                 continue
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             if p is not None:
-                chosen[js.id] = Choice(t, js.job.gpus, p, plan_rate(state, js, t, js.job.gpus,
-                                                                     plan=js.job.plan, placement=p),
-                                       code=js.job.plan)
+                chosen[js.id] = Choice(t, js.spec.requested_gpus, p, plan_rate(state, js, t, js.spec.requested_gpus,
+                                                                     plan=js.plan_hint, placement=p),
+                                       code=js.plan_hint)
         return build_decision(state, chosen, self.name, t0, reasons)

@@ -23,6 +23,7 @@ from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 
+from apportion.view import View
 from apportion.decision import Action, Decision, Pending, Reason
 
 
@@ -42,24 +43,25 @@ class ElasticFlow:
         self.name = "elasticflow-ls" if loosened else "elasticflow"
 
     def _deadline(self, js: Any) -> float:
-        j = js.job
-        if j.deadline_s is not None:
-            return j.deadline_s
-        return j.submit_s + self.default_slack * (j.duration_s or 86400.0)
+        if js.spec.deadline_s is not None:
+            return js.spec.deadline_s
+        duration = getattr(js.trace, "duration_s", None) or 86400.0  # the trace's, where known
+        return js.spec.submit_time_s + self.default_slack * duration
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
+        now = state.now
         t0 = time.perf_counter()
         cap = dict(state.capacity)
         plan: dict[str, tuple[str, int, list[int]]] = {}
         drops: list[str] = []
         reasons: dict[str, tuple[Reason, str]] = {}
-        order = sorted(state.jobs, key=lambda js: (self._deadline(js), js.job.submit_s, js.id))
+        order = sorted(state.jobs, key=lambda js: (self._deadline(js), js.spec.submit_time_s, js.id))
         for js in order:
             t = js.alloc.gpu_type if js.alloc is not None else requested_type(state, js)[0]
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
                 continue
-            sizes = [g for g in _powers(min(cap[t], self.max_scale * js.job.gpus))
+            sizes = [g for g in _powers(min(cap[t], self.max_scale * js.spec.requested_gpus))
                      if state.rate(js, t, g) > 0]
             if not sizes:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, f"runs on no GPU count of {t}")

@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
@@ -26,7 +26,7 @@ class FCFS:
         self.backfill = backfill
         self.name = "fcfs-backfill" if backfill else "fcfs"
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         pk = Packer(state.cluster)
         chosen: dict[str, Choice] = {}
@@ -47,19 +47,19 @@ class FCFS:
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type at its request")
                 continue
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             if p is None:
                 if not self.backfill:
                     blocked = True
                 continue
-            chosen[js.id] = Choice(t, js.job.gpus, p, r)
+            chosen[js.id] = Choice(t, js.spec.requested_gpus, p, r)
         return build_decision(state, chosen, self.name, t0, reasons)
 
 
 class SRTF:
     name = "srtf"
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         pk = Packer(state.cluster)
         ranked = []
@@ -71,7 +71,7 @@ class SRTF:
                 continue
             if js.alloc is not None and state.rate(js, js.alloc.gpu_type, js.alloc.gpus) > 0:
                 t, r = js.alloc.gpu_type, state.rate(js, js.alloc.gpu_type, js.alloc.gpus)
-            ranked.append((js.remaining / r, js.job.submit_s, js.id, js, t, r))
+            ranked.append((js.remaining / r, js.spec.submit_time_s, js.id, js, t, r))
         ranked.sort(key=lambda x: x[:3])
         chosen: dict[str, Choice] = {}
         keep = {}
@@ -79,19 +79,19 @@ class SRTF:
         budget = dict(state.capacity)
         winners = []
         for _, _, _, js, t, r in ranked:
-            if budget.get(t, 0) >= js.job.gpus:
-                budget[t] -= js.job.gpus
+            if budget.get(t, 0) >= js.spec.requested_gpus:
+                budget[t] -= js.spec.requested_gpus
                 winners.append((js, t, r))
         for js, t, r in winners:
             a = js.alloc
-            if a is not None and a.gpu_type == t and a.gpus == js.job.gpus and pk.fits(a.placement):
+            if a is not None and a.gpu_type == t and a.gpus == js.spec.requested_gpus and pk.fits(a.placement):
                 pk.take(a.placement)
                 keep[js.id] = Choice(t, a.gpus, dict(a.placement), r, a.plan, js.plan_code)
         chosen.update(keep)
         for js, t, r in winners:
             if js.id in chosen:
                 continue
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             if p is not None:
-                chosen[js.id] = Choice(t, js.job.gpus, p, r)
+                chosen[js.id] = Choice(t, js.spec.requested_gpus, p, r)
         return build_decision(state, chosen, self.name, t0, reasons)

@@ -15,10 +15,10 @@ GPU to one job (see GAVEL_FIDELITY.md).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
@@ -29,7 +29,8 @@ class GandivaIntrospective:
         self.slice_rounds = slice_rounds
         self.migrations = migrations_per_round
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
+        now = state.now
         t0 = time.perf_counter()
         types = sorted(state.capacity)
         waiting = [js for js in state.jobs if js.alloc is None]
@@ -56,18 +57,18 @@ class GandivaIntrospective:
                 pk.take(place)
             chosen[js.id] = Choice(a.gpu_type, a.gpus, place, js.est_rate, a.plan, js.plan_code)
         reasons = {}
-        queue = sorted(waiting, key=lambda j: (j.memo.get("last_run", -1.0), j.job.submit_s, j.id))
+        queue = sorted(waiting, key=lambda j: (j.memo.get("last_run", -1.0), j.spec.submit_time_s, j.id))
         queue += [js for js in state.jobs if js.id in suspended]
         for js in queue:
             for t in types:
-                if state.rate(js, t, js.job.gpus) <= 0:
+                if state.rate(js, t, js.spec.requested_gpus) <= 0:
                     continue
-                p = pk.place(t, js.job.gpus)
+                p = pk.place(t, js.spec.requested_gpus)
                 if p is not None:
-                    chosen[js.id] = Choice(t, js.job.gpus, p, state.rate(js, t, js.job.gpus))
+                    chosen[js.id] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus))
                     break
             else:
-                if not any(state.rate(js, t, js.job.gpus) > 0 for t in types):
+                if not any(state.rate(js, t, js.spec.requested_gpus) > 0 for t in types):
                     reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
         for js in state.jobs:
             if js.id in chosen:

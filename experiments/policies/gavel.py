@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 from apportion.experiments.policies.base import Choice, Packer, build_decision, type_order
 
+from apportion.view import View
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.formulations.gavel import isolated_max_min, max_min_fairness, max_sum_throughput
 from apportion.solvers.cvx import solve_cvxpy
@@ -78,7 +79,7 @@ class GavelRound:
         raise NotImplementedError
 
     def _throughputs(self, state: Any, jobs: list[Any], types: list[str]) -> np.ndarray:
-        return np.array([[state.rate(js, t, js.job.gpus) for t in types] for js in jobs])
+        return np.array([[state.rate(js, t, js.spec.requested_gpus) for t in types] for js in jobs])
 
     # -- bookkeeping -------------------------------------------------------------------
     def _account(self, state: Any, types: list[str]) -> None:
@@ -108,7 +109,8 @@ class GavelRound:
         self.last_reset = now
 
     # -- one round -----------------------------------------------------------------------
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
+        now = state.now
         t0 = time.perf_counter()
         rs = self.round_s or state.interval_s
         types = type_order(state.cluster)
@@ -122,8 +124,8 @@ class GavelRound:
                 self.deficit.pop(gone, None)
             tl = time.perf_counter()
             T = self._throughputs(state, state.jobs, types)
-            sf = np.array([float(js.job.gpus) for js in state.jobs])
-            w = np.array([float(js.job.priority_weight) for js in state.jobs])
+            sf = np.array([float(js.spec.requested_gpus) for js in state.jobs])
+            w = np.array([float(js.spec.priority_weight) for js in state.jobs])
             X = self.allocation(state, state.jobs, types, T, sf, w)
             self.lp_s = time.perf_counter() - tl
             self.X = {js.id: {t: float(X[i, k]) for k, t in enumerate(types)}
@@ -135,7 +137,7 @@ class GavelRound:
                 x = self.X.get(js.id, {}).get(t, 0.0)
                 wt = self.worker_time.get(t, 0.0)
                 frac = self.job_time[js.id][t] / wt if wt > 0 else 0.0
-                if x == 0.0 or state.rate(js, t, js.job.gpus) <= 0:
+                if x == 0.0 or state.rate(js, t, js.spec.requested_gpus) <= 0:
                     p = 0.0
                 elif frac > 0:
                     p = x / frac
@@ -155,13 +157,13 @@ class GavelRound:
         picked: dict[str, str] = {}
         for jid, t, p, _, _ in queue:
             js = by_id[jid]
-            if left.get(t, 0) == 0 or jid in picked or state.rate(js, t, js.job.gpus) <= 0:
+            if left.get(t, 0) == 0 or jid in picked or state.rate(js, t, js.spec.requested_gpus) <= 0:
                 continue
             if self.fifo and p <= 0.0:
                 continue
-            if js.job.gpus > left[t]:
+            if js.spec.requested_gpus > left[t]:
                 continue
-            left[t] -= js.job.gpus
+            left[t] -= js.spec.requested_gpus
             picked[jid] = t
         # placement: keepers first, then the largest jobs first (least fragmentation)
         pk = Packer(state.cluster)
@@ -171,16 +173,17 @@ class GavelRound:
             if a is not None and a.gpu_type == t and pk.fits(a.placement):
                 pk.take(a.placement)
                 chosen[jid] = Choice(t, a.gpus, dict(a.placement), state.rate(by_id[jid], t, a.gpus))
-        for jid, t in sorted(picked.items(), key=lambda kv: (-by_id[kv[0]].job.gpus, kv[0])):
+        for jid, t in sorted(picked.items(), key=lambda kv: (-by_id[kv[0]].spec.requested_gpus, kv[0])):
             if jid in chosen:
                 continue
             js = by_id[jid]
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             if p is not None:
-                chosen[jid] = Choice(t, js.job.gpus, p, state.rate(js, t, js.job.gpus, p))
+                chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
         reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
                    for jid in by_id if jid not in chosen}
-        rep = SolveReport(self.lp_solver or self.name, "optimal" if self.lp_solver else "feasible",
+        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name,
+                          "optimal" if self.lp_solver else "feasible",
                           None, None, None, time.perf_counter() - t0, False)
         return build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
 
@@ -223,20 +226,20 @@ class GavelFIFO(GavelRound):
         self.assigned = {k: v for k, v in self.assigned.items() if k in ids}
         avail = dict(state.capacity)
         for jid, t in self.assigned.items():
-            avail[t] -= next(js.job.gpus for js in jobs if js.id == jid)
+            avail[t] -= next(js.spec.requested_gpus for js in jobs if js.id == jid)
         rng = np.random.default_rng([state.seed, 7, len(self.assigned), state.round_index])
-        for i, js in sorted(enumerate(jobs), key=lambda ij: (ij[1].job.submit_s, ij[1].id)):
+        for i, js in sorted(enumerate(jobs), key=lambda ij: (ij[1].spec.submit_time_s, ij[1].id)):
             if js.id in self.assigned:
                 continue
-            if not any(avail.get(t, 0) >= js.job.gpus for t in types):
+            if not any(avail.get(t, 0) >= js.spec.requested_gpus for t in types):
                 break
             # deviation: only types the job can run on (Gavel draws among all free types)
-            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= js.job.gpus and T[i, k] > 0)
+            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= js.spec.requested_gpus and T[i, k] > 0)
             if not ok:
                 break
             t = ok[int(rng.integers(len(ok)))]
             self.assigned[js.id] = t
-            avail[t] -= js.job.gpus
+            avail[t] -= js.spec.requested_gpus
         X = np.zeros(T.shape)
         for i, js in enumerate(jobs):
             if js.id in self.assigned:

@@ -28,11 +28,12 @@ from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
 def is_morphling(state: Any) -> bool:
-    base = getattr(state.view, "base", state.view)
+    base = getattr(state.rates, "base", state.rates)
     return getattr(base, "name", "") == "morphling"
 
 
@@ -53,11 +54,11 @@ def best_plan(state: Any, js: Any, g: int, placement: dict[str, int] | None,
         return None
     from apportion.experiments.groundtruth import is_dp_plan
 
-    base = state.view.base
+    base = state.rates.base
     shape = tuple(sorted((placement or {}).values(), reverse=True))
-    rows = [(t, p) for p, pl, t in base.rows.get(js.job.job_type, [])
+    rows = [(t, p) for p, pl, t in base.rows.get(js.key, [])
             if sum(pl) == g and (not dp_only or is_dp_plan(p))]
-    exact = [(t, p) for p, pl, t in base.rows.get(js.job.job_type, [])
+    exact = [(t, p) for p, pl, t in base.rows.get(js.key, [])
              if pl == shape and (not dp_only or is_dp_plan(p))]
     pick = exact or rows
     return min(pick)[1] if pick else None
@@ -74,7 +75,7 @@ class MorphlingSlope:
         self.max_scale = max_scale
         self.quota = quota if quota is not None else {"A": 64}
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         reasons: dict[str, tuple[Reason, str]] = {}
         info: dict[str, tuple[str, list[int], dict[int, float], float, int]] = {}
@@ -83,16 +84,16 @@ class MorphlingSlope:
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
                 continue
-            upto = min(state.capacity[t], max(js.job.gpus * self.max_scale, js.job.gpus))
+            upto = min(state.capacity[t], max(js.spec.requested_gpus * self.max_scale, js.spec.requested_gpus))
             counts = valid_counts(state, js, t, upto)
             if not counts:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "no valid GPU count")
                 continue
             curve = {g: plan_rate(state, js, t, g) for g in counts}
-            ref = plan_rate(state, js, t, js.job.gpus, plan=js.job.plan) or curve[counts[0]]
+            ref = plan_rate(state, js, t, js.spec.requested_gpus, plan=js.plan_hint) or curve[counts[0]]
             minres = 0
-            if js.job.guaranteed:
-                minres = next((g for g in counts if curve[g] >= ref * 0.999), js.job.gpus)
+            if js.spec.guaranteed:
+                minres = next((g for g in counts if curve[g] >= ref * 0.999), js.spec.requested_gpus)
             info[js.id] = (t, counts, curve, ref, minres)
         alloc: dict[str, int] = {jid: 0 for jid in info}
         free = dict(state.capacity)
@@ -141,15 +142,15 @@ class MorphlingSlope:
                 alloc[other] = lower
 
         quota_used: dict[str, int] = {}
-        privileged = [jid for jid in info if by_id[jid].job.guaranteed]
-        for jid in sorted(privileged, key=lambda j: (by_id[j].job.submit_s, j)):
-            tenant = by_id[jid].job.tenant
+        privileged = [jid for jid in info if by_id[jid].spec.guaranteed]
+        for jid in sorted(privileged, key=lambda j: (by_id[j].spec.submit_time_s, j)):
+            tenant = by_id[jid].spec.tenant
             q = self.quota.get(tenant, 0)
             if quota_used.get(tenant, 0) + info[jid][4] <= q:
                 quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][4]
                 schedule(jid)
         rest = [jid for jid in info if jid not in privileged or alloc[jid] == 0]
-        rest.sort(key=lambda j: (-slope(j, alloc[j]), by_id[j].job.submit_s, j))
+        rest.sort(key=lambda j: (-slope(j, alloc[j]), by_id[j].spec.submit_time_s, j))
         for jid in rest:
             schedule(jid)
         pk = Packer(state.cluster)

@@ -22,6 +22,7 @@ from apportion.experiments.policies.base import Choice, Packer, build_decision
 from apportion.experiments.policies.morphling import best_plan, plan_rate
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from apportion.view import View
 from apportion.decision import Decision, Reason, SolveReport
 
 
@@ -39,19 +40,19 @@ class SiaLike:
         opts = []
         for t, cap in state.capacity.items():
             g = 1
-            while g <= min(cap, self.max_scale * js.job.gpus):
+            while g <= min(cap, self.max_scale * js.spec.requested_gpus):
                 r = plan_rate(state, js, t, g, dp_only=True)
                 if r > 0:
                     opts.append((t, g, r, True))
                 g *= 2
         if not opts:  # no DP plan runs: the job's own (3D) plan, scaling disabled
             for t in state.capacity:
-                r = plan_rate(state, js, t, js.job.gpus, plan=js.job.plan)
+                r = plan_rate(state, js, t, js.spec.requested_gpus, plan=js.plan_hint)
                 if r > 0:
-                    opts.append((t, js.job.gpus, r, False))
+                    opts.append((t, js.spec.requested_gpus, r, False))
         return opts
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         types = sorted(state.capacity)
         cols: list[tuple[Any, str, int, float, bool]] = []
@@ -63,7 +64,7 @@ class SiaLike:
                 continue
             base = min(r / g for _, g, r, _ in opts)
             for t, g, r, dp in opts:
-                cols.append((js, t, g, r / max(base, 1e-12) / max(1, js.job.gpus), dp))
+                cols.append((js, t, g, r / max(base, 1e-12) / max(1, js.spec.requested_gpus), dp))
         if not cols:
             return build_decision(state, {}, self.name, t0, reasons)
         n = len(cols)
@@ -95,7 +96,7 @@ class SiaLike:
                 continue
             p = pk.place(t, g)
             if p is not None:
-                code = best_plan(state, js, g, p, dp_only=True) if dp else js.job.plan
+                code = best_plan(state, js, g, p, dp_only=True) if dp else js.plan_hint
                 chosen[js.id] = Choice(t, g, p, plan_rate(state, js, t, g, code, placement=p),
                                        code=code)
         rep = SolveReport("highs-milp", "optimal" if res.status == 0 else "feasible",

@@ -12,18 +12,18 @@ remains is fixed GPUs, fixed plan, FIFO with backfill.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 from apportion.experiments.policies.morphling import plan_rate
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
 class Synergy:
     name = "synergy"
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         pk = Packer(state.cluster)
         chosen: dict[str, Choice] = {}
@@ -40,11 +40,11 @@ class Synergy:
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type")
                 continue
-            p = pk.place(t, js.job.gpus)
+            p = pk.place(t, js.spec.requested_gpus)
             if p is None:
                 continue
             cpus = sum(state.cluster.nodes[n].cpus * k // state.cluster.nodes[n].gpus
                        for n, k in p.items())
-            r = plan_rate(state, js, t, js.job.gpus, plan=js.job.plan, placement=p)
-            chosen[js.id] = Choice(t, js.job.gpus, p, r, code=js.job.plan, cpus=cpus)
+            r = plan_rate(state, js, t, js.spec.requested_gpus, plan=js.plan_hint, placement=p)
+            chosen[js.id] = Choice(t, js.spec.requested_gpus, p, r, code=js.plan_hint, cpus=cpus)
         return build_decision(state, chosen, self.name, t0, reasons)

@@ -17,6 +17,7 @@ from typing import Any
 
 from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
 
+from apportion.view import View
 from apportion.decision import Decision, Reason
 
 
@@ -29,14 +30,15 @@ class Tiresias:
         self.starvation = starvation_factor
 
     def queue_of(self, js: Any, now: float) -> int:
-        waited = now - js.job.submit_s - js.run_seconds
+        waited = now - js.spec.submit_time_s - js.run_seconds
         if js.run_seconds > 0 and waited > self.starvation * js.run_seconds:
             return 0
         return sum(1 for th in self.thresholds if js.gpu_seconds >= th)
 
-    def decide(self, state: Any, now: float) -> Decision:
+    def decide(self, state: View) -> Decision:
+        now = state.now
         t0 = time.perf_counter()
-        order = sorted(state.jobs, key=lambda js: (self.queue_of(js, now), js.job.submit_s, js.id))
+        order = sorted(state.jobs, key=lambda js: (self.queue_of(js, now), js.spec.submit_time_s, js.id))
         budget = dict(state.capacity)
         winners, reasons = [], {}
         for js in order:
@@ -47,14 +49,14 @@ class Tiresias:
             if t is None:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "runs on no GPU type at its request")
                 continue
-            if budget.get(t, 0) < js.job.gpus:
-                alt = [x for x in sorted(budget) if budget[x] >= js.job.gpus
-                       and state.rate(js, x, js.job.gpus) > 0] if js.alloc is None else []
+            if budget.get(t, 0) < js.spec.requested_gpus:
+                alt = [x for x in sorted(budget) if budget[x] >= js.spec.requested_gpus
+                       and state.rate(js, x, js.spec.requested_gpus) > 0] if js.alloc is None else []
                 if not alt:
                     continue
                 t = alt[0]
-                r = state.rate(js, t, js.job.gpus)
-            budget[t] -= js.job.gpus
+                r = state.rate(js, t, js.spec.requested_gpus)
+            budget[t] -= js.spec.requested_gpus
             winners.append((js, t, r))
         pk = Packer(state.cluster)
         chosen: dict[str, Choice] = {}
@@ -65,7 +67,7 @@ class Tiresias:
                 chosen[js.id] = Choice(t, a.gpus, dict(a.placement), r, a.plan, js.plan_code)
         for js, t, r in winners:
             if js.id not in chosen:
-                p = pk.place(t, js.job.gpus)
+                p = pk.place(t, js.spec.requested_gpus)
                 if p is not None:
-                    chosen[js.id] = Choice(t, js.job.gpus, p, r)
+                    chosen[js.id] = Choice(t, js.spec.requested_gpus, p, r)
         return build_decision(state, chosen, self.name, t0, reasons)

@@ -1,0 +1,82 @@
+"""Admission, written once: which jobs may enter this round at all.
+
+The first stage of every round (``apportion.round``). A job is refused
+before any candidate is built when it can never be planned on this cluster
+as submitted: its model or GPU type is not in the catalog, or it asks for
+more GPUs than the cluster has. Each refusal is a typed
+:class:`~apportion.decision.Pending` naming the stage (``admit``) and saying
+the job can never fit (Kubernetes' UnschedulableAndUnresolvable), so
+operators see why and simulators never wait on it.
+
+Admission also reconciles running jobs with the cluster the round sees: a
+job said to run on a node that is gone (a node fault removed it from the
+effective cluster) or on a GPU type the cluster lacks no longer runs; it is
+admitted as a queued job that resumes from its checkpoint.
+
+Memory fit and deadlines need estimates; they are the candidates stage's
+reasons (``no-fit-memory``, ``deadline-unmeetable``), not admission's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from apportion.cluster import Cluster
+from apportion.decision import Pending, Reason
+from apportion.errors import CatalogError
+from apportion.gpus import canonical_gpu_name
+from apportion.jobs import JobSpec
+from apportion.models import get_model
+
+
+@dataclass
+class Admission:
+    admitted: list[JobSpec]
+    refused: list[Pending] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)  # ran on nodes the cluster no longer has
+
+
+def catalog_problem(job: JobSpec) -> str | None:
+    """Why ``job`` cannot be planned from the catalog (None: it can)."""
+    try:
+        get_model(job.model)
+        if job.requested_gpu_type:
+            canonical_gpu_name(job.requested_gpu_type)
+    except CatalogError as exc:
+        return str(exc)
+    return None
+
+
+def _runs_on(job: JobSpec, cluster: Cluster) -> bool:
+    r = job.running
+    assert r is not None
+    if r.gpu_type not in cluster.capacity_by_type():
+        return False
+    return all(n in cluster.nodes and cluster.nodes[n].gpu_type == r.gpu_type
+               and cluster.nodes[n].gpus >= k for n, k in r.placement.items())
+
+
+def admit(cluster: Cluster, jobs: list[JobSpec], catalog: bool = True) -> Admission:
+    """Split ``jobs`` into those the round plans and typed refusals (stage ``admit``).
+
+    ``catalog=False`` where rates come from measurements keyed by the trace's own job
+    types (a replay of a trace whose models are not catalog names)."""
+    total = cluster.total_gpus
+    out = Admission([])
+    for job in jobs:
+        problem = catalog_problem(job) if catalog else None
+        if problem is not None:
+            out.refused.append(Pending(job.id, Reason.CATALOG, problem, stage="admit",
+                                       can_ever_fit=False))
+            continue
+        if job.requested_gpus > total:
+            out.refused.append(Pending(
+                job.id, Reason.TOO_LARGE, f"asks for {job.requested_gpus} GPUs; the cluster has "
+                f"{total}", stage="admit", can_ever_fit=False))
+            continue
+        if job.running is not None and not _runs_on(job, cluster):
+            job = dataclasses.replace(job, running=None)
+            out.requeued.append(job.id)
+        out.admitted.append(job)
+    return out

@@ -1,0 +1,231 @@
+"""The terminal side of the command line: safe text, logging, progress.
+
+* :func:`printable` escapes control and format characters (an ANSI escape, a
+  bell, a bidirectional override) so that text from a file or from an older
+  store row can never drive the operator's terminal; ids, error messages and
+  log lines all go through it.
+* :func:`setup_logging` sends the ``apportion`` loggers to stderr (level from
+  ``-v`` or ``$APPORTION_LOG``), escaped the same way. Library modules only log
+  through ``logging.getLogger(__name__)``.
+* :class:`Progress` reports a long command's progress on stderr: a rich bar on
+  a terminal, a plain line every few seconds otherwise (a CI log, a pipe), so
+  stdout keeps only the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import unicodedata
+from types import TracebackType
+from typing import Any, Self
+
+from rich.console import Console
+
+LOGGER = "apportion"
+_ESCAPED = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+def printable(text: object, keep_newlines: bool = True) -> str:
+    """``text`` with every control or format character written as an escape (``\\x1b``).
+
+    Newlines and tabs stay when ``keep_newlines`` (a multi-line message); for an id
+    pass ``False``.
+    """
+    s = str(text)
+    if s.isprintable() and "\n" not in s:
+        return s
+    out = []
+    for c in s:
+        if c in "\n\t" and keep_newlines:
+            out.append(c)
+        elif c != " " and unicodedata.category(c) in _ESCAPED:
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def stdout_console() -> Console:
+    """A console on the current stdout (CliRunner and pipes swap it, so never cached)."""
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def err_line(text: str) -> None:
+    """One plain line on stderr (escaped, no markup)."""
+    sys.stderr.write(printable(text) + "\n")
+    sys.stderr.flush()
+
+
+# -- logging ----------------------------------------------------------------------------------
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is now, with non-printable characters escaped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
+_handler: _StderrHandler | None = None
+
+
+def log_level(verbose: bool = False) -> int:
+    """``-v``: INFO; else ``$APPORTION_LOG`` (DEBUG, INFO, WARNING, ERROR or a number); else
+    WARNING."""
+    env = os.environ.get("APPORTION_LOG", "").strip().upper()
+    level = logging.WARNING
+    if env:
+        level = int(env) if env.isdigit() else logging.getLevelName(env)
+        if not isinstance(level, int):
+            level = logging.WARNING
+    if verbose:
+        level = min(level, logging.INFO)
+    return level
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Attach one stderr handler to the ``apportion`` logger and set its level."""
+    global _handler
+    logger = logging.getLogger(LOGGER)
+    if _handler is None:
+        _handler = _StderrHandler()
+        _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(_handler)  # records still propagate (pytest's caplog, embedders)
+    logger.setLevel(log_level(verbose))
+
+
+def verbose_requested(argv: list[str]) -> bool:
+    """Whether a command line asks for tracebacks (``-v``/``--verbose``, or APPORTION_LOG=DEBUG)."""
+    if os.environ.get("APPORTION_LOG", "").strip().upper() == "DEBUG":
+        return True
+    return any(a in ("-v", "--verbose") for a in argv)
+
+
+# -- progress ---------------------------------------------------------------------------------
+def progress_interval_s() -> float:
+    """Seconds between plain progress lines (``$APPORTION_PROGRESS_S``, default 10)."""
+    try:
+        return max(0.0, float(os.environ.get("APPORTION_PROGRESS_S", "10")))
+    except ValueError:
+        return 10.0
+
+
+class Progress:
+    """Progress of one long command on stderr.
+
+    ``update(done, total)`` with counts where the work has them; with
+    ``heartbeat=True`` a background thread also reports the elapsed time, for
+    work that has no counts (a benchmark grid, a solver). On a terminal a rich
+    bar; otherwise a plain line at most every :func:`progress_interval_s`
+    seconds, and one at the end.
+    """
+
+    def __init__(self, description: str, total: int | None = None, unit: str = "",
+                 heartbeat: bool = False, enabled: bool = True) -> None:
+        self.description = printable(description, keep_newlines=False)
+        self.total = total
+        self.unit = unit
+        self.done = 0
+        self.enabled = enabled
+        self.heartbeat = heartbeat
+        self.tty = sys.stderr.isatty()
+        self.interval = progress_interval_s()
+        self._t0 = time.monotonic()
+        self._last = -1e18
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rich: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Self:
+        if not self.enabled:
+            return self
+        self._t0 = time.monotonic()
+        if self.tty:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self._rich = RichProgress(SpinnerColumn(), TextColumn("{task.description}"),
+                                      BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      console=stderr_console(), transient=False)
+            self._rich.start()
+            self._task = self._rich.add_task(self.description, total=self.total)
+        else:
+            self._line(force=True)
+            if self.heartbeat:
+                self._thread = threading.Thread(target=self._beat, daemon=True,
+                                                name="apportion-progress")
+                self._thread.start()
+        return self
+
+    def update(self, done: float, total: float | None = None) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self.done = int(done)
+            if total is not None:
+                self.total = int(total)
+            if self._rich is not None:
+                self._rich.update(self._task, completed=self.done, total=self.total)
+            else:
+                self._line()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(max(0.05, self.interval)):
+            with self._lock:
+                self._line()
+
+    def _line(self, force: bool = False, final: str = "") -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        self._last = now
+        count = ""
+        if self.total:
+            count = f" {self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
+        elif self.done:
+            count = f" {self.done}{' ' + self.unit if self.unit else ''}"
+        sys.stderr.write(f"{self.description}:{count}{',' if count else ''} "
+                         f"{final or 'running'}, {now - self._t0:.0f} s\n")
+        sys.stderr.flush()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self.enabled:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._rich is not None:
+            self._rich.stop()
+        else:
+            with self._lock:
+                self._line(force=True, final="failed" if exc_type else "done")
+
+
+__all__ = ["Progress", "err_line", "log_level", "printable", "setup_logging", "stderr_console",
+           "stdout_console", "verbose_requested"]

@@ -1,0 +1,135 @@
+"""Lookup tables of measured iteration times, with interpolation: the ``tables`` estimator.
+
+Rows are measurements ``(model, global batch, GPU type, GPUs, iteration time)``
+— from the state store's estimator samples (what ``apportion run`` measured on
+this cluster) or a CSV an operator keeps. A cell is answered from the rows of
+its model and GPU type (batch size matching when the table has it): an exact
+GPU count returns the fastest measurement; another count is interpolated in
+log-log space between the nearest measured counts below and above, and
+extrapolated from the nearest one with the measured scaling exponent (capped
+at linear) outside them. A model or GPU type without rows has no estimate
+(``None``), which is what lets ``auto`` fall back to another estimator.
+
+Memory is not measured by a time table; a measured configuration ran, so it is
+feasible, and an interpolated one is taken to be feasible too.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from apportion.cluster import Cluster
+from apportion.errors import InputError
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.jobs import JobSpec
+from apportion.plans import Cell, ExecutionPlan
+
+Row = tuple[str, int | None, str, int, float]  # model, batch (None: any), GPU type, GPUs, iter s
+
+
+class TableEstimator(ParamsMixin):
+    """Measured iteration times per (model, batch, GPU type, GPU count), interpolated."""
+
+    def __init__(self, rows: Iterable[Row] = ()) -> None:
+        self.rows = tuple(rows)
+
+    # -- building ---------------------------------------------------------------------
+    @classmethod
+    def from_store_samples(cls, samples: Iterable[Mapping[str, Any]],
+                           batches: Mapping[str, int] | None = None) -> TableEstimator:
+        """Rows from ``StateStore.samples()`` (``batches``: job id -> global batch)."""
+        rows: list[Row] = []
+        for s in samples:
+            batch = (batches or {}).get(str(s.get("job")))
+            rows.append((str(s["model"]), batch, str(s["gpu_type"]), int(s["gpus"]),
+                         float(s["iter_time_s"])))
+        return cls(rows)
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> TableEstimator:
+        """A CSV with columns model, gpu_type, gpus, iter_time_s (and optionally
+        global_batch_size); errors name the file, the row and the column."""
+        rows: list[Row] = []
+        src = str(path)
+        try:
+            fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+        with fh:
+            reader = csv.DictReader(fh)
+            need = {"model", "gpu_type", "gpus", "iter_time_s"}
+            missing = need - set(reader.fieldnames or [])
+            if missing:
+                raise InputError(src, "(header)", f"missing columns {', '.join(sorted(missing))}")
+            for i, r in enumerate(reader, start=2):
+                try:
+                    gpus, t = int(r["gpus"]), float(r["iter_time_s"])
+                    batch = int(r["global_batch_size"]) if r.get("global_batch_size") else None
+                except ValueError as exc:
+                    raise InputError(src, f"line {i}", str(exc)) from None
+                if gpus <= 0 or not (math.isfinite(t) and t > 0):
+                    raise InputError(src, f"line {i}", "gpus and iter_time_s must be positive")
+                rows.append((r["model"], batch, r["gpu_type"], gpus, t))
+        return cls(rows)
+
+    # -- the estimator protocol -------------------------------------------------------
+    def fit(self, samples: Iterable[Sample]) -> TableEstimator:
+        """Add measured samples as rows (a table learns by remembering)."""
+        self.rows_ = tuple(getattr(self, "rows_", ())) + tuple(
+            (s.job.model, s.job.global_batch_size, s.gpu_type,
+             sum(int(v) for v in s.placement.values()) or s.plan.gpus, float(s.iter_time_s))
+            for s in samples if s.iter_time_s > 0)
+        return self
+
+    def _points(self, model: str, batch: int, gpu_type: str) -> dict[int, float]:
+        pts: dict[int, float] = {}
+        for m, b, t, g, s in self.rows + tuple(getattr(self, "rows_", ())):
+            if m == model and t == gpu_type and (b is None or b == batch):
+                pts[g] = min(s, pts.get(g, math.inf))
+        return pts
+
+    def has_data(self, job: JobSpec) -> bool:
+        return any(m == job.model and (b is None or b == job.global_batch_size)
+                   for m, b, _, _, _ in self.rows + tuple(getattr(self, "rows_", ())))
+
+    def iter_time(self, job: JobSpec, gpu_type: str, gpus: int) -> float | None:
+        pts = self._points(job.model, job.global_batch_size, gpu_type)
+        if not pts:
+            return None
+        if gpus in pts:
+            return pts[gpus]
+        lo = max((g for g in pts if g < gpus), default=None)
+        hi = min((g for g in pts if g > gpus), default=None)
+        if lo is not None and hi is not None:  # log-log interpolation of the time
+            w = math.log(gpus / lo) / math.log(hi / lo)
+            return math.exp((1 - w) * math.log(pts[lo]) + w * math.log(pts[hi]))
+        near = lo if lo is not None else hi
+        assert near is not None
+        others = sorted(g for g in pts if g != near)
+        exp = 1.0  # time ~ gpus^-exp; measured where two counts exist, at most linear
+        if others:
+            o = others[-1] if lo is not None else others[0]
+            exp = min(1.0, max(0.0, -math.log(pts[o] / pts[near]) / math.log(o / near)))
+        return pts[near] * (near / gpus) ** exp
+
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate:
+        node = next(iter(placement), None)
+        gpu_type = cluster.nodes[node].gpu_type if node in cluster.nodes else ""
+        t = self.iter_time(job, gpu_type, plan.gpus)
+        if t is None:
+            return Estimate(math.inf, 0.0, False, plan, job.global_batch_size, {"measured": 0.0})
+        return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0})
+
+    def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        if cell.gpus % cell.stages:
+            return None
+        t = self.iter_time(job, cell.gpu_type, cell.gpus)
+        if t is None:
+            return None
+        plan = ExecutionPlan(dp=cell.gpus // cell.stages, pp=cell.stages)
+        return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0})

@@ -1,0 +1,151 @@
+"""Estimators by name, and ``auto``: per job, the most accurate one that has data for it.
+
+``--estimator analytic|crius|morphling|tables|auto`` on every command that makes
+rounds resolves here. ``auto`` keeps one of each and picks per job (model):
+
+1. ``tables`` when measured iteration times exist for the job's model (and
+   batch) — a measurement of this very configuration beats any model;
+2. ``morphling`` (the fitted appendix-A model) when it has been fitted for the
+   model's architecture (k-parameters learned from profiles or run samples,
+   in memory or in its cache folder);
+3. ``crius`` (the cell estimator) when stage profiles of the model are cached
+   (``apportion profile`` writes them);
+4. ``analytic`` otherwise.
+
+The choice is recorded per job (``chosen_``) so a decision can say which
+estimator each allocation came from; each answer is memoised per (model,
+batch, cell) by the chosen estimator, so a long replay stays fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from apportion.cluster import Cluster
+from apportion.errors import InputError
+from apportion.estimation.analytic import AnalyticEstimator
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.measured import TableEstimator
+from apportion.jobs import JobSpec
+from apportion.plans import Cell, ExecutionPlan
+
+ESTIMATORS = ("analytic", "crius", "morphling", "tables", "auto")
+
+
+def make_estimator(name: str, tables: TableEstimator | None = None,
+                   cache_dir: str | None = None) -> Any:
+    """The estimator called ``name``; bad names are an :class:`InputError` on ``--estimator``."""
+    if name == "analytic":
+        return AnalyticEstimator()
+    if name == "crius":
+        from apportion.estimation.crius import CellEstimator
+
+        return CellEstimator()
+    if name == "morphling":
+        from apportion.estimation.morphling import MorphlingEstimator
+
+        return MorphlingEstimator(cache_dir=cache_dir)
+    if name == "tables":
+        if tables is None or not tables.rows:
+            raise InputError("--estimator", "estimator", "tables needs measured iteration times: "
+                             "give --tables FILE.csv (model, gpu_type, gpus, iter_time_s) or a "
+                             "--state store with samples from `apportion run`")
+        return tables
+    if name == "auto":
+        return AutoEstimator(tables=tables, cache_dir=cache_dir)
+    raise InputError("--estimator", "estimator",
+                     f"{name!r} is not one of {', '.join(ESTIMATORS)}")
+
+
+def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
+    """Whether ``apportion profile`` cached per-layer profiles of ``model``."""
+    from apportion.estimation.cache import DiskCache
+
+    return DiskCache(cache_dir).has("torch-layers", model=model)
+
+
+class AutoEstimator(ParamsMixin):
+    """Per job, the most accurate estimator with data for it (see the module docstring)."""
+
+    def __init__(self, tables: TableEstimator | None = None, cache_dir: str | None = None) -> None:
+        self.tables = tables
+        self.cache_dir = cache_dir
+
+    def _members(self) -> dict[str, Any]:
+        m = self.__dict__.get("members_")
+        if m is None:
+            from apportion.estimation.crius import CellEstimator
+            from apportion.estimation.morphling import MorphlingEstimator
+
+            m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(),
+                 "morphling": MorphlingEstimator(cache_dir=self.cache_dir),
+                 "tables": self.tables or TableEstimator()}
+            self.members_ = m
+        return m
+
+    def choose(self, job: JobSpec) -> str:
+        """The name of the estimator ``job`` is estimated with (remembered in ``chosen_``)."""
+        chosen: dict[str, str] = self.__dict__.setdefault("chosen_", {})
+        key = f"{job.model}|{job.global_batch_size}"
+        if key not in chosen:
+            m = self._members()
+            if m["tables"].has_data(job):
+                name = "tables"
+            elif self._morphling_fitted(job):
+                name = "morphling"
+            elif _has_stage_profiles(job.model, self.cache_dir):
+                name = "crius"
+            else:
+                name = "analytic"
+            chosen[key] = name
+        return chosen[key]
+
+    def _morphling_fitted(self, job: JobSpec) -> bool:
+        from apportion.estimation.morphling import Arch
+        from apportion.models import get_model
+
+        morph = self._members()["morphling"]
+        arch = Arch.from_spec(get_model(job.model)).name
+        return arch in getattr(morph, "k_", {}) or morph._load_cached(arch) is not None
+
+    def estimator_for(self, job: JobSpec) -> Any:
+        return self._members()[self.choose(job)]
+
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> AutoEstimator:
+        """Measured samples become table rows, Morphling fits and analytic calibration."""
+        samples = list(samples)
+        m = self._members()
+        m["tables"].fit(samples)
+        m["analytic"].fit(samples, cluster)
+        from apportion.estimation.morphling import Arch
+        from apportion.models import get_model
+
+        by_arch: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_arch.setdefault(Arch.from_spec(get_model(s.job.model)).name, []).append(s)
+        enough = [s for rows in by_arch.values() if len(rows) >= m["morphling"].min_samples
+                  for s in rows]  # an architecture with too few samples keeps its prior
+        if enough:
+            m["morphling"].fit(enough)
+        self.__dict__.pop("chosen_", None)  # data changed: choose again
+        return self
+
+    def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
+                cluster: Cluster) -> Estimate:
+        return self.estimator_for(job).predict(job, plan, placement, cluster)
+
+    def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
+        return self.estimator_for(job).best_in_cell(job, cell, cluster)
+
+
+def estimator_name(estimator: Any, job: JobSpec) -> str:
+    """Which estimator answered for ``job`` (``auto`` resolves to its per-job choice)."""
+    if isinstance(estimator, AutoEstimator):
+        return f"auto:{estimator.choose(job)}"
+    inner = getattr(estimator, "inner_name", None)
+    if inner:
+        return str(inner)
+    return {"AnalyticEstimator": "analytic", "CellEstimator": "crius",
+            "MorphlingEstimator": "morphling", "TableEstimator": "tables"}.get(
+        type(estimator).__name__, type(estimator).__name__)

@@ -1,0 +1,308 @@
+"""``apportion cluster import``: a cluster YAML from what Slurm, Ray or Kubernetes reports.
+
+Every source returns one dict per node, ``{"name", "gpu_type" (the engine's
+raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.slurm_import``,
+``runtime.ray_import``, ``runtime.k8s_import``); everything after that is
+written once, here:
+
+* **GPU names** are mapped to catalog names (``apportion gpus``) through a
+  table: the user's ``--gpu-map`` file first (YAML, raw name -> catalog name),
+  then :data:`KNOWN_GPU_NAMES` (the names Slurm sites, Ray and NVIDIA's
+  Kubernetes labels commonly use), then the catalog's own names and aliases,
+  tried on the raw name and on it without a vendor prefix. An unmapped name is
+  an :class:`~apportion.errors.InputError` naming it, a node that has it and
+  the line to add to a ``--gpu-map`` file.
+* **Grouping**: identical nodes (same GPU type and count, CPUs, memory and
+  extras) form one node group that lists the real node names (``nodes:``),
+  so decisions name nodes the engine knows. Extras and the raw GPU name are
+  kept as the group's ``labels`` (``gpu_type_raw``, ``slurm_partitions``, ...),
+  except ``gpu_product_label``, the node group's own field.
+* **Writing**: the document is validated by the same loader ``--cluster``
+  uses before anything is written, then written atomically (``-`` prints it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from apportion.config import NODE_NAME, cluster_from_data, read_yaml
+from apportion.errors import CatalogError, InputError
+from apportion.gpus import canonical_gpu_name, get_gpu
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("slurm", "ray", "k8s")
+CORE_KEYS = ("name", "gpu_type", "gpus", "cpus", "memory_gib")
+
+# raw engine names (normalised: lower case, '_' and ' ' as '-', vendor prefix dropped) -> catalog
+KNOWN_GPU_NAMES: dict[str, str] = {
+    # NVIDIA's Kubernetes labels (nvidia.com/gpu.product) and nvidia-smi names
+    "a100-sxm4-40gb": "A100-40GB", "a100-pcie-40gb": "A100-40GB", "a100-40gb": "A100-40GB",
+    "a100-sxm4-80gb": "A100-80GB", "a100-pcie-80gb": "A100-80GB", "a100-80gb-pcie": "A100-80GB",
+    "a100-sxm-80gb": "A100-80GB", "a100-80g": "A100-80GB", "a100-80gb": "A100-80GB",
+    "a800-sxm4-80gb": "A800-80GB", "a800-80gb-pcie": "A800-80GB",
+    "h100-80gb-hbm3": "H100-80GB", "h100-sxm5-80gb": "H100-80GB", "h100-pcie": "H100-80GB",
+    "h100-nvl": "H100-80GB", "h200-141gb-hbm3e": "H200", "h200-nvl": "H200",
+    "v100-sxm2-32gb": "V100-32GB", "v100-pcie-32gb": "V100-32GB", "v100s-pcie-32gb": "V100-32GB",
+    "v100-sxm2-16gb": "V100-16GB", "v100-pcie-16gb": "V100-16GB",
+    "p100-pcie-16gb": "P100", "p100-sxm2-16gb": "P100",
+    # Slurm GRES types seen on sites (gres.conf Type=)
+    "a100-40g": "A100-40GB", "a100-sxm4": "A100-40GB", "a10080gb": "A100-80GB",
+    "v100-32g": "V100-32GB", "v100-16g": "V100-16GB", "v100s": "V100-32GB",
+}
+_VENDOR = re.compile(r"^(nvidia|tesla|nv)[-_ ]+", re.IGNORECASE)
+
+
+def normalise(raw: str) -> str:
+    """The lookup key of a raw GPU name: lower case, ``_``/space as ``-``, no vendor prefix."""
+    key = re.sub(r"[\s_]+", "-", str(raw).strip().lower())
+    while True:
+        new = _VENDOR.sub("", key)
+        if new == key:
+            return key
+        key = new
+
+
+def load_gpu_map(path: str | Path) -> dict[str, str]:
+    """A ``--gpu-map`` file: a YAML mapping raw name -> catalog name (each checked)."""
+    src = str(path)
+    data = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(src, "(top level)", "expected a mapping of raw GPU names to catalog "
+                         f"names (e.g. 'a100_80g: A100-80GB'), got {type(data).__name__}")
+    out: dict[str, str] = {}
+    for raw, name in data.items():
+        if not isinstance(raw, (str, int)) or not isinstance(name, str):
+            raise InputError(src, str(raw), "raw GPU name and catalog name must both be text")
+        try:
+            out[normalise(str(raw))] = canonical_gpu_name(name)
+        except CatalogError as exc:
+            raise InputError(src, str(raw), str(exc)) from None
+    return out
+
+
+class GpuNames:
+    """Raw engine GPU names -> catalog names (the user's table, then the known ones)."""
+
+    def __init__(self, user: Mapping[str, str] | None = None) -> None:
+        self.user = {normalise(k): v for k, v in (user or {}).items()}
+
+    def lookup(self, raw: str) -> str | None:
+        key = normalise(raw)
+        if key in self.user:
+            return self.user[key]
+        if key in KNOWN_GPU_NAMES:
+            return KNOWN_GPU_NAMES[key]
+        for cand in (str(raw).strip(), key, key.upper()):
+            try:
+                return canonical_gpu_name(cand)
+            except CatalogError:
+                continue
+        return None
+
+    def catalog_name(self, raw: str, node: str, source: str) -> str:
+        name = self.lookup(raw)
+        if name is None:
+            from apportion.gpus import gpu_catalog
+
+            raise InputError(source, f"{node}.gpu_type", f"GPU type {raw!r} is not in the catalog "
+                             f"and not mapped; add a line '{raw}: <catalog name>' to a YAML file "
+                             f"and pass it with --gpu-map FILE (catalog: "
+                             f"{', '.join(sorted(gpu_catalog()))})")
+        return name
+
+
+def _prefix(gpu_type: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", gpu_type.lower()).strip("-.") or "gpu"
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
+                ) -> list[dict[str, Any]]:
+    """Node groups (cluster YAML dicts) of identical nodes, real names kept, extras as labels."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    seen: set[str] = set()
+    for i, n in enumerate(nodes):
+        name = n.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError(source, f"nodes[{i}].name", "every node needs a name")
+        if name in seen:
+            raise InputError(source, f"{name}.name", "node name reported twice")
+        if not re.fullmatch(NODE_NAME, name):
+            raise InputError(source, f"{name}.name", "a node name apportion's cluster format "
+                             "cannot hold (letters, digits, '_', '.', '-')")
+        seen.add(name)
+        gpus = n.get("gpus")
+        if isinstance(gpus, float) and gpus.is_integer():
+            gpus = int(gpus)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            raise InputError(source, f"{name}.gpus", f"not a GPU count: {gpus!r}")
+        if gpus == 0:
+            log.info("node %s has no GPUs: left out", name)
+            continue
+        raw = str(n.get("gpu_type") or "")
+        if not raw:
+            raise InputError(source, f"{name}.gpu_type", "node has GPUs but no GPU type; map "
+                             "the engine's name for them with --gpu-map FILE")
+        gpu_type = names.catalog_name(raw, name, source)
+        cpus = n.get("cpus")
+        if cpus is not None:
+            if isinstance(cpus, float) and cpus.is_integer():
+                cpus = int(cpus)
+            if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus <= 0:
+                raise InputError(source, f"{name}.cpus", f"not a positive CPU count: {cpus!r}")
+        mem = n.get("memory_gib")
+        if mem is not None:
+            if not isinstance(mem, (int, float)) or isinstance(mem, bool) or not mem > 0:
+                raise InputError(source, f"{name}.memory_gib", f"not a positive size: {mem!r}")
+            mem = round(float(mem), 3)
+        labels = {"gpu_type_raw": raw}
+        for k, v in sorted(n.items()):
+            if k not in CORE_KEYS and v is not None:  # label keys are identifiers
+                key_ = re.sub(r"[^A-Za-z0-9_]", "_", str(k)).lstrip("0123456789") or "label"
+                labels[key_] = v if isinstance(v, str) else str(v)
+        key = (gpu_type, gpus, cpus, mem, tuple(sorted(labels.items())))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"gpu_type": gpu_type, "gpus_per_node": gpus, "cpus": cpus,
+                               "mem": mem, "labels": labels, "nodes": []}
+        g["nodes"].append(name)
+    out: list[dict[str, Any]] = []
+    used: dict[str, int] = {}
+    for g in sorted(groups.values(), key=lambda g: (g["gpu_type"], _natural(min(g["nodes"],
+                                                                                  key=_natural)))):
+        base = _prefix(g["gpu_type"])
+        used[base] = used.get(base, 0) + 1
+        nodes_sorted = sorted(g["nodes"], key=_natural)
+        d: dict[str, Any] = {"prefix": base if used[base] == 1 else f"{base}-g{used[base]}",
+                             "count": len(nodes_sorted), "nodes": nodes_sorted,
+                             "gpu_type": g["gpu_type"], "gpus_per_node": g["gpus_per_node"]}
+        if g["cpus"] is not None:
+            d["cpus_per_node"] = g["cpus"]
+        if g["mem"] is not None:
+            d["host_memory_gib"] = g["mem"]
+        d["intra_node_link"] = "nvlink" if get_gpu(g["gpu_type"]).link == "nvlink" else "pcie"
+        labels = dict(g["labels"])
+        product = labels.pop("gpu_product_label", None)
+        if product:  # a first-class field: Kubernetes manifests select the group's nodes by it
+            d["gpu_product_label"] = product
+        d["labels"] = labels
+        out.append(d)
+    if not out:
+        raise InputError(source, "nodes", "no node with GPUs was found; nothing to schedule on")
+    return out
+
+
+def cluster_document(nodes: Iterable[Mapping[str, Any]], name: str, names: GpuNames,
+                     source: str) -> dict[str, Any]:
+    """The cluster YAML document, checked by the ``--cluster`` loader."""
+    doc = {"name": name, "node_groups": group_nodes(nodes, names, source)}
+    cluster_from_data(doc, f"{source} (imported)")  # raises InputError naming the field
+    return doc
+
+
+def write_document(doc: Mapping[str, Any], out: str | Path) -> None:
+    """YAML to ``out`` atomically (a temporary file then a rename); ``-`` is stdout."""
+    text = yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None, width=100)
+    header = "# written by `apportion cluster import`; node names are the engine's own\n"
+    if str(out) == "-":
+        sys.stdout.write(header + text)
+        return
+    check_output(out)
+    p = Path(out)
+    parent = p.parent if str(p.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(header + text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_output(out: str | Path) -> None:
+    """Refuse an output path that is a folder, in a missing folder, or a special file."""
+    if str(out) == "-":
+        return
+    p = Path(out)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(str(p), "--out", "is a directory; give a file name")
+    if not parent.is_dir():
+        raise InputError(str(p), "--out", f"directory {parent} does not exist")
+    if p.exists() and not p.is_file():
+        raise InputError(str(p), "--out", "exists and is not a regular file")
+
+
+def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any]]]:
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"apportion.runtime.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("apportion"):
+            raise InputError("--from", "from", f"importing from {what} needs "
+                             f"apportion.runtime.{module}, which this installation lacks") from None
+        raise InputError("--from", "from", f"importing from {what} needs the {exc.name!r} "
+                         "package") from None
+    return getattr(mod, func)
+
+
+def read_nodes(source: str, path: str | Path | None = None, ray_address: str | None = None,
+               include_unavailable: bool = False) -> list[dict[str, Any]]:
+    """Nodes from one source: slurm (``scontrol``, or a saved ``scontrol show node -o`` file),
+    ray (a cluster address) or k8s (``kubectl get nodes -o json`` saved to a file)."""
+    if source == "slurm":
+        from apportion.runtime.slurm_import import import_slurm
+
+        text = None
+        if path is not None:
+            from apportion.config import read_text
+
+            text = read_text(path, "scontrol output")
+        return import_slurm(text, include_unavailable=include_unavailable,
+                            source=str(path) if path is not None else None)
+    if source == "ray":
+        if not ray_address:
+            raise InputError("--ray-address", "ray_address", "--from ray needs --ray-address "
+                             "ADDR (the head's address, e.g. 10.0.0.1:6379 or auto)")
+        return list(_lazy("ray_import", "import_ray", "Ray")(ray_address))
+    if source == "k8s":
+        if path is None:
+            raise InputError("--from k8s", "NODES", "give the nodes as a file: "
+                             "kubectl get nodes -o json > nodes.json")
+        return list(_lazy("k8s_import", "import_k8s", "Kubernetes")(str(path)))
+    raise InputError("--from", "from", f"{source!r} is not one of {', '.join(SOURCES)}")
+
+
+def import_cluster(source: str, out: str | Path, path: str | Path | None = None,
+                   ray_address: str | None = None, gpu_map: str | Path | None = None,
+                   name: str | None = None, include_unavailable: bool = False
+                   ) -> dict[str, Any]:
+    """Read, map, group, validate, write; returns the document written."""
+    check_output(out)
+    names = GpuNames(load_gpu_map(gpu_map) if gpu_map is not None else None)
+    nodes = read_nodes(source, path, ray_address, include_unavailable)
+    label = {"slurm": "scontrol show node", "ray": f"ray {ray_address}",
+             "k8s": str(path)}.get(source, source)
+    if source == "slurm" and path is not None:
+        label = str(path)
+    doc = cluster_document(nodes, name or f"{source}-cluster", names, label)
+    write_document(doc, out)
+    return doc

@@ -1,0 +1,130 @@
+"""GPU nodes from ``kubectl get nodes -o json``: one record per node, for a cluster file.
+
+:func:`import_k8s` reads the JSON an operator saves with ``kubectl get nodes
+-o json`` (a ``List`` / ``NodeList``, or a single ``Node``) and returns one
+dict per node that has GPUs::
+
+    {"name": "gpu-node-3",                    # the kubernetes.io/hostname label (else metadata.name)
+     "gpu_type": "NVIDIA-A100-SXM4-80GB",     # the raw product string: an alias in the catalog
+     "gpus": 8,                               # capacity of the GPU resource
+     "cpus": 96,                              # capacity (whole CPUs)
+     "memory_gib": 1007.7,                    # capacity
+     "gpu_product_label": "NVIDIA-A100-SXM4-80GB"}  # what the node group selects on
+
+The product comes from GPU Feature Discovery's ``nvidia.com/gpu.product``
+label, or else GKE's ``cloud.google.com/gke-accelerator`` (then
+``gpu_product_label`` is ``KEY=VALUE``, since the key is not the default one).
+Capacities are the node's, not its allocatable: apportion subtracts its own
+configurable reserve (``--k8s-config`` ``reserve``) when it sizes pods.
+Quantities are parsed with the official client's parser. Nodes without GPUs
+and cordoned nodes are left out (a cordoned node takes no new pods); grouping
+the records into node groups is the caller's (``apportion cluster import``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from apportion.errors import InputError
+
+GPU_RESOURCES = ("nvidia.com/gpu",)
+PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
+DEFAULT_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME = "kubernetes.io/hostname"  # what apportion's node affinity matches
+MAX_BYTES = 512 * 2**20  # a node's JSON is ~10-20 kB; 10,000 nodes fit
+
+
+def _read(path: str | Path) -> Any:
+    p = Path(path)
+    src = str(p)
+    if not p.exists():
+        raise InputError(src, "(file)", "no such file")
+    if p.is_dir():
+        raise InputError(src, "(file)", "is a directory, not a JSON file")
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise InputError(src, "(file)", f"larger than {MAX_BYTES} bytes")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(src, f"line {exc.lineno}, column {exc.colno}",
+                         f"malformed JSON: {exc.msg} (expected `kubectl get nodes -o json`)") \
+            from None
+
+
+def _quantity(src: str, field: str, value: Any) -> float:
+    try:
+        from kubernetes.utils import parse_quantity  # the [k8s] extra
+    except ImportError:
+        raise InputError(src, field, "reading Kubernetes quantities needs the kubernetes "
+                         "package: pip install 'apportion[k8s]'") from None
+
+    try:
+        q = float(parse_quantity(value))
+    except (ValueError, TypeError) as exc:
+        raise InputError(src, field, f"{value!r} is not a Kubernetes quantity ({exc})") from None
+    if not math.isfinite(q) or q < 0:
+        raise InputError(src, field, f"{value!r} is not a non-negative quantity")
+    return q
+
+
+def import_k8s(path: str | Path) -> list[dict[str, Any]]:
+    """One record per schedulable GPU node (see the module docstring); errors name the field."""
+    src = str(path)
+    data = _read(path)
+    if not isinstance(data, dict):
+        raise InputError(src, "(top level)", "expected a JSON object (kubectl get nodes -o json)")
+    if data.get("kind") == "Node":
+        items, prefix = [data], ""
+    elif isinstance(data.get("items"), list):
+        items, prefix = data["items"], "items"
+    else:
+        raise InputError(src, "items", "missing: expected a NodeList (kubectl get nodes -o json) "
+                         "or a Node")
+    out: list[dict[str, Any]] = []
+    for i, node in enumerate(items):
+        at = f"{prefix}[{i}]" if prefix else "(node)"
+        if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
+            raise InputError(src, at, "is not a Node")
+        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+        status = node.get("status") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError(src, f"{at}.metadata.name", "missing")
+        cap = status.get("capacity")
+        if not isinstance(cap, dict):
+            raise InputError(src, f"{at}.status.capacity", "missing")
+        res = next((r for r in GPU_RESOURCES if r in cap), None)
+        if res is None or spec.get("unschedulable"):
+            continue
+        gpus = _quantity(src, f"{at}.status.capacity.{res}", cap[res])
+        if gpus < 1:
+            continue
+        labels = meta.get("labels") or {}
+        key = next((k for k in PRODUCT_LABELS if labels.get(k)), None)
+        if key is None:
+            raise InputError(src, f"{at}.metadata.labels", f"node {name} has {int(gpus)} GPUs but "
+                             f"no product label ({' or '.join(PRODUCT_LABELS)}); is GPU Feature "
+                             "Discovery running?")
+        for f in ("cpu", "memory"):
+            if f not in cap:
+                raise InputError(src, f"{at}.status.capacity.{f}", "missing")
+        product = str(labels[key])
+        out.append({"name": str(labels.get(HOSTNAME) or name),
+                    "gpu_type": product,
+                    "gpus": int(gpus),
+                    "cpus": int(_quantity(src, f"{at}.status.capacity.cpu", cap["cpu"])),
+                    "memory_gib": round(_quantity(src, f"{at}.status.capacity.memory",
+                                                  cap["memory"]) / 2**30, 1),
+                    "gpu_product_label": product if key == DEFAULT_PRODUCT_LABEL
+                    else f"{key}={product}"})
+    return out

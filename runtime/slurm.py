@@ -1,0 +1,577 @@
+"""The Slurm executor: every allocation is one ``sbatch``; state from Slurm, progress from files.
+
+``apportion run --executor slurm --cluster CLUSTER.yaml`` (the cluster from
+``apportion cluster import --from slurm``, so node names are Slurm's):
+
+* **start**: one batch job per allocation, pinned with ``--nodelist`` to the
+  chosen nodes, ``--gres=gpu:<type>:<n>`` per node with the node's own GRES
+  type (read from ``scontrol show node``; the catalog name is apportion's,
+  the GRES type Slurm's), the GPUs' share of the node's CPUs and memory, and
+  one task per node running the agent ``runtime.slurm_task``, which starts
+  the node's ranks with the workload contract (``runtime.workload``).
+  Different GPU counts on different nodes make a heterogeneous job (see
+  ``runtime.slurm_batch``).
+* **what runs**: the job's ``workload`` (the user's command, one process per
+  rank) or apportion's built-in trainer (``python -m
+  apportion.runtime.trainer CONFIG.json``).
+* **state**: ``squeue --me -t all`` (one call for every job, rate-limited by
+  ``query_interval_s``), then ``sacct`` for jobs the controller has
+  forgotten (where accounting is configured), then the agents' exit files.
+* **progress**: the job's progress file (``APPORTION_PROGRESS_FILE``, one JSON
+  line per step; the built-in trainer's ``progress.json``), read into the
+  store by the run loop.
+* **failure**: a non-zero exit (or a Slurm end state such as ``NODE_FAIL``,
+  ``TIMEOUT``, ``OUT_OF_MEMORY``) is a failure whose reason is the failing
+  rank's last stderr lines (or the batch output's when no rank ran).
+* **preempt, resize, migrate**: ``scancel --signal=TERM`` (the ranks
+  checkpoint and exit 0); ranks still running ``grace_s`` later are killed
+  by their node's agent (and a job still there 15 s after that is cancelled);
+  the job is resubmitted on its new placement and resumes from its
+  checkpoint. All stops of a round are requested together and awaited
+  before any launch, so a job never runs twice against one checkpoint.
+* **restarts of apportion**: each job's folder records its current Slurm
+  job (``slurm-job.json``); a new executor on the same work folder adopts
+  the jobs still in Slurm instead of launching them twice, so killing
+  ``apportion run`` loses nothing, and stopping it (SIGINT/SIGTERM)
+  checkpoints every job first.
+
+The work folder must be on storage every node sees (it holds checkpoints,
+launch files and logs), and ``python`` (this interpreter unless given) must
+exist at the same path on the nodes, as on clusters with a shared software
+tree. Site options (account, QoS, constraints) go in ``sbatch_args``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apportion.runtime import slurm_batch as batch
+from apportion.runtime.executor import Event, Health, Progress, actions_for
+from apportion.runtime.launch import launch_spec, read_json_file, write_json
+from apportion.runtime.slurm_commands import (
+    ACTIVE_STATES,
+    SlurmError,
+    parse_gres,
+    parse_records,
+    run,
+    sacct_states,
+    squeue_states,
+)
+from apportion.runtime.slurm_task import exit_path, launch_marker
+from apportion.runtime.workload import PROGRESS_FILE_NAME, job_env, read_progress
+
+from apportion.cluster import Cluster
+from apportion.decision import Action, Allocation, Decision
+from apportion.jobs import JobSpec, job_dirname
+from apportion.plans import ExecutionPlan
+
+log = logging.getLogger(__name__)
+
+RECORD_FILE = "slurm-job.json"
+BUILTIN_PROGRESS = "progress.json"
+AGENT_MODULE = "apportion.runtime.slurm_task"
+STDERR_LINES = 12
+COMMENT_PREFIX = "apportion-launch:"
+BACKSTOP_S = 15.0  # beyond the grace, before apportion cancels a job whose agent did not end it
+
+
+@dataclass
+class _Launch:
+    """One Slurm job of one apportion job (the current launch)."""
+
+    job_id: str
+    iterations: int
+    alloc: Allocation
+    slurm_id: str
+    launch_id: str
+    dir: Path
+    builtin: bool
+    decision_wall: float
+    start_iteration: int
+    action: str = "start"
+    health: Health = Health.STARTING
+    error: str | None = None
+    overhead_s: float | None = None
+    stop_requested: bool = False
+    slurm_state: str = "PENDING"
+    slurm_reason: str = ""
+    iterations_done: int = 0
+    iter_time_s: float | None = None
+    loss: float | None = None
+    first_seen: tuple[int, float] | None = None  # (iteration, wall) when this launch first stepped
+    history: list[tuple[str, float]] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {"job": self.job_id, "iterations": self.iterations, "slurm_job_id": self.slurm_id,
+                "launch_id": self.launch_id, "builtin": self.builtin,
+                "decision_wall": self.decision_wall, "start_iteration": self.start_iteration,
+                "action": self.action, "allocation": self.alloc.as_dict()}
+
+
+def allocation_from_dict(d: Mapping[str, Any]) -> Allocation:
+    """The inverse of :meth:`Allocation.as_dict` (for launches adopted after a restart)."""
+    return Allocation(str(d["job"]), str(d["gpu_type"]), int(d["gpus"]), int(d["stages"]),
+                      ExecutionPlan(**d["plan"]), {str(k): int(v) for k, v in d["placement"].items()},
+                      float(d.get("est_throughput") or 0.0), Action(d.get("action", "start")),
+                      d.get("iter_time_s"), d.get("normalized_throughput"),
+                      d.get("mem_per_gpu_gib"), int(d.get("cpus") or 0),
+                      float(d.get("host_memory_gib") or 0.0))
+
+
+class SlurmExecutor:
+    """Allocations as Slurm batch jobs (see the module doc)."""
+
+    name = "slurm"
+
+    def __init__(self, workdir: str | Path, cluster: Cluster | None = None,
+                 partition: str | None = None, sbatch_args: Sequence[str] = (),
+                 grace_s: float = 60.0, python: str = sys.executable,
+                 env: Mapping[str, str] | None = None, request_memory: bool = True,
+                 query_interval_s: float = 1.0, seed: int = 0, threads_per_worker: int = 1,
+                 lr: float = 1e-3, checkpoint_every: int = 0, adopt: bool = True) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.cluster = cluster
+        self.partition = partition
+        self.sbatch_args = list(sbatch_args)
+        self.grace_s = grace_s
+        self.python = python
+        self.env = {**os.environ, **(env or {})}
+        self.request_memory = request_memory
+        self.query_interval_s = query_interval_s
+        self.seed, self.threads, self.lr, self.checkpoint_every = (seed, threads_per_worker, lr,
+                                                                   checkpoint_every)
+        self.runs: dict[str, _Launch] = {}
+        self.stopped: dict[str, _Launch] = {}
+        self._nodes: dict[str, dict[str, str]] = {}
+        self._states: dict[str, tuple[str, str]] = {}
+        self._states_at = -1e9
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if adopt:
+            self._adopt()
+
+    # -- Slurm ---------------------------------------------------------------------
+    def _run(self, args: list[str], timeout_s: float = 60.0) -> str:
+        return run(args, env=self.env, timeout_s=timeout_s)
+
+    def _query(self, force: bool = False) -> dict[str, tuple[str, str]] | None:
+        """Slurm's state of every job this executor knows (one squeue; sacct for the rest);
+        None while squeue does not answer (nothing is concluded from silence)."""
+        now = time.monotonic()
+        if not force and now - self._states_at < self.query_interval_s:
+            return self._states
+        ids = {r.slurm_id for r in self.runs.values()}
+        try:
+            states = squeue_states(self._run(["squeue", "--me", "-h", "-t", "all",
+                                              "-o", "%i|%T|%r"]))
+        except SlurmError as exc:  # slurmctld restarting or overloaded: keep what was known
+            log.warning("squeue: %s; job states unchanged until it answers", exc)
+            self._states_at = now  # ask again after the interval; until then the last answer
+            return None
+        missing = sorted(i for i in ids if i not in states)
+        if missing:
+            try:
+                states.update(sacct_states(self._run(
+                    ["sacct", "-n", "-P", "-X", "-j", ",".join(missing),
+                     "-o", "JobID,State,ExitCode"])))
+            except SlurmError as exc:  # no accounting storage here: the exit files decide
+                log.debug("sacct: %s", exc)
+        self._states, self._states_at = states, now
+        return states
+
+    def _node_info(self, names: Sequence[str]) -> dict[str, dict[str, str]]:
+        if any(n not in self._nodes for n in names):
+            try:
+                for rec in parse_records(self._run(["scontrol", "show", "node", "-o"])):
+                    if rec.get("NodeName"):
+                        self._nodes[rec["NodeName"]] = rec
+            except SlurmError as exc:
+                log.warning("scontrol show node: %s", exc)
+        return {n: self._nodes.get(n, {}) for n in names}
+
+    def gres_type(self, node: str, gpu_type: str) -> str | None:
+        """The node's Slurm GRES type for apportion's GPU type ``gpu_type`` (None: untyped)."""
+        gres = [g for g in parse_gres(self._node_info([node])[node].get("Gres", ""))
+                if g.name == "gpu"]
+        types = sorted({g.type for g in gres if g.type})
+        if len(types) == 1:
+            return types[0]
+        if len(types) > 1:
+            from apportion.runtime.cluster_import import GpuNames
+
+            names = GpuNames()
+            match = [t for t in types if names.lookup(t) == gpu_type]
+            if match:
+                return match[0]
+        if self.cluster is not None:
+            for g in self.cluster.groups:
+                if node in g.node_names() and g.label("gpu_type_raw"):
+                    return g.label("gpu_type_raw")
+        return None if gres else gpu_type.lower()
+
+    # -- launching ---------------------------------------------------------------------
+    def _requests(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
+        c = self.cluster
+        if c is not None and all(n in c.nodes for n in alloc.placement):
+            return batch.node_requests(alloc, {n: c.nodes[n].cpus for n in alloc.placement},
+                                       {n: c.nodes[n].host_memory_gib for n in alloc.placement},
+                                       {n: c.nodes[n].gpus for n in alloc.placement},
+                                       self.request_memory)
+        return batch.node_requests(alloc, request_memory=self.request_memory)
+
+    def _progress_now(self, jobdir: Path, builtin: bool) -> int:
+        if builtin:
+            prog = read_json_file(jobdir / BUILTIN_PROGRESS) or {}
+            return int(prog.get("iterations_done") or 0)
+        rec = read_progress(jobdir / PROGRESS_FILE_NAME)
+        return int(rec["iteration"]) if rec else 0
+
+    def _submit(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
+        jobdir = self.workdir / job_dirname(job.id)
+        jobdir.mkdir(parents=True, exist_ok=True)
+        launch_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        layout = batch.rank_layout(alloc.placement)
+        world = sum(len(n["ranks"]) for n in layout)
+        info = self._node_info([n["name"] for n in layout])
+        master = info[layout[0]["name"]].get("NodeAddr") or layout[0]["name"]
+        wl = job.workload
+        builtin = wl is None or wl.kind == "builtin"
+        env: dict[str, str] = {"OMP_NUM_THREADS": str(self.threads)}
+        if builtin:
+            spec = launch_spec(job, alloc, action, self.workdir, master_addr=master,
+                               python=self.python, seed=self.seed, threads=self.threads,
+                               lr=self.lr, checkpoint_every=self.checkpoint_every,
+                               launch_id=launch_id)
+            write_json(jobdir / "config.json", spec.config)
+            (jobdir / "STOP").unlink(missing_ok=True)
+            command, cwd = spec.command, str(jobdir)
+            env.update({k: v for k, v in spec.env.items() if k not in ("MASTER_PORT",)})
+        else:
+            command = list(wl.command)
+            cwd = str(Path(wl.workdir).resolve()) if wl.workdir else str(jobdir)
+        if wl is not None:
+            env.update(wl.env)
+        env.update(job_env(job.id, alloc.plan, job.iterations, jobdir, world, master, 0))
+        env.pop("MASTER_PORT")  # the first node's agent picks a port free there
+        env.update({"APPORTION_GPU_TYPE": alloc.gpu_type, "APPORTION_LAUNCH_ID": launch_id})
+        launch = {"job": job.id, "launch_id": launch_id, "jobdir": str(jobdir), "command": command,
+                  "cwd": cwd, "env": env, "nodes": layout, "world": world, "master_addr": master,
+                  "kill_grace_s": self.grace_s}
+        launch_file = jobdir / f"slurm-launch-{launch_id}.json"
+        write_json(launch_file, launch)
+        comps = batch.components(alloc.placement,
+                                 {n: self.gres_type(n, alloc.gpu_type) for n in alloc.placement},
+                                 self._requests(alloc))
+        common = batch.common_options(f"{batch.JOB_NAME_PREFIX}{job_dirname(job.id)}", jobdir,
+                                      self.partition,
+                                      [f"--comment={COMMENT_PREFIX}{launch_id}", *self.sbatch_args])
+        script = jobdir / f"slurm-{launch_id}.sh"
+        cmd = batch.sbatch_command(comps, common, script)
+        script.write_text(batch.batch_script(comps, [self.python, "-m", AGENT_MODULE,
+                                                     str(launch_file)], cmd))
+        start_it = max(self._progress_now(jobdir, builtin), job.iterations_done)
+        prev = self.stopped.pop(job.id, None) or self.runs.pop(job.id, None)
+        run_ = _Launch(job.id, job.iterations, alloc, "", launch_id, jobdir, builtin, t0,
+                       start_it, action, iterations_done=start_it,
+                       history=prev.history if prev else [])
+        # recorded before sbatch too: a kill between the two leaves a launch id that a restarted
+        # executor finds in squeue by the job's comment, never an unknown job
+        write_json(jobdir / RECORD_FILE, run_.record())
+        out = self._run(cmd).strip()
+        slurm_id = out.split(";", 1)[0].strip()
+        if not slurm_id.isdigit():
+            raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        run_.slurm_id = slurm_id
+        write_json(jobdir / RECORD_FILE, run_.record())
+        self.runs[job.id] = run_
+        self._states_at = -1e9
+        log.info("%s %s: slurm job %s, %d ranks on %s", action, job.id, slurm_id, world,
+                 ",".join(sorted(alloc.placement)))
+        return Event(job.id, action, world, alloc.gpu_type,
+                     f"slurm job {slurm_id}: {alloc.plan.label()}",
+                     spec={**launch, "sbatch": cmd, "slurm_job_id": slurm_id})
+
+    # -- stopping ------------------------------------------------------------------------
+    def _stop(self, runs: Sequence[_Launch], checkpoint: bool = True) -> dict[str, bool]:
+        """Stop jobs together: TERM (checkpoint), wait ``grace_s``, then cancel. True: clean."""
+        states = self._query(force=True) or {}
+        for r in runs:
+            r.stop_requested = True
+            st = states.get(r.slurm_id, ("", ""))[0]
+            args = ["scancel", r.slurm_id]
+            if checkpoint and st not in ("PENDING", "CONFIGURING"):
+                args = ["scancel", "--signal=TERM", r.slurm_id]  # the steps' tasks, not the script
+            try:
+                self._run(args)
+            except SlurmError as exc:  # already completing or gone
+                log.info("%s: %s", r.job_id, exc)
+        # the agents SIGKILL ranks still running after the grace, so the jobs end by themselves;
+        # a job that does not (an agent that hangs, a step not started) is cancelled
+        ended = {r.job_id: self._wait_ended(r, self.grace_s + BACKSTOP_S) for r in runs}
+        late = [r for r in runs if not ended[r.job_id]]
+        for r in late:
+            log.warning("%s: slurm job %s still running %gs after SIGTERM; scancel", r.job_id,
+                        r.slurm_id, self.grace_s + BACKSTOP_S)
+            try:
+                self._run(["scancel", r.slurm_id])
+            except SlurmError as exc:
+                log.info("%s: %s", r.job_id, exc)
+        for r in late:
+            if not self._wait_ended(r, 120.0):
+                log.error("%s: slurm job %s did not end after scancel", r.job_id, r.slurm_id)
+        clean = {}
+        states = self._query(force=True) or {}
+        for r in runs:
+            self._settle(r, states.get(r.slurm_id))
+            killed = any(e.get("killed_after_grace") for e in self._exits(r))
+            clean[r.job_id] = ended[r.job_id] and not killed
+            self.runs.pop(r.job_id, None)
+            self.stopped[r.job_id] = r
+        return clean
+
+    def _wait_ended(self, r: _Launch, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self._query(force=True)
+            st = states.get(r.slurm_id) if states is not None else ("UNKNOWN", "")
+            if st is None or st[0] not in ACTIVE_STATES | {"UNKNOWN"}:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+    # -- reading results -------------------------------------------------------------------
+    def _exits(self, r: _Launch) -> list[dict[str, Any]]:
+        out = []
+        for n in sorted(r.alloc.placement):
+            rec = read_json_file(exit_path(r.dir, r.launch_id, n))
+            if rec:
+                out.append(rec)
+        return out
+
+    def _stderr_tail(self, r: _Launch, rank: int) -> str:
+        try:
+            text = (r.dir / f"rank{rank}.stderr").read_text(errors="replace")
+        except OSError:
+            return ""
+        marker = launch_marker(r.launch_id)
+        if marker in text:
+            text = text.rsplit(marker, 1)[1].split("\n", 1)[-1]
+        return "\n".join(text.strip().splitlines()[-STDERR_LINES:])
+
+    def _failure(self, r: _Launch, state: str, exits: list[dict[str, Any]]) -> str:
+        for e in exits:
+            for rank in e.get("failed", []):
+                code = e["codes"].get(str(rank))
+                tail = self._stderr_tail(r, int(rank))
+                return (f"rank {rank} on {e['node']} exited with {code} (slurm job {r.slurm_id} "
+                        f"{state or 'ended'})" + (f": {tail}" if tail else ""))
+        try:  # no rank failed by itself: the agent or Slurm did
+            text = (r.dir / f"slurm-{r.slurm_id}.out").read_text(errors="replace")
+        except OSError:
+            text = ""
+        tail = "\n".join(text.strip().splitlines()[-STDERR_LINES:])
+        return f"slurm job {r.slurm_id} {state or 'ended'}" + (f": {tail}" if tail else "")
+
+    def _read_progress(self, r: _Launch) -> None:
+        now = time.time()
+        if r.builtin:
+            prog = read_json_file(r.dir / BUILTIN_PROGRESS) or {}
+            if prog:
+                r.iterations_done = max(r.start_iteration, int(prog.get("iterations_done") or 0))
+                r.loss = prog.get("loss")
+                if prog.get("launch_id") == r.launch_id:
+                    r.iter_time_s = prog.get("iter_time_s") or r.iter_time_s
+                    if prog.get("first_step_wall") and r.first_seen is None:
+                        r.first_seen = (r.iterations_done, float(prog["first_step_wall"]))
+            return
+        rec = read_progress(r.dir / PROGRESS_FILE_NAME)
+        if rec is None:
+            return
+        it = int(rec["iteration"])
+        r.iterations_done = it
+        r.loss = rec.get("loss") if isinstance(rec.get("loss"), (int, float)) else r.loss
+        if it > r.start_iteration:
+            wall = float(rec["wall"]) if isinstance(rec.get("wall"), (int, float)) else now
+            if r.first_seen is None:
+                r.first_seen = (it, wall)
+            given = rec.get("iter_time_s", rec.get("time_s"))
+            if isinstance(given, (int, float)) and given > 0:
+                r.iter_time_s = float(given)
+            elif it > r.first_seen[0]:
+                r.iter_time_s = (wall - r.first_seen[1]) / (it - r.first_seen[0])
+
+    def _settle(self, r: _Launch, st: tuple[str, str] | None) -> None:
+        """A launch that ended: finished, checkpointed or failed (with its reason)."""
+        self._read_progress(r)
+        state = st[0] if st else ""
+        exits = self._exits(r)
+        failed = any(e.get("failed") for e in exits)
+        ok_end = state in ("COMPLETED", "") and not failed and (exits or state == "COMPLETED")
+        if r.iterations_done >= r.iterations and not failed:
+            r.health = Health.FINISHED
+        elif r.stop_requested and (not failed or state == "CANCELLED"):
+            r.health = Health.CHECKPOINTED
+        elif ok_end:
+            r.health = Health.CHECKPOINTED  # exited 0 before its target: resumable
+        else:
+            r.health = Health.FAILED
+            r.error = self._failure(r, state, exits)
+        r.slurm_state = state or "GONE"
+
+    def _adopt(self) -> None:
+        """Take over the jobs a previous executor on this work folder left in Slurm."""
+        records = []
+        for d in sorted(p for p in self.workdir.iterdir() if p.is_dir()):
+            rec = read_json_file(d / RECORD_FILE)
+            if isinstance(rec, dict) and rec.get("launch_id"):
+                records.append((d, rec))
+        if not records:
+            return
+        by_comment: dict[str, str] = {}
+        try:
+            text = self._run(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%T|%r|%k"])
+            states: dict[str, tuple[str, str]] | None = squeue_states(text)
+            by_comment = {ln.split("|")[3].strip(): ln.split("|")[0].split("+")[0]
+                          for ln in text.splitlines() if ln.count("|") >= 3}
+        except SlurmError as exc:
+            log.warning("cannot ask Slurm about earlier jobs in %s (%s): taking them as "
+                        "running until it answers", self.workdir, exc)
+            states = None
+        for d, rec in records:
+            try:
+                r = _Launch(str(rec["job"]), int(rec["iterations"]),
+                            allocation_from_dict(rec["allocation"]), str(rec["slurm_job_id"]),
+                            str(rec["launch_id"]), d, bool(rec["builtin"]),
+                            float(rec["decision_wall"]), int(rec["start_iteration"]),
+                            str(rec.get("action", "start")))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("%s: unreadable launch record (%s); ignored", d / RECORD_FILE, exc)
+                continue
+            if not r.slurm_id:  # killed between recording and sbatch: find it by its comment
+                r.slurm_id = by_comment.get(f"{COMMENT_PREFIX}{r.launch_id}", "") if states else ""
+                if not r.slurm_id:
+                    continue  # never submitted
+            st = states.get(r.slurm_id) if states is not None else ("UNKNOWN", "")
+            if st is not None and st[0] in ACTIVE_STATES | {"UNKNOWN"}:
+                r.slurm_state = st[0]
+                self.runs[r.job_id] = r
+                log.warning("adopted %s: slurm job %s (%s) from an earlier run", r.job_id,
+                            r.slurm_id, st[0])
+            else:  # it ended while no executor watched it: report how
+                self._settle(r, st)
+                self.stopped[r.job_id] = r
+
+    # -- the protocol ------------------------------------------------------------------
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
+        t0 = time.time()
+        self._states_at = -1e9  # decide on Slurm's state now, not a cached one
+        self.poll()
+        by_id = {j.id: j for j in state}
+        finished = {j for j, r in self.stopped.items() if r.health == Health.FINISHED}
+        steps = actions_for(decision, self.runs, self.runs, finished)
+        events: list[Event] = []
+        stopping = [self.runs[s.job] for s in steps if s.job in self.runs and s.action in
+                    (Action.PREEMPT, Action.RESIZE, Action.MIGRATE)]
+        clean = self._stop(stopping) if stopping else {}
+        for s in steps:
+            if s.action == Action.PREEMPT:
+                r = self.stopped[s.job]
+                events.append(Event(s.job, "preempt", 0, r.alloc.gpu_type,
+                                    "checkpointed" if clean.get(s.job) else
+                                    f"killed after the {self.grace_s:g}s grace"))
+        for s in steps:
+            if s.allocation is None:
+                continue
+            if s.action == Action.KEEP and not s.restart:
+                events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
+                continue
+            done = self.stopped.get(s.job)
+            if done is not None and done.health == Health.FINISHED:  # ended while being stopped
+                events.append(Event(s.job, "finished", 0, s.allocation.gpu_type,
+                                    "reached its iterations before the change"))
+                continue
+            job = by_id.get(s.job)
+            if job is None:
+                raise KeyError(f"decision allocates unknown job {s.job!r}")
+            action = "restart" if s.restart else s.action.value
+            try:
+                events.append(self._submit(job, s.allocation, action, t0))
+            except (SlurmError, OSError) as exc:
+                log.error("%s: %s", s.job, exc)
+                failed = _Launch(job.id, job.iterations, s.allocation, "", "", self.workdir /
+                                 job_dirname(job.id),
+                                 job.workload is None or job.workload.kind == "builtin", t0,
+                                 job.iterations_done, action, Health.FAILED,
+                                 f"sbatch failed: {exc}", iterations_done=job.iterations_done)
+                self.runs.pop(job.id, None)
+                self.stopped[job.id] = failed
+                events.append(Event(s.job, "pending", 0, s.allocation.gpu_type, failed.error or ""))
+        return events
+
+    def poll(self) -> list[Progress]:
+        states = self._query() if self.runs else None
+        if states is not None:
+            for job_id, r in list(self.runs.items()):
+                st = states.get(r.slurm_id)
+                if st is None or st[0] not in ACTIVE_STATES:
+                    self._settle(r, st)
+                    self.stopped[job_id] = self.runs.pop(job_id)
+                    continue
+                r.slurm_state, r.slurm_reason = st
+                self._read_progress(r)
+                if st[0] == "RUNNING" and r.first_seen is not None:
+                    r.health = Health.RUNNING
+                    if r.overhead_s is None:
+                        r.overhead_s = max(0.0, r.first_seen[1] - r.decision_wall)
+                        r.history.append((r.action, r.overhead_s))
+        out = []
+        for job_id in sorted(set(self.runs) | set(self.stopped)):
+            r = self.runs.get(job_id) or self.stopped[job_id]
+            out.append(Progress(job_id, r.iterations_done, r.iterations, r.health, r.iter_time_s,
+                                r.loss, r.alloc.plan.gpus, r.alloc.plan.label(), r.overhead_s,
+                                r.error))
+        return out
+
+    def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        runs = list(self.runs.values())
+        clean = self._stop(runs, checkpoint) if runs else {}
+        return [Event(r.job_id, "preempt", 0, r.alloc.gpu_type,
+                      ("checkpointed on shutdown" if checkpoint else "cancelled on shutdown")
+                      if clean.get(r.job_id) else "killed after the grace period")
+                for r in runs]
+
+    def overheads(self) -> dict[str, list[tuple[str, float]]]:
+        """(action, seconds from the decision to the relaunched job's first step) per launch."""
+        self.poll()
+        return {j: list(r.history) for j, r in {**self.stopped, **self.runs}.items() if r.history}
+
+    def slurm_job(self, job_id: str) -> str | None:
+        """The Slurm job id of ``job_id``'s current (or last) launch."""
+        r = self.runs.get(job_id) or self.stopped.get(job_id)
+        return r.slurm_id if r else None
+
+
+def from_environment(workdir: Path, cluster: Cluster) -> SlurmExecutor:
+    """The executor ``apportion run --executor slurm`` builds; site settings from variables:
+    ``APPORTION_SLURM_PARTITION``, ``APPORTION_SLURM_SBATCH_ARGS`` (shell words, e.g.
+    ``--account=lab --qos=normal``), ``APPORTION_SLURM_GRACE_S`` (default 60) and
+    ``APPORTION_SLURM_PYTHON`` (the interpreter on the nodes)."""
+    env = os.environ
+    try:
+        grace = float(env.get("APPORTION_SLURM_GRACE_S", "60"))
+    except ValueError:
+        from apportion.errors import InputError
+
+        raise InputError("APPORTION_SLURM_GRACE_S", "grace", "not a number of seconds") from None
+    return SlurmExecutor(workdir, cluster=cluster, partition=env.get("APPORTION_SLURM_PARTITION"),
+                         sbatch_args=shlex.split(env.get("APPORTION_SLURM_SBATCH_ARGS", "")),
+                         grace_s=grace, python=env.get("APPORTION_SLURM_PYTHON", sys.executable))
