@@ -160,6 +160,9 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
     for j, v in per_job.items():
         v["weight"] = weights[j]
+        jd = g.nodes[f"job:{j}"]  # recorded on the job vertex (explains a decision)
+        jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
+        jd["soonest_s"] = soonest[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}

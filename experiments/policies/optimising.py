@@ -22,7 +22,6 @@ from typing import Any
 from apportion.formulations.candidates import CandidateOptions
 from apportion.round import FormulationPolicy, RoundConfig
 
-
 # Crius's objective (normalised throughput, a queue bonus, Gavel's normalisation): what
 # the crius-greedy baseline optimises whatever apportion's defaults become
 CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
