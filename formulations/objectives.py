@@ -18,14 +18,14 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
 * ``jct-aware``:    n_c * w_j with w_j = clip((median(soon) / soon_j) ** alpha,
   w_min, w_max), soon_j the job's remaining time on its fastest candidate
   cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
-  default 0.5; 1 is SRTF's ratio, 0 is ``normalized``) and bounded, so short
+  default 1, SRTF's ratio; 0.5 tempers it, 0 is ``normalized``) and bounded, so short
   jobs come first without starving long ones (whose weight never falls below
   ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
   too, so a job's stickiness is in the units of its own gains (a long job
   may still grow when GPUs free up).
 
-Every kind may add a **per-placed-job term** ``place_bonus`` (default 0; Sia's
-ILP uses 1): a cell's value then holds a constant for running at all, so the
+Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
+default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
 optimum places one more job before it scales a placed one up — an extra cell
 of speed buys less than a job that would otherwise wait.
 
@@ -60,7 +60,7 @@ class ObjectiveOptions:
     restart_s: float = 60.0
     round_s: float = 300.0
     place_bonus: float = 0.0
-    remaining_exponent: float = 0.5
+    remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
 
 

@@ -276,7 +276,7 @@ class PlanOptions:
     restart_s: float = 60.0
     round_s: float = 300.0
     place_bonus: float = 0.0  # the objective's knobs, as CandidateOptions' (objectives.py)
-    remaining_exponent: float = 0.5
+    remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
     normalize: str = "requested"
 
