@@ -394,15 +394,16 @@ class FormulationPolicy:
         specs = [_spec_of(js) for js in view.jobs]
         cfg = self.cfg
         if cfg.formulation == "plans":
-            from apportion.formulations.plans import EstimatedPlans, build_plan_candidates
+            from apportion.formulations.plans import EstimatedPlans, PlanOptions, build_plan_candidates
 
             source = cfg.plan_source or EstimatedPlans(self.estimator.inner)
             if est is self._viewed:  # a replay: the view's measured rates set the times
                 from apportion.formulations.plans import CalibratedPlans
 
                 source = CalibratedPlans(source, self._view_rate.rate)
+            # one objective for both formulations: the plans take the cells' objective knobs
             g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
-                                      cfg.plan_options)
+                                      cfg.plan_options or PlanOptions.like(cfg.candidates))
         elif self.rounds_made == 0:  # one round (solve-round): no cache to fill
             g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
         else:  # later rounds: only new or changed jobs are estimated again

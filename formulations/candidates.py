@@ -25,13 +25,16 @@ Edges to groups rather than to every node keep the graph small at cluster
 scale (1,000 jobs x 48 cells x 160 nodes would be millions of edges). A
 researcher can edit attributes (say, ``value``) before the formulation is built.
 
-Objective coefficient of a cell (documented weights; other objectives in
-:mod:`apportion.formulations.objectives`):
+Objective coefficient of a cell (the default objective, ``jct-aware``, weighs the
+normalised throughput by the job's bounded remaining-time weight and adds a
+per-placed-job bonus: see :mod:`apportion.formulations.objectives`; Crius's
+plain ``normalized`` objective is):
 ``value = est_throughput / ref_throughput + queue_bonus + keep_bonus
 - reconfig``, where
-``ref_throughput`` is the job's best estimated throughput with its requested N
-GPUs of its requested type (or of the best type when none is requested, or its
-best candidate at all when the request itself is infeasible);
+``ref_throughput`` is the job's reference throughput under the ``normalize``
+option (:func:`apportion.formulations.objectives.reference_throughput`; default
+``least-efficient``, Sia's; ``requested`` is its best estimated throughput with
+its requested N GPUs of its requested type, Gavel's and Crius's);
 ``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
 jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.3) is added
 to a running job's present cell: changing or preempting a running job costs
@@ -50,7 +53,8 @@ import networkx as nx
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.formulations.objectives import ObjectiveOptions, apply_objective
+from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
+                                               reference_throughput)
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 
@@ -66,14 +70,32 @@ class CandidateOptions:
     queue_weight: float = 0.25
     starvation_s: float = 4 * 3600.0
     keep_bonus: float = 0.3
-    objective: str = "normalized"  # see formulations/objectives.py
+    # apportion's default objective (experiments/results/quality/README.md: tuned on
+    # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
+    # weights with SRTF's ratio (exponent 1) bounded to [1/4, 4], one unit per placed job,
+    # and Sia's least-efficient normalisation. Crius's objective is ``objective=
+    # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
+    objective: str = "jct-aware"  # see formulations/objectives.py
     restart_s: float = 60.0
     round_s: float = 300.0
     stage_counts: str = "powers"  # or "divisors"
+    place_bonus: float = 1.0  # per placed job (see formulations/objectives.py)
+    remaining_exponent: float = 1.0  # objective "jct-aware": alpha of its weight
+    weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
+    # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
+    # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
+    # feasible type, Sia's: independent of a requested type that may be arbitrary), or
+    # ``best`` (N GPUs of its fastest type), or ``least-efficient`` (N x the throughput per
+    # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
+    # their efficient ones higher)
+    normalize: str = "least-efficient"
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
-                                restart_s=self.restart_s, round_s=self.round_s)
+                                restart_s=self.restart_s, round_s=self.round_s,
+                                place_bonus=self.place_bonus,
+                                remaining_exponent=self.remaining_exponent,
+                                weight_bounds=self.weight_bounds)
 
 
 def job_node(job_id: str) -> str:
@@ -176,17 +198,14 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0
         return
-    # normalisation: requested N of the requested (or best) type
-    at_n = [(c, e) for c, e in cells if c.gpus == job.requested_gpus]
-    if job.requested_gpu_type:
-        typed = [(c, e) for c, e in at_n if c.gpu_type == job.requested_gpu_type]
-        basis = f"{job.requested_gpus} x {job.requested_gpu_type}"
-    else:
-        typed, basis = at_n, f"{job.requested_gpus} x best type"
-    pool = typed or at_n or cells
-    if not typed:
-        basis = "best candidate" if not at_n else f"{job.requested_gpus} x best type"
-    ref = max(e.throughput for _, e in pool)
+    ref, basis = reference_throughput(opt.normalize, job.requested_gpus, job.requested_gpu_type,
+                                      [(c.gpu_type, c.gpus, e.throughput) for c, e in cells])
+    _attach_cells(g, job, cells, cluster, opt, ref, basis)
+
+
+def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster,
+                  opt: CandidateOptions, ref: float, basis: str) -> None:
+    jn = job_node(job.id)
     g.nodes[jn]["ref_throughput"] = ref
     g.nodes[jn]["ref_basis"] = basis
     bonus = g.nodes[jn]["queue_bonus"]

@@ -14,9 +14,22 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   isolated finish time gain more;
 * ``makespan``:     n_c * rem_j / mean(rem) — longest remaining work first (LPT);
 * ``composite``:    sum_k weight_k * term_k over the above, documented default
-  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``.
+  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``;
+* ``jct-aware``:    n_c * w_j with w_j = clip((median(soon) / soon_j) ** alpha,
+  w_min, w_max), soon_j the job's remaining time on its fastest candidate
+  cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
+  default 1, SRTF's ratio; 0.5 tempers it, 0 is ``normalized``) and bounded, so short
+  jobs come first without starving long ones (whose weight never falls below
+  ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
+  too, so a job's stickiness is in the units of its own gains (a long job
+  may still grow when GPUs free up).
 
-Then ``value_c = term_c + bonus_c + keep_bonus [c is the running cell]
+Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
+default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
+optimum places one more job before it scales a placed one up — an extra cell
+of speed buys less than a job that would otherwise wait.
+
+Then ``value_c = term_c + place_bonus + bonus_c + keep_bonus [c is the running cell]
 - reconfig_c``, where ``bonus_c`` holds the queue bonus and any SLA/deadline
 priority the formulation set, and the reconfiguration cost of moving a running
 job to another cell is the fraction of the round lost to the restart,
@@ -29,13 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from statistics import mean
+from statistics import mean, median
 
 import networkx as nx
 
 from apportion.jobs import JobSpec
 
-OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite")
+OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 
 
@@ -46,6 +59,9 @@ class ObjectiveOptions:
     keep_bonus: float = 0.3
     restart_s: float = 60.0
     round_s: float = 300.0
+    place_bonus: float = 0.0
+    remaining_exponent: float = 1.0
+    weight_bounds: tuple[float, float] = (0.25, 4.0)
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -60,7 +76,59 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return n * js["rho"] / stats["rho_mean"]
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
+    if kind == "jct-aware":
+        return n * js["weight"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
+
+
+NORMALIZATIONS = ("requested", "slowest", "best", "least-efficient")
+
+
+def reference_throughput(normalize: str, requested_gpus: int, requested_type: str | None,
+                         options: list[tuple[str, int, float]]) -> tuple[float, str]:
+    """A job's reference throughput ``ref_j`` (``n_c = thr_c / ref_j``) and its basis.
+
+    ``options`` are the job's candidates as (GPU type, GPU count, throughput). One
+    definition for every formulation (cells and plans):
+
+    * ``requested``: its requested N GPUs of its requested type (Gavel's; the best type
+      when none is requested, the best candidate when no N-GPU candidate exists);
+    * ``slowest``: N GPUs of its slowest type (Sia's: independent of a requested type
+      that may be arbitrary);
+    * ``best``: N GPUs of its fastest type;
+    * ``least-efficient``: N x the throughput per GPU of its least efficient (type,
+      count), Sia's base: jobs whose slow options waste GPUs rate their efficient ones
+      higher.
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalize {normalize!r}; choose {', '.join(NORMALIZATIONS)}")
+    if not options:
+        raise ValueError("a reference throughput needs at least one candidate")
+    best: dict[tuple[str, int], float] = {}  # each (type, count)'s best plan
+    for t, n, thr in options:
+        best[t, n] = max(best.get((t, n), 0.0), thr)
+    if normalize == "least-efficient":
+        per_gpu = min(thr / n for (_, n), thr in best.items())
+        return per_gpu * requested_gpus, f"{requested_gpus} x least efficient GPU"
+    at_n = {t: thr for (t, n), thr in best.items() if n == requested_gpus}
+    if normalize != "requested" and at_n:
+        pick = min if normalize == "slowest" else max
+        return pick(at_n.values()), f"{requested_gpus} x {normalize} type"
+    if requested_type and requested_type in at_n:
+        return at_n[requested_type], f"{requested_gpus} x {requested_type}"
+    if at_n:
+        return max(at_n.values()), f"{requested_gpus} x best type"
+    return max(best.values()), "best candidate"
+
+
+def jct_weights(rem: dict[str, float], exponent: float,
+                bounds: tuple[float, float]) -> dict[str, float]:
+    """``clip((median(rem) / rem_j) ** exponent, *bounds)`` per job (1 for a lone job)."""
+    if not rem:
+        return {}
+    mid = median(rem.values())
+    lo, hi = bounds
+    return {j: min(hi, max(lo, (mid / r) ** exponent)) for j, r in rem.items()}
 
 
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
@@ -81,13 +149,29 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
     if not per_job:
         return
+    fastest: dict[str, float] = {}  # each job's best candidate throughput
+    for _, d in g.nodes(data=True):
+        if d.get("kind") == "cell" and d["job"] in per_job:
+            fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
+    # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
+    # a job that is slow where it asked to run but fast elsewhere is a short job
+    soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
+               else per_job[j]["rem"] for j in per_job}
+    weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
+    for j, v in per_job.items():
+        v["weight"] = weights[j]
+        jd = g.nodes[f"job:{j}"]  # recorded on the job vertex (explains a decision)
+        jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
+        jd["soonest_s"] = soonest[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}
     lost = min(1.0, opt.restart_s / opt.round_s) if opt.round_s > 0 else 1.0
     g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
                             "keep_bonus": opt.keep_bonus, "restart_s": opt.restart_s,
-                            "round_s": opt.round_s}
+                            "round_s": opt.round_s, "place_bonus": opt.place_bonus,
+                            "remaining_exponent": opt.remaining_exponent,
+                            "weight_bounds": list(opt.weight_bounds)}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
@@ -96,9 +180,9 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
         else:
             term = _terms(opt.kind, d, js, stats)
-        value = term + float(d.get("bonus", 0.0))
-        if d.get("current"):
-            value += opt.keep_bonus
+        value = term + opt.place_bonus + float(d.get("bonus", 0.0))
+        if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
+            value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:
             value -= term * lost  # a running job that moves loses the restart time
         d["term"] = term

@@ -52,7 +52,7 @@ from apportion.errors import InputError
 from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges, job_node
-from apportion.formulations.objectives import ObjectiveOptions, apply_objective
+from apportion.formulations.objectives import ObjectiveOptions, apply_objective, reference_throughput
 from apportion.jobs import JobSpec
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
@@ -275,6 +275,28 @@ class PlanOptions:
     objective: str = "normalized"
     restart_s: float = 60.0
     round_s: float = 300.0
+    place_bonus: float = 0.0  # the objective's knobs, as CandidateOptions' (objectives.py)
+    remaining_exponent: float = 1.0
+    weight_bounds: tuple[float, float] = (0.25, 4.0)
+    normalize: str = "requested"
+
+    @classmethod
+    def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
+        """Plan options with the objective of a :class:`CandidateOptions` (one objective for
+        both formulations: a driver configures it once)."""
+        same = {f: getattr(candidates, f) for f in _OBJECTIVE_FIELDS}
+        return cls(**{**same, **kw})
+
+    def objective_options(self) -> ObjectiveOptions:
+        return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
+                                restart_s=self.restart_s, round_s=self.round_s,
+                                place_bonus=self.place_bonus,
+                                remaining_exponent=self.remaining_exponent,
+                                weight_bounds=self.weight_bounds)
+
+
+_OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
+                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "normalize")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
@@ -312,13 +334,14 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         req_type = job.requested_gpu_type
         at_req = [o for o in opts if o.gpus == job.requested_gpus
                   and (req_type is None or o.gpu_type == req_type)]
-        ref = max(o.throughput for o in (at_req or opts))
+        ref, basis = reference_throughput(opt.normalize, job.requested_gpus, req_type,
+                                          [(o.gpu_type, o.gpus, o.throughput) for o in opts])
         g.nodes[jn]["ref_throughput"] = ref
-        g.nodes[jn]["ref_basis"] = (f"{job.requested_gpus} x {req_type or 'best type'}, best plan"
-                                    if at_req else "best option")
+        g.nodes[jn]["ref_basis"] = basis + ", best plan"
         guaranteed = False
         if job.guaranteed and at_req:
-            sla = ref * (1 - 1e-9)
+            promised = max(o.throughput for o in at_req)  # the SLA: its request's speed
+            sla = promised * (1 - 1e-9)
             meeting = [o for o in opts if o.throughput >= sla]
             demand = min(o.gpus for o in meeting)
             quota = quotas.get(job.tenant)
@@ -326,7 +349,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                 guaranteed = True
                 used_quota[job.tenant] = used_quota.get(job.tenant, 0) + demand
                 opts = meeting
-                g.nodes[jn]["sla_throughput"] = ref
+                g.nodes[jn]["sla_throughput"] = promised
                 g.nodes[jn]["min_demand"] = demand
             else:
                 g.nodes[jn]["over_quota"] = True
@@ -353,8 +376,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                               g.nodes[cn]["single_node"],
                               job.running.placement if (g.nodes[cn]["current"] and job.running)
                               else None)
-    apply_objective(g, jobs, now_s, ObjectiveOptions(kind=opt.objective, keep_bonus=opt.keep_bonus,
-                                                     restart_s=opt.restart_s, round_s=opt.round_s))
+    apply_objective(g, jobs, now_s, opt.objective_options())
     return g
 
 

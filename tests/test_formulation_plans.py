@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
+from apportion.formulations.candidates import CandidateOptions
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.plans import (EstimatedPlans, MeasuredPlans, build_plan_candidates,
                                           plan_from_code)
@@ -39,10 +40,17 @@ def test_figure8_roberta_and_t5(shared_data: Path) -> None:
     jobs = [JobSpec("roberta", "roberta-355m", 32, 1000, 4),
             JobSpec("t5", "t5-3b", 32, 1000, 4)]
     source = _fig8_source(shared_data)
-    for backend in ("highs", "cp-sat"):
+    # Morphling's objective: throughput normalised to the request, no per-job bonus
+    morphling = CandidateOptions(objective="normalized", place_bonus=0.0, normalize="requested")
+    for backend, opts in (("highs", morphling), ("cp-sat", morphling), ("highs", None)):
         r = run_round(cluster, jobs, 0.0, RoundConfig(backend=backend, formulation="plans",
-                                                      plan_source=source))
+                                                      plan_source=source,
+                                                      candidates=opts or CandidateOptions()))
         d = r.decision
+        if opts is None:  # apportion's default objective makes the same choice
+            assert validate(d, cluster, jobs).ok
+            assert {a.job: a.gpus for a in d.allocations} == {"t5": 3, "roberta": 1}
+            continue
         assert validate(d, cluster, jobs).ok
         assert d.report.status == "optimal"
         t5, rob = d.allocation("t5"), d.allocation("roberta")
@@ -136,9 +144,10 @@ def test_offload_needs_cpus_and_memory() -> None:
 @settings(max_examples=15)
 @given(inst=plan_instances())
 def test_slope_heuristic_is_valid_and_below_the_optimum(inst) -> None:
+    from apportion.solvers.slope import SlopeGreedy
+
     from apportion.decision import SolveReport
     from apportion.round import to_decision
-    from apportion.solvers.slope import SlopeGreedy
 
     cluster, jobs, quotas = inst
     g = build_plan_candidates(cluster, jobs, 10.0, EstimatedPlans(), quotas)

@@ -16,11 +16,17 @@ driver passes (``solve-round`` and ``run`` pass the operator's flags).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from apportion.formulations.candidates import CandidateOptions
 from apportion.round import FormulationPolicy, RoundConfig
+
+# Crius's objective (normalised throughput, a queue bonus, Gavel's normalisation): what
+# the crius-greedy baseline optimises whatever apportion's defaults become
+CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
+                                   "normalize": "requested", "keep_bonus": 0.3,
+                                   "queue_weight": 0.25}
 
 
 def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  # noqa: N802
@@ -28,8 +34,16 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                search_depth: int | None = None, max_changes: int | None = None,
                no_scaling: bool = False, no_hetero: bool = False,
                stage_counts: str | None = None, resolve_every: int | None = 12,
-               estimator: Any = None, name: str | None = None) -> FormulationPolicy:
-    """A formulation policy from a driver's config and the registry's fixed options."""
+               estimator: Any = None, name: str | None = None,
+               **objective: Any) -> FormulationPolicy:
+    """A formulation policy from a driver's config and the registry's fixed options.
+
+    ``objective``: :class:`CandidateOptions` fields (``objective``, ``place_bonus``,
+    ``remaining_exponent``, ``weight_bounds``, ``normalize``, ``keep_bonus``, ...) over the
+    config's; the plans formulation takes the same (``PlanOptions.like``). Crius's greedy
+    (``backend="greedy"``, the ``crius-greedy`` baseline) keeps Crius's objective
+    (:data:`CRIUS_OBJECTIVE`) unless told otherwise.
+    """
     cfg = replace(config) if config is not None else RoundConfig(time_budget_s=5.0)
     cfg.formulation = formulation
     if backend is not None:
@@ -47,7 +61,13 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         opts = replace(opts, stage_counts=stage_counts)
     if no_scaling:
         opts = replace(opts, scales=(1.0,))
-    cfg.candidates = opts if isinstance(opts, CandidateOptions) else CandidateOptions()
+    opts = opts if isinstance(opts, CandidateOptions) else CandidateOptions()
+    unknown = set(objective) - {f.name for f in fields(CandidateOptions)}
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
+    if cfg.backend == "greedy" and formulation == "cells":
+        opts = replace(opts, **CRIUS_OBJECTIVE)
+    cfg.candidates = replace(opts, **objective)
     suffix = "-na" if no_scaling else "-nh" if no_hetero else ""
     base = {"cells": "apportion", "plans": "apportion-plans",
             "deadline": "apportion-deadline"}[formulation]

@@ -1,0 +1,53 @@
+"""Condense ``apportion compare`` runs (their ``summary.csv``) into one markdown table per
+run and one JSON: avg and p99 JCT (mean ± 95 % CI over seeds, Student's t, hours),
+average queueing, restarts per job, finished jobs, and each policy's rank by avg JCT.
+
+    python experiments/results/quality/summarise.py OUT.md RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+H = 3600.0
+
+
+def table(run: Path) -> tuple[str, list[dict]]:
+    df = pd.read_csv(run / "summary.csv").sort_values("avg_jct_s").reset_index(drop=True)
+    head = (run / "summary.md").read_text().splitlines()[0]
+    rows, out = [], []
+    out.append(f"### {run.name}\n\n{head}\n")
+    out.append("| rank | policy | seeds | finished/jobs | avg JCT (h) | p99 JCT (h) | avg queue (h) "
+               "| restarts/job |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for i, r in df.iterrows():
+        rec = {"run": run.name, "rank": i + 1, "policy": r["policy"], "seeds": int(r["seeds"]),
+               "finished": r["finished"], "jobs": r["jobs"],
+               "avg_jct_h": r["avg_jct_s"] / H, "avg_jct_ci95_h": r["avg_jct_s_ci95"] / H,
+               "p99_jct_h": r["p99_jct_s"] / H, "p99_jct_ci95_h": r["p99_jct_s_ci95"] / H,
+               "avg_queue_h": r["avg_queue_s"] / H, "avg_restarts": r["avg_restarts"]}
+        rows.append(rec)
+        name = f"**{r['policy']}**" if str(r["policy"]).startswith("apportion") else r["policy"]
+        out.append(f"| {i + 1} | {name} | {rec['seeds']} | {r['finished']:.0f}/{r['jobs']:.0f} | "
+                   f"{rec['avg_jct_h']:.3f} ± {rec['avg_jct_ci95_h']:.3f} | "
+                   f"{rec['p99_jct_h']:.2f} ± {rec['p99_jct_ci95_h']:.2f} | "
+                   f"{rec['avg_queue_h']:.3f} | {rec['avg_restarts']:.2f} |")
+    return "\n".join(out) + "\n", rows
+
+
+def main(out: str, runs: list[str]) -> None:
+    parts, rows = [], []
+    for r in runs:
+        md, rs = table(Path(r))
+        parts.append(md)
+        rows.extend(rs)
+    Path(out).write_text("\n".join(parts))
+    Path(out).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,203 @@
+"""The JCT-aware objective, the per-placed-job bonus and the normalisations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from apportion.experiments.groundtruth import AnalyticTruth
+from apportion.experiments.policies import make_policy
+from apportion.experiments.simulator import SimConfig, Simulator
+from apportion.formulations.candidates import CandidateOptions, build_candidates, cells_of, job_node
+from apportion.formulations.objectives import jct_weights
+from apportion.solvers.validator import validate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_policies_all import trace
+from test_sim_properties import small_cluster
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.decision import SolveReport
+from apportion.jobs import JobSpec, RunningState
+from apportion.round import RoundConfig, run_round
+
+REPORT = SolveReport("t", "optimal", None, None, None, 0.0, False)
+
+
+@given(rem=st.dictionaries(st.text("abc", min_size=1, max_size=3), st.floats(60.0, 1e6), min_size=1),
+       alpha=st.floats(0.0, 1.0))
+def test_jct_weights_are_bounded_and_favour_short_work(rem: dict[str, float], alpha: float) -> None:
+    w = jct_weights(rem, alpha, (0.25, 4.0))
+    assert all(0.25 <= v <= 4.0 for v in w.values())
+    for a, ra in rem.items():
+        for b, rb in rem.items():
+            if ra < rb:
+                assert w[a] >= w[b]  # less remaining work never weighs less
+    if alpha == 0.0:
+        assert set(w.values()) == {1.0}
+
+
+def _two_jobs_one_slot() -> tuple[Cluster, list[JobSpec]]:
+    cl = Cluster("one", [NodeGroup("a", 1, "A100-40GB", 4)])
+    short = JobSpec("short", "bert-336m", 64, 200, 4, submit_time_s=0.0)
+    long = JobSpec("long", "bert-336m", 64, 200_000, 4, submit_time_s=0.0)
+    return cl, [short, long]
+
+
+def test_jct_aware_runs_the_shorter_job_first_and_normalized_is_indifferent() -> None:
+    cl, jobs = _two_jobs_one_slot()
+    picks = {}
+    for kind in ("jct-aware", "normalized"):
+        opts = CandidateOptions(objective=kind, place_bonus=1.0, scales=(1.0,))
+        res = run_round(cl, jobs, 0.0, RoundConfig(time_budget_s=5.0, candidates=opts))
+        assert validate(res.decision, cl, jobs).ok
+        assert res.decision.report.backend in ("highs", "cp-sat")
+        picks[kind] = [a.job for a in res.decision.allocations]
+        vals = {j.id: max(res.graph.nodes[c]["value"] for c in cells_of(res.graph, j.id)) for j in jobs}
+        if kind == "normalized":
+            assert vals["short"] == pytest.approx(vals["long"])
+        else:
+            assert vals["short"] > vals["long"]
+    assert picks["jct-aware"] == ["short"]
+
+
+def test_place_bonus_places_a_second_job_before_scaling_one_up() -> None:
+    """8 GPUs, two 4-GPU jobs: without a bonus one job at 8 may win; with it both run."""
+    cl = Cluster("two", [NodeGroup("a", 2, "A100-40GB", 4)])
+    jobs = [JobSpec(f"j{i}", "bert-336m", 256, 5000, 4, submit_time_s=0.0) for i in range(2)]
+    opts = CandidateOptions(place_bonus=1.0)
+    res = run_round(cl, jobs, 0.0, RoundConfig(time_budget_s=5.0, candidates=opts))
+    assert validate(res.decision, cl, jobs).ok
+    assert sorted(a.job for a in res.decision.allocations) == ["j0", "j1"]
+    g = res.graph
+    for cn in cells_of(g, "j0"):
+        d = g.nodes[cn]
+        assert d["value"] == pytest.approx(d["term"] + 1.0 + g.nodes[job_node("j0")]["queue_bonus"])
+
+
+def _scale_or_place() -> tuple[Cluster, list[JobSpec]]:
+    """8 GPUs; a short job runs on 4 of them and could double; a long job waits for 4."""
+    cl = Cluster("two", [NodeGroup("a", 2, "A100-40GB", 4)])
+    running = JobSpec("run", "bert-336m", 256, 4000, 4, submit_time_s=0.0, iterations_done=100,
+                      running=RunningState("A100-40GB", 4, 1, {"a-0": 4}, 1))
+    queued = JobSpec("queued", "bert-336m", 256, 400_000, 4, submit_time_s=0.0)
+    return cl, [running, queued]
+
+
+def test_default_objective_places_a_queued_job_before_scaling_a_running_one() -> None:
+    """The mechanism behind apportion's defaults: JCT-aware weights make growing the short
+    running job worth more than starting the long queued one (weight w_min); the
+    per-placed-job bonus turns that around, so the queued job starts and the running job
+    keeps its place. Both answers are the exact optimum of their graph's values."""
+    cl, jobs = _scale_or_place()
+    default = CandidateOptions()
+    assert default.objective == "jct-aware" and default.place_bonus > 0
+    out = {}
+    for bonus in (0.0, default.place_bonus):
+        opts = replace(default, place_bonus=bonus)
+        res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, candidates=opts))
+        assert validate(res.decision, cl, jobs).ok
+        assert res.decision.report.status == "optimal"
+        out[bonus] = {a.job: (a.gpus, a.action.value) for a in res.decision.allocations}
+        g = res.graph
+        w = {j: g.nodes[job_node(j)]["jct_weight"] for j in ("run", "queued")}
+        assert w["run"] > w["queued"]  # less remaining work weighs more
+    assert out[0.0] == {"run": (8, "resize")}
+    assert out[default.place_bonus] == {"run": (4, "keep"), "queued": (4, "start")}
+
+
+def test_the_registered_policies_and_the_operator_path_share_the_objective() -> None:
+    """apportion, apportion-plans, solve-round's RoundConfig and run_round: one objective."""
+    cl, jobs = _scale_or_place()
+    default = CandidateOptions()
+    for name in ("apportion", "apportion-plans"):
+        pol = make_policy(name)
+        assert pol.cfg.candidates == default
+    assert RoundConfig().candidates == default
+    for formulation in ("cells", "plans"):
+        res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, formulation=formulation))
+        assert validate(res.decision, cl, jobs).ok
+        obj = res.graph.graph["objective"]
+        assert (obj["kind"], obj["place_bonus"]) == (default.objective, default.place_bonus)
+        assert "queued" in {a.job for a in res.decision.allocations}
+
+
+@settings(max_examples=20, deadline=None)
+@given(jobs=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(50, 200_000),
+                               st.booleans()), min_size=1, max_size=5),
+       kind=st.sampled_from(["jct-aware", "normalized"]), bonus=st.sampled_from([0.0, 0.5, 1.0]),
+       normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]))
+def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
+                                                   bonus: float, normalize: str) -> None:
+    """value = n * w + place_bonus + bonus [+ keep * w | - term * lost], w bounded, and a job
+    that can finish sooner never weighs less; the exact optimum validates."""
+    cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
+    specs, node = [], 0
+    for i, (gpus, iters, running) in enumerate(jobs):
+        run = None
+        if running and node < 2:
+            run = RunningState("A100-40GB", gpus, 1, {f"a-{node}": gpus}, 1)
+            node += 1
+        specs.append(JobSpec(f"j{i}", "bert-336m", 64, iters, gpus, submit_time_s=0.0,
+                             iterations_done=1 if run else 0, running=run))
+    opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize)
+    g = build_candidates(cl, specs, 100.0, options=opts)
+    weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
+    lo, hi = opts.weight_bounds
+    lost = min(1.0, opts.restart_s / opts.round_s)
+    for j in specs:
+        cells = cells_of(g, j.id)
+        if not cells:
+            continue
+        w = weights[j.id]
+        assert lo <= w <= hi
+        for cn in cells:
+            d = g.nodes[cn]
+            term = d["normalized"] * (w if kind == "jct-aware" else 1.0)
+            want = term + bonus + d["bonus"]
+            if d["current"]:
+                want += opts.keep_bonus * (w if kind == "jct-aware" else 1.0)
+            elif j.running is not None:
+                want -= term * lost
+            assert d["value"] == pytest.approx(want)
+    soon = {j.id: g.nodes[job_node(j.id)]["soonest_s"] for j in specs if cells_of(g, j.id)}
+    for a, sa in soon.items():
+        for b, sb in soon.items():
+            if sa < sb and kind == "jct-aware":
+                assert weights[a] >= weights[b]
+    res = run_round(cl, specs, 100.0, RoundConfig(time_budget_s=2.0, candidates=opts))
+    assert validate(res.decision, cl, specs).ok
+
+
+def test_crius_greedy_keeps_crius_objective() -> None:
+    from apportion.experiments.policies.optimising import CRIUS_OBJECTIVE
+
+    opts = make_policy("crius-greedy").cfg.candidates
+    assert {k: getattr(opts, k) for k in CRIUS_OBJECTIVE} == CRIUS_OBJECTIVE
+    assert make_policy("apportion", place_bonus=2.0).cfg.candidates.place_bonus == 2.0
+    with pytest.raises(TypeError):
+        make_policy("apportion", no_such_option=1)
+
+
+def test_apportion_defaults_in_a_replay_validate_every_round() -> None:
+    cl = small_cluster()
+    pol = make_policy("apportion", time_budget_s=1.0)
+    res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()  # validates
+    assert res.summary["finished"] == 10
+    assert set(res.rounds["backend"]) & {"highs", "cp-sat"}
+
+
+@pytest.mark.parametrize("normalize", ["requested", "slowest", "best", "least-efficient"])
+def test_normalisations(normalize: str) -> None:
+    cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 4, "A10", 2)])
+    jobs = [JobSpec("j", "bert-336m", 64, 1000, 2, requested_gpu_type="A10")]
+    g = build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize=normalize))
+    at_n = {g.nodes[c]["gpu_type"]: g.nodes[c]["est_throughput"] for c in cells_of(g, "j")
+            if g.nodes[c]["gpus"] == 2}
+    ref = g.nodes[job_node("j")]["ref_throughput"]
+    per_gpu = min(g.nodes[c]["est_throughput"] / g.nodes[c]["gpus"] for c in cells_of(g, "j"))
+    want = {"requested": at_n["A10"], "slowest": min(at_n.values()), "best": max(at_n.values()),
+            "least-efficient": 2 * per_gpu}
+    assert ref == pytest.approx(want[normalize])
+    with pytest.raises(ValueError):
+        build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize="nope"))
