@@ -220,6 +220,22 @@ class FailureGate:
                      "its workers failed; relaunched once the fault policy has seen the failure")
 
 
+def steps_to_launch(steps: Iterable[Step], held: set[str], events: list[Event]) -> list[Step]:
+    """The steps of ``apply`` that start a worker group; a kept job and a relaunch the
+    :class:`FailureGate` holds become events instead (every executor's launch loop)."""
+    out = []
+    for s in steps:
+        if s.allocation is None:
+            continue
+        if s.action == Action.KEEP and not s.restart:
+            events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
+        elif s.job in held:
+            events.append(FailureGate.held(s.job, s.allocation.gpu_type))
+        else:
+            out.append(s)
+    return out
+
+
 class _Quiet:
     def __init__(self, gate: FailureGate) -> None:
         self.gate = gate

@@ -54,6 +54,7 @@ from apportion.runtime.executors.executor import (
     MemoryLaunchLog,
     Progress,
     actions_for,
+    steps_to_launch,
 )
 from apportion.runtime.executors.launch import LaunchSpec, launch_spec, read_json_file, write_json
 from apportion.runtime.plan_filter import workload_plan_filter
@@ -368,15 +369,7 @@ class LocalExecutor:
             if s.action == Action.PREEMPT:
                 events.append(Event(s.job, "preempt", 0, run.alloc.gpu_type,
                                     "checkpointed" if clean else "killed after stop timeout"))
-        for s in steps:
-            if s.job in held and s.allocation is not None:
-                events.append(self.failures.held(s.job, s.allocation.gpu_type))
-                continue
-            if s.allocation is None or (s.action == Action.KEEP and not s.restart):
-                if s.action == Action.KEEP:
-                    events.append(Event(s.job, "keep", s.allocation.plan.gpus if s.allocation
-                                        else 0, detail="no change"))
-                continue
+        for s in steps_to_launch(steps, held, events):
             job = by_id.get(s.job) or (self.stopped[s.job].job if s.job in self.stopped else None)
             if job is None:
                 raise KeyError(f"decision allocates unknown job {s.job!r}")

@@ -49,6 +49,7 @@ from apportion.runtime.executors.executor import (
     MemoryLaunchLog,
     Progress,
     actions_for,
+    steps_to_launch,
 )
 from apportion.runtime.executors.launch import launch_spec, read_json_file
 from apportion.runtime.executors.ray_import import describe_nodes
@@ -426,15 +427,7 @@ class RayExecutor:
             if s.action == Action.PREEMPT:
                 events.append(Event(s.job, "preempt", 0, g.alloc.gpu_type,
                                     "checkpointed" if clean else "stopped uncleanly"))
-        for s in steps:
-            if s.allocation is None:
-                continue
-            if s.action == Action.KEEP and not s.restart:
-                events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
-                continue
-            if s.job in held:
-                events.append(self.failures.held(s.job, s.allocation.gpu_type))
-                continue
+        for s in steps_to_launch(steps, held, events):
             job = by_id.get(s.job) or self.stopped[s.job].job
             try:
                 events.append(self._launch(job, s.allocation, s.action.value, t0))

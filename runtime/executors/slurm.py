@@ -55,7 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from apportion.runtime.executors import slurm_batch as batch
-from apportion.runtime.executors.executor import Event, FailureGate, Health, Progress, actions_for
+from apportion.runtime.executors.executor import (
+    Event,
+    FailureGate,
+    Health,
+    Progress,
+    actions_for,
+    steps_to_launch,
+)
 from apportion.runtime.executors.launch import launch_spec, read_json_file, write_json
 from apportion.runtime.executors.slurm_commands import (
     ACTIVE_STATES,
@@ -491,15 +498,7 @@ class SlurmExecutor:
                 events.append(Event(s.job, "preempt", 0, r.alloc.gpu_type,
                                     "checkpointed" if clean.get(s.job) else
                                     f"killed after the {self.grace_s:g}s grace"))
-        for s in steps:
-            if s.allocation is None:
-                continue
-            if s.action == Action.KEEP and not s.restart:
-                events.append(Event(s.job, "keep", s.allocation.plan.gpus, detail="no change"))
-                continue
-            if s.job in held:
-                events.append(self.failures.held(s.job, s.allocation.gpu_type))
-                continue
+        for s in steps_to_launch(steps, held, events):
             done = self.stopped.get(s.job)
             if done is not None and done.health == Health.FINISHED:  # ended while being stopped
                 events.append(Event(s.job, "finished", 0, s.allocation.gpu_type,
