@@ -51,6 +51,17 @@ def skip_reason() -> str | None:
         return "setpriv is not installed"
     if interpreter() is None:
         return f"no python{sys.version_info.major}.{sys.version_info.minor} that nobody may run"
+    closed = _closed_ancestor(Path(__file__).resolve().parent.parent)
+    if closed is not None:  # e.g. a clone inside `mktemp -d` (mode 0700)
+        return f"{closed} is closed to other users: nobody cannot import this checkout"
+    return None
+
+
+def _closed_ancestor(path: Path) -> Path | None:
+    """The first folder on the way to ``path`` that other users may not enter."""
+    for d in [*reversed(path.parents), path]:
+        if not d.stat().st_mode & 0o001:
+            return d
     return None
 
 
