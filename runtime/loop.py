@@ -208,6 +208,10 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
         if stop["signal"] is not None:
             reason = "timeout" if stop["signal"] == -1 else "signal"
     finally:
+        grace = getattr(executor, "stop_timeout_s", getattr(executor, "grace_s", None))
+        if reason == "idle" and grace is not None:
+            # the store may call a job finished before its group has exited
+            progress = _drain(executor, store, poll_s, float(grace))
         if reason != "idle":
             stopped = executor.shutdown(checkpoint=True)
             all_events.extend(stopped)
@@ -219,6 +223,26 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
         for signum, h in handlers.items():
             signal.signal(signum, h)
     return LoopResult(rounds, reason, progress, all_events)
+
+
+def _drain(executor: Executor, store: StoreLike, poll_s: float,
+           limit_s: float) -> list[Progress]:
+    """Wait for groups still exiting (a job the store finished at its target iteration,
+    whose group writes its final checkpoint), so their launches are closed and no worker
+    outlives the run; a group still there after ``limit_s`` is stopped with a checkpoint."""
+    def live(ps: list[Progress]) -> bool:
+        return any(p.health in (Health.STARTING, Health.RUNNING) for p in ps)
+
+    deadline = time.monotonic() + limit_s
+    progress = executor.poll()
+    while live(progress) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        progress = executor.poll()
+    if live(progress):
+        executor.shutdown(checkpoint=True)
+        progress = executor.poll()
+    store.record_progress(progress)
+    return progress
 
 
 def _future_jobs(store: StoreLike, now: float) -> bool:
