@@ -227,19 +227,32 @@ def _on_term(signum: int, frame: Any) -> None:
     _STOP["requested"] = True
 
 
+def _ignore_stop_signals() -> None:
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def stop_requested(install: bool = False) -> bool:
     """True once SIGTERM (or SIGINT) arrived: checkpoint at the next step boundary and exit 0.
 
     The first call installs the handlers (call it once before the loop);
     ``install=True`` installs them again (after a library such as
-    ``jax.distributed`` replaced them with its own).
+    ``jax.distributed`` replaced them with its own). At exit the signals are
+    ignored: the interpreter's teardown restores the default action, and a
+    stop that reaches a rank after its group agreed to stop (ranks are
+    signalled one by one) would otherwise kill a rank that already
+    checkpointed, and its exit would read as a failure.
     """
     if install or not _STOP["installed"]:
+        import atexit
         import signal
         import threading
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _on_term)
             signal.signal(signal.SIGINT, _on_term)
+            if not _STOP["installed"]:
+                atexit.register(_ignore_stop_signals)
         _STOP["installed"] = True
     return bool(_STOP["requested"])
 

@@ -138,7 +138,7 @@ def test_user_workload_resized_across_nodes_of_the_joined_cluster(cluster, tmp_p
         second = Allocation("u", "A10", 1, 1, ExecutionPlan(dp=1), {a10["name"]: 1}, 1.0,
                             Action.RESIZE)
         ex.apply(_decision(second), [job])
-        assert logbook.records[1]["outcome"] == "checkpointed"
+        assert logbook.records[1]["outcome"] == "checkpointed", logbook.records[1]
         ck = logbook.records[1]["checkpoint_end"]
         assert ck is not None and ck >= 3
         assert [w["node_id"] for w in logbook.records[2]["workers"]] == [a10["node_id"]]

@@ -389,6 +389,8 @@ class RayExecutor:
             return "finished" if done else "checkpointed"
         if g.stopping:
             g.health = Health.CHECKPOINTED
+            log.warning("%s: launch %s stopped uncleanly: exit codes %s", g.job.id, g.launch_id,
+                        [r["code"] if r else None for r in g.results])
             return "stopped"
         g.health = Health.FAILED
         codes = [r["code"] if r else None for r in g.results]

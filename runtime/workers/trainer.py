@@ -406,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        # done: a stop signal still in flight (ranks are signalled one by one) must not kill
+        # a rank in the interpreter's teardown, where the default action is back
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
