@@ -14,10 +14,12 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import sparse
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 INF = math.inf
 
@@ -117,6 +119,8 @@ class LinearModel:
 
     def matrix(self) -> sparse.csr_matrix:
         """The constraint matrix as CSR (rows x columns, column indices sorted)."""
+        from scipy import sparse  # here: a round whose solver runs in a child never loads it
+
         lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
         indptr = np.zeros(len(self.rows) + 1, np.int64)
         np.cumsum(lens, out=indptr[1:])
@@ -126,6 +130,16 @@ class LinearModel:
         m = sparse.csr_matrix((data, indices, indptr), shape=(self.num_rows, self.num_vars))
         m.sort_indices()
         return m
+
+    def activity(self, x: np.ndarray) -> np.ndarray:
+        """Each row's ``a.x`` (numpy only: checking an answer needs no sparse matrix)."""
+        x = np.asarray(x, float)
+        lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
+        nnz = int(lens.sum())
+        cols = np.fromiter(chain.from_iterable(r.coeffs for r in self.rows), np.int64, nnz)
+        data = np.fromiter(chain.from_iterable(r.coeffs.values() for r in self.rows), float, nnz)
+        rows = np.repeat(np.arange(len(self.rows)), lens)
+        return np.bincount(rows, weights=data * x[cols], minlength=len(self.rows))
 
     def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return (
@@ -148,7 +162,7 @@ class LinearModel:
         if np.any(np.abs(x[ints] - np.round(x[ints])) > tol):
             return False
         if self.rows:
-            act = self.matrix() @ x
+            act = self.activity(x)
             rlb, rub = self.row_bounds()
             if np.any(act < rlb - tol) or np.any(act > rub + tol):
                 return False

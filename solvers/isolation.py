@@ -175,7 +175,7 @@ def numerical_trouble(res: SolveResult, model: LinearModel, tol: float = 1e-5) -
         return "non-finite values in the answer"
     if res.objective is not None and not math.isfinite(res.objective):
         return f"non-finite objective {res.objective}"
-    if model.rows and not np.all(np.isfinite(model.matrix() @ x)):
+    if model.rows and not np.all(np.isfinite(model.activity(x))):
         return "non-finite row activity (NaN or infinite coefficients)"
     if not model.is_feasible(x, tol):
         return f"the answer violates the model's bounds or rows (tolerance {tol:g})"
