@@ -36,10 +36,13 @@ option (:func:`apportion.formulations.objectives.reference_throughput`; default
 ``least-efficient``, Sia's; ``requested`` is its best estimated throughput with
 its requested N GPUs of its requested type, Gavel's and Crius's);
 ``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
-jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.3) is added
-to a running job's present cell: changing or preempting a running job costs
-that much normalised throughput; moving it to another cell also loses the
-restart time, ``reconfig = normalized * min(1, restart_s / round_s)``.
+jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.1; Crius's
+0.3 in crius-greedy) is added to a running job's present cell: changing or
+preempting a running job costs that much normalised throughput; moving it to
+another cell also loses the restart time, spread over the time the move pays
+off, ``reconfig = normalized * min(1, restart_s / horizon)``, ``horizon`` its
+remaining time capped at ``amortize_s`` and at least ``round_s`` (Crius's
+rule, ``amortize_s=None``: one round).
 """
 
 from __future__ import annotations
@@ -65,11 +68,13 @@ log = logging.getLogger(__name__)
 class CandidateOptions:
     """Knobs of candidate generation and of the documented objective weights."""
 
+    # GPU counts as fractions of the request (Sia's reach one GPU; apportion's smaller
+    # counts lost on Philly day 1 by doubling the restarts: experiments/results/quality)
     scales: tuple[float, ...] = (0.5, 1.0, 2.0)
     max_stages: int = 16
     queue_weight: float = 0.25
     starvation_s: float = 4 * 3600.0
-    keep_bonus: float = 0.3
+    keep_bonus: float = 0.1
     # apportion's default objective (experiments/results/quality/README.md: tuned on
     # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
     # weights with SRTF's ratio (exponent 1) bounded to [1/4, 4], one unit per placed job,
@@ -89,13 +94,18 @@ class CandidateOptions:
     # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
     # their efficient ones higher)
     normalize: str = "least-efficient"
+    # a running job's move costs ``restart_s`` once but pays off for as long as it keeps its
+    # new cell: the loss is spread over min(its remaining time, ``amortize_s``), at least
+    # one round (None: over one round, Crius's rule)
+    amortize_s: float | None = 600.0
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
                                 restart_s=self.restart_s, round_s=self.round_s,
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
-                                weight_bounds=self.weight_bounds)
+                                weight_bounds=self.weight_bounds,
+                                amortize_s=self.amortize_s)
 
 
 def job_node(job_id: str) -> str:

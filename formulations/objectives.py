@@ -32,10 +32,13 @@ of speed buys less than a job that would otherwise wait.
 Then ``value_c = term_c + place_bonus + bonus_c + keep_bonus [c is the running cell]
 - reconfig_c``, where ``bonus_c`` holds the queue bonus and any SLA/deadline
 priority the formulation set, and the reconfiguration cost of moving a running
-job to another cell is the fraction of the round lost to the restart,
-``reconfig_c = term_c * min(1, restart_s / round_s)`` (restart_s: checkpoint,
-stop, relaunch and resume, default 60 s; round_s: the round interval,
-default 300 s, Crius's value).
+job to another cell is the share of its gain lost to the restart,
+``reconfig_c = term_c * min(1, restart_s / horizon_j)`` (restart_s: checkpoint,
+stop, relaunch and resume, default 60 s); ``horizon_j`` is the time the move
+pays off: one round (round_s, default 300 s, Crius's rule) or, with
+``amortize_s``, the job's remaining time capped at ``amortize_s`` and at least
+one round (a move that will last an hour is not charged as if it lasted five
+minutes).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class ObjectiveOptions:
     place_bonus: float = 0.0
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
+    amortize_s: float | None = None  # spread a restart over this long (None: one round)
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -166,12 +170,18 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}
-    lost = min(1.0, opt.restart_s / opt.round_s) if opt.round_s > 0 else 1.0
+    def lost(rem: float) -> float:
+        """The share of the gain a move gives up: its restart over the time it pays off."""
+        horizon = opt.round_s if opt.amortize_s is None else \
+            min(max(opt.round_s, opt.amortize_s), max(opt.round_s, rem))
+        return min(1.0, opt.restart_s / horizon) if horizon > 0 else 1.0
+
     g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
                             "keep_bonus": opt.keep_bonus, "restart_s": opt.restart_s,
                             "round_s": opt.round_s, "place_bonus": opt.place_bonus,
                             "remaining_exponent": opt.remaining_exponent,
-                            "weight_bounds": list(opt.weight_bounds)}
+                            "weight_bounds": list(opt.weight_bounds),
+                            "amortize_s": opt.amortize_s}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
@@ -184,6 +194,6 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
             value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:
-            value -= term * lost  # a running job that moves loses the restart time
+            value -= term * lost(js["rem"])  # a running job that moves loses its restart
         d["term"] = term
         d["value"] = value

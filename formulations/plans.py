@@ -279,6 +279,7 @@ class PlanOptions:
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
     normalize: str = "requested"
+    amortize_s: float | None = None
 
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
@@ -292,11 +293,13 @@ class PlanOptions:
                                 restart_s=self.restart_s, round_s=self.round_s,
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
-                                weight_bounds=self.weight_bounds)
+                                weight_bounds=self.weight_bounds,
+                                amortize_s=self.amortize_s)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
-                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "normalize")
+                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "normalize",
+                     "amortize_s")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:

@@ -84,13 +84,15 @@ def _scale_or_place() -> tuple[Cluster, list[JobSpec]]:
     return cl, [running, queued]
 
 
-def test_default_objective_places_a_queued_job_before_scaling_a_running_one() -> None:
-    """The mechanism behind apportion's defaults: JCT-aware weights make growing the short
-    running job worth more than starting the long queued one (weight w_min); the
-    per-placed-job bonus turns that around, so the queued job starts and the running job
-    keeps its place. Both answers are the exact optimum of their graph's values."""
+def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> None:
+    """The place bonus's mechanism: JCT-aware weights make growing the short running job
+    worth more than starting the long queued one (weight w_min); the per-placed-job bonus,
+    with Crius's stickiness (keep bonus 0.3, a restart charged to one round), turns that
+    around, so the queued job starts and the running job keeps its place. Both answers
+    are the exact optimum of their graph's values. (apportion's default stickiness is
+    lower: there the short job grows, finishes sooner, and hands the long one all 8.)"""
     cl, jobs = _scale_or_place()
-    default = CandidateOptions()
+    default = replace(CandidateOptions(), keep_bonus=0.3, amortize_s=None)
     assert default.objective == "jct-aware" and default.place_bonus > 0
     out = {}
     for bonus in (0.0, default.place_bonus):
@@ -118,8 +120,10 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, formulation=formulation))
         assert validate(res.decision, cl, jobs).ok
         obj = res.graph.graph["objective"]
-        assert (obj["kind"], obj["place_bonus"]) == (default.objective, default.place_bonus)
-        assert "queued" in {a.job for a in res.decision.allocations}
+        assert (obj["kind"], obj["place_bonus"], obj["keep_bonus"], obj["amortize_s"]) == (
+            default.objective, default.place_bonus, default.keep_bonus, default.amortize_s)
+        # the same values, so the same answer: the short job grows to all 8 GPUs
+        assert {a.job: a.gpus for a in res.decision.allocations} == {"run": 8}, formulation
 
 
 @settings(max_examples=20, deadline=None)
@@ -144,11 +148,15 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     g = build_candidates(cl, specs, 100.0, options=opts)
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     lo, hi = opts.weight_bounds
-    lost = min(1.0, opts.restart_s / opts.round_s)
+    assert opts.amortize_s is not None
     for j in specs:
         cells = cells_of(g, j.id)
         if not cells:
             continue
+        rem = max(60.0, j.remaining_iterations * j.global_batch_size
+                  / g.nodes[job_node(j.id)]["ref_throughput"])
+        horizon = min(max(opts.round_s, opts.amortize_s), max(opts.round_s, rem))
+        lost = min(1.0, opts.restart_s / horizon)
         w = weights[j.id]
         assert lo <= w <= hi
         for cn in cells:
@@ -201,3 +209,29 @@ def test_normalisations(normalize: str) -> None:
     assert ref == pytest.approx(want[normalize])
     with pytest.raises(ValueError):
         build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize="nope"))
+
+
+@given(rem_iters=st.integers(10, 400_000), amortize=st.one_of(st.none(), st.floats(0.0, 1e5)))
+@settings(max_examples=25, deadline=None)
+def test_a_moves_restart_is_spread_over_the_time_it_pays_off(rem_iters: int,
+                                                              amortize: float | None) -> None:
+    """reconfig = term x min(1, restart_s / horizon), horizon = the job's remaining time at
+    its reference throughput capped at amortize_s, never under one round (None: one round)."""
+    cl = Cluster("two", [NodeGroup("a", 2, "A100-40GB", 4)])
+    job = JobSpec("run", "bert-336m", 256, 400_000, 4, submit_time_s=0.0,
+                  iterations_done=400_000 - rem_iters,
+                  running=RunningState("A100-40GB", 4, 1, {"a-0": 4}, 1))
+    opts = replace(CandidateOptions(), amortize_s=amortize)
+    res = run_round(cl, [job], 600.0, RoundConfig(time_budget_s=5.0, candidates=opts))
+    assert validate(res.decision, cl, [job]).ok
+    g = res.graph
+    jd = g.nodes[job_node("run")]
+    rem = max(60.0, rem_iters * 256 / jd["ref_throughput"])
+    horizon = opts.round_s if amortize is None else min(max(opts.round_s, amortize),
+                                                          max(opts.round_s, rem))
+    lost = min(1.0, opts.restart_s / horizon)
+    moved = [g.nodes[c] for c in cells_of(g, "run") if not g.nodes[c].get("current")]
+    assert moved
+    for d in moved:
+        want = d["term"] * (1 - lost) + opts.place_bonus + d.get("bonus", 0.0)
+        assert d["value"] == pytest.approx(want)

@@ -26,7 +26,8 @@ from apportion.round import FormulationPolicy, RoundConfig
 # the crius-greedy baseline optimises whatever apportion's defaults become
 CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
                                    "normalize": "requested", "keep_bonus": 0.3,
-                                   "queue_weight": 0.25}
+                                   "queue_weight": 0.25, "scales": (0.5, 1.0, 2.0),
+                                   "amortize_s": None}
 
 
 def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  # noqa: N802
