@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from apportion.formulations.model import LinearModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from apportion.formulations.model import LinearModel
 
 coef = st.floats(-1e3, 1e3, allow_nan=False)
 
