@@ -121,12 +121,9 @@ class LinearModel:
         """The constraint matrix as CSR (rows x columns, column indices sorted)."""
         from scipy import sparse  # here: a round whose solver runs in a child never loads it
 
-        lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
+        lens, indices, data = self._entries()
         indptr = np.zeros(len(self.rows) + 1, np.int64)
         np.cumsum(lens, out=indptr[1:])
-        nnz = int(indptr[-1])
-        indices = np.fromiter(chain.from_iterable(r.coeffs for r in self.rows), np.int64, nnz)
-        data = np.fromiter(chain.from_iterable(r.coeffs.values() for r in self.rows), float, nnz)
         m = sparse.csr_matrix((data, indices, indptr), shape=(self.num_rows, self.num_vars))
         m.sort_indices()
         return m
@@ -134,12 +131,17 @@ class LinearModel:
     def activity(self, x: np.ndarray) -> np.ndarray:
         """Each row's ``a.x`` (numpy only: checking an answer needs no sparse matrix)."""
         x = np.asarray(x, float)
+        lens, cols, data = self._entries()
+        rows = np.repeat(np.arange(len(self.rows)), lens)
+        return np.bincount(rows, weights=data * x[cols], minlength=len(self.rows))
+
+    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row lengths, column indices and coefficients, row by row."""
         lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
         nnz = int(lens.sum())
         cols = np.fromiter(chain.from_iterable(r.coeffs for r in self.rows), np.int64, nnz)
         data = np.fromiter(chain.from_iterable(r.coeffs.values() for r in self.rows), float, nnz)
-        rows = np.repeat(np.arange(len(self.rows)), lens)
-        return np.bincount(rows, weights=data * x[cols], minlength=len(self.rows))
+        return lens, cols, data
 
     def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return (

@@ -227,7 +227,8 @@ def _on_term(signum: int, frame: Any) -> None:
     _STOP["requested"] = True
 
 
-def _ignore_stop_signals() -> None:
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and SIGINT from now on (a rank that is done and exiting)."""
     import signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -252,7 +253,7 @@ def stop_requested(install: bool = False) -> bool:
             signal.signal(signal.SIGTERM, _on_term)
             signal.signal(signal.SIGINT, _on_term)
             if not _STOP["installed"]:
-                atexit.register(_ignore_stop_signals)
+                atexit.register(ignore_stop_signals)
         _STOP["installed"] = True
     return bool(_STOP["requested"])
 

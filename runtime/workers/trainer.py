@@ -408,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
         # done: a stop signal still in flight (ranks are signalled one by one) must not kill
         # a rank in the interpreter's teardown, where the default action is back
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from apportion.runtime.workload import ignore_stop_signals
+
+        ignore_stop_signals()
 
 
 if __name__ == "__main__":
