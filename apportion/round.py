@@ -42,7 +42,7 @@ from apportion.decision import Decision, Reason, SolveReport
 from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import estimator_name, make_estimator
 from apportion.formulations.candidates import CandidateOptions, build_candidates, problem_dump
-from apportion.formulations.cells import (CellChoice, build_cells_model, describe,
+from apportion.formulations.cells import (CellChoice, DecodeError, build_cells_model, describe,
                                           hint_from_choices, objective_of)
 from apportion.formulations.decode import REASON_DETAIL, to_decision
 from apportion.formulations.incremental import CandidateCache
@@ -465,7 +465,11 @@ class FormulationPolicy:
         def accept(res: SolveResult) -> bool:  # each accepted answer is validated once
             assert res.x is not None and model.decode is not None
             # a partitioned answer carries its own placements; a backend's is decoded
-            choices = res.extra["choices"] if "choices" in res.extra else model.decode(res.x)
+            try:
+                choices = res.extra["choices"] if "choices" in res.extra else model.decode(res.x)
+            except DecodeError as exc:  # an answer with no placements: the chain moves on
+                log.error("%s answer could not be decoded: %s", res.backend, exc)
+                return False
             dec = to_decision(g, choices, view.cluster, f.specs, _placeholder(), f.estimator)
             check = validate(dec, view.cluster, f.specs)
             if not check.ok:

@@ -36,13 +36,24 @@ under a second.
 Residual mode: past ``PINNED_EXACT_LIMIT`` nodes holding running jobs (a busy
 cluster), those nodes are grouped by the GPUs they have left if every running
 job stays, and running jobs' present cells take no placement columns (they
-stay exactly where they are when kept). Other cells then use only what is
-left; GPUs a running job frees by moving or being preempted become usable in
-the next round. The model stays the same size however busy the cluster is.
+stay exactly where they are when kept). The model stays the same size however
+busy the cluster is. With ``REUSE_FREED`` (the default) what a running job
+frees by moving or being stopped is usable in the same round: a class's
+capacity row holds all its GPUs, and each running job's keep column takes its
+GPUs there (``sum units + held_r * x_keep(r) <= capacity``), so the optimum can
+move a job that gains little from a fast GPU type to a slower one and give its
+GPUs to a job that gains much, in one round. (Without it a swap needs two
+rounds, the first of which is a pure loss, so it never happens: on Crius's
+Venus trace apportion then never moved a job to a slower type while Sia did
+326 times, and long jobs waited for fast GPUs on slow ones.) The freed GPUs
+sit on particular nodes, so a class's aggregate can over-promise; the decoder
+places what does not fit its class on any other node the cell may use, and
+leaves out a cell that still does not fit: a valid, slightly worse answer.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -51,8 +62,14 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
-from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
+from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes, node_node
 from apportion.formulations.model import LinearModel
+
+log = logging.getLogger(__name__)
+
+
+class DecodeError(RuntimeError):
+    """An answer the decoder cannot turn into placements (the chain moves on)."""
 
 
 @dataclass
@@ -132,7 +149,7 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
         else:
             for m in members:
                 left = int(g.nodes[m]["capacity"]) - held.get(m, 0)
-                if left > 0:
+                if left > 0 or (REUSE_FREED and m in pinned):
                     buckets.setdefault(left, []).append(m)
         for size, nodes in sorted(buckets.items()):
             if aggregate and len(nodes) > 1 and (not tps or _divisible_chain(tps, size)) \
@@ -151,6 +168,9 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
 # too big at cluster scale: residual mode aggregates them (capacity a running job frees by
 # moving is then usable from the next round on).
 PINNED_EXACT_LIMIT = 48
+# Residual mode counts what a running job frees by moving (or being stopped) as usable in the
+# same round, so the optimum can swap jobs between GPU types in one round (see the docstring).
+REUSE_FREED = True
 
 
 def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
@@ -174,8 +194,14 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     classes = node_classes(g, aggregate, held if residual else None)
     fixed: dict[str, dict[str, int]] = {}  # residual mode: keep cells stay where they are
 
+    reuse = residual and REUSE_FREED
+
     def cap_of(n: str) -> int:
         return int(g.nodes[n]["capacity"]) - held.get(n, 0)
+
+    def cap_max(n: str) -> int:
+        """GPUs of node n a new cell may use: all of them if the running jobs there move."""
+        return int(g.nodes[n]["capacity"]) if reuse else cap_of(n)
 
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
     behind: dict[str, list[int]] = {}
@@ -190,7 +216,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     def usable(k: int, unit: int) -> int:
         """GPUs of class k usable in whole units of ``unit`` (memoised)."""
         if (k, unit) not in usable_memo:
-            usable_memo[k, unit] = sum(cap_of(n) // unit * unit for n in classes[k])
+            usable_memo[k, unit] = sum(cap_max(n) // unit * unit for n in classes[k])
         return usable_memo[k, unit]
 
     class_rows: dict[int, dict[int, float]] = {}
@@ -234,8 +260,15 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             m.add_row(link, 0.0, 0.0, name=f"size[{cn}]")
         if cols:
             m.add_row({c: 1.0 for c in cols}, ub=1.0, name=f"one[{jid}]")
+    if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
+        for cn, place in fixed.items():
+            for name, k in place.items():
+                kk = class_of.get(node_node(name))
+                if kk is not None and kk in class_rows:
+                    row = class_rows[kk]
+                    row[cell_cols[cn]] = row.get(cell_cols[cn], 0.0) + float(k)
     for k, row in class_rows.items():
-        cap = sum(cap_of(nn) for nn in classes[k])
+        cap = sum(cap_max(nn) if reuse else cap_of(nn) for nn in classes[k])
         m.add_row(row, ub=float(cap), name=f"cap[class{k}]")
     if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
         cpu_rows: dict[int, dict[int, float]] = {}
@@ -278,23 +311,56 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     def decode(xv: np.ndarray) -> list[CellChoice]:
         chosen = [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5]
         placements: dict[str, dict[str, int]] = {cn: dict(fixed.get(cn, {})) for cn in chosen}
+        freed: dict[str, int] = {}
+        for cn, place in fixed.items():
+            if reuse and xv[cell_cols[cn]] <= 0.5:
+                for name, k in place.items():
+                    freed[name] = freed.get(name, 0) + k
+        free = {nn: cap_of(nn) + freed.get(nn.split(":", 1)[1], 0)
+                for members in classes for nn in members}
+
+        def pack(cn: str, tp: int, groups: int, nodes: list[str]) -> int:
+            """First fit of ``groups`` units of ``tp`` GPUs on ``nodes``; the units left."""
+            for nn in nodes:
+                if groups == 0:
+                    break
+                fit = min(groups, free[nn] // tp)
+                if fit > 0:
+                    free[nn] -= fit * tp
+                    groups -= fit
+                    name = nn.split(":", 1)[1]
+                    placements[cn][name] = placements[cn].get(name, 0) + fit * tp
+            return groups
+
+        left_over: list[tuple[str, int, int]] = []
         for k, members in enumerate(classes):
-            free = {nn: cap_of(nn) for nn in members}
             demand = [(tp, int(round(xv[y])) * mult, cn) for cn in chosen
                       for kk, y, tp, mult in place_cols[cn] if kk == k and round(xv[y]) > 0]
             # first-fit decreasing by TP size, then by cell size: exact for divisible sizes
             for tp, groups, cn in sorted(demand, key=lambda t: (-t[0], -t[1], t[2])):
-                for nn in members:
-                    if groups == 0:
-                        break
-                    fit = min(groups, free[nn] // tp)
-                    if fit > 0:
-                        free[nn] -= fit * tp
-                        groups -= fit
-                        name = nn.split(":", 1)[1]
-                        placements[cn][name] = placements[cn].get(name, 0) + fit * tp
+                groups = pack(cn, tp, groups, members)
+                if groups and not reuse:
+                    raise DecodeError(f"class {k} could not pack {cn}: aggregation not exact")
                 if groups:
-                    raise RuntimeError(f"class {k} could not pack {cn}: aggregation not exact")
+                    left_over.append((cn, tp, groups))
+        # reuse: the freed GPUs sit on particular nodes of a class, so its aggregate can
+        # over-promise; what did not fit goes to any other node the cell may use, and a cell
+        # that still does not fit is not placed (its GPUs go back): a valid, slightly
+        # worse schedule, never a wrong one
+        dropped = set()
+        for cn, tp, groups in left_over:
+            if cn in dropped:
+                continue
+            nodes = [nn for succ in g.succ[cn] for nn in member_nodes(g, succ) if nn in free]
+            if pack(cn, tp, groups, sorted(nodes, key=lambda nn: -free[nn])):
+                for name, k in placements[cn].items():
+                    if name not in fixed.get(cn, {}):
+                        free[node_node(name)] += k
+                dropped.add(cn)
+        if dropped:
+            log.info("residual decode: %d chosen cell(s) did not fit the nodes freed for them "
+                     "and were left out", len(dropped))
+        chosen = [cn for cn in chosen if cn not in dropped]
         return [CellChoice(g.nodes[cn]["job"], cn, placements[cn]) for cn in chosen]
 
     m.decode = decode

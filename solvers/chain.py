@@ -14,13 +14,19 @@ The budget is split so the chain answers well when time is short:
   knapsack whose relaxation is near-integral); it may use at most
   ``LP_SHARE`` of what is left; then HiGHS's branch and bound from that answer
   with everything left;
-* on smaller models ``auto`` starts with HiGHS (then CP-SAT if HiGHS neither
-  proved optimality nor answered). LP rounding first there answers within
+* on smaller models ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE``
+  of the budget (most rounds are proved optimal well inside it), then LP
+  rounding, then HiGHS again from the best answer with everything left, and
+  CP-SAT only if HiGHS failed. LP rounding *first* there answers within
   ``MIP_REL_GAP`` of the bound just as well, but among near-equal answers it
   picks different ones, and replays showed they schedule worse: Philly day 1
   on the 1,280-GPU cluster, average JCT 3,754 s with LP rounding first vs
   3,241 s with HiGHS first, the same code otherwise (main before: 3,289 s;
-  experiments/results/bench/speed.md);
+  experiments/results/bench/speed.md). LP rounding *second* is for the busy
+  rounds HiGHS cannot finish: there its branch and bound, given a second or
+  two, often has not moved from its greedy start (20-50 % below the LP bound
+  on the Philly replay's backlog rounds), while the rounded LP's restricted
+  MIP is within about 1 % in a fraction of a second;
 * the chain stops as soon as an accepted answer is optimal or within
   ``gap`` of the best bound any backend proved (the LP's, say), so a round
   whose rounded LP is already within the tolerance never waits for a MIP.
@@ -55,17 +61,20 @@ def _factory(name: str) -> Callable[[], Backend]:
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CLASSES}
-AUTO_ORDER = ("highs", "cp-sat")  # see the module docstring: HiGHS first schedules better
+# see the module docstring: HiGHS first schedules better; LP rounding rescues the rounds it
+# cannot finish; HiGHS again from the best; CP-SAT only if HiGHS failed
+AUTO_ORDER = ("highs", "lp-round", "highs", "cp-sat")
 # past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
 LARGE_MODEL_COLUMNS = 20000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-4  # an answer this close to the best proven bound is final
 LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
+HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
 
 
 def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Backend]:
-    """``auto`` -> HiGHS then CP-SAT (LP rounding then HiGHS past
-    ``LARGE_MODEL_COLUMNS`` columns); a single name -> that backend; ``greedy`` -> none.
+    """``auto`` -> ``AUTO_ORDER`` (``AUTO_LARGE_ORDER`` past ``LARGE_MODEL_COLUMNS``
+    columns); a single name -> that backend; ``greedy`` -> none.
 
     ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
@@ -94,9 +103,16 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Bac
     return [BACKENDS[n]() for n in names]
 
 
-def share(name: str, left: float, last: bool) -> float:
-    """The time a backend may use of ``left`` seconds (the LP relaxation a share only)."""
-    return left if (last or name != "lp-round") else LP_SHARE * left
+def share(names: Sequence[str], i: int, left: float) -> float:
+    """The time backend ``names[i]`` may use of ``left`` seconds: the LP relaxation a share
+    only, and HiGHS before LP rounding a share (the rest goes to rounding and HiGHS again)."""
+    if i == len(names) - 1:
+        return left
+    if names[i] == "lp-round":
+        return LP_SHARE * left
+    if names[i] == "highs" and "lp-round" in names[i + 1:]:
+        return HIGHS_FIRST_SHARE * left
+    return left
 
 
 def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
@@ -148,7 +164,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
             continue
         try:
-            res = be.solve(model, share(be.name, left, i == len(backends) - 1))
+            res = be.solve(model, share([b.name for b in backends], i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")

@@ -26,10 +26,12 @@ class HighsBackend:
 
     name = "highs"
 
-    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1, presolve: str = "choose") -> None:
+    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1, presolve: str = "choose",
+                 reduced_costs: bool = False) -> None:
         self.mip_rel_gap = mip_rel_gap
         self.threads = threads
         self.presolve = presolve  # "off" works around presolve reductions that lose optima
+        self.reduced_costs = reduced_costs  # an LP's column duals in ``extra["reduced_costs"]``
 
     def available(self) -> bool:
         try:
@@ -94,6 +96,9 @@ class HighsBackend:
             x = np.asarray(h.getSolution().col_value, float)
             ints = np.asarray(model.integer, bool)
             x[ints] = np.round(x[ints])
+        extra: dict[str, np.ndarray] = {}
+        if self.reduced_costs and x is not None and not any(model.integer):
+            extra["reduced_costs"] = np.asarray(h.getSolution().col_dual, float)
         if ms == highspy.HighsModelStatus.kOptimal and x is not None:
             status = Status.OPTIMAL
         elif ms == highspy.HighsModelStatus.kInfeasible:
@@ -112,4 +117,5 @@ class HighsBackend:
             bound = objective
         if status is Status.OPTIMAL and bound is None:
             bound = objective
-        return SolveResult(self.name, status, x, objective, bound, wall, message=status_name)
+        return SolveResult(self.name, status, x, objective, bound, wall, message=status_name,
+                           extra=extra)

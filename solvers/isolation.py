@@ -227,6 +227,7 @@ def chain_child_main() -> None:
     start = time.perf_counter()
     best: SolveResult | None = None
     bound: float | None = None
+    names = [_backend_name(spec) for spec in specs]
     for i, spec in enumerate(specs):
         name = _backend_name(spec)
         left = budget - (time.perf_counter() - start)
@@ -236,7 +237,7 @@ def chain_child_main() -> None:
             continue
         _send(answer, ("start", name))
         try:
-            res = resolve_backend(spec).solve(model, share(name, left, i == len(specs) - 1))
+            res = resolve_backend(spec).solve(model, share(names, i, left))
         except BaseException as exc:  # noqa: BLE001 - back to the parent as data
             _send(answer, ("raised", name, repr(exc), traceback.format_exc(limit=8)))
             continue

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import default_cluster, default_jobs
 from apportion.formulations.candidates import build_candidates
-from apportion.formulations.cells import build_cells_model, hint_from_choices
+from apportion.formulations.cells import build_cells_model, hint_from_choices, objective_of
 from apportion.jobs import JobSpec, RunningState
 from apportion.round import RoundConfig, run_round, to_decision
 from apportion.decision import SolveReport
@@ -183,6 +183,9 @@ def test_lp_rounding_is_feasible_and_brackets_the_optimum(inst) -> None:
         return  # refused honestly (the chain moves on); never a wrong answer
     assert m.is_feasible(lp.x)
     assert lp.objective <= exact.objective + 1e-6 <= lp.bound + 2e-6
+    down = LpRoundBackend(neighbourhood=False).solve(build_cells_model(g), 20.0)
+    if down.x is not None:  # the restricted MIP starts from the rounded-down point
+        assert lp.objective >= down.objective - 1e-6
     dec = to_decision(g, m.decode(lp.x), cluster, jobs,
                       SolveReport("lp", "feasible", None, None, None, 0.0, False))
     assert validate(dec, cluster, jobs).ok
@@ -193,7 +196,20 @@ def test_large_rounds_answer_from_the_lp_first() -> None:
 
     assert [b.name for b in backends_for("auto", columns=LARGE_MODEL_COLUMNS + 1)] == \
         ["lp-round", "highs"]
-    assert [b.name for b in backends_for("auto", columns=10)] == ["highs", "cp-sat"]
+    assert [b.name for b in backends_for("auto", columns=10)] == \
+        ["highs", "lp-round", "highs", "cp-sat"]
+
+
+def test_the_budget_is_shared_so_every_step_of_auto_gets_time() -> None:
+    from apportion.solvers.chain import HIGHS_FIRST_SHARE, LP_SHARE, share
+
+    names = ["highs", "lp-round", "highs", "cp-sat"]
+    assert share(names, 0, 10.0) == pytest.approx(HIGHS_FIRST_SHARE * 10.0)
+    assert share(names, 1, 7.0) == pytest.approx(LP_SHARE * 7.0)
+    assert share(names, 2, 5.0) == 5.0  # HiGHS again: everything left (CP-SAT only on failure)
+    assert share(names, 3, 5.0) == 5.0
+    assert share(["lp-round", "highs"], 0, 8.0) == pytest.approx(LP_SHARE * 8.0)
+    assert share(["highs"], 0, 3.0) == 3.0
 
 
 def test_residual_mode_on_a_busy_cluster_is_valid_and_small(monkeypatch) -> None:
@@ -230,3 +246,56 @@ def test_residual_mode_on_a_busy_cluster_is_valid_and_small(monkeypatch) -> None
                 assert a.placement == job.running.placement
         objs.append(r.objective)
     assert objs[1] <= objs[0] + 1e-6  # residual mode is a restriction of the exact model
+
+
+@st.composite
+def busy_instances(draw: st.DrawFn) -> tuple[Cluster, list[JobSpec]]:
+    """Two GPU types, every node partly or wholly held by running jobs, jobs queued."""
+    na, nv = draw(st.integers(2, 5)), draw(st.integers(1, 3))
+    cluster = Cluster("busy", [NodeGroup("a", na, "A100-40GB", 4), NodeGroup("v", nv, "V100-32GB", 8)])
+    jobs: list[JobSpec] = []
+    for i in range(na):
+        k = draw(st.sampled_from([1, 2, 4]))
+        jobs.append(JobSpec(f"ra{i}", draw(st.sampled_from(SMALL_MODELS)), 64, 1000, k,
+                            running=RunningState("A100-40GB", k, 1, {f"a-{i}": k})))
+    for i in range(nv):
+        k = draw(st.sampled_from([2, 4, 8]))
+        jobs.append(JobSpec(f"rv{i}", draw(st.sampled_from(SMALL_MODELS)), 64, 1000, k,
+                            running=RunningState("V100-32GB", k, 1, {f"v-{i}": k})))
+    for i in range(draw(st.integers(1, 5))):
+        jobs.append(JobSpec(f"q{i}", draw(st.sampled_from(SMALL_MODELS)), 64,
+                            draw(st.sampled_from([200, 1000, 5000])),
+                            draw(st.sampled_from([1, 2, 4, 8])), submit_time_s=float(i)))
+    return cluster, jobs
+
+
+@settings(max_examples=25, deadline=None)
+@given(inst=busy_instances())
+def test_residual_mode_reuses_what_moved_jobs_free_and_stays_valid(inst) -> None:
+    """Residual mode counts a moved job's GPUs as free in the same round: every answer that
+    decodes is a valid schedule no better than the exact model's optimum, and never worse
+    than residual mode without the reuse (which it contains)."""
+    import apportion.formulations.cells as cells_mod
+
+    cluster, jobs = inst
+    g = build_candidates(cluster, jobs, 100.0)
+    exact = HighsBackend(mip_rel_gap=1e-9).solve(build_cells_model(g), 20.0)
+    assert exact.status is Status.OPTIMAL
+    objs = {}
+    for reuse in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cells_mod, "PINNED_EXACT_LIMIT", 0)
+            mp.setattr(cells_mod, "REUSE_FREED", reuse)
+            m = build_cells_model(g)
+        assert m.meta["residual_mode"]
+        r = HighsBackend(mip_rel_gap=1e-9).solve(m, 20.0)
+        assert r.status is Status.OPTIMAL and m.is_feasible(r.x)
+        objs[reuse] = r.objective
+        choices = m.decode(r.x)  # reuse: a cell the freed nodes cannot hold is left out
+        dec = to_decision(g, choices, cluster, jobs,
+                          SolveReport("h", "optimal", None, None, None, 0.0, False))
+        assert validate(dec, cluster, jobs).ok
+        assert objective_of(g, choices) <= exact.objective + 1e-6
+        if not reuse:  # exact aggregation: every chosen cell is placed
+            assert objective_of(g, choices) == pytest.approx(r.objective, abs=1e-6)
+    assert objs[True] >= objs[False] - 1e-6

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from apportion.experiments.policies.base import Choice, Packer, build_decision
 from apportion.experiments.policies.morphling import best_plan, plan_rate
+from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from apportion.view import View
@@ -75,13 +76,18 @@ class SiaLike:
             c[i] = -(val + self.place_bonus - (self.restart_penalty if change else 0.0))
         jobs = list(dict.fromkeys(col[0].id for col in cols))
         jidx = {j: k for k, j in enumerate(jobs)}
-        A = np.zeros((len(jobs) + len(types), n))
-        for i, (js, t, g, _, _) in enumerate(cols):
-            A[jidx[js.id], i] = 1.0
-            A[len(jobs) + types.index(t), i] = g
+        # sparse: two entries per column (a dense matrix is 8 GB at 10,000 jobs)
+        tidx = {t: len(jobs) + k for k, t in enumerate(types)}
+        rows = np.fromiter((r for js, t, _, _, _ in cols for r in (jidx[js.id], tidx[t])),
+                           int, 2 * n)
+        vals = np.fromiter((v for _, _, g, _, _ in cols for v in (1.0, g)), float, 2 * n)
+        A = sparse.csr_matrix((vals, (rows, np.repeat(np.arange(n), 2))),
+                              shape=(len(jobs) + len(types), n))
         ub = np.concatenate([np.ones(len(jobs)), [state.capacity[t] for t in types]])
+        # the limit is the round's: building the program above spent part of it
+        left = max(0.01, self.time_limit_s - (time.perf_counter() - t0))
         res = milp(c, constraints=LinearConstraint(A, -np.inf, ub), integrality=np.ones(n),
-                   bounds=Bounds(0, 1), options={"time_limit": self.time_limit_s})
+                   bounds=Bounds(0, 1), options={"time_limit": left})
         x = res.x if res.x is not None else np.zeros(n)
         pick = [(cols[i][0], cols[i][1], cols[i][2], cols[i][4]) for i in range(n) if x[i] > 0.5]
         pk = Packer(state.cluster)
