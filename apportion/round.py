@@ -470,6 +470,11 @@ class FormulationPolicy:
             except DecodeError as exc:  # an answer with no placements: the chain moves on
                 log.error("%s answer could not be decoded: %s", res.backend, exc)
                 return False
+            if model.meta.get("residual_mode") and "choices" not in res.extra:
+                got = objective_of(g, choices)  # a cell the freed nodes could not hold is out
+                if res.objective is not None and got < res.objective - 1e-9:
+                    res.message += f" (decoded {got:.6g}: a cell did not fit the freed nodes)"
+                    res.objective = got
             dec = to_decision(g, choices, view.cluster, f.specs, _placeholder(), f.estimator)
             check = validate(dec, view.cluster, f.specs)
             if not check.ok:
