@@ -194,8 +194,14 @@ def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) ->
     cfg = TrainConfig(job="j", model="gpt-tiny", global_batch_size=4, iterations=2,
                       plan={"dp": 1}, workdir=str(jobdir), backend="gloo")
     cfg.dump(jobdir / "config.json")
+    import signal
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
     assert main([str(jobdir / "config.json")]) == 1
     assert not marker.exists()
+    # run in-process, the trainer leaves the caller's stop signals alone (an ignored
+    # SIGTERM would be inherited by every child the caller starts: unstoppable workers)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     from apportion.runtime.executors.launch import read_json_file
 
     prog = read_json_file(jobdir / "progress.json")

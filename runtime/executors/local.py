@@ -173,7 +173,7 @@ def _worker_entry(config: str, env: dict[str, str], log_path: str, err_path: str
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives with the process
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     from apportion.runtime.workers import trainer
-    code = trainer.main([config])
+    code = trainer.main([config], exiting=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -375,7 +375,10 @@ def run_worker(config_path: str, rank: int, world: int) -> int:
             dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
+    """Train one rank. ``exiting``: the process ends when this returns (a worker), so stop
+    signals stay ignored from the end of training on; otherwise (a caller running it
+    in-process) the caller's own signal handlers are put back."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m apportion.runtime.workers.trainer CONFIG.json", file=sys.stderr)
@@ -390,8 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum: int, frame: Any) -> None:  # checkpoint at the next iteration boundary
         worker.stop_requested = True
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    previous = (signal.signal(signal.SIGTERM, on_term), signal.signal(signal.SIGINT, on_term))
     try:
         return worker.run()
     except Fenced as exc:
@@ -407,11 +409,17 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
         # done: a stop signal still in flight (ranks are signalled one by one) must not kill
-        # a rank in the interpreter's teardown, where the default action is back
-        from apportion.runtime.workload import ignore_stop_signals
+        # a rank in the interpreter's teardown, where the default action is back. Only in a
+        # worker: an ignored SIGTERM would leak into a caller that ran main() in-process, and
+        # every child it starts would inherit it (unstoppable pool workers)
+        if exiting:
+            from apportion.runtime.workload import ignore_stop_signals
 
-        ignore_stop_signals()
+            ignore_stop_signals()
+        else:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))
