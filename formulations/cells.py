@@ -347,7 +347,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         # over-promise; what did not fit goes to any other node the cell may use, and a cell
         # that still does not fit is not placed (its GPUs go back): a valid, slightly
         # worse schedule, never a wrong one
-        dropped = set()
+        dropped: set[str] = set()
         for cn, tp, groups in left_over:
             if cn in dropped:
                 continue
