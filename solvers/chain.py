@@ -155,6 +155,7 @@ def _hint_answer(model: LinearModel) -> SolveResult | None:
 def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
                 ) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left."""
+    names = [b.name for b in backends]
     for i, be in enumerate(backends):
         left = deadline - time.perf_counter()
         if left <= 0.01:
@@ -164,7 +165,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
             continue
         try:
-            res = be.solve(model, share([b.name for b in backends], i, left))
+            res = be.solve(model, share(names, i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")

@@ -229,7 +229,7 @@ def chain_child_main() -> None:
     bound: float | None = None
     names = [_backend_name(spec) for spec in specs]
     for i, spec in enumerate(specs):
-        name = _backend_name(spec)
+        name = names[i]
         left = budget - (time.perf_counter() - start)
         if left <= 0.01:
             _send(answer, ("result", SolveResult(name, Status.ERROR, message="no budget left"),

@@ -76,7 +76,7 @@ class SiaLike:
             c[i] = -(val + self.place_bonus - (self.restart_penalty if change else 0.0))
         jobs = list(dict.fromkeys(col[0].id for col in cols))
         jidx = {j: k for k, j in enumerate(jobs)}
-        # sparse: two entries per column (a dense matrix is 8 GB at 10,000 jobs)
+        # sparse: two entries per column (a dense matrix is gigabytes at 10,000 jobs)
         tidx = {t: len(jobs) + k for k, t in enumerate(types)}
         rows = np.fromiter((r for js, t, _, _, _ in cols for r in (jidx[js.id], tidx[t])),
                            int, 2 * n)
