@@ -369,7 +369,10 @@ class Simulator:
         jobs = job_frame(done, unfinished, self.truth)
         tl = pd.DataFrame(timeline)
         rd = pd.DataFrame(rounds)
-        summary = summarize(jobs, tl, rd, self.cluster, t0)
+        end = float(timeline[-1]["t"]) + self.cfg.interval_s if timeline else None
+        if end is not None and len(jobs) and jobs["finished"].any():
+            end = max(end, float(jobs.loc[jobs["finished"], "finish_s"].max()))
+        summary = summarize(jobs, tl, rd, self.cluster, t0, end_s=end)
         summary.update({
             "policy": getattr(self.policy, "name", type(self.policy).__name__),
             "trace": self.trace.name, "cluster": self.cluster.name, "profile": self.cfg.profile,

@@ -22,9 +22,11 @@ def test_simulate_writes_the_contract_keys(tmp_path: Path) -> None:
                             "--seed", "1", "--json", str(out)])
     assert r.exit_code == 0, r.output
     s = json.loads(out.read_text())
-    for k in ("jobs", "finished", "avg_jct_s", "p99_jct_s", "makespan_s", "utilization"):
+    for k in ("jobs", "finished", "avg_jct_s", "p99_jct_s", "makespan_s", "utilization",
+              "avg_jct_all_s", "p99_jct_all_s"):
         assert k in s
     assert s["jobs"] == s["finished"] == 20
+    assert s["avg_jct_all_s"] == s["avg_jct_s"]  # every job finished: the two agree
 
 
 @pytest.mark.parametrize("args", [
