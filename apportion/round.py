@@ -386,9 +386,7 @@ class FormulationPolicy:
         est = self._estimator_for(view)
         est.refresh()
         for js in view.jobs:  # runtime feedback: a cell that made no progress is out
-            a = js.alloc
-            if a is not None and js.stalled:
-                est.blacklist.add((js.id, a.gpu_type, a.gpus))
+            est.blacklist.update((js.id, t, g) for t, g in js.stalled_on)
             if self.no_hetero and js.spec.requested_gpu_type:
                 est.only_type[js.id] = js.spec.requested_gpu_type
         specs = [_spec_of(js) for js in view.jobs]

@@ -65,6 +65,9 @@ class JobView:
     rounds_run: int = 0
     stalled_rounds: int = 0  # rounds it held GPUs and made no progress (observed)
     stalled: bool = False  # it held GPUs last round and made no progress
+    # (GPU type, GPU count) it held and made no progress on: the driver records them, and
+    # :meth:`View.rate` says 0 there for every policy (the same runtime feedback for all)
+    stalled_on: set[tuple[str, int]] = field(default_factory=set)
     memo: dict[str, Any] = field(default_factory=dict)  # a policy's per-job scratch
     trace: Any = None  # what a rate source is keyed by in a replay (the trace's job record)
 
@@ -130,7 +133,10 @@ class View:
     def rate(self, js: JobView, gpu_type: str, gpus: int,
              placement: Mapping[str, int] | None = None, plan: str | None = None,
              **kw: Any) -> float:
-        """The rate source's iterations/s for ``js`` (what this policy is allowed to know)."""
+        """The rate source's iterations/s for ``js`` (what this policy is allowed to know);
+        0 where the job was seen to make no progress (``JobView.stalled_on``)."""
+        if (gpu_type, gpus) in js.stalled_on:
+            return 0.0
         return float(self.rates.rate(js, gpu_type, gpus, placement, plan, **kw))
 
     @property

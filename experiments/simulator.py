@@ -341,6 +341,7 @@ class Simulator:
             elif rate <= 0:  # observable: the job held GPUs and reported no progress
                 js.stalled_rounds += 1
                 js.stalled = True
+                js.stalled_on.add((a.gpu_type, a.gpus))
             held = end - t0
             busy[a.gpu_type] += a.gpus * held
             js.gpu_seconds += a.gpus * held
@@ -358,6 +359,11 @@ class Simulator:
         for js in active:
             if js.finish is not None and js.alloc is not None:
                 js.alloc = None
+            elif js.stalled and js.alloc is not None:
+                # no progress (out of memory, say): the job fails and goes back to the queue,
+                # as a crashed job does on a real cluster; every policy then sees rate 0
+                # there (``JobView.stalled_on``) and places it again elsewhere
+                js.alloc, js.true_rate, js.plan_code = None, 0.0, None
         return progressed, finished
 
     # -- results ----------------------------------------------------------------------

@@ -116,9 +116,12 @@ class GavelRound:
         types = type_order(state.cluster)
         self._account(state, types)
         ids = frozenset(js.id for js in state.jobs)
-        if ids != self.members:
+        # Gavel recomputes its allocation when the jobs or their throughputs change: a
+        # configuration seen to make no progress (``stalled_on``) is such a change
+        key = frozenset((js.id, frozenset(js.stalled_on)) for js in state.jobs)
+        if key != self.members:
             self._reset(state, types, now, rs)
-            self.members = ids
+            self.members = key
             for gone in [k for k in self.job_time if k not in ids]:
                 self.job_time.pop(gone, None)
                 self.deficit.pop(gone, None)
@@ -222,8 +225,9 @@ class GavelFIFO(GavelRound):
 
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
-        ids = {js.id for js in jobs}
-        self.assigned = {k: v for k, v in self.assigned.items() if k in ids}
+        runs = {js.id: {t for k, t in enumerate(types) if T[i, k] > 0}
+                for i, js in enumerate(jobs)}  # an assigned type seen to stall is given up
+        self.assigned = {k: v for k, v in self.assigned.items() if v in runs.get(k, ())}
         avail = dict(state.capacity)
         for jid, t in self.assigned.items():
             avail[t] -= next(js.spec.requested_gpus for js in jobs if js.id == jid)

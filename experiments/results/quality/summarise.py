@@ -43,7 +43,8 @@ def table(run: Path) -> tuple[str, list[dict]]:
                "avg_queue_h": r["avg_queue_s"] / H, "avg_restarts": r["avg_restarts"]}
         rows.append(rec)
         name = f"**{r['policy']}**" if str(r["policy"]).startswith("apportion") else r["policy"]
-        every = "n/a" if rec["avg_jct_all_h"] is None else f"{rec['avg_jct_all_h']:.3f}"
+        bound = "≥" if bool(r.get("avg_jct_all_bound", False)) else ""  # see all_jobs.py
+        every = "n/a" if rec["avg_jct_all_h"] is None else f"{bound}{rec['avg_jct_all_h']:.3f}"
         out.append(f"| {i + 1} | {name} | {rec['seeds']} | {r['finished']:.0f}/{r['jobs']:.0f} | "
                    f"{every} | {rec['avg_jct_h']:.3f} ± {rec['avg_jct_ci95_h']:.3f} | "
                    f"{rec['p99_jct_h']:.2f} ± {rec['p99_jct_ci95_h']:.2f} | "
