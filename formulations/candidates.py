@@ -77,7 +77,8 @@ class CandidateOptions:
     keep_bonus: float = 0.1
     # apportion's default objective (experiments/results/quality/README.md: tuned on
     # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
-    # weights with SRTF's ratio (exponent 1) bounded to [1/4, 4], one unit per placed job,
+    # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
+    # freed GPUs only a round later) bounded to [1/4, 4], one unit per placed job,
     # and Sia's least-efficient normalisation. Crius's objective is ``objective=
     # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
     objective: str = "jct-aware"  # see formulations/objectives.py
@@ -85,7 +86,7 @@ class CandidateOptions:
     round_s: float = 300.0
     stage_counts: str = "powers"  # or "divisors"
     place_bonus: float = 1.0  # per placed job (see formulations/objectives.py)
-    remaining_exponent: float = 1.0  # objective "jct-aware": alpha of its weight
+    remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
     weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
     # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
     # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest

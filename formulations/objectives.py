@@ -17,8 +17,8 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``;
 * ``jct-aware``:    n_c * w_j with w_j = clip((median(soon) / soon_j) ** alpha,
   w_min, w_max), soon_j the job's remaining time on its fastest candidate
-  cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``,
-  default 1, SRTF's ratio; 0.5 tempers it, 0 is ``normalized``) and bounded, so short
+  cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``:
+  1 is SRTF's ratio, apportion's default 0.5 tempers it, 0 is ``normalized``) and bounded, so short
   jobs come first without starving long ones (whose weight never falls below
   ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
   too, so a job's stickiness is in the units of its own gains (a long job
