@@ -375,9 +375,7 @@ class Simulator:
         jobs = job_frame(done, unfinished, self.truth)
         tl = pd.DataFrame(timeline)
         rd = pd.DataFrame(rounds)
-        end = float(timeline[-1]["t"]) + self.cfg.interval_s if timeline else None
-        if end is not None and len(jobs) and jobs["finished"].any():
-            end = max(end, float(jobs.loc[jobs["finished"], "finish_s"].max()))
+        end = float(timeline[-1]["t"]) + self.cfg.interval_s if timeline else None  # replay's end
         summary = summarize(jobs, tl, rd, self.cluster, t0, end_s=end)
         summary.update({
             "policy": getattr(self.policy, "name", type(self.policy).__name__),

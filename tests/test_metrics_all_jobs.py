@@ -11,8 +11,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apportion.cluster import Cluster
 from apportion.experiments.metrics import jct_all, summarize
+from test_sim_properties import small_cluster as _cluster
 
 jobs_st = st.lists(st.tuples(st.floats(0, 1e5), st.floats(1, 1e5), st.booleans()),
                    min_size=1, max_size=40)
@@ -56,9 +56,3 @@ def test_leaving_a_long_job_unstarted_does_not_lower_the_all_jobs_average() -> N
     b = summarize(starves, pd.DataFrame(), pd.DataFrame(), cl, 0.0, end_s=5000.0)
     assert b["avg_jct_s"] < a["avg_jct_s"]
     assert b["avg_jct_all_s"] >= a["avg_jct_all_s"]
-
-
-def _cluster() -> Cluster:
-    from test_sim_properties import small_cluster
-
-    return small_cluster()
