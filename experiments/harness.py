@@ -197,7 +197,8 @@ def _worker(args: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
 SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_jct_s", "p99_jct_s",
                 "avg_queue_s", "makespan_s", "utilization", "avg_throughput_samples_s",
                 "peak_throughput_samples_s", "avg_restarts", "deadline_ratio", "ftf_rho_mean",
-                "solver_s_mean", "fallbacks", "avg_jct_all_s", "p99_jct_all_s"]
+                "solver_s_mean", "fallbacks", "avg_jct_all_s", "p99_jct_all_s", "sla_kept",
+                "sla_jobs"]
 
 
 def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: str | Path = "results",
@@ -281,7 +282,7 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
 
 
 CI_COLS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization",
-           "avg_jct_all_s", "p99_jct_all_s")
+           "avg_jct_all_s", "p99_jct_all_s", "sla_kept")
 
 
 def ci95(values: Any) -> float:

@@ -17,6 +17,13 @@ Definitions (the summary keys are a contract of ``apportion simulate --json``):
   as in the system until the replay's end (a lower bound on its JCT). ``avg_jct_s``
   averages finished jobs only, which flatters a policy that leaves its long jobs
   unstarted; the quality tables rank by this one.
+* ``sla_kept``: of the *guaranteed* jobs (Morphling's SLA jobs), the share that
+  finished no later than their isolated time on what they asked for (``isolated_s``:
+  the fastest measured plan and placement of the requested GPUs) stretched by
+  ``SLA_TOLERANCE``, plus the replay's unavoidable waits (``sla_slack_s``: until the
+  next round, and the first start's cost). A guaranteed job queued, preempted or
+  slowed past that, or left unfinished, broke its SLA; ``sla_jobs`` counts the
+  guaranteed jobs measured (None and 0 when the trace has none).
 """
 
 from __future__ import annotations
@@ -71,6 +78,24 @@ def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFram
     return df.sort_values(["submit_s", "job_id"], kind="stable").reset_index(drop=True)
 
 
+SLA_TOLERANCE = 0.05  # a guaranteed job may run 5 % slower than its best isolated speed
+
+
+def sla_kept(jobs: pd.DataFrame, slack_s: float = 0.0) -> tuple[float | None, int]:
+    """(share of guaranteed jobs that kept their SLA, how many were measured): see the
+    module docstring. A guaranteed job with no isolated time (a truth that does not know
+    its type) is not measured."""
+    if not len(jobs) or "guaranteed" not in jobs:
+        return None, 0
+    g = jobs[jobs["guaranteed"].astype(bool) & jobs["isolated_s"].notna()]
+    if not len(g):
+        return None, 0
+    limit = g["isolated_s"].to_numpy(dtype=float) * (1.0 + SLA_TOLERANCE) + slack_s
+    jct = g["jct_s"].to_numpy(dtype=float)
+    kept = g["finished"].to_numpy(dtype=bool) & (np.nan_to_num(jct, nan=np.inf) <= limit)
+    return round(float(kept.mean()), 4), len(g)
+
+
 def _f(x: Any) -> float | None:
     if x is None:
         return None
@@ -89,9 +114,10 @@ def jct_all(jobs: pd.DataFrame, end_s: float) -> np.ndarray:
 
 
 def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
-              cluster: Cluster, t0: float, end_s: float | None = None) -> dict[str, Any]:
+              cluster: Cluster, t0: float, end_s: float | None = None,
+              sla_slack_s: float = 0.0) -> dict[str, Any]:
     """The summary; ``end_s`` is when the replay stopped (default: its last finish or
-    timeline sample)."""
+    timeline sample); ``sla_slack_s`` the waits no policy can avoid (see ``sla_kept``)."""
     fin = jobs[jobs["finished"]]
     jct = fin["jct_s"].to_numpy(dtype=float)
     out: dict[str, Any] = {"jobs": len(jobs), "finished": len(fin),
@@ -109,6 +135,7 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
     out["avg_jct_all_s"] = _f(every.mean()) if len(every) else None
     out["p99_jct_all_s"] = _f(np.percentile(every, 99)) if len(every) else None
     out["avg_queue_s"] = _f(fin["queue_s"].mean()) if len(fin) else None
+    out["sla_kept"], out["sla_jobs"] = sla_kept(jobs, sla_slack_s)
     first = float(jobs["submit_s"].min()) if len(jobs) else 0.0
     last = float(fin["finish_s"].max()) if len(fin) else first
     span = max(0.0, last - first)

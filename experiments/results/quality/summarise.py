@@ -1,6 +1,7 @@
 """Condense ``apportion compare`` runs (their ``summary.csv``) into one markdown table per
 run and one JSON: avg and p99 JCT (mean ± 95 % CI over seeds, Student's t, hours),
-average queueing, restarts per job, finished jobs, and each policy's rank.
+average queueing, restarts per job, finished jobs, each policy's rank, and where the
+trace has guaranteed jobs (Morphling's MT) the share that kept their SLA (``sla_kept``).
 
 The rank is by the average JCT over *every* job (``avg_jct_all_s``: an unfinished job
 counted until the replay's end, a lower bound), so leaving long jobs unstarted does not
@@ -29,11 +30,12 @@ def table(run: Path) -> tuple[str, list[dict]]:
     df.loc[done & df["avg_jct_all_s"].isna(), "avg_jct_all_s"] = df["avg_jct_s"]
     df = df.sort_values(["avg_jct_all_s", "avg_jct_s"], na_position="last").reset_index(drop=True)
     head = (run / "summary.md").read_text().splitlines()[0]
+    sla = "sla_jobs" in df.columns and bool((df["sla_jobs"].fillna(0) > 0).any())
     rows, out = [], []
     out.append(f"### {run.name}\n\n{head}\n")
     out.append("| rank | policy | seeds | finished/jobs | avg JCT, all jobs (h) | avg JCT (h) "
-               "| p99 JCT (h) | avg queue (h) | restarts/job |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+               "| p99 JCT (h) | avg queue (h) | restarts/job |" + (" SLA kept |" if sla else ""))
+    out.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if sla else ""))
     for i, r in df.iterrows():
         rec = {"run": run.name, "rank": i + 1, "policy": r["policy"], "seeds": int(r["seeds"]),
                "finished": r["finished"], "jobs": r["jobs"],
@@ -41,6 +43,12 @@ def table(run: Path) -> tuple[str, list[dict]]:
                "avg_jct_h": r["avg_jct_s"] / H, "avg_jct_ci95_h": r["avg_jct_s_ci95"] / H,
                "p99_jct_h": r["p99_jct_s"] / H, "p99_jct_ci95_h": r["p99_jct_s_ci95"] / H,
                "avg_queue_h": r["avg_queue_s"] / H, "avg_restarts": r["avg_restarts"]}
+        kept = ""
+        if sla:
+            rec["sla_kept"] = None if pd.isna(r.get("sla_kept")) else float(r["sla_kept"])
+            ci = r.get("sla_kept_ci95")
+            kept = " n/a |" if rec["sla_kept"] is None else \
+                f" {rec['sla_kept']:.3f}{'' if pd.isna(ci) else f' ± {ci:.3f}'} |"
         rows.append(rec)
         name = f"**{r['policy']}**" if str(r["policy"]).startswith("apportion") else r["policy"]
         bound = "≥" if bool(r.get("avg_jct_all_bound", False)) else ""  # see all_jobs.py
@@ -48,7 +56,7 @@ def table(run: Path) -> tuple[str, list[dict]]:
         out.append(f"| {i + 1} | {name} | {rec['seeds']} | {r['finished']:.0f}/{r['jobs']:.0f} | "
                    f"{every} | {rec['avg_jct_h']:.3f} ± {rec['avg_jct_ci95_h']:.3f} | "
                    f"{rec['p99_jct_h']:.2f} ± {rec['p99_jct_ci95_h']:.2f} | "
-                   f"{rec['avg_queue_h']:.3f} | {rec['avg_restarts']:.2f} |")
+                   f"{rec['avg_queue_h']:.3f} | {rec['avg_restarts']:.2f} |{kept}")
     return "\n".join(out) + "\n", rows
 
 
