@@ -144,6 +144,11 @@ def _check_finite(value: float | None, option: str, minimum: float = 0.0) -> Non
                          f"must be a finite number > {minimum:g}, got {value}")
 
 
+MIP_GAP_HELP = ("an answer within this relative gap of the best proven bound is final "
+                "(default 1e-4); from 1e-3 the solver chain tries LP rounding first, "
+                "trading the last 0.1 % for time")
+
+
 def _print_json(data: Any) -> None:
     """JSON on stdout, for commands whose result is the JSON (escaped like every output)."""
     outputs.write_json(outputs.STDOUT, data)
@@ -243,6 +248,7 @@ def solve_round(
     jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
     backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | greedy"),
+    mip_gap: float = typer.Option(1e-4, "--mip-gap", help=MIP_GAP_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the decision JSON here "
                                             "(- for stdout)"),
@@ -295,7 +301,7 @@ def solve_round(
             search_depth=search_depth, max_changes=max_changes, formulation=formulation,
             json_out=json_out, dump_problem=dump_problem, round_key=round_key, tenants=tenants,
             isolate=isolate, show=lambda d: _show_decision(d, data_on_stdout), policy=policy,
-            estimator=estimator, tables=tables))
+            estimator=estimator, tables=tables, mip_gap=mip_gap))
 
     try:
         _check_finite(time_budget, "--time-budget")
@@ -305,7 +311,7 @@ def solve_round(
         cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
                              search_depth=search_depth, max_changes=max_changes, quotas=quotas,
                              isolate=isolate, partitions=partitions, engine=engine,
-                             ray_address=ray_address)
+                             ray_address=ray_address, mip_gap=mip_gap)
         cfg.estimator = estimator_from(estimator, tables)
         cfg.deadline_s = started + time_budget
         outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
@@ -526,16 +532,19 @@ def bench_sim_cmd(
     max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    mip_gap: float = typer.Option(1e-4, "--mip-gap", help=MIP_GAP_HELP),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
     from apportion.experiments.bench.sim import main as bench_sim_main
+    from apportion.round import check_mip_gap
     from apportion.view import INFORMATION_MODES
 
     try:
         outputs.check_outputs((json_out, "--json"))
         _check_finite(days, "--days")
         _check_finite(time_budget, "--time-budget")
+        check_mip_gap(mip_gap)
         if information not in INFORMATION_MODES:
             raise InputError("--information", "information", f"{information!r} is not one of "
                              f"{', '.join(INFORMATION_MODES)}")
@@ -543,7 +552,7 @@ def bench_sim_cmd(
         _fail(exc)
         return
     with Progress(f"bench sim {policy}", heartbeat=True):
-        res = bench_sim_main(policy, days, time_budget, max_rounds, information)
+        res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap)
     if not outputs.is_stdout(json_out):
         _print_json(res)
     if json_out:

@@ -28,6 +28,7 @@ source.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -48,7 +49,7 @@ from apportion.formulations.decode import REASON_DETAIL, to_decision
 from apportion.formulations.incremental import CandidateCache
 from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status
-from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_chain
+from apportion.solvers.chain import LARGE_MODEL_COLUMNS, MIP_REL_GAP, backends_for, solve_chain
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
@@ -74,6 +75,10 @@ class InvalidDecision(RuntimeError):
 class RoundConfig:
     backend: str = "auto"  # auto | cp-sat | highs | lp-round | greedy
     time_budget_s: float = 10.0
+    # an answer this close to the best proven bound is final (every backend's tolerance);
+    # from 1e-3 the chain tries LP rounding first (solvers.chain): replays trade the last
+    # 0.1 % for time
+    mip_gap: float = MIP_REL_GAP
     search_depth: int = 3
     max_changes: int | None = None  # bound on running jobs changed per round
     candidates: CandidateOptions = field(default_factory=CandidateOptions)
@@ -488,14 +493,14 @@ class FormulationPolicy:
         left = max(0.05, deadline - time.perf_counter() - answer_reserve(model.num_vars))
         if self.partitioned and cfg.formulation != "plans":
             return self._solve_partitioned(g, f, left, accept, accepted, t0)
-        backends = backends_for(cfg.backend, cfg.isolate, model.num_vars)
+        backends = backends_for(cfg.backend, cfg.isolate, model.num_vars, cfg.mip_gap)
         child, self._child = self._child, None
 
         def greedy_meanwhile() -> None:  # the fallback, made while the child solves
             f.take(self._heuristic(g, model, full=False))
 
         later = f.greedy_choices is None and cfg.isolate and bool(backends)
-        best, attempts = solve_chain(model, backends, left, accept, child=child,
+        best, attempts = solve_chain(model, backends, left, accept, gap=cfg.mip_gap, child=child,
                                      meanwhile=greedy_meanwhile if later else None)
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
 
@@ -514,7 +519,7 @@ class FormulationPolicy:
         if self._engine is None:
             self._engine = make_engine(cfg.engine, cfg.ray_address)
         best, attempts = solve_partitioned(g, f.model, cfg.partitions, build_cells_model,
-                                           self._engine, left, accept)
+                                           self._engine, left, accept, gap=cfg.mip_gap)
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
 
     def close(self) -> None:
@@ -673,6 +678,14 @@ def view_of(cluster: Cluster, jobs: list[JobSpec], now_s: float, rates: Any,
                 information=information, **kw)
 
 
+def check_mip_gap(value: float) -> None:
+    """``--mip-gap`` must be a finite number in [0, 1)."""
+    from apportion.errors import InputError
+
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        raise InputError("--mip-gap", "mip_gap", f"must be a number in [0, 1), got {value}")
+
+
 def checked_config(backend: str = "auto", formulation: str = "cells", policy: str | None = None,
                    estimator: str = "analytic", **kw: Any) -> RoundConfig:
     """A :class:`RoundConfig` from command-line choices; a bad one is an
@@ -688,6 +701,8 @@ def checked_config(backend: str = "auto", formulation: str = "cells", policy: st
     if estimator not in ESTIMATORS:
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
                          f"{', '.join(ESTIMATORS)}")
+    if "mip_gap" in kw:
+        check_mip_gap(kw["mip_gap"])
     if policy is not None:
         from apportion.experiments.policies import POLICIES
 

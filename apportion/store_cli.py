@@ -287,7 +287,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       show: Callable[[Decision], None] | None = None,
                       write_json: Callable[[Path, Any], None] | None = None,
                       policy: str | None = None, estimator: str = "analytic",
-                      tables: Path | None = None) -> int:
+                      tables: Path | None = None, mip_gap: float = 1e-4) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
     ``show`` prints the decision (the CLI passes its table and report printer);
@@ -301,7 +301,8 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
     write_json = write_json or outputs.write_json
     try:
         cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
-                             search_depth=search_depth, max_changes=max_changes, isolate=isolate)
+                             search_depth=search_depth, max_changes=max_changes, isolate=isolate,
+                             mip_gap=mip_gap)
         if jobs is not None:
             raise InputError(str(jobs), "--jobs", "--jobs and --state exclude each other: with "
                              "--state the queue comes from the store (add jobs with "

@@ -30,6 +30,14 @@ The budget is split so the chain answers well when time is short:
 * the chain stops as soon as an accepted answer is optimal or within
   ``gap`` of the best bound any backend proved (the LP's, say), so a round
   whose rounded LP is already within the tolerance never waits for a MIP.
+  The same ``gap`` is every MIP backend's own tolerance (HiGHS's
+  ``mip_rel_gap``). At the default ``MIP_REL_GAP`` (0.01 %) the rounded LP is
+  rarely final (the relaxation's bound is about 0.1 % above the integer
+  optimum even where the rounding found that optimum), so HiGHS goes first;
+  from ``LP_FIRST_GAP`` (0.1 %, the round target issue 16 names) the rounded LP
+  answers about half of a replay's rounds on its own and goes first
+  (``AUTO_TOLERANT_ORDER``): replays trade that last 0.1 % for time
+  (``--mip-gap``; experiments/results/bench/speed.md has the measured trade).
 
 Isolated backends (:class:`~apportion.solvers.isolation.IsolatedBackend`) run
 in one child process for the whole chain (started early by the caller if it
@@ -68,19 +76,24 @@ AUTO_ORDER = ("highs", "lp-round", "highs", "cp-sat")
 LARGE_MODEL_COLUMNS = 20000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-4  # an answer this close to the best proven bound is final
+LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
+AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
 LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
 HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
 
 
-def backends_for(name: str, isolate: bool = False, columns: int = 0) -> list[Backend]:
+def backends_for(name: str, isolate: bool = False, columns: int = 0,
+                 gap: float = MIP_REL_GAP) -> list[Backend]:
     """``auto`` -> ``AUTO_ORDER`` (``AUTO_LARGE_ORDER`` past ``LARGE_MODEL_COLUMNS``
-    columns); a single name -> that backend; ``greedy`` -> none.
+    columns, ``AUTO_TOLERANT_ORDER`` from a ``gap`` of ``LP_FIRST_GAP``); a single name
+    -> that backend; ``greedy`` -> none.
 
     ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
     """
     if name == "auto":
-        names: tuple[str, ...] = AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else AUTO_ORDER
+        names: tuple[str, ...] = (AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else
+                                  AUTO_TOLERANT_ORDER if gap >= LP_FIRST_GAP else AUTO_ORDER)
     elif name == "greedy":
         return []
     elif name in BACKENDS:
@@ -113,6 +126,13 @@ def share(names: Sequence[str], i: int, left: float) -> float:
     if names[i] == "highs" and "lp-round" in names[i + 1:]:
         return HIGHS_FIRST_SHARE * left
     return left
+
+
+def with_gap(backend: Backend, gap: float) -> Backend:
+    """``backend`` with the chain's tolerance as its own (a MIP backend that has one)."""
+    if hasattr(backend, "mip_rel_gap"):
+        backend.mip_rel_gap = gap  # type: ignore[attr-defined]
+    return backend
 
 
 def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
@@ -152,11 +172,12 @@ def _hint_answer(model: LinearModel) -> SolveResult | None:
     return SolveResult("hint", Status.FEASIBLE, objective=model.objective_value(x), x=x)
 
 
-def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
-                ) -> Iterator[SolveResult]:
+def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float,
+                gap: float = MIP_REL_GAP) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left."""
     names = [b.name for b in backends]
     for i, be in enumerate(backends):
+        with_gap(be, gap)
         left = deadline - time.perf_counter()
         if left <= 0.01:
             yield SolveResult(be.name, Status.ERROR, message="no budget left")
@@ -200,7 +221,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
         if child is not None:
             child.close()
             child = None
-        stream = _in_process(model, backends, deadline)
+        stream = _in_process(model, backends, deadline, gap)
     try:
         if meanwhile is not None:
             meanwhile()

@@ -216,7 +216,7 @@ def chain_child_main() -> None:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001, S110 - a backend that cannot import fails when run
             pass
-    from apportion.solvers.chain import better, proven_gap, share, tighter
+    from apportion.solvers.chain import better, proven_gap, share, tighter, with_gap
 
     try:
         specs, model, budget, gap, hard = pickle.load(stdin)
@@ -237,7 +237,7 @@ def chain_child_main() -> None:
             continue
         _send(answer, ("start", name))
         try:
-            res = resolve_backend(spec).solve(model, share(names, i, left))
+            res = with_gap(resolve_backend(spec), gap).solve(model, share(names, i, left))
         except BaseException as exc:  # noqa: BLE001 - back to the parent as data
             _send(answer, ("raised", name, repr(exc), traceback.format_exc(limit=8)))
             continue

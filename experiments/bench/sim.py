@@ -10,7 +10,9 @@ back to the greedy, and the schedule (average JCT, utilisation); the
 information mode every policy sees is explicit (``--information``, the
 replays' default ``estimated``). With ``--max-rounds`` only the first rounds are
 replayed (the rate is still reported), so the optimising policy can be timed
-without waiting hours.
+without waiting hours. ``--mip-gap`` sets the solver chain's tolerance (an
+answer that close to the best proven bound is final; from 1e-3 LP rounding goes
+first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from apportion.experiments import traces as tr
 from apportion.experiments.harness import crius_cluster
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
+from apportion.solvers.chain import MIP_REL_GAP
 
 
 def window_with(trace: tr.Trace, days: float, jobs: int) -> tuple[float, float]:
@@ -45,11 +48,13 @@ def bench_trace(days: float = 14.0, seed: int = 0, jobs: int = 13000) -> tuple[t
 
 
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
-         max_rounds: int | None = None, information: str = "estimated") -> dict[str, Any]:
+         max_rounds: int | None = None, information: str = "estimated",
+         mip_gap: float = MIP_REL_GAP) -> dict[str, Any]:
     t0 = time.perf_counter()
     trace, truth = bench_trace(days)
     load_s = time.perf_counter() - t0
-    opts = {"time_budget_s": time_budget} if policy.startswith("apportion") else {}
+    opts = {"time_budget_s": time_budget, "mip_gap": mip_gap} \
+        if policy.startswith("apportion") else {}
     cfg = SimConfig(max_sim_s=None if max_rounds is None else max_rounds * 300.0,
                     information=information)
     sim = Simulator(crius_cluster(), trace, make_policy(policy, **opts), truth, cfg)
@@ -64,6 +69,7 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
     return {
         "policy": policy, "information": information, "trace_jobs": len(trace),
         "trace_days": days, "cluster_gpus": 1280, "time_budget_s": time_budget,
+        "mip_gap": mip_gap if policy.startswith("apportion") else None,
         "rounds": s["rounds"], "finished": s["finished"], "sim_wall_s": round(wall, 2),
         "sim_cpu_s": round(cpu, 2), "load_before": round(load0, 2),
         "load_after": round(os.getloadavg()[0], 2),
