@@ -18,10 +18,12 @@ Definitions (the summary keys are a contract of ``apportion simulate --json``):
   averages finished jobs only, which flatters a policy that leaves its long jobs
   unstarted; the quality tables rank by this one.
 * ``sla_kept``: of the *guaranteed* jobs (Morphling's SLA jobs), the share that
-  finished no later than their isolated time on what they asked for (``isolated_s``:
-  the fastest measured plan and placement of the requested GPUs) stretched by
-  ``SLA_TOLERANCE``, plus the replay's unavoidable waits (``sla_slack_s``: until the
-  next round, and the first start's cost). A guaranteed job queued, preempted or
+  finished no later than their SLA time stretched by ``SLA_TOLERANCE``, plus the
+  replay's unavoidable waits (``sla_slack_s``: until the next round, and the first
+  start's cost). The SLA time (``sla_s``) is Morphling's promise: the job's time on
+  what it asked for under the plan it asked for (its trace's ``exec_plan``, in the
+  fastest measured placement); a job with no plan of its own is promised its
+  ``isolated_s`` (the fastest plan on its request). A guaranteed job queued, preempted or
   slowed past that, or left unfinished, broke its SLA; ``sla_jobs`` counts the
   guaranteed jobs measured (None and 0 when the trace has none).
 """
@@ -39,7 +41,7 @@ from apportion.cluster import Cluster
 JOB_COLUMNS = ["job_id", "submit_s", "gpus", "gpu_type", "job_type", "model", "tenant",
                "guaranteed", "iterations", "done", "first_start_s", "finish_s", "jct_s",
                "queue_s", "restarts", "preemptions", "gpu_seconds", "deadline_s", "met_deadline",
-               "isolated_s", "ftf_rho", "finished", "dropped"]
+               "isolated_s", "ftf_rho", "finished", "dropped", "sla_s"]
 
 
 def _isolated(js: Any, truth: Any) -> float:
@@ -52,6 +54,21 @@ def _isolated(js: Any, truth: Any) -> float:
         except Exception:  # a truth that does not know the type
             continue
     return j.iterations / best if best > 0 else math.nan
+
+
+def _sla_time(js: Any, truth: Any, isolated: float) -> float:
+    """A guaranteed job's promised time: its own plan on its request (see the docstring)."""
+    j = js.trace
+    if not j.guaranteed:
+        return math.nan
+    if j.plan and j.gpu_type:
+        try:
+            rate = float(truth.rate(j, j.gpu_type, j.gpus, None, j.plan))
+        except Exception:  # noqa: BLE001 - a truth without plans: the isolated time
+            rate = 0.0
+        if rate > 0:
+            return j.iterations / rate
+    return isolated
 
 
 def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFrame:
@@ -73,6 +90,7 @@ def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFram
                              if j.deadline_s is not None else None),
             "isolated_s": iso, "ftf_rho": jct / iso if iso and iso > 0 and fin else math.nan,
             "finished": fin, "dropped": bool(getattr(js, "dropped", False)),
+            "sla_s": _sla_time(js, truth, iso),
         })
     df = pd.DataFrame(rows, columns=JOB_COLUMNS)
     return df.sort_values(["submit_s", "job_id"], kind="stable").reset_index(drop=True)
@@ -83,14 +101,15 @@ SLA_TOLERANCE = 0.05  # a guaranteed job may run 5 % slower than its best isolat
 
 def sla_kept(jobs: pd.DataFrame, slack_s: float = 0.0) -> tuple[float | None, int]:
     """(share of guaranteed jobs that kept their SLA, how many were measured): see the
-    module docstring. A guaranteed job with no isolated time (a truth that does not know
-    its type) is not measured."""
+    module docstring. A guaranteed job with no SLA time (a truth that does not know its
+    type) is not measured."""
     if not len(jobs) or "guaranteed" not in jobs:
         return None, 0
-    g = jobs[jobs["guaranteed"].astype(bool) & jobs["isolated_s"].notna()]
+    col = "sla_s" if "sla_s" in jobs else "isolated_s"
+    g = jobs[jobs["guaranteed"].astype(bool) & jobs[col].notna()]
     if not len(g):
         return None, 0
-    limit = g["isolated_s"].to_numpy(dtype=float) * (1.0 + SLA_TOLERANCE) + slack_s
+    limit = g[col].to_numpy(dtype=float) * (1.0 + SLA_TOLERANCE) + slack_s
     jct = g["jct_s"].to_numpy(dtype=float)
     kept = g["finished"].to_numpy(dtype=bool) & (np.nan_to_num(jct, nan=np.inf) <= limit)
     return round(float(kept.mean()), 4), len(g)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -29,7 +30,7 @@ rows_st = st.lists(st.tuples(st.booleans(), st.floats(10, 1e5),
 def _frame(rows: list[tuple[bool, float, float | None]]) -> pd.DataFrame:
     return pd.DataFrame({
         "submit_s": [0.0] * len(rows), "guaranteed": [g for g, _, _ in rows],
-        "isolated_s": [i for _, i, _ in rows],
+        "isolated_s": [i for _, i, _ in rows], "sla_s": [i for _, i, _ in rows],
         "jct_s": [np.nan if j is None else j for _, _, j in rows],
         "finish_s": [np.nan if j is None else j for _, _, j in rows],
         "finished": [j is not None for _, _, j in rows], "queue_s": [0.0] * len(rows),
@@ -76,3 +77,20 @@ def test_a_morphling_replay_reports_the_sla_of_its_guaranteed_jobs(shared_data: 
     s = json.loads(r.stdout)
     assert s["sla_jobs"] == guaranteed
     assert 0.0 <= s["sla_kept"] <= 1.0
+
+
+def test_the_sla_time_is_the_jobs_own_plan_on_its_request() -> None:
+    """Morphling's promise: the speed of the resources and the plan the job asked for;
+    never faster than the fastest plan on them (the isolated time)."""
+    from apportion.experiments.groundtruth import MorphlingTruth
+    from apportion.experiments.metrics import job_frame
+    from apportion.experiments.simulator import JobState, _spec
+
+    truth = MorphlingTruth()
+    jobs = [j for j in tr.load_trace("morphling-mt").jobs if j.guaranteed][:25]
+    states = [JobState(_spec(j), trace=j) for j in jobs]
+    df = job_frame([], states, truth)
+    assert df["sla_s"].notna().all()
+    assert (df["sla_s"] >= df["isolated_s"] * (1 - 1e-9)).all()
+    for j, sla in zip(jobs, df.set_index("job_id").loc[[j.job_id for j in jobs], "sla_s"]):
+        assert sla == pytest.approx(j.iterations / truth.rate(j, j.gpu_type, j.gpus, None, j.plan))
