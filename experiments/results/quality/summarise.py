@@ -51,7 +51,8 @@ def table(run: Path) -> tuple[str, list[dict]]:
                 f" {rec['sla_kept']:.3f}{'' if pd.isna(ci) else f' ± {ci:.3f}'} |"
         rows.append(rec)
         name = f"**{r['policy']}**" if str(r["policy"]).startswith("apportion") else r["policy"]
-        bound = "≥" if bool(r.get("avg_jct_all_bound", False)) else ""  # see all_jobs.py
+        flag = r.get("avg_jct_all_bound", False)
+        bound = "≥" if (not pd.isna(flag) and bool(flag)) else ""  # see all_jobs.py
         every = "n/a" if rec["avg_jct_all_h"] is None else f"{bound}{rec['avg_jct_all_h']:.3f}"
         out.append(f"| {i + 1} | {name} | {rec['seeds']} | {r['finished']:.0f}/{r['jobs']:.0f} | "
                    f"{every} | {rec['avg_jct_h']:.3f} ± {rec['avg_jct_ci95_h']:.3f} | "
