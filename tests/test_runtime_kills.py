@@ -137,7 +137,8 @@ def test_a_killed_runs_workers_are_adopted_or_stopped_never_doubled(tmp_path: Pa
     else:
         assert any(r.outcome == "stopped" and "orphan" in r.detail for r in recs), [
             (r.outcome, r.detail) for r in recs]
-        assert len(recs) >= 2 and recs[-1].outcome == "finished"
+        assert len(recs) >= 2 and recs[-1].outcome == "finished", [
+            (r.id, r.action, r.outcome, r.detail) for r in recs]
     res = audit(tmp_path, ["long"])
     assert res["jobs_lost"] == 0 and res["steps_trained_twice"] == 0, res
     assert res["resumed_from_older_checkpoint"] == res["resumed_from_newer_checkpoint"] == 0
