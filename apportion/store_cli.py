@@ -287,7 +287,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
                       show: Callable[[Decision], None] | None = None,
                       write_json: Callable[[Path, Any], None] | None = None,
                       policy: str | None = None, estimator: str = "analytic",
-                      tables: Path | None = None, mip_gap: float = 1e-4) -> int:
+                      tables: Path | None = None, mip_gap: float = 1e-3) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
     ``show`` prints the decision (the CLI passes its table and report printer);

@@ -14,15 +14,16 @@ The budget is split so the chain answers well when time is short:
   knapsack whose relaxation is near-integral); it may use at most
   ``LP_SHARE`` of what is left; then HiGHS's branch and bound from that answer
   with everything left;
-* on smaller models ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE``
-  of the budget (most rounds are proved optimal well inside it), then LP
+* on smaller models at a tolerance below ``LP_FIRST_GAP`` (``AUTO_ORDER``)
+  ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE`` of the budget (most rounds are proved optimal well inside it), then LP
   rounding, then HiGHS again from the best answer with everything left, and
   CP-SAT only if HiGHS failed. LP rounding *first* there answers within
   ``MIP_REL_GAP`` of the bound just as well, but among near-equal answers it
   picks different ones, and replays showed they schedule worse: Philly day 1
   on the 1,280-GPU cluster, average JCT 3,754 s with LP rounding first vs
   3,241 s with HiGHS first, the same code otherwise (main before: 3,289 s;
-  experiments/results/bench/speed.md). LP rounding *second* is for the busy
+  experiments/results/bench/speed.md; measured at the 0.01 % tolerance with
+  session 4's objective; see the default below). LP rounding *second* is for the busy
   rounds HiGHS cannot finish: there its branch and bound, given a second or
   two, often has not moved from its greedy start (20-50 % below the LP bound
   on the Philly replay's backlog rounds), while the rounded LP's restricted
@@ -31,13 +32,20 @@ The budget is split so the chain answers well when time is short:
   ``gap`` of the best bound any backend proved (the LP's, say), so a round
   whose rounded LP is already within the tolerance never waits for a MIP.
   The same ``gap`` is every MIP backend's own tolerance (HiGHS's
-  ``mip_rel_gap``). At the default ``MIP_REL_GAP`` (0.01 %) the rounded LP is
-  rarely final (the relaxation's bound is about 0.1 % above the integer
-  optimum even where the rounding found that optimum), so HiGHS goes first;
-  from ``LP_FIRST_GAP`` (0.1 %, the round target issue 16 names) the rounded LP
-  answers about half of a replay's rounds on its own and goes first
-  (``AUTO_TOLERANT_ORDER``): replays trade that last 0.1 % for time
-  (``--mip-gap``; experiments/results/bench/speed.md has the measured trade).
+  ``mip_rel_gap``). The default ``MIP_REL_GAP`` is ``LP_FIRST_GAP`` (0.1 %, the
+  round target issue 16 names): there the rounded LP answers about half of a
+  replay's rounds on its own and goes first (``AUTO_TOLERANT_ORDER``). Below
+  it (``--mip-gap 1e-4``, say) the rounded LP is rarely final (the
+  relaxation's bound is about 0.1 % above the integer optimum even where the
+  rounding found that optimum), so HiGHS goes first (``AUTO_ORDER``). The
+  14-day Philly replay at 0.1 % used 0.73x the CPU of 0.01 % at an average JCT
+  0.17 % lower; the quality tables were re-measured with it
+  (experiments/results/bench/speed.md, experiments/results/quality/);
+* HiGHS in a chain stops once its incumbent has not improved for
+  ``HIGHS_STALL_SHARE`` of its share (at least ``highs.MIN_STALL_S``), and
+  CP-SAT runs only if HiGHS failed. In the 14-day replay 15 % of the rounds
+  ran HiGHS to the end of the budget, 54 % of the replay's wall; in 60 % of
+  them HiGHS never improved on LP rounding's answer.
 
 Isolated backends (:class:`~apportion.solvers.isolation.IsolatedBackend`) run
 in one child process for the whole chain (started early by the caller if it
@@ -75,9 +83,10 @@ AUTO_ORDER = ("highs", "lp-round", "highs", "cp-sat")
 # past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
 LARGE_MODEL_COLUMNS = 20000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
-MIP_REL_GAP = 1e-4  # an answer this close to the best proven bound is final
+MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``--mip-gap``)
 LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
 AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
+HIGHS_STALL_SHARE: float | None = 0.25  # HiGHS in a chain stops after this share without a better answer
 LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
 HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
 
@@ -128,10 +137,22 @@ def share(names: Sequence[str], i: int, left: float) -> float:
     return left
 
 
-def with_gap(backend: Backend, gap: float) -> Backend:
-    """``backend`` with the chain's tolerance as its own (a MIP backend that has one)."""
+def skipped(names: Sequence[str], i: int, answered: set[str]) -> str | None:
+    """Why backend ``names[i]`` does not run (None: it runs): CP-SAT only if HiGHS failed,
+    since a HiGHS that answered and stopped (its incumbent stalled) would otherwise hand
+    CP-SAT the rest of a budget CP-SAT rarely uses better on these models."""
+    if names[i] == "cp-sat" and "highs" in answered:
+        return "skipped: HiGHS answered"
+    return None
+
+
+def for_chain(backend: Backend, gap: float) -> Backend:
+    """``backend`` as the chain runs it: the chain's tolerance as its own (a MIP backend
+    that has one), and HiGHS stopping once its incumbent stalls (``HIGHS_STALL_SHARE``)."""
     if hasattr(backend, "mip_rel_gap"):
         backend.mip_rel_gap = gap  # type: ignore[attr-defined]
+    if hasattr(backend, "stall_share"):
+        backend.stall_share = HIGHS_STALL_SHARE  # type: ignore[attr-defined]
     return backend
 
 
@@ -176,11 +197,13 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
                 gap: float = MIP_REL_GAP) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left."""
     names = [b.name for b in backends]
+    answered: set[str] = set()
     for i, be in enumerate(backends):
-        with_gap(be, gap)
+        for_chain(be, gap)
         left = deadline - time.perf_counter()
-        if left <= 0.01:
-            yield SolveResult(be.name, Status.ERROR, message="no budget left")
+        why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
+        if why:
+            yield SolveResult(be.name, Status.ERROR, message=why)
             continue
         if not be.available():
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
@@ -190,6 +213,8 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")
+        if res.x is not None and res.status.has_solution:
+            answered.add(be.name)
         yield res
 
 
@@ -234,7 +259,10 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
                 res.status = Status.ERROR
                 continue
             bound = tighter(bound, res, model.sense)
-            if better(res, best, model.sense):
+            # a proof of an answer as good as the best so far is the better report
+            proof = res.status is Status.OPTIMAL and best is not None and \
+                not better(best, res, model.sense)
+            if better(res, best, model.sense) or proof:
                 best = res
                 if floor is None or better(res, floor, model.sense):
                     floor = None  # the next backend starts from the best

@@ -14,6 +14,7 @@ from apportion.solvers.base import SolveResult, Status, empty_model_result
 log = logging.getLogger(__name__)
 
 _INF = 1e30  # HiGHS's infinity
+MIN_STALL_S = 0.2  # a stall shorter than this never stops HiGHS (see ``stall_share``)
 
 
 def _clip(values: list[float] | np.ndarray) -> np.ndarray:
@@ -22,16 +23,23 @@ def _clip(values: list[float] | np.ndarray) -> np.ndarray:
 
 
 class HighsBackend:
-    """Solve with HiGHS; warm-starts from ``model.hint`` when it is complete."""
+    """Solve with HiGHS; warm-starts from ``model.hint`` when it is complete.
+
+    ``stall_share``: stop the branch and bound once its incumbent (the hint counts) has not
+    improved for this share of the time limit (at least ``MIN_STALL_S``): a chain sets it,
+    because in a budget-bound round the rest of HiGHS's share rarely buys a better answer
+    (``solvers.chain``); None runs to the limit or the gap.
+    """
 
     name = "highs"
 
     def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1, presolve: str = "choose",
-                 reduced_costs: bool = False) -> None:
+                 reduced_costs: bool = False, stall_share: float | None = None) -> None:
         self.mip_rel_gap = mip_rel_gap
         self.threads = threads
         self.presolve = presolve  # "off" works around presolve reductions that lose optima
         self.reduced_costs = reduced_costs  # an LP's column duals in ``extra["reduced_costs"]``
+        self.stall_share = stall_share
 
     def available(self) -> bool:
         try:
@@ -82,6 +90,7 @@ class HighsBackend:
             h.setSolution(sol)
         # the limit counts from the call: building the model above spent part of it
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s) - (time.perf_counter() - start)))
+        stalled = self._watch_stall(h, time_limit_s)
         try:
             h.run()
         except Exception as exc:  # a backend fault must not take the round down
@@ -117,5 +126,30 @@ class HighsBackend:
             bound = objective
         if status is Status.OPTIMAL and bound is None:
             bound = objective
+        if stalled:
+            status_name += f" (stopped: no better answer for {stalled[0]:.2f} s)"
         return SolveResult(self.name, status, x, objective, bound, wall, message=status_name,
                            extra=extra)
+
+    def _watch_stall(self, h: object, time_limit_s: float) -> list[float]:
+        """Interrupt ``h`` once its incumbent stalls (``stall_share``); the returned list
+        holds the stall's length once it did."""
+        stalled: list[float] = []
+        if self.stall_share is None:
+            return stalled
+        window = max(MIN_STALL_S, self.stall_share * float(time_limit_s))
+        last = [time.perf_counter()]
+
+        def improved(_event: object) -> None:
+            last[0] = time.perf_counter()
+
+        def interrupt(event: object) -> None:
+            idle = time.perf_counter() - last[0]
+            if idle > window:
+                event.data_in.user_interrupt = True  # type: ignore[attr-defined]
+                if not stalled:
+                    stalled.append(idle)
+
+        h.cbMipImprovingSolution.subscribe(improved)  # type: ignore[attr-defined]
+        h.cbMipInterrupt.subscribe(interrupt)  # type: ignore[attr-defined]
+        return stalled

@@ -216,7 +216,7 @@ def chain_child_main() -> None:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001, S110 - a backend that cannot import fails when run
             pass
-    from apportion.solvers.chain import better, proven_gap, share, tighter, with_gap
+    from apportion.solvers.chain import better, for_chain, proven_gap, share, skipped, tighter
 
     try:
         specs, model, budget, gap, hard = pickle.load(stdin)
@@ -228,21 +228,23 @@ def chain_child_main() -> None:
     best: SolveResult | None = None
     bound: float | None = None
     names = [_backend_name(spec) for spec in specs]
+    answered: set[str] = set()
     for i, spec in enumerate(specs):
         name = names[i]
         left = budget - (time.perf_counter() - start)
-        if left <= 0.01:
-            _send(answer, ("result", SolveResult(name, Status.ERROR, message="no budget left"),
-                           False))
+        why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
+        if why:
+            _send(answer, ("result", SolveResult(name, Status.ERROR, message=why), False))
             continue
         _send(answer, ("start", name))
         try:
-            res = with_gap(resolve_backend(spec), gap).solve(model, share(names, i, left))
+            res = for_chain(resolve_backend(spec), gap).solve(model, share(names, i, left))
         except BaseException as exc:  # noqa: BLE001 - back to the parent as data
             _send(answer, ("raised", name, repr(exc), traceback.format_exc(limit=8)))
             continue
         sound = res.x is not None and res.status.has_solution and not numerical_trouble(res, model)
         if sound:
+            answered.add(name)
             bound = tighter(bound, res, model.sense)
             if better(res, best, model.sense):
                 best = res

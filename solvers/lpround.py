@@ -69,7 +69,10 @@ class LpRoundBackend:
             return SolveResult(self.name, Status.ERROR, wall_s=time.perf_counter() - start,
                                message="rounded LP point violates the model")
         obj = model.objective_value(x)
-        return SolveResult(self.name, Status.FEASIBLE, x, obj, lp.objective,
+        # an integer answer as good as the relaxation is proven optimal
+        proven = abs(lp.objective - obj) <= 1e-9 * max(1.0, abs(obj))
+        return SolveResult(self.name, Status.OPTIMAL if proven else Status.FEASIBLE, x, obj,
+                           lp.objective,
                            time.perf_counter() - start,
                            message=f"LP bound {lp.objective:.6g}; {how}")
 

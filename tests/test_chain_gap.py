@@ -22,17 +22,18 @@ MODELS = ["bert-0.76b", "bert-1.3b", "moe-0.69b", "wresnet-1b", "bert-2.6b"]
 
 
 def test_the_order_follows_the_tolerance() -> None:
-    assert [b.name for b in backends_for("auto", columns=10)] == \
+    assert [b.name for b in backends_for("auto", columns=10, gap=1e-4)] == \
         ["highs", "lp-round", "highs", "cp-sat"]
     assert [b.name for b in backends_for("auto", columns=10, gap=LP_FIRST_GAP)] == \
         ["lp-round", "highs", "cp-sat"]
+    assert MIP_REL_GAP == LP_FIRST_GAP  # the default: LP rounding first, 0.1 % final
     assert [b.name for b in backends_for("highs", gap=0.05)] == ["highs"]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(MODELS), st.sampled_from([1, 2, 4, 8])),
                 min_size=2, max_size=14),
-       st.sampled_from([MIP_REL_GAP, LP_FIRST_GAP, 0.01]))
+       st.sampled_from([1e-4, LP_FIRST_GAP, 0.01]))
 def test_every_gap_gives_a_valid_answer_within_it(jobs: list[tuple[str, int]], gap: float) -> None:
     cl = cluster_from_data({"node_groups": [
         {"prefix": "a40", "count": 3, "gpu_type": "A40", "gpus_per_node": 4},
@@ -44,8 +45,10 @@ def test_every_gap_gives_a_valid_answer_within_it(jobs: list[tuple[str, int]], g
     rep = res.decision.report
     assert validate(res.decision, cl, specs).ok
     assert not rep.fallback
-    if rep.status != "optimal" and rep.gap is not None:
-        assert rep.gap <= max(gap, MIP_REL_GAP) + 1e-9
+    if rep.status != "optimal" and rep.gap is not None and rep.gap > gap + 1e-9:
+        # above the tolerance only where a search was cut short, and the attempts say so
+        assert any("stopped: no better answer" in a["message"] or "limit" in a["message"]
+                   for a in rep.attempts), rep.attempts
     first = rep.attempts[0]["backend"]
     assert first == ("lp-round" if gap >= LP_FIRST_GAP else "highs")
 

@@ -196,8 +196,10 @@ def test_large_rounds_answer_from_the_lp_first() -> None:
 
     assert [b.name for b in backends_for("auto", columns=LARGE_MODEL_COLUMNS + 1)] == \
         ["lp-round", "highs"]
-    assert [b.name for b in backends_for("auto", columns=10)] == \
+    assert [b.name for b in backends_for("auto", columns=10, gap=1e-4)] == \
         ["highs", "lp-round", "highs", "cp-sat"]
+    assert [b.name for b in backends_for("auto", columns=10, gap=1e-3)] == \
+        ["lp-round", "highs", "cp-sat"]
 
 
 def test_the_budget_is_shared_so_every_step_of_auto_gets_time() -> None:

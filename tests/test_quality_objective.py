@@ -51,7 +51,8 @@ def test_jct_aware_runs_the_shorter_job_first_and_normalized_is_indifferent() ->
         opts = CandidateOptions(objective=kind, place_bonus=1.0, scales=(1.0,))
         res = run_round(cl, jobs, 0.0, RoundConfig(time_budget_s=5.0, candidates=opts))
         assert validate(res.decision, cl, jobs).ok
-        assert res.decision.report.backend in ("highs", "cp-sat")
+        assert res.decision.report.backend in ("highs", "cp-sat", "lp-round")
+        assert not res.decision.report.fallback
         picks[kind] = [a.job for a in res.decision.allocations]
         vals = {j.id: max(res.graph.nodes[c]["value"] for c in cells_of(res.graph, j.id)) for j in jobs}
         if kind == "normalized":

@@ -113,6 +113,7 @@ def test_run_round_with_rates_validates() -> None:
     jobs = [JobSpec(f"j{i}", "bert-336m", 64, 1000, n) for i, n in enumerate((1, 2, 2, 4))]
     res = run_round(CL, jobs, 0.0, RoundConfig(time_budget_s=5.0), estimator=RateEstimator(table_rate))
     assert validate(res.decision, CL, jobs).ok
-    assert res.decision.report.backend in ("highs", "cp-sat")
+    assert res.decision.report.backend in ("highs", "cp-sat", "lp-round")
+    assert not res.decision.report.fallback
     for a in res.decision.allocations:
         assert a.est_throughput == pytest.approx(64 * table_rate(jobs[0], a.gpu_type, a.gpus))

@@ -1,0 +1,72 @@
+"""HiGHS in a chain stops once its incumbent stalls, and CP-SAT then does not get the rest.
+
+Market-share problems (Cornuéjols and Dawande) are tiny MIPs no branch and bound closes
+in seconds: incumbents come early, then nothing for a long time. The stall rule must
+stop there with the best answer found, say so, and end the chain: a budget-bound round
+spent its tail on a search that no longer moved (experiments/results/bench/speed.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.formulations.model import LinearModel
+from apportion.solvers.chain import backends_for, skipped, solve_chain
+from apportion.solvers.highs import MIN_STALL_S, HighsBackend
+
+
+def markshare(rows: int, cols: int, seed: int) -> LinearModel:
+    """min |s| subject to a x + s+ - s- = b / 2 rows, x binary; hint: x = 0."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 100, size=(rows, cols))
+    b = a.sum(axis=1) // 2
+    lm = LinearModel("markshare", sense="min")
+    xs = [lm.binary(("x", j)) for j in range(cols)]
+    plus = [lm.add_var(("s+", i), 0.0, 1e6, False, 1.0) for i in range(rows)]
+    minus = [lm.add_var(("s-", i), 0.0, 1e6, False, 1.0) for i in range(rows)]
+    for i in range(rows):
+        lm.add_row({**{xs[j]: float(a[i, j]) for j in range(cols)}, plus[i]: 1.0,
+                    minus[i]: -1.0}, float(b[i]), float(b[i]))
+    hint = {x: 0.0 for x in xs} | {plus[i]: float(b[i]) for i in range(rows)} \
+        | {minus[i]: 0.0 for i in range(rows)}
+    lm.set_hint(hint)
+    return lm
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 10_000))
+def test_a_stalled_search_stops_early_with_a_valid_answer(seed: int) -> None:
+    model = markshare(5, 40, seed)
+    limit = 30.0
+    res = HighsBackend(stall_share=0.02).solve(model, limit)  # a 0.6 s window
+    assert res.x is not None and model.is_feasible(res.x)
+    assert res.objective is not None and res.objective <= model.objective_value(
+        np.array([model.hint[i] for i in range(model.num_vars)]))  # never worse than its start
+    # a market-share instance of this size is never closed in 30 s: the stall stopped it
+    assert "stopped: no better answer" in res.message, res.message
+    assert res.wall_s < limit
+    assert res.bound is not None and res.bound <= res.objective + 1e-6  # an honest bound
+
+
+def test_the_window_has_a_floor() -> None:
+    model = markshare(4, 30, 1)
+    res = HighsBackend(stall_share=1e-6).solve(model, 10.0)
+    assert "stopped: no better answer for" in res.message
+    stalled_for = float(res.message.split("no better answer for ")[1].split(" s")[0])
+    assert stalled_for >= MIN_STALL_S
+
+
+def test_in_a_chain_cp_sat_runs_only_if_highs_failed() -> None:
+    names = ["lp-round", "highs", "cp-sat"]
+    assert skipped(names, 2, {"highs"}) == "skipped: HiGHS answered"
+    assert skipped(names, 2, {"lp-round"}) is None
+    assert skipped(names, 1, {"lp-round"}) is None
+    model = markshare(5, 40, 7)
+    best, attempts = solve_chain(model, backends_for("auto", gap=1e-3), 12.0)
+    assert best is not None and model.is_feasible(best.x)
+    by_name = {a.backend: a for a in attempts}
+    assert "stopped: no better answer" in by_name["highs"].message or \
+        "limit" in by_name["highs"].message.lower()
+    assert by_name["cp-sat"].message in ("skipped: HiGHS answered", "no budget left")
