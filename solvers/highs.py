@@ -150,6 +150,9 @@ class HighsBackend:
                 if not stalled:
                     stalled.append(idle)
 
-        h.cbMipImprovingSolution.subscribe(improved)  # type: ignore[attr-defined]
-        h.cbMipInterrupt.subscribe(interrupt)  # type: ignore[attr-defined]
+        try:
+            h.cbMipImprovingSolution.subscribe(improved)  # type: ignore[attr-defined]
+            h.cbMipInterrupt.subscribe(interrupt)  # type: ignore[attr-defined]
+        except AttributeError:  # a highspy without the callback API: run to the limit
+            log.info("this highspy has no MIP callbacks: HiGHS runs to its limit")
         return stalled
