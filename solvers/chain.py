@@ -15,9 +15,10 @@ The budget is split so the chain answers well when time is short:
   ``LP_SHARE`` of what is left; then HiGHS's branch and bound from that answer
   with everything left;
 * on smaller models at a tolerance below ``LP_FIRST_GAP`` (``AUTO_ORDER``)
-  ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE`` of the budget (most rounds are proved optimal well inside it), then LP
-  rounding, then HiGHS again from the best answer with everything left, and
-  CP-SAT only if HiGHS failed. LP rounding *first* there answers within
+  ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE`` of the budget
+  (most rounds are proved optimal well inside it), then LP rounding, then
+  HiGHS again from the best answer with everything left, and CP-SAT only if
+  HiGHS failed. LP rounding *first* there answers within
   ``MIP_REL_GAP`` of the bound just as well, but among near-equal answers it
   picks different ones, and replays showed they schedule worse: Philly day 1
   on the 1,280-GPU cluster, average JCT 3,754 s with LP rounding first vs
@@ -86,7 +87,8 @@ AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``--mip-gap``)
 LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
 AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
-HIGHS_STALL_SHARE: float | None = 0.25  # HiGHS in a chain stops after this share without a better answer
+# HiGHS in a chain stops once this share of its time passed without a better answer
+HIGHS_STALL_SHARE: float | None = 0.25
 LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
 HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class HighsBackend:
         return SolveResult(self.name, status, x, objective, bound, wall, message=status_name,
                            extra=extra)
 
-    def _watch_stall(self, h: object, time_limit_s: float) -> list[float]:
+    def _watch_stall(self, h: Any, time_limit_s: float) -> list[float]:
         """Interrupt ``h`` once its incumbent stalls (``stall_share``); the returned list
         holds the stall's length once it did."""
         stalled: list[float] = []
@@ -140,19 +141,19 @@ class HighsBackend:
         window = max(MIN_STALL_S, self.stall_share * float(time_limit_s))
         last = [time.perf_counter()]
 
-        def improved(_event: object) -> None:
+        def improved(_event: Any) -> None:
             last[0] = time.perf_counter()
 
-        def interrupt(event: object) -> None:
+        def interrupt(event: Any) -> None:
             idle = time.perf_counter() - last[0]
             if idle > window:
-                event.data_in.user_interrupt = True  # type: ignore[attr-defined]
+                event.data_in.user_interrupt = True
                 if not stalled:
                     stalled.append(idle)
 
         try:
-            h.cbMipImprovingSolution.subscribe(improved)  # type: ignore[attr-defined]
-            h.cbMipInterrupt.subscribe(interrupt)  # type: ignore[attr-defined]
+            h.cbMipImprovingSolution.subscribe(improved)
+            h.cbMipInterrupt.subscribe(interrupt)
         except AttributeError:  # a highspy without the callback API: run to the limit
             log.info("this highspy has no MIP callbacks: HiGHS runs to its limit")
         return stalled
