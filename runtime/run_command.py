@@ -194,7 +194,9 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
     if mine and hasattr(ex, "reconcile"):
         done = ex.reconcile(mine, jobs, adopt=adopt)
     handled = {d.launch_id for d in done}
-    adopted = set()
+    # executors that find their own leftovers (Slurm jobs, Kubernetes objects) adopted them
+    # when they started: those jobs keep running
+    adopted: set[str] = set(getattr(ex, "adopted_jobs", set)())
     for d in done:
         if d.action == "adopted":
             sl.adopt_launch(store, d.launch_id, getattr(getattr(ex, "launch_log", None), "owner",

@@ -23,7 +23,12 @@ a fixed reserve for the CUDA context and workspace.
 ``efficiency`` (a fraction of the dense peak) defaults to the per-type values
 calibrated on Crius's measurements (``apportion/data/efficiency.yaml``: 0.14 to
 0.31); ``fit`` recalibrates it per GPU type from measured samples (the median
-ratio of predicted to measured time).
+ratio of predicted to measured time). A type with no samples keeps the shipped
+ratio to the measured ones: its default efficiency is scaled by the median
+fitted-over-default ratio of the measured types (``efficiency_scale_``). Without
+that, a workload measured slower than the model on one type would make every
+unmeasured type look faster by the same factor, and a run would migrate its jobs
+there (and back, once measured there too).
 """
 
 from __future__ import annotations
@@ -102,16 +107,21 @@ class AnalyticEstimator(ParamsMixin):
                 ratios.setdefault(s.gpu_type, []).append(est.iter_time_s / s.iter_time_s)
         # predicted time at efficiency 1 divided by measured time is the efficiency
         self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
+        self.efficiency_scale_ = float(median([e / self._default_eff(g)
+                                               for g, e in self.efficiency_.items()])) \
+            if self.efficiency_ else 1.0
         return self
+
+    def _default_eff(self, gpu_type: str) -> float:
+        """The efficiency before any fit: the constructor's or the shipped table's."""
+        return self.efficiency if self.efficiency is not None else shipped_efficiency(gpu_type)
 
     def _eff(self, gpu_type: str, tp: int) -> float:
         fitted = getattr(self, "efficiency_", {})
         if gpu_type in fitted:
             base = fitted[gpu_type]
-        elif self.efficiency is not None:
-            base = self.efficiency
-        else:
-            base = shipped_efficiency(gpu_type)
+        else:  # unmeasured: the shipped ratio to the measured types (module docstring)
+            base = self._default_eff(gpu_type) * getattr(self, "efficiency_scale_", 1.0)
         return base * max(0.2, 1.0 - self.tp_penalty * math.log2(tp))
 
     # -- prediction --------------------------------------------------------------
@@ -213,7 +223,8 @@ class AnalyticEstimator(ParamsMixin):
         the estimate reads (the cluster by its fingerprint).
         """
         key = (cluster.fingerprint_hash, job.model, job.global_batch_size, cell.gpu_type, cell.gpus,
-               cell.stages, tuple(sorted(getattr(self, "efficiency_", {}).items())))
+               cell.stages, tuple(sorted(getattr(self, "efficiency_", {}).items())),
+               getattr(self, "efficiency_scale_", 1.0))
         cache = self.__dict__.setdefault("_cell_cache", {})
         if key not in cache:
             cache[key] = self._best_in_cell(job, cell, cluster)

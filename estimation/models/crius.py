@@ -284,8 +284,11 @@ class CellEstimator(ParamsMixin):
     def _profiler(self, eff_scale: float = 1.0) -> StageProfiler:
         if self.profiler is not None:
             return self.profiler
-        eff = {g: e * eff_scale for g, e in getattr(self, "efficiency_", {}).items()}
-        eff["*"] = self.efficiency * eff_scale
+        fitted = getattr(self, "efficiency_", {})
+        eff = {g: e * eff_scale for g, e in fitted.items()}
+        # an unmeasured type keeps its ratio to the measured ones (as the analytic model's fit)
+        measured = [e / self.efficiency for g, e in fitted.items() if "|" not in g]
+        eff["*"] = self.efficiency * eff_scale * (float(median(measured)) if measured else 1.0)
         return AnalyticStageProfiler(eff, self.tp_penalty)
 
     def _tables(self) -> CommTables:

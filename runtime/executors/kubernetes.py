@@ -152,6 +152,11 @@ class KubernetesExecutor:
             self.tracked[job] = Tracked(alloc, state)
             log.info("adopted %s/%s (job %s, %s)", self.kind, meta.get("name"), job, state)
 
+    def adopted_jobs(self) -> set[str]:
+        """Jobs whose objects, left by an earlier run, run now (a restarted run keeps them
+        running instead of requeueing them)."""
+        return self._set("running")
+
     # -- apply ----------------------------------------------------------------------------------
     def _set(self, state: str) -> set[str]:
         return {j for j, t in self.tracked.items() if t.state == state}

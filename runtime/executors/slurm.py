@@ -162,9 +162,15 @@ class SlurmExecutor:
         self._nodes: dict[str, dict[str, str]] = {}
         self._states: dict[str, tuple[str, str]] = {}
         self._states_at = -1e9
+        self._adopted: set[str] = set()
         self.workdir.mkdir(parents=True, exist_ok=True)
         if adopt:
             self._adopt()
+
+    def adopted_jobs(self) -> set[str]:
+        """Jobs whose Slurm jobs, left by an earlier run, this executor took over when it
+        started (a restarted run keeps them running instead of requeueing them)."""
+        return set(self._adopted)
 
     # -- Slurm ---------------------------------------------------------------------
     def _run(self, args: list[str], timeout_s: float = 60.0) -> str:
@@ -472,6 +478,7 @@ class SlurmExecutor:
             if st is not None and st[0] in ACTIVE_STATES | {"UNKNOWN"}:
                 r.slurm_state = st[0]
                 self.runs[r.job_id] = r
+                self._adopted.add(r.job_id)
                 log.warning("adopted %s: slurm job %s (%s) from an earlier run", r.job_id,
                             r.slurm_id, st[0])
             else:  # it ended while no executor watched it: report how
