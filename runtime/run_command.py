@@ -197,6 +197,9 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
     # executors that find their own leftovers (Slurm jobs, Kubernetes objects) adopted them
     # when they started: those jobs keep running
     adopted: set[str] = set(getattr(ex, "adopted_jobs", set)())
+    if adopted and not adopt and hasattr(ex, "stop_adopted"):
+        ex.stop_adopted()  # --orphans stop: checkpointed, then requeued below
+        adopted = set()
     for d in done:
         if d.action == "adopted":
             sl.adopt_launch(store, d.launch_id, getattr(getattr(ex, "launch_log", None), "owner",

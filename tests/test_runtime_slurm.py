@@ -348,7 +348,7 @@ def test_heterogeneous_counts_adoption_and_checkpoint_on_shutdown(slurm: LocalSl
     record = tmp_path / "runs" / job_dirname("h") / "slurm-job.json"
     record.write_text(json.dumps({**json.loads(record.read_text()), "slurm_job_id": ""}))
     ex2 = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
-    assert ex2.slurm_job("h") == sid
+    assert ex2.slurm_job("h") == sid and ex2.adopted_jobs() == {"h"}
     (keep,) = ex2.apply(_decision(replace_action(alloc, Action.KEEP)), [job])
     assert keep.action == "keep" and ex2.slurm_job("h") == sid
     before = _wait(ex2, "h", lambda p: p.iterations_done >= 5).iterations_done
@@ -358,6 +358,30 @@ def test_heterogeneous_counts_adoption_and_checkpoint_on_shutdown(slurm: LocalSl
     assert p.health == Health.CHECKPOINTED and p.iterations_done >= before
     saved = int((tmp_path / "runs" / job_dirname("h") / "checkpoint" / "it").read_text())
     assert saved == p.iterations_done  # the SIGTERM checkpoint is where progress stopped
+
+
+def test_orphans_stop_checkpoints_and_stops_what_an_earlier_run_left(slurm: LocalSlurm,
+                                                                     tmp_path: Path) -> None:
+    """`run --orphans stop` after a restart: the Slurm job a killed run left is stopped with
+    a checkpoint (not left running unmanaged, not adopted)."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    wl = Workload("torchrun", (sys.executable, str(tmp_path / "sleeper.py")))
+    job = JobSpec("o", "gpt-tiny", 8, 100000, 1, workload=wl)
+    ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
+    ex.apply(_decision(_alloc("o", {"a40-0": 1})), [job])
+    _wait(ex, "o", lambda p: p.health == Health.RUNNING and p.iterations_done >= 3)
+    sid = ex.slurm_job("o")
+    ex2 = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
+    assert ex2.adopted_jobs() == {"o"}
+    ex2.stop_adopted()
+    assert ex2.adopted_jobs() == set()
+    (p,) = ex2.poll()
+    assert p.health == Health.CHECKPOINTED and p.iterations_done >= 3
+    live = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", sid], capture_output=True,
+                          text=True, check=False).stdout.split()
+    assert not any(s in ("RUNNING", "PENDING", "COMPLETING") for s in live), live
+    saved = int((tmp_path / "runs" / job_dirname("o") / "checkpoint" / "it").read_text())
+    assert saved == p.iterations_done
 
 
 def test_a_job_ignoring_sigterm_is_cancelled_after_the_grace_period(slurm: LocalSlurm,

@@ -172,6 +172,16 @@ class SlurmExecutor:
         started (a restarted run keeps them running instead of requeueing them)."""
         return set(self._adopted)
 
+    def stop_adopted(self) -> None:
+        """``--orphans stop``: checkpoint and stop the Slurm jobs an earlier run left (TERM,
+        then cancel after the grace period); the run requeues them from their checkpoints."""
+        runs = [self.runs[j] for j in sorted(self._adopted) if j in self.runs]
+        if runs:
+            log.warning("stopping %d slurm jobs an earlier run left: %s", len(runs),
+                        ", ".join(f"{r.job_id} ({r.slurm_id})" for r in runs))
+            self._stop(runs)
+        self._adopted.clear()
+
     # -- Slurm ---------------------------------------------------------------------
     def _run(self, args: list[str], timeout_s: float = 60.0) -> str:
         return run(args, env=self.env, timeout_s=timeout_s)
