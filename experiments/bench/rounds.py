@@ -16,6 +16,14 @@ bound and gap. The targets (issue 16):
 
 On a loaded machine the wall time is the CPU time stretched by the load: the CPU
 time is the figure that carries over to a quiet machine.
+
+The command runs as installed: from compiled bytecode. A shell that sets
+``PYTHONDONTWRITEBYTECODE`` (this project's sandbox does) would otherwise make every
+run compile apportion's modules from source, about 0.1 s more than an operator's
+install, where pip compiled them; the children run without it, after one untimed
+small round that writes what the command imports (a first run that compiles all it
+imports loses the LP relaxation's time to it: `LP relaxation: error (Time limit
+reached)`, and HiGHS then answers from the greedy's start).
 """
 
 from __future__ import annotations
@@ -61,8 +69,21 @@ def write_instance(jobs: int, gpus: int, types: int, seed: int, folder: Path) ->
     return cpath, jpath
 
 
+def installed_env(folder: Path) -> dict[str, str]:
+    """The children's environment, bytecode allowed, after one untimed small round (in
+    ``folder``) has compiled what the command imports, the solvers' child included."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    c, j = write_instance(40, 64, 2, 0, folder)
+    for parts in ("1", "2"):
+        subprocess.run([sys.executable, "-m", "apportion.cli", "solve-round", "--cluster", str(c),
+                        "--jobs", str(j), "--time-budget", "1", "--partitions", parts],
+                       env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return env
+
+
 def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
-               engine: str = "local", extra: list[str] | None = None) -> dict[str, Any]:
+               engine: str = "local", extra: list[str] | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the command once; its wall and CPU time and what it decided."""
     with tempfile.TemporaryDirectory(prefix="ap-bench-") as tmp:
         out = Path(tmp) / "decision.json"
@@ -73,7 +94,7 @@ def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              check=False)
+                              check=False, env=env)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -95,10 +116,11 @@ def main(cases: list[tuple[int, int, int, float, int, str]] | None = None, seed:
          repeat: int = 1) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="ap-rounds-") as tmp:
+        env = installed_env(Path(tmp))
         for jobs, gpus, types, budget, parts, engine in cases or CASES:
             c, j = write_instance(jobs, gpus, types, seed, Path(tmp))
             for _ in range(repeat):
-                row = time_round(c, j, budget, parts, engine)
+                row = time_round(c, j, budget, parts, engine, env=env)
                 row.update({"jobs": jobs, "gpus": gpus, "types": types, "seed": seed})
                 rows.append(row)
     return rows
@@ -118,4 +140,4 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         f"{fmt(r.get('gap'), '.3%')} |\n" for r in rows)
 
 
-__all__ = ["CASES", "main", "markdown", "time_round", "write_instance"]
+__all__ = ["CASES", "installed_env", "main", "markdown", "time_round", "write_instance"]
