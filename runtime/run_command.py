@@ -181,7 +181,10 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
 def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[Any]:
     """Settle what an earlier (killed) run left, before the first round: adopt or stop its
     worker groups, close their launch records, and requeue from its last checkpoint every
-    job the store thinks is running but nothing runs. Returns what was done per launch."""
+    job the store thinks is running but nothing runs. Executors that find their own
+    leftovers when they start (Slurm jobs, Kubernetes objects) say which jobs they adopted
+    (``adopted_jobs``); with ``adopt`` off, one that can (``stop_adopted``) stops them
+    first. Returns what was done per launch."""
     from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress_since
 
     from apportion import store_launches as sl
