@@ -17,8 +17,10 @@ def test_installed_env_allows_bytecode_even_where_the_shell_forbids_it(
     assert list(tmp_path.glob("cluster-*.yaml")) and list(tmp_path.glob("jobs-*.yaml"))
 
 
-def test_a_small_round_is_timed_and_answered(tmp_path: Path) -> None:
-    (row,) = rounds.main([(30, 64, 2, 2.0, 1, "local")], seed=3, repeat=1)
+def test_a_small_round_is_timed_and_answered() -> None:
+    # a budget far above what 30 jobs need: the chain stops once optimal, and a loaded CI
+    # machine starting the solvers' child process slowly does not make this a fallback
+    (row,) = rounds.main([(30, 64, 2, 10.0, 1, "local")], seed=3, repeat=1)
     assert row["exit"] == 0, row
     assert row["status"] in ("optimal", "feasible") and not row["fallback"], row
     assert row["objective"] > 0 and row["wall_s"] > 0 and row["cpu_s"] > 0
