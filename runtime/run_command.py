@@ -232,5 +232,7 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
         ck = view.checkpoint_iteration or 0
         sl.settle_checkpoint(store, rec.id, ck, "running in the store, but no worker runs it: "
                              "back to the queue from its last checkpoint")
-        log.warning("job %s: no worker runs it; requeued from checkpoint %d", rec.id, ck)
+        # the store keeps the later of its own checkpoint and the progress file's
+        log.warning("job %s: no worker runs it; requeued from checkpoint %d", rec.id,
+                    store.job(rec.id).checkpoint_iterations)
     return done

@@ -143,6 +143,7 @@ def test_restarted_scheduler_adopts_its_objects(tmp_path: Path) -> None:
         first.apply(decision({"a100-1": 4, "a100-2": 8, "a100-3": 4}), [JOB])
         posts = sum(1 for m, _, _ in srv.log if m == "POST")
         second = executor(srv, cfg_for("jobset"), tmp_path)
+        assert second.adopted_jobs() == {JOB.id}  # a restarted run keeps it running
         (ev,) = second.apply(decision({"a100-1": 4, "a100-2": 8, "a100-3": 4},
                                       action=Action.KEEP), [JOB])
         assert ev.action == "keep"
