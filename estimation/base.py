@@ -8,8 +8,9 @@ an :class:`Estimate`. Every estimator passes the same conformance tests.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Protocol, runtime_checkable
 
 from apportion.cluster import Cluster
@@ -64,3 +65,13 @@ class ParamsMixin:
     def get_params(self) -> dict[str, Any]:
         names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
         return {n: getattr(self, n) for n in names}
+
+
+def unmeasured_scale(fitted: Mapping[str, float], default: Callable[[str], float]) -> float:
+    """How a GPU type no sample measured scales its default efficiency: the median
+    fitted-over-default ratio of the measured types (keys with ``|`` are per-family
+    refinements, skipped), so it keeps its shipped ratio to them; 1 with nothing measured.
+    Without it a workload measured slower than the model on one type makes every other
+    type look faster by the same factor."""
+    ratios = [e / default(g) for g, e in fitted.items() if "|" not in g]
+    return float(median(ratios)) if ratios else 1.0

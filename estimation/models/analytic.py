@@ -47,7 +47,7 @@ from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
 from apportion.estimation.models.comm import Link, allreduce_time, p2p_time
 from apportion.estimation.models.partition import cached_cuts
 
@@ -107,9 +107,7 @@ class AnalyticEstimator(ParamsMixin):
                 ratios.setdefault(s.gpu_type, []).append(est.iter_time_s / s.iter_time_s)
         # predicted time at efficiency 1 divided by measured time is the efficiency
         self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
-        self.efficiency_scale_ = float(median([e / self._default_eff(g)
-                                               for g, e in self.efficiency_.items()])) \
-            if self.efficiency_ else 1.0
+        self.efficiency_scale_ = unmeasured_scale(self.efficiency_, self._default_eff)
         return self
 
     def _default_eff(self, gpu_type: str) -> float:

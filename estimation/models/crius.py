@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Protocol
 
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
 from apportion.estimation.models.comm import Link
 from apportion.estimation.models.tables import CommTables
 
@@ -286,9 +286,7 @@ class CellEstimator(ParamsMixin):
             return self.profiler
         fitted = getattr(self, "efficiency_", {})
         eff = {g: e * eff_scale for g, e in fitted.items()}
-        # an unmeasured type keeps its ratio to the measured ones (as the analytic model's fit)
-        measured = [e / self.efficiency for g, e in fitted.items() if "|" not in g]
-        eff["*"] = self.efficiency * eff_scale * (float(median(measured)) if measured else 1.0)
+        eff["*"] = self.efficiency * eff_scale * unmeasured_scale(fitted, lambda _: self.efficiency)
         return AnalyticStageProfiler(eff, self.tp_penalty)
 
     def _tables(self) -> CommTables:
