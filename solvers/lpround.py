@@ -16,6 +16,17 @@ fractional variables per capacity row. Two roundings, the better one kept:
   has not improved on its greedy start at all (20-50 % below the bound;
   experiments/results/bench/speed.md).
 
+Either point is then **filled**: every integer column that still fits, the most
+valuable first, goes up by one (:func:`fill`; a column in an equality row never
+moves alone, so it is left). Rounding down drops the few jobs the LP split; most
+of them fit whole somewhere in what the others left, and the filled point is
+usually within 0.1 % of the bound. On the held-out 1,000-job round it moves the
+rounded-down answer from 0.55 % to 0.026 % below the bound in a few milliseconds,
+where the restricted MIP took 0.4 s to reach 0.0006 %. In a chain
+(``mip_rel_gap`` set, as :func:`~apportion.solvers.chain.for_chain` does) a
+filled point within that tolerance is the answer: the chain would stop at it
+anyway, so the restricted MIP is not run.
+
 The relaxation's optimum is a valid bound, so the answer comes with an honest
 gap. The result is checked against the model anyway and refused (status
 ``error``) if a row of another shape broke, so the chain moves on.
@@ -39,9 +50,12 @@ MIN_EXTRA = 150
 class LpRoundBackend:
     name = "lp-round"
 
-    def __init__(self, tol: float = 1e-6, neighbourhood: bool = True) -> None:
+    def __init__(self, tol: float = 1e-6, neighbourhood: bool = True,
+                 mip_rel_gap: float | None = None) -> None:
         self.tol = tol
         self.neighbourhood = neighbourhood  # False: round down only
+        # within this of the LP bound the filled point is final (None: always the MIP)
+        self.mip_rel_gap = mip_rel_gap
 
     def available(self) -> bool:
         return HighsBackend().available()
@@ -60,11 +74,16 @@ class LpRoundBackend:
         frac = ints & (np.abs(x_lp - np.round(x_lp)) > self.tol)
         x = self._round_down(model, x_lp, ints)
         how = f"{int(frac.sum())} fractional columns rounded down"
+        if x is not None:
+            x, added = fill(model, x, self.tol)
+            how += f", {added} columns filled" if added else ""
         left = time_limit_s - (time.perf_counter() - start)
-        if self.neighbourhood and frac.any() and left > 0.01:
+        if self.neighbourhood and frac.any() and left > 0.01 and not self._close(model, x, lp):
             res = self._neighbourhood(model, x_lp, ints, lp.extra.get("reduced_costs"), x, left)
             if res is not None and (x is None or _gain(model, res, x) > 1e-9):
-                x, how = res, f"{int(frac.sum())} fractional columns; restricted MIP"
+                x, added = fill(model, res, self.tol)
+                how = f"{int(frac.sum())} fractional columns; restricted MIP" + \
+                    (f", {added} columns filled" if added else "")
         if x is None:
             return SolveResult(self.name, Status.ERROR, wall_s=time.perf_counter() - start,
                                message="rounded LP point violates the model")
@@ -75,6 +94,14 @@ class LpRoundBackend:
                            lp.objective,
                            time.perf_counter() - start,
                            message=f"LP bound {lp.objective:.6g}; {how}")
+
+    def _close(self, model: LinearModel, x: np.ndarray | None, lp: SolveResult) -> bool:
+        """Whether ``x`` is within ``mip_rel_gap`` of the LP bound (a chain's final answer)."""
+        if self.mip_rel_gap is None or x is None or lp.objective is None:
+            return False
+        obj = model.objective_value(x)
+        diff = lp.objective - obj if model.sense == "max" else obj - lp.objective
+        return max(0.0, diff) / max(1.0, abs(obj)) <= self.mip_rel_gap
 
     def _round_down(self, model: LinearModel, x_lp: np.ndarray, ints: np.ndarray
                     ) -> np.ndarray | None:
@@ -112,6 +139,41 @@ class LpRoundBackend:
         if res.x is None or not res.status.has_solution or not model.is_feasible(res.x):
             return None
         return np.asarray(res.x, float)
+
+
+def fill(model: LinearModel, x: np.ndarray, tol: float = 1e-6) -> tuple[np.ndarray, int]:
+    """``x`` with every integer column of positive gain that still fits raised by one, the
+    largest gain first (a greedy completion of a feasible point; each step re-checks the
+    rows the column touches, so the point stays feasible). Returns it and how many moved.
+
+    Adding to a column only uses room in its ``<=`` rows, so a column that does not fit
+    now never will: only the columns that fit at the start are tried, in numpy."""
+    x = np.asarray(x, float).copy()
+    sign = 1.0 if model.sense == "max" else -1.0
+    gain = sign * np.asarray(model.obj, float)
+    ints = np.asarray(model.integer, bool)
+    free = ints & (gain > 0) & (x + 1.0 <= np.asarray(model.ub, float) + tol)
+    if not free.any():
+        return x, 0
+    csc = model.matrix().tocsc()
+    act = model.activity(x)
+    lo, hi = model.row_bounds()
+    new = act[csc.indices] + csc.data
+    ok = (new <= hi[csc.indices] + tol) & (new >= lo[csc.indices] - tol)
+    nnz = np.diff(csc.indptr)
+    per_col = np.bincount(np.repeat(np.arange(model.num_vars), nnz), weights=ok,
+                          minlength=model.num_vars)
+    free &= (per_col == nnz) & (nnz > 0)  # an empty column held by no row is left as it is
+    added = 0
+    for j in np.flatnonzero(free)[np.argsort(-gain[free], kind="stable")]:
+        a, b = csc.indptr[j], csc.indptr[j + 1]
+        rows = csc.indices[a:b]
+        new = act[rows] + csc.data[a:b]
+        if (new <= hi[rows] + tol).all() and (new >= lo[rows] - tol).all():
+            x[j] += 1.0
+            act[rows] = new
+            added += 1
+    return x, added
 
 
 def _gain(model: LinearModel, x: np.ndarray, than: np.ndarray) -> float:

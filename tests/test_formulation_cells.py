@@ -191,6 +191,53 @@ def test_lp_rounding_is_feasible_and_brackets_the_optimum(inst) -> None:
     assert validate(dec, cluster, jobs).ok
 
 
+@settings(max_examples=25)
+@given(inst=instances(), busy=st.integers(0, 3))
+def test_filling_a_rounded_point_keeps_it_feasible_and_leaves_no_column_that_fits(inst, busy) -> None:
+    """``fill`` (LP rounding's greedy completion) on the rounded-down LP point and on
+    points with some chosen cells taken out: feasible, never worse, and afterwards no
+    integer column of positive value can go up by one without breaking a row."""
+    import numpy as np
+
+    from apportion.solvers.lpround import LpRoundBackend, fill
+
+    cluster, jobs = inst
+    m = build_cells_model(build_candidates(cluster, jobs, now_s=20000.0))
+    down = LpRoundBackend(neighbourhood=False).solve(m, 20.0)
+    if down.x is None:
+        return
+    start = np.asarray(down.x, float).copy()
+    for j in np.flatnonzero(start > 0.5)[:busy]:  # a worse feasible start: cells dropped
+        start[j] = 0.0
+    if not m.is_feasible(start):  # a dropped cell's placement columns left its size row
+        start = np.asarray(down.x, float)
+    x, added = fill(m, start)
+    assert m.is_feasible(x)
+    assert m.objective_value(x) >= m.objective_value(start) - 1e-9
+    assert added == int(round(float(np.sum(x - start))))
+    for j in range(m.num_vars):
+        if m.integer[j] and m.obj[j] > 0 and x[j] + 1 <= m.ub[j]:
+            y = x.copy()
+            y[j] += 1
+            assert not m.is_feasible(y), f"column {m.var_keys[j]} still fits"
+
+
+def test_lp_rounding_in_a_chain_stops_at_a_filled_point_within_the_tolerance() -> None:
+    """With the chain's tolerance the rounded, filled LP point within it is the answer
+    (no restricted MIP); without one the restricted MIP runs as before."""
+    from apportion.solvers.lpround import LpRoundBackend
+
+    cluster, (jobs, now) = default_cluster(), default_jobs()
+    m = build_cells_model(build_candidates(cluster, jobs, now))
+    loose = LpRoundBackend(mip_rel_gap=0.5).solve(m, 20.0)
+    assert m.is_feasible(loose.x) and "restricted MIP" not in loose.message
+    assert loose.bound - loose.objective <= 0.5 * max(1.0, abs(loose.objective)) + 1e-9
+    exact = HighsBackend(mip_rel_gap=1e-9).solve(m, 20.0)
+    assert loose.objective <= exact.objective + 1e-6 <= loose.bound + 2e-6
+    free = LpRoundBackend().solve(m, 20.0)
+    assert free.objective >= loose.objective - 1e-6
+
+
 def test_large_rounds_answer_from_the_lp_first() -> None:
     from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for
 
