@@ -38,7 +38,6 @@ import copy
 import time
 
 import numpy as np
-
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.highs import HighsBackend

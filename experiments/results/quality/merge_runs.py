@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-
 from apportion.experiments.harness import _with_ci, to_markdown
 
 
