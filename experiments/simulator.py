@@ -122,6 +122,12 @@ def _spec(j: SimJob) -> JobSpec:
                    accepts_sharing=bool(ft and ft.accepts_sharing))
 
 
+def _not_run(attempt: dict[str, Any]) -> bool:
+    """A chain attempt that never ran: skipped, or no budget was left for it."""
+    msg = str(attempt.get("message", ""))
+    return msg.startswith("skipped") or msg.startswith("no budget left")
+
+
 def _same(a: Allocation, b: Allocation | None, code_a: str | None, code_b: str | None) -> bool:
     return (b is not None and a.gpu_type == b.gpu_type and a.gpus == b.gpus
             and a.placement == b.placement and a.plan == b.plan and code_a == code_b)
@@ -208,9 +214,14 @@ class Simulator:
                 active = [js for js in active if js.id not in dropped_now]
             progressed, finished_recent = self._advance(active, t, t + iv, timeline)
             rep = decision.report
+            ran = [a for a in rep.attempts if not _not_run(a)]
             rounds.append({"round": r, "t": t, "active": len(active), "policy_s": policy_s,
                            "solver_s": rep.wall_s, "backend": rep.backend, "status": rep.status,
-                           "fallback": bool(rep.fallback)})
+                           "fallback": bool(rep.fallback),
+                           # the chain as it ran (where a replay's solver time goes)
+                           "chain": "+".join(str(a.get("backend")) for a in ran),
+                           "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),
+                           "stalled": any("stopped:" in str(a.get("message", "")) for a in ran)})
             for jid in finished_recent:
                 js = states[jid]
                 done.append(js)

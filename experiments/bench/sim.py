@@ -12,7 +12,9 @@ replays' default ``estimated``). With ``--max-rounds`` only the first rounds are
 replayed (the rate is still reported), so the optimising policy can be timed
 without waiting hours. ``--mip-gap`` sets the solver chain's tolerance (an
 answer that close to the best proven bound is final; from 1e-3 LP rounding goes
-first).
+first). For a policy with a solver chain the report says where its time went
+(:func:`chain_profile`): rounds by the chain that ran, each backend's seconds, and the
+HiGHS runs stopped because their incumbent stalled.
 """
 
 from __future__ import annotations
@@ -47,6 +49,29 @@ def bench_trace(days: float = 14.0, seed: int = 0, jobs: int = 13000) -> tuple[t
     return tr.adapt_crius(raw.window(s, e), truth, seed=seed), truth
 
 
+def chain_profile(rounds: Any) -> dict[str, Any]:
+    """Where the replay's solver time went: rounds by the chain that ran (backends in
+    order, ``+``-joined), each backend's total wall, and the HiGHS runs stopped because
+    their incumbent stalled (rounds and seconds). Empty for a policy without a chain."""
+    if not len(rounds) or "chain" not in rounds.columns:
+        return {}
+    by_chain = rounds["chain"].fillna("").value_counts()
+    per_backend: dict[str, float] = {}
+    stalled_s = 0.0
+    for chain, secs, stalled in zip(rounds["chain"].fillna(""), rounds["chain_s"].fillna(""),
+                                    rounds["stalled"]):
+        if not chain:
+            continue
+        for name, w in zip(chain.split("+"), secs.split("+")):
+            per_backend[name] = per_backend.get(name, 0.0) + float(w)
+            if stalled and name == "highs":
+                stalled_s += float(w)
+    return {"rounds_by_chain": {k or "(none)": int(v) for k, v in by_chain.items()},
+            "solver_s_by_backend": {k: round(v, 2) for k, v in sorted(per_backend.items())},
+            "highs_stalled_rounds": int(rounds["stalled"].sum()),
+            "highs_stalled_s": round(stalled_s, 2)}
+
+
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
          max_rounds: int | None = None, information: str = "estimated",
          mip_gap: float = MIP_REL_GAP) -> dict[str, Any]:
@@ -76,6 +101,7 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
         "rounds_per_s": round(s["rounds"] / wall, 2) if wall > 0 else None,
         "policy_s_total": s["policy_s_total"], "trace_load_s": round(load_s, 2),
         "fallback_rounds": int(rd["fallback"].sum()) if len(rd) else 0,
+        **chain_profile(rd),
         "avg_jct_s": s["avg_jct_s"], "median_jct_s": s.get("median_jct_s"),
         "utilization": s["utilization"],
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
