@@ -125,7 +125,7 @@ def _spec(j: SimJob) -> JobSpec:
 def _not_run(attempt: dict[str, Any]) -> bool:
     """A chain attempt that never ran: skipped, or no budget was left for it."""
     msg = str(attempt.get("message", ""))
-    return msg.startswith("skipped") or msg.startswith("no budget left")
+    return msg.startswith(("skipped", "no budget left"))
 
 
 def _same(a: Allocation, b: Allocation | None, code_a: str | None, code_b: str | None) -> bool:
