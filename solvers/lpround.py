@@ -98,9 +98,11 @@ class LpRoundBackend:
         """Whether ``x`` is within ``mip_rel_gap`` of the LP bound (a chain's final answer)."""
         if self.mip_rel_gap is None or x is None or lp.objective is None:
             return False
-        obj = model.objective_value(x)
-        diff = lp.objective - obj if model.sense == "max" else obj - lp.objective
-        return max(0.0, diff) / max(1.0, abs(obj)) <= self.mip_rel_gap
+        from apportion.solvers.chain import proven_gap  # the chain's own gap rule
+
+        answer = SolveResult(self.name, Status.FEASIBLE, x, model.objective_value(x))
+        gap = proven_gap(answer, lp.objective, model.sense)
+        return gap is not None and gap <= self.mip_rel_gap
 
     def _round_down(self, model: LinearModel, x_lp: np.ndarray, ints: np.ndarray
                     ) -> np.ndarray | None:
@@ -145,8 +147,9 @@ def fill(model: LinearModel, x: np.ndarray, tol: float = 1e-6) -> tuple[np.ndarr
     largest gain first (a greedy completion of a feasible point; each step re-checks the
     rows the column touches, so the point stays feasible). Returns it and how many moved.
 
-    Adding to a column only uses room in its ``<=`` rows, so a column that does not fit
-    now never will: only the columns that fit at the start are tried, in numpy."""
+    Where a column's coefficients are positive, adding to others only uses room, so a
+    column that does not fit now never will: only the columns that fit at the start are
+    tried (screened in numpy; each is still re-checked when its turn comes)."""
     x = np.asarray(x, float).copy()
     sign = 1.0 if model.sense == "max" else -1.0
     gain = sign * np.asarray(model.obj, float)
