@@ -217,7 +217,8 @@ class Simulator:
             ran = [a for a in rep.attempts if not _not_run(a)]
             rounds.append({"round": r, "t": t, "active": len(active), "policy_s": policy_s,
                            "solver_s": rep.wall_s, "backend": rep.backend, "status": rep.status,
-                           "fallback": bool(rep.fallback),
+                           "fallback": bool(rep.fallback), "gap": rep.gap,
+                           "placed": len(decision.allocations),
                            # the chain as it ran (where a replay's solver time goes)
                            "chain": "+".join(str(a.get("backend")) for a in ran),
                            "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),

@@ -28,6 +28,9 @@ def test_policy_completes_with_valid_decisions(name: str) -> None:
     assert s["finished"] + s["dropped"] == s["jobs"] == 10, name
     if name != "elasticflow":
         assert s["finished"] == 10, name
+    # each round's record says how many jobs the decision placed: the jobs that then ran
+    assert len(res.rounds) == len(res.timeline), name
+    assert res.rounds["placed"].tolist() == res.timeline["running"].tolist(), name
 
 
 def test_optimising_uses_the_solver_and_scales() -> None:
@@ -36,6 +39,8 @@ def test_optimising_uses_the_solver_and_scales() -> None:
     res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()
     rd = res.rounds
     assert set(rd["backend"]) & {"highs", "cp-sat"}  # a real solver answered some rounds
+    gaps = rd["gap"].dropna()  # the answer's proven gap, recorded per round
+    assert len(gaps) > 0 and (gaps >= 0).all()
     # cells at N/2, N, 2N: some job ran at a GPU count other than its request
     assert res.summary["finished"] == 10
 
