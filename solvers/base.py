@@ -63,6 +63,15 @@ class SolveResult:
         }
 
 
+def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> float | None:
+    """Relative gap of ``best`` to the tightest bound proved so far (None: no bound): one
+    rule for the chain's stop and a backend's own early answer (LP rounding)."""
+    if best is None or best.objective is None or bound is None:
+        return None
+    diff = bound - best.objective if sense == "max" else best.objective - bound
+    return max(0.0, diff) / max(1.0, abs(best.objective))
+
+
 # Every solver backend by name, once: the chain builds them in-process and the isolation
 # layer in a child process, both from this table ("module:Class", imported when used).
 BACKEND_CLASSES = {"highs": "apportion.solvers.highs:HighsBackend",

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
+from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +163,6 @@ def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
         return True
     assert a.objective is not None
     return a.objective > b.objective + 1e-9 if sense == "max" else a.objective < b.objective - 1e-9
-
-
-def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> float | None:
-    """Relative gap of ``best`` to the tightest bound proved so far (None: no bound)."""
-    if best is None or best.objective is None or bound is None:
-        return None
-    diff = bound - best.objective if sense == "max" else best.objective - bound
-    return max(0.0, diff) / max(1.0, abs(best.objective))
 
 
 def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:

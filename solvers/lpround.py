@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.base import SolveResult, Status, proven_gap
 from apportion.solvers.highs import HighsBackend
 
 NEIGHBOURS = 3  # columns added to the restricted MIP per support column (at least MIN_EXTRA)
@@ -98,8 +98,6 @@ class LpRoundBackend:
         """Whether ``x`` is within ``mip_rel_gap`` of the LP bound (a chain's final answer)."""
         if self.mip_rel_gap is None or x is None or lp.objective is None:
             return False
-        from apportion.solvers.chain import proven_gap  # the chain's own gap rule
-
         answer = SolveResult(self.name, Status.FEASIBLE, x, model.objective_value(x))
         gap = proven_gap(answer, lp.objective, model.sense)
         return gap is not None and gap <= self.mip_rel_gap
