@@ -439,7 +439,8 @@ class FormulationPolicy:
         its local search runs only if the round falls back to it (``full``) or the greedy is
         the chosen backend, so a round the solver answers does not pay for it. On a large
         model (the chain answers from LP rounding first, which needs no hint) the greedy runs
-        while an isolated chain solves, or only if the round falls back to it."""
+        while an isolated chain solves, or after the chain (:meth:`decode`) if its answer is
+        not proved within the tolerance or the round falls back to it."""
         cfg = self.cfg
         model = build_cells_model(g, max_changes=cfg.max_changes)
         if model.num_vars > LARGE_MODEL_COLUMNS and cfg.backend == "auto" and not full:
@@ -536,6 +537,19 @@ class FormulationPolicy:
         model = f.model
         attempt_dicts = [a.as_dict() for a in s.attempts]
         answered = s.best is not None and s.best.x is not None and model.decode is not None
+        # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
+        bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
+        bound = min(bounds) if bounds else (s.best.bound if s.best is not None else None)
+        gap = None
+        if answered and bound is not None and s.best is not None and s.best.objective is not None:
+            gap = max(0.0, bound - s.best.objective) / max(1.0, abs(s.best.objective))
+        if answered and f.greedy_choices is None and (gap is None or gap > cfg.mip_gap):
+            # a large round's chain ran without the greedy's hint (LP rounding needs none);
+            # when LP rounding failed, HiGHS alone may end on an early incumbent that stops
+            # nearly every running job (Philly day 1's burst under load: 3 of 657 placed).
+            # The greedy's first pass (every running job kept) costs well under a second:
+            # an answer not proved within the tolerance must beat it
+            f.take(self._heuristic(g, model, full=False))
         # a backend's answer worse than the greedy's (an LP rounding the clock stopped HiGHS
         # from improving): the greedy's is the round's answer, never the worse one
         beaten = (answered and f.greedy_choices is not None and s.best is not None
@@ -561,12 +575,6 @@ class FormulationPolicy:
                 choices, decision = s.accepted[id(s.best)]
             else:
                 choices = model.decode(s.best.x)
-            # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
-            bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
-            bound = min(bounds) if bounds else s.best.bound
-            gap = None
-            if bound is not None and s.best.objective is not None:
-                gap = max(0.0, bound - s.best.objective) / max(1.0, abs(s.best.objective))
             report = SolveReport(s.best.backend, s.best.status.value, s.best.objective, bound,
                                  gap, wall, fallback=False, attempts=attempt_dicts)
             validated = True  # accepted by the chain's validation

@@ -97,8 +97,11 @@ class CandidateOptions:
     normalize: str = "least-efficient"
     # a running job's move costs ``restart_s`` once but pays off for as long as it keeps its
     # new cell: the loss is spread over min(its remaining time, ``amortize_s``), at least
-    # one round (None: over one round, Crius's rule)
-    amortize_s: float | None = 600.0
+    # one round (None: over one round, Crius's rule). 600 s in sessions 4-11; 1,800 s from
+    # session 12: a long job displaced to a slow type moves back for a 7.6 % gain
+    # (experiments/results/quality/README.md, sessions 11-12)
+    amortize_s: float | None = 1800.0
+    restart_horizon: str = "reference"  # see ObjectiveOptions
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
@@ -106,7 +109,8 @@ class CandidateOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds,
-                                amortize_s=self.amortize_s)
+                                amortize_s=self.amortize_s,
+                                restart_horizon=self.restart_horizon)
 
 
 def job_node(job_id: str) -> str:

@@ -38,7 +38,10 @@ stop, relaunch and resume, default 60 s); ``horizon_j`` is the time the move
 pays off: one round (round_s, default 300 s, Crius's rule) or, with
 ``amortize_s``, the job's remaining time capped at ``amortize_s`` and at least
 one round (a move that will last an hour is not charged as if it lasted five
-minutes).
+minutes). With ``restart_horizon="cell"`` the horizon is instead the job's remaining
+time on the cell it moves to, ``rem_j / n_c``, capped the same way but with no floor:
+the move's break-even (it pays iff the time saved there exceeds the restart), so a
+nearly finished job is not moved for a gain it cannot live to collect.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ class ObjectiveOptions:
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
     amortize_s: float | None = None  # spread a restart over this long (None: one round)
+    # the time a move pays off, against which its restart is charged: ``reference`` the
+    # job's remaining time at its reference throughput, at least one round; ``cell`` its
+    # remaining time on the cell it moves to, no floor (a move's true break-even)
+    restart_horizon: str = "reference"
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -85,6 +92,7 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
+RESTART_HORIZONS = ("reference", "cell")
 NORMALIZATIONS = ("requested", "slowest", "best", "least-efficient")
 
 
@@ -141,6 +149,9 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     opt = options or ObjectiveOptions()
     if opt.kind not in OBJECTIVES:
         raise ValueError(f"unknown objective {opt.kind!r}; choose {', '.join(OBJECTIVES)}")
+    if opt.restart_horizon not in RESTART_HORIZONS:
+        raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
+                         f"choose {', '.join(RESTART_HORIZONS)}")
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(f"job:{job.id}")
@@ -170,10 +181,14 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}
-    def lost(rem: float) -> float:
+    cap = opt.round_s if opt.amortize_s is None else max(opt.round_s, opt.amortize_s)
+
+    def lost(rem: float, normalized: float) -> float:
         """The share of the gain a move gives up: its restart over the time it pays off."""
-        horizon = opt.round_s if opt.amortize_s is None else \
-            min(max(opt.round_s, opt.amortize_s), max(opt.round_s, rem))
+        if opt.restart_horizon == "cell":  # remaining time on the new cell: rem_j / n_c
+            horizon = min(cap, rem / normalized) if normalized > 0 else 0.0
+        else:
+            horizon = opt.round_s if opt.amortize_s is None else min(cap, max(opt.round_s, rem))
         return min(1.0, opt.restart_s / horizon) if horizon > 0 else 1.0
 
     g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
@@ -181,7 +196,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "round_s": opt.round_s, "place_bonus": opt.place_bonus,
                             "remaining_exponent": opt.remaining_exponent,
                             "weight_bounds": list(opt.weight_bounds),
-                            "amortize_s": opt.amortize_s}
+                            "amortize_s": opt.amortize_s,
+                            "restart_horizon": opt.restart_horizon}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
@@ -194,6 +210,6 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
             value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:
-            value -= term * lost(js["rem"])  # a running job that moves loses its restart
+            value -= term * lost(js["rem"], float(d["normalized"]))  # a running job that moves loses its restart
         d["term"] = term
         d["value"] = value

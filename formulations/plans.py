@@ -288,6 +288,7 @@ class PlanOptions:
     weight_bounds: tuple[float, float] = (0.25, 4.0)
     normalize: str = "requested"
     amortize_s: float | None = None
+    restart_horizon: str = "reference"
 
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
@@ -302,12 +303,13 @@ class PlanOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds,
-                                amortize_s=self.amortize_s)
+                                amortize_s=self.amortize_s,
+                                restart_horizon=self.restart_horizon)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
                      "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "normalize",
-                     "amortize_s")
+                     "amortize_s", "restart_horizon")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:

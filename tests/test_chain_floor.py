@@ -69,3 +69,30 @@ def test_the_round_takes_the_greedy_when_the_backends_did_worse(
     assert rep.objective is not None and rep.objective > 0
     assert len(res.decision.allocations) > 0
     assert validate(res.decision, cl, jobs).ok
+
+
+def test_a_large_round_without_a_hint_still_never_answers_worse_than_the_greedy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large round's chain runs without the greedy (LP rounding needs no hint). When LP
+    rounding fails and HiGHS ends on an early incumbent that stops nearly every running job
+    (Philly day 1's burst under load), the greedy is made after the chain and must win."""
+    cl, jobs, now = _round()
+    monkeypatch.setattr(round_mod, "LARGE_MODEL_COLUMNS", 0)  # every model is "large"
+    made: list[bool] = []
+    real_formulate = round_mod.FormulationPolicy.formulate
+
+    def formulate(self, view, g, full=False):  # type: ignore[no-untyped-def]
+        f = real_formulate(self, view, g, full)
+        made.append(f.greedy_choices is not None)
+        return f
+
+    monkeypatch.setattr(round_mod.FormulationPolicy, "formulate", formulate)
+    real = round_mod.solve_chain
+    monkeypatch.setattr(round_mod, "solve_chain",
+                        lambda model, backends, *a, **kw: real(model, [ZeroBackend()], *a, **kw))
+    res = run_round(cl, jobs, now, RoundConfig(time_budget_s=10.0, isolate=False))
+    assert made == [False]  # no hint before the chain: the check is after it
+    rep = res.decision.report
+    assert rep.backend == "greedy" and "worse than the greedy" in rep.fallback_reason, rep
+    assert len(res.decision.allocations) > 0
+    assert validate(res.decision, cl, jobs).ok

@@ -131,9 +131,11 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
 @given(jobs=st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.integers(50, 200_000),
                                st.booleans()), min_size=1, max_size=5),
        kind=st.sampled_from(["jct-aware", "normalized"]), bonus=st.sampled_from([0.0, 0.5, 1.0]),
-       normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]))
+       normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]),
+       horizon_kind=st.sampled_from(["reference", "cell"]))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
-                                                   bonus: float, normalize: str) -> None:
+                                                   bonus: float, normalize: str,
+                                                   horizon_kind: str) -> None:
     """value = n * w + place_bonus + bonus [+ keep * w | - term * lost], w bounded, and a job
     that can finish sooner never weighs less; the exact optimum validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
@@ -145,7 +147,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             node += 1
         specs.append(JobSpec(f"j{i}", "bert-336m", 64, iters, gpus, submit_time_s=0.0,
                              iterations_done=1 if run else 0, running=run))
-    opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize)
+    opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
+                            restart_horizon=horizon_kind)
     g = build_candidates(cl, specs, 100.0, options=opts)
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -156,8 +159,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             continue
         rem = max(60.0, j.remaining_iterations * j.global_batch_size
                   / g.nodes[job_node(j.id)]["ref_throughput"])
-        horizon = min(max(opts.round_s, opts.amortize_s), max(opts.round_s, rem))
-        lost = min(1.0, opts.restart_s / horizon)
+        cap = max(opts.round_s, opts.amortize_s)
         w = weights[j.id]
         assert lo <= w <= hi
         for cn in cells:
@@ -166,8 +168,10 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             want = term + bonus + d["bonus"]
             if d["current"]:
                 want += opts.keep_bonus * (w if kind == "jct-aware" else 1.0)
-            elif j.running is not None:
-                want -= term * lost
+            elif j.running is not None:  # the restart over the time the move pays off
+                horizon = min(cap, rem / d["normalized"]) if horizon_kind == "cell" \
+                    else min(cap, max(opts.round_s, rem))
+                want -= term * min(1.0, opts.restart_s / horizon)
             assert d["value"] == pytest.approx(want)
     soon = {j.id: g.nodes[job_node(j.id)]["soonest_s"] for j in specs if cells_of(g, j.id)}
     for a, sa in soon.items():
@@ -210,6 +214,8 @@ def test_normalisations(normalize: str) -> None:
     assert ref == pytest.approx(want[normalize])
     with pytest.raises(ValueError):
         build_candidates(cl, jobs, 0.0, options=CandidateOptions(normalize="nope"))
+    with pytest.raises(ValueError, match="restart_horizon"):
+        build_candidates(cl, jobs, 0.0, options=CandidateOptions(restart_horizon="nope"))
 
 
 @given(rem_iters=st.integers(10, 400_000), amortize=st.one_of(st.none(), st.floats(0.0, 1e5)))
