@@ -48,8 +48,9 @@ from apportion.formulations.cells import (CellChoice, DecodeError, build_cells_m
 from apportion.formulations.decode import REASON_DETAIL, to_decision
 from apportion.formulations.incremental import CandidateCache
 from apportion.jobs import JobSpec, RunningState
-from apportion.solvers.base import SolveResult, Status
-from apportion.solvers.chain import LARGE_MODEL_COLUMNS, MIP_REL_GAP, backends_for, solve_chain
+from apportion.solvers.base import SolveResult, Status, proven_gap
+from apportion.solvers.chain import (LARGE_MODEL_COLUMNS, MIP_REL_GAP, backends_for, solve_chain,
+                                     tighter)
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
 from apportion.solvers.validator import validate
@@ -543,11 +544,10 @@ class FormulationPolicy:
         attempt_dicts = [a.as_dict() for a in s.attempts]
         answered = s.best is not None and s.best.x is not None and model.decode is not None
         # the tightest bound any backend proved (an LP relaxation's, say) measures the gap
-        bounds = [a.bound for a in s.attempts if a.bound is not None and a.x is not None]
-        bound = min(bounds) if bounds else (s.best.bound if s.best is not None else None)
-        gap = None
-        if answered and bound is not None and s.best is not None and s.best.objective is not None:
-            gap = max(0.0, bound - s.best.objective) / max(1.0, abs(s.best.objective))
+        bound = s.best.bound if s.best is not None else None
+        for a in s.attempts:
+            bound = tighter(bound, a, model.sense)
+        gap = proven_gap(s.best, bound, model.sense) if answered else None
         if answered and f.greedy_choices is None and (gap is None or gap > cfg.mip_gap):
             # a large round's chain ran without the greedy's hint (LP rounding needs none);
             # when LP rounding failed, HiGHS alone may end on an early incumbent that stops

@@ -209,7 +209,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
             value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
-        elif js["running"]:
-            value -= term * lost(js["rem"], float(d["normalized"]))  # a running job that moves loses its restart
+        elif js["running"]:  # a running job that moves loses its restart
+            value -= term * lost(js["rem"], float(d["normalized"]))
         d["term"] = term
         d["value"] = value
