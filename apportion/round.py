@@ -47,6 +47,7 @@ from apportion.formulations.cells import (CellChoice, DecodeError, build_cells_m
                                           hint_from_choices, objective_of)
 from apportion.formulations.decode import REASON_DETAIL, to_decision
 from apportion.formulations.incremental import CandidateCache
+from apportion.formulations.schema import current_cells
 from apportion.jobs import JobSpec, RunningState
 from apportion.solvers.base import SolveResult, Status, proven_gap
 from apportion.solvers.chain import (LARGE_MODEL_COLUMNS, MIP_REL_GAP, backends_for, solve_chain,
@@ -680,8 +681,7 @@ def _elapsed(g: nx.DiGraph) -> float:
 
 def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
     chosen = {c.cell for c in choices}
-    return sum(1 for n, d in g.nodes(data=True)
-               if d.get("kind") == "cell" and d.get("current") and n not in chosen)
+    return sum(1 for n in current_cells(g) if n not in chosen)
 
 
 def _placeholder() -> SolveReport:

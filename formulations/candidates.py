@@ -5,25 +5,10 @@ around the requested N (bounded by what exists of that type), stage counts
 1, 2, 4, ... up to the GPU count (dividing it); each estimated by the
 estimator's best DP/TP split inside the cell; infeasible cells dropped.
 
-The graph has three kinds of vertices:
-
-* ``job:<id>``   attrs ``kind="job"``, ``ref_throughput``, ``queue_bonus``,
-  ``running`` (cell key or None), ``reason`` when no cell is feasible;
-* ``cell:...``   attrs ``kind="cell"``, ``job``, ``gpu_type``, ``gpus``,
-  ``stages``, ``dp``, ``tp``, ``micro_batches``, ``est_throughput``,
-  ``iter_time_s``, ``mem_per_gpu``, ``normalized``, ``value`` (the objective
-  coefficient), ``current`` (True for a running job's present cell);
-* ``group:<prefix>`` attrs ``kind="group"``, ``gpu_type``, ``node_gpus`` (GPUs
-  per node), ``nodes`` (its node vertices), ``capacity`` (all its GPUs);
-* ``node:<name>`` attrs ``kind="node"``, ``gpu_type``, ``capacity``, ``group``.
-
-Edges: job -> cell; cell -> group with ``max_gpus`` (how many of the cell's GPUs
-the group may hold: a multiple of the cell's TP degree) for every group of the
-cell's type; and, for a running job's present cell only, cell -> node with the
-GPUs it holds there (keeping a job means keeping it exactly where it runs).
-Edges to groups rather than to every node keep the graph small at cluster
-scale (1,000 jobs x 48 cells x 160 nodes would be millions of edges). A
-researcher can edit attributes (say, ``value``) before the formulation is built.
+The graph's schema (vertex kinds and keys, their attributes, the edges and
+their ``max_gpus``) and the accessors that read it live in
+:mod:`apportion.formulations.schema`: readers import them from there, never from
+this builder.
 
 Objective coefficient of a cell (the default objective, ``jct-aware``, weighs the
 normalised throughput by the job's bounded remaining-time weight and adds a
@@ -58,10 +43,19 @@ from apportion.decision import Reason
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
                                                reference_throughput)
+from apportion.formulations.schema import (cells_of, group_node, group_vertices, job_node, jobs_in,
+                                           kind_of, member_nodes, name_of, node_node, node_vertices,
+                                           pinned_nodes)
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
+
+# cells_of, group_node, job_node, jobs_in, member_nodes and node_node lived here before
+# apportion.formulations.schema: re-exported for compatibility (readers import the schema)
+__all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candidates", "cells_of",
+           "group_node", "job_node", "jobs_in", "member_nodes", "node_node", "problem_dump",
+           "prune_dominated", "queue_bonus"]
 
 
 @dataclass(frozen=True)
@@ -111,18 +105,6 @@ class CandidateOptions:
                                 weight_bounds=self.weight_bounds,
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon)
-
-
-def job_node(job_id: str) -> str:
-    return f"job:{job_id}"
-
-
-def node_node(name: str) -> str:
-    return f"node:{name}"
-
-
-def group_node(prefix: str) -> str:
-    return f"group:{prefix}"
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
@@ -279,12 +261,6 @@ def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, g
             g.add_edge(cn, gv, max_gpus=cap - cap % tp)
 
 
-def member_nodes(g: nx.DiGraph, vertex: str) -> list[str]:
-    """Node vertices behind a cell's successor (a group's nodes, or the node itself)."""
-    d = g.nodes[vertex]
-    return list(d["nodes"]) if d.get("kind") == "group" else [vertex]
-
-
 def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster
                     ) -> list[tuple[Cell, Any]]:
     """Drop cells another cell of the job beats on every count, keeping the optimum exact.
@@ -319,14 +295,6 @@ def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluste
     return keep
 
 
-def cells_of(g: nx.DiGraph, job_id: str) -> list[str]:
-    return list(g.successors(job_node(job_id)))
-
-
-def jobs_in(g: nx.DiGraph) -> list[str]:
-    return [d["job"] for _, d in g.nodes(data=True) if d.get("kind") == "job"]
-
-
 def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
     """Everything needed to re-solve the round independently, as plain JSON."""
     jobs_out = []
@@ -342,10 +310,9 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
                 "est_throughput": c["est_throughput"], "iter_time_s": c["iter_time_s"],
                 "mem_per_gpu_gib": c["mem_per_gpu"] / 2**30, "normalized": c["normalized"],
                 "value": c["value"], "current": c["current"],
-                "groups": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"]
-                           for n in g.successors(cn) if g.nodes[n]["kind"] == "group"},
-                "nodes": {n.split(":", 1)[1]: g.edges[cn, n]["max_gpus"]
-                          for n in g.successors(cn) if g.nodes[n]["kind"] == "node"},
+                "groups": {name_of(n): g.edges[cn, n]["max_gpus"]
+                           for n in g.successors(cn) if kind_of(g, n) == "group"},
+                "nodes": {name_of(n): g.edges[cn, n]["max_gpus"] for n in pinned_nodes(g, cn)},
             })
         jobs_out.append({
             "job": jid, "requested_gpus": jd["requested_gpus"],
@@ -354,11 +321,11 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
             "queue_bonus": jd["queue_bonus"], "running": jd["running"], "reason": jd["reason"],
             "candidates": cands,
         })
-    nodes = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "capacity": d["capacity"],
-              "group": d["group"].split(":", 1)[1]}
-             for n, d in g.nodes(data=True) if d.get("kind") == "node"]
-    groups = [{"name": n.split(":", 1)[1], "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
-               "nodes": [m.split(":", 1)[1] for m in d["nodes"]]}
-              for n, d in g.nodes(data=True) if d.get("kind") == "group"]
+    nodes = [{"name": name_of(n), "gpu_type": d["gpu_type"], "capacity": d["capacity"],
+              "group": name_of(d["group"])}
+             for n in node_vertices(g) for d in (g.nodes[n],)]
+    groups = [{"name": name_of(n), "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
+               "nodes": [name_of(m) for m in d["nodes"]]}
+              for n in group_vertices(g) for d in (g.nodes[n],)]
     return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
             "nodes": nodes, "groups": groups, "jobs": jobs_out}

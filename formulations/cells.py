@@ -62,8 +62,20 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
-from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes, node_node
 from apportion.formulations.model import LinearModel
+from apportion.formulations.schema import (
+    cell_vertices,
+    cells_of,
+    current_cells,
+    group_vertices,
+    job_node,
+    jobs_in,
+    member_nodes,
+    name_of,
+    node_node,
+    node_vertices,
+    pinned_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +124,9 @@ def _divisible_chain(sizes: set[int], capacity: int) -> bool:
 def held_by_running(g: nx.DiGraph) -> dict[str, int]:
     """GPUs each node gives to running jobs' present placements (their keep cells)."""
     held: dict[str, int] = {}
-    for cn, d in g.nodes(data=True):
-        if d.get("kind") == "cell" and d.get("current"):
-            for nn in g.successors(cn):
-                if g.nodes[nn]["kind"] == "node":
-                    held[nn] = held.get(nn, 0) + int(g.edges[cn, nn]["max_gpus"])
+    for cn in current_cells(g):
+        for nn in pinned_nodes(g, cn):
+            held[nn] = held.get(nn, 0) + int(g.edges[cn, nn]["max_gpus"])
     return held
 
 
@@ -133,10 +143,9 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
     by the GPUs they have left when every running job stays (nodes with none
     left drop out): other cells then use only what is left.
     """
-    pinned = {nn for cn, d in g.nodes(data=True) if d.get("kind") == "cell" and d.get("current")
-              for nn in g.successors(cn) if g.nodes[nn]["kind"] == "node"}
+    pinned = {nn for cn in current_cells(g) for nn in pinned_nodes(g, cn)}
     classes: list[list[str]] = []
-    groups = sorted((n for n, d in g.nodes(data=True) if d.get("kind") == "group"), key=natural_key)
+    groups = sorted(group_vertices(g), key=natural_key)
     for gv in groups:
         d = g.nodes[gv]
         members = sorted(d["nodes"], key=natural_key)
@@ -158,8 +167,7 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
             else:
                 classes.extend([m] for m in nodes)
     grouped = {m for c in classes for m in c}
-    loose = [n for n, d in g.nodes(data=True) if d.get("kind") == "node" and n not in grouped
-             and (held is None or n not in pinned)]
+    loose = [n for n in node_vertices(g) if n not in grouped and (held is None or n not in pinned)]
     classes.extend([n] for n in sorted(loose, key=natural_key))
     return classes
 
@@ -186,7 +194,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     Cells with a ``quota_tenant`` count against ``g.graph["quotas"]``.
     """
     if resources is None:
-        resources = any("cpus_per_gpu" in d for _, d in g.nodes(data=True) if d.get("kind") == "cell")
+        resources = any("cpus_per_gpu" in g.nodes[cn] for cn in cell_vertices(g))
     m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
     held_all = held_by_running(g)
     residual = aggregate and len(held_all) > PINNED_EXACT_LIMIT
@@ -233,7 +241,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
             if residual and d.get("current"):
-                fixed[cn] = {nn.split(":", 1)[1]: int(ea["max_gpus"])
+                fixed[cn] = {name_of(nn): int(ea["max_gpus"])
                              for nn, ea in g.succ[cn].items()}
                 place_cols[cn] = []
                 continue
@@ -289,7 +297,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             if len(classes[k]) != 1:
                 continue
             (nn,) = classes[k]
-            name = nn.split(":", 1)[1]
+            name = name_of(nn)
             m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)) - held_cpu.get(name, 0.0),
                       name=f"cpu[{nn}]")
             m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf))
@@ -303,8 +311,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     for t, row in sorted(quota_rows.items()):
         m.add_row(row, ub=float(quotas[t]), name=f"quota[{t}]")
     if max_changes is not None:
-        cur = [cell_cols[cn] for cn, d in g.nodes(data=True)
-               if d.get("kind") == "cell" and d.get("current") and cn in cell_cols]
+        cur = [cell_cols[cn] for cn in current_cells(g) if cn in cell_cols]
         if cur:  # sum (1 - x_cur) <= D  <=>  sum x_cur >= |cur| - D
             m.add_row({c: 1.0 for c in cur}, lb=float(len(cur) - max_changes), name="depth")
 
@@ -316,7 +323,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             if reuse and xv[cell_cols[cn]] <= 0.5:
                 for name, k in place.items():
                     freed[name] = freed.get(name, 0) + k
-        free = {nn: cap_of(nn) + freed.get(nn.split(":", 1)[1], 0)
+        free = {nn: cap_of(nn) + freed.get(name_of(nn), 0)
                 for members in classes for nn in members}
 
         def pack(cn: str, tp: int, groups: int, nodes: list[str]) -> int:
@@ -328,7 +335,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                 if fit > 0:
                     free[nn] -= fit * tp
                     groups -= fit
-                    name = nn.split(":", 1)[1]
+                    name = name_of(nn)
                     placements[cn][name] = placements[cn].get(name, 0) + fit * tp
             return groups
 
@@ -381,7 +388,7 @@ def hint_from_choices(m: LinearModel, choices: list[CellChoice]) -> dict[int, fl
         hint[cell_cols[ch.cell]] = 1.0
         for k, y, tp, mult in place_cols[ch.cell]:
             if mult == 1:
-                gpus = sum(ch.placement.get(nn.split(":", 1)[1], 0) for nn in classes[k])
+                gpus = sum(ch.placement.get(name_of(nn), 0) for nn in classes[k])
                 hint[y] = float(gpus // tp)
     return hint
 
@@ -393,5 +400,5 @@ def objective_of(g: nx.DiGraph, choices: list[CellChoice], value_attr: str = "va
 def describe(g: nx.DiGraph) -> dict[str, Any]:
     jobs = jobs_in(g)
     return {"jobs": len(jobs), "cells": sum(len(cells_of(g, j)) for j in jobs),
-            "nodes": sum(1 for _, d in g.nodes(data=True) if d.get("kind") == "node"),
+            "nodes": len(node_vertices(g)),
             "placeable_jobs": sum(1 for j in jobs if g.nodes[job_node(j)]["reason"] is None)}

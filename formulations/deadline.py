@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+from apportion.formulations.schema import job_node
 
 from apportion.decision import Reason
 from apportion.jobs import JobSpec
@@ -56,7 +57,7 @@ def apply_deadlines(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     for job in jobs:
         if job.deadline_s is None:
             continue
-        jn = f"job:{job.id}"
+        jn = job_node(job.id)
         jd = g.nodes[jn]
         admitted = job.admitted or job.running is not None
         jd["deadline_s"] = job.deadline_s

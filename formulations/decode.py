@@ -18,8 +18,8 @@ from apportion.assembly import allocation, left_out
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision, Pending, Reason, SolveReport
 from apportion.estimation.models.analytic import nominal_placement
-from apportion.formulations.candidates import job_node
 from apportion.formulations.cells import CellChoice
+from apportion.formulations.schema import job_node
 from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
 

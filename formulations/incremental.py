@@ -30,13 +30,9 @@ from dataclasses import replace
 from typing import Any
 
 import networkx as nx
-from apportion.formulations.candidates import (
-    CandidateOptions,
-    build_candidates,
-    job_node,
-    queue_bonus,
-)
+from apportion.formulations.candidates import CandidateOptions, build_candidates, queue_bonus
 from apportion.formulations.objectives import apply_objective
+from apportion.formulations.schema import job_node
 
 from apportion.cluster import Cluster
 from apportion.jobs import JobSpec

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median
 
 import networkx as nx
+from apportion.formulations.schema import job_node
 
 from apportion.jobs import JobSpec
 
@@ -154,7 +155,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                          f"choose {', '.join(RESTART_HORIZONS)}")
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
-        jd = g.nodes.get(f"job:{job.id}")
+        jd = g.nodes.get(job_node(job.id))
         if jd is None or not jd.get("ref_throughput"):
             continue
         ref = float(jd["ref_throughput"])
@@ -175,7 +176,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
     for j, v in per_job.items():
         v["weight"] = weights[j]
-        jd = g.nodes[f"job:{j}"]  # recorded on the job vertex (explains a decision)
+        jd = g.nodes[job_node(j)]  # recorded on the job vertex (explains a decision)
         jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
         jd["soonest_s"] = soonest[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),

@@ -59,8 +59,9 @@ from apportion.decision import Reason
 from apportion.errors import InputError
 from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
-from apportion.formulations.candidates import add_topology, attach_cell_edges, job_node
+from apportion.formulations.candidates import add_topology, attach_cell_edges
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective, reference_throughput
+from apportion.formulations.schema import job_node
 from apportion.jobs import JobSpec
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan

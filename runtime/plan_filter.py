@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from apportion.formulations.schema import job_node
 from apportion.runtime.workload import cuda_present, plan_supported
 
 from apportion.decision import Reason
@@ -69,7 +70,7 @@ def drop_refused_plans(g: Any, jobs: list[JobSpec], accept: PlanFilter) -> int:
             refused.setdefault(d["job"], []).append(why)
             g.remove_node(n)
     for job_id, whys in refused.items():
-        jn = f"job:{job_id}"
+        jn = job_node(job_id)
         if jn in g and not any(g.nodes[c].get("kind") == "cell" for c in g.successors(jn)):
             g.nodes[jn]["reason"] = Reason.NO_PLAN.value
             g.nodes[jn]["reason_detail"] = whys[0]

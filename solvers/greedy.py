@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 import networkx as nx
 
-from apportion.formulations.candidates import cells_of, job_node, jobs_in, member_nodes
+from apportion.formulations.schema import (cells_of, group_vertices, is_current, job_node, jobs_in,
+                                           kind_of, member_nodes, name_of, node_vertices)
 from apportion.placement import consolidate
 from apportion.formulations.cells import CellChoice
 
@@ -40,7 +41,7 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
         tp = need  # the whole cell on one node, as its estimate assumed
     succ = list(g.successors(cell))
     if group_free is not None:
-        room = sum(group_free.get(s, 0) if g.nodes[s]["kind"] == "group" else free.get(s, 0)
+        room = sum(group_free.get(s, 0) if kind_of(g, s) == "group" else free.get(s, 0)
                    for s in succ)
         if room < need:
             return None
@@ -66,11 +67,10 @@ class Ledger:
 
     def __init__(self, g: nx.DiGraph) -> None:
         self.g = g
-        nodes = [(n, d) for n, d in g.nodes(data=True) if d.get("kind") == "node"]
+        nodes = [(n, g.nodes[n]) for n in node_vertices(g)]
         self.free = {n: int(d["capacity"]) for n, d in nodes}
         self.group_of = {n: d["group"] for n, d in nodes}
-        self.gfree = {gv: int(d["capacity"]) for gv, d in g.nodes(data=True)
-                      if d.get("kind") == "group"}
+        self.gfree = {gv: int(g.nodes[gv]["capacity"]) for gv in group_vertices(g)}
         self.cpu = {n: float(d.get("cpus", float("inf"))) for n, d in nodes}
         self.mem = {n: float(d.get("host_memory_gib", float("inf"))) for n, d in nodes}
         self.quotas: dict[str, float] = dict(g.graph.get("quotas") or {})
@@ -96,7 +96,7 @@ class Ledger:
 
 
 def as_choices(chosen: dict[str, tuple[str, dict[str, int]]]) -> list[CellChoice]:
-    return [CellChoice(j, c, {nn.split(":", 1)[1]: k for nn, k in p.items()})
+    return [CellChoice(j, c, {name_of(nn): k for nn, k in p.items()})
             for j, (c, p) in chosen.items()]
 
 
@@ -132,7 +132,7 @@ class GreedyCells:
             if not cells:
                 continue
             req = g.nodes[job_node(jid)]["requested_gpus"]
-            current = [c for c in cells if g.nodes[c]["current"]]
+            current = [c for c in cells if is_current(g, c)]
             tiers = [current] if current else []
             tiers += [[c for c in cells if g.nodes[c]["gpus"] == req],
                       [c for c in cells if g.nodes[c]["gpus"] < req]]

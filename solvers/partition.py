@@ -47,9 +47,20 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
-from apportion.formulations.candidates import cells_of, job_node, jobs_in
 from apportion.formulations.cells import CellChoice, hint_from_choices
 from apportion.formulations.model import LinearModel
+from apportion.formulations.schema import (
+    cells_of,
+    current_cells,
+    group_vertices,
+    is_current,
+    job_node,
+    jobs_in,
+    name_of,
+    node_node,
+    node_vertices,
+    pinned_nodes,
+)
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.greedy import Ledger
 
@@ -95,14 +106,11 @@ def _pinned_components(g: nx.DiGraph) -> list[list[str]]:
             a = parent[a]
         return a
 
-    for n, d in g.nodes(data=True):
-        if d.get("kind") == "node":
-            find(n)
-    for cn, d in g.nodes(data=True):
-        if d.get("kind") == "cell" and d.get("current"):
-            held = [s for s in g.successors(cn) if g.nodes[s]["kind"] == "node"]
-            for a, b in pairwise(held):
-                parent[find(a)] = find(b)
+    for n in node_vertices(g):
+        find(n)
+    for cn in current_cells(g):
+        for a, b in pairwise(pinned_nodes(g, cn)):
+            parent[find(a)] = find(b)
     comps: dict[str, list[str]] = {}
     for n in parent:
         comps.setdefault(find(n), []).append(n)
@@ -131,8 +139,8 @@ def partition_round(g: nx.DiGraph, k: int) -> list[Part]:
             node_part[n] = i
     queued: list[tuple[int, str]] = []
     for jid in jobs_in(g):
-        cur = [c for c in cells_of(g, jid) if g.nodes[c].get("current")]
-        held = [s for c in cur for s in g.successors(c) if g.nodes[s]["kind"] == "node"]
+        cur = [c for c in cells_of(g, jid) if is_current(g, c)]
+        held = [s for c in cur for s in pinned_nodes(g, c)]
         if held:
             i = node_part[held[0]]
             parts[i].jobs.append(jid)
@@ -155,9 +163,8 @@ def subgraph(g: nx.DiGraph, part: Part) -> nx.DiGraph:
     sg = nx.DiGraph(**keep)
     for n in part.nodes:
         sg.add_node(n, **g.nodes[n])
-    for gv, d in g.nodes(data=True):
-        if d.get("kind") != "group":
-            continue
+    for gv in group_vertices(g):
+        d = g.nodes[gv]
         members = [n for n in d["nodes"] if n in nodes]
         if members:
             sg.add_node(gv, **{**d, "nodes": members,
@@ -333,7 +340,7 @@ def repair(g: nx.DiGraph, choices: list[CellChoice], value_attr: str = "value"
     out = list(choices)
     placed = {c.job for c in choices}
     for c in choices:
-        ledger.take(c.cell, {f"node:{n}": k for n, k in c.placement.items()}, +1)
+        ledger.take(c.cell, {node_node(n): k for n, k in c.placement.items()}, +1)
     left = [j for j in jobs_in(g) if j not in placed and cells_of(g, j)]
     left.sort(key=lambda j: (-max(float(g.nodes[c][value_attr]) for c in cells_of(g, j)), j))
     added = 0
@@ -344,7 +351,7 @@ def repair(g: nx.DiGraph, choices: list[CellChoice], value_attr: str = "value"
             p = ledger.fit(cn)
             if p is not None:
                 ledger.take(cn, p, +1)
-                out.append(CellChoice(jid, cn, {n.split(":", 1)[1]: k for n, k in p.items()}))
+                out.append(CellChoice(jid, cn, {name_of(n): k for n, k in p.items()}))
                 added += 1
                 break
     return out, added

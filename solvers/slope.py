@@ -24,8 +24,8 @@ import time
 
 import networkx as nx
 
-from apportion.formulations.candidates import cells_of, job_node, jobs_in
 from apportion.formulations.cells import CellChoice
+from apportion.formulations.schema import cells_of, job_node, jobs_in
 from apportion.solvers.greedy import Ledger, as_choices
 
 

@@ -12,9 +12,10 @@ import os
 import time
 
 import pytest
-from apportion.formulations.candidates import build_candidates, cells_of, job_node, jobs_in
+from apportion.formulations.candidates import build_candidates
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.decode import to_decision
+from apportion.formulations.schema import cells_of, job_node, jobs_in
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
 from apportion.solvers.partition import (

@@ -8,8 +8,9 @@ import pytest
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
-from apportion.formulations.candidates import CandidateOptions, build_candidates, cells_of, job_node
+from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.objectives import jct_weights
+from apportion.formulations.schema import cells_of, job_node
 from apportion.solvers.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -8,8 +8,9 @@ import pytest
 from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement
 from apportion.estimation.base import Estimate, Estimator, Sample
 from apportion.estimation.rate_estimator import RateEstimator
-from apportion.formulations.candidates import build_candidates, cells_of
+from apportion.formulations.candidates import build_candidates
 from apportion.formulations.cells import build_cells_model
+from apportion.formulations.schema import cells_of
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
 from apportion.solvers.validator import validate
