@@ -72,8 +72,8 @@ class CandidateOptions:
     # apportion's default objective (experiments/results/quality/README.md: tuned on
     # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
     # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
-    # freed GPUs only a round later) bounded to [1/2, 2] ([1/4, 4] before session 13),
-    # one unit per placed job,
+    # freed GPUs only a round later) bounded to [1/4, 4] up to the job's reference rate and
+    # to [1/2, 2] on speed beyond it (session 13), one unit per placed job,
     # and Sia's least-efficient normalisation. Crius's objective is ``objective=
     # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
     objective: str = "jct-aware"  # see formulations/objectives.py
@@ -82,10 +82,13 @@ class CandidateOptions:
     stage_counts: str = "powers"  # or "divisors"
     place_bonus: float = 1.0  # per placed job (see formulations/objectives.py)
     remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
-    # objective "jct-aware": w_min, w_max. [1/2, 2] from session 13: a job at most 4x as
-    # urgent as another, not 16x; the shortest jobs displaced long running ones for a few
-    # rounds, two restarts each (experiments/results/quality/README.md, session 13)
-    weight_bounds: tuple[float, float] = (0.5, 2.0)
+    weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
+    # objective "jct-aware": the bounds of the weight on speed beyond the job's reference
+    # rate (None: ``weight_bounds``; see formulations/objectives.py). [1/2, 2] from session
+    # 13: a short arrival's speed is worth at most 4x a long running job's, not 16x; the
+    # shortest jobs displaced long running ones for a few rounds at two restarts each
+    # (experiments/results/quality/README.md, session 13)
+    speed_bounds: tuple[float, float] | None = (0.5, 2.0)
     # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
     # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
     # feasible type, Sia's: independent of a requested type that may be arbitrary), or
@@ -107,6 +110,7 @@ class CandidateOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds,
+                                speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon)
 

@@ -22,7 +22,17 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   jobs come first without starving long ones (whose weight never falls below
   ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
   too, so a job's stickiness is in the units of its own gains (a long job
-  may still grow when GPUs free up).
+  may still grow when GPUs free up). With ``speed_bounds`` the weight is
+  split at the job's reference rate: ``min(n_c, 1) * w_j + max(0, n_c - 1) *
+  v_j``, v_j the same ratio clipped to ``speed_bounds`` (the keep bonus is
+  scaled by v_j). Running at up to the reference rate (n_c = 1: the job's N
+  GPUs at the per-GPU rate of its least efficient option) is worth w_j, so
+  who runs is ordered by the wide weight, SRTF's; speed beyond it (a faster
+  type, more GPUs) is worth v_j, so whether a short arrival displaces a long
+  running job to a slower cell is decided by the narrow one: a swap held for
+  T seconds saves the short job T (k - 1), costs the long one T (1 - 1/k) and
+  two restarts, and the shortest jobs, whose T is least, are not worth 16
+  times a long one's speed (experiments/results/quality, session 13).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -69,6 +79,9 @@ class ObjectiveOptions:
     place_bonus: float = 0.0
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
+    # jct-aware: the bounds of the weight on speed beyond the job's reference rate (None:
+    # the same weight as on running up to it, ``weight_bounds``)
+    speed_bounds: tuple[float, float] | None = None
     amortize_s: float | None = None  # spread a restart over this long (None: one round)
     # the time a move pays off, against which its restart is charged: ``reference`` the
     # job's remaining time at its reference throughput, at least one round; ``cell`` its
@@ -88,8 +101,8 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return n * js["rho"] / stats["rho_mean"]
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
-    if kind == "jct-aware":
-        return n * js["weight"]
+    if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
+        return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
@@ -174,10 +187,14 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
                else per_job[j]["rem"] for j in per_job}
     weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
+    speed = weights if opt.speed_bounds is None else \
+        jct_weights(soonest, opt.remaining_exponent, opt.speed_bounds)
     for j, v in per_job.items():
         v["weight"] = weights[j]
+        v["speed_weight"] = speed[j]
         jd = g.nodes[job_node(j)]  # recorded on the job vertex (explains a decision)
         jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
+        jd["speed_weight"] = speed[j] if opt.kind == "jct-aware" else 1.0
         jd["soonest_s"] = soonest[j]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
@@ -197,6 +214,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "round_s": opt.round_s, "place_bonus": opt.place_bonus,
                             "remaining_exponent": opt.remaining_exponent,
                             "weight_bounds": list(opt.weight_bounds),
+                            "speed_bounds": None if opt.speed_bounds is None
+                            else list(opt.speed_bounds),
                             "amortize_s": opt.amortize_s,
                             "restart_horizon": opt.restart_horizon}
     for cn, d in g.nodes(data=True):
@@ -209,7 +228,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
-            value += opt.keep_bonus * (js["weight"] if opt.kind == "jct-aware" else 1.0)
+            value += opt.keep_bonus * (js["speed_weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:  # a running job that moves loses its restart
             value -= term * lost(js["rem"], float(d["normalized"]))
         d["term"] = term

@@ -287,6 +287,7 @@ class PlanOptions:
     place_bonus: float = 0.0  # the objective's knobs, as CandidateOptions' (objectives.py)
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
+    speed_bounds: tuple[float, float] | None = None
     normalize: str = "requested"
     amortize_s: float | None = None
     restart_horizon: str = "reference"
@@ -304,13 +305,14 @@ class PlanOptions:
                                 place_bonus=self.place_bonus,
                                 remaining_exponent=self.remaining_exponent,
                                 weight_bounds=self.weight_bounds,
+                                speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
-                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "normalize",
-                     "amortize_s", "restart_horizon")
+                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "speed_bounds",
+                     "normalize", "amortize_s", "restart_horizon")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:

@@ -92,13 +92,14 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     with Crius's stickiness (keep bonus 0.3, a restart charged to one round), turns that
     around, so the queued job starts and the running job keeps its place. Both answers
     are the exact optimum of their graph's values. (apportion's default stickiness is
-    lower: there the short job grows, finishes sooner, and hands the long one all 8.) The
-    weights are bounded to [1/4, 4] here (the default before session 13), where the short
-    job outweighs the long one 16 to 1; under the default [1/2, 2] the long job starts
-    even without the bonus (the next test)."""
+    lower: there the short job grows, finishes sooner, and hands the long one all 8.) One
+    weight in [1/4, 4] on all of a job's speed here (the default before session 13), so
+    the short job's growth outweighs the long one 16 to 1; with the default's speed weight
+    in [1/2, 2] beyond the reference rate the long job starts even without the bonus (the
+    next test)."""
     cl, jobs = _scale_or_place()
     default = replace(CandidateOptions(), keep_bonus=0.3, amortize_s=None,
-                      weight_bounds=(0.25, 4.0))
+                      weight_bounds=(0.25, 4.0), speed_bounds=None)
     assert default.objective == "jct-aware" and default.place_bonus > 0
     out = {}
     for bonus in (0.0, default.place_bonus):
@@ -126,11 +127,14 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, formulation=formulation))
         assert validate(res.decision, cl, jobs).ok
         obj = res.graph.graph["objective"]
-        assert (obj["kind"], obj["place_bonus"], obj["keep_bonus"], obj["amortize_s"]) == (
-            default.objective, default.place_bonus, default.keep_bonus, default.amortize_s)
-        # the same objective, so the same trade: the long job (weight 1/2) starts beside the
-        # short one (weight 2, the bound) rather than the short one growing to all 8 GPUs;
-        # the plans formulation's finer counts (2, 6) give the short job the larger share
+        assert (obj["kind"], obj["place_bonus"], obj["keep_bonus"], obj["amortize_s"],
+                tuple(obj["weight_bounds"]), tuple(obj["speed_bounds"])) == (
+            default.objective, default.place_bonus, default.keep_bonus, default.amortize_s,
+            default.weight_bounds, default.speed_bounds)
+        # the same objective, so the same trade: the long job starts beside the short one
+        # rather than the short one growing to all 8 GPUs, its growth past the reference
+        # rate weighted 2 (the speed bound), not 4; the plans formulation's finer counts
+        # (2, 6) give the short job the larger share
         got = {a.job: a.gpus for a in res.decision.allocations}
         assert set(got) == {"run", "queued"} and sum(got.values()) == 8, formulation
         assert got["run"] >= got["queued"], formulation
@@ -143,12 +147,16 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
                                st.booleans()), min_size=1, max_size=5),
        kind=st.sampled_from(["jct-aware", "normalized"]), bonus=st.sampled_from([0.0, 0.5, 1.0]),
        normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]),
-       horizon_kind=st.sampled_from(["reference", "cell"]))
+       horizon_kind=st.sampled_from(["reference", "cell"]),
+       speed_bounds=st.sampled_from([None, (0.5, 2.0), (0.25, 4.0)]))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
-                                                   horizon_kind: str) -> None:
-    """value = n * w + place_bonus + bonus [+ keep * w | - term * lost], w bounded, and a job
-    that can finish sooner never weighs less; the exact optimum validates."""
+                                                   horizon_kind: str,
+                                                   speed_bounds: tuple[float, float] | None
+                                                   ) -> None:
+    """value = min(n, 1) * w + max(0, n - 1) * v + place_bonus + bonus [+ keep * v | - term *
+    lost] (v = w without speed bounds), w and v bounded, and a job that can finish sooner
+    never weighs less; the exact optimum validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -159,10 +167,13 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         specs.append(JobSpec(f"j{i}", "bert-336m", 64, iters, gpus, submit_time_s=0.0,
                              iterations_done=1 if run else 0, running=run))
     opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
-                            restart_horizon=horizon_kind)
+                            restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
+                            speed_bounds=speed_bounds)
     g = build_candidates(cl, specs, 100.0, options=opts)
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
+    speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
+    slo, shi = speed_bounds or opts.weight_bounds
     assert opts.amortize_s is not None
     for j in specs:
         cells = cells_of(g, j.id)
@@ -171,14 +182,19 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         rem = max(60.0, j.remaining_iterations * j.global_batch_size
                   / g.nodes[job_node(j.id)]["ref_throughput"])
         cap = max(opts.round_s, opts.amortize_s)
-        w = weights[j.id]
+        w, v = weights[j.id], speeds[j.id]
         assert lo <= w <= hi
+        if kind == "jct-aware":
+            assert slo <= v <= shi
+            # both clip the same ratio, and the speed bounds lie inside the weight's
+            assert v == pytest.approx(min(shi, max(slo, w)))
         for cn in cells:
             d = g.nodes[cn]
-            term = d["normalized"] * (w if kind == "jct-aware" else 1.0)
+            n = d["normalized"]
+            term = min(n, 1.0) * w + max(0.0, n - 1.0) * v if kind == "jct-aware" else n
             want = term + bonus + d["bonus"]
             if d["current"]:
-                want += opts.keep_bonus * (w if kind == "jct-aware" else 1.0)
+                want += opts.keep_bonus * (v if kind == "jct-aware" else 1.0)
             elif j.running is not None:  # the restart over the time the move pays off
                 horizon = min(cap, rem / d["normalized"]) if horizon_kind == "cell" \
                     else min(cap, max(opts.round_s, rem))
@@ -188,7 +204,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     for a, sa in soon.items():
         for b, sb in soon.items():
             if sa < sb and kind == "jct-aware":
-                assert weights[a] >= weights[b]
+                assert weights[a] >= weights[b] and speeds[a] >= speeds[b]
     res = run_round(cl, specs, 100.0, RoundConfig(time_budget_s=2.0, candidates=opts))
     assert validate(res.decision, cl, specs).ok
 
