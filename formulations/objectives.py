@@ -227,7 +227,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         else:
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
-        if d.get("current"):  # jct-aware: stickiness in the job's own units (its weight)
+        if d.get("current"):  # jct-aware: stickiness in the job's own units (its speed weight)
             value += opt.keep_bonus * (js["speed_weight"] if opt.kind == "jct-aware" else 1.0)
         elif js["running"]:  # a running job that moves loses its restart
             value -= term * lost(js["rem"], float(d["normalized"]))
