@@ -84,11 +84,13 @@ class CandidateOptions:
     remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
     weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
     # objective "jct-aware": the bounds of the weight on speed beyond the job's reference
-    # rate (None: ``weight_bounds``; see formulations/objectives.py). [1/2, 2] from session
-    # 13: a short arrival's speed is worth at most 4x a long running job's, not 16x; the
-    # shortest jobs displaced long running ones for a few rounds at two restarts each
-    # (experiments/results/quality/README.md, session 13)
-    speed_bounds: tuple[float, float] | None = (0.5, 2.0)
+    # rate (None: ``weight_bounds``; see formulations/objectives.py). [0.7, 1.4] from
+    # session 13: a short arrival's speed is worth at most 2x a long running job's, not
+    # 16x; the shortest jobs displaced long running ones for a few rounds at two restarts
+    # each. [1/2, 2] and [1, 1] were measured too: the narrower the bounds, the better the
+    # busy traces (Philly days 1 and 4, Morphling's) and the worse the long-job ones
+    # (crius-venus, day 10) (experiments/results/quality/README.md, session 13)
+    speed_bounds: tuple[float, float] | None = (0.7, 1.4)
     # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
     # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
     # feasible type, Sia's: independent of a requested type that may be arbitrary), or
