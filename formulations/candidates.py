@@ -73,7 +73,7 @@ class CandidateOptions:
     # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
     # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
     # freed GPUs only a round later) bounded to [1/4, 4] up to the job's reference rate and
-    # to [1/2, 2] on speed beyond it (session 13), one unit per placed job,
+    # to [0.7, 1.4] on speed beyond it (session 13), one unit per placed job,
     # and Sia's least-efficient normalisation. Crius's objective is ``objective=
     # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
     objective: str = "jct-aware"  # see formulations/objectives.py
