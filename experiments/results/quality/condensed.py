@@ -34,8 +34,8 @@ def _bold(text: str, first: bool) -> str:
 
 
 def crius_table(rows: list[dict]) -> str:
-    out = ["| trace, mode | apportion avg | p99 (rank of 11) | queue | rank | best other avg "
-           "(p99, queue, finished) | crius-greedy | gavel |",
+    out = [("| trace, mode | apportion avg | p99 (rank of 11) | queue | rank | best other avg "
+            "(p99, queue, finished) | crius-greedy | gavel |"),
            "|---|---|---|---|---|---|---|---|"]
     for trace in CRIUS:
         for mode in MODES:
@@ -59,8 +59,8 @@ def crius_table(rows: list[dict]) -> str:
 
 
 def morphling_table(rows: list[dict]) -> str:
-    out = ["| workload, mode | apportion-plans (p99, queue; SLA kept) | morphling | sia | "
-           "synergy | antman | apportion-plans' rank |", "|---|---|---|---|---|---|---|"]
+    out = [("| workload, mode | apportion-plans (p99, queue; SLA kept) | morphling | sia | "
+            "synergy | antman | apportion-plans' rank |"), "|---|---|---|---|---|---|---|"]
     for trace in MORPHLING:
         for mode in MODES:
             run = [r for r in rows if r["run"] == f"{trace}-{mode}"]
