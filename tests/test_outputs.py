@@ -128,10 +128,18 @@ def fifo(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
     t = threading.Thread(target=read, daemon=True)
     t.start()
     yield path, got
-    if t.is_alive():  # nothing opened the pipe: unblock the reader
-        with open(path, "wb"):
+    # a reader still waiting in open() is unblocked by a writer that opens and closes;
+    # non-blocking, because a reader that has just read and is exiting has the pipe
+    # closed already, and a blocking open would then wait for a partner forever
+    for _ in range(100):
+        if not t.is_alive():
+            break
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: no reader has the pipe open (it has finished)
             pass
-    t.join(5)
+        t.join(0.05)
+    assert not t.is_alive()
 
 
 def test_fifo_written_in_place(fifo: tuple[Path, list[bytes]]) -> None:
