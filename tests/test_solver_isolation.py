@@ -61,6 +61,19 @@ class SleepBackend(HighsBackend):
         raise AssertionError("unreachable")
 
 
+class UnprovenBackend(HighsBackend):
+    """HiGHS's answer reported as merely feasible, so a chain never stops at it for a proof
+    (whether an LP rounding proves its answer depends on the objective's values)."""
+
+    name = "unproven"
+
+    def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult:
+        res = super().solve(model, time_limit_s)
+        if res.status is Status.OPTIMAL:
+            res.status = Status.FEASIBLE
+        return res
+
+
 class SpinBackend(HighsBackend):
     """Holds the GIL in a busy loop: only a kill from outside stops it."""
 
