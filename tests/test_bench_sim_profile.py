@@ -1,11 +1,15 @@
-"""`bench sim` says where a replay's solver time went: each round's chain as it ran."""
+"""`bench sim` says where a replay's solver time went: each round's chain as it ran (it
+replays the real Philly trace: ``shared_data``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from apportion.experiments.bench.sim import chain_profile, main
 
 
-def test_bench_sim_reports_each_rounds_chain_and_the_time_of_each_backend() -> None:
+def test_bench_sim_reports_each_rounds_chain_and_the_time_of_each_backend(shared_data: Path
+                                                                         ) -> None:
     res = main("apportion", days=0.1, time_budget=1.0, max_rounds=4)
     chains = res["rounds_by_chain"]
     assert sum(chains.values()) == res["rounds"]
@@ -17,7 +21,7 @@ def test_bench_sim_reports_each_rounds_chain_and_the_time_of_each_backend() -> N
     assert res["highs_stalled_s"] <= res["solver_s_by_backend"].get("highs", 0.0) + 1e-9
 
 
-def test_a_policy_without_a_chain_reports_no_profile() -> None:
+def test_a_policy_without_a_chain_reports_no_profile(shared_data: Path) -> None:
     res = main("fcfs", days=0.1, max_rounds=3)
     assert set(res["rounds_by_chain"]) <= {"(none)"}
     assert res["solver_s_by_backend"] == {} and res["highs_stalled_rounds"] == 0

@@ -79,7 +79,7 @@ def test_a_morphling_replay_reports_the_sla_of_its_guaranteed_jobs(shared_data: 
     assert 0.0 <= s["sla_kept"] <= 1.0
 
 
-def test_the_sla_time_is_the_jobs_own_plan_on_its_request() -> None:
+def test_the_sla_time_is_the_jobs_own_plan_on_its_request(shared_data: Path) -> None:
     """Morphling's promise: the speed of the resources and the plan the job asked for;
     never faster than the fastest plan on them (the isolated time)."""
     from apportion.experiments.groundtruth import MorphlingTruth
