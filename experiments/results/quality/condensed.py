@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 CRIUS = ["crius-venus", "crius-pai", "philly-d1", "philly-d4", "philly-d7", "philly-d10",
@@ -33,52 +34,49 @@ def _bold(text: str, first: bool) -> str:
     return f"**{text}**" if first else text
 
 
+def _runs(rows: list[dict], traces: list[str], mine: str
+          ) -> Iterator[tuple[str, str, list[dict], dict[str, dict], dict, str, bool]]:
+    """Each (trace, mode) run present in ``rows``: its rows, them by policy, ``mine``'s row,
+    its rank as text and whether it is first."""
+    for trace in traces:
+        for mode in MODES:
+            run = [r for r in rows if r["run"] == f"{trace}-{mode}"]
+            if run:
+                by = {r["policy"]: r for r in run}
+                me = by[mine]
+                yield trace, mode, run, by, me, f"{me['rank']} of {len(run)}", me["rank"] == 1
+
+
 def crius_table(rows: list[dict]) -> str:
     out = [("| trace, mode | apportion avg | p99 (rank of 11) | queue | rank | best other avg "
             "(p99, queue, finished) | crius-greedy | gavel |"),
            "|---|---|---|---|---|---|---|---|"]
-    for trace in CRIUS:
-        for mode in MODES:
-            run = [r for r in rows if r["run"] == f"{trace}-{mode}"]
-            if not run:
-                continue
-            by = {r["policy"]: r for r in run}
-            me = by["apportion"]
-            p99_rank = 1 + sum(r["p99_jct_h"] < me["p99_jct_h"] for r in run)
-            other = min((r for r in run if r["policy"] != "apportion"), key=_avg)
-            first = me["rank"] == 1
-            rank = f"{me['rank']} of {len(run)}"
-            out.append(
-                f"| {trace}, {mode} | {_bold(_ci(me), first)} | {me['p99_jct_h']:.1f} ± "
-                f"{me['p99_jct_ci95_h']:.1f} ({p99_rank}) | {me['avg_queue_h']:.2f} | "
-                f"{_bold(rank, first)} | {other['policy']} "
-                f"{_ci(other)} ({other['p99_jct_h']:.1f}, {other['avg_queue_h']:.2f}, "
-                f"{other['finished']:.0f}/{other['jobs']:.0f}) | {_ci(by['crius-greedy'])} | "
-                f"{_ci(by['gavel'])} |")
+    for trace, mode, run, by, me, rank, first in _runs(rows, CRIUS, "apportion"):
+        p99_rank = 1 + sum(r["p99_jct_h"] < me["p99_jct_h"] for r in run)
+        other = min((r for r in run if r["policy"] != "apportion"), key=_avg)
+        out.append(
+            f"| {trace}, {mode} | {_bold(_ci(me), first)} | {me['p99_jct_h']:.1f} ± "
+            f"{me['p99_jct_ci95_h']:.1f} ({p99_rank}) | {me['avg_queue_h']:.2f} | "
+            f"{_bold(rank, first)} | {other['policy']} "
+            f"{_ci(other)} ({other['p99_jct_h']:.1f}, {other['avg_queue_h']:.2f}, "
+            f"{other['finished']:.0f}/{other['jobs']:.0f}) | {_ci(by['crius-greedy'])} | "
+            f"{_ci(by['gavel'])} |")
     return "\n".join(out)
 
 
 def morphling_table(rows: list[dict]) -> str:
     out = [("| workload, mode | apportion-plans (p99, queue; SLA kept) | morphling | sia | "
             "synergy | antman | apportion-plans' rank |"), "|---|---|---|---|---|---|---|"]
-    for trace in MORPHLING:
-        for mode in MODES:
-            run = [r for r in rows if r["run"] == f"{trace}-{mode}"]
-            if not run:
-                continue
-            by = {r["policy"]: r for r in run}
-            me = by["apportion-plans"]
-            sla = "" if me.get("sla_kept") is None else f"; SLA kept {me['sla_kept']:.3f}"
-            others = " | ".join(
-                _ci(by[p]) + ("" if by[p].get("sla_kept") is None or trace != "morphling-mt"
-                              else f" (SLA {by[p]['sla_kept']:.3f})")
-                for p in ("morphling", "sia", "synergy", "antman"))
-            first = me["rank"] == 1
-            rank = f"{me['rank']} of {len(run)}"
-            out.append(f"| {trace.removeprefix('morphling-')}, {mode} | "
-                       f"{_bold(_ci(me), first)} ({me['p99_jct_h']:.1f}, "
-                       f"{me['avg_queue_h']:.2f}{sla}) | {others} | "
-                       f"{_bold(rank, first)} |")
+    for trace, mode, _, by, me, rank, first in _runs(rows, MORPHLING, "apportion-plans"):
+        sla = "" if me.get("sla_kept") is None else f"; SLA kept {me['sla_kept']:.3f}"
+        others = " | ".join(
+            _ci(by[p]) + ("" if by[p].get("sla_kept") is None or trace != "morphling-mt"
+                          else f" (SLA {by[p]['sla_kept']:.3f})")
+            for p in ("morphling", "sia", "synergy", "antman"))
+        out.append(f"| {trace.removeprefix('morphling-')}, {mode} | "
+                   f"{_bold(_ci(me), first)} ({me['p99_jct_h']:.1f}, "
+                   f"{me['avg_queue_h']:.2f}{sla}) | {others} | "
+                   f"{_bold(rank, first)} |")
     return "\n".join(out)
 
 
