@@ -105,6 +105,11 @@ class CandidateOptions:
     # (experiments/results/quality/README.md, sessions 11-12)
     amortize_s: float | None = 1800.0
     restart_horizon: str = "reference"  # see ObjectiveOptions
+    # objective "jct-aware": the share of jobs, those with the largest projected JCT, whose
+    # speed weight is the top of ``speed_bounds`` (None: none; see formulations/objectives.py).
+    # Off by default: session 14 measured it trading the average for the p99
+    # (experiments/results/quality/README.md)
+    tail_share: float | None = None
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
@@ -114,7 +119,8 @@ class CandidateOptions:
                                 weight_bounds=self.weight_bounds,
                                 speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
-                                restart_horizon=self.restart_horizon)
+                                restart_horizon=self.restart_horizon,
+                                tail_share=self.tail_share)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

@@ -32,7 +32,12 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   running job to a slower cell is decided by the narrow one: a swap held for
   T seconds saves the short job T (k - 1), costs the long one T (1 - 1/k) and
   two restarts, and the shortest jobs, whose T is least, are not worth 16
-  times a long one's speed (experiments/results/quality, session 13).
+  times a long one's speed (experiments/results/quality, session 13). With
+  ``tail_share`` the jobs likeliest to set the tail are exempt from that order:
+  the ceil(tail_share x n) jobs with the largest projected JCT (time since
+  submission plus ``soon_j``) take the top speed weight, so the longest jobs
+  are not the ones moved to slower cells whenever a shorter job arrives (the
+  p99 JCT is theirs; session 14).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -56,6 +61,7 @@ nearly finished job is not moved for a gain it cannot live to collect.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from statistics import mean, median
@@ -87,6 +93,9 @@ class ObjectiveOptions:
     # job's remaining time at its reference throughput, at least one round; ``cell`` its
     # remaining time on the cell it moves to, no floor (a move's true break-even)
     restart_horizon: str = "reference"
+    # jct-aware: the share of jobs, those with the largest projected JCT, whose speed
+    # weight is the top of its bounds (None: none)
+    tail_share: float | None = None
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -157,6 +166,16 @@ def jct_weights(rem: dict[str, float], exponent: float,
     return {j: min(hi, max(lo, (mid / r) ** exponent)) for j, r in rem.items()}
 
 
+def tail_jobs(projected: Mapping[str, float], share: float | None) -> set[str]:
+    """The ceil(share x n) jobs with the largest projected JCT (ties by id; none for None)."""
+    if not share or not projected:
+        return set()
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"tail_share must lie in (0, 1], not {share!r}")
+    k = math.ceil(share * len(projected))
+    return set(sorted(projected, key=lambda j: (-projected[j], j))[:k])
+
+
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                     options: ObjectiveOptions | None = None) -> None:
     """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost."""
@@ -189,6 +208,11 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     weights = jct_weights(soonest, opt.remaining_exponent, opt.weight_bounds)
     speed = weights if opt.speed_bounds is None else \
         jct_weights(soonest, opt.remaining_exponent, opt.speed_bounds)
+    projected = {j.id: max(0.0, now_s - j.submit_time_s) + soonest[j.id] for j in jobs
+                 if j.id in per_job}
+    tail = tail_jobs(projected, opt.tail_share) if opt.kind == "jct-aware" else set()
+    top = (opt.speed_bounds or opt.weight_bounds)[1]
+    speed = {j: top if j in tail else v for j, v in speed.items()}
     for j, v in per_job.items():
         v["weight"] = weights[j]
         v["speed_weight"] = speed[j]
@@ -196,6 +220,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
         jd["speed_weight"] = speed[j] if opt.kind == "jct-aware" else 1.0
         jd["soonest_s"] = soonest[j]
+        jd["projected_jct_s"] = projected[j]
+        jd["tail"] = j in tail
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values())}
@@ -217,7 +243,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "speed_bounds": None if opt.speed_bounds is None
                             else list(opt.speed_bounds),
                             "amortize_s": opt.amortize_s,
-                            "restart_horizon": opt.restart_horizon}
+                            "restart_horizon": opt.restart_horizon,
+                            "tail_share": opt.tail_share}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue

@@ -291,6 +291,7 @@ class PlanOptions:
     normalize: str = "requested"
     amortize_s: float | None = None
     restart_horizon: str = "reference"
+    tail_share: float | None = None
 
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
@@ -307,12 +308,13 @@ class PlanOptions:
                                 weight_bounds=self.weight_bounds,
                                 speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
-                                restart_horizon=self.restart_horizon)
+                                restart_horizon=self.restart_horizon,
+                                tail_share=self.tail_share)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
                      "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "speed_bounds",
-                     "normalize", "amortize_s", "restart_horizon")
+                     "normalize", "amortize_s", "restart_horizon", "tail_share")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:

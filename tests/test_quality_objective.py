@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -148,15 +149,18 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        kind=st.sampled_from(["jct-aware", "normalized"]), bonus=st.sampled_from([0.0, 0.5, 1.0]),
        normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]),
        horizon_kind=st.sampled_from(["reference", "cell"]),
-       speed_bounds=st.sampled_from([None, (0.7, 1.4), (0.5, 2.0), (0.25, 4.0), (1.0, 1.0)]))
+       speed_bounds=st.sampled_from([None, (0.7, 1.4), (0.5, 2.0), (0.25, 4.0), (1.0, 1.0)]),
+       tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
                                                    horizon_kind: str,
-                                                   speed_bounds: tuple[float, float] | None
-                                                   ) -> None:
+                                                   speed_bounds: tuple[float, float] | None,
+                                                   tail_share: float | None) -> None:
     """value = min(n, 1) * w + max(0, n - 1) * v + place_bonus + bonus [+ keep * v | - term *
-    lost] (v = w without speed bounds), w and v bounded, and a job that can finish sooner
-    never weighs less; the exact optimum validates."""
+    lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
+    of largest projected JCT, the wait since submission plus the soonest finish), w and v
+    bounded, and a job that can finish sooner never weighs less; the exact optimum
+    validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -168,8 +172,13 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                              iterations_done=1 if run else 0, running=run))
     opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
-                            speed_bounds=speed_bounds)
+                            speed_bounds=speed_bounds, tail_share=tail_share)
     g = build_candidates(cl, specs, 100.0, options=opts)
+    placed = [j.id for j in specs if cells_of(g, j.id)]
+    projected = {j: 100.0 + g.nodes[job_node(j)]["soonest_s"] for j in placed}
+    ranked = sorted(placed, key=lambda j: (-projected[j], j))
+    tail = set(ranked[:math.ceil(tail_share * len(placed))]) if tail_share and \
+        kind == "jct-aware" else set()
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -186,8 +195,10 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         assert lo <= w <= hi
         if kind == "jct-aware":
             assert slo <= v <= shi
-            # both clip the same ratio, and the speed bounds lie inside the weight's
-            assert v == pytest.approx(min(shi, max(slo, w)))
+            # both clip the same ratio, and the speed bounds lie inside the weight's; the
+            # tail's speed weight is the top bound
+            assert v == pytest.approx(shi if j.id in tail else min(shi, max(slo, w)))
+            assert g.nodes[job_node(j.id)]["tail"] == (j.id in tail)
         for cn in cells:
             d = g.nodes[cn]
             n = d["normalized"]
@@ -203,8 +214,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     soon = {j.id: g.nodes[job_node(j.id)]["soonest_s"] for j in specs if cells_of(g, j.id)}
     for a, sa in soon.items():
         for b, sb in soon.items():
-            if sa < sb and kind == "jct-aware":
-                assert weights[a] >= weights[b] and speeds[a] >= speeds[b]
+            if sa < sb and kind == "jct-aware":  # the tail's speed weight is the top bound
+                assert weights[a] >= weights[b]
+                assert speeds[a] >= speeds[b] or b in tail
     res = run_round(cl, specs, 100.0, RoundConfig(time_budget_s=2.0, candidates=opts))
     assert validate(res.decision, cl, specs).ok
 
@@ -269,3 +281,17 @@ def test_a_moves_restart_is_spread_over_the_time_it_pays_off(rem_iters: int,
     for d in moved:
         want = d["term"] * (1 - lost) + opts.place_bonus + d.get("bonus", 0.0)
         assert d["value"] == pytest.approx(want)
+
+
+def test_tail_jobs_are_the_largest_projected_jcts() -> None:
+    """ceil(share x n) of them, ties by id; a share outside (0, 1] is refused."""
+    from apportion.formulations.objectives import tail_jobs
+
+    proj = {"a": 10.0, "b": 30.0, "c": 30.0, "d": 5.0}
+    assert tail_jobs(proj, None) == set() and tail_jobs({}, 0.5) == set()
+    assert tail_jobs(proj, 0.05) == {"b"}
+    assert tail_jobs(proj, 0.5) == {"b", "c"}
+    assert tail_jobs(proj, 0.51) == {"a", "b", "c"}
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="tail_share"):
+            tail_jobs(proj, bad)
