@@ -107,9 +107,9 @@ class CandidateOptions:
     restart_horizon: str = "reference"  # see ObjectiveOptions
     # objective "jct-aware": the share of jobs, those with the largest projected JCT, whose
     # speed weight is the top of ``speed_bounds`` (None: none; see formulations/objectives.py).
-    # Off by default: session 14 measured it trading the average for the p99
-    # (experiments/results/quality/README.md)
-    tail_share: float | None = None
+    # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
+    # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
+    tail_share: float | None = 0.1
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,

@@ -97,10 +97,11 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     weight in [1/4, 4] on all of a job's speed here (the default before session 13), so
     the short job's growth outweighs the long one 16 to 1; with the default's speed weight
     in [0.7, 1.4] beyond the reference rate the long job starts even without the bonus (the
-    next test)."""
+    next test). No tail share either (the long queued job would be the tail: speed weight 4).
+    """
     cl, jobs = _scale_or_place()
     default = replace(CandidateOptions(), keep_bonus=0.3, amortize_s=None,
-                      weight_bounds=(0.25, 4.0), speed_bounds=None)
+                      weight_bounds=(0.25, 4.0), speed_bounds=None, tail_share=None)
     assert default.objective == "jct-aware" and default.place_bonus > 0
     out = {}
     for bonus in (0.0, default.place_bonus):
@@ -132,6 +133,8 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
                 tuple(obj["weight_bounds"]), tuple(obj["speed_bounds"])) == (
             default.objective, default.place_bonus, default.keep_bonus, default.amortize_s,
             default.weight_bounds, default.speed_bounds)
+        # but the tail share: the cells formulation's alone (PlanOptions.tail_share)
+        assert obj["tail_share"] == (0.1 if formulation == "cells" else None)
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
