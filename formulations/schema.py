@@ -21,7 +21,8 @@ vertices, told apart by their ``kind`` attribute:
   ``running`` (its present cell key ``[gpu_type, gpus, stages]`` or None),
   ``reason`` (a :class:`apportion.decision.Reason` value when no cell is
   feasible, else None); optionally ``reason_detail``, ``jct_weight``,
-  ``speed_weight``, ``soonest_s`` (objective), ``tenant``, ``guaranteed``, ``sla_throughput``,
+  ``speed_weight``, ``soonest_s``, ``projected_jct_s``, ``tail`` (objective), ``tenant``,
+  ``guaranteed``, ``sla_throughput``,
   ``min_demand``, ``over_quota`` (plans), ``deadline_s``, ``admitted``
   (deadline).
 * ``cell:...``: attrs ``kind="cell"``, ``job``, ``gpu_type``, ``gpus``,
