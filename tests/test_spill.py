@@ -112,3 +112,28 @@ def test_spilled_equals_whole_on_worker_processes_in_solver_order() -> None:
     assert rep.losses["b"] == pytest.approx(ref_b, rel=1e-5)
     by_device = {(j, u): p for p, j, u in rep.units_run}
     assert all(by_device[pl.model, pl.unit] == pl.device for pl in sol.schedule)
+
+
+@pytest.mark.parametrize("double", [False, True])
+def test_a_device_holds_one_shard_at_a_time(double: bool) -> None:
+    """Spilling keeps one shard's buffer per device (two with the double buffer), whatever
+    the number of shards: the model never sits on the device whole."""
+    a, ref_a = _job("a", 5, OptimSpec("adam", 1e-2), 30_000)
+    assert a.num_shards > 2
+    t = SpillTrainer([a], workers=0, devices=["cpu"], double_buffer=double)
+    assert t.train().losses["a"] == pytest.approx(ref_a, rel=1e-6)
+    assert 1 <= len(t._buffers[0]) <= (2 if double else 1)
+
+
+def test_a_fresh_buffer_has_the_shards_structure_and_unsaved_buffers() -> None:
+    from apportion.runtime.workers.spill import _empty_like
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    m[0].bias.requires_grad_(False)
+    m.register_buffer("table", torch.arange(5.0), persistent=False)
+    e = _empty_like(m, "cpu")
+    assert set(e.state_dict()) == set(m.state_dict())
+    assert all(isinstance(p, torch.nn.Parameter) for p in e.parameters())
+    assert [p.requires_grad for p in e.parameters()] == [p.requires_grad for p in m.parameters()]
+    assert torch.equal(e.table, m.table)  # not carried by promotion: copied at build
+    assert e[0].weight.data_ptr() != m[0].weight.data_ptr()

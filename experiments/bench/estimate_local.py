@@ -211,7 +211,10 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
 
     t0 = time.perf_counter()
     cores = os.cpu_count() or 1
-    max_world = max_world or max(1, min(4, cores))
+    # with CUDA the worker trains on the GPUs (one rank per GPU: NCCL refuses two on one);
+    # without it, worker counts stop at the core count
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    max_world = max_world or max(1, min(4, gpus or cores))
     tables = measure(ranks=(2,), max_bytes=4 * 2**20, min_bytes=2**16, repeats=3,
                      collectives=("all_reduce",))
     curve = tables.curves["all_reduce|loopback|2"]
@@ -220,8 +223,10 @@ def bench_local(models: tuple[str, ...] = ("gpt-tiny", "bert-tiny"),
     grid = local_grid(batches, max_world)
     out: dict[str, Any] = {
         "against": "local", "allreduce_GBps": bw, "batches": list(batches),
-        "machine": f"{cores}-core CPU, torch {torch.__version__}, gloo; apportion's runtime "
-                   f"worker, 1 thread per process, up to {max_world} processes",
+        "machine": (f"{gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+                    f"nccl; apportion's runtime worker, up to {max_world} processes" if gpus
+                    else f"{cores}-core CPU, torch {torch.__version__}, gloo; apportion's "
+                    f"runtime worker, 1 thread per process, up to {max_world} processes"),
         "held_out": f"fit on batch {min(batches)}, predict the others",
         "launches": launches, "models": {}}
     errs: list[float] = []

@@ -57,6 +57,7 @@ from apportion.runtime.executors.executor import (
     steps_to_launch,
 )
 from apportion.runtime.executors.launch import LaunchSpec, launch_spec, read_json_file, write_json
+from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
 from apportion.runtime.plan_filter import workload_plan_filter
 from apportion.runtime.executors.procs import (
     EXIT_UNKNOWN,
@@ -92,19 +93,25 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 120.0  # ... or seconds: periodic checkpoints by
 STDERR_LINES = 8
 
 
-def local_cluster(slots: int = 4, gpu_type: str = "T4") -> Cluster:
+def local_cluster(slots: int | None = None, gpu_type: str | None = None) -> Cluster:
     """This machine as a one-node cluster of ``slots`` worker slots.
 
-    The GPU type is a stand-in name from the catalog (the estimator needs one);
-    the slots are CPU worker processes. CPUs and host memory are this
-    machine's, so the round's per-slot shares are real.
+    With NVIDIA GPUs (:func:`local_gpus`) a slot is a GPU and the type is the
+    catalog's name for it; without, the slots are 4 CPU worker processes and the
+    type a stand-in name from the catalog (the estimator needs one). CPUs and
+    host memory are this machine's, so the round's per-slot shares are real.
     """
+    gpus = local_gpus()
+    if gpus:
+        slots = slots or len(gpus)
+        gpu_type = gpu_type or catalog_type(gpus[0][1])
     cpus = os.cpu_count() or 1
     try:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = 8.0
-    return Cluster("local", [NodeGroup("local", 1, gpu_type, slots, cpus_per_node=cpus,
+    return Cluster("local", [NodeGroup("local", 1, gpu_type or "T4", slots or 4,
+                                       cpus_per_node=cpus,
                                        host_memory_gib=round(mem_gib, 1), intra_node_link="pcie",
                                        intra_node_bandwidth_GBps=10.0,
                                        inter_node_bandwidth_GBps=1.0)])
@@ -289,6 +296,7 @@ class _Run:
     history: list[tuple[str, float]] = field(default_factory=list)  # reconfiguration overheads
     stopping: bool = False
     closed: bool = False  # its launch record is ended
+    devices: list[str] = field(default_factory=list)  # the CUDA devices of its ranks, if any
 
     @property
     def adopted(self) -> bool:
@@ -333,6 +341,9 @@ class LocalExecutor:
         self.runs: dict[str, _Run] = {}
         self.stopped: dict[str, _Run] = {}  # checkpointed, finished or failed
         self.failures = FailureGate()
+        # with GPUs every rank gets one of its own (CUDA_VISIBLE_DEVICES): two jobs never
+        # share a device, and NCCL refuses two ranks of one group on one
+        self.gpus = [idx for idx, _ in local_gpus()]
 
     # -- state -----------------------------------------------------------------
     def _alive(self) -> set[str]:
@@ -446,6 +457,7 @@ class LocalExecutor:
                                checkpoint_interval_s=self.checkpoint_interval_s,
                                launch_id=str(lid))
             offset = file_size(progress)
+            devices = self._devices(spec)
             try:
                 procs = spawn(spec, method=self.spawn_method, lock_fd=fd)
             except Exception as exc:
@@ -456,12 +468,28 @@ class LocalExecutor:
             os.close(fd)  # the ranks hold the lock now
         run = _Run(job, alloc, procs, jobdir, t0, time.time(), launch_id=str(lid), offset=offset,
                    checkpoint_start=ck_start, action=action, kind=spec.kind,
-                   history=prev.history if prev else [])
+                   history=prev.history if prev else [], devices=devices)
         self.runs[job.id] = run
         log.info("%s %s: %d workers, plan %s, launch %s", action, job.id, spec.workers,
                  alloc.plan.label(), lid)
         return Event(job.id, action, spec.workers, alloc.gpu_type, alloc.plan.label(),
                      spec=spec.as_dict())
+
+    def _devices(self, spec: LaunchSpec) -> list[str]:
+        """Give each rank a GPU no live group holds (in its ``CUDA_VISIBLE_DEVICES``); none on
+        a machine without GPUs, or when too few are free (an adopted group's are unknown)."""
+        if not self.gpus:
+            return []
+        alive = self._alive()
+        busy = {d for j, r in self.runs.items() if j in alive for d in r.devices}
+        devices = pick_devices(self.gpus, busy, spec.workers)
+        if devices is None:
+            log.warning("%s: %d ranks, %d GPUs free: ranks pin cuda:LOCAL_RANK", spec.job,
+                        spec.workers, len(self.gpus) - len(busy))
+            return []
+        for rank_env, dev in zip(spec.per_worker_env, devices):
+            rank_env["CUDA_VISIBLE_DEVICES"] = dev
+        return devices
 
     # -- progress ----------------------------------------------------------------
     def _read(self, run: _Run) -> None:

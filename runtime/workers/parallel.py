@@ -34,6 +34,14 @@ class PlanError(ValueError):
     """A plan this backend cannot run as given (the plan is never changed to make it fit)."""
 
 
+def settle(device: torch.device) -> None:
+    """Wait for the device's queued kernels, so a wall-clock interval holds the work it
+    timed (CUDA runs asynchronously: without this a forward pass times its launches only);
+    nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Strategy:
     """Single process or DDP: every rank holds the whole model."""
 
@@ -65,6 +73,7 @@ class Strategy:
         with self._no_sync(sync):
             t0 = time.perf_counter()
             loss = loss_fn(self.model(x), y)
+            settle(self.device)
             self.fwd_s = (self.fwd_s or 0.0) + time.perf_counter() - t0
             (loss * scale).backward()
         self.after_backward(sync)
@@ -162,6 +171,7 @@ class FsdpStrategy(_ShardedState, Strategy):
         self.model.set_requires_gradient_sync(sync)  # type: ignore[operator]
         t0 = time.perf_counter()
         loss = loss_fn(self.model(x), y)
+        settle(self.device)
         self.fwd_s = (self.fwd_s or 0.0) + time.perf_counter() - t0
         (loss * scale).backward()
         return float(loss.detach())

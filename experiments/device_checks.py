@@ -1,0 +1,188 @@
+"""The checks a session runs when it is lent a CUDA machine (`experiments/device_check.sh`).
+
+Nothing here is a test: CI has no GPU. Each check writes one JSON file of figures under
+the output folder, so a session's closing note quotes what a real GPU measured:
+
+* ``trainer``: apportion's built-in trainer (the runtime worker, world 1) on
+  ``cuda:0`` with the plans one GPU runs (DP, recomputation, accumulation): the
+  device it chose, per-step wall time (forward and optimizer parts synchronised),
+  the loss falling.
+* ``run``: `apportion run --executor local` with a built-in job and a user
+  workload (``examples/torch_train.py``, kind torchrun) of one GPU each, to
+  finished; which device each rank used, from its own log line.
+* ``spill``: Hydra's spilled trainer on CUDA: the pilot partition under a memory
+  budget read from the CUDA allocator, the spilled losses against the same model
+  trained whole on the GPU, the peak memory the spilled run held, its time against
+  whole training.
+
+Run ``python experiments/device_checks.py OUT trainer run spill``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write(out: Path, name: str, data: dict[str, Any]) -> None:
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    print(name, json.dumps({k: v for k, v in data.items() if k != "rows"}, default=str)[:3000],
+          flush=True)
+
+
+def check_trainer(out: Path) -> None:
+    import torch
+    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
+
+    from apportion.plans import ExecutionPlan
+
+    rows = []
+    for model in ("gpt-tiny", "bert-tiny"):
+        for label, plan in (("DP", ExecutionPlan()),
+                            ("GC", ExecutionPlan(checkpointing=True)),
+                            ("GA", ExecutionPlan(accumulation=2))):
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = TrainConfig("dev", model, 32, 60, plan.as_dict(), tmp, lr=3e-3,
+                                  warmup_iterations=5, grad_clip=1.0)
+                w = Worker(cfg, 0, 1)
+                rc = w.run()
+                recs = [json.loads(x) for x in (Path(tmp) / LOSSES_FILE).read_text()
+                        .splitlines()]
+            steady = sorted(r["time_s"] for r in recs[5:])
+            rows.append({"model": model, "plan": label, "rc": rc,
+                         "device": str(w.torch_device),
+                         "step_s_median": steady[len(steady) // 2],
+                         "fwd_s": recs[-1]["fwd_s"], "opt_s": recs[-1]["opt_s"],
+                         "loss_first": recs[0]["loss"], "loss_last5_min":
+                         min(r["loss"] for r in recs[-5:])})
+    _write(out, "trainer", {"torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                            else None, "rows": rows})
+
+
+def check_run(out: Path) -> None:
+    import yaml
+
+    tmp = Path(tempfile.mkdtemp(prefix="apportion-device-run-"))
+    jobs = {"jobs": [
+        {"id": "builtin", "model": "gpt-tiny", "global_batch_size": 32, "iterations": 200,
+         "requested_gpus": 1, "workload": {"train": {"lr": 3.0e-3, "warmup_iterations": 5}}},
+        {"id": "user", "model": "gpt-tiny", "global_batch_size": 32, "iterations": 200,
+         "requested_gpus": 1,
+         "workload": {"kind": "torchrun", "command": [sys.executable,
+                                                     str(ROOT / "examples" / "torch_train.py")],
+                      "env": {"EXAMPLE_HIDDEN": "1024", "EXAMPLE_LAYERS": "4"}}}]}
+    (tmp / "jobs.yaml").write_text(yaml.safe_dump(jobs))
+    cli = [sys.executable, "-m", "apportion.cli"]
+    sub = subprocess.run([*cli, "submit", "jobs.yaml", "--state", "s.db"], cwd=tmp,
+                         capture_output=True, text=True, check=False)
+    t0 = time.perf_counter()
+    # one worker slot per job: with one GPU every rank pins cuda:0, and NCCL refuses two
+    # ranks of one group on one GPU, so the jobs ask for one GPU each
+    run = subprocess.run([*cli, "run", "--executor", "local", "--cluster", "local", "--state",
+                          "s.db", "--interval", "3", "--until-idle", "--timeout", "240",
+                          "--time-budget", "3"], cwd=tmp, capture_output=True, text=True,
+                         check=False)
+    wall = time.perf_counter() - t0
+    st = subprocess.run([*cli, "status", "--state", "s.db", "--json"], cwd=tmp,
+                        capture_output=True, text=True, check=False)
+    status = json.loads(st.stdout) if st.returncode == 0 else {"error": st.stderr[-2000:]}
+    logs = {}
+    for d in sorted((tmp / "apportion-runs").glob("*")):
+        for f in sorted(d.glob("rank*.*")) + sorted(d.glob("progress.jsonl")):
+            logs[f"{d.name}/{f.name}"] = f.read_text()[-1500:]
+    _write(out, "run", {"submit_rc": sub.returncode, "run_rc": run.returncode, "wall_s": wall,
+                        "run_stderr": run.stderr[-4000:],
+                        "jobs": status.get("jobs", status),
+                        "logs": logs})
+
+
+def check_spill(out: Path) -> None:
+    import torch
+    from apportion.runtime.workers.pilot import OptimSpec, partition
+    from apportion.runtime.workers.spill import (
+        SpillJob,
+        SpillTrainer,
+        make_batches,
+        make_mlp,
+        train_whole,
+    )
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda:0" if torch.cuda.is_available() else "cpu"
+    width, depth, classes = int(os.environ.get("SPILL_WIDTH", "4096")), 12, 16
+    layers, loss = make_mlp(width, depth, classes, 0)
+    batches = make_batches(4, 256, width, classes, 1)
+    opt = OptimSpec("adam", 1e-4)
+    budget = float(os.environ.get("SPILL_BUDGET", str(1.0 * 2**30)))
+    t0 = time.perf_counter()
+    part = partition(layers, batches[0][0], budget, opt, loss_fn=loss, target=batches[0][1],
+                     device=dev, repeats=2)
+    pilot_s = time.perf_counter() - t0
+    whole_layers = [copy.deepcopy(m).to(dev) for m in layers]
+    dev_batches = [(x.to(dev), y.to(dev)) for x, y in batches]
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    ref = train_whole(whole_layers, loss, dev_batches, 2, opt)
+    whole_s = time.perf_counter() - t0
+    whole_peak = torch.cuda.max_memory_allocated() if dev.startswith("cuda") else None
+    del whole_layers, dev_batches
+    result: dict[str, Any] = {"device": dev, "width": width, "layers": len(layers),
+                              "param_bytes": sum(p.numel() * 4 for m in layers
+                                                 for p in m.parameters()),
+                              "budget_bytes": budget, "shards": part.boundaries,
+                              "pilot_s": pilot_s, "whole_s": whole_s,
+                              "whole_peak_bytes": whole_peak, "runs": []}
+    for double in (False, True):
+        job = SpillJob("m", copy.deepcopy(layers), part.boundaries, loss, batches, 2, opt,
+                       part.unit_runtimes(1))
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        rep = SpillTrainer([job], workers=0, devices=[dev], double_buffer=double).train()
+        spill_s = time.perf_counter() - t0
+        got = rep.losses["m"]
+        result["runs"].append({
+            "double_buffer": double, "spill_s": spill_s,
+            "peak_bytes": torch.cuda.max_memory_allocated() if dev.startswith("cuda") else None,
+            "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(got, ref)),
+            "losses": got, "units": len(rep.units_run)})
+    result["whole_losses"] = ref
+    _write(out, "spill", result)
+
+
+CHECKS = {"trainer": check_trainer, "run": check_run, "spill": check_spill}
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in argv[1:]:
+        t0 = time.perf_counter()
+        try:
+            CHECKS[name](out)
+        except Exception as exc:  # one check's failure must not hide the others' figures
+            failed += 1
+            _write(out, f"{name}-error", {"error": repr(exc)})
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
