@@ -42,7 +42,8 @@ from apportion.cluster import Cluster
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import estimator_name, make_estimator
-from apportion.formulations.candidates import CandidateOptions, build_candidates, problem_dump
+from apportion.formulations.candidates import (CandidateOptions, build_candidates, problem_dump,
+                                                trim_scale_up)
 from apportion.formulations.cells import (CellChoice, DecodeError, build_cells_model, describe,
                                           hint_from_choices, objective_of)
 from apportion.formulations.decode import REASON_DETAIL, to_decision
@@ -422,6 +423,8 @@ class FormulationPolicy:
                                  lambda j: (tuple(sorted(stalls.get(j.id, ()))),
                                             est.only_type.get(j.id), est.fitted))
         self.rounds_made += 1
+        if cfg.formulation != "plans" and not cfg.candidates.scale_up_when_full:
+            trim_scale_up(g)  # a full round: no job is offered more than it asked for
         if cfg.plan_filter is not None:  # an executor's workloads run only some plans
             from apportion.runtime.plan_filter import drop_refused_plans
 

@@ -110,6 +110,12 @@ class CandidateOptions:
     # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
     # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
     tail_share: float | None = 0.1
+    # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
+    # than it asked for (its running cell aside): every GPU beyond a request is one a
+    # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
+    # the share that kept its LP from answering in the budget (Philly day 1's burst fell
+    # back to the greedy; session 15). True keeps them in every round.
+    scale_up_when_full: bool = False
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
@@ -187,6 +193,32 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         _attach(g, job, cells, caps, cluster, opt)
     apply_objective(g, jobs, now_s, opt.objective_options())
     return g
+
+
+def trim_scale_up(g: nx.DiGraph) -> int:
+    """Drop every cell with more GPUs than its job requested, but a running job's present
+    cell and a job's only cells, when the graph's jobs ask for more GPUs than its nodes
+    have; the count dropped.
+
+    A step after the candidates are built (not inside the builder): the incremental cache
+    keeps each job's fragment whole, since the same job's scale-up cells are back in a round
+    with room. The objective's weights stay as the builder set them (a job's soonest finish
+    counts its fastest cell, offered or not): only columns go.
+    """
+    jobs = [j for j in jobs_in(g) if cells_of(g, j)]
+    asked = sum(int(g.nodes[job_node(j)]["requested_gpus"]) for j in jobs)
+    if asked <= sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g)):
+        return 0
+    drop = []
+    for j in jobs:
+        want = int(g.nodes[job_node(j)]["requested_gpus"])
+        cells = cells_of(g, j)
+        up = [c for c in cells if int(g.nodes[c]["gpus"]) > want and not g.nodes[c].get("current")]
+        if len(up) < len(cells):  # a job only larger cells can hold keeps them
+            drop += up
+    g.remove_nodes_from(drop)
+    g.graph["scale_up_trimmed"] = len(drop)
+    return len(drop)
 
 
 def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tuple[Cell, Any] | None:

@@ -27,7 +27,7 @@ from apportion.round import FormulationPolicy, RoundConfig
 CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
                                    "normalize": "requested", "keep_bonus": 0.3,
                                    "queue_weight": 0.25, "scales": (0.5, 1.0, 2.0),
-                                   "amortize_s": None}
+                                   "amortize_s": None, "scale_up_when_full": True}
 
 
 def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  # noqa: N802
