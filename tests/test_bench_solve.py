@@ -54,11 +54,13 @@ def test_peers_rows_are_validated_and_share_one_metric(tmp_path: Path) -> None:
         assert r["placed"] >= 0 and r["wall_s"] > 0
     base = rows[0]
     assert base["method"] == "apportion" and base["metric_ratio"] == 1.0
-    # nothing beats the exact answer on its own objective's main term by much: POP and the
-    # greedy work on the same candidates, so they cannot exceed it (up to the queue bonus)
+    # nothing beats the exact answer on its own objective: POP and the greedy solve the same
+    # candidate graph, so their objective cannot exceed the chain's beyond its gap (the
+    # common metric is unweighted throughput, which the JCT-aware objective does not
+    # maximise: on this full round POP-2's was 7 % above apportion's, its objective 9 % below)
     for r in rows:
         if r["method"].startswith("pop-") or r["method"] == "crius-greedy":
-            assert r["metric_ratio"] <= 1.05, r
+            assert r["objective"] <= base["objective"] * (1 + (base["gap"] or 0.0)) + 1e-6, r
     assert "| 30 |" in markdown(rows, 20.0)
     bad = CliRunner().invoke(app, ["bench", "solve", "--peers", "--sizes", "0"])
     assert bad.exit_code == 2 and "--sizes" in bad.output

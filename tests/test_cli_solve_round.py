@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from apportion.cli import app
 from apportion.config import default_jobs
+from apportion.solvers.chain import MIP_REL_GAP
 
 runner = CliRunner()
 
@@ -25,7 +26,10 @@ def test_default_round_writes_contract_json(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     for key in ("backend", "status", "objective", "bound", "gap", "wall_s", "fallback"):
         assert key in d["solver"]
-    assert d["solver"]["status"] == "optimal"
+    # proved optimal, or within the chain's tolerance of the bound (the default queue asks
+    # for more GPUs than the cluster has, and the rounded LP answers within 0.1 %)
+    assert d["solver"]["status"] == "optimal" or (
+        d["solver"]["status"] == "feasible" and d["solver"]["gap"] <= MIP_REL_GAP), d["solver"]
     assert d["allocations"] and isinstance(d["pending"], list)
     for a in d["allocations"]:
         for key in ("job", "gpu_type", "gpus", "stages", "plan", "placement", "est_throughput"):

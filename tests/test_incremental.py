@@ -18,7 +18,7 @@ from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
-from apportion.formulations.candidates import build_candidates
+from apportion.formulations.candidates import build_candidates, trim_scale_up
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,6 +67,8 @@ def test_cached_candidates_equal_a_fresh_build_every_round(information: str, est
         memo.blacklist, memo.only_type = set(used.blacklist), dict(used.only_type)
         fresh = build_candidates(view.cluster, g.graph["specs"], view.now, memo,
                                  self.cfg.candidates)
+        if not self.cfg.candidates.scale_up_when_full:
+            trim_scale_up(fresh)  # the stage's step after the cache, as for a full round
         mine = g.copy()
         for k in ("specs", "estimator", "t0", "candidates_s"):
             mine.graph.pop(k)

@@ -122,7 +122,9 @@ def bench_peers(sizes: tuple[int, ...] = PEER_SIZES, methods: tuple[str, ...] = 
             row = {"jobs": n, "gpus": cluster.total_gpus, "method": method,
                    "wall_s": round(wall, 3), "metric": metric, "valid": valid,
                    "placed": len(dec.allocations), "status": rep.status, "backend": rep.backend,
-                   "gap": rep.gap, "fallback": rep.fallback, "load": round(load, 2)}
+                   "gap": rep.gap, "fallback": rep.fallback, "load": round(load, 2),
+                   # the round's own objective (the cell methods': the same graph's values)
+                   "objective": rep.objective}
             if method == "apportion":
                 base = row
             if base is not None and base.get("metric"):
