@@ -130,10 +130,13 @@ def run_unit(module: Any, state: dict[str, Any], opt_state: dict[str, Any] | Non
     if opt_state is not None:
         opt.load_state_dict(opt_state)
     opt.step()
-    back = {"state": {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()},
-            "opt": _to_cpu(opt.state_dict())}
+    pin = dev.type == "cuda"
+    back = {"state": {k: _to_cpu(v, pin) for k, v in module.state_dict().items()},
+            "opt": _to_cpu(opt.state_dict(), pin)}
     if not first:
-        back["grad"] = inp.grad.to("cpu")
+        back["grad"] = _to_cpu(inp.grad, pin)
+    if pin:  # the copies above did not block: they are read once this returns
+        torch.cuda.current_stream(dev).synchronize()
     return back
 
 
@@ -164,15 +167,24 @@ def _meta_copy(template: Any) -> Any:
     return copy.deepcopy(template, memo)
 
 
-def _to_cpu(obj: Any) -> Any:
+def _to_cpu(obj: Any, pin: bool = False) -> Any:
+    """Host copies of the tensors in ``obj``. With ``pin`` a CUDA tensor lands in pinned
+    memory, copied without blocking (the caller synchronises before reading it): the next
+    promotion of that state copies from pinned memory, which pageable memory made the
+    spilled run's bottleneck (session 15: 20 s against 0.1 s whole on an H200). Freed
+    pinned blocks are reused by torch's caching host allocator."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        t = obj.detach()
+        if pin and t.is_cuda:
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            return out.copy_(t, non_blocking=True)
+        return t.to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_cpu(v, pin) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
+        return [_to_cpu(v, pin) for v in obj]
     return obj
 
 
