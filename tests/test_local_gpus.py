@@ -9,12 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from apportion.runtime.executors.launch import LaunchSpec
 from apportion.runtime.executors.local import LocalExecutor, local_cluster
 from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 @pytest.fixture

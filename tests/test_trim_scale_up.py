@@ -3,15 +3,15 @@ random clusters and queues, the rule checked cell by cell, the answer validated.
 
 from __future__ import annotations
 
+from apportion.formulations.candidates import build_candidates, trim_scale_up
+from apportion.formulations.schema import cells_of, job_node, jobs_in, node_vertices
+from apportion.solvers.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
-from apportion.formulations.candidates import build_candidates, trim_scale_up
-from apportion.formulations.schema import cells_of, job_node, jobs_in, node_vertices
 from apportion.jobs import JobSpec, RunningState
 from apportion.round import RoundConfig, run_round
-from apportion.solvers.validator import validate
 
 MODELS = ["bert-336m", "wresnet-0.5b", "vit-86m", "roberta-355m"]
 TYPES = ["A100-40GB", "A40", "V100-32GB"]
