@@ -205,15 +205,14 @@ def trim_scale_up(g: nx.DiGraph) -> int:
     with room. The objective's weights stay as the builder set them (a job's soonest finish
     counts its fastest cell, offered or not): only columns go.
     """
-    jobs = [j for j in jobs_in(g) if cells_of(g, j)]
-    asked = sum(int(g.nodes[job_node(j)]["requested_gpus"]) for j in jobs)
-    if asked <= sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g)):
+    offered = {j: cells for j in jobs_in(g) if (cells := cells_of(g, j))}
+    want = {j: int(g.nodes[job_node(j)]["requested_gpus"]) for j in offered}
+    if sum(want.values()) <= sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g)):
         return 0
     drop = []
-    for j in jobs:
-        want = int(g.nodes[job_node(j)]["requested_gpus"])
-        cells = cells_of(g, j)
-        up = [c for c in cells if int(g.nodes[c]["gpus"]) > want and not g.nodes[c].get("current")]
+    for j, cells in offered.items():
+        up = [c for c in cells
+              if int(g.nodes[c]["gpus"]) > want[j] and not g.nodes[c].get("current")]
         if len(up) < len(cells):  # a job only larger cells can hold keeps them
             drop += up
     g.remove_nodes_from(drop)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,6 +244,8 @@ class SpillTrainer:
         self.host = [[{k: v.detach().clone() for k, v in m.state_dict().items()} for m in mods]
                      for mods in self.templates]
         self.opt_state: list[list[dict[str, Any] | None]] = [[None] * len(m) for m in self.templates]
+        # in-process device buffers per device, least recently used first (see _local)
+        self._buffers: dict[int, OrderedDict[tuple[int, int], Any]] = {}
         self._torch = torch
 
     # -- bookkeeping shared by both dispatch policies ------------------------------------------
@@ -396,10 +399,7 @@ class SpillTrainer:
         recently used dropped first. A buffer per shard kept for the whole run would hold
         every shard's parameters on the device at once: on an H200 a 0.8 GB model spilled
         under a 1 GiB budget peaked at 2.2 GB that way (session 15)."""
-        from collections import OrderedDict
-
-        cache: OrderedDict[tuple[int, int], Any] = self.__dict__.setdefault(
-            "_buffers", {}).setdefault(p, OrderedDict())
+        cache = self._buffers.setdefault(p, OrderedDict())
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
