@@ -247,7 +247,7 @@ def solve_round(
                                            + _cluster_help()),
     jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
-    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | greedy"),
+    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | scip | greedy"),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the decision JSON here "

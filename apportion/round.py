@@ -61,7 +61,7 @@ from apportion.view import JobView, Policy, View
 log = logging.getLogger(__name__)
 
 FORMULATIONS = ("cells", "plans", "deadline", "gavel")
-BACKENDS = ("auto", "cp-sat", "highs", "lp-round", "greedy")
+BACKENDS = ("auto", "cp-sat", "highs", "lp-round", "scip", "greedy")
 STAGES = ("admit", "candidates", "formulate", "solve", "decode", "validate", "commit", "apply")
 GAVEL_POLICIES = {"max-min-fairness": "gavel-max-min-fairness",
                   "max-sum-throughput": "gavel-max-sum-throughput"}

@@ -130,6 +130,9 @@ def check_spill(out: Path) -> None:
     part = partition(layers, batches[0][0], budget, opt, loss_fn=loss, target=batches[0][1],
                      device=dev, repeats=2)
     pilot_s = time.perf_counter() - t0
+    # double buffering prefetches the next shard into the reserve: its own, finer partition
+    part_double = partition(layers, batches[0][0], budget, opt, loss_fn=loss,
+                            target=batches[0][1], device=dev, repeats=2, double_buffer=True)
     whole_layers = [copy.deepcopy(m).to(dev) for m in layers]
     dev_batches = [(x.to(dev), y.to(dev)) for x, y in batches]
     if dev.startswith("cuda"):
@@ -147,8 +150,9 @@ def check_spill(out: Path) -> None:
                               "pilot_s": pilot_s, "whole_s": whole_s,
                               "whole_peak_bytes": whole_peak, "runs": []}
     for double in (False, True):
-        job = SpillJob("m", copy.deepcopy(layers), part.boundaries, loss, batches, 2, opt,
-                       part.unit_runtimes(1))
+        p = part_double if double else part
+        job = SpillJob("m", copy.deepcopy(layers), p.boundaries, loss, batches, 2, opt,
+                       p.unit_runtimes(1))
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
             torch.cuda.synchronize()
@@ -158,7 +162,7 @@ def check_spill(out: Path) -> None:
         spill_s = time.perf_counter() - t0
         got = rep.losses["m"]
         result["runs"].append({
-            "double_buffer": double, "spill_s": spill_s,
+            "double_buffer": double, "spill_s": spill_s, "shards": p.boundaries,
             "peak_bytes": torch.cuda.max_memory_allocated() if dev.startswith("cuda") else None,
             "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in zip(got, ref)),
             "losses": got, "units": len(rep.units_run)})

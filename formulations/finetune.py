@@ -201,7 +201,8 @@ def build_finetune_model(
     # Valid bounds: some optimum has every phase no longer than its completing unit's
     # work, and a makespan within the sum of the tasks' largest works. They are doubled
     # so no optimum sits on a bound: HiGHS 1.14's presolve was seen to cut a
-    # bound-tight optimum (table 9, capacity 1, normal: 50 reported instead of 40).
+    # bound-tight optimum (table 9, capacity 1, normal: 50 reported instead of 40); the
+    # solver is now SCIP (``apportion.solvers.finetune.solve_exact``), the margin stays.
     wmax = 2.0 * float(max(u.work for u in units))
     tmax = 2.0 * float(sum(max(u.work for u in units if t in u.members) for t in problem.ids))
     m = LinearModel(name="finetune-modes", sense="min")

@@ -76,7 +76,8 @@ def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> flo
 # layer in a child process, both from this table ("module:Class", imported when used).
 BACKEND_CLASSES = {"highs": "apportion.solvers.highs:HighsBackend",
                    "cp-sat": "apportion.solvers.cpsat:CpSatBackend",
-                   "lp-round": "apportion.solvers.lpround:LpRoundBackend"}
+                   "lp-round": "apportion.solvers.lpround:LpRoundBackend",
+                   "scip": "apportion.solvers.scip:ScipBackend"}
 
 
 class Backend(Protocol):

@@ -110,8 +110,8 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
     elif name in BACKENDS:
         names = (name,)
     else:
-        raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round or "
-                         "greedy")
+        raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round, "
+                         "scip or greedy")
     if isolate:
         from apportion.solvers.isolation import IsolatedBackend
 

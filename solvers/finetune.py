@@ -1,9 +1,9 @@
 """Solve YMIR's mode + GPU choice: exact MILP under a budget, greedy SRTF + merger fallback.
 
 Method. Up to ``EXACT_MAX_TASKS`` tasks the MILP of
-:mod:`apportion.formulations.finetune` is solved with HiGHS under the time budget,
+:mod:`apportion.formulations.finetune` is solved with SCIP under the time budget,
 warm-started from the greedy answer; its decoded plan is re-run in exact
-fractions. Beyond that size, or when HiGHS returns nothing, the greedy answers:
+fractions. Beyond that size, or when SCIP returns nothing, the greedy answers:
 
 * **SRTF** for a fixed set of units: at time 0 and at every completion, eligible
   units (temporal ones only once their predecessor has completed) are sorted by
@@ -41,7 +41,7 @@ from apportion.formulations.finetune import (
 )
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.finetune_validator import validate_finetune_answer
-from apportion.solvers.highs import HighsBackend
+from apportion.solvers.scip import ScipBackend
 
 from apportion.finetune_spec import (
     SPATIAL_SEP,
@@ -53,9 +53,10 @@ from apportion.finetune_spec import (
 log = logging.getLogger(__name__)
 
 #: Largest task count the exact MILP is attempted on (time-limited beyond ~5 tasks).
-#: U x n x (G+1) binaries (U candidate units, n tasks, G = GPU limit). Measured on one
-#: random instance each (30 % of pairs related, capacity 4): 4 tasks 1.5 s, 5 tasks 5.7 s,
-#: 6 tasks 46 s to proven optimality; past the budget the incumbent vs greedy decides.
+#: U x n x (G+1) binaries (U candidate units, n tasks, G = GPU limit). Measured with SCIP
+#: on random instances (30 % of pairs related, capacity 4): 4 tasks 0.5-1 s, 5 tasks
+#: 7-23 s, 6 tasks 38 s to proven optimality (HiGHS: 0.5-1 s, 8-31 s, 42 s); past the
+#: budget the incumbent vs greedy decides.
 EXACT_MAX_TASKS = 6
 
 
@@ -170,7 +171,12 @@ class FinetuneAnswer:
 
 def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
                 warm: PhasePlan | None = None) -> tuple[Schedule | None, SolveResult]:
-    """Solve the MILP with HiGHS; returns the exactly re-simulated schedule (or None)."""
+    """Solve the MILP with SCIP; returns the exactly re-simulated schedule (or None).
+
+    Not HiGHS: on this model (big-M rows tie continuous phase lengths to one-hot GPU
+    counts) HiGHS 1.14 proved wrong optima with its presolve (table 9, one GPU: 50
+    where 40 runs) and without (three tasks: 88/5 where 33/2 runs); SCIP matched the
+    exhaustive search of the tests on every instance of the sweeps that found those."""
     model = build_finetune_model(problem, capacity)
     if warm is not None:
         try:
@@ -178,9 +184,7 @@ def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
         except (PlanError, KeyError, IndexError) as exc:  # a bad hint must not cost the answer
             log.debug("warm start dropped: %r", exc)
     log.info("finetune MILP: %s", model.summary())
-    # exact answers are the point; HiGHS 1.14 presolve loses the optimum of this model on
-    # tiny instances (two 1-GPU tasks on 1 GPU: "optimal" 11 where 10 is feasible), so it is off
-    res = HighsBackend(mip_rel_gap=1e-9, presolve="off").solve(model, time_budget_s)
+    res = ScipBackend(mip_rel_gap=1e-9).solve(model, time_budget_s)
     if not res.status.has_solution or res.x is None or model.decode is None:
         return None, res
     plan = model.decode(res.x)
@@ -189,7 +193,7 @@ def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
     except PlanError as exc:  # never act on a decode that does not run; greedy answers
         log.error("MILP plan does not run: %s", exc)
         return None, res
-    sched.meta["method"] = "milp-highs"
+    sched.meta["method"] = "milp-scip"
     return sched, res
 
 
@@ -215,7 +219,7 @@ def solve_finetune(problem: FinetuneProblem, capacity: int,
     if sched.total_jct <= greedy.total_jct:
         check = validate_finetune_answer(problem, capacity, to_output(sched, capacity))
         if check.ok:
-            answer.schedule, answer.method = sched, "milp-highs"
+            answer.schedule, answer.method = sched, "milp-scip"
             answer.status = Status.OPTIMAL if res.status is Status.OPTIMAL else Status.FEASIBLE
             return answer
         log.error("MILP answer failed validation: %s", check.errors[:3])

@@ -283,3 +283,22 @@ def test_exact_never_worse_than_greedy_and_above_lower_bound(inst):
     assert sched.total_jct <= greedy.total_jct
     assert sched.total_jct >= _lower_bound(prob, capacity)
     assert abs(float(sched.total_jct) - res.objective) <= 1e-6 * max(1.0, res.objective)
+
+
+# Instances where HiGHS 1.14 proved a wrong optimum (presolve off: 88/5 here; presolve on:
+# 19 and 11 below): the exact solver must match the exhaustive search on each.
+HIGHS_WRONG = [
+    ([("A", 1, 1, 2), ("B", 5, 3, 1), ("C", 1, 2, 1)],
+     {"A->C": 0.2, "B->C": -0.3, "C->A": 0.5}, {"A||C": 0.5, "B||C": -0.3}, 3),
+    ([("A", 5, 3, 1), ("B", 2, 2, 1)], {"A->B": 0.2, "B->A": 0.5}, {"A||B": -0.3}, 2),
+    ([("A", 1, 3, 2), ("B", 2, 2, 2)], {"A->B": -0.3, "B->A": -0.3}, {"A||B": -0.3}, 1),
+]
+
+
+@pytest.mark.parametrize("tasks,temporal,spatial,capacity", HIGHS_WRONG)
+def test_exact_is_exact_where_highs_was_not(tasks, temporal, spatial, capacity):
+    prob = problem_from_lists(tasks, temporal, spatial)
+    sched, res = solve_exact(prob, capacity, 20.0)
+    assert sched is not None and res.status is Status.OPTIMAL
+    assert sched.total_jct == _brute_force(prob, capacity)
+    assert validate_finetune_answer(prob, capacity, to_output(sched, capacity)).ok

@@ -65,6 +65,33 @@ def test_pilot_partition_respects_the_budget() -> None:
         partition(layers, x, 1_000.0, opt, repeats=1)
 
 
+@pytest.mark.parametrize("fraction", [0.15, 0.2, 0.25])
+def test_double_buffered_shards_prefetch_into_the_reserve(fraction: float) -> None:
+    """With double buffering the next shard's parameters land in the reserve while this
+    one computes: every shard's parameters fit it, and the limit still holds. Plain SGD
+    on one sample: parameters and gradients dominate, so the reserve is what cuts."""
+    layers, _loss = make_mlp(WIDTH, 5, CLASSES, 0)
+    x = torch.randn(1, WIDTH)
+    opt = OptimSpec("sgd", 1e-3)
+    budget = 20_000.0
+    single = partition(layers, x, budget, opt, buffer_fraction=fraction, repeats=1)
+    double = partition(layers, x, budget, opt, buffer_fraction=fraction, repeats=1,
+                       double_buffer=True)
+    assert double.meta["reserve_bytes"] == budget * fraction
+    assert single.meta["reserve_bytes"] is None
+    assert max(s.param_bytes for s in single.shards) > budget * fraction  # the case at hand
+    for s in double.shards:
+        assert 0 < s.param_bytes <= budget * fraction
+        assert s.total_bytes <= budget * (1 - fraction)
+    assert [s.stop for s in double.shards[:-1]] == double.boundaries[1:]
+    assert double.shards[-1].stop == len(layers)
+    assert len(double.shards) > len(single.shards)
+    biggest = max(sum(p.numel() * 4 for p in m.parameters()) for m in layers)
+    with pytest.raises(MemoryError, match="double-buffer reserve"):
+        partition(layers, x, 0.9 * biggest / 0.1, opt, buffer_fraction=0.1, repeats=1,
+                  double_buffer=True)
+
+
 def test_spilled_equals_whole_in_process_under_lrtf() -> None:
     a, ref_a = _job("a", 1, OptimSpec("adam", 1e-2), 30_000)
     b, ref_b = _job("b", 2, OptimSpec("sgd", 0.1, momentum=0.9), 25_000, epochs=1)

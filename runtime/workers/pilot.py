@@ -173,19 +173,25 @@ def time_units(layers: Sequence[torch.nn.Module], x: torch.Tensor, loss_fn: Call
 def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_bytes: float,
               optim: OptimSpec | None = None, buffer_fraction: float = DEFAULT_BUFFER_FRACTION,
               loss_fn: Callable[..., Any] | None = None, target: torch.Tensor | None = None,
-              device: str = "cpu", repeats: int = 3) -> Partition:
+              device: str = "cpu", repeats: int = 3, double_buffer: bool = False) -> Partition:
     """Algorithm 1: grow each shard layer by layer until the next layer would exceed
     ``budget_bytes * (1 - buffer_fraction)``; then time every shard's units.
 
     ``budget_bytes`` is the device's memory (on CUDA, the allocator's limit is
     enforced too). Raises MemoryError if a single layer does not fit.
+
+    ``double_buffer``: the spilled trainer will promote the next shard's parameters
+    into the reserve while this shard computes, so a shard's parameters must also fit
+    the reserve (``budget_bytes * buffer_fraction``); without this cut a 1 GiB budget
+    peaked at 1.22 GB double-buffered on an H200 (session 15).
     """
 
     optim = optim or OptimSpec()
     limit = budget_bytes * (1.0 - buffer_fraction)
+    reserve = budget_bytes * buffer_fraction if double_buffer else float("inf")
     if device.startswith("cuda"):
         return _partition_cuda(layers, sample, limit, budget_bytes, optim, loss_fn, target, device,
-                               repeats)
+                               repeats, reserve)
     shards: list[ShardProfile] = []
     cur = ShardProfile(0, 0)
     x = sample
@@ -195,7 +201,8 @@ def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_by
         # A new shard also holds its input batch.
         extra = _nbytes(shard_input) if cur.stop == cur.start else 0
         grown = cur.total_bytes + extra + sum(sizes.values())
-        if grown > limit and cur.stop > cur.start:
+        prefetch = cur.param_bytes + sizes["param"]
+        if (grown > limit or prefetch > reserve) and cur.stop > cur.start:
             shards.append(cur)
             cur, shard_input = ShardProfile(i, i), x
             extra = _nbytes(x)
@@ -203,6 +210,7 @@ def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_by
         if grown > limit:
             raise MemoryError(f"layer {i} alone needs {grown} B > budget {limit:.0f} B "
                               f"({budget_bytes:.0f} B less {buffer_fraction:.0%} buffer)")
+        _check_reserve(i, sizes["param"], reserve)
         cur.stop = i + 1
         cur.param_bytes += sizes["param"]
         cur.grad_bytes += sizes["grad"]
@@ -213,7 +221,23 @@ def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_by
     _time_shards(layers, shards, sample, loss_fn, target, optim, repeats)
     log.info("pilot partition: %d layers -> %d shards %s under %.0f B", len(layers), len(shards),
              [s.start for s in shards], limit)
-    return Partition(shards, budget_bytes, device, {"limit_bytes": limit})
+    return Partition(shards, budget_bytes, device, {"limit_bytes": limit,
+                                                    "reserve_bytes": _finite(reserve)})
+
+
+def _check_reserve(i: int, param_bytes: int, reserve: float) -> None:
+    if param_bytes > reserve:
+        raise MemoryError(f"layer {i}'s parameters ({param_bytes} B) do not fit the double-buffer "
+                          f"reserve ({reserve:.0f} B): raise buffer_fraction or train without "
+                          "double buffering")
+
+
+def _finite(v: float) -> float | None:
+    return None if v == float("inf") else v
+
+
+def _param_bytes(layer: torch.nn.Module) -> int:
+    return sum(_nbytes(p) for p in layer.parameters())
 
 
 def _time_shards(layers: Sequence[torch.nn.Module], shards: list[ShardProfile],
@@ -233,9 +257,11 @@ def _time_shards(layers: Sequence[torch.nn.Module], shards: list[ShardProfile],
 
 def _partition_cuda(layers: Sequence[torch.nn.Module], sample: torch.Tensor, limit: float,
                     budget_bytes: float, optim: OptimSpec, loss_fn: Callable[..., Any] | None,
-                    target: torch.Tensor | None, device: str, repeats: int) -> Partition:
+                    target: torch.Tensor | None, device: str, repeats: int,
+                    reserve: float = float("inf")) -> Partition:
     """Algorithm 1 with the CUDA allocator: keep the shard's layers, activations and
-    gradients resident, read the peak after each layer, cut on OOM or over ``limit``."""
+    gradients resident, read the peak after each layer, cut on OOM, over ``limit``, or
+    when the shard's parameters would outgrow the double-buffer ``reserve``."""
     import torch
 
     dev = torch.device(device)
@@ -251,8 +277,14 @@ def _partition_cuda(layers: Sequence[torch.nn.Module], sample: torch.Tensor, lim
         return torch.cuda.memory_allocated(dev)
 
     base = reset()
-    i, ok_peak = 0, 0
+    i, ok_peak, params = 0, 0, 0
     while i < len(layers):
+        own = _param_bytes(layers[i])
+        _check_reserve(i, own, reserve)
+        if params + own > reserve:  # the next shard's parameters would not prefetch
+            shards.append(ShardProfile(start, i, activation_bytes=int(ok_peak)))
+            start, params = i, 0
+            base = reset()
         try:
             work = copy.deepcopy(layers[i]).to(dev)
             inp = x.detach().requires_grad_(x.is_floating_point())
@@ -270,10 +302,11 @@ def _partition_cuda(layers: Sequence[torch.nn.Module], sample: torch.Tensor, lim
             if i == start:
                 raise MemoryError(f"layer {i} alone does not fit in {limit:.0f} B on {device}")
             shards.append(ShardProfile(start, i, activation_bytes=int(ok_peak)))
-            start = i
+            start, params = i, 0
             base = reset()
             continue
         ok_peak = peak
+        params += own
         x = out.detach()
         i += 1
     shards.append(ShardProfile(start, len(layers), activation_bytes=int(ok_peak)))
@@ -281,4 +314,5 @@ def _partition_cuda(layers: Sequence[torch.nn.Module], sample: torch.Tensor, lim
     moved = [copy.deepcopy(layer).to(dev) for layer in layers]
     _time_shards(moved, shards, sample.to(dev), loss_fn,
                  target.to(dev) if target is not None else None, optim, repeats)
-    return Partition(shards, budget_bytes, device, {"limit_bytes": limit, "allocator": True})
+    return Partition(shards, budget_bytes, device, {"limit_bytes": limit, "allocator": True,
+                                                    "reserve_bytes": _finite(reserve)})
