@@ -110,6 +110,15 @@ class CandidateOptions:
     # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
     # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
     tail_share: float | None = 0.1
+    # a running job within this share of the tail's boundary keeps the top speed weight
+    # (hysteresis; 0: none). Probed at 0.1 on Philly day 7 and crius-pai: no change
+    tail_margin: float = 0.0
+    # a job is credited at most the work it has left this round (n_c capped at rem_j /
+    # round_s); speed beyond that only ends it sooner within the round and counts at this
+    # share (None: no cap). 0.25 from session 16: short arrivals displaced a two-day job
+    # from its fast type for the one round they ran, 30-40 restarts where Sia made 2-3
+    # (Philly day 7; experiments/results/quality)
+    round_excess: float | None = 0.25
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
@@ -126,7 +135,8 @@ class CandidateOptions:
                                 speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon,
-                                tail_share=self.tail_share)
+                                tail_share=self.tail_share, tail_margin=self.tail_margin,
+                                round_excess=self.round_excess)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

@@ -37,7 +37,13 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   the ceil(tail_share x n) jobs with the largest projected JCT (time since
   submission plus ``soon_j``) take the top speed weight, so the longest jobs
   are not the ones moved to slower cells whenever a shorter job arrives (the
-  p99 JCT is theirs; session 14).
+  p99 JCT is theirs; session 14). With ``tail_margin`` m a *running* job stays in
+  the tail while its projected JCT is within m of the boundary (at least (1 - m)
+  times the ceil(tail_share x n)-th largest): the hysteresis a step weight needs.
+  Without it two long jobs at the boundary swapped a fast type every round or two:
+  the one on the fast type gains no projected JCT while the other's grows, so they
+  trade places, each trade two restarts (Philly day 7: 30-40 restarts of a two-day
+  job where Sia made 2-3; session 16).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -62,7 +68,7 @@ nearly finished job is not moved for a gain it cannot live to collect.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from statistics import mean, median
 
@@ -96,6 +102,12 @@ class ObjectiveOptions:
     # jct-aware: the share of jobs, those with the largest projected JCT, whose speed
     # weight is the top of its bounds (None: none)
     tail_share: float | None = None
+    # a running job within this share of the tail's boundary stays in it (hysteresis)
+    tail_margin: float = 0.0
+    # jct-aware: a job is credited at most the work it has left this round (n_c capped at
+    # rem_j / round_s); speed beyond that, which only ends it sooner within the round, at
+    # this share (None: no cap)
+    round_excess: float | None = None
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -111,6 +123,9 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
     if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
+        cap = js.get("cap")
+        if cap is not None and n > cap:
+            n = cap + stats["round_excess"] * (n - cap)
         return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
@@ -166,14 +181,21 @@ def jct_weights(rem: dict[str, float], exponent: float,
     return {j: min(hi, max(lo, (mid / r) ** exponent)) for j, r in rem.items()}
 
 
-def tail_jobs(projected: Mapping[str, float], share: float | None) -> set[str]:
-    """The ceil(share x n) jobs with the largest projected JCT (ties by id; none for None)."""
+def tail_jobs(projected: Mapping[str, float], share: float | None, margin: float = 0.0,
+              running: Collection[str] = ()) -> set[str]:
+    """The ceil(share x n) jobs with the largest projected JCT (ties by id; none for None),
+    and every job of ``running`` whose projected JCT is at least (1 - ``margin``) times
+    the smallest of theirs (the boundary)."""
     if not share or not projected:
         return set()
     if not 0.0 < share <= 1.0:
         raise ValueError(f"tail_share must lie in (0, 1], not {share!r}")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"tail_margin must lie in [0, 1), not {margin!r}")
     k = math.ceil(share * len(projected))
-    return set(sorted(projected, key=lambda j: (-projected[j], j))[:k])
+    top = sorted(projected, key=lambda j: (-projected[j], j))[:k]
+    floor = (1.0 - margin) * projected[top[-1]]
+    return set(top) | {j for j in running if j in projected and projected[j] >= floor}
 
 
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
@@ -210,10 +232,14 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jct_weights(soonest, opt.remaining_exponent, opt.speed_bounds)
     projected = {j.id: max(0.0, now_s - j.submit_time_s) + soonest[j.id] for j in jobs
                  if j.id in per_job}
-    tail = tail_jobs(projected, opt.tail_share) if opt.kind == "jct-aware" else set()
+    tail = tail_jobs(projected, opt.tail_share, opt.tail_margin,
+                     [j for j, v in per_job.items() if v["running"]]) \
+        if opt.kind == "jct-aware" else set()
     top = (opt.speed_bounds or opt.weight_bounds)[1]
     speed = {j: top if j in tail else v for j, v in speed.items()}
     for j, v in per_job.items():
+        if opt.round_excess is not None:
+            v["cap"] = v["rem"] / opt.round_s
         v["weight"] = weights[j]
         v["speed_weight"] = speed[j]
         jd = g.nodes[job_node(j)]  # recorded on the job vertex (explains a decision)
@@ -224,7 +250,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jd["tail"] = j in tail
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
-             "ref_mean": mean(v["ref"] for v in per_job.values())}
+             "ref_mean": mean(v["ref"] for v in per_job.values()),
+             "round_excess": opt.round_excess or 0.0}
     cap = opt.round_s if opt.amortize_s is None else max(opt.round_s, opt.amortize_s)
 
     def lost(rem: float, normalized: float) -> float:
@@ -244,7 +271,9 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             else list(opt.speed_bounds),
                             "amortize_s": opt.amortize_s,
                             "restart_horizon": opt.restart_horizon,
-                            "tail_share": opt.tail_share}
+                            "tail_share": opt.tail_share,
+                            "tail_margin": opt.tail_margin,
+                            "round_excess": opt.round_excess}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue

@@ -135,6 +135,9 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
             default.weight_bounds, default.speed_bounds)
         # but the tail share: the cells formulation's alone (PlanOptions.tail_share)
         assert obj["tail_share"] == (0.1 if formulation == "cells" else None)
+        # and the cap at the work left this round (session 16), also the cells' alone
+        assert obj["round_excess"] == (0.25 if formulation == "cells" else None)
+        assert obj["tail_margin"] == 0.0
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
@@ -153,17 +156,20 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        normalize=st.sampled_from(["requested", "slowest", "best", "least-efficient"]),
        horizon_kind=st.sampled_from(["reference", "cell"]),
        speed_bounds=st.sampled_from([None, (0.7, 1.4), (0.5, 2.0), (0.25, 4.0), (1.0, 1.0)]),
-       tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]))
+       tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]),
+       margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
                                                    horizon_kind: str,
                                                    speed_bounds: tuple[float, float] | None,
-                                                   tail_share: float | None) -> None:
-    """value = min(n, 1) * w + max(0, n - 1) * v + place_bonus + bonus [+ keep * v | - term *
-    lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
-    of largest projected JCT, the wait since submission plus the soonest finish), w and v
-    bounded, and a job that can finish sooner never weighs less; the exact optimum
-    validates."""
+                                                   tail_share: float | None, margin: float,
+                                                   excess: float | None) -> None:
+    """value = min(n', 1) * w + max(0, n' - 1) * v + place_bonus + bonus [+ keep * v | - term
+    * lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
+    of largest projected JCT, the wait since submission plus the soonest finish, and for
+    running jobs within ``tail_margin`` of them), n' = n capped at the work left this round
+    (rem / round_s) plus ``round_excess`` of the rest, w and v bounded, and a job that can
+    finish sooner never weighs less; the exact optimum validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -175,13 +181,18 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                              iterations_done=1 if run else 0, running=run))
     opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
-                            speed_bounds=speed_bounds, tail_share=tail_share)
+                            speed_bounds=speed_bounds, tail_share=tail_share,
+                            tail_margin=margin, round_excess=excess)
     g = build_candidates(cl, specs, 100.0, options=opts)
     placed = [j.id for j in specs if cells_of(g, j.id)]
     projected = {j: 100.0 + g.nodes[job_node(j)]["soonest_s"] for j in placed}
     ranked = sorted(placed, key=lambda j: (-projected[j], j))
     tail = set(ranked[:math.ceil(tail_share * len(placed))]) if tail_share and \
         kind == "jct-aware" else set()
+    if tail:  # running jobs within the margin of the boundary join it
+        floor = (1 - margin) * min(projected[j] for j in tail)
+        tail |= {j.id for j in specs if j.running is not None and j.id in projected
+                 and projected[j.id] >= floor}
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -205,6 +216,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         for cn in cells:
             d = g.nodes[cn]
             n = d["normalized"]
+            if excess is not None and kind == "jct-aware" and n > rem / opts.round_s:
+                n = rem / opts.round_s + excess * (n - rem / opts.round_s)
             term = min(n, 1.0) * w + max(0.0, n - 1.0) * v if kind == "jct-aware" else n
             want = term + bonus + d["bonus"]
             if d["current"]:
