@@ -109,3 +109,36 @@ def test_a_plan_the_worker_cannot_run_fails_with_its_reason(tmp_path: Path) -> N
                                                  "exit codes" not in (p.error or "exit codes")))
     assert p.health == Health.FAILED and "pipeline parallelism" in (p.error or "")
     assert p.plan == alloc.plan.label()  # the plan was not changed to fit
+
+
+_SLOW_EXIT = """
+import json, os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a slow exit: the grace period runs out
+with open(os.environ["APPORTION_PROGRESS_FILE"], "a") as f:
+    n = int(os.environ["APPORTION_ITERATIONS"])
+    f.write(json.dumps({"iteration": n}) + "\\n")
+    f.write(json.dumps({"iteration": n, "checkpoint": True}) + "\\n")
+time.sleep(120)
+"""
+
+
+def test_a_group_killed_after_its_final_checkpoint_finished_its_job(tmp_path: Path) -> None:
+    """A group stopped and killed after the grace period is judged by its last checkpoint:
+    one at the target iteration is a finished job, not a stopped one (the kills test saw
+    'stopped' under load when a finished job's group was slow to exit)."""
+    import sys
+
+    from apportion.jobs import Workload
+
+    cluster = local_cluster(2)
+    ex = LocalExecutor(tmp_path, stop_timeout_s=1.0)
+    job = JobSpec("slow", "gpt-tiny", 8, 5, 1,
+                  workload=Workload("torchrun", (sys.executable, "-c", _SLOW_EXIT)))
+    ex.apply(decide(cluster, [job]), [job])
+    p = wait_for(ex, "slow", lambda p: p.iterations_done >= 5 and p.checkpoint_iterations == 5)
+    assert p.health == Health.RUNNING  # its process lives on past the target
+    empty = Decision([], [], SolveReport("test", "optimal", 0.0, 0.0, 0.0, 0.0, False))
+    ex.apply(empty, [])  # the job is gone from the round: its group is stopped
+    (p,) = [q for q in ex.poll() if q.job == "slow"]
+    assert p.health == Health.FINISHED, p
+    ex.shutdown(checkpoint=False)

@@ -545,8 +545,9 @@ class LocalExecutor:
                 run.health = Health.FAILED
                 run.error = ("adopted worker group exited (exit status unknown) without a final "
                              "checkpoint" + self._reason_suffix(run, codes))
-        elif run.stopping:
-            run.health = Health.CHECKPOINTED  # killed after the grace period: last checkpoint
+        elif run.stopping:  # killed after the grace period: its last checkpoint stands, and
+            # one at the target is a finished job (a slow exit after the final checkpoint)
+            run.health = Health.FINISHED if done else Health.CHECKPOINTED
         else:
             run.health = Health.FAILED
             msg = status.get("error") if own and status.get("error") else None
