@@ -142,3 +142,20 @@ def test_a_group_killed_after_its_final_checkpoint_finished_its_job(tmp_path: Pa
     (p,) = [q for q in ex.poll() if q.job == "slow"]
     assert p.health == Health.FINISHED, p
     ex.shutdown(checkpoint=False)
+
+
+@pytest.mark.parametrize("checkpoint,outcome", [(5, "finished"), (3, "stopped")])
+def test_a_ray_group_killed_after_its_final_checkpoint_finished_its_job(
+        tmp_path: Path, checkpoint: int, outcome: str) -> None:
+    """The Ray executor's rule is the local one: an unclean stop is judged by the last
+    checkpoint (no Ray needed: the classification reads the group's progress file)."""
+    from apportion.runtime.executors.ray_executor import RayExecutor, _Group
+
+    (tmp_path / "progress.jsonl").write_text(
+        json.dumps({"iteration": checkpoint}) + "\n"
+        + json.dumps({"iteration": checkpoint, "checkpoint": True}) + "\n")
+    g = _Group(JobSpec("j", "gpt-tiny", 8, 5, 1), None, None, [], [], tmp_path, 0.0,
+               kind="torchrun", launch_id="1", stopping=True)
+    ex = RayExecutor.__new__(RayExecutor)  # no cluster: only the classification runs
+    assert ex._settle(g, clean=False) == outcome
+    assert g.health == (Health.FINISHED if outcome == "finished" else Health.CHECKPOINTED)

@@ -388,6 +388,9 @@ class RayExecutor:
             g.health = Health.FINISHED if done else Health.CHECKPOINTED
             return "finished" if done else "checkpointed"
         if g.stopping:
+            if g.checkpoint >= g.job.iterations:  # killed after its final checkpoint: done
+                g.health = Health.FINISHED
+                return "finished"
             g.health = Health.CHECKPOINTED
             log.warning("%s: launch %s stopped uncleanly: exit codes %s", g.job.id, g.launch_id,
                         [r["code"] if r else None for r in g.results])
