@@ -39,11 +39,13 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   are not the ones moved to slower cells whenever a shorter job arrives (the
   p99 JCT is theirs; session 14). With ``tail_margin`` m a *running* job stays in
   the tail while its projected JCT is within m of the boundary (at least (1 - m)
-  times the ceil(tail_share x n)-th largest): the hysteresis a step weight needs.
-  Without it two long jobs at the boundary swapped a fast type every round or two:
-  the one on the fast type gains no projected JCT while the other's grows, so they
-  trade places, each trade two restarts (Philly day 7: 30-40 restarts of a two-day
-  job where Sia made 2-3; session 16).
+  times the ceil(tail_share x n)-th largest), a hysteresis against two jobs at the
+  boundary trading a fast type (off by default: on Philly day 7 and crius-pai it
+  changed nothing, session 16). With ``round_excess`` a jct-aware job is credited at
+  most the work it has left this round, ``n_c`` capped at ``rem_j / round_s``, and
+  speed beyond that (which only ends it sooner within the round) at that share: short
+  arrivals had displaced two-day jobs from A100 to V100 for the one round they ran,
+  30-40 restarts each where Sia made 2-3 (Philly day 7; session 16).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
