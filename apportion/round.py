@@ -334,6 +334,9 @@ class FormulationPolicy:
         self._view_rate = _ViewRate(None, {})
         self.rounds_made = 0
         self.cache = CandidateCache()  # per-job candidate fragments across rounds
+        # every job ranked so far with its latest projected JCT (a finished job's last):
+        # the trace's tail for ``tail_quantile`` (formulations/objectives.py)
+        self.seen_jct: dict[str, float] = {}
         self._cache_owner: Any = None
         self._child: Any = None  # an isolated chain's child process, started early
         self._engine: Any = None  # a partitioned solve's engine (local processes or Ray)
@@ -411,7 +414,8 @@ class FormulationPolicy:
             g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
                                       cfg.plan_options or PlanOptions.like(cfg.candidates))
         elif self.rounds_made == 0:  # one round (solve-round): no cache to fill
-            g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates)
+            g = build_candidates(view.cluster, specs, view.now, est, cfg.candidates,
+                                 self.seen_jct)
         else:  # later rounds: only new or changed jobs are estimated again
             if self._cache_owner is not est:
                 self.cache.clear()
@@ -421,7 +425,8 @@ class FormulationPolicy:
                 stalls.setdefault(jid, []).append((t, n))
             g = self.cache.build(view.cluster, specs, view.now, est, cfg.candidates,
                                  lambda j: (tuple(sorted(stalls.get(j.id, ()))),
-                                            est.only_type.get(j.id), est.fitted))
+                                            est.only_type.get(j.id), est.fitted),
+                                 self.seen_jct)
         self.rounds_made += 1
         if cfg.formulation != "plans" and not cfg.candidates.scale_up_when_full:
             trim_scale_up(g)  # a full round: no job is offered more than it asked for

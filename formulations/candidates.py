@@ -33,6 +33,7 @@ rule, ``amortize_s=None``: one round).
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +120,12 @@ class CandidateOptions:
     # from its fast type for the one round they ran, 30-40 restarts where Sia made 2-3
     # (Philly day 7; experiments/results/quality)
     round_excess: float | None = 0.25
+    # objective "jct-aware": a job is also in the tail when its projected JCT is at least
+    # the (1 - q) quantile of every job the policy has seen (None: the round's tail only;
+    # see formulations/objectives.py). 0.02 from session 17: a day's p99 is its 5th-6th
+    # longest job, which ranked up to 7th among its round's jobs and was out of the
+    # round's tail in 3 of 4 rounds (Philly day 13; experiments/results/quality)
+    tail_quantile: float | None = 0.02
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
@@ -136,7 +143,8 @@ class CandidateOptions:
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon,
                                 tail_share=self.tail_share, tail_margin=self.tail_margin,
-                                round_excess=self.round_excess)
+                                round_excess=self.round_excess,
+                                tail_quantile=self.tail_quantile)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
@@ -170,8 +178,10 @@ def queue_bonus(job: JobSpec, now_s: float, opt: CandidateOptions) -> float:
 
 def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      estimator: AnalyticEstimator | None = None,
-                     options: CandidateOptions | None = None) -> nx.DiGraph:
-    """Estimate every job's cells and return the candidate graph."""
+                     options: CandidateOptions | None = None,
+                     seen: MutableMapping[str, float] | None = None) -> nx.DiGraph:
+    """Estimate every job's cells and return the candidate graph (``seen``: the policy's
+    memory of projected JCTs, for ``tail_quantile``)."""
     from apportion.models import get_model
 
     est = estimator or AnalyticEstimator()
@@ -201,7 +211,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             if cur is not None:
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
         _attach(g, job, cells, caps, cluster, opt)
-    apply_objective(g, jobs, now_s, opt.objective_options())
+    apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
 
 

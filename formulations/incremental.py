@@ -25,7 +25,7 @@ drift silently).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, MutableMapping
 from dataclasses import replace
 from typing import Any
 
@@ -90,8 +90,10 @@ class CandidateCache:
 
     def build(self, cluster: Cluster, jobs: list[JobSpec], now_s: float, estimator: Any,
               options: CandidateOptions | None = None,
-              extra: Callable[[JobSpec], Hashable] | None = None) -> nx.DiGraph:
-        """The candidate graph of ``jobs`` at ``now_s``: equal to ``build_candidates``."""
+              extra: Callable[[JobSpec], Hashable] | None = None,
+              seen: MutableMapping[str, float] | None = None) -> nx.DiGraph:
+        """The candidate graph of ``jobs`` at ``now_s``: equal to ``build_candidates``
+        (``seen``: the policy's memory of projected JCTs, for ``tail_quantile``)."""
         opt = options or CandidateOptions()
         base = (cluster.fingerprint_hash, opt)
         keys = {j.id: (base, job_key(j), extra(j) if extra else None) for j in jobs}
@@ -107,7 +109,7 @@ class CandidateCache:
         g = build_candidates(cluster, [], now_s, estimator, opt)  # topology, graph attributes
         for j in jobs:
             add_fragment(g, j.id, self.frags[j.id][1], queue_bonus(j, now_s, opt))
-        apply_objective(g, jobs, now_s, opt.objective_options())
+        apply_objective(g, jobs, now_s, opt.objective_options(), seen)
         return g
 
 

@@ -45,7 +45,13 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   most the work it has left this round, ``n_c`` capped at ``rem_j / round_s``, and
   speed beyond that (which only ends it sooner within the round) at that share: short
   arrivals had displaced two-day jobs from A100 to V100 for the one round they ran,
-  30-40 restarts each where Sia made 2-3 (Philly day 7; session 16).
+  30-40 restarts each where Sia made 2-3 (Philly day 7; session 16). With
+  ``tail_quantile`` q and a policy's memory ``seen`` (every job it has ranked, with its
+  latest projected JCT: a finished job's last), a job is also in the tail when its
+  projected JCT is at least the (1 - q) quantile of the memory's: the trace's tail, not
+  only the round's longest tenth (a day's p99 is its 5th-6th longest job, which may rank
+  7th among a round's 30 jobs; session 17). Without a memory the round's jobs are the
+  memory (one round of ``solve-round``).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -70,7 +76,7 @@ nearly finished job is not moved for a gain it cannot live to collect.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from statistics import mean, median
 
@@ -110,6 +116,9 @@ class ObjectiveOptions:
     # rem_j / round_s); speed beyond that, which only ends it sooner within the round, at
     # this share (None: no cap)
     round_excess: float | None = None
+    # jct-aware: a job is also in the tail when its projected JCT is at least the (1 - q)
+    # quantile of every job the policy has seen (None: the round's tail only)
+    tail_quantile: float | None = None
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -200,9 +209,32 @@ def tail_jobs(projected: Mapping[str, float], share: float | None, margin: float
     return set(top) | {j for j in running if j in projected and projected[j] >= floor}
 
 
+def trace_tail(projected: Mapping[str, float], quantile: float | None,
+               seen: MutableMapping[str, float] | None = None) -> set[str]:
+    """The jobs whose projected JCT is at least the (1 - ``quantile``) quantile of every
+    job in ``seen`` (updated first with ``projected``: a policy's memory of the jobs it
+    has ranked, each with its latest projection); none for None."""
+    if not quantile or not projected:
+        return set()
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"tail_quantile must lie in (0, 1], not {quantile!r}")
+    memory = {} if seen is None else seen
+    memory.update(projected)
+    values = sorted(memory.values())
+    pos = (1.0 - quantile) * (len(values) - 1)  # linear interpolation (numpy's default)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(values) - 1)
+    floor = min(values[hi], values[lo] + (pos - lo) * (values[hi] - values[lo]))
+    return {j for j, v in projected.items() if v >= floor}
+
+
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
-                    options: ObjectiveOptions | None = None) -> None:
-    """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost."""
+                    options: ObjectiveOptions | None = None,
+                    seen: MutableMapping[str, float] | None = None) -> None:
+    """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost.
+
+    ``seen`` is the calling policy's memory for ``tail_quantile`` (see the module
+    docstring), updated in place; None: this round's jobs only."""
     opt = options or ObjectiveOptions()
     if opt.kind not in OBJECTIVES:
         raise ValueError(f"unknown objective {opt.kind!r}; choose {', '.join(OBJECTIVES)}")
@@ -236,7 +268,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                  if j.id in per_job}
     tail = tail_jobs(projected, opt.tail_share, opt.tail_margin,
                      [j for j, v in per_job.items() if v["running"]]) \
-        if opt.kind == "jct-aware" else set()
+        | trace_tail(projected, opt.tail_quantile, seen) if opt.kind == "jct-aware" else set()
     top = (opt.speed_bounds or opt.weight_bounds)[1]
     speed = {j: top if j in tail else v for j, v in speed.items()}
     for j, v in per_job.items():
@@ -275,7 +307,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "restart_horizon": opt.restart_horizon,
                             "tail_share": opt.tail_share,
                             "tail_margin": opt.tail_margin,
-                            "round_excess": opt.round_excess}
+                            "round_excess": opt.round_excess,
+                            "tail_quantile": opt.tail_quantile}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
@@ -97,11 +98,13 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     weight in [1/4, 4] on all of a job's speed here (the default before session 13), so
     the short job's growth outweighs the long one 16 to 1; with the default's speed weight
     in [0.7, 1.4] beyond the reference rate the long job starts even without the bonus (the
-    next test). No tail share either (the long queued job would be the tail: speed weight 4).
+    next test). No tail share or quantile either (the long queued job would be the tail:
+    speed weight 4).
     """
     cl, jobs = _scale_or_place()
     default = replace(CandidateOptions(), keep_bonus=0.3, amortize_s=None,
-                      weight_bounds=(0.25, 4.0), speed_bounds=None, tail_share=None)
+                      weight_bounds=(0.25, 4.0), speed_bounds=None, tail_share=None,
+                      tail_quantile=None)
     assert default.objective == "jct-aware" and default.place_bonus > 0
     out = {}
     for bonus in (0.0, default.place_bonus):
@@ -138,6 +141,8 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         # and the cap at the work left this round (session 16), also the cells' alone
         assert obj["round_excess"] == (0.25 if formulation == "cells" else None)
         assert obj["tail_margin"] == 0.0
+        # and the trace's tail from the policy's memory (session 17), the cells' alone
+        assert obj["tail_quantile"] == (0.02 if formulation == "cells" else None)
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
@@ -157,19 +162,24 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        horizon_kind=st.sampled_from(["reference", "cell"]),
        speed_bounds=st.sampled_from([None, (0.7, 1.4), (0.5, 2.0), (0.25, 4.0), (1.0, 1.0)]),
        tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]),
-       margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]))
+       margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]),
+       quantile=st.sampled_from([None, 0.02, 0.5]),
+       history=st.lists(st.floats(100.0, 1e6), max_size=6))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
                                                    horizon_kind: str,
                                                    speed_bounds: tuple[float, float] | None,
                                                    tail_share: float | None, margin: float,
-                                                   excess: float | None) -> None:
+                                                   excess: float | None, quantile: float | None,
+                                                   history: list[float]) -> None:
     """value = min(n', 1) * w + max(0, n' - 1) * v + place_bonus + bonus [+ keep * v | - term
     * lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
     of largest projected JCT, the wait since submission plus the soonest finish, and for
-    running jobs within ``tail_margin`` of them), n' = n capped at the work left this round
-    (rem / round_s) plus ``round_excess`` of the rest, w and v bounded, and a job that can
-    finish sooner never weighs less; the exact optimum validates."""
+    running jobs within ``tail_margin`` of them, and for the jobs at or above the (1 -
+    ``tail_quantile``) quantile of the policy's memory of projected JCTs), n' = n capped at
+    the work left this round (rem / round_s) plus ``round_excess`` of the rest, w and v
+    bounded, and a job that can finish sooner never weighs less; the exact optimum
+    validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -182,8 +192,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
                             speed_bounds=speed_bounds, tail_share=tail_share,
-                            tail_margin=margin, round_excess=excess)
-    g = build_candidates(cl, specs, 100.0, options=opts)
+                            tail_margin=margin, round_excess=excess, tail_quantile=quantile)
+    seen = {f"gone{i}": v for i, v in enumerate(history)}  # jobs ranked in earlier rounds
+    g = build_candidates(cl, specs, 100.0, options=opts, seen=seen)
     placed = [j.id for j in specs if cells_of(g, j.id)]
     projected = {j: 100.0 + g.nodes[job_node(j)]["soonest_s"] for j in placed}
     ranked = sorted(placed, key=lambda j: (-projected[j], j))
@@ -193,6 +204,10 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         floor = (1 - margin) * min(projected[j] for j in tail)
         tail |= {j.id for j in specs if j.running is not None and j.id in projected
                  and projected[j.id] >= floor}
+    if quantile and kind == "jct-aware" and projected:  # the trace's tail, from the memory
+        assert seen == {f"gone{i}": v for i, v in enumerate(history)} | projected
+        bound = float(np.quantile(list(seen.values()), 1 - quantile))
+        tail |= {j for j, p in projected.items() if p >= bound * (1 - 1e-12)}
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -297,6 +312,34 @@ def test_a_moves_restart_is_spread_over_the_time_it_pays_off(rem_iters: int,
     for d in moved:
         want = d["term"] * (1 - lost) + opts.place_bonus + d.get("bonus", 0.0)
         assert d["value"] == pytest.approx(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(memory=st.dictionaries(st.text("xyz", min_size=1, max_size=3), st.floats(0.0, 1e7),
+                              max_size=20),
+       projected=st.dictionaries(st.text("ab", min_size=1, max_size=3), st.floats(0.0, 1e7),
+                                 max_size=20),
+       quantile=st.floats(0.001, 1.0))
+def test_trace_tail_is_the_memory_quantile(memory: dict[str, float],
+                                           projected: dict[str, float], quantile: float) -> None:
+    """The round's jobs at or above the (1 - q) quantile (numpy's linear one) of the memory
+    updated with them; the memory keeps every job with its latest projection."""
+    from apportion.formulations.objectives import trace_tail
+
+    seen = dict(memory)
+    got = trace_tail(projected, quantile, seen)
+    assert seen == memory | projected
+    if not projected:
+        assert got == set()
+        return
+    bound = float(np.quantile(list(seen.values()), 1 - quantile))
+    assert {j for j, v in projected.items() if v > bound * (1 + 1e-9)} <= got
+    assert got <= {j for j, v in projected.items() if v >= bound * (1 - 1e-9)}
+    assert max(projected, key=projected.__getitem__) in got or \
+        max(projected.values()) < max(seen.values())
+    assert trace_tail(projected, None, {}) == set()
+    with pytest.raises(ValueError, match="tail_quantile"):
+        trace_tail(projected, 1.5)
 
 
 def test_tail_jobs_are_the_largest_projected_jcts() -> None:
