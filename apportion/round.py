@@ -780,12 +780,15 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               policy: Policy | None = None,
               commit: Callable[[Decision], Any] | None = None,
               apply: Callable[[Decision], Any] | None = None,
-              history: Mapping[str, Any] | None = None) -> RoundResult:
+              history: Mapping[str, Any] | None = None,
+              seen_jct: Mapping[str, float] | None = None) -> RoundResult:
     """One round on an operator's queue (the library API): admission, the policy
     ``config`` names (the cell formulation by default), validation, then the caller's
     ``commit`` and ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.
     JobHistory`, what ``job_histories`` reads from a store) gives history-aware policies
-    the attained service a replay would give them."""
+    the attained service a replay would give them; ``seen_jct`` (job id -> JCT s, what
+    ``finished_jcts`` reads) the jobs apportion's policies rank the tail against, as a
+    long-lived policy remembers them (``tail_quantile``)."""
     cfg = config or RoundConfig()
     if cfg.formulation not in FORMULATIONS:
         raise ValueError(f"unknown formulation {cfg.formulation!r}; choose {', '.join(FORMULATIONS)}")
@@ -798,6 +801,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     rates = EstimatorRates(est, cluster)
     if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
         pol.estimator = _Memo(est)
+    if isinstance(pol, FormulationPolicy) and seen_jct:
+        pol.seen_jct.update({j: v for j, v in seen_jct.items() if j not in pol.seen_jct})
     view = view_of(cluster, jobs, now_s, rates)
     view.plan_filter = cfg.plan_filter
     for js in view.jobs if history else ():

@@ -372,11 +372,12 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
     now = time.time()
     eff = effective_cluster(store, cl, now)
     committed: list[Any] = []
-    from apportion.store_history import job_histories
+    from apportion.store_history import finished_jcts, job_histories
 
     history = job_histories(store, now, {j.id for j in snap.jobs})  # attained service so far
     result = run_round(eff, snap.jobs, now, cfg, commit=lambda d: committed.append(
-        store.commit_round(d, snap, eff, now, key)), history=history)
+        store.commit_round(d, snap, eff, now, key)), history=history,
+        seen_jct=finished_jcts(store))
     commit = committed[0]
     if show is not None:
         show(result.decision)

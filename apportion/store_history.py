@@ -53,6 +53,16 @@ def job_histories(store: Any, now_s: float, jobs: set[str] | None = None) -> dic
             for job, items in timeline.items()}  # a round's action before the move it causes
 
 
+def finished_jcts(store: Any) -> dict[str, float]:
+    """Every finished job's JCT (its finish minus its spec's submission time): what a
+    policy that ranks against the jobs it has seen (``tail_quantile``) remembers between
+    rounds, which ``solve-round --state`` makes one process at a time."""
+    from apportion.lifecycle import JobState
+
+    return {r.id: max(0.0, r.updated_at - float(r.spec.get("submit_time_s") or r.submitted_at))
+            for r in store.jobs(frozenset({JobState.FINISHED}))}
+
+
 def _fold(items: list[tuple[float, int, str, Any, Any]], now_s: float) -> JobHistory:
     """One job's time line (actions and state moves, in time order) summed up to ``now_s``."""
     h = JobHistory()

@@ -129,3 +129,39 @@ def test_solve_round_with_state_gives_policies_the_stores_history(tmp_path: Path
     assert r.exit_code == 0, r.output
     d = json.loads((tmp_path / "d.json").read_text())
     assert [a["job"] for a in d["allocations"]] == ["new"], d
+
+
+def test_finished_jobs_are_what_the_tail_is_ranked_against(tmp_path: Path) -> None:
+    """``finished_jcts`` reads each finished job's JCT from the store; given to a round as
+    ``seen_jct`` it is the memory apportion's ``tail_quantile`` ranks against: long finished
+    jobs put none of the round's jobs in the tail, short ones all, none the round's own."""
+    from dataclasses import replace
+
+    from apportion.formulations.candidates import CandidateOptions
+    from apportion.formulations.schema import job_node
+
+    from apportion.store_history import finished_jcts
+
+    store = open_store(tmp_path / "s.db", create=True)
+    try:
+        store.submit([JobSpec("done", "bert-336m", 64, 100, 8, submit_time_s=50.0)], at=50.0)
+        _commit(store, [_alloc("done", 8, Action.START)], 60.0)
+        store.record_progress("done", 40, 3000.0)
+        assert finished_jcts(store) == {}  # still running
+        store.record_progress("done", 100, 7250.0)
+        assert finished_jcts(store) == {"done": pytest.approx(7200.0)}
+    finally:
+        store.close()
+    jobs = [JobSpec(f"j{i}", "bert-336m", 64, 2000 * 10 ** i, 8, submit_time_s=0.0)
+            for i in range(3)]
+    opts = replace(CandidateOptions(), tail_share=None, tail_quantile=0.5)
+    cfg = RoundConfig(time_budget_s=2.0, isolate=False, candidates=opts)
+    tails = {}
+    for name, seen in (("none", None), ("long", {f"f{i}": 1e12 for i in range(10)}),
+                       ("short", {f"f{i}": 1.0 for i in range(10)})):
+        res = run_round(CLUSTER, jobs, 600.0, cfg, seen_jct=seen)
+        assert validate(res.decision, CLUSTER, jobs).ok
+        tails[name] = {j.id for j in jobs if res.graph.nodes[job_node(j.id)]["tail"]}
+    assert tails["none"] == {"j1", "j2"}  # the median of the round's three and above
+    assert tails["long"] == set()
+    assert tails["short"] == {"j0", "j1", "j2"}
