@@ -380,6 +380,10 @@ class FormulationPolicy:
             self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
                                  per_job=True)
         self._view_rate.jobs = {js.id: js for js in view.jobs}
+        for jid, t, g in self._view_rate.observe(view):  # measured rates: re-estimate there
+            self._viewed.inner.forget(jid, t, g)
+            for k in [k for k in self._viewed.memo if k[0] == jid and k[2:4] == (t, g)]:
+                del self._viewed.memo[k]
         return self._viewed
 
     def candidates(self, view: View) -> nx.DiGraph:
@@ -425,7 +429,9 @@ class FormulationPolicy:
                 stalls.setdefault(jid, []).append((t, n))
             g = self.cache.build(view.cluster, specs, view.now, est, cfg.candidates,
                                  lambda j: (tuple(sorted(stalls.get(j.id, ()))),
-                                            est.only_type.get(j.id), est.fitted),
+                                            est.only_type.get(j.id), est.fitted,
+                                            tuple(sorted(self._view_rate.factors.get(j.id, {})
+                                                         .items()))),
                                  self.seen_jct)
         self.rounds_made += 1
         if cfg.formulation != "plans" and not cfg.candidates.scale_up_when_full:
@@ -657,15 +663,66 @@ class FormulationPolicy:
 
 
 class _ViewRate:
-    """``rate_fn`` for a RateEstimator: a job spec's rate from the view's rate source."""
+    """``rate_fn`` for a RateEstimator: a job spec's rate from the view's rate source,
+    corrected by what the job was measured to do where it ran.
+
+    Runtime feedback of throughput: between two rounds in which a job held the same
+    allocation without a restart, its progress over the time between them is its measured
+    rate there (the view's ``done``, which every policy sees). Where that is off from the
+    rate source's by more than ``deadband`` (a factor; the profiles' noise is about 10 %),
+    the job's rate on that GPU type and count is the source's times the measured factor
+    from then on. Why: in ``estimated`` mode a count that was not profiled is predicted
+    from the nearest profile, and one such prediction had a job run at a seventh of its
+    estimate for 7 hours (Philly day 1; experiments/results/quality, session 17). In
+    ``oracle`` mode the measurement is the source's rate and nothing changes."""
+
+    deadband = 1.25
 
     def __init__(self, rates: Any, jobs: dict[str, JobView]) -> None:
         self.rates = rates
         self.jobs = jobs
+        self.factors: dict[str, dict[tuple[str, int], float]] = {}  # job -> cell -> factor
+        self._last: dict[str, tuple[float, float, tuple[Any, ...], int]] = {}
+
+    def observe(self, view: View) -> list[tuple[str, str, int]]:
+        """Measure every running job's rate since the last round it held the same
+        allocation; returns the (job, GPU type, count) whose factor changed."""
+        changed = []
+        for js in view.jobs:
+            a = js.alloc
+            if a is None:
+                self._last.pop(js.id, None)
+                continue
+            key = (a.gpu_type, a.gpus, tuple(sorted(a.placement.items())))
+            prev = self._last.get(js.id)
+            self._last[js.id] = (view.now, float(js.done), key, js.restarts)
+            if prev is None or prev[2] != key or prev[3] != js.restarts \
+                    or view.now - prev[0] < 60.0 or js.stalled:
+                continue
+            measured = (float(js.done) - prev[1]) / (view.now - prev[0])
+            source = float(self.rates.rate(js, a.gpu_type, a.gpus, dict(a.placement)))
+            if measured <= 0 or source <= 0:
+                continue  # no progress is the stall feedback's (a blacklisted cell)
+            f = measured / source
+            cells = self.factors.setdefault(js.id, {})
+            old = cells.get((a.gpu_type, a.gpus))
+            if old is None and 1 / self.deadband <= f <= self.deadband:
+                continue
+            f = round(f, 3)
+            if f != old:
+                cells[a.gpu_type, a.gpus] = f
+                changed.append((js.id, a.gpu_type, a.gpus))
+        for jid in [j for j in self._last if j not in self.jobs]:  # jobs gone
+            del self._last[jid]
+            self.factors.pop(jid, None)
+        return changed
 
     def rate(self, spec: JobSpec, gpu_type: str, gpus: int) -> float:
         js = self.jobs.get(spec.id)
-        return 0.0 if js is None else float(self.rates.rate(js, gpu_type, gpus))
+        if js is None:
+            return 0.0
+        f = self.factors.get(spec.id, {}).get((gpu_type, gpus), 1.0)
+        return f * float(self.rates.rate(js, gpu_type, gpus))
 
 
 def answer_reserve(variables: int) -> float:

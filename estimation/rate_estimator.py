@@ -98,6 +98,10 @@ class RateEstimator(ParamsMixin):
         """Forget memoised rates (call when the rate source has changed)."""
         self._rates.clear()
 
+    def forget(self, job_id: str, gpu_type: str, gpus: int) -> None:
+        """Forget one memoised rate (the rate source changed there: a measurement)."""
+        self._rates.pop((job_id, gpu_type, gpus), None)
+
     # -- rates -----------------------------------------------------------------------
     def rate(self, job: JobSpec, gpu_type: str, gpus: int) -> float:
         """Iterations/s of ``job`` on ``gpus`` GPUs of ``gpu_type`` (0: cannot run)."""
