@@ -332,6 +332,7 @@ class FormulationPolicy:
         self.estimator = _Memo(make_estimator(est) if isinstance(est, str) else est)
         self._viewed: _Memo | None = None  # the view's measured rates (a replay)
         self._view_rate = _ViewRate(None, {})
+        self._rates_moved = False  # this round's measurements corrected a rate
         self.rounds_made = 0
         self.cache = CandidateCache()  # per-job candidate fragments across rounds
         # every job ranked so far with its latest projected JCT (a finished job's last):
@@ -344,8 +345,11 @@ class FormulationPolicy:
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
         """In a replay's quiet round (no arrival, completion or stall since the last solve),
-        every running job keeps its place; None: solve."""
-        if self.resolve_every is None or not self._quiet(view):
+        every running job keeps its place; None: solve. A round whose measured rates moved
+        (a job found off its estimate, :class:`_ViewRate`) is not quiet."""
+        measured = not isinstance(view.rates, EstimatorRates) and self._estimator_for(view) \
+            is not None and self._rates_moved
+        if self.resolve_every is None or measured or not self._quiet(view):
             return None
         from apportion.assembly import Choice, build_decision
 
@@ -380,10 +384,12 @@ class FormulationPolicy:
             self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
                                  per_job=True)
         self._view_rate.jobs = {js.id: js for js in view.jobs}
-        for jid, t, g in self._view_rate.observe(view):  # measured rates: re-estimate there
+        changed = self._view_rate.observe(view)
+        for jid, t, g in changed:  # measured rates: re-estimate there
             self._viewed.inner.forget(jid, t, g)
             for k in [k for k in self._viewed.memo if k[0] == jid and k[2:4] == (t, g)]:
                 del self._viewed.memo[k]
+        self._rates_moved = bool(changed)
         return self._viewed
 
     def candidates(self, view: View) -> nx.DiGraph:
@@ -704,13 +710,12 @@ class _ViewRate:
             if measured <= 0 or source <= 0:
                 continue  # no progress is the stall feedback's (a blacklisted cell)
             f = measured / source
-            cells = self.factors.setdefault(js.id, {})
-            old = cells.get((a.gpu_type, a.gpus))
+            old = self.factors.get(js.id, {}).get((a.gpu_type, a.gpus))
             if old is None and 1 / self.deadband <= f <= self.deadband:
                 continue
             f = round(f, 3)
             if f != old:
-                cells[a.gpu_type, a.gpus] = f
+                self.factors.setdefault(js.id, {})[a.gpu_type, a.gpus] = f
                 changed.append((js.id, a.gpu_type, a.gpus))
         for jid in [j for j in self._last if j not in self.jobs]:  # jobs gone
             del self._last[jid]
