@@ -706,7 +706,8 @@ class _ViewRate:
                     or view.now - prev[0] < 60.0 or js.stalled:
                 continue
             measured = (float(js.done) - prev[1]) / (view.now - prev[0])
-            source = float(self.rates.rate(js, a.gpu_type, a.gpus, dict(a.placement)))
+            source = float(self.rates.rate(js, a.gpu_type, a.gpus, dict(a.placement),
+                                           js.plan_code))  # the plan it ran (Morphling's)
             if measured <= 0 or source <= 0:
                 continue  # no progress is the stall feedback's (a blacklisted cell)
             f = measured / source
