@@ -144,6 +144,28 @@ def test_a_group_killed_after_its_final_checkpoint_finished_its_job(tmp_path: Pa
     ex.shutdown(checkpoint=False)
 
 
+def test_a_group_alive_after_its_final_checkpoint_is_reaped_and_finished(tmp_path: Path) -> None:
+    """A group whose final checkpoint is at the target but whose processes do not exit (a
+    rank hung in teardown) is killed after ``linger_s`` and its job recorded finished,
+    without any round asking it to stop."""
+    import sys
+
+    from apportion.jobs import Workload
+
+    cluster = local_cluster(2)
+    ex = LocalExecutor(tmp_path, linger_s=1.0)
+    job = JobSpec("hung", "gpt-tiny", 8, 5, 1,
+                  workload=Workload("torchrun", (sys.executable, "-c", _SLOW_EXIT)))
+    ex.apply(decide(cluster, [job]), [job])
+    p = wait_for(ex, "hung", lambda p: p.checkpoint_iterations == 5)
+    assert p.health == Health.RUNNING  # not reaped before the linger has passed
+    t0 = time.monotonic()
+    p = wait_for(ex, "hung", lambda p: p.health == Health.FINISHED, timeout=60.0)
+    assert time.monotonic() - t0 >= 0.5 and p.iterations_done == 5
+    assert "hung" not in ex.runs
+    ex.shutdown(checkpoint=False)
+
+
 @pytest.mark.parametrize("checkpoint,outcome", [(5, "finished"), (3, "stopped")])
 def test_a_ray_group_killed_after_its_final_checkpoint_finished_its_job(
         tmp_path: Path, checkpoint: int, outcome: str) -> None:

@@ -295,6 +295,7 @@ class _Run:
     loss: float | None = None  # the last loss the workload reported
     history: list[tuple[str, float]] = field(default_factory=list)  # reconfiguration overheads
     stopping: bool = False
+    at_target: float | None = None  # monotonic time its final checkpoint was first seen
     closed: bool = False  # its launch record is ended
     devices: list[str] = field(default_factory=list)  # the CUDA devices of its ranks, if any
 
@@ -328,8 +329,11 @@ class LocalExecutor:
                  checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
                  checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
                  lr: float = 1e-3, spawn_method: str = "forkserver",
-                 launch_log: LaunchLog | None = None) -> None:
+                 launch_log: LaunchLog | None = None, linger_s: float = 30.0) -> None:
         self.workdir = Path(workdir).absolute()
+        # a group still alive this long after its final checkpoint at the target is killed
+        # and its job finished (a rank hung in teardown would hold its devices for ever)
+        self.linger_s = linger_s
         self.seed = seed
         self.stop_timeout_s = stop_timeout_s
         self.threads = threads_per_worker
@@ -576,11 +580,29 @@ class LocalExecutor:
                     self.stopped[job_id] = self.runs.pop(job_id)
                 else:
                     self._read(run)
+                    self._reap_lingering(run)
             out.append(Progress(job_id, run.iterations_done, run.job.iterations, run.health,
                                 self._iter_time(run), run.loss,
                                 run.alloc.plan.gpus, run.alloc.plan.label(), run.overhead_s,
                                 run.error, run.checkpoint, run.launch_id))
         return self.failures.saw(out)
+
+    def _reap_lingering(self, run: _Run) -> None:
+        """Kill a group still alive ``linger_s`` after its final checkpoint at the target: the
+        job is done (its checkpoint stands, the next poll records it finished) and its
+        processes hold devices (a two-rank group was seen at 6 of 6 iterations, checkpointed,
+        and alive 120 s later, under load)."""
+        if run.stopping or run.checkpoint < run.job.iterations:
+            run.at_target = None
+            return
+        now = time.monotonic()
+        if run.at_target is None:
+            run.at_target = now
+        elif now - run.at_target >= self.linger_s:
+            self._request_stop(run, f"alive {self.linger_s:g} s after its final checkpoint")
+            for p in run.procs:
+                p.kill()
+            wait_all(run.procs, 5.0)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         events = []
