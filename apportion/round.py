@@ -347,8 +347,10 @@ class FormulationPolicy:
         """In a replay's quiet round (no arrival, completion or stall since the last solve),
         every running job keeps its place; None: solve. A round whose measured rates moved
         (a job found off its estimate, :class:`_ViewRate`) is not quiet."""
-        measured = not isinstance(view.rates, EstimatorRates) and self._estimator_for(view) \
-            is not None and self._rates_moved
+        measured = False
+        if not isinstance(view.rates, EstimatorRates):  # a replay: measure every round
+            self._estimator_for(view)  # (_ViewRate.observe, through the view's rates)
+            measured = self._rates_moved
         if self.resolve_every is None or measured or not self._quiet(view):
             return None
         from apportion.assembly import Choice, build_decision
