@@ -671,65 +671,38 @@ class FormulationPolicy:
 
 
 class _ViewRate:
-    """``rate_fn`` for a RateEstimator: a job spec's rate from the view's rate source,
-    corrected by what the job was measured to do where it ran.
-
-    Runtime feedback of throughput: between two rounds in which a job held the same
-    allocation without a restart, its progress over the time between them is its measured
-    rate there (the view's ``done``, which every policy sees). Where that is off from the
-    rate source's by more than ``deadband`` (a factor; the profiles' noise is about 10 %),
-    the job's rate on that GPU type and count is the source's times the measured factor
-    from then on. Why: in ``estimated`` mode a count that was not profiled is predicted
-    from the nearest profile, and one such prediction had a job run at a seventh of its
-    estimate for 7 hours (Philly day 1; experiments/results/quality, session 17). In
-    ``oracle`` mode the measurement is the source's rate and nothing changes."""
-
-    deadband = 1.25
+    """``rate_fn`` for a RateEstimator: a job spec's rate as the view gives it — the rate
+    source corrected by the driver's measured-rate feedback (``JobView.rate_factor``,
+    :mod:`apportion.measured_rates`; every policy gets the same correction through
+    :meth:`View.rate`). It remembers the factors its estimates were made with, so that a
+    job whose correction moved is estimated again there (:meth:`observe`). Stalled cells
+    are not zeroed here: they reach the estimator as its blacklist."""
 
     def __init__(self, rates: Any, jobs: dict[str, JobView]) -> None:
         self.rates = rates
         self.jobs = jobs
         self.factors: dict[str, dict[tuple[str, int], float]] = {}  # job -> cell -> factor
-        self._last: dict[str, tuple[float, float, tuple[Any, ...], int]] = {}
 
     def observe(self, view: View) -> list[tuple[str, str, int]]:
-        """Measure every running job's rate since the last round it held the same
-        allocation; returns the (job, GPU type, count) whose factor changed."""
+        """The (job, GPU type, count) whose correction changed since the last round."""
         changed = []
         for js in view.jobs:
-            a = js.alloc
-            if a is None:
-                self._last.pop(js.id, None)
+            seen = self.factors.get(js.id, {})
+            if js.rate_factor == seen:
                 continue
-            key = (a.gpu_type, a.gpus, tuple(sorted(a.placement.items())))
-            prev = self._last.get(js.id)
-            self._last[js.id] = (view.now, float(js.done), key, js.restarts)
-            if prev is None or prev[2] != key or prev[3] != js.restarts \
-                    or view.now - prev[0] < 60.0 or js.stalled:
-                continue
-            measured = (float(js.done) - prev[1]) / (view.now - prev[0])
-            source = float(self.rates.rate(js, a.gpu_type, a.gpus, dict(a.placement),
-                                           js.plan_code))  # the plan it ran (Morphling's)
-            if measured <= 0 or source <= 0:
-                continue  # no progress is the stall feedback's (a blacklisted cell)
-            f = measured / source
-            old = self.factors.get(js.id, {}).get((a.gpu_type, a.gpus))
-            if old is None and 1 / self.deadband <= f <= self.deadband:
-                continue
-            f = round(f, 3)
-            if f != old:
-                self.factors.setdefault(js.id, {})[a.gpu_type, a.gpus] = f
-                changed.append((js.id, a.gpu_type, a.gpus))
-        for jid in [j for j in self._last if j not in self.jobs]:  # jobs gone
-            del self._last[jid]
-            self.factors.pop(jid, None)
+            changed += [(js.id, t, g) for t, g in sorted(set(seen) | set(js.rate_factor))
+                        if seen.get((t, g)) != js.rate_factor.get((t, g))]
+            self.factors[js.id] = dict(js.rate_factor)
+        ids = {js.id for js in view.jobs}
+        for jid in [j for j in self.factors if j not in ids]:  # jobs gone
+            del self.factors[jid]
         return changed
 
     def rate(self, spec: JobSpec, gpu_type: str, gpus: int) -> float:
         js = self.jobs.get(spec.id)
         if js is None:
             return 0.0
-        f = self.factors.get(spec.id, {}).get((gpu_type, gpus), 1.0)
+        f = js.rate_factor.get((gpu_type, gpus), 1.0)
         return f * float(self.rates.rate(js, gpu_type, gpus))
 
 

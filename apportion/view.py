@@ -68,6 +68,9 @@ class JobView:
     # (GPU type, GPU count) it held and made no progress on: the driver records them, and
     # :meth:`View.rate` says 0 there for every policy (the same runtime feedback for all)
     stalled_on: set[tuple[str, int]] = field(default_factory=set)
+    # (GPU type, GPU count) -> measured rate / the rate source's there: the driver's
+    # runtime feedback (:mod:`apportion.measured_rates`), applied by :meth:`View.rate`
+    rate_factor: dict[tuple[str, int], float] = field(default_factory=dict)
     memo: dict[str, Any] = field(default_factory=dict)  # a policy's per-job scratch
     trace: Any = None  # what a rate source is keyed by in a replay (the trace's job record)
 
@@ -134,10 +137,12 @@ class View:
              placement: Mapping[str, int] | None = None, plan: str | None = None,
              **kw: Any) -> float:
         """The rate source's iterations/s for ``js`` (what this policy is allowed to know);
-        0 where the job was seen to make no progress (``JobView.stalled_on``)."""
+        0 where the job was seen to make no progress (``JobView.stalled_on``), corrected by
+        what it was measured to do there (``JobView.rate_factor``)."""
         if (gpu_type, gpus) in js.stalled_on:
             return 0.0
-        return float(self.rates.rate(js, gpu_type, gpus, placement, plan, **kw))
+        return js.rate_factor.get((gpu_type, gpus), 1.0) * float(
+            self.rates.rate(js, gpu_type, gpus, placement, plan, **kw))
 
     @property
     def rng(self) -> np.random.Generator:

@@ -49,6 +49,7 @@ from apportion.experiments.traces import SimJob, Trace
 from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec
+from apportion.measured_rates import RateFeedback
 from apportion.round import InvalidDecision, run_pipeline
 from apportion.view import JobView, View
 
@@ -71,6 +72,8 @@ class SimConfig:
     profile: str = "default"
     information: str = "estimated"  # every policy's rate source: oracle | estimated
     estimator: str = "analytic"  # the estimated mode's scaling model (estimation.registry)
+    # measured throughput corrects every policy's rates (apportion.measured_rates)
+    rate_feedback: bool = True
 
 
 PROFILES: dict[str, SimConfig] = {
@@ -171,6 +174,7 @@ class Simulator:
         total_gpus = self.cluster.total_gpus
         too_large: list[str] = []
         wall0 = time.perf_counter()
+        feedback = RateFeedback() if cfg.rate_feedback else None
         while True:
             arrived: list[str] = []
             while arrivals and arrivals[0].submit_s <= t:
@@ -196,6 +200,8 @@ class Simulator:
             state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
                          cfg.information, list(finished_recent), arrived, dict(self.cap),
                          needs_catalog=False)
+            if feedback is not None:  # what each running job was measured to do
+                feedback.observe(state)
             tp = time.perf_counter()
             try:  # the one round pipeline: admit, decide, validate (an invalid one raises)
                 decision = run_pipeline(state, self.policy).decision

@@ -1,10 +1,11 @@
-"""apportion's rates in a replay are corrected by the throughput it measured.
+"""Every policy's rates in a replay are corrected by the throughput measured at runtime.
 
 Between two rounds in which a job held the same allocation without a restart, its progress
 is its measured rate there; where the rate source is off by more than the dead band, the
-formulation's rate for that GPU type and count is corrected (``round._ViewRate``). A job
-promised to run fast on a type where it really crawls is moved off it; with rates that are
-the truth (oracle) nothing is corrected.
+view's rate for that GPU type and count is corrected for every policy
+(``measured_rates.RateFeedback``, ``JobView.rate_factor``, ``View.rate``). A job promised
+to run fast on a type where it really crawls is moved off it — by apportion and by a
+baseline alike; with rates that are the truth (oracle) nothing is corrected.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from test_sim_properties import small_cluster
 from apportion.decision import Allocation
 from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
-from apportion.round import _ViewRate
+from apportion.measured_rates import RateFeedback
 from apportion.view import JobView, View
 
 
@@ -49,11 +50,12 @@ class _Promising:
         return 2 * best if gpu_type == "A40" else best
 
 
-def _replay(view: Any, truth: AnalyticTruth, information: str = "oracle"
+def _replay(view: Any, truth: AnalyticTruth, information: str = "oracle",
+            policy_name: str = "apportion", feedback: bool = True
             ) -> tuple[Any, list[dict[str, str]], Any]:
     cl = small_cluster()
     job = tr.SimJob("j", 0.0, 2, 3 * 3600.0, "bert-0.76b", model="bert-0.76b", batch=256)
-    policy = make_policy("apportion")
+    policy = make_policy(policy_name)
     types: list[dict[str, str]] = []
 
     class Logged(Simulator):
@@ -62,7 +64,7 @@ def _replay(view: Any, truth: AnalyticTruth, information: str = "oracle"
             return super()._apply(decision, active, states, now)
 
     sim = Logged(cl, tr.Trace("feedback", [job]), policy, truth,
-                 SimConfig(information=information))
+                 SimConfig(information=information, rate_feedback=feedback))
     if view is not None:
         sim.view = view
     return sim.run(), types, policy
@@ -94,6 +96,19 @@ def test_rates_that_are_the_truth_are_not_corrected() -> None:
     assert policy._view_rate.factors == {}
 
 
+@pytest.mark.parametrize("name", ["sia", "crius-greedy"])
+def test_a_baseline_gets_the_same_correction(name: str) -> None:
+    """The feedback is in the view, not in apportion: a baseline that re-decides placements
+    moves off the crawling type too, and without the feedback it stays there."""
+    truth = _SlowA40(small_cluster())
+    res, types, _ = _replay(_Promising(truth), truth, policy_name=name)
+    held = [t["j"] for t in types if "j" in t]
+    assert res.summary["finished"] == 1
+    assert held[0] == "A40" and held[-1] == "A100-40GB", held
+    res, types, _ = _replay(_Promising(truth), truth, policy_name=name, feedback=False)
+    assert {t["j"] for t in types if "j" in t} == {"A40"}
+
+
 class _Const:
     name = "const"
 
@@ -110,28 +125,30 @@ class _Const:
 def test_a_clean_window_measures_the_rate(source: float, measured: float, dt: float,
                                           restarted: bool, moved: bool) -> None:
     """Factor = measured / source when the window is at least a minute, on one allocation,
-    without a restart, with progress, and outside the dead band; otherwise none. The
-    corrected rate is the source's times the factor on that type and count only."""
+    without a restart, with progress, and outside the dead band; otherwise none. The view's
+    rate is the source's times the factor on that type and count only."""
     cl = small_cluster()
     spec = JobSpec("j", "bert-336m", 64, 10**6, 2)
     alloc = Allocation("j", "A40", 2, 1, ExecutionPlan(dp=2), {"a40-0": 2}, 1.0)
     js = JobView(spec, alloc=alloc, done=100.0)
-    vr = _ViewRate(_Const(source), {"j": js})
-    assert vr.observe(View(0.0, cl, [js], vr.rates, needs_catalog=False)) == []
+    fb = RateFeedback()
+    rates = _Const(source)
+    assert fb.observe(View(0.0, cl, [js], rates, needs_catalog=False)) == []
     js.done = 100.0 + measured * dt
     if restarted:
         js.restarts += 1
     if moved:
         js.alloc = Allocation("j", "A40", 2, 1, ExecutionPlan(dp=2), {"a40-1": 2}, 1.0)
-    changed = vr.observe(View(dt, cl, [js], vr.rates, needs_catalog=False))
+    view = View(dt, cl, [js], rates, needs_catalog=False)
+    changed = fb.observe(view)
     measured = (js.done - 100.0) / dt  # what the progress says (a tiny rate rounds to none)
     f = measured / source
     expect = (dt >= 60.0 and not restarted and not moved and measured > 0
-              and not 1 / _ViewRate.deadband <= f <= _ViewRate.deadband)
+              and not 1 / RateFeedback.deadband <= f <= RateFeedback.deadband)
     assert changed == ([("j", "A40", 2)] if expect else [])
     if expect:
-        assert vr.rate(spec, "A40", 2) == pytest.approx(round(f, 3) * source)
+        assert view.rate(js, "A40", 2) == pytest.approx(round(f, 3) * source)
     else:
-        assert vr.rate(spec, "A40", 2) == pytest.approx(source)
-    assert vr.rate(spec, "A40", 1) == pytest.approx(source)
-    assert vr.rate(spec, "A100-40GB", 2) == pytest.approx(source)
+        assert view.rate(js, "A40", 2) == pytest.approx(source)
+    assert view.rate(js, "A40", 1) == pytest.approx(source)
+    assert view.rate(js, "A100-40GB", 2) == pytest.approx(source)

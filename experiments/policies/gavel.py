@@ -117,8 +117,10 @@ class GavelRound:
         self._account(state, types)
         ids = frozenset(js.id for js in state.jobs)
         # Gavel recomputes its allocation when the jobs or their throughputs change: a
-        # configuration seen to make no progress (``stalled_on``) is such a change
-        key = frozenset((js.id, frozenset(js.stalled_on)) for js in state.jobs)
+        # configuration seen to make no progress (``stalled_on``) or measured off its
+        # estimate (``rate_factor``) is such a change
+        key = frozenset((js.id, frozenset(js.stalled_on), frozenset(js.rate_factor.items()))
+                        for js in state.jobs)
         if key != self.members:
             self._reset(state, types, now, rs)
             self.members = key
