@@ -88,3 +88,47 @@ def test_loop_runs_jobs_to_completion_on_ray(executor: RayExecutor) -> None:
         "la": 4, "lb": 3}
     started = {e["job"] for r in store.rounds for e in r["events"] if e["action"] == "start"}
     assert started == {"la", "lb"}
+
+
+_HUNG = """
+import json, os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.environ["APPORTION_PROGRESS_FILE"], "a") as f:
+    n = int(os.environ["APPORTION_ITERATIONS"])
+    f.write(json.dumps({"iteration": n}) + "\\n")
+    f.write(json.dumps({"iteration": n, "checkpoint": True}) + "\\n")
+time.sleep(300)
+"""
+
+
+def test_a_group_alive_after_its_final_checkpoint_is_reaped_and_finished(
+        executor: RayExecutor) -> None:
+    """As in the local executor (``LingerWatch``): a group whose final checkpoint is at the
+    target but whose rank never exits is killed after the linger and its job finished,
+    without any round asking it to stop."""
+    import sys
+
+    from apportion.jobs import Workload
+    from apportion.runtime.executors.executor import LingerWatch
+
+    cluster = local_cluster(2)
+    job = JobSpec("hung", "gpt-tiny", 8, 5, 1,
+                  workload=Workload("torchrun", (sys.executable, "-c", _HUNG)))
+    dec = run_round(cluster, [job], 0.0, local_round_config()).decision
+    kept, executor.linger = executor.linger, LingerWatch(2.0)
+    try:
+        executor.apply(dec, [job])
+        seen_running_at_target = False
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            (p,) = [p for p in executor.poll() if p.job == "hung"]
+            if p.health == Health.RUNNING and p.checkpoint_iterations == 5:
+                seen_running_at_target = True  # not reaped before the linger has passed
+            if p.health in (Health.FINISHED, Health.FAILED):
+                break
+            time.sleep(0.3)
+        assert seen_running_at_target
+        assert p.health == Health.FINISHED and p.iterations_done == 5, p
+        assert "hung" not in executor.groups
+    finally:
+        executor.linger = kept

@@ -245,3 +245,27 @@ class _Quiet:
 
     def __exit__(self, *exc: object) -> None:
         self.gate._quiet = False
+
+
+class LingerWatch:
+    """When a group still alive after its final checkpoint at the target has lingered
+    ``linger_s`` seconds: the job is done (that checkpoint stands) and its processes hold
+    devices, so the executor kills it and records the job finished. Why: a two-rank local
+    group was seen at 6 of 6 iterations, checkpointed, and alive 120 s later, under load.
+    Every executor that runs processes (local, Ray) asks the same watch."""
+
+    def __init__(self, linger_s: float = 30.0) -> None:
+        self.linger_s = linger_s
+        self._since: dict[str, float] = {}  # group key -> monotonic time first seen at target
+
+    def due(self, key: str, checkpoint: int, target: int, stopping: bool) -> bool:
+        """True once the group ``key`` has been at its final checkpoint for ``linger_s``."""
+        if stopping or checkpoint < target:
+            self._since.pop(key, None)
+            return False
+        now = time.monotonic()
+        since = self._since.setdefault(key, now)
+        if now - since < self.linger_s:
+            return False
+        del self._since[key]
+        return True

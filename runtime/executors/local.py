@@ -51,6 +51,7 @@ from apportion.runtime.executors.executor import (
     FailureGate,
     Health,
     LaunchLog,
+    LingerWatch,
     MemoryLaunchLog,
     Progress,
     actions_for,
@@ -295,7 +296,6 @@ class _Run:
     loss: float | None = None  # the last loss the workload reported
     history: list[tuple[str, float]] = field(default_factory=list)  # reconfiguration overheads
     stopping: bool = False
-    at_target: float | None = None  # monotonic time its final checkpoint was first seen
     closed: bool = False  # its launch record is ended
     devices: list[str] = field(default_factory=list)  # the CUDA devices of its ranks, if any
 
@@ -334,6 +334,7 @@ class LocalExecutor:
         # a group still alive this long after its final checkpoint at the target is killed
         # and its job finished (a rank hung in teardown would hold its devices for ever)
         self.linger_s = linger_s
+        self.linger = LingerWatch(linger_s)
         self.seed = seed
         self.stop_timeout_s = stop_timeout_s
         self.threads = threads_per_worker
@@ -592,13 +593,8 @@ class LocalExecutor:
         job is done (its checkpoint stands, the next poll records it finished) and its
         processes hold devices (a two-rank group was seen at 6 of 6 iterations, checkpointed,
         and alive 120 s later, under load)."""
-        if run.stopping or run.checkpoint < run.job.iterations:
-            run.at_target = None
-            return
-        now = time.monotonic()
-        if run.at_target is None:
-            run.at_target = now
-        elif now - run.at_target >= self.linger_s:
+        if self.linger.due(f"{run.job.id}/{run.launch_id}", run.checkpoint, run.job.iterations,
+                           run.stopping):
             self._request_stop(run, f"alive {self.linger_s:g} s after its final checkpoint")
             for p in run.procs:
                 p.kill()

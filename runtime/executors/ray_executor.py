@@ -46,6 +46,7 @@ from apportion.runtime.executors.executor import (
     FailureGate,
     Health,
     LaunchLog,
+    LingerWatch,
     MemoryLaunchLog,
     Progress,
     actions_for,
@@ -206,11 +207,13 @@ class RayExecutor:
                  address: str | None = None, placement_timeout_s: float = 60.0,
                  stop_timeout_s: float = 120.0, seed: int = 0, threads_per_worker: int = 1,
                  num_cpus: int | None = None, launch_log: LaunchLog | None = None,
-                 checkpoint_every: int = 0, checkpoint_interval_s: float = 120.0) -> None:
+                 checkpoint_every: int = 0, checkpoint_interval_s: float = 120.0,
+                 linger_s: float = 30.0) -> None:
         ray = _ray()
         self.workdir = Path(workdir).absolute()
         self.placement_timeout_s = placement_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.linger = LingerWatch(linger_s)  # a group alive after its final checkpoint
         self.seed, self.threads = seed, threads_per_worker
         self.checkpoint_every, self.checkpoint_interval_s = checkpoint_every, checkpoint_interval_s
         self.launch_log: LaunchLog = launch_log if launch_log is not None else MemoryLaunchLog()
@@ -454,10 +457,26 @@ class RayExecutor:
                     self.stopped[job_id] = self.groups.pop(job_id)
                 else:
                     self._read(g)
+                    self._reap_lingering(g)
             out.append(Progress(job_id, g.iterations_done, g.job.iterations, g.health,
                                 _iter_time(g), g.loss, g.alloc.plan.gpus, g.alloc.plan.label(),
                                 g.overhead_s, g.error, g.checkpoint, g.launch_id))
         return self.failures.saw(out)
+
+    def _reap_lingering(self, g: _Group) -> None:
+        """A group alive ``linger_s`` after its final checkpoint at the target is stopped
+        (its actors killed) and its job finished (:class:`LingerWatch`)."""
+        if not self.linger.due(f"{g.job.id}/{g.launch_id}", g.checkpoint, g.job.iterations,
+                               g.stopping):
+            return
+        log.warning("%s: launch %s alive %g s after its final checkpoint; killed", g.job.id,
+                    g.launch_id, self.linger.linger_s)
+        self.launch_log.stopping(int(g.launch_id), "linger")
+        g.stopping = True
+        (g.dir / STOP_FILE).touch()
+        clean = self._collect(g, 5.0)
+        self._close(g, self._settle(g, clean))
+        self.stopped[g.job.id] = self.groups.pop(g.job.id)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         events = []
