@@ -183,3 +183,29 @@ def test_figure7_llama2_7b_as_resources_shrink(shared_data: Path) -> None:
         a = r.decision.allocation("llama")
         assert a is not None and (a.plan.pp, a.plan.tp, a.plan.dp, a.plan.offload) == expect
         assert validate(r.decision, cluster, [job]).ok
+
+
+@settings(max_examples=40, deadline=None)
+@given(late=st.floats(0.0, 20_000.0), done=st.integers(0, 99), deadline=st.booleans())
+def test_a_guaranteed_job_past_its_sla_is_best_effort(late: float, done: int,
+                                                      deadline: bool) -> None:
+    """A guaranteed job is prioritised (the SLA weight, the filter to SLA-meeting options)
+    while it can still finish within its promised time x 1.05 plus one round; once it
+    cannot, even at its promised speed, it is best-effort (with ``sla_deadline``)."""
+    from apportion.formulations.plans import PlanOptions, sla_reachable
+
+    cluster = Cluster("p", [NodeGroup("g", 1, "A100-40GB", 8)])
+    job = JobSpec("j", "bert-336m", 32, 100, 2, tenant="a", guaranteed=True,
+                  submit_time_s=0.0, iterations_done=done)
+    opt = PlanOptions(sla_deadline=deadline)
+    g = build_plan_candidates(cluster, [job], late, EstimatedPlans(), {"a": 8}, opt)
+    jd = g.nodes["job:j"]
+    promised = jd["sla_throughput"] if jd["guaranteed"] else max(  # its request's speed
+        g.nodes[c]["est_throughput"] for c in g.successors("job:j") if g.nodes[c]["gpus"] == 2)
+    left = late + (100 - done) * 32 / promised
+    reachable = left <= 1.05 * 100 * 32 / promised + opt.round_s
+    assert sla_reachable(job, late, promised, opt) == reachable
+    assert jd["guaranteed"] == (reachable or not deadline)
+    assert bool(jd.get("sla_lost")) == (deadline and not reachable)
+    cells = [g.nodes[c] for c in g.successors("job:j")]
+    assert all((c["bonus"] >= opt.sla_weight) == jd["guaranteed"] for c in cells)
