@@ -36,7 +36,25 @@ def wait_for(ex: LocalExecutor, job: str, cond, timeout: float = 120.0) -> Progr
             if p.job == job and cond(p):
                 return p
         time.sleep(0.2)
-    raise AssertionError(f"{job}: condition not reached; last {ex.poll()}")
+    raise AssertionError(f"{job}: condition not reached; last {ex.poll()}\n{_diagnosis(ex, job)}")
+
+
+def _diagnosis(ex: LocalExecutor, job: str) -> str:
+    """What a hung group's ranks last wrote (the teardown hang seen once in session 17 could
+    not be read: the test's folder was gone): each rank's stderr tail, exit code, status."""
+    from apportion.runtime.executors.local import stderr_tail
+
+    run = ex.runs.get(job) or ex.stopped.get(job)
+    if run is None:
+        return "no run"
+    out = [f"exit codes {[p.poll() for p in run.procs]}"]
+    for r in range(len(run.procs)):
+        out.append(f"rank {r} stderr:\n{stderr_tail(run.dir, [r]) or '(empty)'}")
+    for name in ("progress.json", "progress.jsonl"):
+        f = run.dir / name
+        if f.exists():
+            out.append(f"{name}: {f.read_text()[-2000:]}")
+    return "\n".join(out)
 
 
 def running(job: JobSpec, alloc) -> JobSpec:
@@ -181,3 +199,38 @@ def test_a_ray_group_killed_after_its_final_checkpoint_finished_its_job(
     ex = RayExecutor.__new__(RayExecutor)  # no cluster: only the classification runs
     assert ex._settle(g, clean=False) == outcome
     assert g.health == (Health.FINISHED if outcome == "finished" else Health.CHECKPOINTED)
+
+
+def test_a_hung_builtin_group_logs_its_stacks_before_it_is_killed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Built-in workers dump their threads' stacks on ``STACKS_SIGNAL`` (registered as the
+    trainer registers it); the reaper asks for them and logs them, so a hang after the
+    final checkpoint says where it hangs."""
+    import logging
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from apportion.runtime.executors.procs import Proc
+
+    code = ("import faulthandler, time\n"
+            "from apportion.runtime.workers.trainer import STACKS_SIGNAL\n"
+            "faulthandler.register(STACKS_SIGNAL, all_threads=True)\n"
+            "def final_report_hangs():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "final_report_hangs()\n")
+    with open(tmp_path / "rank0.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=err, start_new_session=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            run = SimpleNamespace(procs=[Proc(proc)], dir=tmp_path,
+                                  job=JobSpec("stuck", "gpt-tiny", 8, 3, 1))
+            ex = LocalExecutor(tmp_path / "work", linger_s=0.5)
+            with caplog.at_level(logging.WARNING, logger="apportion.runtime.executors.local"):
+                ex._log_stacks(run)  # type: ignore[arg-type]
+        finally:
+            proc.kill()
+            proc.wait()
+    assert "rank 0 alive" in caplog.text and "final_report_hangs" in caplog.text, caplog.text

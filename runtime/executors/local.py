@@ -596,9 +596,27 @@ class LocalExecutor:
         if self.linger.due(f"{run.job.id}/{run.launch_id}", run.checkpoint, run.job.iterations,
                            run.stopping):
             self._request_stop(run, f"alive {self.linger_s:g} s after its final checkpoint")
+            if run.kind == "builtin":
+                self._log_stacks(run)
             for p in run.procs:
                 p.kill()
             wait_all(run.procs, 5.0)
+
+    def _log_stacks(self, run: _Run) -> None:
+        """Ask a hung built-in group's ranks for their stacks (``trainer.STACKS_SIGNAL``)
+        and log them: where a group hangs after its final checkpoint is the diagnosis."""
+        from apportion.runtime.workers.trainer import STACKS_SIGNAL
+
+        alive = [r for r, p in enumerate(run.procs) if p.poll() is None]
+        for r in alive:
+            try:
+                run.procs[r].signal(STACKS_SIGNAL)
+            except OSError:
+                continue
+        time.sleep(1.0)
+        for r in alive:
+            log.warning("%s: rank %d alive %g s after its final checkpoint; its stack:\n%s",
+                        run.job.id, r, self.linger_s, stderr_tail(run.dir, [r], 40))
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         events = []

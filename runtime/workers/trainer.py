@@ -359,6 +359,10 @@ class Worker:
             "launch_id": self.cfg.launch_id})
 
 
+#: the signal on which a built-in worker dumps its threads' stacks to its stderr
+STACKS_SIGNAL = signal.SIGUSR1
+
+
 def run_worker(config_path: str, rank: int, world: int) -> int:
     """Run one rank in this process (no signal handlers: for hosts such as Ray actors)."""
     cfg = TrainConfig.load(config_path)
@@ -396,6 +400,11 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         worker.stop_requested = True
 
     previous = (signal.signal(signal.SIGTERM, on_term), signal.signal(signal.SIGINT, on_term))
+    if exiting:  # a worker: SIGUSR1 writes every thread's stack to its stderr (the executor
+        # asks before it kills a group that hangs after its final checkpoint)
+        import faulthandler
+
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     try:
         return worker.run()
     except Fenced as exc:
