@@ -363,10 +363,19 @@ class Worker:
 STACKS_SIGNAL = signal.SIGUSR1
 
 
+#: workers a host process ran (:func:`run_worker`), kept so that none is torn down in it
+_KEPT: list[Any] = []
+
+
 def run_worker(config_path: str, rank: int, world: int) -> int:
-    """Run one rank in this process (no signal handlers: for hosts such as Ray actors)."""
+    """Run one rank in this process (no signal handlers: for hosts such as Ray actors).
+
+    The worker is kept referenced after it returns: a done rank was seen to hang in the
+    teardown of the trainer's objects (:func:`leave`), which a worker process skips with
+    ``os._exit``; a host cannot, and the executor ends the host (it kills the actor)."""
     cfg = TrainConfig.load(config_path)
     worker = Worker(cfg, rank, world)
+    _KEPT.append(worker)
     try:
         return worker.run()
     except Fenced:
