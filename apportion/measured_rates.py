@@ -26,8 +26,6 @@ from typing import Any
 
 from apportion.view import View
 
-Cell = tuple[str, int]  # (GPU type, GPU count)
-
 
 class RateFeedback:
     """Measures every running job's rate between rounds and keeps the correction factors

@@ -331,9 +331,8 @@ class LocalExecutor:
                  lr: float = 1e-3, spawn_method: str = "forkserver",
                  launch_log: LaunchLog | None = None, linger_s: float = 30.0) -> None:
         self.workdir = Path(workdir).absolute()
-        # a group still alive this long after its final checkpoint at the target is killed
+        # a group still alive ``linger_s`` after its final checkpoint at the target is killed
         # and its job finished (a rank hung in teardown would hold its devices for ever)
-        self.linger_s = linger_s
         self.linger = LingerWatch(linger_s)
         self.seed = seed
         self.stop_timeout_s = stop_timeout_s
@@ -595,7 +594,7 @@ class LocalExecutor:
         and alive 120 s later, under load)."""
         if self.linger.due(f"{run.job.id}/{run.launch_id}", run.checkpoint, run.job.iterations,
                            run.stopping):
-            self._request_stop(run, f"alive {self.linger_s:g} s after its final checkpoint")
+            self._request_stop(run, f"alive {self.linger.linger_s:g} s after its final checkpoint")
             if run.kind == "builtin":
                 self._log_stacks(run)
             for p in run.procs:
@@ -616,7 +615,7 @@ class LocalExecutor:
         time.sleep(1.0)
         for r in alive:
             log.warning("%s: rank %d alive %g s after its final checkpoint; its stack:\n%s",
-                        run.job.id, r, self.linger_s, stderr_tail(run.dir, [r], 40))
+                        run.job.id, r, self.linger.linger_s, stderr_tail(run.dir, [r], 40))
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         events = []
