@@ -126,6 +126,11 @@ class CandidateOptions:
     # longest job, which ranked up to 7th among its round's jobs and was out of the
     # round's tail in 3 of 4 rounds (Philly day 13; experiments/results/quality)
     tail_quantile: float | None = 0.02
+    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory's
+    # projected JCTs is never moved to a slower cell while it can keep its own (None: none;
+    # see formulations/objectives.py). Off: at 0.02 it cut Philly day 13's p99 3.2 % and
+    # cost its average 0.6 % (session 19, experiments/results/quality)
+    tail_pin: float | None = None
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
@@ -144,7 +149,8 @@ class CandidateOptions:
                                 restart_horizon=self.restart_horizon,
                                 tail_share=self.tail_share, tail_margin=self.tail_margin,
                                 round_excess=self.round_excess,
-                                tail_quantile=self.tail_quantile)
+                                tail_quantile=self.tail_quantile,
+                                tail_pin=self.tail_pin)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

@@ -163,7 +163,7 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        speed_bounds=st.sampled_from([None, (0.7, 1.4), (0.5, 2.0), (0.25, 4.0), (1.0, 1.0)]),
        tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]),
        margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]),
-       quantile=st.sampled_from([None, 0.02, 0.5]),
+       quantile=st.sampled_from([None, 0.02, 0.5]), pin=st.sampled_from([None, 0.02, 0.5]),
        history=st.lists(st.floats(100.0, 1e6), max_size=6))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
@@ -171,6 +171,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                                                    speed_bounds: tuple[float, float] | None,
                                                    tail_share: float | None, margin: float,
                                                    excess: float | None, quantile: float | None,
+                                                   pin: float | None,
                                                    history: list[float]) -> None:
     """value = min(n', 1) * w + max(0, n' - 1) * v + place_bonus + bonus [+ keep * v | - term
     * lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
@@ -178,8 +179,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     running jobs within ``tail_margin`` of them, and for the jobs at or above the (1 -
     ``tail_quantile``) quantile of the policy's memory of projected JCTs), n' = n capped at
     the work left this round (rem / round_s) plus ``round_excess`` of the rest, w and v
-    bounded, and a job that can finish sooner never weighs less; the exact optimum
-    validates."""
+    bounded, and a job that can finish sooner never weighs less; a running job at or above
+    the (1 - ``tail_pin``) quantile loses its whole term on a cell slower than its own; the
+    exact optimum validates."""
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -192,7 +194,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     opts = CandidateOptions(objective=kind, place_bonus=bonus, normalize=normalize,
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
                             speed_bounds=speed_bounds, tail_share=tail_share,
-                            tail_margin=margin, round_excess=excess, tail_quantile=quantile)
+                            tail_margin=margin, round_excess=excess, tail_quantile=quantile,
+                            tail_pin=pin)
     seen = {f"gone{i}": v for i, v in enumerate(history)}  # jobs ranked in earlier rounds
     g = build_candidates(cl, specs, 100.0, options=opts, seen=seen)
     placed = [j.id for j in specs if cells_of(g, j.id)]
@@ -208,6 +211,11 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         assert seen == {f"gone{i}": v for i, v in enumerate(history)} | projected
         bound = float(np.quantile(list(seen.values()), 1 - quantile))
         tail |= {j for j, p in projected.items() if p >= bound * (1 - 1e-12)}
+    pinned: set[str] = set()
+    if pin and kind == "jct-aware" and projected:
+        bound = float(np.quantile(list(seen.values()), 1 - pin))
+        pinned = {j.id for j in specs if j.running is not None and j.id in projected
+                  and projected[j.id] >= bound * (1 - 1e-12)}
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -228,6 +236,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             # tail's speed weight is the top bound
             assert v == pytest.approx(shi if j.id in tail else min(shi, max(slo, w)))
             assert g.nodes[job_node(j.id)]["tail"] == (j.id in tail)
+        assert g.nodes[job_node(j.id)]["pinned"] == (j.id in pinned)
+        own = max((g.nodes[c]["normalized"] for c in cells if g.nodes[c]["current"]),
+                  default=0.0)
         for cn in cells:
             d = g.nodes[cn]
             n = d["normalized"]
@@ -237,6 +248,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             want = term + bonus + d["bonus"]
             if d["current"]:
                 want += opts.keep_bonus * (v if kind == "jct-aware" else 1.0)
+            elif j.id in pinned and d["normalized"] < own:  # a pinned job's demotion
+                want -= term
             elif j.running is not None:  # the restart over the time the move pays off
                 horizon = min(cap, rem / d["normalized"]) if horizon_kind == "cell" \
                     else min(cap, max(opts.round_s, rem))
