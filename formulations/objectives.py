@@ -263,9 +263,12 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     if not per_job:
         return
     fastest: dict[str, float] = {}  # each job's best candidate throughput
+    current: dict[str, float] = {}  # each running job's normalised throughput where it runs
     for _, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d["job"] in per_job:
             fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
+            if d.get("current"):
+                current[d["job"]] = float(d["normalized"])
     # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
     # a job that is slow where it asked to run but fast elsewhere is a short job
     soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
@@ -298,10 +301,6 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
              "ref_mean": mean(v["ref"] for v in per_job.values()),
              "round_excess": opt.round_excess or 0.0}
     cap = opt.round_s if opt.amortize_s is None else max(opt.round_s, opt.amortize_s)
-    current: dict[str, float] = {}  # each running job's normalised throughput where it runs
-    for _, d in g.nodes(data=True):
-        if d.get("kind") == "cell" and d.get("current") and d["job"] in per_job:
-            current[d["job"]] = float(d["normalized"])
 
     def lost(rem: float, normalized: float) -> float:
         """The share of the gain a move gives up: its restart over the time it pays off."""
