@@ -131,6 +131,9 @@ class CandidateOptions:
     # see formulations/objectives.py). Off: at 0.02 it cut Philly day 13's p99 3.2 % and
     # cost its average 0.6 % (session 19, experiments/results/quality)
     tail_pin: float | None = None
+    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory is
+    # beyond the pin (None: none; see formulations/objectives.py)
+    tail_pin_top: float | None = None
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
@@ -150,7 +153,7 @@ class CandidateOptions:
                                 tail_share=self.tail_share, tail_margin=self.tail_margin,
                                 round_excess=self.round_excess,
                                 tail_quantile=self.tail_quantile,
-                                tail_pin=self.tail_pin)
+                                tail_pin=self.tail_pin, tail_pin_top=self.tail_pin_top)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

@@ -56,7 +56,11 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   than the one it runs on loses its whole term, so the job is demoted only where it
   would otherwise not run at all (off by default: on Philly day 13 at q = 0.02 it cut
   the p99 3.2 % and cost the average 0.6 %, the shorter jobs' moves shifting onto other
-  long jobs; session 19).
+  long jobs; session 19). With ``tail_pin_top`` q' < q the pin holds a band: a running job
+  at or above the (1 - q') quantile is beyond it. A day's p99 is set by its 5th-6th longest
+  job; holding the two or three far longer ones lowers no p99, and on Philly day 7 it kept
+  the longest job on a type its estimate rated faster than the one it was moved to (in
+  truth slower), 18,000 s longer (session 20).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -128,6 +132,9 @@ class ObjectiveOptions:
     # policy's memory is pinned: a cell slower than its current one is worth no speed to
     # it, so it is demoted only where it would otherwise not run (None: none)
     tail_pin: float | None = None
+    # jct-aware: a running job at or above the (1 - q) quantile of the memory is past the
+    # pin: far beyond the p99, holding it lowers no p99 and costs the average (None: none)
+    tail_pin_top: float | None = None
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -250,6 +257,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     if opt.restart_horizon not in RESTART_HORIZONS:
         raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
                          f"choose {', '.join(RESTART_HORIZONS)}")
+    if opt.tail_pin_top is not None and not 0.0 < opt.tail_pin_top < (opt.tail_pin or 1.0):
+        raise ValueError(f"tail_pin_top must lie in (0, tail_pin), not {opt.tail_pin_top!r}")
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(job_node(job.id))
@@ -282,6 +291,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                      [j for j, v in per_job.items() if v["running"]]) \
         | trace_tail(projected, opt.tail_quantile, seen) if opt.kind == "jct-aware" else set()
     pinned = trace_tail(projected, opt.tail_pin, seen) if opt.kind == "jct-aware" else set()
+    if pinned and opt.tail_pin_top:  # the band that sets the p99, not the jobs beyond it
+        pinned -= trace_tail(projected, opt.tail_pin_top, seen)
     top = (opt.speed_bounds or opt.weight_bounds)[1]
     speed = {j: top if j in tail else v for j, v in speed.items()}
     for j, v in per_job.items():
@@ -323,7 +334,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "tail_margin": opt.tail_margin,
                             "round_excess": opt.round_excess,
                             "tail_quantile": opt.tail_quantile,
-                            "tail_pin": opt.tail_pin}
+                            "tail_pin": opt.tail_pin,
+                            "tail_pin_top": opt.tail_pin_top}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue

@@ -164,6 +164,7 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        tail_share=st.sampled_from([None, 0.05, 0.34, 1.0]),
        margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]),
        quantile=st.sampled_from([None, 0.02, 0.5]), pin=st.sampled_from([None, 0.02, 0.5]),
+       top=st.sampled_from([None, 0.01, 0.25]),
        history=st.lists(st.floats(100.0, 1e6), max_size=6))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
@@ -171,7 +172,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                                                    speed_bounds: tuple[float, float] | None,
                                                    tail_share: float | None, margin: float,
                                                    excess: float | None, quantile: float | None,
-                                                   pin: float | None,
+                                                   pin: float | None, top: float | None,
                                                    history: list[float]) -> None:
     """value = min(n', 1) * w + max(0, n' - 1) * v + place_bonus + bonus [+ keep * v | - term
     * lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
@@ -180,8 +181,10 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     ``tail_quantile``) quantile of the policy's memory of projected JCTs), n' = n capped at
     the work left this round (rem / round_s) plus ``round_excess`` of the rest, w and v
     bounded, and a job that can finish sooner never weighs less; a running job at or above
-    the (1 - ``tail_pin``) quantile loses its whole term on a cell slower than its own; the
-    exact optimum validates."""
+    the (1 - ``tail_pin``) quantile, and below the (1 - ``tail_pin_top``) one, loses its
+    whole term on a cell slower than its own; the exact optimum validates."""
+    if top is not None and pin is not None and top >= pin:
+        top = None  # the band needs its top above its floor (tested apart)
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
     specs, node = [], 0
     for i, (gpus, iters, running) in enumerate(jobs):
@@ -195,7 +198,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
                             speed_bounds=speed_bounds, tail_share=tail_share,
                             tail_margin=margin, round_excess=excess, tail_quantile=quantile,
-                            tail_pin=pin)
+                            tail_pin=pin, tail_pin_top=top)
     seen = {f"gone{i}": v for i, v in enumerate(history)}  # jobs ranked in earlier rounds
     g = build_candidates(cl, specs, 100.0, options=opts, seen=seen)
     placed = [j.id for j in specs if cells_of(g, j.id)]
@@ -216,6 +219,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         bound = float(np.quantile(list(seen.values()), 1 - pin))
         pinned = {j.id for j in specs if j.running is not None and j.id in projected
                   and projected[j.id] >= bound * (1 - 1e-12)}
+        if top:  # the jobs beyond the band are not held
+            beyond = float(np.quantile(list(seen.values()), 1 - top))
+            pinned = {j for j in pinned if projected[j] < beyond * (1 - 1e-12)}
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -367,3 +373,38 @@ def test_tail_jobs_are_the_largest_projected_jcts() -> None:
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="tail_share"):
             tail_jobs(proj, bad)
+
+
+def test_a_pin_band_needs_its_top_below_its_floor() -> None:
+    """``tail_pin_top`` lies in (0, ``tail_pin``): a band whose top is at or below its floor
+    would pin no job while looking configured."""
+    cl, jobs = _scale_or_place()
+    for pin, top in ((0.02, 0.02), (0.02, 0.5), (None, 0.0), (0.02, -0.01)):
+        with pytest.raises(ValueError, match="tail_pin_top"):
+            build_candidates(cl, jobs, 600.0, options=CandidateOptions(tail_pin=pin,
+                                                                       tail_pin_top=top))
+    g = build_candidates(cl, jobs, 600.0, options=CandidateOptions(tail_pin=0.02,
+                                                                   tail_pin_top=0.005))
+    assert g.graph["objective"]["tail_pin_top"] == 0.005
+
+
+def test_the_pin_holds_the_band_that_sets_the_p99_not_the_jobs_beyond_it() -> None:
+    """A running job between the (1 - tail_pin) and (1 - tail_pin_top) quantiles of the
+    memory is pinned (its slower cells lose their term); the same job as the memory's
+    longest is beyond the band and may be demoted like any other."""
+    cl = Cluster("h", [NodeGroup("a", 1, "A100-40GB", 4), NodeGroup("b", 1, "A10", 4)])
+    long = JobSpec("long", "bert-336m", 64, 200_000, 4, submit_time_s=0.0, iterations_done=1,
+                   running=RunningState("A100-40GB", 4, 1, {"a-0": 4}, 1))
+    opts = CandidateOptions(tail_pin=0.02, tail_pin_top=0.005)
+    for beyond, pinned in ((None, False), (1e12, True)):
+        seen = {f"gone{i}": 100.0 for i in range(98)}
+        if beyond is not None:
+            seen["far"] = beyond  # a longer job seen earlier: "long" is inside the band
+        g = build_candidates(cl, [long], 100.0, options=opts, seen=seen)
+        assert g.nodes[job_node("long")]["pinned"] is pinned
+        slow = [c for c in cells_of(g, "long") if g.nodes[c]["gpu_type"] == "A10"]
+        assert slow
+        for c in slow:
+            d = g.nodes[c]
+            lost = d["value"] - (opts.place_bonus + d["bonus"])  # what the move keeps
+            assert (lost == pytest.approx(0.0)) is pinned
