@@ -128,12 +128,14 @@ class CandidateOptions:
     tail_quantile: float | None = 0.02
     # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory's
     # projected JCTs is never moved to a slower cell while it can keep its own (None: none;
-    # see formulations/objectives.py). Off: at 0.02 it cut Philly day 13's p99 3.2 % and
-    # cost its average 0.6 % (session 19, experiments/results/quality)
-    tail_pin: float | None = None
+    # see formulations/objectives.py). At 0.02 alone it cut Philly day 13's p99 3.2 % and
+    # cost its average 0.6 % (session 19); 0.015 with ``tail_pin_top`` from session 20
+    # (experiments/results/quality)
+    tail_pin: float | None = 0.015
     # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory is
-    # beyond the pin (None: none; see formulations/objectives.py)
-    tail_pin_top: float | None = None
+    # beyond the pin (None: none; see formulations/objectives.py). 0.0075 from session 20:
+    # holding the few jobs far beyond the p99 lowers no p99 and costs the average
+    tail_pin_top: float | None = 0.0075
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,

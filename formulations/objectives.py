@@ -54,13 +54,14 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   memory (one round of ``solve-round``). With ``tail_pin`` q a *running* job whose
   projected JCT is at least the (1 - q) quantile of that memory is pinned: a cell slower
   than the one it runs on loses its whole term, so the job is demoted only where it
-  would otherwise not run at all (off by default: on Philly day 13 at q = 0.02 it cut
+  would otherwise not run at all (on Philly day 13 at q = 0.02 alone it cut
   the p99 3.2 % and cost the average 0.6 %, the shorter jobs' moves shifting onto other
   long jobs; session 19). With ``tail_pin_top`` q' < q the pin holds a band: a running job
   at or above the (1 - q') quantile is beyond it. A day's p99 is set by its 5th-6th longest
   job; holding the two or three far longer ones lowers no p99, and on Philly day 7 it kept
-  the longest job on a type its estimate rated faster than the one it was moved to (in
-  truth slower), 18,000 s longer (session 20).
+  the 2nd longest job on a type its estimate rated faster than the one it was moved to (in
+  truth slower), 18,000 s longer. apportion's default is the band q = 0.015, q' = 0.0075
+  (``CandidateOptions``; session 20: day 13's p99 won in both modes).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -258,7 +259,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
                          f"choose {', '.join(RESTART_HORIZONS)}")
     if opt.tail_pin_top is not None and not 0.0 < opt.tail_pin_top < (opt.tail_pin or 1.0):
-        raise ValueError(f"tail_pin_top must lie in (0, tail_pin), not {opt.tail_pin_top!r}")
+        raise ValueError(f"tail_pin_top must lie in (0, tail_pin) with tail_pin = "
+                         f"{opt.tail_pin!r}, not {opt.tail_pin_top!r}")
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(job_node(job.id))

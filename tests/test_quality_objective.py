@@ -143,6 +143,9 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         assert obj["tail_margin"] == 0.0
         # and the trace's tail from the policy's memory (session 17), the cells' alone
         assert obj["tail_quantile"] == (0.02 if formulation == "cells" else None)
+        # and the pinned band of the trace's tail (session 20), the cells' alone
+        assert (obj.get("tail_pin"), obj.get("tail_pin_top")) == (
+            (0.015, 0.0075) if formulation == "cells" else (None, None))
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
