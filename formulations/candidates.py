@@ -143,6 +143,15 @@ class CandidateOptions:
     # back to the greedy; session 15). True keeps them in every round.
     scale_up_when_full: bool = False
 
+    def __post_init__(self) -> None:
+        # the pinned band is checked where it is configured, not first in a round: a
+        # ``tail_pin`` set below the default ``tail_pin_top`` needs its own top (or None)
+        if self.tail_pin_top is not None and not 0.0 < self.tail_pin_top < (self.tail_pin
+                                                                            or 1.0):
+            raise ValueError(f"tail_pin_top ({self.tail_pin_top!r}) must lie in (0, tail_pin) "
+                             f"with tail_pin = {self.tail_pin!r}: set a tail_pin_top below "
+                             "tail_pin, or None")
+
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
                                 restart_s=self.restart_s, round_s=self.round_s,

@@ -386,6 +386,9 @@ def test_a_pin_band_needs_its_top_below_its_floor() -> None:
         with pytest.raises(ValueError, match="tail_pin_top"):
             build_candidates(cl, jobs, 600.0, options=CandidateOptions(tail_pin=pin,
                                                                        tail_pin_top=top))
+    with pytest.raises(ValueError, match="tail_pin_top"):  # where it is configured
+        CandidateOptions(tail_pin=0.005)  # below the default top, without its own
+    assert CandidateOptions(tail_pin=0.005, tail_pin_top=None).tail_pin_top is None
     g = build_candidates(cl, jobs, 600.0, options=CandidateOptions(tail_pin=0.02,
                                                                    tail_pin_top=0.005))
     assert g.graph["objective"]["tail_pin_top"] == 0.005
