@@ -144,13 +144,9 @@ class CandidateOptions:
     scale_up_when_full: bool = False
 
     def __post_init__(self) -> None:
-        # the pinned band is checked where it is configured, not first in a round: a
-        # ``tail_pin`` set below the default ``tail_pin_top`` needs its own top (or None)
-        if self.tail_pin_top is not None and not 0.0 < self.tail_pin_top < (self.tail_pin
-                                                                            or 1.0):
-            raise ValueError(f"tail_pin_top ({self.tail_pin_top!r}) must lie in (0, tail_pin) "
-                             f"with tail_pin = {self.tail_pin!r}: set a tail_pin_top below "
-                             "tail_pin, or None")
+        # the objective's knobs are checked where they are configured (ObjectiveOptions'
+        # own checks): a ``tail_pin`` below the default ``tail_pin_top`` needs its own top
+        self.objective_options()
 
     def objective_options(self) -> ObjectiveOptions:
         return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,

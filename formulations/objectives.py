@@ -137,6 +137,14 @@ class ObjectiveOptions:
     # pin: far beyond the p99, holding it lowers no p99 and costs the average (None: none)
     tail_pin_top: float | None = None
 
+    def __post_init__(self) -> None:
+        # the pinned band is checked where it is configured, not first in a round
+        if self.tail_pin_top is not None and not 0.0 < self.tail_pin_top < (self.tail_pin
+                                                                            or 1.0):
+            raise ValueError(f"tail_pin_top ({self.tail_pin_top!r}) must lie in (0, tail_pin) "
+                             f"with tail_pin = {self.tail_pin!r}: set a tail_pin_top below "
+                             "tail_pin, or None")
+
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     n = float(d["normalized"])
@@ -258,9 +266,6 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     if opt.restart_horizon not in RESTART_HORIZONS:
         raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
                          f"choose {', '.join(RESTART_HORIZONS)}")
-    if opt.tail_pin_top is not None and not 0.0 < opt.tail_pin_top < (opt.tail_pin or 1.0):
-        raise ValueError(f"tail_pin_top must lie in (0, tail_pin) with tail_pin = "
-                         f"{opt.tail_pin!r}, not {opt.tail_pin_top!r}")
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(job_node(job.id))
