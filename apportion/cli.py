@@ -428,6 +428,12 @@ def history(state: Path = typer.Option(..., "--state", help="state DB"),
     raise typer.Exit(run(state, as_json, limit))
 
 
+DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
+                      "the replay repeats exactly on any machine under any load (the "
+                      "clock stays a safety stop at 4x the budget; the summary counts "
+                      "the rounds it cut short)")
+
+
 @app.command("simulate")
 def simulate_cmd(
     trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
@@ -454,6 +460,7 @@ def simulate_cmd(
     truth: str = typer.Option("auto", "--truth", help="ground truth: auto (from the trace's "
                               "detected format) | gavel | crius | morphling | elasticflow | "
                               "analytic"),
+    deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
 ) -> None:
     """Replay a trace on a simulated cluster under one policy; print and write the summary.
 
@@ -469,7 +476,7 @@ def simulate_cmd(
         _check_finite(window_days, "--window-days")
         summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
                                 window_days, max_jobs, json_out, jobs_csv, information, estimator,
-                                truth)
+                                truth, deterministic=deterministic)
     except InputError as exc:
         _fail(exc)
         return
@@ -502,6 +509,7 @@ def compare_cmd(
                                "per policy and seed)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
                                               "existing cluster (default: a local one)"),
+    deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -512,7 +520,8 @@ def compare_cmd(
         outputs.check_output_dir(out_dir, "--out")
         _check_finite(window_days, "--window-days")
         root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
-                            window_days, max_jobs, information, estimator, engine, ray_address)
+                            window_days, max_jobs, information, estimator, engine, ray_address,
+                            deterministic=deterministic)
     except InputError as exc:
         _fail(exc)
         return

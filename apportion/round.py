@@ -100,6 +100,10 @@ class RoundConfig:
     partitions: int = 1  # > 1: POP-style partitioned solve (solvers.partition)
     engine: str = "local"  # where a partitioned solve's tasks run: local | ray
     ray_address: str | None = None  # engine ray: an existing cluster (None: a local one)
+    # the solver chain's budget counted in work, not seconds (solvers.chain): a replay then
+    # repeats exactly on any machine under any load; ``time_budget_s`` stays a safety stop
+    # (DETERMINISTIC_SAFETY times it), and a round it cut short says so in its attempts
+    deterministic: bool = False
 
 
 @dataclass
@@ -320,6 +324,10 @@ class FormulationPolicy:
         if self.cfg.formulation not in ("cells", "plans", "deadline"):
             raise ValueError(f"unknown formulation {self.cfg.formulation!r}; choose cells, plans "
                              "or deadline (gavel is the Gavel policy)")
+        if self.cfg.deterministic and (self.cfg.isolate or self.cfg.partitions > 1
+                                       or self.cfg.engine != "local"):
+            raise ValueError("a deterministic budget solves in this process: it cannot be "
+                             "combined with isolate, partitions or an engine")
         default = {"cells": "apportion", "plans": "apportion-plans",
                    "deadline": "apportion-deadline"}[self.cfg.formulation]
         if self.cfg.backend == "greedy" and self.cfg.formulation == "cells":
@@ -521,6 +529,10 @@ class FormulationPolicy:
             # it meanwhile, in this process, while the child solves
             reserve += greedy_reserve(len(f.specs))
         left = max(0.05, deadline - time.perf_counter() - reserve)
+        work_s: float | None = None
+        if cfg.deterministic:  # the budget in work: the stages before it spend none of it
+            work_s = cfg.time_budget_s
+            left = max(left, DETERMINISTIC_SAFETY * cfg.time_budget_s)
         if self.partitioned and cfg.formulation != "plans":
             return self._solve_partitioned(g, f, left, accept, accepted, t0)
         backends = backends_for(cfg.backend, cfg.isolate, model.num_vars, cfg.mip_gap)
@@ -531,7 +543,8 @@ class FormulationPolicy:
 
         later = f.greedy_choices is None and cfg.isolate and bool(backends)
         best, attempts = solve_chain(model, backends, left, accept, gap=cfg.mip_gap, child=child,
-                                     meanwhile=greedy_meanwhile if later else None)
+                                     meanwhile=greedy_meanwhile if later else None,
+                                     work_s=work_s)
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
 
     @property
@@ -711,6 +724,12 @@ def answer_reserve(variables: int) -> float:
     the answer, the report, writing the decision (measured on the cell model: about 15 µs
     per variable on this project's 2-core machine, plus a fixed 50 ms)."""
     return 0.05 + 15e-6 * variables
+
+
+# a deterministic round's safety stop, in multiples of its budget: the work budget is a
+# nominal rate's seconds (solvers.base.WORK_PER_S), so a slower machine or a loaded one
+# needs the clock's room to spend it
+DETERMINISTIC_SAFETY = 4.0
 
 
 def greedy_reserve(jobs: int) -> float:

@@ -446,7 +446,7 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
                   jobs_csv: Path | None, information: str = "estimated",
                   estimator: str = "analytic", ground_truth: str = "auto",
-                  show_progress: bool = True) -> dict[str, Any]:
+                  show_progress: bool = True, deterministic: bool = False) -> dict[str, Any]:
     """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
 
     Jobs left unfinished that were neither dropped by the policy nor larger than the
@@ -459,7 +459,7 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
     _check_policy(policy)
     _check_information(information, estimator)
     sim: dict[str, Any] = {"noise_sigma": noise, "information": information,
-                           "estimator": estimator}
+                           "estimator": estimator, "deterministic": deterministic}
     if interval is not None:
         sim["interval_s"] = interval
     if restart_cost is not None:
@@ -500,7 +500,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                  run: str | None, workers: int | None, window_days: float | None,
                  max_jobs: int | None, information: str = "estimated",
                  estimator: str = "analytic", engine: str = "local",
-                 ray_address: str | None = None) -> Path:
+                 ray_address: str | None = None, deterministic: bool = False) -> Path:
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
@@ -514,6 +514,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     cluster_from_arg(cluster)
     tr.load_trace(trace)  # fail on a bad trace before spawning workers
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
-                   sim_options={"information": information, "estimator": estimator},
+                   sim_options={"information": information, "estimator": estimator,
+                                "deterministic": deterministic},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
                    ray_address=ray_address)

@@ -74,6 +74,9 @@ class SimConfig:
     estimator: str = "analytic"  # the estimated mode's scaling model (estimation.registry)
     # measured throughput corrects every policy's rates (apportion.measured_rates)
     rate_feedback: bool = True
+    # the optimising policies' solver budgets counted in work, not seconds (RoundConfig.
+    # deterministic): the replay repeats exactly on any machine under any load
+    deterministic: bool = False
 
 
 PROFILES: dict[str, SimConfig] = {
@@ -147,6 +150,8 @@ class Simulator:
         self.policy = policy
         self.truth = truth
         self.cfg = config or SimConfig()
+        if self.cfg.deterministic:
+            deterministic_policy(policy)
         self.view = rate_source(self.cfg.information, truth, cluster, self.cfg.seed,
                                 self.cfg.noise_sigma, self.cfg.estimator)
         self.progress = progress
@@ -228,7 +233,8 @@ class Simulator:
                            # the chain as it ran (where a replay's solver time goes)
                            "chain": "+".join(str(a.get("backend")) for a in ran),
                            "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),
-                           "stalled": any("stopped:" in str(a.get("message", "")) for a in ran)})
+                           "stalled": any("stopped:" in str(a.get("message", "")) for a in ran),
+                           "time_limited": any(bool(a.get("time_limited")) for a in ran)})
             for jid in finished_recent:
                 js = states[jid]
                 done.append(js)
@@ -404,12 +410,30 @@ class Simulator:
             "seed": self.cfg.seed, "interval_s": self.cfg.interval_s,
             "restart_cost_s": self.cfg.restart_cost_s, "noise_sigma": self.cfg.noise_sigma,
             "information": self.cfg.information, "estimator": self.cfg.estimator,
+            "deterministic": self.cfg.deterministic,
+            # rounds whose solver reached its clock (a deterministic replay's safety stop):
+            # where there are any, a second replay may differ
+            "rounds_time_limited": int(rd["time_limited"].sum()) if "time_limited" in rd else 0,
             "rates": getattr(self.view, "name", type(self.view).__name__),
             "truth": getattr(self.truth, "name", type(self.truth).__name__),
             "interpolated_configs": len(getattr(self.truth, "interpolated", ())),
             "sim_wall_s": round(wall_s, 3),
         })
         return SimResult(jobs, tl, rd, summary)
+
+
+def deterministic_policy(policy: Any) -> None:
+    """Give ``policy``'s solver a deterministic budget where it has a round config (the
+    optimising policies); the heuristics are deterministic already, and the baselines
+    with an ILP of their own (Sia's) solve it to optimality well inside their limit."""
+    from apportion.round import RoundConfig
+
+    cfg = getattr(policy, "cfg", None)
+    if isinstance(cfg, RoundConfig):
+        if cfg.isolate or cfg.partitions > 1 or cfg.engine != "local":
+            raise ValueError(f"policy {getattr(policy, 'name', policy)!r} solves in a child "
+                             "process or on an engine: a deterministic budget cannot apply")
+        cfg.deterministic = True
 
 
 def simulate(cluster: Cluster, trace: Trace, policy: Any, truth: Any,

@@ -52,7 +52,7 @@ class SolveResult:
         return abs(self.bound - self.objective) / max(1.0, abs(self.objective))
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "backend": self.backend,
             "status": self.status.value,
             "objective": self.objective,
@@ -61,6 +61,12 @@ class SolveResult:
             "wall_s": round(self.wall_s, 6),
             "message": self.message,
         }
+        # a deterministic budget's accounting (solvers.chain): the work used, and whether
+        # the clock (its safety stop) cut the backend short
+        for key in ("work_s", "time_limited"):
+            if key in self.extra:
+                out[key] = self.extra[key]
+        return out
 
 
 def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> float | None:
@@ -71,6 +77,16 @@ def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> flo
     diff = bound - best.objective if sense == "max" else best.objective - bound
     return max(0.0, diff) / max(1.0, abs(best.objective))
 
+
+# A deterministic budget (``solve_chain(work_s=...)``, ``RoundConfig.deterministic``) counts
+# a backend's work, not the clock, so a replay repeats exactly on any machine and under any
+# load. HiGHS's unit of work is one of its MIP interrupt callbacks times the model's columns
+# (callbacks come at fixed points of its single-threaded search; one costs about as much as
+# the model is wide). WORK_PER_S converts a budget in seconds into units: measured on this
+# project's 2-core machine over the HiGHS runs of Philly day 1 and day 4 replays (1,300 to
+# 70,000 columns), 0.9-2.7e5 units per second, about 2e5 typically. A backend told a
+# ``work_s`` reports what it used in ``extra["work_s"]`` (seconds of that nominal rate).
+WORK_PER_S = 2.0e5
 
 # Every solver backend by name, once: the chain builds them in-process and the isolation
 # layer in a child process, both from this table ("module:Class", imported when used).

@@ -48,6 +48,12 @@ The budget is split so the chain answers well when time is short:
   ran HiGHS to the end of the budget, 54 % of the replay's wall; in 60 % of
   them HiGHS never improved on LP rounding's answer.
 
+A **deterministic budget** (``work_s``): each backend is told its share of a work budget
+in nominal seconds (``base.WORK_PER_S``) and the chain deducts what each reports using, so
+neither the shares nor when HiGHS stops depend on the clock, and a replay repeats exactly
+on any machine under any load; ``budget_s`` then is only a safety stop, and an answer it
+cut short says so (``extra["time_limited"]``). It runs the backends in this process.
+
 Isolated backends (:class:`~apportion.solvers.isolation.IsolatedBackend`) run
 in one child process for the whole chain (started early by the caller if it
 likes, so its imports overlap the round's candidates), which streams each
@@ -188,14 +194,20 @@ def _hint_answer(model: LinearModel) -> SolveResult | None:
 
 
 def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float,
-                gap: float = MIP_REL_GAP) -> Iterator[SolveResult]:
-    """Each backend in turn in this process, with its share of what is left."""
+                gap: float = MIP_REL_GAP, work_s: float | None = None
+                ) -> Iterator[SolveResult]:
+    """Each backend in turn in this process, with its share of what is left (of the work
+    budget ``work_s`` when there is one, else of the time to ``deadline``)."""
     names = [b.name for b in backends]
     answered: set[str] = set()
     for i, be in enumerate(backends):
         for_chain(be, gap)
         left = deadline - time.perf_counter()
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
+        if work_s is not None and not why:
+            why = "no work budget left" if work_s <= 0.01 else None
+            if hasattr(be, "work_s"):
+                be.work_s = share(names, i, work_s)  # type: ignore[attr-defined]
         if why:
             yield SolveResult(be.name, Status.ERROR, message=why)
             continue
@@ -203,10 +215,13 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
             continue
         try:
-            res = be.solve(model, share(names, i, left))
+            res = be.solve(model, left if work_s is not None else share(names, i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")
+        if work_s is not None:
+            # a backend that cannot count its work (none of ours) is charged its share
+            work_s -= float(res.extra.get("work_s", share(names, i, work_s)))
         if res.x is not None and res.status.has_solution:
             answered.add(be.name)
         yield res
@@ -215,9 +230,12 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
 def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float,
                 accept: Callable[[SolveResult], bool] | None = None,
                 gap: float = MIP_REL_GAP, child: Any = None,
-                meanwhile: Callable[[], Any] | None = None
+                meanwhile: Callable[[], Any] | None = None, work_s: float | None = None
                 ) -> tuple[SolveResult | None, list[SolveResult]]:
     """(best accepted result or None, every attempt in order).
+
+    ``work_s``: a deterministic budget (see the module docstring); ``budget_s`` is then a
+    safety stop only. Isolated backends cannot take one (their child runs on the clock).
 
     ``child``: a started :class:`~apportion.solvers.isolation.ChainChild` to run
     isolated backends in (one is started here if the backends are isolated and none is
@@ -233,6 +251,9 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
     bound: float | None = None
     attempts: list[SolveResult] = []
     isolated = bool(backends) and all(isinstance(b, IsolatedBackend) for b in backends)
+    if work_s is not None and any(isinstance(b, IsolatedBackend) for b in backends):
+        raise ValueError("a deterministic budget runs the backends in this process: "
+                         "isolated backends cannot take one")
     if isolated:
         child = child or ChainChild(grace_s=getattr(backends[0], "grace_s", None))
         stream: Iterator[SolveResult] = child.run(model, [b.inner for b in backends], deadline, gap)
@@ -240,7 +261,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
         if child is not None:
             child.close()
             child = None
-        stream = _in_process(model, backends, deadline, gap)
+        stream = _in_process(model, backends, deadline, gap, work_s)
     try:
         if meanwhile is not None:
             meanwhile()

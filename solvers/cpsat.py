@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,11 @@ def _finite(v: float) -> int:
 
 
 class CpSatBackend:
-    """Solve a pure-integer neutral model with CP-SAT."""
+    """Solve a pure-integer neutral model with CP-SAT.
+
+    ``work_s`` (a deterministic budget, set by a chain that has one): CP-SAT's own
+    deterministic time limit instead of seconds, on one worker (its parallel portfolio
+    does not repeat), the time limit only a safety stop."""
 
     name = "cp-sat"
 
@@ -50,6 +55,7 @@ class CpSatBackend:
         self.workers = workers
         self.objective_resolution = objective_resolution
         self.seed = seed
+        self.work_s: float | None = None
 
     def available(self) -> bool:
         try:
@@ -97,6 +103,9 @@ class CpSatBackend:
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
         solver.parameters.num_workers = self.workers
+        if self.work_s is not None:
+            solver.parameters.max_deterministic_time = max(0.01, float(self.work_s))
+            solver.parameters.num_workers = 1
         solver.parameters.random_seed = self.seed
         try:
             code = solver.Solve(m)
@@ -122,6 +131,9 @@ class CpSatBackend:
             if status is Status.OPTIMAL and objective is not None:
                 # The scaled optimum is exact up to rounding; report the true objective.
                 bound = objective if abs(bound - objective) <= len(iobj) / scale else bound
+        extra: dict[str, Any] = {"objective_scale": scale}
+        if self.work_s is not None:
+            extra["work_s"] = float(solver.deterministic_time)
+            extra["time_limited"] = wall >= float(time_limit_s)
         return SolveResult(self.name, status, x, objective, bound, wall,
-                           message=solver.StatusName(code),
-                           extra={"objective_scale": scale})
+                           message=solver.StatusName(code), extra=extra)

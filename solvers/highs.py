@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status, empty_model_result
+from apportion.solvers.base import WORK_PER_S, SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ class HighsBackend:
     improved for this share of the time limit (at least ``MIN_STALL_S``): a chain sets it,
     because in a budget-bound round the rest of HiGHS's share rarely buys a better answer
     (``solvers.chain``); None runs to the limit or the gap.
+
+    ``work_s`` (a deterministic budget, set by a chain that has one): the branch and bound
+    stops after this much work (``base.WORK_PER_S`` units a second) and its stall is
+    measured in work too, so the same model gets the same answer on every run; the time
+    limit is then only a safety stop (a run that reaches it says so). An LP has no such
+    limit: its simplex runs to its optimum (or the time limit).
     """
 
     name = "highs"
@@ -41,6 +47,7 @@ class HighsBackend:
         self.presolve = presolve  # "off" works around presolve reductions that lose optima
         self.reduced_costs = reduced_costs  # an LP's column duals in ``extra["reduced_costs"]``
         self.stall_share = stall_share
+        self.work_s: float | None = None
 
     def available(self) -> bool:
         try:
@@ -91,7 +98,7 @@ class HighsBackend:
             h.setSolution(sol)
         # the limit counts from the call: building the model above spent part of it
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s) - (time.perf_counter() - start)))
-        stalled = self._watch_stall(h, time_limit_s)
+        watch = self._watch(h, time_limit_s, n)
         try:
             h.run()
         except Exception as exc:  # a backend fault must not take the round down
@@ -107,6 +114,9 @@ class HighsBackend:
             ints = np.asarray(model.integer, bool)
             x[ints] = np.round(x[ints])
         extra: dict[str, np.ndarray] = {}
+        if self.work_s is not None:
+            extra["work_s"] = watch["work"] / WORK_PER_S
+            extra["time_limited"] = ms == highspy.HighsModelStatus.kTimeLimit
         if self.reduced_costs and x is not None and not any(model.integer):
             extra["reduced_costs"] = np.asarray(h.getSolution().col_dual, float)
         if ms == highspy.HighsModelStatus.kOptimal and x is not None:
@@ -127,33 +137,53 @@ class HighsBackend:
             bound = objective
         if status is Status.OPTIMAL and bound is None:
             bound = objective
-        if stalled:
-            status_name += f" (stopped: no better answer for {stalled[0]:.2f} s)"
+        if watch["stalled"] is not None:
+            status_name += f" (stopped: no better answer for {watch['stalled']:.2f} s)"
+        elif watch["capped"]:
+            status_name += f" (stopped: its work budget of {self.work_s:.2f} s was spent)"
         return SolveResult(self.name, status, x, objective, bound, wall, message=status_name,
                            extra=extra)
 
-    def _watch_stall(self, h: Any, time_limit_s: float) -> list[float]:
-        """Interrupt ``h`` once its incumbent stalls (``stall_share``); the returned list
-        holds the stall's length once it did."""
-        stalled: list[float] = []
-        if self.stall_share is None:
-            return stalled
-        window = max(MIN_STALL_S, self.stall_share * float(time_limit_s))
-        last = [time.perf_counter()]
+    def _watch(self, h: Any, time_limit_s: float, columns: int) -> dict[str, Any]:
+        """Interrupt ``h`` once its incumbent stalls (``stall_share``) or, with ``work_s``,
+        once its work is spent; the returned dict says how far it got: ``work`` (units),
+        ``stalled`` (the stall's length in seconds, nominal ones with ``work_s``; None) and
+        ``capped`` (the work budget stopped it)."""
+        state: dict[str, Any] = {"work": 0.0, "stalled": None, "capped": False}
+        det = self.work_s is not None
+        if self.stall_share is None and not det:
+            return state
+        # the clock of a deterministic budget is its work: both the cap and the stall
+        if det:
+            assert self.work_s is not None
+            cap = self.work_s * WORK_PER_S
+            window = math.inf if self.stall_share is None else \
+                max(MIN_STALL_S, self.stall_share * self.work_s) * WORK_PER_S
+        else:
+            cap = math.inf
+            window = max(MIN_STALL_S, (self.stall_share or 0.0) * float(time_limit_s))
+        last = [0.0 if det else time.perf_counter()]
+
+        def clock() -> float:
+            return state["work"] if det else time.perf_counter()
 
         def improved(_event: Any) -> None:
-            last[0] = time.perf_counter()
+            last[0] = clock()
 
         def interrupt(event: Any) -> None:
-            idle = time.perf_counter() - last[0]
-            if idle > window:
+            state["work"] += columns
+            idle = clock() - last[0]
+            if state["work"] >= cap:
                 event.data_in.user_interrupt = True
-                if not stalled:
-                    stalled.append(idle)
+                state["capped"] = True
+            elif idle > window:
+                event.data_in.user_interrupt = True
+                if state["stalled"] is None:
+                    state["stalled"] = idle / WORK_PER_S if det else idle
 
         try:
             h.cbMipImprovingSolution.subscribe(improved)
             h.cbMipInterrupt.subscribe(interrupt)
         except AttributeError:  # a highspy without the callback API: run to the limit
             log.info("this highspy has no MIP callbacks: HiGHS runs to its limit")
-        return stalled
+        return state

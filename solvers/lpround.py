@@ -27,6 +27,10 @@ where the restricted MIP took 0.4 s to reach 0.0006 %. In a chain
 filled point within that tolerance is the answer: the chain would stop at it
 anyway, so the restricted MIP is not run.
 
+With a deterministic budget (``work_s``, set by a chain that has one) the relaxation runs
+to its optimum and the restricted MIP gets the backend's work (``highs.HighsBackend``), so
+the answer does not depend on the clock; the time limit is only a safety stop.
+
 The relaxation's optimum is a valid bound, so the answer comes with an honest
 gap. The result is checked against the model anyway and refused (status
 ``error``) if a row of another shape broke, so the chain moves on.
@@ -55,6 +59,7 @@ class LpRoundBackend:
         self.neighbourhood = neighbourhood  # False: round down only
         # within this of the LP bound the filled point is final (None: always the MIP)
         self.mip_rel_gap = mip_rel_gap
+        self.work_s: float | None = None  # a deterministic budget (see the module docstring)
 
     def available(self) -> bool:
         return HighsBackend().available()
@@ -65,6 +70,8 @@ class LpRoundBackend:
         relaxed.integer = [False] * model.num_vars
         relaxed.hint = {}
         lp = HighsBackend(reduced_costs=self.neighbourhood).solve(relaxed, time_limit_s)
+        work: dict[str, float | bool] = {} if self.work_s is None else \
+            {"work_s": 0.0, "time_limited": lp.message == "Time limit reached"}
         if lp.x is None or lp.status is not Status.OPTIMAL:
             return SolveResult(self.name, Status.ERROR, wall_s=time.perf_counter() - start,
                                message=f"LP relaxation: {lp.status.value} ({lp.message})")
@@ -78,7 +85,8 @@ class LpRoundBackend:
             how += f", {added} columns filled" if added else ""
         left = time_limit_s - (time.perf_counter() - start)
         if self.neighbourhood and frac.any() and left > 0.01 and not self._close(model, x, lp):
-            res = self._neighbourhood(model, x_lp, ints, lp.extra.get("reduced_costs"), x, left)
+            res = self._neighbourhood(model, x_lp, ints, lp.extra.get("reduced_costs"), x, left,
+                                      work)
             if res is not None and (x is None or _gain(model, res, x) > 1e-9):
                 x, added = fill(model, res, self.tol)
                 how = f"{int(frac.sum())} fractional columns; restricted MIP" + \
@@ -92,7 +100,7 @@ class LpRoundBackend:
         return SolveResult(self.name, Status.OPTIMAL if proven else Status.FEASIBLE, x, obj,
                            lp.objective,
                            time.perf_counter() - start,
-                           message=f"LP bound {lp.objective:.6g}; {how}")
+                           message=f"LP bound {lp.objective:.6g}; {how}", extra=dict(work))
 
     def _close(self, model: LinearModel, x: np.ndarray | None, lp: SolveResult) -> bool:
         """Whether ``x`` is within ``mip_rel_gap`` of the LP bound (a chain's final answer)."""
@@ -117,9 +125,10 @@ class LpRoundBackend:
         return x if model.is_feasible(x) else None
 
     def _neighbourhood(self, model: LinearModel, x_lp: np.ndarray, ints: np.ndarray,
-                       reduced: np.ndarray | None, start_x: np.ndarray | None, limit_s: float
-                       ) -> np.ndarray | None:
-        """The MIP over the LP's support and its nearest columns (None: no better answer)."""
+                       reduced: np.ndarray | None, start_x: np.ndarray | None, limit_s: float,
+                       work: dict[str, float | bool]) -> np.ndarray | None:
+        """The MIP over the LP's support and its nearest columns (None: no better answer);
+        with a deterministic budget it adds what it used to ``work``."""
         keep = ints & (x_lp > self.tol)
         rest = np.flatnonzero(ints & ~keep)
         if reduced is not None and len(rest):
@@ -133,8 +142,13 @@ class LpRoundBackend:
         # HiGHS's presolve does not watch the clock on very large models (solvers.chain)
         from apportion.solvers.chain import LARGE_MODEL_COLUMNS
 
-        res = HighsBackend(presolve="off" if model.num_vars > LARGE_MODEL_COLUMNS else "choose"
-                           ).solve(sub, limit_s)
+        mip = HighsBackend(presolve="off" if model.num_vars > LARGE_MODEL_COLUMNS else "choose")
+        mip.work_s = self.work_s
+        res = mip.solve(sub, limit_s)
+        if self.work_s is not None:
+            work["work_s"] = float(work["work_s"]) + float(res.extra.get("work_s", 0.0))
+            work["time_limited"] = bool(work["time_limited"]) or \
+                bool(res.extra.get("time_limited"))
         if res.x is None or not res.status.has_solution or not model.is_feasible(res.x):
             return None
         return np.asarray(res.x, float)

@@ -36,7 +36,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                no_scaling: bool = False, no_hetero: bool = False,
                stage_counts: str | None = None, resolve_every: int | None = 12,
                estimator: Any = None, name: str | None = None,
-               mip_gap: float | None = None, **objective: Any) -> FormulationPolicy:
+               mip_gap: float | None = None, deterministic: bool | None = None,
+               **objective: Any) -> FormulationPolicy:
     """A formulation policy from a driver's config and the registry's fixed options.
 
     ``objective``: :class:`CandidateOptions` fields (``objective``, ``place_bonus``,
@@ -55,6 +56,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         cfg.search_depth = search_depth
     if mip_gap is not None:
         cfg.mip_gap = mip_gap
+    if deterministic is not None:
+        cfg.deterministic = deterministic
     if max_changes is not None:
         cfg.max_changes = max_changes
     if estimator is not None:
