@@ -215,7 +215,10 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
             continue
         try:
-            res = be.solve(model, left if work_s is not None else share(names, i, left))
+            # with a work budget the clock is a safety stop, but a backend that cannot
+            # count its work (SCIP) keeps its share of the time
+            counted = work_s is not None and hasattr(be, "work_s")
+            res = be.solve(model, left if counted else share(names, i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")

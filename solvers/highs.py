@@ -113,7 +113,7 @@ class HighsBackend:
             x = np.asarray(h.getSolution().col_value, float)
             ints = np.asarray(model.integer, bool)
             x[ints] = np.round(x[ints])
-        extra: dict[str, np.ndarray] = {}
+        extra: dict[str, Any] = {}
         if self.work_s is not None:
             extra["work_s"] = watch["work"] / WORK_PER_S
             extra["time_limited"] = ms == highspy.HighsModelStatus.kTimeLimit

@@ -7,7 +7,8 @@ per-job table) and ``OUT.alloc.pkl`` (per round: time, job -> (GPU type, GPUs), 
 jobs); then prints the allocation history of the jobs named, or of the most moved ones.
 
     python experiments/results/quality/alloc_log.py TRACE CLUSTER POLICY SEED OUT \\
-        [--information oracle] [--options '{"round_excess": 0.0}'] [--jobs ID ...]
+        [--information oracle] [--options '{"round_excess": 0.0}'] [--deterministic]
+        [--jobs ID ...]
     python experiments/results/quality/alloc_log.py --history OUT [--jobs ID ...]
 """
 
@@ -24,7 +25,7 @@ Log = list[tuple[float, dict[str, tuple[str, int]], int]]
 
 
 def replay(trace: str, cluster: str, policy: str, seed: int, out: str, information: str,
-           options: dict[str, Any]) -> dict[str, float]:
+           options: dict[str, Any], deterministic: bool = False) -> dict[str, float]:
     """Run one replay, logging each round's allocations; returns the replay's summary."""
     from apportion.experiments import harness as h
     from apportion.experiments.policies import make_policy
@@ -32,7 +33,8 @@ def replay(trace: str, cluster: str, policy: str, seed: int, out: str, informati
 
     cl = h.cluster_from_arg(cluster)
     jobs, truth = h.resolve(trace, cl, seed)
-    cfg = replace(h.PROFILES["default"], seed=seed, information=information)
+    cfg = replace(h.PROFILES["default"], seed=seed, information=information,
+                  deterministic=deterministic)
     log: Log = []
 
     class Logged(Simulator):
@@ -78,6 +80,8 @@ def main() -> None:
     ap.add_argument("args", nargs="*", help="TRACE CLUSTER POLICY SEED OUT")
     ap.add_argument("--information", default="estimated", choices=["estimated", "oracle"])
     ap.add_argument("--options", default="{}", help="policy options, JSON")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="the solver's budget in work, not seconds (a replay repeats)")
     ap.add_argument("--history", metavar="OUT", help="print the histories of OUT.alloc.pkl")
     ap.add_argument("--jobs", nargs="*", default=None)
     a = ap.parse_args()
@@ -88,7 +92,7 @@ def main() -> None:
             ap.error("TRACE CLUSTER POLICY SEED OUT are needed without --history")
         trace, cluster, policy, seed, out = a.args
         print(replay(trace, cluster, policy, int(seed), out, a.information,
-                     json.loads(a.options)))
+                     json.loads(a.options), a.deterministic))
     with open(out + ".alloc.pkl", "rb") as f:
         log: Log = pickle.load(f)
     for j, seq in history(log, a.jobs).items():
