@@ -223,7 +223,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")
         if work_s is not None:
-            # a backend that cannot count its work (none of ours) is charged its share
+            # a backend that cannot count its work (SCIP) is charged its share
             work_s -= float(res.extra.get("work_s", share(names, i, work_s)))
         if res.x is not None and res.status.has_solution:
             answered.add(be.name)

@@ -74,7 +74,8 @@ class LpRoundBackend:
             {"work_s": 0.0, "time_limited": lp.message == "Time limit reached"}
         if lp.x is None or lp.status is not Status.OPTIMAL:
             return SolveResult(self.name, Status.ERROR, wall_s=time.perf_counter() - start,
-                               message=f"LP relaxation: {lp.status.value} ({lp.message})")
+                               message=f"LP relaxation: {lp.status.value} ({lp.message})",
+                               extra=dict(work))
         x_lp = np.asarray(lp.x, float)
         ints = np.asarray(model.integer, bool)
         frac = ints & (np.abs(x_lp - np.round(x_lp)) > self.tol)
