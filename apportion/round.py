@@ -324,10 +324,8 @@ class FormulationPolicy:
         if self.cfg.formulation not in ("cells", "plans", "deadline"):
             raise ValueError(f"unknown formulation {self.cfg.formulation!r}; choose cells, plans "
                              "or deadline (gavel is the Gavel policy)")
-        if self.cfg.deterministic and (self.cfg.isolate or self.cfg.partitions > 1
-                                       or self.cfg.engine != "local"):
-            raise ValueError("a deterministic budget solves in this process: it cannot be "
-                             "combined with isolate, partitions or an engine")
+        if self.cfg.deterministic:
+            check_deterministic(self.cfg)
         default = {"cells": "apportion", "plans": "apportion-plans",
                    "deadline": "apportion-deadline"}[self.cfg.formulation]
         if self.cfg.backend == "greedy" and self.cfg.formulation == "cells":
@@ -724,6 +722,14 @@ def answer_reserve(variables: int) -> float:
     the answer, the report, writing the decision (measured on the cell model: about 15 µs
     per variable on this project's 2-core machine, plus a fixed 50 ms)."""
     return 0.05 + 15e-6 * variables
+
+
+def check_deterministic(cfg: RoundConfig) -> None:
+    """Refuse a deterministic budget where the solve leaves this process (an isolated
+    chain, a partitioned solve, an engine): their children run on the clock."""
+    if cfg.isolate or cfg.partitions > 1 or cfg.engine != "local":
+        raise ValueError("a deterministic budget solves in this process: it cannot be "
+                         "combined with isolate, partitions or an engine")
 
 
 # a deterministic round's safety stop, in multiples of its budget: the work budget is a

@@ -426,13 +426,11 @@ def deterministic_policy(policy: Any) -> None:
     """Give ``policy``'s solver a deterministic budget where it has a round config (the
     optimising policies); the heuristics are deterministic already, and the baselines
     with an ILP of their own (Sia's) solve it to optimality well inside their limit."""
-    from apportion.round import RoundConfig
+    from apportion.round import RoundConfig, check_deterministic
 
     cfg = getattr(policy, "cfg", None)
     if isinstance(cfg, RoundConfig):
-        if cfg.isolate or cfg.partitions > 1 or cfg.engine != "local":
-            raise ValueError(f"policy {getattr(policy, 'name', policy)!r} solves in a child "
-                             "process or on an engine: a deterministic budget cannot apply")
+        check_deterministic(cfg)
         cfg.deterministic = True
 
 
