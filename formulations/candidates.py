@@ -21,7 +21,7 @@ option (:func:`apportion.formulations.objectives.reference_throughput`; default
 ``least-efficient``, Sia's; ``requested`` is its best estimated throughput with
 its requested N GPUs of its requested type, Gavel's and Crius's);
 ``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
-jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.1; Crius's
+jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.2; Crius's
 0.3 in crius-greedy) is added to a running job's present cell: changing or
 preempting a running job costs that much normalised throughput; moving it to
 another cell also loses the restart time, spread over the time the move pays
@@ -69,7 +69,10 @@ class CandidateOptions:
     max_stages: int = 16
     queue_weight: float = 0.25
     starvation_s: float = 4 * 3600.0
-    keep_bonus: float = 0.1
+    # 0.2 from session 22 (0.1 from session 4): replayed deterministically on every Crius
+    # row, it wins Philly day 4 estimated and keeps every other row's standing; 0.05 was
+    # worse (experiments/results/quality, sessions 21-22)
+    keep_bonus: float = 0.2
     # apportion's default objective (experiments/results/quality/README.md: tuned on
     # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
     # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
