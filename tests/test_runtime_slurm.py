@@ -191,20 +191,26 @@ def test_cluster_import_from_live_slurm(slurm: LocalSlurm, tmp_path: Path) -> No
 
 def test_run_trains_user_jobs_through_a_killed_scheduler_and_a_resize(slurm: LocalSlurm,
                                                                       tmp_path: Path) -> None:
-    """a and x take both GPU types; `apportion run` is killed (SIGKILL) while they train; b is
-    submitted; the restarted run adopts a and x from Slurm (no second launch), and its first
-    round shrinks one of them to make room for b: TERM, checkpoint, resubmit, resume."""
+    """a and x take both GPU types, two GPUs each (every GPU); `apportion run` is killed
+    (SIGKILL) while they train; b is submitted; the restarted run adopts a and x from Slurm
+    (no second launch), and one of them is shrunk to make room for b: TERM, checkpoint,
+    resubmit, resume on one GPU. (With 1-GPU requests a and x left two GPUs idle, b took
+    them, and whether a job moved at all was the objective's close call: its keep bonus.)"""
     pytest.importorskip("torch")
     (tmp_path / "train.py").write_text(TRAIN)
     assert _cli("cluster", "import", "--from", "slurm", "--out", "c.yaml",
                 cwd=tmp_path).returncode == 0
     iters = {"a": 80, "x": 80, "b": 15}
+    gpus = {"a": 2, "x": 2, "b": 1}
+    # a model whose estimate gains from a second GPU (gpt-tiny's does not: two GPUs only add
+    # its all-reduce), so a and x are placed on both GPU types and b needs one of theirs
+    spec = {"a": ("bert-336m", 64), "x": ("bert-336m", 64), "b": ("gpt-tiny", 8)}
     pace = tmp_path / "pace"
     pace.write_text("0.3")  # slow until the resize is seen: a and x are still running then
 
     def job(jid: str) -> dict[str, Any]:
-        return {"id": jid, "model": "gpt-tiny", "global_batch_size": 8,
-                "iterations": iters[jid], "requested_gpus": 1,
+        return {"id": jid, "model": spec[jid][0], "global_batch_size": spec[jid][1],
+                "iterations": iters[jid], "requested_gpus": gpus[jid],
                 "workload": {"kind": "torchrun", "command": [sys.executable,
                                                              str(tmp_path / "train.py")],
                              "env": {"PACE_FILE": str(pace)}}}
@@ -259,14 +265,19 @@ def test_run_trains_user_jobs_through_a_killed_scheduler_and_a_resize(slurm: Loc
     acts = [(a["job"], a["action"]) for r in rounds for a in r.get("actions", [])]
     moved = {j for j, act in acts if act in ("resize", "migrate") and j in "ax"}
     assert moved, acts
+    relaunched = set()
     for jid in moved:  # resumed from its checkpoint on a new world size, no step lost or repeated
         lines = _lines(progress[jid])
         assert [ln["iteration"] for ln in lines] == list(range(1, iters[jid] + 1)), lines
+        if len({ln["launch"] for ln in lines}) == 1:
+            continue  # it took its last step before the move reached it: nothing to resume
+        relaunched.add(jid)
         resumed = [ln for ln in lines if ln["resumed_from"] > 0]
         assert resumed and resumed[0]["iteration"] == resumed[0]["resumed_from"] + 1
         # a resize relaunches on another world size or plan (a new TP degree is a resize too)
         changed = (resumed[0]["world"], resumed[0]["plan"]) != (lines[0]["world"], lines[0]["plan"])
         assert changed or (jid, "migrate") in acts, (resumed[0], lines[0], acts)
+    assert relaunched, acts  # the shrink that made room for b at least
     # every rank of every launch got the contract's variables, MASTER_ADDR the first node's
     for jid in "abx":
         ranks = _lines(runs / job_dirname(jid) / "checkpoint" / "ranks.jsonl")
