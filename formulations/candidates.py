@@ -145,6 +145,14 @@ class CandidateOptions:
     # the share that kept its LP from answering in the budget (Philly day 1's burst fell
     # back to the greedy; session 15). True keeps them in every round.
     scale_up_when_full: bool = False
+    # objective "jct-aware": speed beyond the reference rate counted in shares of the
+    # job's fastest cell (its own JCT seconds per round), but the tail's, which keep
+    # reference multiples (see formulations/objectives.py). From session 23: a job its fast
+    # type sped up 9x was held there while one losing 44 % of its round was demoted
+    # (crius-pai oracle's one lost average); replayed on every Crius row
+    # (experiments/results/quality). ``best`` for every job lost day 13's p99
+    speed_unit: str = "best-outside-tail"
+    speed_scale: float | None = None  # None: the round's median span (objectives.py)
 
     def __post_init__(self) -> None:
         # the objective's knobs are checked where they are configured (ObjectiveOptions'
@@ -163,7 +171,8 @@ class CandidateOptions:
                                 tail_share=self.tail_share, tail_margin=self.tail_margin,
                                 round_excess=self.round_excess,
                                 tail_quantile=self.tail_quantile,
-                                tail_pin=self.tail_pin, tail_pin_top=self.tail_pin_top)
+                                tail_pin=self.tail_pin, tail_pin_top=self.tail_pin_top,
+                                speed_unit=self.speed_unit, speed_scale=self.speed_scale)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

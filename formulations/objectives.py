@@ -61,7 +61,22 @@ normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
   job; holding the two or three far longer ones lowers no p99, and on Philly day 7 it kept
   the 2nd longest job on a type its estimate rated faster than the one it was moved to (in
   truth slower), 18,000 s longer. apportion's default is the band q = 0.015, q' = 0.0075
-  (``CandidateOptions``; session 20: day 13's p99 won in both modes).
+  (``CandidateOptions``; session 20: day 13's p99 won in both modes). With
+  ``speed_unit="best"`` speed beyond the reference rate is counted in shares of the job's
+  fastest candidate cell, not in multiples of its reference:
+  ``max(0, n_c - 1) * v_j * s / n_best_j``, s the median of ``n_best`` over the round's
+  jobs (``speed_scale`` fixes it). The reference is a slow base (least-efficient GPUs),
+  so a job that its fast type speeds up 9x had its speed counted 9x while a round on a
+  slower type costs it a smaller share of its progress than a 3x job loses there: in
+  multiples it was held on A100 where a round on V100 cost it 17 % of the round and the
+  shorter job demoted instead lost 44 % (crius-pai, session 22). Counted in shares of its
+  best, a cell's speed is the job's own JCT seconds per round (a share of the way from the
+  reference to the best, ``n_best - 1``, inflated the jobs no cell speeds up much and
+  lost crius-venus oracle's average; session 23). ``"best-outside-tail"`` (the
+  default in ``CandidateOptions``, session 23) does this for every job but the tail's
+  (``tail_share``, ``tail_quantile``), whose speed stays in reference multiples: their
+  protection was measured in those units, and counted in shares the long jobs that set
+  a day's p99 were demoted more (Philly day 13).
 
 Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
 default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
@@ -97,6 +112,7 @@ from apportion.jobs import JobSpec
 
 OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
+SPEED_UNITS = ("reference", "best", "best-outside-tail")
 
 
 @dataclass(frozen=True)
@@ -136,8 +152,19 @@ class ObjectiveOptions:
     # jct-aware: a running job at or above the (1 - q) quantile of the memory is past the
     # pin: far beyond the p99, holding it lowers no p99 and costs the average (None: none)
     tail_pin_top: float | None = None
+    # jct-aware: the unit of speed beyond the reference rate (SPEED_UNITS: ``reference``
+    # multiples of it, ``best`` shares of the job's fastest cell for every job,
+    # ``best-outside-tail`` for every job but the tail's) and the scale of a share (None:
+    # the median over the round's jobs of their fastest cell's multiple of the reference)
+    speed_unit: str = "reference"
+    speed_scale: float | None = None
 
     def __post_init__(self) -> None:
+        if self.speed_unit not in SPEED_UNITS:
+            raise ValueError(f"unknown speed_unit {self.speed_unit!r}; "
+                             f"choose {', '.join(SPEED_UNITS)}")
+        if self.speed_scale is not None and not self.speed_scale > 0.0:
+            raise ValueError(f"speed_scale must be positive (or None), not {self.speed_scale!r}")
         # the pinned band is checked where it is configured, not first in a round
         if self.tail_pin_top is not None and not 0.0 < self.tail_pin_top < (self.tail_pin
                                                                             or 1.0):
@@ -162,7 +189,8 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         cap = js.get("cap")
         if cap is not None and n > cap:
             n = cap + stats["round_excess"] * (n - cap)
-        return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"]
+        return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"] * \
+            js["speed_unit"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
@@ -253,6 +281,22 @@ def trace_tail(projected: Mapping[str, float], quantile: float | None,
     return {j for j, v in projected.items() if v >= floor}
 
 
+def speed_units(per_job: Mapping[str, Mapping[str, float]], fastest: Mapping[str, float],
+                opt: ObjectiveOptions, tail: Collection[str] = ()) -> dict[str, float]:
+    """Each job's factor on its speed beyond the reference rate (``speed_unit``; 1 for
+    ``reference`` and for the tail under ``best-outside-tail``): ``s / n_best_j``, so a
+    share of its fastest cell's speed, a share of its round in JCT seconds, counts the
+    same for every job."""
+    if opt.speed_unit == "reference":
+        return {}
+    best = {j: fastest[j] / v["ref"] for j, v in per_job.items() if fastest.get(j)}
+    if not best:
+        return {}
+    scale = opt.speed_scale if opt.speed_scale is not None else median(best.values())
+    keep = set(tail) if opt.speed_unit == "best-outside-tail" else set()
+    return {j: scale / v for j, v in best.items() if j not in keep}
+
+
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                     options: ObjectiveOptions | None = None,
                     seen: MutableMapping[str, float] | None = None) -> None:
@@ -314,6 +358,10 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jd["projected_jct_s"] = projected[j]
         jd["tail"] = j in tail
         jd["pinned"] = j in pinned and bool(v["running"])
+    units = speed_units(per_job, fastest, opt, tail) if opt.kind == "jct-aware" else {}
+    for j, v in per_job.items():
+        v["speed_unit"] = units.get(j, 1.0)
+        g.nodes[job_node(j)]["speed_unit"] = v["speed_unit"]
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values()),
@@ -342,7 +390,9 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "round_excess": opt.round_excess,
                             "tail_quantile": opt.tail_quantile,
                             "tail_pin": opt.tail_pin,
-                            "tail_pin_top": opt.tail_pin_top}
+                            "tail_pin_top": opt.tail_pin_top,
+                            "speed_unit": opt.speed_unit,
+                            "speed_scale": opt.speed_scale}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import networkx as nx
 import numpy as np
 import pytest
 from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import CandidateOptions, build_candidates
-from apportion.formulations.objectives import jct_weights
+from apportion.formulations.objectives import ObjectiveOptions, apply_objective, jct_weights
 from apportion.formulations.schema import cells_of, job_node
 from apportion.solvers.validator import validate
 from hypothesis import given, settings
@@ -146,6 +147,9 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         # and the pinned band of the trace's tail (session 20), the cells' alone
         assert (obj.get("tail_pin"), obj.get("tail_pin_top")) == (
             (0.015, 0.0075) if formulation == "cells" else (None, None))
+        # and speed in shares of each job's best cell (session 23), the cells' alone
+        assert obj["speed_unit"] == ("best-outside-tail" if formulation == "cells"
+                                     else "reference")
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
@@ -168,7 +172,9 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
        margin=st.sampled_from([0.0, 0.5]), excess=st.sampled_from([None, 0.0, 0.25, 1.0]),
        quantile=st.sampled_from([None, 0.02, 0.5]), pin=st.sampled_from([None, 0.02, 0.5]),
        top=st.sampled_from([None, 0.01, 0.25]),
-       history=st.lists(st.floats(100.0, 1e6), max_size=6))
+       history=st.lists(st.floats(100.0, 1e6), max_size=6),
+       unit=st.sampled_from(["reference", "best", "best-outside-tail"]),
+       scale=st.sampled_from([None, 0.5, 3.0]))
 def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bool]], kind: str,
                                                    bonus: float, normalize: str,
                                                    horizon_kind: str,
@@ -176,8 +182,9 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                                                    tail_share: float | None, margin: float,
                                                    excess: float | None, quantile: float | None,
                                                    pin: float | None, top: float | None,
-                                                   history: list[float]) -> None:
-    """value = min(n', 1) * w + max(0, n' - 1) * v + place_bonus + bonus [+ keep * v | - term
+                                                   history: list[float], unit: str,
+                                                   scale: float | None) -> None:
+    """value = min(n', 1) * w + max(0, n' - 1) * v * u + place_bonus + bonus [+ keep * v | - term
     * lost] (v = w without speed bounds; the top speed bound for the ceil(tail_share x n) jobs
     of largest projected JCT, the wait since submission plus the soonest finish, and for
     running jobs within ``tail_margin`` of them, and for the jobs at or above the (1 -
@@ -185,7 +192,10 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
     the work left this round (rem / round_s) plus ``round_excess`` of the rest, w and v
     bounded, and a job that can finish sooner never weighs less; a running job at or above
     the (1 - ``tail_pin``) quantile, and below the (1 - ``tail_pin_top``) one, loses its
-    whole term on a cell slower than its own; the exact optimum validates."""
+    whole term on a cell slower than its own; u is 1 under ``speed_unit="reference"``, and
+    otherwise s / n_best, n_best the job's fastest cell's n and s ``speed_scale`` or the
+    median of the round's n_best, but 1 for the tail under ``best-outside-tail``; the exact
+    optimum validates."""
     if top is not None and pin is not None and top >= pin:
         top = None  # the band needs its top above its floor (tested apart)
     cl = Cluster("h", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A10", 4)])
@@ -201,7 +211,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
                             restart_horizon=horizon_kind, weight_bounds=(0.25, 4.0),
                             speed_bounds=speed_bounds, tail_share=tail_share,
                             tail_margin=margin, round_excess=excess, tail_quantile=quantile,
-                            tail_pin=pin, tail_pin_top=top)
+                            tail_pin=pin, tail_pin_top=top, speed_unit=unit,
+                            speed_scale=scale)
     seen = {f"gone{i}": v for i, v in enumerate(history)}  # jobs ranked in earlier rounds
     g = build_candidates(cl, specs, 100.0, options=opts, seen=seen)
     placed = [j.id for j in specs if cells_of(g, j.id)]
@@ -225,6 +236,12 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         if top:  # the jobs beyond the band are not held
             beyond = float(np.quantile(list(seen.values()), 1 - top))
             pinned = {j for j in pinned if projected[j] < beyond * (1 - 1e-12)}
+    best = {j: max(g.nodes[c]["est_throughput"] for c in cells_of(g, j))
+            / g.nodes[job_node(j)]["ref_throughput"] for j in placed}
+    s_unit = scale if scale is not None else (float(np.median(list(best.values())))
+                                              if best else 1.0)
+    units = {j: s_unit / best[j] if unit != "reference" and not (
+        unit == "best-outside-tail" and j in tail) else 1.0 for j in placed}
     weights = {j.id: g.nodes[job_node(j.id)].get("jct_weight") for j in specs}
     speeds = {j.id: g.nodes[job_node(j.id)].get("speed_weight") for j in specs}
     lo, hi = opts.weight_bounds
@@ -253,7 +270,8 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
             n = d["normalized"]
             if excess is not None and kind == "jct-aware" and n > rem / opts.round_s:
                 n = rem / opts.round_s + excess * (n - rem / opts.round_s)
-            term = min(n, 1.0) * w + max(0.0, n - 1.0) * v if kind == "jct-aware" else n
+            term = min(n, 1.0) * w + max(0.0, n - 1.0) * v * units[j.id] \
+                if kind == "jct-aware" else n
             want = term + bonus + d["bonus"]
             if d["current"]:
                 want += opts.keep_bonus * (v if kind == "jct-aware" else 1.0)
@@ -414,3 +432,56 @@ def test_the_pin_holds_the_band_that_sets_the_p99_not_the_jobs_beyond_it() -> No
             d = g.nodes[c]
             lost = d["value"] - (opts.place_bonus + d["bonus"])  # what the move keeps
             assert (lost == pytest.approx(0.0)) is pinned
+
+
+def _two_speedups(unit: str, tail_share: float | None = None) -> dict[str, float]:
+    """Each job's value lost on the slow type against the fast one, for two queued jobs whose
+    reference is a slow base: X runs 9x its reference on the fast type and 7.5x on the slow
+    one (a share 0.17 of its best lost), Y 3x and 1.7x (0.43 lost). Same
+    remaining time, so the same weights; the graph is the objective's input alone."""
+    g = nx.DiGraph()
+    jobs = [JobSpec(j, "bert-336m", 64, 1000, 4, submit_time_s=0.0) for j in ("X", "Y")]
+    speeds = {"X": {"fast": 9.0, "slow": 7.5}, "Y": {"fast": 3.0, "slow": 1.7}}
+    for j, cells in speeds.items():
+        ref = 64 * 1000 / 3600.0  # one hour at the reference: the same remaining time
+        g.add_node(job_node(j), kind="job", ref_throughput=ref)
+        for t, n in cells.items():
+            g.add_node(f"{j}:{t}", kind="cell", job=j, est_throughput=n * ref, normalized=n,
+                       current=False, bonus=0.0)
+            g.add_edge(job_node(j), f"{j}:{t}")
+    # equal soonest times need equal fastest speeds in the weight; so the weights are
+    # pinned alike by bounds [1, 1] and speed bounds [1.4, 1.4]
+    apply_objective(g, jobs, 0.0, ObjectiveOptions(kind="jct-aware", weight_bounds=(1.0, 1.0),
+                                                   speed_bounds=(1.4, 1.4), speed_unit=unit,
+                                                   tail_share=tail_share))
+    return {j: g.nodes[f"{j}:fast"]["value"] - g.nodes[f"{j}:slow"]["value"] for j in speeds}
+
+
+def test_speed_in_shares_of_the_best_cell_demotes_the_job_that_loses_less_of_its_round() -> None:
+    """In multiples of a slow reference, X's slow type costs it more (1.5 against 1.3: the
+    fast type goes to X); in shares of each job's best (``speed_unit="best"``), the slow
+    type costs X 0.17 of its round and Y 0.43, so Y keeps the fast type (the
+    crius-pai burst of session 22). Under ``best-outside-tail`` a tail job keeps reference
+    multiples."""
+    ref = _two_speedups("reference")
+    assert ref["X"] == pytest.approx(1.5 * 1.4) and ref["Y"] == pytest.approx(1.3 * 1.4)
+    best = _two_speedups("best")
+    scale = (9.0 + 3.0) / 2  # the median of the two jobs' n_best
+    assert best["X"] == pytest.approx(1.5 / 9.0 * scale * 1.4)
+    assert best["Y"] == pytest.approx(1.3 / 3.0 * scale * 1.4)
+    assert best["Y"] > best["X"]
+    assert _two_speedups("best-outside-tail") == pytest.approx(best)  # no tail: the same
+    # with a tail of one job, the one of larger projected JCT (Y: its best is 3x, not 9x),
+    # Y is counted in reference multiples and X in shares
+    tailed = _two_speedups("best-outside-tail", tail_share=0.5)
+    assert tailed["Y"] == pytest.approx(ref["Y"]) and tailed["X"] == pytest.approx(best["X"])
+
+
+def test_an_unknown_speed_unit_or_scale_is_refused_where_it_is_configured() -> None:
+    for bad in ({"speed_unit": "fastest"}, {"speed_scale": 0.0}, {"speed_scale": -1.0}):
+        with pytest.raises(ValueError, match="speed_unit|speed_scale"):
+            CandidateOptions(**bad)
+    cl, jobs = _scale_or_place()
+    g = build_candidates(cl, jobs, 600.0, options=CandidateOptions())
+    assert g.graph["objective"]["speed_unit"] == "best-outside-tail"
+    assert all(g.nodes[job_node(j.id)]["speed_unit"] > 0 for j in jobs)
