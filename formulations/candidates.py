@@ -152,7 +152,7 @@ class CandidateOptions:
     # (crius-pai oracle's one lost average); replayed on every Crius row
     # (experiments/results/quality). ``best`` for every job lost day 13's p99
     speed_unit: str = "best-outside-tail"
-    speed_scale: float | None = None  # None: the round's median span (objectives.py)
+    speed_scale: float | None = None  # None: the round's median n_best (objectives.py)
 
     def __post_init__(self) -> None:
         # the objective's knobs are checked where they are configured (ObjectiveOptions'
