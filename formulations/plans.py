@@ -313,6 +313,12 @@ class PlanOptions:
     # tail's extra speed is GPUs a waiting job does not get (session 14: MT oracle 0.548 h
     # against 0.531, SLAs kept 0.796 against 0.799; experiments/results/quality)
     tail_share: float | None = None
+    # speed beyond the reference rate in shares of each job's fastest plan, as the cells
+    # formulation's (taken by ``like``; session 23: Morphling's base and BP 4-6 % lower,
+    # MT oracle 5 %, SLAs kept the same; experiments/results/quality). With no tail share,
+    # ``best-outside-tail`` counts every job in shares
+    speed_unit: str = "reference"
+    speed_scale: float | None = None
 
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
@@ -330,12 +336,13 @@ class PlanOptions:
                                 speed_bounds=self.speed_bounds,
                                 amortize_s=self.amortize_s,
                                 restart_horizon=self.restart_horizon,
-                                tail_share=self.tail_share)
+                                tail_share=self.tail_share, speed_unit=self.speed_unit,
+                                speed_scale=self.speed_scale)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
                      "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "speed_bounds",
-                     "normalize", "amortize_s", "restart_horizon")
+                     "normalize", "amortize_s", "restart_horizon", "speed_unit", "speed_scale")
 
 
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:

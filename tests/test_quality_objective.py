@@ -147,9 +147,8 @@ def test_the_registered_policies_and_the_operator_path_share_the_objective() -> 
         # and the pinned band of the trace's tail (session 20), the cells' alone
         assert (obj.get("tail_pin"), obj.get("tail_pin_top")) == (
             (0.015, 0.0075) if formulation == "cells" else (None, None))
-        # and speed in shares of each job's best cell (session 23), the cells' alone
-        assert obj["speed_unit"] == ("best-outside-tail" if formulation == "cells"
-                                     else "reference")
+        # and speed in shares of each job's best cell (session 23), both formulations'
+        assert obj["speed_unit"] == default.speed_unit == "best-outside-tail"
         # the same objective, so the same trade: the long job starts beside the short one
         # rather than the short one growing to all 8 GPUs, its growth past the reference
         # rate weighted 1.4 (the speed bound), not 4; the plans formulation's finer counts
