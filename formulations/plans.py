@@ -314,7 +314,7 @@ class PlanOptions:
     # against 0.531, SLAs kept 0.796 against 0.799; experiments/results/quality)
     tail_share: float | None = None
     # speed beyond the reference rate in shares of each job's fastest plan, as the cells
-    # formulation's (taken by ``like``; session 23: Morphling's base and BP 4-6 % lower,
+    # formulation's (taken by ``like``; session 23: Morphling's base and BP 3.7-6.1 % lower,
     # MT oracle 5 %, SLAs kept the same; experiments/results/quality). With no tail share,
     # ``best-outside-tail`` counts every job in shares
     speed_unit: str = "reference"
