@@ -13,7 +13,8 @@ micro-batch and accumulation, the ZeRO stage and offload) and names it in
 ``deepspeed.initialize`` unchanged. Everything else is the contract:
 torchrun's variables, ``APPORTION_ITERATIONS``, ``APPORTION_CHECKPOINT_DIR``
 (DeepSpeed's own checkpoints, ``engine.save_checkpoint``; resumed with
-``engine.load_checkpoint``), ``APPORTION_PROGRESS_FILE`` (through
+``apportion.runtime.workers.checkpoint.load_deepspeed``, which loads tensors only),
+``APPORTION_PROGRESS_FILE`` (through
 ``apportion.runtime.workload.report_progress``), SIGTERM = checkpoint and exit
 0. On CPU it runs with gloo (``DS_ACCELERATOR=cpu`` is picked automatically
 without a GPU).
@@ -35,6 +36,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from apportion.runtime import workload
+from apportion.runtime.workers.checkpoint import load_deepspeed
 from torch import nn
 from torch.nn import functional as F
 
@@ -76,10 +78,11 @@ def main() -> int:
         saved = json.loads((ckdir / "apportion.json").read_text())
         zero = cfg["zero_optimization"]["stage"]
         same = saved.get("zero") == zero and (saved.get("dp") == dp or zero == 0)
-        _, client = engine.load_checkpoint(str(ckdir), load_optimizer_states=same,
-                                           load_lr_scheduler_states=same,
-                                           load_module_strict=True)
-        start = int((client or {}).get("iteration", 0))
+        # tensors only: DeepSpeed's own loader unpickles anything, and a file planted in
+        # the checkpoint folder would run as this job
+        loaded = load_deepspeed(engine, ckdir, load_optimizer_states=same,
+                                load_lr_scheduler_states=same, load_module_strict=True)
+        start = int(((loaded or (None, None))[1] or {}).get("iteration", 0))
 
     def save(it: int) -> None:
         engine.save_checkpoint(str(ckdir), client_state={"iteration": it})  # collective

@@ -52,6 +52,10 @@ ENV_CHECKPOINT_INTERVAL_S = "APPORTION_CHECKPOINT_INTERVAL_S"  # ... or every T 
 ENV_DEEPSPEED_CONFIG = "APPORTION_DEEPSPEED_CONFIG"  # kind deepspeed: DeepSpeed JSON for the plan
 ENV_GPU_TYPE = "APPORTION_GPU_TYPE"
 ENV_GLOBAL_BATCH = "APPORTION_GLOBAL_BATCH_SIZE"  # the job's constant global batch
+# every rank starts with torch's loads forced to weights only (a pickle planted in the
+# job's predictable checkpoint folder never runs); a user's own command that must load
+# pickled objects of its own sets it to "0" in its workload env
+ENV_TORCH_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 PROGRESS_FILE_NAME = "progress.jsonl"
 CHECKPOINT_DIR_NAME = "checkpoint"
 

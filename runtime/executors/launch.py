@@ -33,6 +33,7 @@ from apportion.runtime.workload import (
     ENV_DEEPSPEED_CONFIG,
     ENV_GPU_TYPE,
     ENV_PROGRESS_FILE,
+    ENV_TORCH_WEIGHTS_ONLY,
     PROGRESS_FILE_NAME,
     job_env,
     rank_env,
@@ -182,7 +183,8 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
                        checkpoint_dir=str(jobdir / CHECKPOINT_DIR_NAME),
                        progress_file=str(jobdir / PROGRESS_FILE_NAME), **train)
     world = alloc.plan.gpus
-    env = {"OMP_NUM_THREADS": str(threads), ENV_GPU_TYPE: alloc.gpu_type, **w.env,
+    env = {"OMP_NUM_THREADS": str(threads), ENV_GPU_TYPE: alloc.gpu_type,
+           ENV_TORCH_WEIGHTS_ONLY: "1", **w.env,
            **job_env(job.id, alloc.plan, job.iterations, jobdir, world, master_addr, master_port,
                      launch_id=launch_id, checkpoint_every=every,
                      checkpoint_interval_s=interval, global_batch_size=job.global_batch_size)}

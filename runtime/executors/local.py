@@ -214,9 +214,23 @@ def spawn(spec: LaunchSpec, env_base: dict[str, str] | None = None,
     """
     jobdir = prepare(spec)
     base = dict(env_base if env_base is not None else os.environ)
-    # `python` in a workload's command is the interpreter apportion runs under
-    base["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), base.get("PATH", "")])
-    procs = []
+    # `python` in a workload's command is the interpreter apportion runs under, whatever
+    # PATH the job sets (its own PATH follows it)
+    path = spec.env.get("PATH", base.get("PATH", ""))
+    base["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), path])
+    procs: list[Proc] = []
+    try:
+        _spawn_ranks(spec, jobdir, base, method, lock_fd, procs)
+    except BaseException:  # a rank that could not start: the ones that did go too
+        for p in procs:
+            p.kill()
+        wait_all(procs, 5.0)
+        raise
+    return procs
+
+
+def _spawn_ranks(spec: LaunchSpec, jobdir: Path, base: dict[str, str], method: str,
+                 lock_fd: int | None, procs: list[Proc]) -> None:
     own_command = spec.kind != "builtin" or method != "forkserver"
     for rank_env in spec.per_worker_env:
         r = rank_env["RANK"]
@@ -231,10 +245,9 @@ def spawn(spec: LaunchSpec, env_base: dict[str, str] | None = None,
             continue
         with open(log_path, "ab") as out, open(err_path, "ab") as err:
             procs.append(Proc(subprocess.Popen(
-                spec.command, env={**base, **env}, cwd=spec.cwd or str(jobdir), stdout=out,
-                stderr=err, stdin=subprocess.DEVNULL, start_new_session=True,
-                pass_fds=(lock_fd,) if lock_fd is not None else ())))
-    return procs
+                spec.command, env={**base, **env, "PATH": base["PATH"]},
+                cwd=spec.cwd or str(jobdir), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                start_new_session=True, pass_fds=(lock_fd,) if lock_fd is not None else ())))
 
 
 def stop(jobdir: Path, procs: list[Proc], timeout_s: float) -> bool:
@@ -464,9 +477,17 @@ class LocalExecutor:
             devices = self._devices(spec)
             try:
                 procs = spawn(spec, method=self.spawn_method, lock_fd=fd)
-            except Exception as exc:
-                self.launch_log.ended(lid, "failed", f"spawn failed: {exc}", ck_start)
-                raise
+            except Exception as exc:  # noqa: BLE001 - a missing binary, a bad env: this job's
+                # failure, reported by the next poll and counted by the fault policy
+                why = f"launch failed: {type(exc).__name__}: {exc}"[:2000]
+                self.launch_log.ended(lid, "failed", why, ck_start)
+                log.error("job %s: %s", job.id, why)
+                self.stopped[job.id] = _Run(job, alloc, [], jobdir, t0, time.time(),
+                                            launch_id=str(lid), checkpoint_start=ck_start,
+                                            health=Health.FAILED, error=why, action=action,
+                                            kind=spec.kind, closed=True,
+                                            history=prev.history if prev else [])
+                return Event(job.id, "failed", 0, alloc.gpu_type, why)
             self.launch_log.started(lid, [p.describe(r) for r, p in enumerate(procs)])
         finally:
             os.close(fd)  # the ranks hold the lock now
@@ -537,7 +558,14 @@ class LocalExecutor:
         if any(c == EXIT_FENCED for c in codes):
             run.health, run.error = Health.CHECKPOINTED, "fenced: a newer launch owns the folder"
         elif all(c == 0 for c in codes):
-            run.health = Health.FINISHED if done else Health.CHECKPOINTED
+            # exiting 0 short of the target unasked is a failure, so a workload that does
+            # it counts towards --max-retries instead of being relaunched for ever
+            run.health = Health.FINISHED if done else (
+                Health.CHECKPOINTED if run.stopping else Health.FAILED)
+            if run.health == Health.FAILED:
+                run.error = (f"the workload exited 0 at iteration {run.iterations_done} of "
+                             f"{run.job.iterations} without being asked to stop (it must train "
+                             "to APPORTION_ITERATIONS, or checkpoint and exit 0 on SIGTERM)")
         elif run.adopted and all(c in (0, EXIT_UNKNOWN) for c in codes):
             # an adopted group's exit status went to its new parent: judge by what it left
             last = run.view.last or {}

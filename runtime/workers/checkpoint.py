@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from apportion.runtime.workload import ENV_TORCH_WEIGHTS_ONLY
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -131,3 +133,92 @@ def read_json(path: str | Path) -> Any | None:
         return json.loads(p.read_text())
     except json.JSONDecodeError:  # cannot happen with atomic writes; be defensive with user files
         return None
+
+
+# -- checkpoints written by other engines: tensors only, never code ---------------------
+# torch reads ENV_TORCH_WEIGHTS_ONLY on every ``torch.load`` and then loads weights only,
+# whatever the caller passed: DeepSpeed's checkpoint engines call ``weights_only=False``
+_FORCE_PICKLE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+# the plain data classes DeepSpeed pickles into its checkpoints (loss scaler, ZeRO stage,
+# fragment addresses): module path and name, imported only where DeepSpeed is installed
+DEEPSPEED_SAFE_GLOBALS = (
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)
+
+
+def force_weights_only() -> None:
+    """Make every ``torch.load`` of this process load tensors and plain containers only.
+
+    A worker's checkpoint folder is predictable and may be writable by others; a
+    pickle planted there must never run. Set before any engine loads, and a job's own
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is dropped (torch refuses both at once)."""
+    os.environ.pop(_FORCE_PICKLE, None)
+    os.environ[ENV_TORCH_WEIGHTS_ONLY] = "1"
+
+
+def deepspeed_safe_globals() -> list[Any]:
+    """DeepSpeed's checkpoint data classes, for torch's weights-only unpickler."""
+    import importlib
+
+    found = []
+    for module, name in DEEPSPEED_SAFE_GLOBALS:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # another DeepSpeed version: not written by it
+            continue
+    return found
+
+
+def deepspeed_tag(ckdir: str | Path) -> str | None:
+    """The tag DeepSpeed's ``latest`` file names in ``ckdir``, checked: one plain folder
+    name inside ``ckdir`` (a planted ``latest`` cannot point the loader elsewhere), every
+    file in it loadable as tensors. ``None`` when there is no checkpoint yet;
+    :class:`CheckpointError` naming the file otherwise."""
+    ck = Path(ckdir)
+    latest = ck / "latest"
+    if not latest.exists():
+        return None
+    if latest.is_symlink() or not latest.is_file():
+        raise CheckpointError(f"{latest}: not a regular file")
+    tag = latest.read_text(encoding="utf-8", errors="replace").strip()
+    if (not tag or len(tag) > 255 or tag in (".", "..") or "/" in tag or "\\" in tag
+            or "\0" in tag):
+        raise CheckpointError(f"{latest}: names {tag[:80]!r}, not a folder of {ck}")
+    folder = ck / tag
+    if folder.is_symlink() or not folder.is_dir():
+        raise CheckpointError(f"{folder}: the checkpoint {latest} names is not a folder")
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        for f in sorted(folder.iterdir()):
+            if f.is_symlink() or not f.is_file():
+                raise CheckpointError(f"{f}: not a regular file in a checkpoint")
+            try:
+                torch.load(f, map_location="cpu", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - UnpicklingError, EOFError, ...
+                raise CheckpointError(f"{f}: not a loadable checkpoint (refused by the "
+                                      f"weights-only loader): {type(exc).__name__}: "
+                                      f"{str(exc)[:300]}") from None
+    return tag
+
+
+def load_deepspeed(engine: Any, ckdir: str | Path, **kwargs: Any) -> tuple[Any, Any] | None:
+    """``engine.load_checkpoint`` that loads tensors only: the tag checked
+    (:func:`deepspeed_tag`), every ``torch.load`` of the process forced to weights only
+    (DeepSpeed passes ``weights_only=False``), DeepSpeed's data classes allowed. Returns
+    what ``load_checkpoint`` returns, or ``None`` when there is no checkpoint yet.
+    For apportion's DeepSpeed trainer and users' DeepSpeed scripts alike."""
+    tag = deepspeed_tag(ckdir)
+    if tag is None:
+        return None
+    force_weights_only()
+    with torch.serialization.safe_globals(deepspeed_safe_globals()):
+        try:
+            return engine.load_checkpoint(str(ckdir), tag=tag, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, torch.serialization.pickle.UnpicklingError) or \
+                    "Weights only load failed" in str(exc):
+                raise CheckpointError(f"{Path(ckdir) / tag}: refused by the weights-only "
+                                      f"loader: {str(exc)[:300]}") from None
+            raise

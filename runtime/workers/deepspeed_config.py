@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
     from apportion.runtime import workload as wl
     from apportion.runtime.executors.launch import TrainConfig, write_json
+    from apportion.runtime.workers.checkpoint import force_weights_only, load_deepspeed
     from apportion.runtime.workers.torch_nets import batch, build_net, loss_fn
+    force_weights_only()  # before DeepSpeed loads anything
     cfg = TrainConfig.load(args[0])
     plan = cfg.execution_plan
     if plan.tp > 1 or plan.pp > 1:
@@ -130,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     progress = Path(cfg.progress_file) if cfg.progress_file else workdir / wl.PROGRESS_FILE_NAME
     zero = int(ds_cfg["zero_optimization"]["stage"])
     start = 0
-    if (ckdir / "latest").exists():
+    if (ckdir / "latest").exists():  # tensors only: a planted pickle never runs
         saved = json.loads((ckdir / "apportion.json").read_text())
         same = saved.get("zero") == zero and (saved.get("dp") == plan.dp or zero == 0)
-        _, client = engine.load_checkpoint(str(ckdir), load_optimizer_states=same,
-                                           load_lr_scheduler_states=same)
-        start = int((client or {}).get("iteration", 0))
+        loaded = load_deepspeed(engine, ckdir, load_optimizer_states=same,
+                                load_lr_scheduler_states=same)
+        start = int(((loaded or (None, None))[1] or {}).get("iteration", 0))
     policy = wl.CheckpointPolicy(cfg.checkpoint_every, cfg.checkpoint_interval_s)
 
     def save(it: int) -> None:

@@ -212,7 +212,7 @@ def train_contract(config_path: str) -> int:
     leaves, tree = _flat(host)
     start = 0
     if ckfile.exists():
-        with np.load(ckfile) as z:
+        with np.load(ckfile, allow_pickle=False) as z:  # arrays only, never objects
             start = int(z["iteration"])
             leaves = [z[f"p{i}"] for i in range(len(leaves))]
     shard_leaves, _ = _flat(shardings(host, mesh, plan.tp > 1))

@@ -399,6 +399,8 @@ def main(argv: list[str] | None = None, *, exiting: bool = False) -> int:
         print("usage: python -m apportion.runtime.workers.trainer CONFIG.json", file=sys.stderr)
         return 2
     logging.basicConfig(level=os.environ.get("APPORTION_LOG", "WARNING"), stream=sys.stderr)
+    if exiting:  # a worker process: no torch.load in it may unpickle code
+        ckpt.force_weights_only()
     cfg = TrainConfig.load(args[0])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
