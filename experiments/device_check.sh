@@ -15,8 +15,8 @@ OUT=$(cd "$OUT" && pwd)
 # from /tmp: the repository root's apportion/ would shadow the installed package's layout
 (cd /tmp && python3 -c "import apportion, torch; print('apportion', apportion.__file__,
 'torch', torch.__version__, torch.cuda.is_available())")
-timeout 200 python3 experiments/device_checks.py "$OUT" trainer spill run
-(cd /tmp && timeout 300 python3 -m apportion.cli bench estimate --against local \
+timeout 330 python3 experiments/device_checks.py "$OUT" trainer spill run deepspeed
+(cd /tmp && timeout 150 python3 -m apportion.cli bench estimate --against local \
   --json "$OUT/estimate_local.json" --markdown "$OUT/estimate_local.md")
 echo "bench estimate rc=$?"
 cat "$OUT/estimate_local.md" 2>/dev/null | head -40

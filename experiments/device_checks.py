@@ -170,7 +170,66 @@ def check_spill(out: Path) -> None:
     _write(out, "spill", result)
 
 
-CHECKS = {"trainer": check_trainer, "run": check_run, "spill": check_spill}
+class _Planted:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def check_deepspeed(out: Path) -> None:
+    """apportion's DeepSpeed trainer on cuda:0 (bf16, ZeRO-1): trained, checkpointed,
+    resumed through the weights-only loader; then a planted model file refused."""
+    import torch
+    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
+
+    from apportion.plans import ExecutionPlan
+
+    tmp = Path(tempfile.mkdtemp(prefix="apportion-device-ds-"))
+    plan = ExecutionPlan(dp=1, zero_stage=1)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "ext"), "OMP_NUM_THREADS": "1"}
+    rows = []
+
+    def launch(iterations: int) -> subprocess.CompletedProcess[str]:
+        cfg = TrainConfig("ds", "gpt-tiny", 32, iterations, plan.as_dict(), str(tmp))
+        cfg.dump(tmp / "config.json")
+        ds = deepspeed_config(plan, 32, device="cuda" if torch.cuda.is_available() else "cpu")
+        (tmp / "ds.json").write_text(json.dumps(ds))
+        t0 = time.perf_counter()
+        r = subprocess.run(launch_command(plan, tmp / "config.json", tmp / "ds.json",
+                                          free_port()), env=env, capture_output=True,
+                           text=True, timeout=300, check=False)
+        lines = [json.loads(x) for x in (tmp / "progress.jsonl").read_text().splitlines()
+                 if x.strip()] if (tmp / "progress.jsonl").exists() else []
+        steps = sorted(x["iter_time_s"] for x in lines if "iter_time_s" in x)
+        rows.append({"iterations": iterations, "rc": r.returncode,
+                     "wall_s": time.perf_counter() - t0,
+                     "step_s_median": steps[len(steps) // 2] if steps else None,
+                     "stderr_tail": r.stderr[-1500:] if r.returncode else ""})
+        return r
+
+    launch(20)
+    launch(30)
+    losses = json.loads((tmp / "deepspeed_losses.json").read_text())
+    ck = tmp / "checkpoint"
+    tag = (ck / "latest").read_text().strip()
+    marker = tmp / "pwned"
+    model_file = next((ck / tag).glob("*model_states.pt"))
+    torch.save({"module": {}, "evil": _Planted(marker)}, model_file)
+    planted = launch(40)
+    _write(out, "deepspeed", {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
+                              else None, "resumed_from": losses.get("resumed_from"),
+                              "loss_first": losses["losses"][0], "loss_last": losses["losses"][-1],
+                              "planted_refused": planted.returncode != 0
+                              and "CheckpointError" in planted.stderr,
+                              "planted_ran": marker.exists(), "rows": rows})
+
+
+CHECKS = {"trainer": check_trainer, "run": check_run, "spill": check_spill,
+          "deepspeed": check_deepspeed}
 
 
 def main(argv: list[str]) -> int:
