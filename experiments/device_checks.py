@@ -200,7 +200,7 @@ def check_deepspeed(out: Path) -> None:
         (tmp / "ds.json").write_text(json.dumps(ds))
         t0 = time.perf_counter()
         r = subprocess.run(launch_command(plan, tmp / "config.json", tmp / "ds.json",
-                                          free_port()), env=env, capture_output=True,
+                                          free_port()), env=env, cwd=tmp, capture_output=True,
                            text=True, timeout=300, check=False)
         lines = [json.loads(x) for x in (tmp / "progress.jsonl").read_text().splitlines()
                  if x.strip()] if (tmp / "progress.jsonl").exists() else []
@@ -208,11 +208,12 @@ def check_deepspeed(out: Path) -> None:
         rows.append({"iterations": iterations, "rc": r.returncode,
                      "wall_s": time.perf_counter() - t0,
                      "step_s_median": steps[len(steps) // 2] if steps else None,
-                     "stderr_tail": r.stderr[-1500:] if r.returncode else ""})
+                     "stderr": "\n".join(x for x in r.stderr.splitlines() if "Error" in x or "error" in x)[-3000:] if r.returncode else ""})
         return r
 
-    launch(20)
-    launch(30)
+    if launch(20).returncode or launch(30).returncode:
+        _write(out, "deepspeed", {"rows": rows})
+        return
     losses = json.loads((tmp / "deepspeed_losses.json").read_text())
     ck = tmp / "checkpoint"
     tag = (ck / "latest").read_text().strip()
