@@ -290,7 +290,7 @@ def solve_round(
         load_tenants,
         resolve_cluster,
     )
-    from apportion.round import checked_config, estimator_from, run_round
+    from apportion.policies import checked_config, estimator_from, run_round
 
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     if state is not None:  # the queue and running jobs come from the store
@@ -332,7 +332,7 @@ def solve_round(
 @app.command("policies")
 def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
     """List every registered policy (usable with --policy on solve-round, run, simulate)."""
-    from apportion.experiments.policies import POLICIES
+    from apportion.policies import POLICIES
 
     if as_json:
         import json
@@ -439,7 +439,7 @@ def simulate_cmd(
     trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
     cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
                                 "bundled name: " + _cluster_help()),
-    policy: str = typer.Option(..., "--policy", help="policy name (see apportion.experiments.policies)"),
+    policy: str = typer.Option(..., "--policy", help="policy name (see apportion.policies)"),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
@@ -546,7 +546,7 @@ def bench_sim_cmd(
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
     from apportion.experiments.bench.sim import main as bench_sim_main
-    from apportion.round import check_mip_gap
+    from apportion.policies import check_mip_gap
     from apportion.view import INFORMATION_MODES
 
     try:

@@ -16,6 +16,10 @@ class InputError(ValueError):
         self.message = message
         super().__init__(f"{source}: {field}: {message}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        # a worker process's error reaches its parent (compare, the partitioned solve)
+        return (type(self), (self.source, self.field, self.message))
+
 
 class CatalogError(KeyError):
     """An unknown catalog name (GPU type or model)."""
@@ -29,6 +33,9 @@ class CatalogError(KeyError):
     def __str__(self) -> str:  # KeyError quotes its message otherwise
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, list[str]]]:
+        return (type(self), (self.kind, self.name, self.known))
+
 
 class HostError(RuntimeError):
     """The host refused something apportion needs (a full disk, a read-only folder, a
@@ -38,6 +45,9 @@ class HostError(RuntimeError):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:
+        return (type(self), (str(self), self.exit_code))
 
     @classmethod
     def from_os_error(cls, exc: OSError, what: str) -> HostError:

@@ -62,3 +62,13 @@ class Cell:
     @property
     def node_id(self) -> str:
         return f"cell:{self.job}:{self.gpu_type}:{self.gpus}:{self.stages}"
+
+
+# Morphling's measured plan codes (its artifact's names): the data-parallel family
+DP_FAMILY = ("ga", "gc", "zero-dp", "zero-offload")
+
+
+def is_dp_plan(plan: str) -> bool:
+    """A Morphling plan code Sia's DP-only scaling can express: DP with ZeRO/GA/GC/offload,
+    or a 3-digit code with pp = tp = 1."""
+    return plan in DP_FAMILY or (plan.isdigit() and len(plan) == 3 and plan[:2] == "11")

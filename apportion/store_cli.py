@@ -295,7 +295,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
     Every output path is checked before the store is opened, so a bad one commits nothing.
     """
     from apportion.config import load_tenants, resolve_cluster
-    from apportion.round import checked_config, run_round
+    from apportion.policies import checked_config, run_round
     from apportion.store_faults import effective_cluster
 
     write_json = write_json or outputs.write_json
@@ -326,7 +326,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         return report(exc, state)
     try:
         if estimator in ("tables", "auto"):  # measured times: the file's and this store's
-            from apportion.round import estimator_from
+            from apportion.policies import estimator_from
 
             batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
             try:

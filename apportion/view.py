@@ -163,3 +163,10 @@ class Policy(Protocol):
     name: str
 
     def decide(self, view: View) -> Decision: ...
+
+
+def view_of(cluster: Cluster, jobs: list[JobSpec], now_s: float, rates: Any,
+            information: str = "estimated", **kw: Any) -> View:
+    """A view of a queue as an operator's files or store describe it (no history)."""
+    return View(now_s, cluster, [JobView.from_spec(j) for j in jobs], rates,
+                information=information, **kw)

@@ -41,7 +41,7 @@ def _write(out: Path, name: str, data: dict[str, Any]) -> None:
 
 def check_trainer(out: Path) -> None:
     import torch
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
 
     from apportion.plans import ExecutionPlan
@@ -182,7 +182,7 @@ def check_deepspeed(out: Path) -> None:
     """apportion's DeepSpeed trainer on cuda:0 (bf16, ZeRO-1): trained, checkpointed,
     resumed through the weights-only loader; then a planted model file refused."""
     import torch
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.executors.local import free_port
     from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from apportion.experiments.finetune_truth import reference_avg_jct
 from apportion.experiments.harness import ci95, cluster_from_arg, resolve
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import PROFILES, Simulator
 
 log = logging.getLogger(__name__)

@@ -57,7 +57,14 @@ from pathlib import Path
 from typing import Any
 
 from apportion.estimation.finetune.convergence import ThroughputTable, epochs_to_target
-from apportion.experiments.traces import FINETUNE_GPU, FinetuneInfo, SimJob, Trace, data_root
+from apportion.experiments.traces import (
+    FINETUNE_GPU,
+    FinetuneInfo,
+    SimJob,
+    Trace,
+    data_root,
+    load_finetune_workload,
+)
 
 from apportion.gpus import canonical_gpu_name
 
@@ -276,8 +283,6 @@ def generated_trace(n_jobs: int = 120, fm: str = "roberta-base", seed: int = 0,
     falls in that class (the nearest one when none does). Iterations are left to
     :meth:`FinetuneTruth.with_iterations`.
     """
-    from apportion.experiments.traces import load_finetune_workload
-
     data_dir = root or finetune_root()
     truth = FinetuneTruth(data_dir)
     rows: list[SimJob] = []

@@ -240,14 +240,6 @@ class CriusTruth:
 # ---------------------------------------------------------------------------
 # Morphling
 # ---------------------------------------------------------------------------
-DP_FAMILY = ("ga", "gc", "zero-dp", "zero-offload")
-
-
-def is_dp_plan(plan: str) -> bool:
-    """Plans Sia's DP-only scaling can express: DP with ZeRO/GA/GC/offload, or pp=tp=1."""
-    return plan in DP_FAMILY or (plan.isdigit() and len(plan) == 3 and plan[:2] == "11")
-
-
 class MorphlingTruth:
     """Morphling's measured iteration seconds per (plan, placement) on A800 nodes."""
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 from apportion.experiments import groundtruth as gt
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
@@ -124,7 +125,7 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
     """
     if truth not in TRUTHS:
         raise InputError(truth, "--truth", f"unknown ground truth; choose {', '.join(TRUTHS)}")
-    t = tr.load_trace(trace_arg, seed=seed)
+    t = catalog.load_trace(trace_arg, seed=seed)
     kind = _TRUTH_OF_FORMAT.get(t.format, "crius") if truth == "auto" else truth
     if kind == "finetune":  # YMIR's fine-tuning workloads: work to target is the truth's
         from apportion.experiments.finetune_truth import FinetuneTruth
@@ -154,7 +155,7 @@ def run_one(trace: str, cluster: str, policy: str, profile: str = "default", see
             window_days: float | None = None, max_jobs: int | None = None,
             progress: Any = None,
             ground_truth: str = "auto") -> SimResult:
-    from apportion.experiments.policies import make_policy
+    from apportion.policies import make_policy
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
@@ -422,7 +423,7 @@ def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> None
 # What the CLI calls (command bodies stay thin)
 # ---------------------------------------------------------------------------
 def _check_policy(name: str) -> None:
-    from apportion.experiments.policies import POLICIES
+    from apportion.policies import POLICIES
 
     if name not in POLICIES:
         raise InputError(name, "--policy", f"unknown policy; known: {', '.join(sorted(POLICIES))}")
@@ -430,6 +431,7 @@ def _check_policy(name: str) -> None:
 
 def _check_information(information: str, estimator: str) -> None:
     from apportion.estimation.registry import ESTIMATORS
+
     from apportion.view import INFORMATION_MODES
 
     if information not in INFORMATION_MODES:
@@ -512,7 +514,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cluster_from_arg(cluster)
-    tr.load_trace(trace)  # fail on a bad trace before spawning workers
+    catalog.load_trace(trace)  # fail on a bad trace before spawning workers
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
                    sim_options={"information": information, "estimator": estimator,
                                 "deterministic": deterministic},

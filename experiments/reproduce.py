@@ -40,7 +40,7 @@ from apportion.experiments.harness import (
     to_markdown,
     write_run,
 )
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 
 DEFAULT_OUT = Path("results") / "reproduce"

@@ -426,7 +426,8 @@ def deterministic_policy(policy: Any) -> None:
     """Give ``policy``'s solver a deterministic budget where it has a round config (the
     optimising policies); the heuristics are deterministic already, and the baselines
     with an ILP of their own (Sia's) solve it to optimality well inside their limit."""
-    from apportion.round import RoundConfig, check_deterministic
+    from apportion.policies import RoundConfig
+    from apportion.policies.config import check_deterministic
 
     cfg = getattr(policy, "cfg", None)
     if isinstance(cfg, RoundConfig):

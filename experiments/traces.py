@@ -528,31 +528,6 @@ def synthetic(n: int = 200, rate_per_h: float = 20.0, seed: int = 0,
                  "synthetic")
 
 
-# ---------------------------------------------------------------------------
-# Names
-# ---------------------------------------------------------------------------
-BUNDLED = {
-    "philly": "traces/philly.csv",
-    "itp": "traces/itp.csv",
-    "gavel-msr": "traces/gavel_msr_seed0.csv",
-    "elasticflow-philly": "traces/elasticflow_philly_103959.csv",
-    "gavel-max-min-fairness": "gavel/max_min_fairness.trace",
-    "gavel-minimize-makespan": "gavel/minimize_makespan.trace",
-    "gavel-small": "gavel/small_test.trace",
-    "gavel-medium": "gavel/medium_test.trace",
-    "gavel-artifact": "gavel/artifact_evaluation.trace",
-    "crius-philly": "crius/traces/simulate_trace_philly.csv",
-    "crius-venus": "crius/traces/simulate_trace_venus.csv",
-    "crius-pai": "crius/traces/simulate_trace_pai.csv",
-    "crius-runtime": "crius/traces/runtime_trace.csv",
-    "morphling-base": "morphling/workloads/workload-base.csv",
-    "morphling-bp": "morphling/workloads/workload-bp.csv",
-    "morphling-mt": "morphling/workloads/workload-mt.csv",
-    **{f"fm-{load}-{fm}": f"titan-finetune/traces/FM-{load}-{fm}/workload-0.csv"
-       for load in ("1", "1.5", "2") for fm in ("roberta-base", "roberta-large")},
-}
-
-
 def detect_format(path: str | Path) -> str:
     """The format of a trace file from its first line: ``gavel`` (10 tab-separated fields, or
     a ``.trace`` file), ``crius``, ``morphling``, or ``csv`` (a normalised CSV, told apart by
@@ -589,32 +564,3 @@ def load_any(path: str | Path) -> Trace:
     if fmt == "finetune":
         return load_finetune_workload(path)
     return load_normalised_csv(path)
-
-
-def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
-    """A bundled name (see ``BUNDLED``; ``synthetic`` or ``synthetic:N``; ``fm-generated``
-    or ``fm-generated:N[:backbone]``, YMIR's workload recipe) or a file path."""
-    s = str(name_or_path)
-    if s.startswith("synthetic"):
-        n = int(s.split(":", 1)[1]) if ":" in s else 200
-        return synthetic(n=n, seed=seed)
-    if s.startswith("fm-generated"):
-        from apportion.experiments.finetune_truth import generated_trace
-
-        parts = s.split(":")
-        try:
-            n = int(parts[1]) if len(parts) > 1 else 120
-        except ValueError:
-            raise InputError(s, "--trace", "fm-generated:N[:backbone] needs a job count N") from None
-        return generated_trace(n, parts[2] if len(parts) > 2 else "roberta-base", seed)
-    if s in BUNDLED:
-        path = data_root() / BUNDLED[s]
-        if not path.exists():
-            raise InputError(s, "--trace", f"the bundled trace needs {path}, which is missing: "
-                             "set APPORTION_DATA to the folder of the data sets")
-        return load_any(path)
-    p = Path(s)
-    if not p.exists():
-        raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "
-                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]", "fm-generated[:N]"]))
-    return load_any(p)

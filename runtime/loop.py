@@ -34,7 +34,7 @@ from apportion.runtime.executors.executor import Event, Executor, Health, Progre
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, policy_for, run_round
+from apportion.policies import RoundConfig, policy_for, run_round
 
 log = logging.getLogger(__name__)
 

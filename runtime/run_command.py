@@ -27,7 +27,7 @@ from apportion.cluster import Cluster
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
 from apportion.jobs import job_dirname
-from apportion.round import RoundConfig
+from apportion.policies import RoundConfig
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         cluster = local_cluster()
     else:
         cluster = resolve_cluster(cluster_arg)
-    from apportion.round import checked_config
+    from apportion.policies import checked_config
 
     device = None if executor in ("local", "dry-run") else "cuda"  # this host's, or real GPUs
     cfg = RoundConfig(time_budget_s=time_budget_s, plan_filter=workload_plan_filter(device))
@@ -131,7 +131,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
     store = open_store(state, create=False)
     if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
-        from apportion.round import estimator_from
+        from apportion.policies import estimator_from
 
         batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
         try:

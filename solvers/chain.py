@@ -71,14 +71,14 @@ from typing import Any
 import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
+from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
+from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
 
 log = logging.getLogger(__name__)
 
 
 def _factory(name: str) -> Callable[[], Backend]:
     def build() -> Backend:
-        from apportion.solvers.isolation import resolve_backend
-
         return resolve_backend(name)
     return build
 
@@ -93,10 +93,6 @@ AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``--mip-gap``)
 LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
 AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
-# HiGHS in a chain stops once this share of its time passed without a better answer
-HIGHS_STALL_SHARE: float | None = 0.25
-LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
-HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
 
 
 def backends_for(name: str, isolate: bool = False, columns: int = 0,
@@ -119,8 +115,6 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
         raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round, "
                          "scip or greedy")
     if isolate:
-        from apportion.solvers.isolation import IsolatedBackend
-
         return [IsolatedBackend(n) for n in names]
     if columns > LARGE_MODEL_COLUMNS and "highs" in names:
         # in this process HiGHS must stop at its limit: its presolve builds a clique partition
@@ -131,53 +125,6 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
 
         return [HighsBackend(presolve="off") if n == "highs" else BACKENDS[n]() for n in names]
     return [BACKENDS[n]() for n in names]
-
-
-def share(names: Sequence[str], i: int, left: float) -> float:
-    """The time backend ``names[i]`` may use of ``left`` seconds: the LP relaxation a share
-    only, and HiGHS before LP rounding a share (the rest goes to rounding and HiGHS again)."""
-    if i == len(names) - 1:
-        return left
-    if names[i] == "lp-round":
-        return LP_SHARE * left
-    if names[i] == "highs" and "lp-round" in names[i + 1:]:
-        return HIGHS_FIRST_SHARE * left
-    return left
-
-
-def skipped(names: Sequence[str], i: int, answered: set[str]) -> str | None:
-    """Why backend ``names[i]`` does not run (None: it runs): CP-SAT only if HiGHS failed,
-    since a HiGHS that answered and stopped (its incumbent stalled) would otherwise hand
-    CP-SAT the rest of a budget CP-SAT rarely uses better on these models."""
-    if names[i] == "cp-sat" and "highs" in answered:
-        return "skipped: HiGHS answered"
-    return None
-
-
-def for_chain(backend: Backend, gap: float) -> Backend:
-    """``backend`` as the chain runs it: the chain's tolerance as its own (a MIP backend
-    that has one), and HiGHS stopping once its incumbent stalls (``HIGHS_STALL_SHARE``)."""
-    if hasattr(backend, "mip_rel_gap"):
-        backend.mip_rel_gap = gap  # type: ignore[attr-defined]
-    if hasattr(backend, "stall_share"):
-        backend.stall_share = HIGHS_STALL_SHARE  # type: ignore[attr-defined]
-    return backend
-
-
-def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
-    if b is None or b.objective is None:
-        return True
-    assert a.objective is not None
-    return a.objective > b.objective + 1e-9 if sense == "max" else a.objective < b.objective - 1e-9
-
-
-def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:
-    """The tighter of ``bound`` and what ``res`` proved (a bound counts only with an answer)."""
-    if res.bound is None or res.x is None:
-        return bound
-    if bound is None:
-        return res.bound
-    return min(bound, res.bound) if sense == "max" else max(bound, res.bound)
 
 
 def _hint_answer(model: LinearModel) -> SolveResult | None:
@@ -245,7 +192,6 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
     given); it is closed before returning. ``meanwhile`` runs once the chain is under way:
     while an isolated child solves, or before in-process backends start.
     """
-    from apportion.solvers.isolation import ChainChild, IsolatedBackend
 
     start = time.perf_counter()
     deadline = start + budget_s

@@ -50,7 +50,8 @@ from typing import Any
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status
+from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
+from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,6 @@ def chain_child_main() -> None:
             importlib.import_module(mod)
         except Exception:  # noqa: BLE001, S110 - a backend that cannot import fails when run
             pass
-    from apportion.solvers.chain import better, for_chain, proven_gap, share, skipped, tighter
 
     try:
         specs, model, budget, gap, hard = pickle.load(stdin)

@@ -354,12 +354,12 @@ def test_bad_option_values_are_refused(argv: list[str], option: str,
 # -- the top-level handler: one line, the traceback only with -v --------------------------------
 def test_unexpected_errors_are_one_line_and_tracebacks_need_v(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import apportion.round
+    import apportion.policies
 
     def boom(*a: Any, **k: Any) -> Any:
         raise RuntimeError("a bug\x1b[2J in the round")
 
-    monkeypatch.setattr(apportion.round, "run_round", boom)
+    monkeypatch.setattr(apportion.policies, "run_round", boom)
     argv = ["solve-round", "--backend", "greedy", "--no-isolate"]
     r = runner.invoke(app, argv)
     assert r.exit_code == 1, r.output
@@ -373,13 +373,13 @@ def test_unexpected_errors_are_one_line_and_tracebacks_need_v(
     def denied(*a: Any, **k: Any) -> Any:
         raise PermissionError(13, "Permission denied", "/srv/x")
 
-    monkeypatch.setattr(apportion.round, "run_round", denied)
+    monkeypatch.setattr(apportion.policies, "run_round", denied)
     r = runner.invoke(app, argv)
     assert r.exit_code == 2 and "/srv/x" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
     def full(*a: Any, **k: Any) -> Any:
         raise OSError(28, "No space left on device", "/srv/x")
 
-    monkeypatch.setattr(apportion.round, "run_round", full)
+    monkeypatch.setattr(apportion.policies, "run_round", full)
     r = runner.invoke(app, argv)
     assert r.exit_code == 75 and "free space" in r.stderr, r.stderr

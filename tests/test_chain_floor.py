@@ -11,11 +11,11 @@ from apportion.formulations.cells import build_cells_model, hint_from_choices
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.chain import solve_chain
 from apportion.solvers.greedy import GreedyCells
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
-import apportion.round as round_mod
+import apportion.policies.formulation as round_mod
 from apportion.config import cluster_from_data, jobs_from_data
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 
 class ZeroBackend:

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from apportion.cli import app
 from apportion.config import cluster_from_data, jobs_from_data
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.solvers.chain import LP_FIRST_GAP, MIP_REL_GAP, backends_for
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 MODELS = ["bert-0.76b", "bert-1.3b", "moe-0.69b", "wresnet-1b", "bert-2.6b"]
 

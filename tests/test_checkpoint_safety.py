@@ -40,7 +40,7 @@ def _ds_env() -> dict[str, str]:
 
 
 def _ds_job(tmp_path: Path, iterations: int) -> tuple[Path, list[str]]:
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.executors.local import free_port
     from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
 
@@ -142,7 +142,7 @@ def test_jax_worker_refuses_object_arrays(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     import numpy as np
 
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
 
     marker = tmp_path / "pwned"
     jobdir = tmp_path / "job"

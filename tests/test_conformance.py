@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Reason
-from apportion.experiments.policies import POLICIES, make_policy
+from apportion.policies import POLICIES, make_policy
 from apportion.formulations.cells import objective_of
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import STAGES, RoundConfig, run_round
+from apportion.round import STAGES
+from apportion.policies import RoundConfig, run_round
 from apportion.solvers.chain import BACKENDS
 from apportion.solvers.greedy import GreedyCells
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from apportion.view import Policy
 
 CLUSTER = Cluster("conf", [NodeGroup("a40", 2, "A40", 4, 32, 256.0),

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from apportion.round import FormulationPolicy, RoundConfig
+from apportion.policies import FormulationPolicy, RoundConfig
 from apportion.solvers.base import WORK_PER_S, Status
 from apportion.solvers.chain import backends_for, solve_chain
 from apportion.solvers.highs import HighsBackend
@@ -107,7 +107,7 @@ def test_a_deterministic_replay_repeats_and_says_it_was(tmp_path: Path) -> None:
 
 
 def test_a_deterministic_round_solves_under_its_work_budget() -> None:
-    from apportion.experiments.policies import make_policy
+    from apportion.policies import make_policy
     from apportion.experiments.simulator import deterministic_policy
 
     pol = make_policy("apportion")

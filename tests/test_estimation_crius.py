@@ -10,7 +10,7 @@ from apportion.estimation.models.crius import (
     gpu_shares,
     round_to_powers_of_two,
 )
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +19,7 @@ from apportion.config import default_cluster, default_jobs
 from apportion.jobs import JobSpec
 from apportion.models import get_model
 from apportion.plans import Cell
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 
 def test_figure7_six_operators_on_eight_gpus():

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.finetune_truth import (
     FinetuneTruth,
@@ -15,13 +16,13 @@ from apportion.experiments.finetune_truth import (
     reference_avg_jct,
 )
 from apportion.experiments.harness import cluster_from_arg, resolve
-from apportion.experiments.policies import make_policy
-from apportion.experiments.policies.base import Choice, Packer, build_decision
 from apportion.experiments.simulator import PROFILES, SimConfig, SimulationError, Simulator
 from apportion.experiments.traces import FinetuneInfo, SimJob, Trace
 
 from apportion.decision import Reason
 from apportion.errors import InputError
+from apportion.policies import make_policy
+from apportion.policies.base import Choice, Packer, build_decision
 
 pytestmark = pytest.mark.skipif(not finetune_root().is_dir(),
                                 reason="titan-finetune data not present")
@@ -45,7 +46,7 @@ def truth() -> FinetuneTruth:
 
 
 def test_trace_loads_with_iterations_from_the_truth(truth):
-    t = tr.load_trace("fm-1-roberta-base")
+    t = catalog.load_trace("fm-1-roberta-base")
     assert len(t) == 120 and t.name == "FM-1-roberta-base"
     j = t.jobs[0]
     assert j.finetune is not None and j.finetune.task == "mrpc" and j.iterations == 0.0
@@ -204,7 +205,7 @@ def test_generated_workload_follows_the_recipe(truth):
     for cls_, p in (("small", 0.3), ("medium", 0.6), ("large", 0.1)):
         assert abs(counts[cls_] / 300 - p) < 0.08, counts
     assert all(a.submit_s <= b.submit_s for a, b in zip(t.jobs, t.jobs[1:]))
-    assert tr.load_trace("fm-generated:300", seed=5).jobs == t.jobs
+    assert catalog.load_trace("fm-generated:300", seed=5).jobs == t.jobs
     assert len(truth.with_iterations(t)) == 300
 
 

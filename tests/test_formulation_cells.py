@@ -11,13 +11,14 @@ from apportion.config import default_cluster, default_jobs
 from apportion.formulations.candidates import build_candidates
 from apportion.formulations.cells import build_cells_model, hint_from_choices, objective_of
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round, to_decision
+from apportion.policies import RoundConfig, run_round
+from apportion.formulations.decode import to_decision
 from apportion.decision import SolveReport
 from apportion.solvers.base import Status
 from apportion.solvers.cpsat import CpSatBackend
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.highs import HighsBackend
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 SMALL_MODELS = ["bert-336m", "bert-0.76b", "wresnet-0.5b", "moe-0.69b", "vit-86m", "roberta-355m"]
 TYPES = ["A100-40GB", "A40", "A10", "V100-32GB"]
@@ -250,7 +251,7 @@ def test_large_rounds_answer_from_the_lp_first() -> None:
 
 
 def test_the_budget_is_shared_so_every_step_of_auto_gets_time() -> None:
-    from apportion.solvers.chain import HIGHS_FIRST_SHARE, LP_SHARE, share
+    from apportion.solvers.chain_rules import HIGHS_FIRST_SHARE, LP_SHARE, share
 
     names = ["highs", "lp-round", "highs", "cp-sat"]
     assert share(names, 0, 10.0) == pytest.approx(HIGHS_FIRST_SHARE * 10.0)

@@ -10,8 +10,8 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.formulations.candidates import CandidateOptions
 from apportion.formulations.objectives import OBJECTIVES
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
-from apportion.solvers.validator import validate
+from apportion.policies import RoundConfig, run_round
+from apportion.validator import validate
 
 MODELS = ["bert-336m", "bert-0.76b", "wresnet-0.5b", "moe-0.69b"]
 

@@ -11,9 +11,9 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.formulations.gavel import (check_allocation, isolated_max_min, max_min_fairness,
                                           max_sum_throughput)
 from apportion.jobs import JobSpec
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.solvers.cvx import solve_cvxpy
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 
 def test_max_sum_throughput_known_optimum() -> None:

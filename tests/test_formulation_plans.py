@@ -14,11 +14,11 @@ from apportion.formulations.cells import build_cells_model
 from apportion.formulations.plans import (EstimatedPlans, MeasuredPlans, build_plan_candidates,
                                           plan_from_code)
 from apportion.jobs import JobSpec
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.solvers.base import Status
 from apportion.solvers.cpsat import CpSatBackend
 from apportion.solvers.highs import HighsBackend
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 
 def _a800_server() -> Cluster:
@@ -147,7 +147,7 @@ def test_slope_heuristic_is_valid_and_below_the_optimum(inst) -> None:
     from apportion.solvers.slope import SlopeGreedy
 
     from apportion.decision import SolveReport
-    from apportion.round import to_decision
+    from apportion.formulations.decode import to_decision
 
     cluster, jobs, quotas = inst
     g = build_plan_candidates(cluster, jobs, 10.0, EstimatedPlans(), quotas)

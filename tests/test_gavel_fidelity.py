@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.harness import run_one
 
@@ -37,12 +38,13 @@ def test_heterogeneity_aware_beats_fifo(results: dict) -> None:
 def test_lp_allocations_are_feasible() -> None:
     from apportion.experiments.groundtruth import GavelTruth, NoisyView
     from apportion.experiments.harness import gavel_cluster
-    from apportion.experiments.policies.gavel import MaxMinFairness, MaxSumThroughput
     from apportion.experiments.simulator import JobState, _spec
+
+    from apportion.policies.gavel import MaxMinFairness, MaxSumThroughput
     from apportion.view import View
 
     cl = gavel_cluster(8, 8, 8)
-    t = tr.load_trace("gavel-max-min-fairness")
+    t = catalog.load_trace("gavel-max-min-fairness")
     jobs = [JobState(_spec(j), trace=j) for j in t.jobs]
     state = View(0.0, cl, jobs, NoisyView(GavelTruth()), interval_s=360.0)
     types = ["V100-32GB", "P100", "K80"]

@@ -183,7 +183,7 @@ def test_real_checkpoint_round_trips_weights_only(tmp_path: Path) -> None:
 def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from apportion.runtime.workers import checkpoint as ckpt
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.workers.trainer import main
 
     marker = tmp_path / "pwned"
@@ -202,7 +202,7 @@ def test_worker_fails_with_the_reason_on_a_planted_checkpoint(tmp_path: Path) ->
     # run in-process, the trainer leaves the caller's stop signals alone (an ignored
     # SIGTERM would be inherited by every child the caller starts: unstoppable workers)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
-    from apportion.runtime.executors.launch import read_json_file
+    from apportion.runtime.workers.train_config import read_json_file
 
     prog = read_json_file(jobdir / "progress.json")
     assert prog is not None and prog.get("health", prog.get("state")) == "failed"

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import Status
-from apportion.solvers.chain import backends_for, skipped, solve_chain
+from apportion.solvers.chain import backends_for, solve_chain
+from apportion.solvers.chain_rules import skipped
 from apportion.solvers.highs import MIN_STALL_S, HighsBackend
 
 

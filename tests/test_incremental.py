@@ -16,7 +16,7 @@ from apportion.estimation.models.comm import Link, allreduce_time, p2p_time
 from apportion.estimation.models.partition import cached_cuts
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import build_candidates, trim_scale_up
 from hypothesis import given, settings
@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
-from apportion.round import FormulationPolicy, _Memo
+from apportion.policies import FormulationPolicy
+from apportion.policies.formulation import _Memo
 
 
 def small_cluster() -> Cluster:

@@ -17,7 +17,7 @@ from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth, NoisyView
 from apportion.experiments.harness import ci95, write_tables
 from apportion.experiments.information import ProfiledRates, rate_source
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import JobState, SimConfig, Simulator, _spec
 from test_sim_properties import MODELS, small_cluster
 

@@ -20,7 +20,7 @@ from apportion.runtime.executors.k8s_manifests import (
     object_name,
     plan_supported,
 )
-from apportion.solvers.validator import validate as validate_decision
+from apportion.validator import validate as validate_decision
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from k8s_schemas import validate
@@ -254,7 +254,7 @@ def test_crius_testbed_round_through_every_api() -> None:
     """A real round on the default cluster; plans the built-in trainer refuses are refused."""
     from apportion.runtime.plan_filter import workload_plan_filter
 
-    from apportion.round import RoundConfig, run_round
+    from apportion.policies import RoundConfig, run_round
 
     cluster = resolve_cluster("crius-testbed")
     jobs, now = default_jobs()

@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from apportion.experiments import trace_catalog as catalog
+from apportion.experiments import traces as tr
+from apportion.experiments.metrics import SLA_TOLERANCE, sla_kept, summarize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_sim_properties import small_cluster as _cluster
 from typer.testing import CliRunner
 
 from apportion.cli import app
-from apportion.experiments import traces as tr
-from apportion.experiments.metrics import SLA_TOLERANCE, sla_kept, summarize
-from test_sim_properties import small_cluster as _cluster
 
 # (guaranteed, isolated s, jct s or None for unfinished)
 rows_st = st.lists(st.tuples(st.booleans(), st.floats(10, 1e5),
@@ -68,7 +69,7 @@ def test_an_unfinished_or_slowed_guaranteed_job_breaks_its_sla() -> None:
 def test_a_morphling_replay_reports_the_sla_of_its_guaranteed_jobs(shared_data: Path,
                                                                    tmp_path: Path) -> None:
     f = tmp_path / "w.csv"
-    shutil.copy(shared_data / tr.BUNDLED["morphling-mt"], f)
+    shutil.copy(shared_data / catalog.BUNDLED["morphling-mt"], f)
     guaranteed = sum(j.guaranteed for j in tr.load_any(f).jobs[:40])
     assert guaranteed > 0  # MT has SLA jobs (base and BP none) among the first 40
     r = CliRunner().invoke(app, ["simulate", "--trace", str(f), "--cluster", "morphling-64",
@@ -87,7 +88,7 @@ def test_the_sla_time_is_the_jobs_own_plan_on_its_request(shared_data: Path) -> 
     from apportion.experiments.simulator import JobState, _spec
 
     truth = MorphlingTruth()
-    jobs = [j for j in tr.load_trace("morphling-mt").jobs if j.guaranteed][:25]
+    jobs = [j for j in catalog.load_trace("morphling-mt").jobs if j.guaranteed][:25]
     states = [JobState(_spec(j), trace=j) for j in jobs]
     df = job_frame([], states, truth)
     assert df["sla_s"].notna().all()

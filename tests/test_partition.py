@@ -25,12 +25,12 @@ from apportion.solvers.partition import (
     solve_partitioned,
     subgraph,
 )
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 
 def cluster() -> Cluster:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import POLICIES, make_policy
+from apportion.policies import POLICIES, make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from test_sim_properties import MODELS, small_cluster
 

@@ -9,12 +9,12 @@ import networkx as nx
 import numpy as np
 import pytest
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective, jct_weights
 from apportion.formulations.schema import cells_of, job_node
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policies_all import trace
@@ -23,7 +23,7 @@ from test_sim_properties import small_cluster
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 REPORT = SolveReport("t", "optimal", None, None, None, 0.0, False)
 
@@ -292,7 +292,7 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
 
 
 def test_crius_greedy_keeps_crius_objective() -> None:
-    from apportion.experiments.policies.optimising import CRIUS_OBJECTIVE
+    from apportion.policies.formulation import CRIUS_OBJECTIVE
 
     opts = make_policy("crius-greedy").cfg.candidates
     assert {k: getattr(opts, k) for k in CRIUS_OBJECTIVE} == CRIUS_OBJECTIVE

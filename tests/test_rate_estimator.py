@@ -13,7 +13,7 @@ from apportion.formulations.cells import build_cells_model
 from apportion.formulations.schema import cells_of
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +21,8 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
 from apportion.jobs import JobSpec
 from apportion.plans import Cell, ExecutionPlan
-from apportion.round import RoundConfig, run_round, to_decision
+from apportion.policies import RoundConfig, run_round
+from apportion.formulations.decode import to_decision
 
 CL = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 4, "A10", 2)])
 TYPES = ("A100-40GB", "A10")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from hypothesis import given, settings
 from hypothesis import strategies as st

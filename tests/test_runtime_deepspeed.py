@@ -55,7 +55,7 @@ def test_launch_command_runs_one_process_per_gpu() -> None:
 
 def test_zero2_trains_on_cpu_like_the_torch_worker(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.executors.local import free_port
     from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
     plan = ExecutionPlan(dp=2, zero_stage=2)

@@ -12,7 +12,7 @@ from apportion.runtime.executors.k8s_config import K8sConfig
 from apportion.runtime.executors.k8s_manifests import Target, job_objects, object_name
 from apportion.runtime.executors.kubernetes import KubernetesExecutor
 from apportion.runtime.executors.launch import DryRunExecutor, launch_spec, torchrun_command
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +21,7 @@ from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.gpus import gpu_product
 from apportion.jobs import JobSpec, RunningState
 from apportion.plans import ExecutionPlan
-from apportion.round import run_round
+from apportion.policies import run_round
 
 HETERO = Cluster("het", [NodeGroup("a100", 2, "A100-80GB", 8), NodeGroup("t4", 2, "T4", 4)])
 

@@ -14,12 +14,12 @@ pytest.importorskip("torch")
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.executors.executor import Executor, Health, Progress
 from apportion.runtime.executors.local import LocalExecutor, local_cluster, local_round_config
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec, RunningState, job_dirname
 from apportion.plans import ExecutionPlan
-from apportion.round import run_round
+from apportion.policies import run_round
 
 
 def decide(cluster, jobs, cfg=None):

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from apportion.runtime.executors.launch import TrainConfig, launch_spec
+from apportion.runtime.executors.launch import launch_spec
+from apportion.runtime.workers.train_config import TrainConfig
 from apportion.runtime.executors.local import free_port, spawn, wait
 from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
 

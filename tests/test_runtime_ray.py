@@ -20,12 +20,12 @@ from apportion.runtime.executors.ray_executor import (
     bundles_for,
     missing_resources,
 )
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
-from apportion.round import run_round
+from apportion.policies import run_round
 
 
 @pytest.fixture(scope="module")

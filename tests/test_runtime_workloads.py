@@ -25,7 +25,7 @@ from apportion.runtime.workload import (
     plan_supported,
     read_progress_since,
 )
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +35,7 @@ from apportion.errors import InputError
 from apportion.jobs import JobSpec, Workload, job_dirname
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_EXAMPLE = ROOT / "examples" / "torch_train.py"
@@ -198,7 +198,7 @@ def test_inline_custom_model_is_estimated_and_stored(tmp_path: Path) -> None:
 # -- the built-in trainer learns; its optimiser is the job's --------------------------------------
 def test_gpt_tiny_loss_falls_clearly_in_a_short_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
     cfg = TrainConfig("g", "gpt-tiny", 8, 40, ExecutionPlan().as_dict(), str(tmp_path),
                       lr=3e-3, warmup_iterations=5, grad_clip=1.0, backend="gloo")

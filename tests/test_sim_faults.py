@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 
 from apportion.cluster import Cluster, NodeGroup
+from apportion.policies import make_policy
 
 
 def _cluster() -> Cluster:
@@ -21,7 +22,7 @@ def test_csv_faults_are_handled_and_reported(tmp_path: Path) -> None:
     f = tmp_path / "t.csv"
     f.write_text("job_id,submit_time_s,num_gpus,duration_s\n"
                  "a,100,1,3600\nb,50,2,1800\nc,10,4,0\ne,5,1,60\n")
-    t = tr.load_trace(str(f))
+    t = catalog.load_trace(str(f))
     assert [j.job_id for j in t.jobs] == ["e", "b", "a"]  # sorted; the zero-duration job dropped
     assert any("out of order" in n for n in t.notes) and any("dropped 1" in n for n in t.notes)
 

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from typer.testing import CliRunner
 
@@ -24,7 +25,7 @@ runner = CliRunner()
 def test_morphling_workload_anywhere_replays_with_morphling_truth(shared_data: Path,
                                                                    tmp_path: Path) -> None:
     f = tmp_path / "my-morphling-workload.csv"
-    shutil.copy(shared_data / tr.BUNDLED["morphling-base"], f)
+    shutil.copy(shared_data / catalog.BUNDLED["morphling-base"], f)
     assert tr.load_any(f).format == "morphling"
     r = runner.invoke(app, ["simulate", "--trace", str(f), "--cluster", "morphling-64",
                             "--policy", "fcfs", "--max-jobs", "30"])
@@ -37,7 +38,7 @@ def test_formats_are_detected_from_content(shared_data: Path, tmp_path: Path) ->
     want = {"gavel-small": "gavel", "crius-philly": "crius", "morphling-mt": "morphling",
             "philly": "raw", "gavel-msr": "gavel-csv", "elasticflow-philly": "elasticflow"}
     for name, fmt in want.items():
-        src = shared_data / tr.BUNDLED[name]
+        src = shared_data / catalog.BUNDLED[name]
         plain = tmp_path / f"renamed-{name}.data"  # no telling suffix, no telling folder
         shutil.copy(src, plain)
         assert tr.load_any(plain).format == fmt, name
@@ -45,7 +46,7 @@ def test_formats_are_detected_from_content(shared_data: Path, tmp_path: Path) ->
 
 def test_a_truth_that_knows_no_job_is_refused(shared_data: Path, tmp_path: Path) -> None:
     f = tmp_path / "w.csv"
-    shutil.copy(shared_data / tr.BUNDLED["morphling-base"], f)
+    shutil.copy(shared_data / catalog.BUNDLED["morphling-base"], f)
     r = runner.invoke(app, ["simulate", "--trace", str(f), "--cluster", "morphling-64",
                             "--policy", "fcfs", "--truth", "gavel", "--max-jobs", "5"])
     assert r.exit_code == 2 and "--truth" in r.stderr and "knows none" in r.stderr, r.output

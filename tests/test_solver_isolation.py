@@ -163,10 +163,10 @@ def cells() -> tuple:
 
 
 def _validated(res: SolveResult, cells: tuple) -> None:
-    from apportion.solvers.validator import validate
+    from apportion.validator import validate
 
     from apportion.decision import SolveReport
-    from apportion.round import to_decision
+    from apportion.formulations.decode import to_decision
 
     cl, jobs, g, model = cells
     assert res.x is not None and model.is_feasible(res.x)
@@ -202,10 +202,10 @@ def test_isolated_answer_matches_in_process(backend: object, cells: tuple) -> No
 
 def test_chain_falls_back_past_crashing_backends_and_records_why(cells: tuple) -> None:
     from apportion.solvers.chain import solve_chain
-    from apportion.solvers.validator import validate
+    from apportion.validator import validate
 
     from apportion.decision import SolveReport
-    from apportion.round import to_decision
+    from apportion.formulations.decode import to_decision
 
     cl, jobs, g, model = cells
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import AnalyticTruth
-from apportion.experiments.policies import make_policy
+from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from test_sim_properties import FAST, small_cluster
 

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from typer.testing import CliRunner
 
 from apportion.cli import app
@@ -21,7 +21,7 @@ from apportion.config import cluster_from_data, jobs_from_data
 from apportion.decision import Action, Decision, Pending, Reason, SolveReport
 from apportion.errors import InputError
 from apportion.lifecycle import IllegalTransition, JobState
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.store import RoundLock, StoreBusy, open_store
 from apportion.store_faults import (
     effective_cluster,

@@ -32,7 +32,7 @@ from apportion.config import cluster_from_data
 from apportion.errors import InputError
 from apportion.jobs import JobSpec
 from apportion.lifecycle import JobState
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.store import open_store
 from apportion.store_faults import effective_cluster, node_fault, node_up
 

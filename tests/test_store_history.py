@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +17,7 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
 from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.store import open_store
 from apportion.store_history import job_histories
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.groundtruth import CriusTruth, GavelTruth, MorphlingTruth
 from hypothesis import given, settings
@@ -22,7 +23,7 @@ def _sorted(t: tr.Trace) -> bool:
 
 
 def test_gavel_trace_fields() -> None:
-    t = tr.load_trace("gavel-max-min-fairness")
+    t = catalog.load_trace("gavel-max-min-fairness")
     assert len(t) == 96 and _sorted(t)
     assert {j.gpus for j in t.jobs} == {1, 2, 4}
     truth = GavelTruth()
@@ -32,7 +33,7 @@ def test_gavel_trace_fields() -> None:
 
 def test_normalised_csvs() -> None:
     for name, n in (("philly", 82247), ("elasticflow-philly", 876)):
-        t = tr.load_trace(name)
+        t = catalog.load_trace(name)
         assert len(t) <= n and len(t) > 0.9 * n and _sorted(t)
         assert all(j.gpus > 0 for j in t.jobs)
     g = tr.load_normalised_csv(DATA / "traces" / "gavel_msr_seed0.csv", limit=500)
@@ -41,12 +42,12 @@ def test_normalised_csvs() -> None:
 
 
 def test_crius_and_morphling_formats() -> None:
-    c = tr.load_trace("crius-philly")
+    c = catalog.load_trace("crius-philly")
     assert len(c) == 1938 and all(j.model for j in c.jobs) and _sorted(c)
     assert {j.gpu_type for j in c.jobs} <= {"A100-40GB", "A40", "A10", "V100-32GB"}
     truth = CriusTruth()
     assert sum(truth.rate(j, j.gpu_type, j.gpus) > 0 for j in c.jobs) > 0.9 * len(c)
-    m = tr.load_trace("morphling-mt")
+    m = catalog.load_trace("morphling-mt")
     assert len(m) == 406 and any(j.guaranteed for j in m.jobs) and any(not j.guaranteed for j in m.jobs)
     mt = MorphlingTruth()
     # the workload's steps came from duration / measured iteration time: check it on a DP job
@@ -55,7 +56,7 @@ def test_crius_and_morphling_formats() -> None:
 
 
 def test_adapt_crius_is_seeded_and_runnable() -> None:
-    raw = tr.load_trace("philly").head(300)
+    raw = catalog.load_trace("philly").head(300)
     truth = CriusTruth()
     a = tr.adapt_crius(raw, truth, seed=3)
     b = tr.adapt_crius(raw, truth, seed=3)
@@ -66,7 +67,7 @@ def test_adapt_crius_is_seeded_and_runnable() -> None:
 
 
 def test_morphling_downsample_busiest_window() -> None:
-    raw = tr.load_trace("philly")
+    raw = catalog.load_trace("philly")
     t = tr.morphling_downsample(raw, seed=0)
     assert all(j.submit_s < 12 * 3600 for j in t.jobs) and len(t) > 50
     for j in t.jobs:
@@ -95,4 +96,4 @@ def test_bad_inputs_raise_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         tr.load_gavel_trace(g)
     with pytest.raises(InputError):
-        tr.load_trace("no-such-trace")
+        catalog.load_trace("no-such-trace")

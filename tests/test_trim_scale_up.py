@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from apportion.formulations.candidates import build_candidates, trim_scale_up
 from apportion.formulations.schema import cells_of, job_node, jobs_in, node_vertices
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.jobs import JobSpec, RunningState
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 
 MODELS = ["bert-336m", "wresnet-0.5b", "vit-86m", "roberta-355m"]
 TYPES = ["A100-40GB", "A40", "V100-32GB"]
@@ -86,7 +86,7 @@ def test_a_full_round_drops_the_doubled_cells_and_one_with_room_keeps_them() -> 
 
 def test_crius_greedy_keeps_crius_candidates() -> None:
     """The crius-greedy baseline is Crius's algorithm: N/2, N and 2N in every round."""
-    from apportion.experiments.policies import make_policy
+    from apportion.policies import make_policy
 
     assert make_policy("crius-greedy").cfg.candidates.scale_up_when_full is True
     assert make_policy("apportion").cfg.candidates.scale_up_when_full is False

@@ -35,13 +35,13 @@ from typing import Any
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.rates import EstimatorRates
 from apportion.experiments.bench.solve import synthetic_jobs
-from apportion.experiments.policies import make_policy
-from apportion.solvers.validator import validate
+from apportion.policies import make_policy
+from apportion.validator import validate
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
-from apportion.round import RoundConfig, run_round
+from apportion.policies import RoundConfig, run_round
 from apportion.view import JobView
 
 log = logging.getLogger(__name__)

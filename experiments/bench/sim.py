@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 from apportion.experiments import groundtruth as gt
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
 from apportion.experiments.harness import crius_cluster
-from apportion.experiments.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.solvers.chain import MIP_REL_GAP
+
+from apportion.policies import make_policy
 
 
 def window_with(trace: tr.Trace, days: float, jobs: int) -> tuple[float, float]:
@@ -43,7 +45,7 @@ def window_with(trace: tr.Trace, days: float, jobs: int) -> tuple[float, float]:
 
 
 def bench_trace(days: float = 14.0, seed: int = 0, jobs: int = 13000) -> tuple[tr.Trace, Any]:
-    raw = tr.load_trace("philly")
+    raw = catalog.load_trace("philly")
     s, e = window_with(raw, days, jobs)
     truth = gt.CriusTruth()
     return tr.adapt_crius(raw.window(s, e), truth, seed=seed), truth

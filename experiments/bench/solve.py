@@ -21,11 +21,12 @@ from apportion.config import resolve_cluster
 from apportion.formulations.candidates import build_candidates
 from apportion.formulations.cells import build_cells_model, hint_from_choices
 from apportion.jobs import JobSpec
-from apportion.round import RoundConfig, run_round, to_decision
+from apportion.policies import RoundConfig, run_round
+from apportion.formulations.decode import to_decision
 from apportion.decision import SolveReport
 from apportion.solvers.chain import backends_for
 from apportion.solvers.greedy import GreedyCells
-from apportion.solvers.validator import validate
+from apportion.validator import validate
 
 log = logging.getLogger(__name__)
 

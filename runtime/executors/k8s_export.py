@@ -113,7 +113,7 @@ def load_decision(path: str | Path) -> Decision:
 
 def check_decision(decision: Decision, cluster: Cluster, jobs: list[JobSpec], src: str) -> None:
     """The independent validator's verdict on a decision read from a file (exit 2 if invalid)."""
-    from apportion.solvers.validator import validate
+    from apportion.validator import validate
 
     known = {j.id for j in jobs}
     for i, a in enumerate(decision.allocations):

@@ -55,7 +55,7 @@ from apportion.runtime.executors.k8s_manifests import (
     object_name,
     workload_kind,
 )
-from apportion.runtime.executors.launch import read_json_file
+from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress
 
 from apportion.cluster import Cluster

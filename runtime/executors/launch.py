@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from apportion.runtime.executors.executor import Event, Health, Progress, actions_for
+from apportion.runtime.workers.deepspeed_config import DeepSpeedPlanError, deepspeed_config
+from apportion.runtime.workers.train_config import TrainConfig
 from apportion.runtime.workload import (
     CHECKPOINT_DIR_NAME,
     ENV_DEEPSPEED_CONFIG,
@@ -42,71 +42,12 @@ from apportion.runtime.workload import (
 
 from apportion.decision import Allocation, Decision
 from apportion.jobs import JobSpec, Workload, job_dirname
-from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
 
 TRAINER_MODULE = "apportion.runtime.workers.trainer"
 DEEPSPEED_MODULE = "apportion.runtime.workers.deepspeed_config"
 JAX_MODULE = "apportion.runtime.workers.jax_worker"
-
-
-def write_json(path: str | Path, obj: Any) -> None:
-    """Atomic JSON write (temporary file in the same folder, then rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(obj, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, p)
-
-
-def read_json_file(path: str | Path) -> Any | None:
-    """A JSON file written by :func:`write_json`, or ``None`` when absent."""
-    p = Path(path)
-    try:
-        return json.loads(p.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-@dataclass
-class TrainConfig:
-    job: str
-    model: str
-    global_batch_size: int
-    iterations: int
-    plan: dict[str, Any] = field(default_factory=dict)
-    workdir: str = "."
-    seed: int = 0
-    lr: float = 1e-3
-    stop_at: int | None = None  # checkpoint and exit after this many iterations in total
-    checkpoint_every: int = 0  # periodic checkpoints every N iterations (0: off) ...
-    checkpoint_interval_s: float = 0.0  # ... or every T seconds (0: off); always when stopping
-    backend: str = "auto"  # auto | gloo | nccl
-    launch_id: str = ""  # echoed in progress.json so an executor never reads a previous group's
-    optimizer: str = "adamw"  # adamw | adam | sgd (the jobs YAML's workload.train block)
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    warmup_iterations: int = 0
-    grad_clip: float = 0.0
-    checkpoint_dir: str = ""  # "": <workdir>/checkpoint (APPORTION_CHECKPOINT_DIR)
-    progress_file: str = ""  # "": <workdir>/progress.jsonl (APPORTION_PROGRESS_FILE)
-
-    @property
-    def execution_plan(self) -> ExecutionPlan:
-        return ExecutionPlan(**self.plan)
-
-    def dump(self, path: str | Path) -> None:
-        write_json(path, asdict(self))
-
-    @classmethod
-    def load(cls, path: str | Path) -> TrainConfig:
-        return cls(**json.loads(Path(path).read_text()))
-
-
 
 
 @dataclass
@@ -190,7 +131,6 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
                      checkpoint_interval_s=interval, global_batch_size=job.global_batch_size)}
     files: dict[str, Any] = {"config.json": asdict(cfg)}
     if w.kind == "deepspeed":
-        from apportion.runtime.workers.deepspeed_config import DeepSpeedPlanError, deepspeed_config
         try:
             files["deepspeed.json"] = deepspeed_config(alloc.plan, job.global_batch_size,
                                                        lr=cfg.lr)

@@ -57,7 +57,8 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.launch import LaunchSpec, launch_spec, read_json_file, write_json
+from apportion.runtime.executors.launch import LaunchSpec, launch_spec
+from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
 from apportion.runtime.plan_filter import workload_plan_filter
 from apportion.runtime.executors.procs import (
@@ -81,7 +82,7 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Allocation, Decision
 from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
-from apportion.round import RoundConfig
+from apportion.policies import RoundConfig
 
 log = logging.getLogger(__name__)
 

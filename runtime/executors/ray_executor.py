@@ -52,7 +52,8 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.launch import launch_spec, read_json_file
+from apportion.runtime.executors.launch import launch_spec
+from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.executors.ray_import import describe_nodes
 from apportion.runtime.workload import (
     PROGRESS_FILE_NAME,

@@ -63,7 +63,8 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.launch import launch_spec, read_json_file, write_json
+from apportion.runtime.executors.launch import launch_spec
+from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.executors.slurm_commands import (
     ACTIVE_STATES,
     SlurmError,

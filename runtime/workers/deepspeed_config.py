@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from apportion.runtime import workload as wl
+from apportion.runtime.workers.train_config import TrainConfig, write_json
+
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -103,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch
     import torch.distributed as dist
-    from apportion.runtime import workload as wl
-    from apportion.runtime.executors.launch import TrainConfig, write_json
     from apportion.runtime.workers.checkpoint import force_weights_only, load_deepspeed
     from apportion.runtime.workers.torch_nets import batch, build_net, loss_fn
     force_weights_only()  # before DeepSpeed loads anything

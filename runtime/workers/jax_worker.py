@@ -179,7 +179,7 @@ def train_contract(config_path: str) -> int:
     import jax.numpy as jnp
     import numpy as np
     from apportion.runtime import workload as wl
-    from apportion.runtime.executors.launch import TrainConfig
+    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.workers.torch_nets import batch
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding

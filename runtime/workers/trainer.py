@@ -61,7 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from apportion.runtime.workers import checkpoint as ckpt
-from apportion.runtime.executors.launch import TrainConfig
+from apportion.runtime.workers.train_config import TrainConfig
 from apportion.runtime.workers.parallel import PlanError, settle
 from apportion.runtime.workers.strategies import wrap
 from apportion.runtime.workers.torch_nets import batch, build_net

@@ -28,7 +28,7 @@ def replay(trace: str, cluster: str, policy: str, seed: int, out: str, informati
            options: dict[str, Any], deterministic: bool = False) -> dict[str, float]:
     """Run one replay, logging each round's allocations; returns the replay's summary."""
     from apportion.experiments import harness as h
-    from apportion.experiments.policies import make_policy
+    from apportion.policies import make_policy
     from apportion.experiments.simulator import Simulator
 
     cl = h.cluster_from_arg(cluster)

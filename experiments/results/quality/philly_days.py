@@ -12,14 +12,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from apportion.experiments import traces as tr
+from apportion.experiments import trace_catalog as catalog
 from apportion.experiments.bench.sim import window_with
 
 DAY = 86400.0
 
 
 def main(out: str, days: list[int]) -> None:
-    raw = tr.load_trace("philly")
+    raw = catalog.load_trace("philly")
     start, _ = window_with(raw, 14.0, 13000)
     Path(out).mkdir(parents=True, exist_ok=True)
     for d in days:

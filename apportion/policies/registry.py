@@ -1,16 +1,28 @@
-"""Scheduling policies behind one interface: ``decide(view) -> Decision``.
+"""The policy registry: every policy by one name, built by ``make_policy(name, config)``.
 
-``make_policy(name, **options)`` builds one by name; ``POLICIES`` lists them.
-Every policy returns the spine's :class:`apportion.decision.Decision`, which
-the simulator checks with the spine's validator every round.
+Baselines are built on first use (their modules import what their algorithm needs:
+cvxpy for Gavel, scipy's MILP for Sia); apportion's own policies are one per
+formulation recipe (:mod:`apportion.policies.recipes`) plus the ablations and Crius's
+greedy. Plug-ins installed with pip register through the ``apportion.policies``
+entry-point group (a factory ``(config=None, **options) -> policy`` or a class) and the
+``apportion.formulations`` group (a :class:`~apportion.policies.recipes.Recipe`); both
+are read on first listing, so a plug-in appears in ``apportion policies``, ``--policy``
+and ``--formulation`` alike.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any
 
+from apportion.policies.recipes import RECIPES, Recipe, add_recipe
 from apportion.view import Policy
+
+log = logging.getLogger(__name__)
 
 _FACTORIES: dict[str, Callable[..., Any]] = {}
 
@@ -26,9 +38,7 @@ POLICIES: dict[str, str] = {}
 def _lazy(module: str, attr: str, **fixed: Any) -> Callable[..., Any]:
     """A baseline's factory; the driver's ``config`` (a RoundConfig) is not a baseline's."""
     def build(config: Any = None, **kw: Any) -> Any:
-        import importlib
-
-        cls = getattr(importlib.import_module(f"apportion.experiments.policies.{module}"), attr)
+        cls = getattr(importlib.import_module(f"apportion.policies.{module}"), attr)
         return cls(**{**fixed, **kw})
     return build
 
@@ -36,9 +46,8 @@ def _lazy(module: str, attr: str, **fixed: Any) -> Callable[..., Any]:
 def _formulation(**fixed: Any) -> Callable[..., Any]:
     """apportion's own policies take the driver's ``config`` (flags, estimator, budget)."""
     def build(config: Any = None, **kw: Any) -> Any:
-        from apportion.experiments.policies.optimising import Optimising
-
-        return Optimising(config, **{**fixed, **kw})
+        return importlib.import_module("apportion.policies.formulation").Optimising(
+            config, **{**fixed, **kw})
     return build
 
 
@@ -73,22 +82,77 @@ register("ymir-normal", _lazy("ymir", "Ymir", temporal=False, spatial=False),
 register("crius-greedy", _formulation(backend="greedy"),
          "Crius algorithm 1: GreedyCells with search depth on the candidate graph")
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")
-register("apportion", _formulation(), "apportion: the cell formulation + solver chain")
-register("apportion-plans", _formulation(formulation="plans"),
-         "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, SLAs)")
-register("apportion-deadline", _formulation(formulation="deadline"),
-         "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain")
+for _r in RECIPES.values():
+    register(_r.policy, _formulation(formulation=_r.name), _r.doc)
 register("apportion-na", _formulation(no_scaling=True), "ablation: no GPU-count scaling")
 register("apportion-nh", _formulation(no_hetero=True), "ablation: no heterogeneity scaling")
 
 
+def register_formulation(recipe: Recipe) -> None:
+    """Add a formulation (one recipe) and the policy that solves it (``recipe.policy``)."""
+    add_recipe(recipe)
+    register(recipe.policy, _formulation(formulation=recipe.name), recipe.doc)
+
+
+_PLUGINS = {"loaded": False}
+
+
+def load_plugins() -> list[str]:
+    """Register what installed packages offer under the ``apportion.policies`` and
+    ``apportion.formulations`` entry-point groups (once); returns what was added. A
+    plug-in that fails to load is logged and skipped, never fatal to the command."""
+    if _PLUGINS["loaded"]:
+        return []
+    _PLUGINS["loaded"] = True
+    added = []
+    for ep in entry_points(group="apportion.formulations"):
+        try:
+            recipe = ep.load()
+            register_formulation(recipe() if callable(recipe) and not isinstance(recipe, Recipe)
+                                 else recipe)
+            added.append(ep.name)
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the CLI
+            log.warning("formulation plug-in %s (%s) not loaded: %s", ep.name, ep.value, exc)
+    for ep in entry_points(group="apportion.policies"):
+        try:
+            factory = ep.load()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("policy plug-in %s (%s) not loaded: %s", ep.name, ep.value, exc)
+            continue
+        doc = ((getattr(factory, "__doc__", None) or "").strip().splitlines() or
+               [f"plug-in {ep.value}"])[0]
+        register(ep.name, _plugin(factory), doc)
+        added.append(ep.name)
+    return added
+
+
+def _plugin(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """A plug-in's factory: it receives the driver's config when it takes one."""
+    try:
+        takes_config = "config" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no config
+        takes_config = False
+
+    def build(config: Any = None, **kw: Any) -> Any:
+        return factory(config=config, **kw) if takes_config else factory(**kw)
+    return build
+
+
 def make_policy(name: str, config: Any = None, **options: Any) -> Any:
     """Build the policy registered as ``name``; ``config`` is the driver's
-    :class:`apportion.round.RoundConfig` (apportion's policies read it), ``options`` go to
-    its constructor."""
+    :class:`apportion.policies.config.RoundConfig` (apportion's policies read it),
+    ``options`` go to its constructor."""
+    load_plugins()
     if name not in _FACTORIES:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(_FACTORIES))}")
     return _FACTORIES[name](config, **options)
 
 
-__all__ = ["POLICIES", "Policy", "make_policy", "register"]
+def policy_names() -> list[str]:
+    """Every registered policy, plug-ins included."""
+    load_plugins()
+    return sorted(POLICIES)
+
+
+__all__ = ["POLICIES", "Policy", "load_plugins", "make_policy", "policy_names", "register",
+           "register_formulation"]

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import time
 
-from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
-from apportion.experiments.policies.morphling import plan_rate
-
-from apportion.view import View
 from apportion.decision import Decision, Reason
+from apportion.policies.base import Choice, Packer, build_decision, requested_type
+from apportion.policies.morphling import plan_rate
+from apportion.view import View
 
 
 class Synergy:

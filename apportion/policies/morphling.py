@@ -26,10 +26,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
-
-from apportion.view import View
 from apportion.decision import Decision, Reason
+from apportion.plans import is_dp_plan
+from apportion.policies.base import Choice, Packer, build_decision, requested_type
+from apportion.view import View
 
 
 def is_morphling(state: Any) -> bool:
@@ -41,8 +41,6 @@ def plan_rate(state: Any, js: Any, t: str, g: int, plan: str | None = None,
               dp_only: bool = False, placement: dict[str, int] | None = None) -> float:
     """Viewed rate at ``g`` GPUs, for a fixed plan, DP-family plans only, or the best plan."""
     if is_morphling(state):
-        from apportion.experiments.groundtruth import is_dp_plan
-
         return state.rate(js, t, g, placement, plan, plan_ok=is_dp_plan if dp_only else None)
     return state.rate(js, t, g, placement)
 
@@ -52,8 +50,6 @@ def best_plan(state: Any, js: Any, g: int, placement: dict[str, int] | None,
     """The plan code with the best measured time at this GPU count (Morphling truth only)."""
     if not is_morphling(state):
         return None
-    from apportion.experiments.groundtruth import is_dp_plan
-
     base = state.rates.base
     shape = tuple(sorted((placement or {}).values(), reverse=True))
     rows = [(t, p) for p, pl, t in base.rows.get(js.key, [])

@@ -21,10 +21,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from apportion.experiments.policies.base import Choice, Packer, build_decision, requested_type
-
-from apportion.view import View
 from apportion.decision import Action, Decision, Pending, Reason
+from apportion.policies.base import Choice, Packer, build_decision, requested_type
+from apportion.view import View
 
 
 def _powers(upto: int) -> list[int]:

@@ -18,13 +18,13 @@ import time
 from typing import Any
 
 import numpy as np
-from apportion.experiments.policies.base import Choice, Packer, build_decision
-from apportion.experiments.policies.morphling import best_plan, plan_rate
 from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from apportion.view import View
 from apportion.decision import Decision, Reason, SolveReport
+from apportion.policies.base import Choice, Packer, build_decision
+from apportion.policies.morphling import best_plan, plan_rate
+from apportion.view import View
 
 
 class SiaLike:

@@ -51,10 +51,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from apportion.experiments.policies.base import Choice, Packer, build_decision, type_order
-
 from apportion.decision import Decision, Reason
 from apportion.finetune_spec import problem_from_lists
+from apportion.policies.base import Choice, Packer, build_decision, type_order
 from apportion.view import JobView, View
 
 log = logging.getLogger(__name__)

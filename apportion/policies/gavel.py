@@ -44,12 +44,12 @@ import time
 from typing import Any
 
 import numpy as np
-from apportion.experiments.policies.base import Choice, Packer, build_decision, type_order
 
-from apportion.view import View
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.formulations.gavel import isolated_max_min, max_min_fairness, max_sum_throughput
+from apportion.policies.base import Choice, Packer, build_decision, type_order
 from apportion.solvers.cvx import solve_cvxpy
+from apportion.view import View
 
 log = logging.getLogger(__name__)
 

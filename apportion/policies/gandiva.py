@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import time
 
-from apportion.experiments.policies.base import Choice, Packer, build_decision
-
-from apportion.view import View
 from apportion.decision import Decision, Reason
+from apportion.policies.base import Choice, Packer, build_decision
+from apportion.view import View
 
 
 class GandivaIntrospective:

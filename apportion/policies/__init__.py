@@ -1,0 +1,33 @@
+"""Every scheduling policy behind one seam, by one name: apportion's formulations (a
+recipe each) and every baseline, with the registry and the library's round entry point.
+
+``make_policy(name, config)`` builds one; ``POLICIES`` names them (``policy_names()``
+with plug-ins); ``run_round(cluster, jobs, now, RoundConfig(...))`` runs one round
+through the pipeline (:mod:`apportion.round`) with the policy a config names;
+``register`` and ``register_formulation`` add a policy or a formulation.
+"""
+
+from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
+from apportion.policies.formulation import FormulationPolicy, Optimising
+from apportion.policies.recipes import RECIPES, Recipe
+from apportion.policies.registry import (
+                                         POLICIES,
+                                         Policy,
+                                         load_plugins,
+                                         make_policy,
+                                         policy_names,
+                                         register,
+                                         register_formulation,
+)
+from apportion.policies.rounds import (
+                                         checked_config,
+                                         estimator_from,
+                                         formulation_names,
+                                         policy_for,
+                                         run_round,
+)
+
+__all__ = ["BACKENDS", "FormulationPolicy", "GAVEL_POLICIES", "Optimising", "POLICIES",
+           "Policy", "RECIPES", "Recipe", "RoundConfig", "check_mip_gap", "checked_config",
+           "estimator_from", "formulation_names", "load_plugins", "make_policy",
+           "policy_for", "policy_names", "register", "register_formulation", "run_round"]

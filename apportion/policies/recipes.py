@@ -1,0 +1,148 @@
+"""The formulations apportion's policy can solve, one recipe each: how a round's candidate
+graph is built, which heuristic is the hint and the fallback, and what the decision adds.
+
+A recipe is the whole difference between ``cells`` (Crius's cells), ``plans``
+(Morphling's execution plans x GPUs, CPUs and memory) and ``deadline`` (Crius-DDL /
+ElasticFlow admission): the pipeline, the solver chain, validation and decoding are
+shared. A researcher adds a formulation with :func:`apportion.policies.registry.
+register_formulation` (one recipe, one call); it is then reachable from
+``solve-round --formulation``, ``--policy``, ``simulate`` and ``compare``.
+
+The candidate builders take the policy object that runs the recipe (its estimator, its
+candidate cache across rounds, the jobs ranked so far): :class:`CandidateContext`
+says what they may read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import networkx as nx
+
+from apportion.formulations.candidates import build_candidates, problem_dump
+from apportion.formulations.cells import build_cells_model
+from apportion.formulations.deadline import DeadlineOptions, apply_deadlines, deadline_projection
+from apportion.formulations.plans import (
+    CalibratedPlans,
+    EstimatedPlans,
+    PlanOptions,
+    build_plan_candidates,
+)
+from apportion.jobs import JobSpec
+from apportion.solvers.greedy import GreedyCells
+from apportion.solvers.slope import SlopeGreedy
+from apportion.view import View
+
+
+class CandidateContext(Protocol):
+    """What a candidate builder reads of the policy running it."""
+
+    cfg: Any  # the RoundConfig
+    rounds_made: int  # rounds this policy has built candidates for before this one
+    seen_jct: dict[str, float]  # every job ranked so far, with its last projected JCT
+
+    def base_estimator(self) -> Any:
+        """The configured estimator (plans and memory)."""
+        ...
+
+    def measured_rate(self) -> Callable[[JobSpec, str, int], float] | None:
+        """A replay's measured rates (the view's), or None on a real cluster."""
+        ...
+
+    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
+        """The cell candidates, re-estimating only new or changed jobs."""
+        ...
+
+
+CandidateBuilder = Callable[[CandidateContext, View, list[JobSpec], Any], nx.DiGraph]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One formulation as a policy.
+
+    ``candidates(ctx, view, specs, est)``: the candidate graph (the schema of
+    :mod:`apportion.formulations.schema`); ``model(g, cfg)``: the neutral model;
+    ``heuristic(depth)``: the hint and fallback (``.solve(g) -> (choices, objective,
+    wall)``, ``.name``); ``annotate(g, placed)``: what the decision's ``meta`` adds;
+    ``partitions``: a POP-partitioned solve applies, each part's model built by
+    ``part_model`` (a module-level function: the parts run in other processes);
+    ``trim_scale_up``: a full round offers no job more than it asked for."""
+
+    name: str
+    policy: str  # the registry name of the policy that solves it with apportion's defaults
+    doc: str
+    candidates: CandidateBuilder
+    model: Callable[[nx.DiGraph, Any], Any]
+    heuristic: Callable[[int], Any]
+    annotate: Callable[[nx.DiGraph, set[str]], dict[str, Any]] | None = None
+    partitions: bool = True
+    part_model: Callable[[nx.DiGraph], Any] = build_cells_model
+    trim_scale_up: bool = True
+    problem: Callable[[nx.DiGraph], dict[str, Any]] = problem_dump
+
+
+def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                    est: Any) -> nx.DiGraph:
+    """Crius's cells; one round (``solve-round``) has no cache to fill."""
+    if ctx.rounds_made == 0:
+        return build_candidates(view.cluster, specs, view.now, est, ctx.cfg.candidates,
+                                ctx.seen_jct)
+    return ctx.cached_candidates(view, specs, est)
+
+
+def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                    est: Any) -> nx.DiGraph:
+    """Morphling's plans; in a replay the view's measured rates set the times. One objective
+    for both formulations: the plans take the cells' objective knobs."""
+    cfg = ctx.cfg
+    source = cfg.plan_source or EstimatedPlans(ctx.base_estimator())
+    rate = ctx.measured_rate()
+    if rate is not None:
+        source = CalibratedPlans(source, rate)
+    return build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
+                                 cfg.plan_options or PlanOptions.like(cfg.candidates))
+
+
+def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                        est: Any) -> nx.DiGraph:
+    """Cells, each kept only where it finishes its job by the deadline."""
+    g = cell_candidates(ctx, view, specs, est)
+    apply_deadlines(g, specs, view.now, DeadlineOptions(restart_s=ctx.cfg.candidates.restart_s))
+    g.graph["formulation"] = "deadline"
+    return g
+
+
+def cells_model(g: nx.DiGraph, cfg: Any) -> Any:
+    return build_cells_model(g, max_changes=cfg.max_changes)
+
+
+def deadline_meta(g: nx.DiGraph, placed: set[str]) -> dict[str, Any]:
+    return deadline_projection(g, placed)
+
+
+def _plans_heuristic(depth: int) -> Any:
+    return SlopeGreedy()
+
+
+RECIPES: dict[str, Recipe] = {}
+
+
+def add_recipe(recipe: Recipe) -> None:
+    RECIPES[recipe.name] = recipe
+
+
+add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solver chain",
+                  cell_candidates, cells_model, GreedyCells))
+add_recipe(Recipe("plans", "apportion-plans",
+                  "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
+                  "SLAs)", plan_candidates, cells_model, _plans_heuristic,
+                  partitions=False, trim_scale_up=False))
+add_recipe(Recipe("deadline", "apportion-deadline",
+                  "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain",
+                  deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta))
+
+__all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
+           "cells_model", "deadline_candidates", "plan_candidates"]

@@ -1,0 +1,131 @@
+"""The library's entry point to a round (:func:`run_round`) and the policy a config names.
+
+``run_round(cluster, jobs, now, RoundConfig(...))`` is what a researcher calls: the
+pipeline (:func:`apportion.round.run_pipeline`) with the policy the config names (the
+cell formulation by default) and the configured estimator as every policy's rate
+source. :func:`checked_config` is the same choice from command-line flags, refused by
+the flag that made it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from apportion.cluster import Cluster
+from apportion.decision import Decision
+from apportion.errors import InputError
+from apportion.estimation.models.measured import TableEstimator
+from apportion.estimation.rates import EstimatorRates
+from apportion.estimation.registry import ESTIMATORS, make_estimator
+from apportion.jobs import JobSpec
+from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
+from apportion.policies.formulation import FormulationPolicy, _Memo
+from apportion.policies.recipes import RECIPES
+from apportion.policies.registry import load_plugins, make_policy, policy_names
+from apportion.round import RoundResult, run_pipeline
+from apportion.view import Policy, view_of
+
+
+def formulation_names() -> list[str]:
+    """``--formulation``'s choices: every recipe (plug-ins included) and ``gavel`` (Gavel's
+    policy, whose LP is a formulation of its own)."""
+    load_plugins()
+    return [*RECIPES, "gavel"]
+
+
+def checked_config(backend: str = "auto", formulation: str = "cells", policy: str | None = None,
+                   estimator: str = "analytic", **kw: Any) -> RoundConfig:
+    """A :class:`RoundConfig` from command-line choices; a bad one is an
+    :class:`~apportion.errors.InputError` naming the flag and the choices."""
+    if backend not in BACKENDS:
+        raise InputError("--backend", "backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    if formulation not in formulation_names():
+        raise InputError("--formulation", "formulation", f"{formulation!r} is not available; "
+                         f"available: {', '.join(formulation_names())}")
+    if estimator not in ESTIMATORS:
+        raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
+                         f"{', '.join(ESTIMATORS)}")
+    if "mip_gap" in kw:
+        check_mip_gap(kw["mip_gap"])
+    if policy is not None and policy not in policy_names():
+        raise InputError("--policy", "policy", f"{policy!r} is not a policy; known: "
+                         f"{', '.join(policy_names())}")
+    return RoundConfig(backend=backend, formulation=formulation, policy=policy,
+                       estimator=estimator, **kw)
+
+
+def estimator_from(name: str, tables: Any = None, samples: Any = None,
+                   batches: dict[str, int] | None = None) -> Any:
+    """The ``--estimator`` choice as what a RoundConfig carries: a name, or for ``tables`` and
+    ``auto`` an estimator holding the measurements (a CSV path and/or a store's samples)."""
+    if name not in ("tables", "auto"):
+        return name
+    rows: tuple[Any, ...] = ()
+    if tables is not None:
+        rows += TableEstimator.from_csv(tables).rows
+    if samples is not None:
+        rows += TableEstimator.from_store_samples(samples, batches).rows
+    return make_estimator(name, tables=TableEstimator(rows))
+
+
+def policy_for(config: RoundConfig, estimator: Any = None) -> Policy:
+    """The policy ``config`` names: a registered one, Gavel's for ``formulation=gavel``, or
+    the formulation's own."""
+    name = config.policy
+    if name is None and config.formulation == "gavel":
+        name = GAVEL_POLICIES.get(config.gavel_variant)
+        if name is None:
+            raise ValueError(f"unknown Gavel variant {config.gavel_variant!r}; choose "
+                             f"{', '.join(GAVEL_POLICIES)}")
+    if name is not None:
+        return make_policy(name, config=config)
+    if estimator is not None:
+        config = replace(config, estimator=estimator)
+    return FormulationPolicy(config)
+
+
+def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
+              config: RoundConfig | None = None, estimator: Any = None,
+              policy: Policy | None = None,
+              commit: Callable[[Decision], Any] | None = None,
+              apply: Callable[[Decision], Any] | None = None,
+              history: Mapping[str, Any] | None = None,
+              seen_jct: Mapping[str, float] | None = None) -> RoundResult:
+    """One round on an operator's queue (the library API): admission, the policy
+    ``config`` names (the cell formulation by default), validation, then the caller's
+    ``commit`` and ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.
+    JobHistory`, what ``job_histories`` reads from a store) gives history-aware policies
+    the attained service a replay would give them; ``seen_jct`` (job id -> JCT s, what
+    ``finished_jcts`` reads) the jobs apportion's policies rank the tail against, as a
+    long-lived policy remembers them (``tail_quantile``)."""
+    cfg = config or RoundConfig()
+    if cfg.formulation not in formulation_names():
+        raise ValueError(f"unknown formulation {cfg.formulation!r}; choose "
+                         f"{', '.join(formulation_names())}")
+    pol = policy or policy_for(cfg, estimator)
+    est = estimator
+    if est is None:
+        inner = getattr(pol, "estimator", None)
+        est = inner.inner if isinstance(inner, _Memo) else (
+            make_estimator(cfg.estimator) if isinstance(cfg.estimator, str) else cfg.estimator)
+    rates = EstimatorRates(est, cluster)
+    if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
+        pol.estimator = _Memo(est)
+    if isinstance(pol, FormulationPolicy) and seen_jct:
+        pol.seen_jct.update({j: v for j, v in seen_jct.items() if j not in pol.seen_jct})
+    view = view_of(cluster, jobs, now_s, rates)
+    view.plan_filter = cfg.plan_filter
+    for js in view.jobs if history else ():
+        h = history.get(js.id)
+        if h is not None:
+            js.gpu_seconds, js.run_seconds = h.gpu_seconds, h.run_seconds
+            js.time_on_type = dict(h.time_on_type)
+            js.first_start, js.restarts = h.first_start, h.restarts
+            js.preemptions, js.rounds_run = h.preemptions, h.rounds_run
+    try:
+        return run_pipeline(view, pol, commit, apply)
+    finally:
+        if policy is None and isinstance(pol, FormulationPolicy):
+            pol.close()  # this round's own policy: its child or Ray instance goes with it

@@ -1,0 +1,63 @@
+"""The solver chain's rules, shared by the chain in this process (:mod:`.chain`) and the
+chain in an isolated child (:mod:`.isolation`): how much of the budget each backend gets,
+which backend is skipped, how a backend runs inside a chain, which answer is better and
+which bound is tighter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from apportion.solvers.base import Backend, SolveResult
+
+# HiGHS in a chain stops once this share of its time passed without a better answer
+HIGHS_STALL_SHARE: float | None = 0.25
+LP_SHARE = 0.5  # at most this share of what is left goes to the LP relaxation
+HIGHS_FIRST_SHARE = 0.3  # HiGHS before LP rounding: enough for the rounds it proves at once
+
+
+def share(names: Sequence[str], i: int, left: float) -> float:
+    """The time backend ``names[i]`` may use of ``left`` seconds: the LP relaxation a share
+    only, and HiGHS before LP rounding a share (the rest goes to rounding and HiGHS again)."""
+    if i == len(names) - 1:
+        return left
+    if names[i] == "lp-round":
+        return LP_SHARE * left
+    if names[i] == "highs" and "lp-round" in names[i + 1:]:
+        return HIGHS_FIRST_SHARE * left
+    return left
+
+
+def skipped(names: Sequence[str], i: int, answered: set[str]) -> str | None:
+    """Why backend ``names[i]`` does not run (None: it runs): CP-SAT only if HiGHS failed,
+    since a HiGHS that answered and stopped (its incumbent stalled) would otherwise hand
+    CP-SAT the rest of a budget CP-SAT rarely uses better on these models."""
+    if names[i] == "cp-sat" and "highs" in answered:
+        return "skipped: HiGHS answered"
+    return None
+
+
+def for_chain(backend: Backend, gap: float) -> Backend:
+    """``backend`` as the chain runs it: the chain's tolerance as its own (a MIP backend
+    that has one), and HiGHS stopping once its incumbent stalls (``HIGHS_STALL_SHARE``)."""
+    if hasattr(backend, "mip_rel_gap"):
+        backend.mip_rel_gap = gap  # type: ignore[attr-defined]
+    if hasattr(backend, "stall_share"):
+        backend.stall_share = HIGHS_STALL_SHARE  # type: ignore[attr-defined]
+    return backend
+
+
+def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
+    if b is None or b.objective is None:
+        return True
+    assert a.objective is not None
+    return a.objective > b.objective + 1e-9 if sense == "max" else a.objective < b.objective - 1e-9
+
+
+def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:
+    """The tighter of ``bound`` and what ``res`` proved (a bound counts only with an answer)."""
+    if res.bound is None or res.x is None:
+        return bound
+    if bound is None:
+        return res.bound
+    return min(bound, res.bound) if sense == "max" else max(bound, res.bound)
