@@ -454,15 +454,31 @@ class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLo
     error messages are the same either way."""
 
 
+# no input of apportion's nests deeper; a deeper document is refused, not walked
+MAX_NESTING = 64
+
+
 def _shallow(data: Any, limit: int = 32) -> bool:
-    """True when ``data`` nests at most ``limit`` levels (walked without recursion)."""
-    stack = [(data, 0)]
+    """True when ``data`` nests at most ``limit`` levels. Walked without recursion, and each
+    container once: YAML aliases share one object many times over (a "billion laughs"
+    document is a few lists referencing each other), so a walk as a tree never ends."""
+    height: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(data, False)]
     while stack:
-        d, depth = stack.pop()
-        if isinstance(d, (dict, list)):
-            if depth >= limit:
+        d, done = stack.pop()
+        if not isinstance(d, (dict, list)) or (id(d) in height and not done):
+            continue
+        kids = [v for v in (d.values() if isinstance(d, dict) else d)
+                if isinstance(v, (dict, list))]
+        if done:
+            h = 1 + max((height[id(k)] for k in kids), default=0)
+            if h > limit:
                 return False
-            stack.extend((v, depth + 1) for v in (d.values() if isinstance(d, dict) else d))
+            height[id(d)] = h
+            continue
+        height[id(d)] = limit + 1  # on the stack: a cycle through it is too deep
+        stack.append((d, True))
+        stack.extend((k, False) for k in kids if id(k) not in height)
     return True
 
 
@@ -475,7 +491,10 @@ def parse_yaml_text(text: str, source: str) -> Any:
                     return data
             except yaml.YAMLError:
                 pass
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        if not _shallow(data, MAX_NESTING):  # whatever the interpreter's recursion limit
+            raise RecursionError
+        return data
     except RecursionError:
         raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
     except yaml.YAMLError as exc:

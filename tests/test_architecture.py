@@ -27,7 +27,7 @@ def layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in LAYERS:
         return parts[1]
-    return "cli" if module in ("apportion.store_cli",) else "core"
+    return "core"
 
 
 def modules() -> dict[str, Path]:

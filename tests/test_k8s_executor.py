@@ -250,7 +250,7 @@ def test_apportion_run_until_idle(tmp_path: Path) -> None:
     (tmp_path / "k8s.yaml").write_text(json.dumps({
         "namespace": "default", "local_checkpoint_mount": str(mount), "retry_wait_s": 0.02,
         "stop_timeout_s": 5, "image": "apportion-worker:test"}))
-    from apportion.store_cli import submit
+    from apportion.cli.store import submit
 
     assert submit(tmp_path / "jobs.yaml", tmp_path / "s.db") == 0
     with ApiServerDouble() as srv:

@@ -69,7 +69,8 @@ class Recipe:
     wall)``, ``.name``); ``annotate(g, placed)``: what the decision's ``meta`` adds;
     ``partitions``: a POP-partitioned solve applies, each part's model built by
     ``part_model`` (a module-level function: the parts run in other processes);
-    ``trim_scale_up``: a full round offers no job more than it asked for."""
+    ``trim_scale_up``: a full round offers no job more than it asked for; ``quotas``: the
+    formulation keeps tenants' quotas and guaranteed jobs' SLAs (``--tenants``)."""
 
     name: str
     policy: str  # the registry name of the policy that solves it with apportion's defaults
@@ -81,6 +82,7 @@ class Recipe:
     partitions: bool = True
     part_model: Callable[[nx.DiGraph], Any] = build_cells_model
     trim_scale_up: bool = True
+    quotas: bool = False
     problem: Callable[[nx.DiGraph], dict[str, Any]] = problem_dump
 
 
@@ -139,7 +141,7 @@ add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solve
 add_recipe(Recipe("plans", "apportion-plans",
                   "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
                   "SLAs)", plan_candidates, cells_model, _plans_heuristic,
-                  partitions=False, trim_scale_up=False))
+                  partitions=False, trim_scale_up=False, quotas=True))
 add_recipe(Recipe("deadline", "apportion-deadline",
                   "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain",
                   deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta))

@@ -29,8 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from apportion.admission import catalog_problem
 from apportion import outputs
+from apportion.admission import catalog_problem
 from apportion.config import default_cluster, jobs_from_data, read_yaml
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision
@@ -278,31 +278,27 @@ def history(state: Path, as_json: bool = False, limit: int | None = None) -> int
 # ---------------------------------------------------------------------------
 # solve-round --state
 # ---------------------------------------------------------------------------
-def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
-                      backend: str = "auto", time_budget: float = 10.0, search_depth: int = 3,
-                      max_changes: int | None = None, formulation: str = "cells",
-                      json_out: Path | None = None, dump_problem: Path | None = None,
-                      round_key: str | None = None, tenants: Path | None = None,
-                      isolate: bool = False,
+def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flags: Any,
+                      started: float, *, json_out: Path | None = None,
+                      dump_problem: Path | None = None, round_key: str | None = None,
                       show: Callable[[Decision], None] | None = None,
-                      write_json: Callable[[Path, Any], None] | None = None,
-                      policy: str | None = None, estimator: str = "analytic",
-                      tables: Path | None = None, mip_gap: float = 1e-3) -> int:
+                      write_json: Callable[[Path, Any], None] | None = None) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
-    ``show`` prints the decision (the CLI passes its table and report printer);
+    ``flags`` (:class:`apportion.cli.round_config.RoundFlags`) become the round's config
+    exactly as without ``--state``; the budget counts from ``started`` (the command's
+    start). ``show`` prints the decision (the CLI passes its table and report printer);
     ``write_json`` writes an output file (default :func:`apportion.outputs.write_json`).
     Every output path is checked before the store is opened, so a bad one commits nothing.
     """
-    from apportion.config import load_tenants, resolve_cluster
-    from apportion.policies import checked_config, run_round
+    from apportion.cli.round_config import round_config
+    from apportion.config import resolve_cluster
+    from apportion.policies import estimator_from, run_round
     from apportion.store_faults import effective_cluster
 
     write_json = write_json or outputs.write_json
     try:
-        cfg = checked_config(backend, formulation, policy, estimator, time_budget_s=time_budget,
-                             search_depth=search_depth, max_changes=max_changes, isolate=isolate,
-                             mip_gap=mip_gap)
+        cfg = round_config(flags, started)
         if jobs is not None:
             raise InputError(str(jobs), "--jobs", "--jobs and --state exclude each other: with "
                              "--state the queue comes from the store (add jobs with "
@@ -310,7 +306,6 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         if round_key is not None and not round_key.strip():
             raise InputError("--round-key", "round_key", "must not be empty")
         outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
-        cfg.quotas = load_tenants(tenants) if tenants else None
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         store = open_store(state)
     except _HANDLED as exc:
@@ -325,12 +320,11 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
         store.close()
         return report(exc, state)
     try:
-        if estimator in ("tables", "auto"):  # measured times: the file's and this store's
-            from apportion.policies import estimator_from
-
+        if flags.estimator in ("tables", "auto"):  # measured times: the file's and the store's
             batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
             try:
-                cfg.estimator = estimator_from(estimator, tables, store.samples(), batches)
+                cfg.estimator = estimator_from(flags.estimator, flags.tables, store.samples(),
+                                               batches)
             except InputError as exc:
                 return _bad(exc)
         return _locked_round(store, cl, cfg,

@@ -1,0 +1,149 @@
+"""The ``apportion`` application: the top-level error handler, ``--version``/``-v``, the
+command groups, and every command registered by name from the modules that hold them.
+
+Any bad input exits 2 with one line naming the file and the field, and nothing is
+written; "try again later" (a busy store, a full disk) exits 75; any other failure is one
+line (exit 1) with the traceback only under ``-v``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from apportion import __version__
+from apportion.cli import (
+    cmd_bench,
+    cmd_catalog,
+    cmd_ops,
+    cmd_replay,
+    cmd_research,
+    cmd_round,
+    cmd_store,
+)
+from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY
+from apportion.console import printable, setup_logging, stderr_console, verbose_requested
+from apportion.errors import HostError, InputError
+
+log = logging.getLogger("apportion")
+
+
+def _uncaught(exc: BaseException) -> int:
+    """One line for an error no command handled; the exit code."""
+    from apportion.store import StoreBusy, store_error
+
+    if isinstance(exc, sqlite3.Error):
+        exc = store_error(exc, getattr(exc, "path", "the state database"))
+    if isinstance(exc, OSError) and not isinstance(exc, InputError):
+        from apportion.env import data_root
+
+        name = str(exc.filename or "a file")
+        hint = (" (a data set: set APPORTION_DATA to the folder of the data sets)"
+                if isinstance(exc, FileNotFoundError) and name.startswith(str(data_root()))
+                else "")
+        exc = HostError.from_os_error(exc, name + hint)
+    err = stderr_console()
+    if isinstance(exc, StoreBusy):
+        err.print(f"busy: {printable(exc)}", highlight=False, markup=False, soft_wrap=True)
+        return EXIT_BUSY
+    if isinstance(exc, HostError):
+        err.print(f"error: {printable(exc)}", highlight=False, markup=False, soft_wrap=True)
+        return exc.exit_code
+    if isinstance(exc, InputError):
+        err.print(f"error: {printable(exc)}", highlight=False, markup=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
+    err.print(f"error: internal error ({type(exc).__name__}: {printable(exc)}); run it again "
+              "with -v for the traceback, and please report it", highlight=False, markup=False,
+              soft_wrap=True)
+    return EXIT_BUG
+
+
+class _Commands(TyperGroup):
+    """The top-level handler: whatever a command raises becomes one line and an exit code
+    (tracebacks only with ``-v``/``--verbose`` or ``APPORTION_LOG=DEBUG``)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            return super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=standalone_mode, **extra)
+        except Exception as exc:
+            if not standalone_mode:
+                raise
+            if verbose_requested(argv):
+                traceback.print_exception(exc, file=sys.stderr)
+                code = EXIT_BUG
+            else:
+                code = _uncaught(exc)
+            sys.exit(code)
+
+
+app = typer.Typer(cls=_Commands, add_completion=True, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
+                  help="apportion: joint resource allocation and execution planning for DL "
+                       "training. Environment: APPORTION_DATA (the real data sets), "
+                       "APPORTION_CACHE (profile cache), APPORTION_LOG (log level), "
+                       "APPORTION_PROGRESS_S (seconds between progress lines).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"apportion {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print the version and exit"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr, for every command"),
+) -> None:
+    """apportion: joint resource allocation and execution planning for DL training."""
+    setup_logging(verbose)
+
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="benchmarks")
+app.add_typer(bench_app, name="bench")
+cluster_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="describe a real cluster (Slurm, Ray, Kubernetes) as a cluster YAML")
+app.add_typer(cluster_app, name="cluster")
+export_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="write objects for other systems to apply")
+app.add_typer(export_app, name="export")
+
+app.command("solve-round")(cmd_round.solve_round)
+app.command("policies")(cmd_catalog.policies_cmd)
+app.command("models")(cmd_catalog.models)
+app.command("gpus")(cmd_catalog.gpus)
+app.command("submit")(cmd_store.submit)
+app.command("cancel")(cmd_store.cancel)
+app.command("status")(cmd_store.status)
+app.command("history")(cmd_store.history)
+app.command("simulate")(cmd_replay.simulate_cmd)
+app.command("compare")(cmd_replay.compare_cmd)
+bench_app.command("sim")(cmd_bench.bench_sim_cmd)
+bench_app.command("estimate")(cmd_bench.bench_estimate_cmd)
+bench_app.command("solve")(cmd_bench.bench_solve_cmd)
+bench_app.command("round")(cmd_bench.bench_round_cmd)
+app.command("profile")(cmd_research.profile_cmd)
+app.command("estimate")(cmd_research.estimate_cmd)
+app.command("solve-shards")(cmd_research.solve_shards_cmd)
+app.command("solve-finetune")(cmd_research.solve_finetune_cmd)
+app.command("run")(cmd_ops.run_cmd)
+cluster_app.command("import")(cmd_ops.cluster_import_cmd)
+export_app.command("k8s")(cmd_ops.export_k8s_cmd)
+export_app.command("kueue")(cmd_ops.export_kueue_cmd)
+
+
+def main() -> None:
+    app(prog_name="apportion")

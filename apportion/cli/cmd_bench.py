@@ -1,0 +1,171 @@
+"""Benchmarks: replay speed, estimator accuracy, solver time and gap, whole rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from apportion import outputs
+from apportion.cli.common import (
+    INFORMATION_HELP,
+    MIP_GAP_HELP,
+    check_finite,
+    emit,
+    fail,
+    user_input,
+)
+from apportion.console import stdout_console
+from apportion.errors import InputError
+
+
+def bench_sim_cmd(
+    policy: str = typer.Option("fcfs", "--policy"),
+    days: float = typer.Option(14.0, "--days", min=0.1),
+    time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
+    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
+) -> None:
+    """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
+    from apportion.console import Progress
+    from apportion.experiments.bench.sim import main as bench_sim_main
+    from apportion.policies import check_mip_gap
+    from apportion.view import INFORMATION_MODES
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        check_finite(days, "--days")
+        check_finite(time_budget, "--time-budget")
+        check_mip_gap(mip_gap)
+        if information not in INFORMATION_MODES:
+            raise InputError("--information", "information", f"{information!r} is not one of "
+                             f"{', '.join(INFORMATION_MODES)}")
+    with Progress(f"bench sim {policy}", heartbeat=True):
+        res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap)
+    emit(res, json_out)
+
+
+def bench_estimate_cmd(
+    against: str = typer.Option(..., "--against", help="morphling | crius | local"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the result JSON here "
+                                            "(- for stdout)"),
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown", readable=False,
+                                                help="write a markdown table "
+                                                "(- for stdout)"),
+) -> None:
+    """Estimator accuracy against measured iteration times (Morphling, Crius, or this machine).
+
+    The measured data comes from $APPORTION_DATA (default: ../shared/data beside the
+    repository)."""
+    from apportion.console import Progress
+    from apportion.experiments.bench.estimate import markdown, run
+
+    with user_input():
+        if against not in ("morphling", "crius", "local"):
+            raise InputError("--against", "against", f"{against!r} is not one of morphling, "
+                                                     "crius, local")
+        outputs.check_outputs((json_out, "--json"), (markdown_out, "--markdown"))
+    with Progress(f"bench estimate --against {against}", heartbeat=True):
+        res = run(against)
+    if not outputs.any_stdout(json_out, markdown_out):
+        stdout_console().print(markdown(res), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, res, "--json")
+    if markdown_out:
+        outputs.write_text(markdown_out, markdown(res), "--markdown")
+
+
+def bench_solve_cmd(
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the rows as JSON "
+                                            "(- for stdout)"),
+    budget: float = typer.Option(5.0, "--time-budget", help="per-backend budget, s"),
+    quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),
+    backends: str = typer.Option("highs,cp-sat,chain", "--backends", help="comma-separated"),
+    seed: int = typer.Option(0, "--seed"),
+    peers: bool = typer.Option(False, "--peers", help="apportion, Gavel's LPs, POP-2/4/8, Sia's "
+                               "ILP and Crius's greedy on the same rounds (1,000-10,000 jobs)"),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="--peers: comma-separated job "
+                                        "counts (default 1000,2000,5000,10000)"),
+) -> None:
+    """Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."""
+    from apportion.console import Progress
+    from apportion.experiments.bench.solve import DEFAULT_GRID, QUICK_GRID, markdown, run_bench
+
+    if peers:
+        from apportion.experiments.bench import peers as pb
+
+        try:
+            outputs.check_outputs((json_out, "--json"))
+            ns = tuple(int(x) for x in sizes.split(",")) if sizes else \
+                ((1000,) if quick else pb.PEER_SIZES)
+            if any(n < 1 for n in ns):
+                raise ValueError
+        except ValueError:
+            fail(InputError("--sizes", "sizes", f"{sizes!r}: give positive job counts"))
+            return
+        except InputError as exc:
+            fail(exc)
+            return
+        with Progress("bench solve --peers", heartbeat=True):
+            rows = pb.bench_peers(ns, budget_s=budget, seed=seed if seed else 1)
+        if not outputs.is_stdout(json_out):
+            stdout_console().print(pb.markdown(rows, budget), markup=False, highlight=False)
+        if json_out:
+            outputs.write_json(json_out, rows, "--json")
+        return
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        check_finite(budget, "--time-budget")
+        names = [b.strip() for b in backends.split(",") if b.strip()]
+        bad = [b for b in names if b not in ("highs", "cp-sat", "chain")]
+        if bad or not names:
+            raise InputError("--backends", "backends", f"unknown {bad}; use highs, cp-sat, chain")
+    grid = QUICK_GRID if quick else DEFAULT_GRID
+    with Progress("bench solve", heartbeat=True):
+        rows = run_bench(grid, names, budget, seed)
+    if not outputs.is_stdout(json_out):
+        stdout_console().print(markdown(rows), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, rows, "--json")
+
+
+def bench_round_cmd(
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the rows as JSON (- for stdout)"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="runs per case"),
+    seed: int = typer.Option(1, "--seed", help="the held-out rounds' seed"),
+    case: Optional[list[str]] = typer.Option(None, "--case", help="JOBS:GPUS:BUDGET[:PARTS"
+                                             "[:ENGINE]] (repeatable; default: the targets)"),
+) -> None:
+    """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
+    from apportion.console import Progress
+    from apportion.experiments.bench import rounds
+
+    try:
+        outputs.check_outputs((json_out, "--json"))
+        cases = None
+        if case:
+            cases = []
+            for c in case:
+                f = c.split(":")
+                if len(f) < 3 or f[4:5] not in ([], ["local"], ["ray"]):
+                    raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]")
+                cases.append((int(f[0]), int(f[1]), 4, float(f[2]), int(f[3]) if len(f) > 3
+                              else 1, f[4] if len(f) > 4 else "local"))
+    except ValueError:
+        fail(InputError("--case", "case", "numbers expected: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]"))
+        return
+    except InputError as exc:
+        fail(exc)
+        return
+    with Progress("bench round", heartbeat=True):
+        rows = rounds.main(cases, seed, repeat)
+    if not outputs.is_stdout(json_out):
+        stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, rows, "--json")

@@ -1,0 +1,70 @@
+"""The catalogs a user picks names from: policies, models, GPU types."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.table import Table
+
+from apportion.cli.common import (
+    print_json,
+)
+from apportion.console import stdout_console
+
+
+def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
+    """List every registered policy (usable with --policy on solve-round, run, simulate)."""
+    from apportion.policies import POLICIES
+
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(POLICIES, indent=2, sort_keys=True) + "\n")
+        return
+    t = Table(title="policies")
+    t.add_column("name")
+    t.add_column("what it does")
+    for name, doc in sorted(POLICIES.items()):
+        t.add_row(name, doc)
+    stdout_console().print(t)
+
+
+def models(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
+    """List the model catalog with parameter counts and forward FLOPs per sample."""
+    from apportion.models import MODEL_NAMES, get_model
+
+    rows = []
+    for name in MODEL_NAMES:
+        m = get_model(name)
+        rows.append({"name": name, "family": m.family, "params": m.params,
+                     "flops_per_sample": m.flops_per_sample, "layers": len(m.layers)})
+    if as_json:
+        print_json({"models": rows})
+        return
+    t = Table(title="model catalog")
+    for col in ("name", "family", "params (B)", "fwd GFLOP/sample", "layers"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["family"], f"{r['params'] / 1e9:.3f}",
+                  f"{r['flops_per_sample'] / 1e9:.1f}", str(r["layers"]))
+    stdout_console().print(t)
+
+
+def gpus(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
+    """List the GPU catalog (vendor data-sheet figures)."""
+    from apportion.gpus import gpu_catalog
+
+    rows = [{"name": g.name, "architecture": g.architecture, "memory_gib": g.memory_gib,
+             "half_tflops": g.half_tflops, "fp32_tflops": g.fp32_tflops, "hbm_GBps": g.hbm_GBps,
+             "link": g.link, "link_GBps": g.link_GBps} for g in gpu_catalog().values()]
+    if as_json:
+        print_json({"gpus": rows})
+        return
+    t = Table(title="GPU catalog")
+    for col in ("name", "arch", "memory GiB", "16-bit TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "link"):
+        t.add_column(col)
+    for g in rows:
+        t.add_row(g["name"], g["architecture"], f"{g['memory_gib']:g}", f"{g['half_tflops']:g}",
+                  f"{g['fp32_tflops']:g}", f"{g['hbm_GBps']:g}", f"{g['link']} {g['link_GBps']:g} GB/s")
+    stdout_console().print(t)

@@ -1,0 +1,148 @@
+"""Operating real clusters: the run loop, importing a cluster, exporting to Kubernetes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from apportion import outputs
+from apportion.cli.common import (
+    ESTIMATOR_HELP,
+    POLICY_HELP,
+    check_finite,
+    cluster_help,
+    user_input,
+    verbose_logs,
+)
+from apportion.console import stderr_console
+
+
+def run_cmd(
+    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
+    cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
+                                "name: " + cluster_help()),
+    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
+    interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
+    until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
+    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
+                                             "(in-cluster: the pod's service account)"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
+                                              "YAML (namespace, image, PVC, queue, priorities)"),
+    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
+                               "every job instead of leaving them running"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off; "
+        "default off; a job's workload.checkpoint_every wins)"),
+    checkpoint_interval: Optional[float] = typer.Option(
+        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
+    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
+                                    "without a new checkpoint before it is failed"),
+    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
+                                       "workload has to checkpoint and exit before SIGKILL"),
+    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
+                                "adopt | stop"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                              help="join this Ray cluster (--executor ray)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run rounds every interval: solve, apply through an executor, poll progress back."""
+    verbose_logs(verbose)
+    from apportion.runtime.run_command import run_command
+
+    with user_input():
+        check_finite(interval, "--interval")
+        check_finite(timeout, "--timeout")
+        check_finite(time_budget, "--time-budget")
+        outputs.check_output_dir(workdir, "--workdir")
+        code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
+                           kubeconfig, time_budget, k8s_config, drain, policy=policy,
+                           estimator=estimator, checkpoint_every=checkpoint_every,
+                           checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
+                           grace_period_s=grace_period, orphans=orphans,
+                           ray_address=ray_address if executor == "ray" else None)
+    raise typer.Exit(code)
+
+
+def cluster_import_cmd(
+    source: str = typer.Option(..., "--from", help="slurm | ray | k8s"),
+    nodes_file: Optional[Path] = typer.Argument(None, help="k8s: NODES.json (kubectl get nodes "
+                                                "-o json); slurm: saved `scontrol show node -o` "
+                                                "text (default: ask scontrol)"),
+    out_file: str = typer.Option(..., "--out", help="cluster YAML to write (- for stdout)"),
+    gpu_map: Optional[Path] = typer.Option(None, "--gpu-map", help="YAML: raw GPU name -> "
+                                           "catalog name (extends the built-in table)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="with --from ray"),
+    name: Optional[str] = typer.Option(None, "--name", help="cluster name (default SOURCE-cluster)"),
+    include_unavailable: bool = typer.Option(False, "--include-unavailable",
+                                             help="keep drained / down nodes"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept."""
+    verbose_logs(verbose)
+    from apportion.runtime.cluster_import import import_cluster
+
+    with user_input():
+        doc = import_cluster(source, out_file, nodes_file, ray_address, gpu_map, name,
+                             include_unavailable)
+    groups = doc["node_groups"]
+    gpus: dict[str, int] = {}
+    for g in groups:
+        gpus[g["gpu_type"]] = gpus.get(g["gpu_type"], 0) + g["gpus_per_node"] * len(g["nodes"])
+    stderr_console().print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
+              f"{sum(len(g['nodes']) for g in groups)} nodes, GPUs "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items())),
+              highlight=False, markup=False)
+
+
+def export_k8s_cmd(
+    decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
+    api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
+    queue: Optional[str] = typer.Option(None, "--queue", help="Kueue LocalQueue for every job"),
+    queue_per_tenant: bool = typer.Option(False, "--queue-per-tenant",
+                                          help="each job in its tenant's LocalQueue (export kueue)"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="namespace (default: default)"),
+    image: Optional[str] = typer.Option(None, "--image", help="worker image"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
+                                          help="write the others when a plan or placement "
+                                               "cannot be expressed"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
+    verbose_logs(verbose)
+    from apportion.runtime.executors.k8s_config import load_k8s_config
+    from apportion.runtime.executors.k8s_export import export_k8s
+
+    with user_input():
+        cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
+                              queue_per_tenant=queue_per_tenant or None)
+        index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
+    stderr_console().print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
+              f"{len(index['refused'])} refused", highlight=False, markup=False)
+
+
+def export_kueue_cmd(
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    tenants: Path = typer.Option(..., "--tenants", help="tenants YAML (quota_gpus per tenant)"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
+    namespace: Optional[str] = typer.Option(None, "--namespace", help="LocalQueues' namespace"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+) -> None:
+    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues for the cluster's tenants."""
+    from apportion.runtime.executors.k8s_config import load_k8s_config
+    from apportion.runtime.executors.k8s_export import export_kueue
+
+    with user_input():
+        cfg = load_k8s_config(k8s_config, namespace=namespace)
+        names = export_kueue(cluster, tenants, out_dir, cfg)
+    stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)

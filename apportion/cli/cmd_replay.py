@@ -1,0 +1,114 @@
+"""Replays: one trace under one policy (simulate) or many policies and seeds (compare)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from apportion import outputs
+from apportion.cli.common import (
+    DETERMINISTIC_HELP,
+    EXIT_BUG,
+    INFORMATION_HELP,
+    SIM_ESTIMATOR_HELP,
+    check_finite,
+    cluster_help,
+    fail,
+    print_json,
+    user_input,
+    verbose_logs,
+)
+from apportion.console import printable, stderr_console, stdout_console
+from apportion.errors import InputError
+
+
+def simulate_cmd(
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
+                                "bundled name: " + cluster_help()),
+    policy: str = typer.Option(..., "--policy", help="policy name (see apportion.policies)"),
+    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the summary JSON here "
+                                            "(- for stdout)"),
+    jobs_csv: Optional[Path] = typer.Option(None, "--jobs-csv", readable=False,
+                                            help="write the per-job CSV here "
+                                            "(- for stdout)"),
+    interval: Optional[float] = typer.Option(None, "--interval", min=1.0, help="round length, s"),
+    restart_cost: Optional[float] = typer.Option(None, "--restart-cost", min=0.0, help="s per restart"),
+    noise: float = typer.Option(0.0, "--noise", min=0.0, help="log-normal sigma on what the policy sees"),
+    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01,
+                                                help="raw traces: busiest window of this many days"),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="first N jobs only"),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    truth: str = typer.Option("auto", "--truth", help="ground truth: auto (from the trace's "
+                              "detected format) | gavel | crius | morphling | elasticflow | "
+                              "analytic"),
+    deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+) -> None:
+    """Replay a trace on a simulated cluster under one policy; print and write the summary.
+
+    Exits 1, naming them, when jobs stopped progressing (the outputs are still written)."""
+    verbose_logs(verbose)
+    from apportion.experiments.harness import StalledReplay, simulate_main
+
+    try:
+        outputs.check_outputs((json_out, "--json"), (jobs_csv, "--jobs-csv"))
+        check_finite(interval, "--interval")
+        check_finite(restart_cost, "--restart-cost", -1e-300)
+        check_finite(noise, "--noise", -1e-300)
+        check_finite(window_days, "--window-days")
+        summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
+                                window_days, max_jobs, json_out, jobs_csv, information, estimator,
+                                truth, deterministic=deterministic)
+    except InputError as exc:
+        fail(exc)
+        return
+    except StalledReplay as exc:
+        if not outputs.any_stdout(json_out, jobs_csv):
+            print_json(exc.summary)
+        stderr_console().print(f"error: {printable(exc)}", highlight=False, markup=False,
+                               soft_wrap=True)
+        raise typer.Exit(EXIT_BUG) from None
+    if not outputs.any_stdout(json_out, jobs_csv):
+        print_json(summary)
+
+
+def compare_cmd(
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
+                                "bundled name: " + cluster_help()),
+    policies: str = typer.Option(..., "--policies", help="comma-separated policy names"),
+    seeds: int = typer.Option(1, "--seeds", min=1),
+    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    out_dir: Path = typer.Option(Path("results"), "--out", help="results root (a folder)"),
+    run: Optional[str] = typer.Option(None, "--run", help="run name (default: trace-cluster)"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1),
+    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
+    information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    engine: str = typer.Option("local", "--engine", help="local (processes) | ray (a Ray task "
+                               "per policy and seed)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
+    deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
+    verbose_logs(verbose)
+    from apportion.experiments.harness import compare_main
+
+    with user_input():
+        outputs.check_output_dir(out_dir, "--out")
+        check_finite(window_days, "--window-days")
+        root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
+                            window_days, max_jobs, information, estimator, engine, ray_address,
+                            deterministic=deterministic)
+    stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)
+    stderr_console().print(f"results in {printable(root)}", highlight=False, markup=False)

@@ -1,0 +1,112 @@
+"""The research tools: profiling, one cell's estimates, Hydra's shard schedules, YMIR's fine-tuning modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from apportion import outputs
+from apportion.cli.common import (
+    check_finite,
+    cluster_help,
+    emit,
+    user_input,
+    verbose_logs,
+)
+from apportion.console import printable, stderr_console
+from apportion.errors import InputError
+
+
+def profile_cmd(
+    model: str = typer.Argument(..., help="catalog model (torch: gpt-tiny, bert-tiny, vit-tiny)"),
+    backend: str = typer.Option("torch", "--backend", help="torch | jax"),
+    batch: int = typer.Option(8, "--batch", min=1),
+    devices: int = typer.Option(4, "--devices", min=1, help="stage width for DP/TP shards"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
+) -> None:
+    """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
+    from apportion.console import Progress
+    from apportion.estimation.profilers.profile_torch import profile_report
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        with Progress(f"profile {model} ({backend})", heartbeat=True):
+            res = profile_report(model, backend, batch, devices)
+    emit(res, json_out)
+
+
+def estimate_cmd(
+    job: str = typer.Option(..., "--job", help="MODEL[:GLOBAL_BATCH], e.g. bert-1.3b:256"),
+    cell: str = typer.Option(..., "--cell", help="GPU_TYPE:GPUS[:STAGES], e.g. A40:8:2"),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML or a bundled "
+                                           "name (default testbed): " + cluster_help()),
+    estimator: str = typer.Option("all", "--estimator", help="crius | analytic | morphling | all"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
+) -> None:
+    """Estimate one cell with the estimators and tune it (Crius 5.1-5.2)."""
+    from apportion.config import default_cluster, resolve_cluster
+    from apportion.estimation.models.tuning import estimate_report, parse_job_cell
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        spec, c = parse_job_cell(job, cell)
+        cl = resolve_cluster(cluster) if cluster else default_cluster()
+        res = estimate_report(spec, c, cl, estimator)
+    emit(res, json_out)
+
+
+def solve_shards_cmd(
+    units: Path = typer.Option(..., "--units", help="shard-unit problem JSON (devices, models)"),
+    method: str = typer.Option("cp-sat", "--method", help="cp-sat | milp | lrtf | random"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the schedule JSON here "
+                                            "(- for stdout; default stdout)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Hydra: schedule shard units of several models on devices (makespan job shop)."""
+    verbose_logs(verbose)
+    from apportion.solvers.shards import solve_shards_file
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        result = solve_shards_file(str(units), method, time_budget)
+    stderr_console().print(f"makespan {result['makespan']:.6g}  lower bound "
+                           f"{result['lower_bound']:.6g}  status {result['status']}",
+                           highlight=False, markup=False)
+    outputs.write_json(json_out or outputs.STDOUT, result, "--json")
+
+
+def solve_finetune_cmd(
+    tasks: Path = typer.Option(..., "--tasks", help="fine-tuning task YAML (tasks, gains)"),
+    capacity: int = typer.Option(..., "--capacity", help="GPUs available"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget, s"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the answer JSON here "
+                                            "(- for stdout; default stdout)"),
+    gains: str = typer.Option("file", "--gains", help="file: the task file's gains; auto: "
+                              "also Task2Vec-predicted gains from each task's `data` samples"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
+    verbose_logs(verbose)
+    from apportion.solvers.finetune import solve_finetune_file
+
+    with user_input():
+        if capacity < 1:
+            raise InputError("--capacity", "capacity", f"must be at least 1, got {capacity}")
+        check_finite(time_budget, "--time-budget")
+        outputs.check_outputs((json_out, "--json"))
+        result = solve_finetune_file(str(tasks), capacity, time_budget, gains)
+    err = stderr_console()
+    for tid, why in result.get("gains_auto", {}).get("unavailable", {}).items():
+        err.print(f"--gains auto: no gains for task {printable(tid)}: {why}", highlight=False,
+                  markup=False)
+    note = result.get("gains_auto", {}).get("gain_map", {}).get("note")
+    if note:
+        err.print(f"--gains auto: {note}", highlight=False, markup=False)
+    err.print(f"total JCT {result['total_jct']}  status {result['status']}",
+              highlight=False, markup=False)
+    outputs.write_json(json_out or outputs.STDOUT, result, "--json")

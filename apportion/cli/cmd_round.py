@@ -1,0 +1,100 @@
+"""solve-round: one scheduling round, from files or from the state store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from apportion import outputs
+from apportion.cli.common import (
+    ESTIMATOR_HELP,
+    MIP_GAP_HELP,
+    POLICY_HELP,
+    cluster_help,
+    user_input,
+    verbose_logs,
+)
+from apportion.cli.show import show_decision
+from apportion.errors import InputError
+
+
+def solve_round(
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML or a bundled "
+                                           "name (default: Crius's testbed); bundled: "
+                                           + cluster_help()),
+    jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
+    time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
+    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | scip | greedy"),
+    mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the decision JSON here "
+                                            "(- for stdout)"),
+    dump_problem: Optional[Path] = typer.Option(None, "--dump-problem", readable=False,
+                                                help="write the candidates and estimates as JSON "
+                                                     "(- for stdout)"),
+    search_depth: int = typer.Option(3, "--search-depth", min=0, help="greedy local-search depth"),
+    max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
+                                              help="at most this many running jobs changed"),
+    formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline | gavel"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
+                                          "(model, gpu_type, gpus, iter_time_s) for tables/auto"),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate",
+                                 help="run each solver backend in a child process"),
+    tenants: Optional[Path] = typer.Option(None, "--tenants",
+                                           help="tenants YAML with GPU quotas (plans)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
+                                         "and commit the round to it (instead of --jobs)"),
+    round_key: Optional[str] = typer.Option(None, "--round-key", help="with --state: a round "
+                                            "committed under this key is not redone"),
+    partitions: int = typer.Option(1, "--partitions", min=1, help="> 1: a POP-style partitioned "
+                                   "solve in that many parts, in parallel"),
+    engine: str = typer.Option("local", "--engine", help="where a partitioned solve's parts run: "
+                               "local (child processes) | ray (Ray tasks)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
+                                              "existing cluster (default: a local one)"),
+) -> None:
+    """Solve one scheduling round: read cluster and queue, decide, validate, report."""
+    started = time.perf_counter()  # the budget covers the whole command from here
+    verbose_logs(verbose)
+    from apportion.cli.round_config import RoundFlags, round_config
+    from apportion.config import (
+        check_running,
+        default_cluster,
+        default_jobs,
+        load_jobs,
+        resolve_cluster,
+    )
+    from apportion.policies import run_round
+
+    data_on_stdout = outputs.any_stdout(json_out, dump_problem)
+    flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
+                       search_depth, max_changes, isolate, tenants, tables, partitions, engine,
+                       ray_address)
+    if state is not None:  # the queue and running jobs come from the store
+        from apportion.cli.store import solve_round_state
+
+        raise typer.Exit(solve_round_state(
+            state, cluster, jobs, flags, started, json_out=json_out, dump_problem=dump_problem,
+            round_key=round_key, show=lambda d: show_decision(d, data_on_stdout)))
+
+    with user_input():
+        if round_key is not None:
+            raise InputError("--round-key", "round_key", "only with --state (it names the "
+                             "round committed to the store)")
+        cfg = round_config(flags, started)
+        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
+        cl = resolve_cluster(cluster) if cluster else default_cluster()
+        jb, now = load_jobs(jobs) if jobs else default_jobs()
+        check_running(jb, cl, str(jobs) if jobs else "<embedded default jobs>")
+    result = run_round(cl, jb, now, cfg)
+    show_decision(result.decision, data_on_stdout)
+    if json_out:
+        outputs.write_json(json_out, result.decision.as_dict(), "--json")
+    if dump_problem:
+        outputs.write_json(dump_problem, result.problem, "--dump-problem")

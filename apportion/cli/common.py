@@ -1,0 +1,91 @@
+"""What every command shares: exit codes, the one-line failure, option checks, help texts,
+and the output block (a result on stdout unless an output option is ``-``, then written to
+each output path).
+
+Every output option goes through :mod:`apportion.outputs` (``-`` is stdout; devices and
+pipes are written in place; files are replaced atomically), checked before any work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from apportion import outputs
+from apportion.console import printable, setup_logging, stderr_console
+from apportion.errors import HostError, InputError
+
+EXIT_BAD_INPUT = 2
+EXIT_BUSY = 75
+EXIT_BUG = 1
+
+MIP_GAP_HELP = ("an answer within this relative gap of the best proven bound is final "
+                "(default 1e-3: the solver chain tries LP rounding first); below 1e-3 "
+                "HiGHS goes first and the chain works for the last 0.1 %")
+POLICY_HELP = ("a registered policy (apportion, apportion-plans, apportion-deadline, sia, gavel, "
+               "tiresias, ...; `apportion policies` lists them); default: the formulation's own")
+ESTIMATOR_HELP = "analytic | crius | morphling | tables | auto (per job, the best with data)"
+INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (every policy sees the "
+                    "same profiled measurements, extended by --estimator)")
+SIM_ESTIMATOR_HELP = "the estimated mode's scaling model: analytic | crius | morphling | tables"
+DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
+                      "the replay repeats exactly on any machine under any load (the "
+                      "clock stays a safety stop at 4x the budget; the summary counts "
+                      "the rounds it cut short)")
+
+
+def cluster_help() -> str:
+    from apportion.config import cluster_names_help
+
+    return cluster_names_help()
+
+
+def verbose_logs(verbose: bool) -> None:
+    setup_logging(verbose)
+
+
+def fail(exc: Exception) -> None:
+    """One line on stderr and the exit code: 2 for bad input, a host error's own."""
+    from rich.markup import escape  # a value like "[/red]" in the input is text, not markup
+
+    code = exc.exit_code if isinstance(exc, HostError) else EXIT_BAD_INPUT
+    stderr_console().print(f"[bold red]error:[/] {escape(printable(exc))}", highlight=False,
+                           markup=True, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_input() -> Iterator[None]:
+    """The block that reads and checks what the user gave: bad input is one line, exit 2,
+    and nothing after the block runs."""
+    try:
+        yield
+    except InputError as exc:
+        fail(exc)
+
+
+def check_finite(value: float | None, option: str, minimum: float = 0.0) -> None:
+    """A float option must be a number above ``minimum`` (typer lets nan and inf through)."""
+    if value is not None and not (math.isfinite(value) and value > minimum):
+        raise InputError(option, option.lstrip("-").replace("-", "_"),
+                         f"must be a finite number > {minimum:g}, got {value}")
+
+
+def print_json(data: Any) -> None:
+    """JSON on stdout, for commands whose result is the JSON (escaped like every output)."""
+    outputs.write_json(outputs.STDOUT, data)
+
+
+def emit(result: Any, json_out: Path | None, show: Callable[[Any], None] = print_json,
+         flag: str = "--json") -> None:
+    """The output block: ``show`` the result on stdout unless ``json_out`` is stdout, then
+    write the JSON where ``json_out`` says."""
+    if not outputs.is_stdout(json_out):
+        show(result)
+    if json_out:
+        outputs.write_json(json_out, result, flag)

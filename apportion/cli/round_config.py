@@ -1,0 +1,82 @@
+"""One config builder for a round from the command line: ``solve-round`` with and without
+``--state`` (and any later driver) turn the same flags into the same
+:class:`~apportion.policies.RoundConfig`, refusing by name what cannot apply.
+
+The budget counts from the command's start (``started``): reading the files, the store,
+the candidates and the solvers all spend it. A round written for operators carries the
+workloads' plan filter, so every decision ``solve-round`` writes can be exported and run
+by apportion's workers (``export k8s``, ``run``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from apportion.cli.common import check_finite
+from apportion.config import load_tenants
+from apportion.errors import InputError
+from apportion.policies import RECIPES, RoundConfig, checked_config, estimator_from
+from apportion.runtime.plan_filter import workload_plan_filter
+
+ENGINES = ("local", "ray")
+
+
+@dataclass
+class RoundFlags:
+    """The round's command-line flags, as given."""
+
+    backend: str = "auto"
+    formulation: str = "cells"
+    policy: str | None = None
+    estimator: str = "analytic"
+    time_budget: float = 10.0
+    mip_gap: float = 1e-3
+    search_depth: int = 3
+    max_changes: int | None = None
+    isolate: bool = True
+    tenants: Path | None = None
+    tables: Path | None = None
+    partitions: int = 1
+    engine: str = "local"
+    ray_address: str | None = None
+    deterministic: bool = False
+
+
+def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> RoundConfig:
+    """The :class:`RoundConfig` the flags ask for; an :class:`InputError` naming the flag for
+    a bad value or a combination that cannot apply. ``device``: where the workers run (the
+    plan filter's)."""
+    f = flags
+    check_finite(f.time_budget, "--time-budget")
+    if f.engine not in ENGINES:
+        raise InputError("--engine", "engine", f"{f.engine!r} is not one of {', '.join(ENGINES)}")
+    if f.ray_address is not None and f.engine != "ray":
+        raise InputError("--ray-address", "ray_address", "only with --engine ray (it names the "
+                         "Ray cluster a partitioned solve runs on)")
+    own = {r.policy for r in RECIPES.values()}
+    if f.policy is not None and f.formulation != "cells" and f.policy not in own:
+        raise InputError("--formulation", "formulation", f"--policy {f.policy} is a policy of "
+                         f"its own; --formulation {f.formulation} applies to apportion's "
+                         "policies only: give one of the two")
+    if f.tables is not None and f.estimator not in ("tables", "auto"):
+        raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
+                         f"or auto, not {f.estimator}")
+    quotas = load_tenants(f.tenants) if f.tenants else None
+    if quotas is not None:
+        recipe = RECIPES.get(f.formulation)
+        chosen = next((r for r in RECIPES.values() if r.policy == f.policy), recipe)
+        if f.policy is not None and f.policy not in own or chosen is None or not chosen.quotas:
+            keeps = ", ".join(r.name for r in RECIPES.values() if r.quotas)
+            raise InputError("--tenants", "tenants", "tenants' quotas are kept by the "
+                             f"{keeps} formulation only (--formulation {keeps}); "
+                             f"{f.policy or f.formulation} would ignore them")
+    cfg = checked_config(f.backend, f.formulation, f.policy, f.estimator,
+                         time_budget_s=f.time_budget, search_depth=f.search_depth,
+                         max_changes=f.max_changes, quotas=quotas, isolate=f.isolate,
+                         partitions=f.partitions, engine=f.engine, ray_address=f.ray_address,
+                         mip_gap=f.mip_gap, deterministic=f.deterministic)
+    cfg.estimator = estimator_from(f.estimator, f.tables)
+    cfg.deadline_s = started + f.time_budget
+    cfg.plan_filter = workload_plan_filter(device)
+    return cfg
