@@ -423,8 +423,9 @@ def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> None
 # What the CLI calls (command bodies stay thin)
 # ---------------------------------------------------------------------------
 def _check_policy(name: str) -> None:
-    from apportion.policies import POLICIES
+    from apportion.policies import POLICIES, load_plugins
 
+    load_plugins()
     if name not in POLICIES:
         raise InputError(name, "--policy", f"unknown policy; known: {', '.join(sorted(POLICIES))}")
 

@@ -154,21 +154,30 @@ class LinearModel:
 
     def is_feasible(self, x: np.ndarray, tol: float = 1e-6) -> bool:
         """Check bounds, integrality and rows of ``x`` against this model."""
+        return not self.violations(x, tol, limit=1)
+
+    def violations(self, x: np.ndarray, tol: float = 1e-6, limit: int = 5) -> list[str]:
+        """What ``x`` breaks of this model, by name (at most ``limit``): its length, a
+        variable's bounds or integrality, a row. Empty when ``x`` is a solution: every
+        answer a round may use is checked here, so a constraint a researcher added to the
+        model always holds, whichever heuristic or backend answered."""
         x = np.asarray(x, float)
         if x.shape != (self.num_vars,):
-            return False
+            return [f"an answer of {x.size} values for {self.num_vars} variables"]
+        out: list[str] = []
         lb, ub = np.asarray(self.lb), np.asarray(self.ub)
-        if np.any(x < lb - tol) or np.any(x > ub + tol):
-            return False
+        for i in np.flatnonzero((x < lb - tol) | (x > ub + tol))[:limit]:
+            out.append(f"bounds of {self.var_keys[i]!r}: {x[i]:g} not in [{lb[i]:g}, {ub[i]:g}]")
         ints = np.asarray(self.integer, bool)
-        if np.any(np.abs(x[ints] - np.round(x[ints])) > tol):
-            return False
-        if self.rows:
+        for i in np.flatnonzero(ints & (np.abs(x - np.round(x)) > tol))[:limit - len(out)]:
+            out.append(f"integrality of {self.var_keys[i]!r}: {x[i]:g}")
+        if self.rows and len(out) < limit:
             act = self.activity(x)
             rlb, rub = self.row_bounds()
-            if np.any(act < rlb - tol) or np.any(act > rub + tol):
-                return False
-        return True
+            for i in np.flatnonzero((act < rlb - tol) | (act > rub + tol))[:limit - len(out)]:
+                r = self.rows[i]
+                out.append(f"row {r.name or i}: {act[i]:g} not in [{r.lb:g}, {r.ub:g}]")
+        return out
 
     def is_pure_integer(self) -> bool:
         return all(self.integer)

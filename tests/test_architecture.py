@@ -2,7 +2,8 @@
 module of ``apportion`` (those inside functions too) is walked; no module reaches a layer
 above its own, and no two modules import each other through any path.
 
-    core <- estimation <- formulations <- solvers <- policies <- experiments, runtime <- cli
+    core <- estimation <- formulations <- solvers <- policies <- experiments, runtime
+         <- testing (the conformance checks plug-in authors run), serve <- cli
 
 ``apportion.round`` (the pipeline) is core: it imports no policy.
 """
@@ -20,7 +21,7 @@ import pytest
 import apportion
 
 LAYERS = {"core": 0, "estimation": 1, "formulations": 2, "solvers": 3, "policies": 4,
-          "experiments": 5, "runtime": 5, "serve": 6, "cli": 7}
+          "experiments": 5, "runtime": 5, "testing": 6, "serve": 6, "cli": 7}
 
 
 def layer(module: str) -> str:

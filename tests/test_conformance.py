@@ -8,24 +8,22 @@ suite (tests/test_estimation_conformance.py), driven by the estimator registry.
 
 from __future__ import annotations
 
-import inspect
 import io
 
 import pytest
+from apportion.formulations.cells import objective_of
+from apportion.solvers.chain import BACKENDS
+from apportion.solvers.greedy import GreedyCells
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Reason
-from apportion.policies import POLICIES, make_policy
-from apportion.formulations.cells import objective_of
 from apportion.jobs import JobSpec, RunningState
+from apportion.policies import POLICIES, RECIPES, RoundConfig, make_policy, policy_names, run_round
 from apportion.round import STAGES
-from apportion.policies import RoundConfig, run_round
-from apportion.solvers.chain import BACKENDS
-from apportion.solvers.greedy import GreedyCells
+from apportion.testing import check_executor, check_formulation, check_policy
 from apportion.validator import validate
-from apportion.view import Policy
 
 CLUSTER = Cluster("conf", [NodeGroup("a40", 2, "A40", 4, 32, 256.0),
                            NodeGroup("a100", 1, "A100-40GB", 8, 64, 512.0)])
@@ -101,25 +99,19 @@ def test_pipeline_answers_are_valid_and_beat_the_greedy(rows: list, running: int
 
 
 # -- policies -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", policy_names())
 def test_every_policy_decides_an_operator_round(name: str) -> None:
     """Any registered policy runs on an operator's queue (what ``solve-round --policy`` and
-    ``run --policy`` do): admission, the policy, validation; every job accounted for."""
-    jobs = _queue(9) + [JobSpec("huge", "bert-336m", 64, 10, 999),
-                        JobSpec("ghost", "no-such-model", 64, 10, 1)]
-    pol = make_policy(name, config=RoundConfig(time_budget_s=3.0, isolate=False))
-    assert isinstance(pol, Policy) and pol.name
-    res = run_round(CLUSTER, jobs, 50.0, RoundConfig(time_budget_s=3.0, isolate=False),
-                    policy=pol)
-    d = res.decision
-    real = [j for j in jobs if j.id not in ("huge", "ghost")]
-    assert validate(d, CLUSTER, real).ok
-    assert {a.job for a in d.allocations} | {p.job for p in d.pending} == {j.id for j in jobs}
-    refused = {p.job: p for p in d.pending if p.stage == "admit"}
-    assert refused["huge"].reason == Reason.TOO_LARGE and refused["huge"].can_ever_fit is False
-    assert refused["ghost"].reason == Reason.CATALOG and refused["ghost"].can_ever_fit is False
-    assert d.allocations, f"{name} placed nothing on an empty cluster"
-    assert d.meta["policy"] == pol.name and "admit" in d.meta["stages"]
+    ``run --policy`` do): admission, the policy, validation; every job accounted for
+    (:func:`apportion.testing.check_policy`, what a plug-in's author runs too)."""
+    check_policy(name)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_formulation_keeps_its_rows(name: str) -> None:
+    """Every registered formulation, by the solver chain and by its heuristic alone: valid
+    decisions that satisfy the model's own rows."""
+    check_formulation(name)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -153,7 +145,6 @@ def _executors() -> list[str]:
 def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
     """Each executor ``run --executor`` names exposes apply/poll/shutdown with the protocol's
     signatures (constructed without touching a cluster)."""
-    from apportion.runtime.executors import executor as ex
     from apportion.runtime.run_command import make_executor
 
     if name == "ray":
@@ -162,11 +153,7 @@ def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
         e = make_executor(name, tmp_path, CLUSTER, None)
     except ImportError as exc:  # an optional engine's client library
         pytest.skip(f"{name}: {exc}")
-    assert isinstance(e, ex.Executor) and e.name
-    for meth in ("apply", "poll", "shutdown"):
-        want = list(inspect.signature(getattr(ex.Executor, meth)).parameters)[1:]
-        got = list(inspect.signature(getattr(e, meth)).parameters)
-        assert got[:len(want)] == want, (name, meth, got)
+    check_executor(e)
     close = getattr(e, "close", None)
     if callable(close):
         close()

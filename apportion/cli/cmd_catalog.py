@@ -15,7 +15,9 @@ from apportion.console import stdout_console
 
 def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
     """List every registered policy (usable with --policy on solve-round, run, simulate)."""
-    from apportion.policies import POLICIES
+    from apportion.policies import POLICIES, load_plugins
+
+    load_plugins()  # what installed packages register appears here too
 
     if as_json:
         import json

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from apportion.assembly import Choice, build_decision
 from apportion.cluster import Cluster
@@ -36,7 +37,7 @@ from apportion.formulations.cells import (
 from apportion.formulations.decode import to_decision
 from apportion.formulations.incremental import CandidateCache
 from apportion.formulations.plan_filter import drop_refused_plans
-from apportion.formulations.schema import current_cells
+from apportion.formulations.schema import current_cells, name_of
 from apportion.jobs import JobSpec, RunningState
 from apportion.policies.config import (
     DETERMINISTIC_SAFETY,
@@ -67,12 +68,16 @@ class Formulated:
     specs: list[JobSpec]
     estimator: Any
     depth: int = 0  # the greedy's search depth used for the hint (the fallback may go deeper)
+    # what the heuristic's answer breaks of the model (a researcher's added row, say): an
+    # answer that breaks a row is never the round's, neither as floor nor as fallback
+    breaks: list[str] = field(default_factory=list)
 
     def take(self, other: Formulated) -> None:
         """Adopt ``other``'s heuristic answer (the same model)."""
         self.heuristic, self.greedy_choices = other.heuristic, other.greedy_choices
         self.greedy_obj, self.greedy_wall, self.depth = other.greedy_obj, other.greedy_wall, \
             other.depth
+        self.breaks = other.breaks
 
 
 @dataclass
@@ -297,7 +302,7 @@ class FormulationPolicy:
             return Formulated(model, None, None, 0.0, 0.0, g.graph["specs"], g.graph["estimator"])
         f = self._heuristic(g, model, full)
         assert f.greedy_choices is not None
-        if cfg.max_changes is None or _changes(g, f.greedy_choices) <= cfg.max_changes:
+        if not f.breaks:
             model.set_hint(hint_from_choices(model, f.greedy_choices))
         return f
 
@@ -306,8 +311,12 @@ class FormulationPolicy:
         depth = cfg.search_depth if (full or cfg.backend == "greedy") else 0
         heuristic = self.recipe.heuristic(depth)
         choices, obj, wall = heuristic.solve(g)
+        breaks = model.violations(choice_vector(model, choices)) if model is not None else []
+        if breaks:
+            log.warning("the %s's answer breaks the model (%s): it is neither hint, floor nor "
+                        "fallback", heuristic.name, "; ".join(breaks))
         return Formulated(model, heuristic, choices, obj, wall, g.graph["specs"],
-                          g.graph["estimator"], depth)
+                          g.graph["estimator"], depth, breaks)
 
     def solve(self, view: View, g: nx.DiGraph, f: Formulated) -> Solved:
         cfg = self.cfg
@@ -323,6 +332,12 @@ class FormulationPolicy:
                 choices = res.extra["choices"] if "choices" in res.extra else model.decode(res.x)
             except DecodeError as exc:  # an answer with no placements: the chain moves on
                 log.error("%s answer could not be decoded: %s", res.backend, exc)
+                return False
+            broken = model.violations(choice_vector(model, choices) if "choices" in res.extra
+                                      else res.x)
+            if broken:  # the model's own rows: a researcher's constraint holds for every answer
+                log.error("%s answer breaks the model: %s", res.backend, "; ".join(broken))
+                res.message += f" (breaks the model: {'; '.join(broken)})"
                 return False
             if model.meta.get("residual_mode") and "choices" not in res.extra:
                 got = objective_of(g, choices)  # a cell the freed nodes could not hold is out
@@ -409,7 +424,8 @@ class FormulationPolicy:
             f.take(self._heuristic(g, model, full=False))
         # a backend's answer worse than the greedy's (an LP rounding the clock stopped HiGHS
         # from improving): the greedy's is the round's answer, never the worse one
-        beaten = (answered and f.greedy_choices is not None and s.best is not None
+        beaten = (answered and f.greedy_choices is not None and not f.breaks
+                  and s.best is not None
                   and s.best.objective is not None
                   and (f.greedy_obj > s.best.objective + 1e-9 if model.sense == "max"
                        else f.greedy_obj < s.best.objective - 1e-9))
@@ -437,8 +453,8 @@ class FormulationPolicy:
             validated = True  # accepted by the chain's validation
         else:
             assert f.greedy_choices is not None
-            choices = f.greedy_choices
-            explicit = cfg.backend == "greedy" or beaten
+            choices = f.greedy_choices if not f.breaks else self._within_rows(g, model)
+            explicit = (cfg.backend == "greedy" or beaten) and not f.breaks
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                                 for a in s.attempts) or "no backend ran"
             report = SolveReport(f.heuristic.name,
@@ -448,6 +464,11 @@ class FormulationPolicy:
             if beaten:
                 report.fallback_reason = (f"the backends' best ({s.best.backend}: "
                                           f"{s.best.objective:.6g}) is worse than the greedy's")
+            if f.breaks:
+                report.objective = objective_of(g, choices)
+                report.fallback_reason = (f"{why + '; ' if why else ''}the {f.heuristic.name}'s "
+                                          f"answer breaks the model ({'; '.join(f.breaks)}): "
+                                          "the running jobs kept instead, where the rows allow")
             if not explicit:
                 log.warning("no backend answered in time; greedy fallback used: %s", why)
         report.model_size = {**model.summary(), **describe(g),
@@ -461,14 +482,30 @@ class FormulationPolicy:
         return decision
 
     def fallback(self, view: View, g: nx.DiGraph | None, reason: str) -> Decision:
-        """The greedy's decision (the validator rejected the solver's)."""
+        """The greedy's decision (the validator rejected the solver's), or the running jobs
+        kept where the greedy's answer breaks the model."""
         assert g is not None
-        f = self._heuristic(g, None, full=True)
-        report = SolveReport(f.heuristic.name, Status.FALLBACK.value, f.greedy_obj, None, None,
-                             _elapsed(g), fallback=True, fallback_reason=reason)
-        decision = to_decision(g, f.greedy_choices, view.cluster, f.specs, report)
-        self._annotate(decision, g, f.greedy_choices, f)
+        model = self.recipe.model(g, self.cfg)
+        f = self._heuristic(g, model, full=True)
+        choices = f.greedy_choices if not f.breaks else self._within_rows(g, model)
+        report = SolveReport(f.heuristic.name, Status.FALLBACK.value, objective_of(g, choices),
+                             None, None, _elapsed(g), fallback=True, fallback_reason=reason)
+        decision = to_decision(g, choices, view.cluster, f.specs, report)
+        self._annotate(decision, g, choices, f)
         return decision
+
+    def _within_rows(self, g: nx.DiGraph, model: Any) -> list[CellChoice]:
+        """The answer for a round whose heuristic broke the model and no backend answered:
+        every running job kept where it runs, else nothing started; the first of the two
+        the model's rows allow (an empty schedule when neither does)."""
+        keep = [CellChoice(g.nodes[cn]["job"], cn, {name_of(nn): int(ea["max_gpus"])
+                                                    for nn, ea in g.succ[cn].items()})
+                for cn in current_cells(g)]
+        for choices in (keep, []):
+            if not model.violations(choice_vector(model, choices)):
+                return choices
+        log.error("neither the running jobs kept nor an empty schedule satisfies the model")
+        return []
 
     def _annotate(self, decision: Decision, g: nx.DiGraph, choices: list[CellChoice],
                   f: Formulated) -> None:
@@ -605,3 +642,11 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         base = "crius-greedy"
     return FormulationPolicy(cfg, name=name or f"{base}{suffix}", resolve_every=resolve_every,
                              no_hetero=no_hetero)
+
+
+def choice_vector(model: Any, choices: list[CellChoice]) -> np.ndarray:
+    """A decoded answer (cells with placements) as the model's solution vector."""
+    x = np.zeros(model.num_vars)
+    for i, v in hint_from_choices(model, choices).items():
+        x[i] = v
+    return x

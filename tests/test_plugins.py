@@ -1,0 +1,78 @@
+"""The research API keeps its promises, through the doors a researcher uses: a plug-in
+installed with pip (examples/research_plugin: a constraint added to the cell formulation,
+and a policy of its own) appears in ``apportion policies``, runs under ``solve-round
+--formulation`` and ``simulate --policy``, passes ``apportion.testing``'s checks, and its
+added row holds whichever answer the round uses — the solver chain's, or the greedy's
+when the greedy breaks it (it used to be kept as the floor: 12 starts where 2 were
+allowed, reported ``fallback: False``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = ROOT / "examples" / "research_plugin"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(PLUGIN)], check=True,
+                   capture_output=True, text=True, timeout=300)
+    return target
+
+
+def _cli(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, "-m", "apportion.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _starts(decision: dict) -> int:
+    return sum(1 for a in decision["allocations"] if a["action"] == "start")
+
+
+def test_the_plugin_appears_in_every_list(site: Path, tmp_path: Path) -> None:
+    r = _cli(site, "policies", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = json.loads(r.stdout)
+    assert "largest-first" in names and "apportion-two-starts" in names
+
+
+@pytest.mark.parametrize("backend", ["auto", "highs", "greedy"])
+def test_an_added_row_holds_whichever_answer_is_used(site: Path, tmp_path: Path,
+                                                     backend: str) -> None:
+    out = tmp_path / "d.json"
+    r = _cli(site, "solve-round", "--formulation", "cells-two-starts", "--backend", backend,
+             "--time-budget", "5", "--no-isolate", "--json", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert _starts(d) <= 2, d["allocations"]
+    if backend == "greedy":  # the greedy starts every job that fits: it breaks the row
+        assert d["solver"]["fallback"] is True
+        assert "at-most-two-starts" in d["solver"]["fallback_reason"]
+    else:
+        assert d["solver"]["fallback"] is False and _starts(d) == 2
+
+
+def test_the_plugins_policy_replays_and_passes_the_checks(site: Path, tmp_path: Path) -> None:
+    r = _cli(site, "simulate", "--trace", "synthetic:12", "--cluster", "8:8:8", "--policy",
+             "largest-first", "--json", str(tmp_path / "s.json"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["policy"] == "largest-first"
+    code = ("from apportion.testing import check_formulation, check_policy\n"
+            "check_policy('largest-first')\n"
+            "check_policy('apportion-two-starts')\n"
+            "check_formulation('cells-two-starts')\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
