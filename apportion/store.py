@@ -49,7 +49,7 @@ from typing import Any, Self
 
 from apportion.cluster import Cluster
 from apportion.console import printable
-from apportion.decision import Action, Decision
+from apportion.decision import Action, Decision, Pending, Reason
 from apportion.errors import InputError
 from apportion.jobs import JobSpec, RunningState, Workload
 from apportion.lifecycle import ACTIVE, IllegalTransition, JobState, check_transition
@@ -589,6 +589,10 @@ class StateStore:
                        checkpoint_iterations=rec.iterations_done)
         elif action == Action.DROP.value:
             self._move(rec, JobState.DROPPED, f"dropped by round: {why}", at, rid)
+        elif isinstance(item, Pending) and item.stage == "admit" and item.reason is Reason.CATALOG:
+            # admission found a model or GPU type no catalog or rate knows: no round can
+            # ever plan it, whichever door committed the round (solve-round --state, run)
+            self._move(rec, JobState.FAILED, f"cannot be planned: {item.detail}", at, rid)
         else:  # pending: stays queued / checkpointed
             self.conn.execute("UPDATE jobs SET reason = ?, last_round = ?, version = version + 1 "
                               "WHERE id = ?", (f"pending: {why}", rid, rec.id))

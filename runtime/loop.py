@@ -165,7 +165,10 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 break
             if jobs:
                 history = getattr(store, "history", None)
-                decision = run_round(cluster, jobs, now, cfg,
+                # the nodes up now: a node the store recorded down or quarantined is out
+                cluster_now = getattr(store, "cluster_now", None)
+                cl = cluster_now(now) if callable(cluster_now) else cluster
+                decision = run_round(cl, jobs, now, cfg,
                                      estimator=refit.estimator if refit is not None else None,
                                      policy=policy,
                                      history=history(now) if callable(history) else None

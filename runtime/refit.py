@@ -1,20 +1,26 @@
 """Online refit: measured iteration times flow back into the estimator the rounds use.
 
-Every measured iteration time of a running job becomes an estimator sample
-(job, plan, placement, GPU type, time). When a measurement misses the round's
-estimate by more than ``threshold`` (relative), the estimator is refitted on
-all samples so far (the analytic model recalibrates its per-type efficiency;
-the next round's candidates use it). One sample per job and round: the loop
-polls often, the plan changes only between rounds.
+The estimator is the user's (``run --estimator``): the refit corrects it, it never
+replaces it. Every measured iteration time of a running job becomes an estimator
+sample (job, plan, placement, GPU type, time). When a measurement misses the round's
+estimate by more than ``threshold`` (relative), the estimator is refitted on all samples
+so far through its own ``fit`` (the analytic model recalibrates its per-type efficiency,
+Morphling's fits its k-parameters once it has enough samples of an architecture, a table
+remembers the rows, ``auto`` does each and re-picks per job); the next round's
+candidates use it. One sample per job and round: the loop polls often, the plan changes
+only between rounds. A store's samples from earlier runs warm it before the first round.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.base import Sample
+from apportion.estimation.models.analytic import AnalyticEstimator
 
 from apportion.cluster import Cluster
 from apportion.decision import Allocation
@@ -26,7 +32,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class OnlineRefit:
     cluster: Cluster
-    estimator: AnalyticEstimator = field(default_factory=AnalyticEstimator)
+    estimator: Any = field(default_factory=AnalyticEstimator)
     threshold: float = 0.2
     samples: list[Sample] = field(default_factory=list)
     refits: int = 0
@@ -43,8 +49,26 @@ class OnlineRefit:
         error = abs(predicted - measured_s) / measured_s
         if error <= self.threshold:
             return False
-        self.estimator.fit(self.samples, self.cluster)
-        self.refits += 1
-        log.info("refit after %s: predicted %.3gs, measured %.3gs (%.0f%% off); efficiency %s",
-                 job.id, predicted, measured_s, 100 * error, self.estimator.efficiency_)
+        self._fit()
+        log.info("refit after %s: predicted %.3gs, measured %.3gs (%.0f%% off)", job.id,
+                 predicted, measured_s, 100 * error)
         return True
+
+    def warm(self, samples: Iterable[Sample]) -> None:
+        """Fit on what earlier runs measured (the store's samples), before the first round."""
+        self.samples.extend(s for s in samples if s.iter_time_s > 0)
+        if self.samples:
+            self._fit()
+
+    def _fit(self) -> None:
+        """Refit on every sample so far. An estimator that cannot fit yet (Morphling's model
+        needs 7 samples of an architecture) keeps what it had: the rounds go on with it,
+        and a later refit with more samples tries again."""
+        fit = self.estimator.fit
+        takes_cluster = "cluster" in inspect.signature(fit).parameters
+        try:
+            fit(self.samples, self.cluster) if takes_cluster else fit(self.samples)
+        except ValueError as exc:
+            log.info("estimator not refitted yet (%d samples): %s", len(self.samples), exc)
+            return
+        self.refits += 1

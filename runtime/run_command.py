@@ -23,11 +23,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from apportion.estimation.base import Sample
+from apportion.estimation.registry import make_estimator
+
 from apportion.cluster import Cluster
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
 from apportion.jobs import job_dirname
-from apportion.policies import RoundConfig
+from apportion.plans import ExecutionPlan
+from apportion.policies import RoundConfig, estimator_from
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
                 estimator: str = "analytic", *, checkpoint_every: int | None = None,
                 checkpoint_interval_s: float | None = None, max_retries: int = 3,
                 grace_period_s: float = 120.0, orphans: str = "adopt",
-                ray_address: str | None = None) -> int:
+                ray_address: str | None = None, tables: Path | None = None) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     from apportion.runtime.loop import run_loop
     from apportion.runtime.plan_filter import workload_plan_filter
@@ -113,6 +117,9 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         raise InputError("--orphans", "orphans", f"{orphans!r} is not one of adopt, stop")
     if ray_address is not None and executor != "ray":
         raise InputError("--ray-address", "ray_address", "only with --executor ray")
+    if tables is not None and estimator not in ("tables", "auto"):
+        raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
+                         f"or auto, not {estimator}")
     if cluster_arg == "local":
         from apportion.runtime.executors.local import local_cluster
 
@@ -130,15 +137,11 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
 
         load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
     store = open_store(state, create=False)
-    if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
-        from apportion.policies import estimator_from
-
-        batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
-        try:
-            cfg.estimator = estimator_from(estimator, None, store.samples(), batches)
-        except InputError:
-            store.close()
-            raise
+    try:  # the user's estimator, as an object the online refit corrects (never replaces)
+        cfg.estimator = chosen_estimator(store, estimator, tables)
+    except InputError:
+        store.close()
+        raise
     lock = RoundLock(state, "run")
     try:
         lock.acquire()
@@ -163,7 +166,8 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         else:
             ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
         reconcile(store, ex, workdir, adopt=orphans == "adopt")
-        refit = OnlineRefit(cluster)
+        refit = OnlineRefit(cluster, estimator=cfg.estimator)
+        refit.warm(store_samples(store))  # what earlier runs measured
         res = run_loop(cluster, SqliteLoopStore(store, cluster, FaultPolicy(int(max_retries))),
                        ex, interval_s=interval_s, until_idle=until_idle, timeout_s=timeout_s,
                        round_config=cfg, refit=refit)
@@ -236,3 +240,33 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
         log.warning("job %s: no worker runs it; requeued from checkpoint %d", rec.id,
                     store.job(rec.id).checkpoint_iterations)
     return done
+
+
+def chosen_estimator(store: Any, name: str, tables: Path | None) -> Any:
+    """The ``--estimator`` choice as an estimator object: ``tables`` and ``auto`` hold the
+    ``--tables`` file's rows and this store's samples from earlier runs."""
+    if name not in ("tables", "auto"):
+        return make_estimator(name)
+    batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+    return estimator_from(name, tables, store.samples(), batches)
+
+
+def store_samples(store: Any) -> list[Any]:
+    """The store's measured iteration times as estimator samples (job, plan, placement)."""
+    jobs = {}
+    for r in store.jobs():
+        try:
+            jobs[r.id] = r.to_jobspec()
+        except (KeyError, TypeError, ValueError):  # a damaged row: the store says so elsewhere
+            continue
+    out = []
+    for s in store.samples():
+        job = jobs.get(s["job"])
+        if job is None or not s["iter_time_s"] or s["iter_time_s"] <= 0:
+            continue
+        try:
+            plan = ExecutionPlan(**s["plan"])
+        except TypeError:
+            continue
+        out.append(Sample(job, plan, dict(s["placement"]), s["gpu_type"], float(s["iter_time_s"])))
+    return out

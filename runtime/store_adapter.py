@@ -34,7 +34,7 @@ from apportion.decision import Decision
 from apportion.jobs import JobSpec
 from apportion.lifecycle import JobState
 from apportion.store import RoundInput, StateStore
-from apportion.store_faults import worker_fault
+from apportion.store_faults import effective_cluster, worker_fault
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,11 @@ class SqliteLoopStore:
     def list_jobs(self, now_s: float) -> list[JobSpec]:
         self._snapshot = self.store.round_input()
         return list(self._snapshot.jobs)
+
+    def cluster_now(self, now_s: float) -> Cluster:
+        """The cluster this round may plan on: the configured one without the nodes the
+        store holds down or quarantined (what ``solve-round --state`` plans on too)."""
+        return effective_cluster(self.store, self.cluster, now_s)
 
     def history(self, now_s: float) -> dict[str, Any]:
         """Attained service of the jobs of the last snapshot (history-aware policies)."""

@@ -50,6 +50,9 @@ def run_cmd(
                                 "adopt | stop"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
                                               help="join this Ray cluster (--executor ray)"),
+    tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
+                                          "(model, gpu_type, gpus, iter_time_s) for "
+                                          "--estimator tables/auto"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -66,7 +69,8 @@ def run_cmd(
                            estimator=estimator, checkpoint_every=checkpoint_every,
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
-                           ray_address=ray_address if executor == "ray" else None)
+                           ray_address=ray_address if executor == "ray" else None,
+                           tables=tables)
     raise typer.Exit(code)
 
 

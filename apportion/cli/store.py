@@ -30,10 +30,9 @@ from rich.table import Table
 from rich.text import Text
 
 from apportion import outputs
-from apportion.admission import catalog_problem
 from apportion.config import default_cluster, jobs_from_data, read_yaml
 from apportion.console import printable, stderr_console, stdout_console
-from apportion.decision import Decision
+from apportion.decision import Decision, Reason
 from apportion.errors import HostError, InputError
 from apportion.lifecycle import IllegalTransition, JobState
 from apportion.store import (
@@ -352,17 +351,6 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
         if json_out:
             write_json(json_out, store.decision(done["id"]))
         return EXIT_OK
-    failed = False
-    for rec in store.jobs(frozenset({JobState.SUBMITTED, JobState.QUEUED,
-                                     JobState.CHECKPOINTED})):
-        problem = catalog_problem(rec.to_jobspec())
-        if problem:
-            store.fail(rec.id, f"cannot be planned: {problem}")
-            err.print(printable(f"job {rec.id}: failed: {problem}"), highlight=False,
-                      markup=False)
-            failed = True
-    if failed:
-        snap = store.round_input()
     now = time.time()
     eff = effective_cluster(store, cl, now)
     committed: list[Any] = []
@@ -373,6 +361,10 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
         store.commit_round(d, snap, eff, now, key)), history=history,
         seen_jct=finished_jcts(store))
     commit = committed[0]
+    for p in result.decision.pending:  # failed by the commit: the user sees it
+        if p.stage == "admit" and p.reason is Reason.CATALOG:
+            err.print(printable(f"job {p.job}: failed: cannot be planned: {p.detail}"),
+                      highlight=False, markup=False)
     if show is not None:
         show(result.decision)
     msg = (f"round {commit.round_id} committed to {store.path} (key {key}): "
