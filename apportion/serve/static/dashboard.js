@@ -21,11 +21,12 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-// one stable colour per job id (a hash of the id picks the hue)
+// one stable colour per job id: an FNV-1a hash of the id, spread over the hues by the
+// golden angle so that ids differing in one character still look different
 function colour(id) {
-  let h = 0;
-  for (let i = 0; i < id.length; i++) h = (h * 31 + id.charCodeAt(i)) >>> 0;
-  return `hsl(${h % 360}, 62%, ${48 + (h >> 9) % 14}%)`;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 0x01000193) >>> 0;
+  return `hsl(${((h % 997) * 137.508) % 360}, 65%, ${42 + (h >>> 12) % 18}%)`;
 }
 
 function num(x, digits = 3) {
@@ -137,7 +138,7 @@ function drawRounds(data) {
 }
 
 // a small SVG chart: points [{x: unix seconds, y}], drawn as a line or as dots
-function plot(svg, points, { line = true, yLabel = "" } = {}) {
+function plot(svg, points, { line = true } = {}) {
   const NS = "http://www.w3.org/2000/svg";
   const W = 480, H = 220, L = 48, R = 10, T = 10, B = 30;
   svg.replaceChildren();
@@ -162,7 +163,6 @@ function plot(svg, points, { line = true, yLabel = "" } = {}) {
   add("text", { x: 4, y: H - B }, "0");
   add("text", { x: L, y: H - 8 }, when(x0));
   add("text", { x: W - R, y: H - 8, "text-anchor": "end" }, when(x1));
-  add("text", { x: L + 6, y: T + 10 }, yLabel);
   if (line) {
     const d = points.map((p, i) => `${i ? "L" : "M"}${sx(p.x).toFixed(1)},${sy(p.y).toFixed(1)}`);
     add("path", { class: "series", d: d.join(" ") });
@@ -172,11 +172,10 @@ function plot(svg, points, { line = true, yLabel = "" } = {}) {
 }
 
 function drawPlots(jobs, rounds) {
-  plot($("#plot-queue"), rounds.rounds.map((r) => ({ x: r.committed_at, y: r.pending })),
-       { yLabel: "jobs waiting" });
+  plot($("#plot-queue"), rounds.rounds.map((r) => ({ x: r.committed_at, y: r.pending })));
   const done = jobs.jobs.filter((j) => j.jct_s !== null)
     .map((j) => ({ x: j.updated_at, y: j.jct_s / 3600 })).sort((a, b) => a.x - b.x);
-  plot($("#plot-jct"), done, { line: false, yLabel: "JCT, hours" });
+  plot($("#plot-jct"), done, { line: false });
 }
 
 async function refresh() {
