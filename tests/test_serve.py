@@ -312,3 +312,40 @@ def test_status_json_is_unchanged_by_the_move(tmp_path: Path) -> None:
     assert set(data) == {"state_db", "schema_version", "generation", "jobs", "counts",
                          "cluster_use", "nodes", "last_round"}
     assert json.dumps(data["jobs"][0]["id"]) == '"y1"'
+
+
+def test_a_store_that_cannot_be_read_is_503_never_a_traceback(tmp_path: Path) -> None:
+    """In process (the app on its own server thread): readiness and every read say the
+    store is unusable."""
+    from prometheus_client import CollectorRegistry
+
+    from apportion.cluster import Cluster, NodeGroup
+    from apportion.serve.app import ServeState, create_app
+    from apportion.serve.metrics import ServeMetrics, StoreCollector
+    from apportion.serve.observer import LoopObserver
+    from apportion.serve.server import HttpServer, bind, url_of
+
+    registry = CollectorRegistry()
+    observer = LoopObserver(1.0, 1.0, ServeMetrics(registry, "dry-run"))
+    observer.last_pass_at = time.time()  # the loop is fine; the store is not
+    cluster = Cluster("c", [NodeGroup("n", 1, "A100", 2)])
+    missing = tmp_path / "gone.db"
+    registry.register(StoreCollector(missing, cluster, lambda: 0))
+    app = create_app(ServeState(missing, cluster, "dry-run", 1.0, observer, registry))
+    sock = bind("127.0.0.1", 0)
+    with HttpServer(app, sock, observer), httpx.Client(base_url=url_of(sock), timeout=30) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["ready"] is False
+        assert "gone.db" in r.json()["store"]
+        for path in ("/api/v1/jobs", "/api/v1/jobs/x", "/api/v1/rounds", "/api/v1/cluster"):
+            r = c.get(path)
+            assert r.status_code == 503 and r.headers["retry-after"], path
+            assert r.json()["field"] == "--state"
+        r = c.delete("/api/v1/jobs/x")
+        assert r.status_code == 503
+        metrics = c.get("/metrics").text
+        assert "apportion_store_up 0.0" in metrics
+        assert c.get("/healthz").status_code == 200
+    sock.close()
+    assert not observer.should_stop()  # stopped by its owner, not by itself
+    assert not missing.exists()

@@ -43,7 +43,14 @@ from apportion.serve import schemas, views
 from apportion.serve.auth import authorized
 from apportion.serve.body import MAX_BODY_BYTES, UnsupportedMediaType, jobs_from_body
 from apportion.serve.observer import LoopObserver
-from apportion.store import StateStore, StoreBusy, UnknownJob, open_store, store_error
+from apportion.store import (
+    StateStore,
+    StoreBusy,
+    StoreDamaged,
+    UnknownJob,
+    open_store,
+    store_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +107,7 @@ def _store(state: Path, readonly: bool) -> Iterator[StateStore]:
         raise _unavailable(exc, state) from None
     try:
         yield store
-    except (StoreBusy, sqlite3.Error, HostError, OSError) as exc:
+    except (StoreBusy, StoreDamaged, sqlite3.Error, HostError, OSError) as exc:
         raise _unavailable(exc, state) from None
     finally:
         store.close()
@@ -226,6 +233,8 @@ def create_app(s: ServeState) -> FastAPI:
         with _store(s.state, readonly=False) as store:
             try:
                 ids = store.submit(jobs, source="request body", at=now)
+            except StoreDamaged:
+                raise
             except InputError as exc:  # an id the store already holds
                 raise ApiError(422, str(exc), exc.field) from None
         log.info("submitted %d jobs through the API: %s", len(ids), ", ".join(ids))
