@@ -15,7 +15,7 @@ FROM python:${PYTHON}-slim
 ARG VARIANT=cpu
 ARG TORCH=2.13.0
 ARG TORCH_CUDA=cu128
-ARG EXTRAS=k8s
+ARG EXTRAS=k8s,serve
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -48,5 +48,6 @@ ENV APPORTION_VARIANT=${VARIANT}
 LABEL org.opencontainers.image.title="apportion-worker" \
       org.opencontainers.image.description="apportion's training worker and scheduler" \
       org.opencontainers.image.licenses="Apache-2.0"
-# no entrypoint: pods run `torchrun ... -m apportion.runtime.workers.trainer CONFIG` or `apportion run`
+# no entrypoint: pods run `torchrun ... -m apportion.runtime.workers.trainer CONFIG`, or
+# `apportion serve` / `apportion run` (deploy/)
 CMD ["apportion", "--help"]

@@ -40,8 +40,10 @@ import math
 import os
 import sqlite3
 import stat
+import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -181,6 +183,25 @@ class RoundLock:
         self.release()
 
 
+# The store files this process has open, by (device, inode), with how many connections each.
+# Another connection in the same process skips the header read of _check_db_path: closing any
+# descriptor of the database file drops every POSIX lock this process holds on it (POSIX
+# ties those locks to the process, not to the descriptor), SQLite's own connections' locks
+# included; another process would then believe nobody uses the store and rebuild its WAL
+# index under them ("disk I/O error" on this process's next open). `apportion serve` opens
+# a connection per request beside the loop's.
+_OPEN_FILES: Counter[tuple[int, int]] = Counter()
+_OPEN_FILES_LOCK = threading.Lock()
+
+
+def _file_key(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _check_db_path(path: Path, create: bool) -> None:
     """The file is a state database we may open: checked before SQLite touches it."""
     src = str(path)
@@ -206,6 +227,9 @@ def _check_db_path(path: Path, create: bool) -> None:
         raise InputError(src, "--state", "is a directory, not a state database file")
     if not stat.S_ISREG(st.st_mode):  # a FIFO would hang the read below
         raise InputError(src, "--state", "not a regular file")
+    with _OPEN_FILES_LOCK:
+        if (st.st_dev, st.st_ino) in _OPEN_FILES:  # checked when this process opened it
+            return
     try:
         with path.open("rb") as fh:
             head = fh.read(len(SQLITE_HEADER))
@@ -346,9 +370,19 @@ class StateStore:
         self.path = path
         self.conn = conn
         self.readonly = readonly
+        self._file = _file_key(path)
+        if self._file is not None:
+            with _OPEN_FILES_LOCK:
+                _OPEN_FILES[self._file] += 1
 
     def close(self) -> None:
         self.conn.close()
+        key, self._file = self._file, None
+        if key is not None:
+            with _OPEN_FILES_LOCK:
+                _OPEN_FILES[key] -= 1
+                if _OPEN_FILES[key] <= 0:
+                    del _OPEN_FILES[key]
 
     def __enter__(self) -> Self:
         return self

@@ -120,8 +120,24 @@ class MemoryStore:
 @dataclass
 class LoopResult:
     rounds: int
-    reason: str  # idle | timeout | signal
+    reason: str  # idle | timeout | signal | stopped (``should_stop`` said so)
     progress: list[Progress]
+    events: list[Event]
+
+
+@dataclass(frozen=True)
+class RoundTick:
+    """One pass of the loop, handed to ``on_round`` once it is over: what a process that
+    embeds the loop (``apportion serve``: readiness, metrics) learns of each round.
+
+    ``decision`` is None for a pass with nothing to schedule (the loop is alive all the
+    same); ``duration_s`` spans reading the queue, solving, recording and applying.
+    """
+
+    index: int  # rounds solved so far, this one included
+    finished_at: float  # wall clock
+    duration_s: float
+    decision: Decision | None
     events: list[Event]
 
 
@@ -130,8 +146,12 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
              round_config: RoundConfig | None = None, poll_s: float = 0.5,
              reschedule_on_finish: bool = True,
              on_measure: Callable[[str, float | None, float], None] | None = None,
-             refit: Any = None) -> LoopResult:
-    """Run rounds until idle (with ``until_idle``), ``timeout_s``, or SIGINT/SIGTERM."""
+             refit: Any = None, on_round: Callable[[RoundTick], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> LoopResult:
+    """Run rounds until idle (with ``until_idle``), ``timeout_s``, SIGINT/SIGTERM, or
+    ``should_stop()`` turning true (checked while waiting between rounds; it stops the
+    loop as a signal would: every running job checkpointed). ``on_round`` sees every pass;
+    an observer that raises is logged and never stops the rounds."""
     t0 = time.monotonic()
     stop: dict[str, int | None] = {"signal": None}
     all_events: list[Event] = []
@@ -158,8 +178,11 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
     policy = policy_for(cfg, refit.estimator if refit is not None else None)
     try:
         while stop["signal"] is None:
-            now = clock() if clock is not None else time.monotonic() - t0
+            started = time.monotonic()
+            now = clock() if clock is not None else started - t0
             jobs = store.list_jobs(now)
+            decision: Decision | None = None
+            events: list[Event] = []
             if until_idle and not jobs and not _future_jobs(store, now):
                 reason = "idle"
                 break
@@ -185,6 +208,9 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 rounds += 1
                 log.info("round %d at %.1fs: %d allocations, %d pending, %d events", rounds, now,
                          len(decision.allocations), len(decision.pending), len(events))
+            if on_round is not None:
+                _tell(on_round, RoundTick(rounds, time.time(), time.monotonic() - started,
+                                          decision, events))
             deadline = time.monotonic() + interval_s
             seen_done = {p.job for p in progress if p.done}
             while stop["signal"] is None and time.monotonic() < deadline:
@@ -202,6 +228,9 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
                     stop["signal"] = -1
                     break
+                if should_stop is not None and should_stop():
+                    stop["signal"] = -2
+                    break
                 newly_done = {p.job for p in progress if p.done} - seen_done
                 if reschedule_on_finish and newly_done:
                     break
@@ -209,7 +238,7 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                     break
                 time.sleep(poll_s)
         if stop["signal"] is not None:
-            reason = "timeout" if stop["signal"] == -1 else "signal"
+            reason = {-1: "timeout", -2: "stopped"}.get(stop["signal"], "signal")
     finally:
         grace = getattr(executor, "stop_timeout_s", getattr(executor, "grace_s", None))
         if reason == "idle" and grace is not None:
@@ -226,6 +255,14 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
         for signum, h in handlers.items():
             signal.signal(signum, h)
     return LoopResult(rounds, reason, progress, all_events)
+
+
+def _tell(on_round: Callable[[RoundTick], None], tick: RoundTick) -> None:
+    """Hand a pass to its observer; an observer's bug is logged, the rounds go on."""
+    try:
+        on_round(tick)
+    except Exception:  # observers (metrics, readiness) never stop scheduling
+        log.exception("round observer failed on round %d", tick.index)
 
 
 def _drain(executor: Executor, store: StoreLike, poll_s: float,

@@ -17,9 +17,13 @@ nothing runs goes back to the queue from its last checkpoint on disk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +90,109 @@ def _check(option: str, value: float | None, low: float, integral: bool = False)
                          f"must be {kind} >= {low:g}, got {value!r}")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Every setting of a scheduler loop: ``apportion run``'s flags, which ``apportion serve``
+    shares so the two commands can never drift apart."""
+
+    executor: str
+    cluster: str
+    state: Path
+    interval_s: float
+    workdir: Path
+    kubeconfig: str | None = None
+    time_budget_s: float = 10.0
+    k8s_config: Path | None = None
+    drain: bool = False
+    policy: str | None = None
+    estimator: str = "analytic"
+    checkpoint_every: int | None = None
+    checkpoint_interval_s: float | None = None
+    max_retries: int = 3
+    grace_period_s: float = 120.0
+    orphans: str = "adopt"
+    ray_address: str | None = None
+    until_idle: bool = False
+    timeout_s: float | None = None
+    tables: Path | None = None  # measured iteration times for --estimator tables/auto
+
+
+@dataclass
+class PreparedRun:
+    """Options checked, the cluster read and the round settings chosen; nothing opened yet,
+    so a command can refuse its own flags (exit 2) before the store is locked."""
+
+    options: RunOptions
+    cluster: Cluster
+    round_config: RoundConfig
+
+
+@dataclass
+class LoopContext:
+    """What a companion running beside the loop (``serve``'s HTTP server) may read: the
+    loop's own objects. It must not write through ``store`` (the loop's connection); it
+    opens its own connections to ``options.state``."""
+
+    options: PreparedRun
+    store: Any
+    executor: Any
+    refit: Any
+
+
+@dataclass
+class LoopHooks:
+    """What a companion hands the loop: an observer of every pass, and a stop condition."""
+
+    on_round: Callable[[Any], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+
+
+Companion = Callable[[LoopContext], AbstractContextManager[LoopHooks]]
+
+
+def prepare_run(opts: RunOptions) -> PreparedRun:
+    """Check every option (an :class:`InputError` naming the flag) and build the cluster
+    and round settings; reads files, writes nothing."""
+    from apportion.runtime.plan_filter import workload_plan_filter
+
+    from apportion.policies import checked_config
+
+    if opts.executor not in EXECUTORS:
+        raise InputError("--executor", "executor", f"{opts.executor!r} is not one of "
+                         f"{', '.join(EXECUTORS)}")
+    if not opts.interval_s > 0 or not math.isfinite(opts.interval_s):
+        raise InputError("--interval", "interval", f"must be positive, got {opts.interval_s}")
+    _check("--timeout", opts.timeout_s, 0.0)
+    _check("--time-budget", opts.time_budget_s, 0.01)
+    _check("--checkpoint-every", opts.checkpoint_every, 0, integral=True)
+    _check("--checkpoint-interval", opts.checkpoint_interval_s, 0.0)
+    _check("--max-retries", opts.max_retries, 0, integral=True)
+    _check("--grace-period", opts.grace_period_s, 0.0)
+    if opts.orphans not in ORPHAN_POLICIES:
+        raise InputError("--orphans", "orphans", f"{opts.orphans!r} is not one of adopt, stop")
+    if opts.ray_address is not None and opts.executor != "ray":
+        raise InputError("--ray-address", "ray_address", "only with --executor ray")
+    if opts.tables is not None and opts.estimator not in ("tables", "auto"):
+        raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
+                         f"or auto, not {opts.estimator}")
+    if opts.cluster == "local":
+        from apportion.runtime.executors.local import local_cluster
+
+        cluster = local_cluster()
+    else:
+        cluster = resolve_cluster(opts.cluster)
+    # this host's devices, or real GPUs
+    device = None if opts.executor in ("local", "dry-run") else "cuda"
+    cfg = RoundConfig(time_budget_s=opts.time_budget_s, plan_filter=workload_plan_filter(device))
+    chosen = checked_config(policy=opts.policy, estimator=opts.estimator)  # bad names exit 2
+    cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
+    if opts.executor == "kubernetes":
+        from apportion.runtime.executors.k8s_config import load_k8s_config
+
+        load_k8s_config(opts.k8s_config)  # bad settings exit 2 before the store is locked
+    return PreparedRun(opts, cluster, cfg)
+
+
 def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float, until_idle: bool,
                 timeout_s: float | None, workdir: Path, kubeconfig: str | None = None,
                 time_budget_s: float = 10.0, k8s_config: Path | None = None,
@@ -95,54 +202,36 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
                 grace_period_s: float = 120.0, orphans: str = "adopt",
                 ray_address: str | None = None, tables: Path | None = None) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
+    opts = RunOptions(executor, cluster_arg, state, interval_s, workdir, kubeconfig,
+                      time_budget_s, k8s_config, drain, policy, estimator, checkpoint_every,
+                      checkpoint_interval_s, max_retries, grace_period_s, orphans, ray_address,
+                      until_idle, timeout_s, tables)
+    return run_rounds(prepare_run(opts))
+
+
+def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: str = "run",
+               companion: Companion | None = None) -> int:
+    """Lock the store, start the executor, settle what an earlier run left, and loop.
+
+    The one setup path of ``run`` and ``serve``: ``companion`` (serve's HTTP server) is
+    entered once the lock is held and the executor reconciled, and left when the loop has
+    stopped, before the executor closes and the lock is released. Returns 0, or 75 when
+    another invocation holds the store.
+    """
     from apportion.runtime.loop import run_loop
-    from apportion.runtime.plan_filter import workload_plan_filter
     from apportion.runtime.refit import OnlineRefit
     from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteLoopStore
 
     from apportion.store import RoundLock, StoreBusy, open_store
 
-    if executor not in EXECUTORS:
-        raise InputError("--executor", "executor", f"{executor!r} is not one of "
-                         f"{', '.join(EXECUTORS)}")
-    if not interval_s > 0 or not math.isfinite(interval_s):
-        raise InputError("--interval", "interval", f"must be positive, got {interval_s}")
-    _check("--timeout", timeout_s, 0.0)
-    _check("--time-budget", time_budget_s, 0.01)
-    _check("--checkpoint-every", checkpoint_every, 0, integral=True)
-    _check("--checkpoint-interval", checkpoint_interval_s, 0.0)
-    _check("--max-retries", max_retries, 0, integral=True)
-    _check("--grace-period", grace_period_s, 0.0)
-    if orphans not in ORPHAN_POLICIES:
-        raise InputError("--orphans", "orphans", f"{orphans!r} is not one of adopt, stop")
-    if ray_address is not None and executor != "ray":
-        raise InputError("--ray-address", "ray_address", "only with --executor ray")
-    if tables is not None and estimator not in ("tables", "auto"):
-        raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
-                         f"or auto, not {estimator}")
-    if cluster_arg == "local":
-        from apportion.runtime.executors.local import local_cluster
-
-        cluster = local_cluster()
-    else:
-        cluster = resolve_cluster(cluster_arg)
-    from apportion.policies import checked_config
-
-    device = None if executor in ("local", "dry-run") else "cuda"  # this host's, or real GPUs
-    cfg = RoundConfig(time_budget_s=time_budget_s, plan_filter=workload_plan_filter(device))
-    chosen = checked_config(policy=policy, estimator=estimator)  # bad names exit 2
-    cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
-    if executor == "kubernetes":
-        from apportion.runtime.executors.k8s_config import load_k8s_config
-
-        load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
-    store = open_store(state, create=False)
+    opts, cluster, cfg = prep.options, prep.cluster, prep.round_config
+    store = open_store(opts.state, create=create_store)
     try:  # the user's estimator, as an object the online refit corrects (never replaces)
-        cfg.estimator = chosen_estimator(store, estimator, tables)
+        cfg.estimator = chosen_estimator(store, opts.estimator, opts.tables)
     except InputError:
         store.close()
         raise
-    lock = RoundLock(state, "run")
+    lock = RoundLock(opts.state, lock_command)
     try:
         lock.acquire()
     except StoreBusy as exc:
@@ -151,28 +240,34 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         return EXIT_BUSY
     ex = None
     try:
-        workdir.mkdir(parents=True, exist_ok=True)
+        opts.workdir.mkdir(parents=True, exist_ok=True)
         launch_log = SqliteLaunchLog(store)
-        opts: dict[str, Any] = {"stop_timeout_s": grace_period_s}
-        if checkpoint_every is not None:
-            opts["checkpoint_every"] = int(checkpoint_every)
-        if checkpoint_interval_s is not None:
-            opts["checkpoint_interval_s"] = float(checkpoint_interval_s)
-        if executor == "ray":
-            opts["ray_address"] = ray_address or os.environ.get("RAY_ADDRESS") or None
-        if executor in ("local", "ray"):
-            ex = make_executor(executor, workdir, cluster, kubeconfig, launch_log=launch_log,
-                               options=opts)
+        xopts: dict[str, Any] = {"stop_timeout_s": opts.grace_period_s}
+        if opts.checkpoint_every is not None:
+            xopts["checkpoint_every"] = int(opts.checkpoint_every)
+        if opts.checkpoint_interval_s is not None:
+            xopts["checkpoint_interval_s"] = float(opts.checkpoint_interval_s)
+        if opts.executor == "ray":
+            xopts["ray_address"] = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if opts.executor in ("local", "ray"):
+            ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
+                               launch_log=launch_log, options=xopts)
         else:
-            ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
-        reconcile(store, ex, workdir, adopt=orphans == "adopt")
+            ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
+                               opts.k8s_config, opts.drain)
+        reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt")
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured
-        res = run_loop(cluster, SqliteLoopStore(store, cluster, FaultPolicy(int(max_retries))),
-                       ex, interval_s=interval_s, until_idle=until_idle, timeout_s=timeout_s,
-                       round_config=cfg, refit=refit)
-        log.warning("run stopped (%s) after %d rounds; %d estimator refits from %d samples",
-                    res.reason, res.rounds, refit.refits, len(refit.samples))
+        beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
+                  else contextlib.nullcontext(LoopHooks()))
+        with beside as hooks:
+            res = run_loop(cluster, SqliteLoopStore(store, cluster,
+                                                    FaultPolicy(int(opts.max_retries))),
+                           ex, interval_s=opts.interval_s, until_idle=opts.until_idle,
+                           timeout_s=opts.timeout_s, round_config=cfg, refit=refit,
+                           on_round=hooks.on_round, should_stop=hooks.should_stop)
+        log.warning("%s stopped (%s) after %d rounds; %d estimator refits from %d samples",
+                    lock_command, res.reason, res.rounds, refit.refits, len(refit.samples))
     finally:
         shutdown = getattr(ex, "close", None)
         if callable(shutdown):

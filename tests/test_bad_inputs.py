@@ -79,6 +79,9 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "run --state": ("state", lambda f, e: [
         "run", "--executor", "dry-run", "--cluster", "crius-testbed", "--state", f,
         "--until-idle", "--timeout", "5", "--workdir", e["results"]]),
+    "serve --cluster": ("cluster", lambda f, e: [
+        "serve", "--executor", "dry-run", "--cluster", f, "--state", e["db"], "--port", "0",
+        "--timeout", "5", "--workdir", e["results"]]),
 }
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.

@@ -50,9 +50,9 @@ def test_scheduler_settings_and_command_are_what_apportion_reads() -> None:
     assert cfg.namespace == "training" and cfg.local_checkpoint_mount == cfg.checkpoint_mount
     (dep,) = [d for d in docs("scheduler.yaml") if d["kind"] == "Deployment"]
     cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[:2] == ["apportion", "run"]
-    run = get_command(app).commands["run"]  # type: ignore[attr-defined]
-    flags = {o for p in run.params for o in p.opts}
+    assert cmd[:2] == ["apportion", "serve"]
+    serve = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    flags = {o for p in serve.params for o in p.opts}
     assert {c.split("=")[0] for c in cmd[2:]} <= flags
 
 

@@ -1,4 +1,5 @@
-"""Operating real clusters: the run loop, importing a cluster, exporting to Kubernetes."""
+"""Operating real clusters: the run loop and the service around it, importing a cluster,
+exporting to Kubernetes."""
 
 from __future__ import annotations
 
@@ -150,3 +151,55 @@ def export_kueue_cmd(
         cfg = load_k8s_config(k8s_config, namespace=namespace)
         names = export_kueue(cluster, tenants, out_dir, cfg)
     stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
+
+
+def serve_cmd(
+    state: Path = typer.Option(..., "--state", help="state DB (created if missing)"),
+    cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
+                                "name: " + cluster_help()),
+    executor: str = typer.Option("dry-run", "--executor",
+                                 help="dry-run | local | slurm | ray | kubernetes"),
+    interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on "
+                             "(0.0.0.0: every interface)"),
+    port: int = typer.Option(8080, "--port", help="TCP port (0: any free port)"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a "
+                                              "token: writes (POST, DELETE) then need "
+                                              "'Authorization: Bearer TOKEN'; reads stay open"),
+    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
+    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
+                                             "(in-cluster: the pod's service account)"),
+    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
+                                              "YAML (namespace, image, PVC, queue, priorities)"),
+    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
+                               "every job instead of leaving them running"),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off)"),
+    checkpoint_interval: Optional[float] = typer.Option(
+        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
+    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
+                                    "without a new checkpoint before it is failed"),
+    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
+                                       "workload has to checkpoint and exit before SIGKILL"),
+    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
+                                "adopt | stop"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                              help="join this Ray cluster (--executor ray)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
+    /healthz and /readyz, Prometheus /metrics, and a dashboard at /."""
+    verbose_logs(verbose)
+    from apportion.serve.command import serve_command
+
+    raise typer.Exit(serve_command(
+        state, cluster, executor, interval, host, port, token_file, workdir=workdir,
+        kubeconfig=kubeconfig, time_budget_s=time_budget, k8s_config=k8s_config, drain=drain,
+        policy=policy, estimator=estimator, checkpoint_every=checkpoint_every,
+        checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
+        grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
+        timeout_s=timeout))

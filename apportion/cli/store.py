@@ -13,7 +13,6 @@ opened for writing or the lock file is created.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sqlite3
@@ -30,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from apportion import outputs
-from apportion.config import default_cluster, jobs_from_data, read_yaml
+from apportion.config import default_cluster, read_yaml
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision, Reason
 from apportion.errors import HostError, InputError
@@ -43,6 +42,8 @@ from apportion.store import (
     open_store,
     store_error,
 )
+from apportion.store_status import status_data
+from apportion.submission import jobs_to_submit
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +98,8 @@ _HANDLED = (InputError, StoreBusy, HostError, sqlite3.Error, OSError)
 def submit(file: Path, state: Path) -> int:
     """Add every job of a jobs YAML to the store, all or nothing."""
     try:
-        data = read_yaml(file)
-        jobs, _ = jobs_from_data(data, str(file))
         now = time.time()
-        raw = data.get("jobs", []) if isinstance(data, dict) else []
-        # a job without an explicit submit time was submitted now (the store's clock)
-        jobs = [j if isinstance(r, dict) and "submit_time_s" in r
-                else dataclasses.replace(j, submit_time_s=now) for j, r in zip(jobs, raw)]
+        jobs = jobs_to_submit(read_yaml(file), str(file), now)
         with open_store(state, create=True) as store:
             ids = store.submit(jobs, source=str(file), at=now)
     except _HANDLED as exc:
@@ -134,64 +130,6 @@ def cancel(job: str, state: Path) -> int:
 # ---------------------------------------------------------------------------
 # status / history
 # ---------------------------------------------------------------------------
-def _pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, str]]:
-    """Why each waiting job is waiting: the reason and detail of its last round's decision."""
-    out: dict[str, dict[str, str]] = {}
-    decisions: dict[int, dict[str, dict[str, str]]] = {}
-    for j in jobs:
-        if j.state not in (JobState.SUBMITTED, JobState.QUEUED, JobState.CHECKPOINTED) \
-                or j.last_round is None:
-            continue
-        if j.last_round not in decisions:
-            try:
-                d = store.decision(j.last_round)
-            except KeyError:
-                d = {}
-            decisions[j.last_round] = {p.get("job"): p for p in d.get("pending", [])
-                                       if isinstance(p, dict)}
-        p = decisions[j.last_round].get(j.id)
-        if p is not None:
-            out[j.id] = {"reason": str(p.get("reason", "")), "detail": str(p.get("detail", ""))}
-    return out
-
-
-def status_data(store: StateStore) -> dict[str, Any]:
-    """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
-
-    A waiting job also carries ``pending_reason`` and ``pending_detail`` (from its last
-    round's decision) when a round has considered it.
-    """
-    from apportion.store_faults import node_states
-
-    jobs = store.jobs()
-    rounds = store.rounds(limit=1)
-    last = rounds[-1] if rounds else None
-    used: Counter[str] = Counter()
-    for j in jobs:
-        if j.state is JobState.RUNNING and j.running:
-            used[j.running["gpu_type"]] += int(j.running["gpus"])
-    cap = last["cluster"]["capacity"] if last else {}
-    pending = _pending_details(store, jobs)
-    rows = []
-    for j in jobs:
-        row = j.as_dict()
-        if j.id in pending:
-            row["pending_reason"] = pending[j.id]["reason"]
-            row["pending_detail"] = pending[j.id]["detail"]
-        rows.append(row)
-    return {
-        "state_db": str(store.path),
-        "schema_version": store.schema_version(),
-        "generation": store.generation(),
-        "jobs": rows,
-        "counts": dict(sorted(Counter(j.state.value for j in jobs).items())),
-        "cluster_use": {t: {"used": used.get(t, 0), "capacity": cap.get(t)}
-                        for t in sorted(set(cap) | set(used))},
-        "nodes": node_states(store),
-        "last_round": last,
-    }
-
-
 def _when(at: Any) -> str:
     """A stored wall-clock time as local time; one from a clock that jumped is still shown."""
     try:

@@ -1,0 +1,15 @@
+"""``apportion serve``: the round loop of ``apportion run`` with an HTTP server beside it.
+
+One process: the loop holds the store's round lock and schedules exactly as ``run``
+does (:func:`apportion.runtime.run_command.run_rounds`); the server answers from the
+store (the single source of truth) through its own connections, and writes only through
+the store's own transactional calls (``submit``, ``cancel``), as the commands do.
+
+Modules: :mod:`.command` (the command, its flags and its wiring), :mod:`.app` (the
+routes), :mod:`.views` (what the routes read from the store), :mod:`.schemas` (the
+response shapes the OpenAPI document publishes), :mod:`.body` (a submitted body as
+jobs), :mod:`.auth` (the bearer token), :mod:`.metrics` (Prometheus), :mod:`.observer`
+(what the loop tells the server), :mod:`.server` (uvicorn on a thread), and ``static/``
+(the dashboard). The web framework is an optional extra (``apportion[serve]``); only
+:mod:`.command` may be imported without it.
+"""

@@ -1,0 +1,141 @@
+"""``apportion serve``: the command's whole logic and validation, behind one function.
+
+``serve`` is ``run`` with an HTTP server beside its loop. It shares ``run``'s options
+(:class:`~apportion.runtime.run_command.RunOptions`) and its one setup path
+(:func:`~apportion.runtime.run_command.run_rounds`: lock, executor, reconciliation,
+loop); the server is the loop's *companion*, started once the store is locked and the
+executor reconciled, stopped once the loop has checkpointed and stopped. Unlike ``run``
+it creates a missing store (an operator submits through the API) and has no
+``--until-idle`` (a service serves until it is stopped).
+
+Order, so that a bad flag writes nothing: the web framework is imported (missing: exit
+2 naming the extra), every flag is checked (exit 2 naming it), the token read, the
+port bound (in use: exit 2 naming ``--port``); only then is the store opened and locked.
+Exit codes: 0 stopped cleanly (SIGTERM/SIGINT: every job checkpointed), 2 bad input,
+75 another scheduler holds the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import ipaddress
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from rich.markup import escape
+
+from apportion import outputs
+from apportion.console import printable, stderr_console
+from apportion.errors import HostError, InputError
+from apportion.runtime.run_command import (
+    LoopContext,
+    LoopHooks,
+    RunOptions,
+    prepare_run,
+    run_rounds,
+)
+from apportion.serve.auth import read_token
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT = 2
+EXTRA_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def _missing_extra() -> str | None:
+    """The first module of the ``serve`` extra this environment lacks, if any."""
+    for name in EXTRA_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
+
+
+def _error(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    stderr_console().print(f"[bold red]error:[/] {escape(printable(message))}",
+                           highlight=False, soft_wrap=True)
+    return code
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run",
+                  interval_s: float = 300.0, host: str = "127.0.0.1", port: int = 8080,
+                  token_file: Path | None = None, *, workdir: Path = Path("apportion-runs"),
+                  kubeconfig: str | None = None, time_budget_s: float = 10.0,
+                  k8s_config: Path | None = None, drain: bool = False,
+                  policy: str | None = None, estimator: str = "analytic",
+                  checkpoint_every: int | None = None,
+                  checkpoint_interval_s: float | None = None, max_retries: int = 3,
+                  grace_period_s: float = 120.0, orphans: str = "adopt",
+                  ray_address: str | None = None, timeout_s: float | None = None) -> int:
+    """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
+    until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
+    missing = _missing_extra()
+    if missing is not None:
+        return _error(f"apportion serve needs the 'serve' extra ({missing} is not "
+                      "installed): pip install 'apportion[serve]'")
+    try:
+        if not host or "\0" in host:
+            raise InputError("--host", "host", "give an address to listen on, e.g. "
+                             "127.0.0.1 or 0.0.0.0")
+        if not 0 <= port <= 65535:
+            raise InputError("--port", "port", f"must be 0..65535 (0: any free port), got {port}")
+        token = read_token(token_file) if token_file is not None else None
+        outputs.check_output_dir(workdir, "--workdir")
+        prep = prepare_run(RunOptions(
+            executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
+            k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
+            max_retries, grace_period_s, orphans,
+            ray_address if executor == "ray" else None, False, timeout_s))
+        from apportion.serve.server import bind
+
+        sock = bind(host, port)
+    except InputError as exc:
+        return _error(str(exc))
+    if token is None and not _loopback(host):
+        log.warning("no --token-file: anyone who reaches %s:%d can submit and cancel jobs",
+                    host, port)
+
+    @contextlib.contextmanager
+    def beside(ctx: LoopContext) -> Iterator[LoopHooks]:
+        """The HTTP server, for as long as the loop runs."""
+        from prometheus_client import CollectorRegistry
+
+        from apportion.serve.app import ServeState, create_app
+        from apportion.serve.metrics import ServeMetrics, StoreCollector
+        from apportion.serve.observer import LoopObserver
+        from apportion.serve.server import HttpServer, url_of
+
+        registry = CollectorRegistry()
+        observer = LoopObserver(interval_s, time_budget_s, ServeMetrics(registry, executor))
+        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits)))
+        app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
+                                    registry, token))
+        with HttpServer(app, sock, observer):
+            url = url_of(sock)
+            stderr_console().print(
+                f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), {url}/metrics; "
+                f"state {state}, executor {executor}, cluster {prep.cluster.name}, "
+                f"writes {'need the token' if token else 'open'}",
+                highlight=False, markup=False, soft_wrap=True)
+            yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
+
+    try:
+        return run_rounds(prep, create_store=True, lock_command="serve", companion=beside)
+    except InputError as exc:
+        return _error(str(exc))
+    except HostError as exc:
+        return _error(str(exc), exc.exit_code)
+    finally:
+        sock.close()

@@ -1,0 +1,130 @@
+"""The shapes of the API's answers: the contract the OpenAPI document publishes.
+
+Open models (``extra="allow"``): a field the store adds later reaches clients without a
+release of this file, while every field named here is always there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Health(BaseModel):
+    status: str = Field(description="always 'ok': the process answers")
+
+
+class Ready(BaseModel):
+    ready: bool
+    store: str = Field(description="'ok', or why the store cannot be read")
+    last_round_age_s: float | None = Field(
+        description="seconds since the loop last finished a pass (null: none yet)")
+    limit_s: float = Field(description="the age beyond which the loop counts as stuck")
+
+
+class Problem(BaseModel):
+    detail: str = Field(description="one line naming what is wrong")
+    field: str | None = Field(default=None, description="the field or flag at fault")
+
+
+class Progress(BaseModel):
+    iterations_done: int
+    iterations: int
+    checkpoint_iterations: int
+    fraction: float
+
+
+class JobRow(_Open):
+    id: str
+    state: str
+    model: Any
+    iterations: int
+    iterations_done: int
+    checkpoint_iterations: int
+    requested_gpus: int | None
+    requested_gpu_type: str | None
+    tenant: str | None
+    running: dict[str, Any] | None
+    reason: str
+    last_round: int | None
+    submitted_at: float
+    updated_at: float
+    jct_s: float | None = Field(description="finished jobs: finish minus submission time")
+    pending_reason: str | None = Field(default=None, description="the typed reason a waiting "
+                                       "job was left out by its last round")
+    pending_detail: str | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobRow]
+    counts: dict[str, int]
+
+
+class JobDetail(JobRow):
+    allocation: dict[str, Any] | None = Field(description="GPU type, count, stages and "
+                                              "placement while running")
+    plan: dict[str, Any] | None = Field(description="the execution plan its last round "
+                                        "chose while running")
+    progress: Progress
+    events: list[dict[str, Any]]
+
+
+class Submitted(BaseModel):
+    submitted: list[str]
+
+
+class Cancelled(BaseModel):
+    id: str
+    state: str
+
+
+class RoundRow(_Open):
+    id: int
+    round_key: str
+    committed_at: float
+    backend: str
+    status: str
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    wall_s: float
+    fallback: bool
+    fallback_reason: str | None
+    placed: int
+    pending: int
+    solver: dict[str, Any]
+    actions: list[dict[str, Any]]
+
+
+class Rounds(BaseModel):
+    rounds: list[RoundRow]
+
+
+class NodeView(BaseModel):
+    name: str
+    gpu_type: str
+    gpus: int
+    state: str = Field(description="up, down or quarantined")
+    reason: str
+    slots: list[str | None] = Field(description="one entry per GPU: the job holding it")
+
+
+class GpuTypeView(BaseModel):
+    gpu_type: str
+    capacity: int
+    allocated: int
+    free: int
+    nodes: list[NodeView]
+
+
+class ClusterView(BaseModel):
+    name: str
+    executor: str
+    interval_s: float
+    writes_need_token: bool
+    gpu_types: list[GpuTypeView]

@@ -1,0 +1,116 @@
+"""What the API's read routes answer, read from one store connection.
+
+Plain functions from a :class:`~apportion.store.StateStore` (and the cluster the loop
+schedules) to JSON-ready dicts, so the answers are the same as ``status --json`` and
+``history --json`` (they share :mod:`apportion.store_status`) and are testable without a
+server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from apportion.cluster import Cluster
+from apportion.lifecycle import JobState
+from apportion.store import JobRecord, StateStore
+from apportion.store_faults import effective_cluster, node_states
+from apportion.store_status import pending_details
+
+
+def _row(rec: JobRecord, pending: dict[str, dict[str, str]]) -> dict[str, Any]:
+    row = rec.as_dict()
+    row["submitted_at"] = rec.submitted_at
+    row["updated_at"] = rec.updated_at
+    # a finished job's JCT as the policies remember it (store_history.finished_jcts)
+    row["jct_s"] = (max(0.0, rec.updated_at - float(rec.spec.get("submit_time_s")
+                                                    or rec.submitted_at))
+                    if rec.state is JobState.FINISHED else None)
+    why = pending.get(rec.id)
+    row["pending_reason"] = why["reason"] if why else None
+    row["pending_detail"] = why["detail"] if why else None
+    return row
+
+
+def jobs_view(store: StateStore) -> dict[str, Any]:
+    """Every job (submission order) with its waiting reason, and the count per state."""
+    recs = store.jobs()
+    pending = pending_details(store, recs)
+    return {"jobs": [_row(r, pending) for r in recs],
+            "counts": dict(sorted(Counter(r.state.value for r in recs).items()))}
+
+
+def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
+    """One job: its row, allocation and plan while running, progress and its state moves.
+    Raises :class:`~apportion.store.UnknownJob`."""
+    rec = store.job(job_id)
+    row = _row(rec, pending_details(store, [rec]))
+    plan = None
+    if rec.state is JobState.RUNNING and rec.last_round is not None:
+        try:
+            decision = store.decision(rec.last_round)
+        except KeyError:
+            decision = {}
+        for a in decision.get("allocations", []):
+            if isinstance(a, dict) and a.get("job") == rec.id:
+                plan = a.get("plan")
+    row["allocation"] = rec.running if rec.state is JobState.RUNNING else None
+    row["plan"] = plan
+    row["progress"] = {"iterations_done": rec.iterations_done, "iterations": rec.iterations,
+                       "checkpoint_iterations": rec.checkpoint_iterations,
+                       "fraction": rec.iterations_done / rec.iterations if rec.iterations
+                       else 0.0}
+    row["events"] = store.events(rec.id)
+    return row
+
+
+def rounds_view(store: StateStore, limit: int) -> dict[str, Any]:
+    """The last ``limit`` rounds, oldest first, each with its solver report and actions
+    (what ``history --json`` prints)."""
+    rounds = store.rounds(limit)
+    for r in rounds:
+        try:
+            r["solver"] = store.decision(r["id"])["solver"]
+        except KeyError:
+            r["solver"] = {}
+        r["actions"] = store.actions(r["id"])
+        r.pop("cluster", None)  # the capacity the round saw: /api/v1/cluster has it now
+    return {"rounds": rounds}
+
+
+def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:
+    """Per GPU type: capacity (down and quarantined nodes count for none), allocated to
+    running jobs, and free."""
+    cap = effective_cluster(store, cluster, time.time()).capacity_by_type()
+    used: Counter[str] = Counter()
+    for rec in store.jobs(frozenset({JobState.RUNNING})):
+        if rec.running:
+            used[str(rec.running["gpu_type"])] += int(rec.running["gpus"])
+    return {t: {"capacity": cap.get(t, 0), "allocated": used.get(t, 0),
+                "free": max(0, cap.get(t, 0) - used.get(t, 0))}
+            for t in sorted(set(cap) | set(used))}
+
+
+def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
+    """The cluster node by node and GPU by GPU, grouped by GPU type, each GPU slot naming
+    the running job that holds it. A placement says how many GPUs of a node a job holds,
+    not which: slots are filled in submission order, so a job's GPUs stay together."""
+    health = {n["name"]: n for n in node_states(store)}
+    slots: dict[str, list[str | None]] = {n.name: [None] * n.gpus
+                                          for n in cluster.nodes.values()}
+    for rec in store.jobs(frozenset({JobState.RUNNING})):
+        for node, count in sorted((rec.running or {}).get("placement", {}).items()):
+            free = [i for i, s in enumerate(slots.get(node, [])) if s is None]
+            for i in free[:int(count)]:
+                slots[node][i] = rec.id
+    use = gpu_use(store, cluster)
+    types = []
+    for t in sorted(use):
+        nodes = [{"name": n.name, "gpu_type": n.gpu_type, "gpus": n.gpus,
+                  "state": str(health.get(n.name, {}).get("state") or "up"),
+                  "reason": str(health.get(n.name, {}).get("reason") or ""),
+                  "slots": slots[n.name]}
+                 for n in cluster.nodes.values() if n.gpu_type == t]
+        types.append({"gpu_type": t, **use[t], "nodes": nodes})
+    return {"name": cluster.name, "gpu_types": types}

@@ -1,0 +1,72 @@
+"""What the store says about its jobs and the cluster right now: ``status --json``'s data.
+
+Kept apart from the commands that print it (:mod:`apportion.cli.store`) so that
+``apportion serve`` answers ``GET /api/v1/jobs`` from the very same reading: one
+definition of a job's row and of why a waiting job waits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from apportion.lifecycle import JobState
+from apportion.store import StateStore
+
+
+def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, str]]:
+    """Why each waiting job is waiting: the reason and detail of its last round's decision."""
+    out: dict[str, dict[str, str]] = {}
+    decisions: dict[int, dict[str, dict[str, str]]] = {}
+    for j in jobs:
+        if j.state not in (JobState.SUBMITTED, JobState.QUEUED, JobState.CHECKPOINTED) \
+                or j.last_round is None:
+            continue
+        if j.last_round not in decisions:
+            try:
+                d = store.decision(j.last_round)
+            except KeyError:
+                d = {}
+            decisions[j.last_round] = {p.get("job"): p for p in d.get("pending", [])
+                                       if isinstance(p, dict)}
+        p = decisions[j.last_round].get(j.id)
+        if p is not None:
+            out[j.id] = {"reason": str(p.get("reason", "")), "detail": str(p.get("detail", ""))}
+    return out
+
+
+def status_data(store: StateStore) -> dict[str, Any]:
+    """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
+
+    A waiting job also carries ``pending_reason`` and ``pending_detail`` (from its last
+    round's decision) when a round has considered it.
+    """
+    from apportion.store_faults import node_states
+
+    jobs = store.jobs()
+    rounds = store.rounds(limit=1)
+    last = rounds[-1] if rounds else None
+    used: Counter[str] = Counter()
+    for j in jobs:
+        if j.state is JobState.RUNNING and j.running:
+            used[j.running["gpu_type"]] += int(j.running["gpus"])
+    cap = last["cluster"]["capacity"] if last else {}
+    pending = pending_details(store, jobs)
+    rows = []
+    for j in jobs:
+        row = j.as_dict()
+        if j.id in pending:
+            row["pending_reason"] = pending[j.id]["reason"]
+            row["pending_detail"] = pending[j.id]["detail"]
+        rows.append(row)
+    return {
+        "state_db": str(store.path),
+        "schema_version": store.schema_version(),
+        "generation": store.generation(),
+        "jobs": rows,
+        "counts": dict(sorted(Counter(j.state.value for j in jobs).items())),
+        "cluster_use": {t: {"used": used.get(t, 0), "capacity": cap.get(t)}
+                        for t in sorted(set(cap) | set(used))},
+        "nodes": node_states(store),
+        "last_round": last,
+    }
