@@ -33,7 +33,7 @@ from apportion.config import default_cluster, read_yaml
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision, Reason
 from apportion.errors import HostError, InputError
-from apportion.lifecycle import IllegalTransition, JobState
+from apportion.lifecycle import IllegalTransition
 from apportion.store import (
     RoundLock,
     StateStore,
