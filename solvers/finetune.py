@@ -170,7 +170,8 @@ class FinetuneAnswer:
 
 
 def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
-                warm: PhasePlan | None = None) -> tuple[Schedule | None, SolveResult]:
+                warm: PhasePlan | None = None,
+                node_limit: int | None = None) -> tuple[Schedule | None, SolveResult]:
     """Solve the MILP with SCIP; returns the exactly re-simulated schedule (or None).
 
     Not HiGHS: on this model (big-M rows tie continuous phase lengths to one-hot GPU
@@ -184,7 +185,7 @@ def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
         except (PlanError, KeyError, IndexError) as exc:  # a bad hint must not cost the answer
             log.debug("warm start dropped: %r", exc)
     log.info("finetune MILP: %s", model.summary())
-    res = ScipBackend(mip_rel_gap=1e-9).solve(model, time_budget_s)
+    res = ScipBackend(mip_rel_gap=1e-9, node_limit=node_limit).solve(model, time_budget_s)
     if not res.status.has_solution or res.x is None or model.decode is None:
         return None, res
     plan = model.decode(res.x)
@@ -197,9 +198,11 @@ def solve_exact(problem: FinetuneProblem, capacity: int, time_budget_s: float,
     return sched, res
 
 
-def solve_finetune(problem: FinetuneProblem, capacity: int,
-                   time_budget_s: float = 10.0) -> FinetuneAnswer:
-    """Greedy first (always available), then the exact MILP when the size allows."""
+def solve_finetune(problem: FinetuneProblem, capacity: int, time_budget_s: float = 10.0,
+                   node_limit: int | None = None) -> FinetuneAnswer:
+    """Greedy first (always available), then the exact MILP when the size allows;
+    ``node_limit`` bounds SCIP's work (its status then repeats on any machine, the time
+    budget a safety stop)."""
     if capacity < 1:
         raise ValueError("capacity must be >= 1")
     t0 = time.perf_counter()
@@ -210,7 +213,7 @@ def solve_finetune(problem: FinetuneProblem, capacity: int,
         answer.extra["reason"] = f"{n} tasks > exact limit {EXACT_MAX_TASKS}"
         return answer
     budget = max(0.05, time_budget_s - (time.perf_counter() - t0))
-    sched, res = solve_exact(problem, capacity, budget, warm=gplan)
+    sched, res = solve_exact(problem, capacity, budget, warm=gplan, node_limit=node_limit)
     answer.solve = res
     if sched is None:
         answer.extra["reason"] = f"MILP gave no solution ({res.status.value}: {res.message})"

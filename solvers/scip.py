@@ -32,9 +32,13 @@ class ScipBackend:
 
     name = "scip"
 
-    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1) -> None:
+    def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1,
+                 node_limit: int | None = None) -> None:
         self.mip_rel_gap = mip_rel_gap
         self.threads = threads
+        # SCIP's branch-and-bound nodes: a budget in work, so a status does not depend on
+        # the machine's load (the time limit then only a safety stop)
+        self.node_limit = node_limit
 
     def available(self) -> bool:
         try:
@@ -80,6 +84,8 @@ class ScipBackend:
         params.SetDoubleParam(params.RELATIVE_MIP_GAP, self.mip_rel_gap)
         left = float(time_limit_s) - (time.perf_counter() - start)
         solver.SetTimeLimit(max(10, int(1000 * left)))
+        if self.node_limit is not None:
+            solver.SetSolverSpecificParametersAsString(f"limits/nodes = {int(self.node_limit)}\n")
         try:
             code = solver.Solve(params)
         except Exception as exc:  # noqa: BLE001 - a backend fault must not take the round down

@@ -37,8 +37,13 @@ CASES = [
 ]
 
 
-def _checked(problem: FinetuneProblem, capacity: int, budget: float = 10.0) -> dict:
-    answer = solve_finetune(problem, capacity, budget)
+# SCIP's budget in work (nodes), with a time limit that is only a safety stop: a status
+# that depends on the machine's load is a defect (a loaded machine once gave "feasible")
+NODES, SAFETY_S = 200_000, 600.0
+
+
+def _checked(problem: FinetuneProblem, capacity: int, budget: float = SAFETY_S) -> dict:
+    answer = solve_finetune(problem, capacity, budget, node_limit=NODES)
     out = answer_output(problem, answer, capacity)
     check = validate_finetune_answer(problem, capacity, out)
     assert check.ok, check.errors
@@ -276,7 +281,7 @@ def test_exact_never_worse_than_greedy_and_above_lower_bound(inst):
     greedy, _ = greedy_modes(prob, capacity)
     g_out = to_output(greedy, capacity)
     assert validate_finetune_answer(prob, capacity, g_out).ok
-    sched, res = solve_exact(prob, capacity, 20.0)
+    sched, res = solve_exact(prob, capacity, SAFETY_S, node_limit=NODES)
     assert sched is not None and res.status is Status.OPTIMAL
     m_out = to_output(sched, capacity)
     assert validate_finetune_answer(prob, capacity, m_out).ok
@@ -298,7 +303,7 @@ HIGHS_WRONG = [
 @pytest.mark.parametrize("tasks,temporal,spatial,capacity", HIGHS_WRONG)
 def test_exact_is_exact_where_highs_was_not(tasks, temporal, spatial, capacity):
     prob = problem_from_lists(tasks, temporal, spatial)
-    sched, res = solve_exact(prob, capacity, 20.0)
+    sched, res = solve_exact(prob, capacity, SAFETY_S, node_limit=NODES)
     assert sched is not None and res.status is Status.OPTIMAL
     assert sched.total_jct == _brute_force(prob, capacity)
     assert validate_finetune_answer(prob, capacity, to_output(sched, capacity)).ok
