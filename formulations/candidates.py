@@ -398,10 +398,19 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
         cands = []
         for cn in cells_of(g, jid):
             c = g.nodes[cn]
+            plan = c.get("plan")
             cands.append({
                 "gpu_type": c["gpu_type"], "gpus": c["gpus"], "stages": c["stages"],
-                "plan": {"dp": c["dp"], "tp": c["tp"], "pp": c["stages"],
-                         "micro_batches": c["micro_batches"]},
+                # the whole plan where the formulation chose one (ZeRO, offload, accumulation,
+                # recomputation: the plans formulation), else the cell's split
+                "plan": plan.as_dict() if plan is not None else
+                {"dp": c["dp"], "tp": c["tp"], "pp": c["stages"],
+                 "micro_batches": c["micro_batches"]},
+                # the host resources its rows count (the plans formulation's CPU and memory
+                # rows; 0 where the formulation has none) and the quota it draws on
+                "cpus_per_gpu": float(c.get("cpus_per_gpu", 0.0)),
+                "host_mem_gib_per_gpu": float(c.get("host_mem_gib_per_gpu", 0.0)),
+                "quota_tenant": c.get("quota_tenant"),
                 "est_throughput": c["est_throughput"], "iter_time_s": c["iter_time_s"],
                 "mem_per_gpu_gib": c["mem_per_gpu"] / 2**30, "normalized": c["normalized"],
                 "value": c["value"], "current": c["current"],
@@ -417,10 +426,13 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
             "candidates": cands,
         })
     nodes = [{"name": name_of(n), "gpu_type": d["gpu_type"], "capacity": d["capacity"],
-              "group": name_of(d["group"])}
+              "group": name_of(d["group"]), "cpus": d.get("cpus"),
+              "host_memory_gib": d.get("host_memory_gib")}
              for n in node_vertices(g) for d in (g.nodes[n],)]
     groups = [{"name": name_of(n), "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
                "nodes": [name_of(m) for m in d["nodes"]]}
               for n in group_vertices(g) for d in (g.nodes[n],)]
     return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
-            "nodes": nodes, "groups": groups, "jobs": jobs_out}
+            "nodes": nodes, "groups": groups, "jobs": jobs_out,
+            "quotas": dict(g.graph.get("quotas") or {}),
+            "formulation": g.graph.get("formulation", "cells")}

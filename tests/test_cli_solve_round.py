@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from apportion.cli import app
@@ -49,26 +50,31 @@ def test_default_round_writes_contract_json(tmp_path: Path) -> None:
     assert "job" in r.stdout and "placement" in r.stdout
 
 
-def test_problem_dump_resolves_independently(tmp_path: Path) -> None:
-    """Re-solve the dumped problem with a tiny independent model and compare objectives."""
+def _resolve(prob: dict) -> float:
+    """The dumped round re-solved by a tiny independent model: one cell per job, every GPU
+    of a chosen cell placed, node GPUs, and the host CPUs, memory and tenant quotas the
+    dump gives (the plans formulation's rows)."""
     import highspy
 
-    out, dump = tmp_path / "d.json", tmp_path / "p.json"
-    assert _run("solve-round", "--json", str(out), "--dump-problem", str(dump)).exit_code == 0
-    prob, dec = json.loads(dump.read_text()), json.loads(out.read_text())
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     cap = {n["name"]: n["capacity"] for n in prob["nodes"]}
+    host = {n["name"]: (n.get("cpus"), n.get("host_memory_gib")) for n in prob["nodes"]}
     members = {grp["name"]: grp["nodes"] for grp in prob["groups"]}
     node_terms: dict[str, list] = {n: [] for n in cap}
+    cpu_terms: dict[str, list] = {n: [] for n in cap}
+    mem_terms: dict[str, list] = {n: [] for n in cap}
+    quota_terms: dict[str, list] = {}
     obj = []
     for j in prob["jobs"]:
         xs = []
         for c in j["candidates"]:
-            x = h.addIntegral(0, 1) if hasattr(h, "addIntegral") else h.addVariable(0, 1)
+            x = h.addVariable(0, 1)
             h.changeColIntegrality(h.getNumCol() - 1, highspy.HighsVarType.kInteger)
             xs.append(x)
             obj.append((x, c["value"]))
+            if c.get("quota_tenant") is not None:
+                quota_terms.setdefault(c["quota_tenant"], []).append(c["gpus"] * x)
             ys = []
             tp = c["plan"]["tp"]
             allowed = dict(c["nodes"])  # pinned nodes of a running job's present cell
@@ -80,14 +86,58 @@ def test_problem_dump_resolves_independently(tmp_path: Path) -> None:
                 h.changeColIntegrality(h.getNumCol() - 1, highspy.HighsVarType.kInteger)
                 ys.append(y)
                 node_terms[node].append(tp * y)
+                cpu_terms[node].append(tp * c.get("cpus_per_gpu", 0.0) * y)
+                mem_terms[node].append(tp * c.get("host_mem_gib_per_gpu", 0.0) * y)
             h.addConstr(sum(tp * y for y in ys) == c["gpus"] * x)
         if xs:
             h.addConstr(sum(xs) <= 1)
     for n, terms in node_terms.items():
         if terms:
             h.addConstr(sum(terms) <= cap[n])
+            cpus, mem = host[n]
+            if cpus is not None:
+                h.addConstr(sum(cpu_terms[n]) <= cpus)
+            if mem is not None:
+                h.addConstr(sum(mem_terms[n]) <= mem)
+    for t, terms in quota_terms.items():
+        if t in prob.get("quotas", {}):
+            h.addConstr(sum(terms) <= prob["quotas"][t])
     h.maximize(sum(v * x for x, v in obj))
-    assert h.getInfo().objective_function_value == pytest.approx(dec["solver"]["objective"], abs=1e-4)
+    return h.getInfo().objective_function_value
+
+
+def test_problem_dump_resolves_independently(tmp_path: Path) -> None:
+    """Re-solve the dumped problem with a tiny independent model and compare objectives."""
+    out, dump = tmp_path / "d.json", tmp_path / "p.json"
+    assert _run("solve-round", "--json", str(out), "--dump-problem", str(dump)).exit_code == 0
+    prob, dec = json.loads(dump.read_text()), json.loads(out.read_text())
+    assert _resolve(prob) == pytest.approx(dec["solver"]["objective"], abs=1e-4)
+
+
+def test_plans_dump_resolves_independently(tmp_path: Path) -> None:
+    """The plans formulation's dump holds its plans (ZeRO, offload, accumulation,
+    recomputation), the CPUs and host memory each cell asks per GPU, every node's CPUs and
+    memory and the tenants' quotas: enough to re-solve it (it used to lack all of them)."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(yaml.safe_dump({"jobs": [
+        {"id": f"j{i}", "model": m, "global_batch_size": 256, "iterations": 5000,
+         "requested_gpus": g, "tenant": "a" if i % 2 else "b", "guaranteed": i % 3 == 0}
+        for i, (m, g) in enumerate([("bert-1.3b", 8), ("moe-0.69b", 4), ("wresnet-1b", 16),
+                                    ("bert-336m", 2), ("gpt2-1.5b", 8), ("t5-1.2b", 8)])]}))
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants: [{name: a, quota_gpus: 16}, {name: b, quota_gpus: 24}]\n")
+    out, dump = tmp_path / "d.json", tmp_path / "p.json"
+    r = _run("solve-round", "--formulation", "plans", "--cluster", "morphling-64", "--jobs",
+             str(jobs), "--tenants", str(tenants), "--json", str(out), "--dump-problem",
+             str(dump), "--time-budget", "20", "--no-isolate", "--mip-gap", "0")
+    assert r.exit_code == 0, r.output
+    prob, dec = json.loads(dump.read_text()), json.loads(out.read_text())
+    assert prob["formulation"] == "plans" and prob["quotas"] == {"a": 16, "b": 24}
+    cand = prob["jobs"][0]["candidates"][0]
+    assert {"zero_stage", "offload", "accumulation", "checkpointing"} <= set(cand["plan"])
+    assert cand["cpus_per_gpu"] > 0 and prob["nodes"][0]["cpus"] > 0
+    assert dec["solver"]["status"] == "optimal", dec["solver"]
+    assert _resolve(prob) == pytest.approx(dec["solver"]["objective"], rel=1e-6, abs=1e-4)
 
 
 @pytest.mark.parametrize("backend", ["highs", "cp-sat", "greedy"])
