@@ -51,7 +51,7 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     if name == "slurm":
         from apportion.runtime.executors.slurm import from_environment
 
-        return from_environment(workdir, cluster)
+        return from_environment(workdir, cluster, launch_log=launch_log)
     if name == "ray":
         from apportion.runtime.executors.ray_executor import RayExecutor
 
@@ -160,8 +160,9 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         if executor in ("local", "ray"):
             ex = make_executor(executor, workdir, cluster, kubeconfig, launch_log=launch_log,
                                options=opts)
-        else:
-            ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain)
+        else:  # Slurm records its launches in the store too (the fault policy counts there)
+            ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain,
+                               launch_log=launch_log)
         reconcile(store, ex, workdir, adopt=orphans == "adopt")
         refit = OnlineRefit(cluster)
         res = run_loop(cluster, SqliteLoopStore(store, cluster, FaultPolicy(int(max_retries))),
