@@ -69,7 +69,7 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
                                                cfg.namespace, retry_timeout_s=cfg.retry_timeout_s,
                                                retry_wait_s=cfg.retry_wait_s)
         return KubernetesExecutor(workdir / "manifests", cluster, cfg, client,
-                                  drain=drain or cfg.drain)
+                                  drain=drain or cfg.drain, launch_log=launch_log)
     raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
 
 
@@ -160,7 +160,8 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         if executor in ("local", "ray"):
             ex = make_executor(executor, workdir, cluster, kubeconfig, launch_log=launch_log,
                                options=opts)
-        else:  # Slurm records its launches in the store too (the fault policy counts there)
+        else:  # Slurm and Kubernetes record their launches in the store too (the
+            # fault policy counts failures there; a restarted run reconciles them)
             ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain,
                                launch_log=launch_log)
         reconcile(store, ex, workdir, adopt=orphans == "adopt")
