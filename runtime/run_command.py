@@ -55,8 +55,11 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     if name == "ray":
         from apportion.runtime.executors.ray_executor import RayExecutor
 
+        # how long a placement group may wait for its resources before that launch fails
+        # (an autoscaling cluster adding nodes may need longer than the default minute)
+        wait = _env_seconds("APPORTION_RAY_PLACEMENT_TIMEOUT_S", 60.0)
         return RayExecutor(workdir, cluster=cluster, address=opts.pop("ray_address", None),
-                           launch_log=launch_log, **opts)
+                           launch_log=launch_log, placement_timeout_s=wait, **opts)
     if name == "kubernetes":
         from apportion.runtime.executors.k8s_client import K8sClient
         from apportion.runtime.executors.k8s_config import load_k8s_config
@@ -71,6 +74,20 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
         return KubernetesExecutor(workdir / "manifests", cluster, cfg, client,
                                   drain=drain or cfg.drain, launch_log=launch_log)
     raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name`` (exit 2 if not)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(name, name, f"must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def _check(option: str, value: float | None, low: float, integral: bool = False) -> None:
@@ -129,6 +146,8 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
         from apportion.runtime.executors.k8s_config import load_k8s_config
 
         load_k8s_config(k8s_config)  # bad settings exit 2 before the store is locked
+    if executor == "ray":
+        _env_seconds("APPORTION_RAY_PLACEMENT_TIMEOUT_S", 60.0)  # likewise
     store = open_store(state, create=False)
     if estimator in ("tables", "auto"):  # measured times: this store's samples from earlier runs
         from apportion.policies import estimator_from
@@ -157,13 +176,11 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
             opts["checkpoint_interval_s"] = float(checkpoint_interval_s)
         if executor == "ray":
             opts["ray_address"] = ray_address or os.environ.get("RAY_ADDRESS") or None
-        if executor in ("local", "ray"):
-            ex = make_executor(executor, workdir, cluster, kubeconfig, launch_log=launch_log,
-                               options=opts)
-        else:  # Slurm and Kubernetes record their launches in the store too (the
-            # fault policy counts failures there; a restarted run reconciles them)
-            ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain,
-                               launch_log=launch_log)
+        # every executor records its launches in the store, refused ones included: the fault
+        # policy counts failures there (--max-retries), and a restarted run reconciles them
+        ex = make_executor(executor, workdir, cluster, kubeconfig, k8s_config, drain,
+                           launch_log=launch_log,
+                           options=opts if executor in ("local", "ray") else None)
         reconcile(store, ex, workdir, adopt=orphans == "adopt")
         refit = OnlineRefit(cluster)
         res = run_loop(cluster, SqliteLoopStore(store, cluster, FaultPolicy(int(max_retries))),
