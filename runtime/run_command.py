@@ -59,12 +59,15 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
     if name == "slurm":
         from apportion.runtime.executors.slurm import from_environment
 
-        return from_environment(workdir, cluster)
+        return from_environment(workdir, cluster, launch_log=launch_log)
     if name == "ray":
         from apportion.runtime.executors.ray_executor import RayExecutor
 
+        # how long a placement group may wait for its resources before that launch fails
+        # (an autoscaling cluster adding nodes may need longer than the default minute)
+        wait = _env_seconds("APPORTION_RAY_PLACEMENT_TIMEOUT_S", 60.0)
         return RayExecutor(workdir, cluster=cluster, address=opts.pop("ray_address", None),
-                           launch_log=launch_log, **opts)
+                           launch_log=launch_log, placement_timeout_s=wait, **opts)
     if name == "kubernetes":
         from apportion.runtime.executors.k8s_client import K8sClient
         from apportion.runtime.executors.k8s_config import load_k8s_config
@@ -77,8 +80,22 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
                                                cfg.namespace, retry_timeout_s=cfg.retry_timeout_s,
                                                retry_wait_s=cfg.retry_wait_s)
         return KubernetesExecutor(workdir / "manifests", cluster, cfg, client,
-                                  drain=drain or cfg.drain)
+                                  drain=drain or cfg.drain, launch_log=launch_log)
     raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name`` (exit 2 if not)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(name, name, f"must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def _check(option: str, value: float | None, low: float, integral: bool = False) -> None:
@@ -190,6 +207,8 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
         from apportion.runtime.executors.k8s_config import load_k8s_config
 
         load_k8s_config(opts.k8s_config)  # bad settings exit 2 before the store is locked
+    if opts.executor == "ray":
+        _env_seconds("APPORTION_RAY_PLACEMENT_TIMEOUT_S", 60.0)  # likewise
     return PreparedRun(opts, cluster, cfg)
 
 
@@ -249,12 +268,11 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
             xopts["checkpoint_interval_s"] = float(opts.checkpoint_interval_s)
         if opts.executor == "ray":
             xopts["ray_address"] = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
-        if opts.executor in ("local", "ray"):
-            ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
-                               launch_log=launch_log, options=xopts)
-        else:
-            ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
-                               opts.k8s_config, opts.drain)
+        # every executor records its launches in the store, refused ones included: the fault
+        # policy counts failures there (--max-retries), and a restarted run reconciles them
+        ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
+                           opts.k8s_config, opts.drain, launch_log=launch_log,
+                           options=xopts if opts.executor in ("local", "ray") else None)
         reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt")
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured

@@ -150,6 +150,32 @@ def test_restarted_scheduler_adopts_its_objects(tmp_path: Path) -> None:
         assert sum(1 for m, _, _ in srv.log if m == "POST") == posts  # nothing created twice
 
 
+def test_a_restarted_run_hands_over_the_launch_records_of_adopted_objects(
+        tmp_path: Path) -> None:
+    """One launch log (one store) across a restart: the record of the object the second
+    executor adopted is adopted (not closed as if its workers had died), and closed when the
+    object completes."""
+    from types import SimpleNamespace
+
+    from apportion.runtime.executors.executor import MemoryLaunchLog
+
+    book = MemoryLaunchLog()
+    with ApiServerDouble() as srv:
+        first = executor(srv, cfg_for("jobset"), tmp_path, launch_log=book)
+        first.apply(decision({"a100-0": 8}), [JOB])
+        assert (book.records[1]["state"], book.records[1]["workers"][0]["kind"]) == (
+            "running", "JobSet")
+        second = executor(srv, cfg_for("jobset"), tmp_path, launch_log=book)
+        rec = SimpleNamespace(id=1, job=JOB.id, checkpoint_start=0)
+        (r,) = second.reconcile([rec], {JOB.id: JOB})
+        assert (r.launch_id, r.job, r.action) == (1, JOB.id, "adopted")
+        second.apply(decision({"a100-0": 8}, action=Action.KEEP), [JOB])
+        srv.set_condition("JobSet", object_name(JOB.id), "Completed")
+        (p,) = second.poll()
+        assert p.health is Health.FINISHED
+        assert (book.records[1]["state"], book.records[1]["outcome"]) == ("ended", "finished")
+
+
 def test_status_and_progress_read_back(tmp_path: Path) -> None:
     mount = tmp_path / "ckpt"
     user = JobSpec("u", "gpt-tiny", 64, 50, 8,
@@ -309,3 +335,72 @@ def test_an_unreachable_api_fails_the_job_not_the_round(tmp_path: Path) -> None:
     assert ev.action == "error"
     (p,) = ex.poll()
     assert p.health is Health.FAILED and p.error
+
+
+def test_run_fails_a_job_the_api_server_refuses_while_its_neighbour_finishes(
+        tmp_path: Path) -> None:
+    """Through `apportion run --executor kubernetes` against the schema-validating API server
+    double: a validating admission webhook refuses ``bad``'s objects (its image is from a
+    registry the cluster's policy forbids) with a 403. Each refusal is a failed launch in the
+    store with the server's message, counted towards --max-retries, and bad ends failed with
+    that reason while ``good`` runs to the end. Before, the failure carried no launch: the
+    fault policy saw it once, counted nothing, and bad stayed `running` until the timeout."""
+    import subprocess
+    import sys
+
+    from apportion import store_launches as sl
+    from apportion.store import open_store
+
+    (tmp_path / "cluster.yaml").write_text(json.dumps({"name": "c", "node_groups": [{
+        "prefix": "a100", "nodes": ["gpu-a", "gpu-b"], "gpu_type": "NVIDIA-A100-SXM4-40GB",
+        "gpus_per_node": 8, "cpus_per_node": 96, "host_memory_gib": 1024,
+        "gpu_product_label": "NVIDIA-A100-SXM4-40GB"}]}))
+    (tmp_path / "jobs.yaml").write_text(json.dumps({"jobs": [
+        {"id": "good", "model": "gpt-tiny", "global_batch_size": 64, "iterations": 20,
+         "requested_gpus": 4},
+        {"id": "bad", "model": "gpt-tiny", "global_batch_size": 64, "iterations": 20,
+         "requested_gpus": 4, "workload": {"kind": "torchrun", "command": ["python", "t.py"],
+                                           "image": "registry.untrusted.example/train:1"}}]}))
+    mount = tmp_path / "ckpt"
+    (tmp_path / "k8s.yaml").write_text(json.dumps({
+        "namespace": "default", "local_checkpoint_mount": str(mount), "retry_wait_s": 0.02,
+        "stop_timeout_s": 5, "image": "apportion-worker:test"}))
+    cli = [sys.executable, "-m", "apportion.cli"]
+    assert subprocess.run([*cli, "submit", "jobs.yaml", "--state", "s.db"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False).returncode == 0
+    with ApiServerDouble() as srv:
+        srv.deny(lambda o: o["kind"] in ("TrainJob", "TrainingRuntime", "JobSet", "PyTorchJob")
+                 and "registry.untrusted.example/" in json.dumps(o),
+                 "images must come from registry.example.com")
+        stop = threading.Event()
+        t = threading.Thread(target=_workers, args=(srv, mount, stop, "TrainJob"), daemon=True)
+        t.start()
+        try:
+            r = subprocess.run([*cli, "run", "--executor", "kubernetes", "--cluster",
+                                "cluster.yaml", "--state", "s.db", "--kubeconfig",
+                                str(_kubeconfig(tmp_path / "kubeconfig", srv.url)),
+                                "--k8s-config", "k8s.yaml", "--interval", "0.5", "--until-idle",
+                                "--timeout", "120", "--time-budget", "2", "--max-retries", "1"],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                               check=False)
+        finally:
+            stop.set()
+            t.join()
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert srv.all("TrainJob") and all(o["metadata"]["annotations"] for o in
+                                            srv.all("TrainJob"))
+    st = {j["id"]: j for j in json.loads(subprocess.run(
+        [*cli, "status", "--state", "s.db", "--json"], cwd=tmp_path, capture_output=True,
+        text=True, timeout=120, check=False).stdout)["jobs"]}
+    assert st["good"]["state"] == "finished", (st["good"], r.stderr[-3000:])
+    bad = st["bad"]
+    assert bad["state"] == "failed", (bad, r.stderr[-3000:])
+    assert "2 times in a row" in bad["reason"] and "(403 Forbidden)" in bad["reason"], bad
+    assert 'admission webhook "policy.example.com" denied the request: images must come ' \
+           "from registry.example.com" in bad["reason"], bad
+    store = open_store(tmp_path / "s.db", create=False)
+    try:
+        recs = sl.launches(store, "bad")
+    finally:
+        store.close()
+    assert [(x.executor, x.outcome) for x in recs] == [("kubernetes", "failed")] * 2, recs

@@ -72,7 +72,11 @@ def test_infeasible_placement_names_the_missing_resource(executor: RayExecutor) 
     with pytest.raises(PlacementError, match="'A100-80GB': asks 2, available 0"):
         executor._place(a)
     events = executor.apply(dec, [JobSpec("big", "gpt-tiny", 4, 2, 2)])
-    assert events[0].action == "pending" and "A100-80GB" in events[0].detail
+    # that launch failed (its job's, counted by the run's fault policy), with the reason
+    assert events[0].action == "failed" and "A100-80GB" in events[0].detail
+    (p,) = [p for p in executor.poll() if p.job == "big"]
+    assert p.health == Health.FAILED and "'A100-80GB': asks 2, available 0" in (p.error or "")
+    assert "big" not in executor.groups
 
 
 def test_loop_runs_jobs_to_completion_on_ray(executor: RayExecutor) -> None:

@@ -207,3 +207,53 @@ def test_embedded_mode_starts_its_own_instance(cluster, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"nodes": 1, "T4": 2.0, "foreign": False}
+
+
+REPORT = ("from apportion.runtime import workload as w\n"
+          "n = w.iterations()\n"
+          "for i in range(1, n + 1):\n"
+          "    w.report_progress(i, checkpoint=i == n)\n")
+
+
+def test_run_fails_a_launch_whose_placement_never_comes(cluster, tmp_path) -> None:
+    """`apportion run --ray-address`: the cluster file says the A40 node has 4 GPUs (Ray's
+    node has 2), and ``big`` fits only there (3 GPUs: half its 6, more than the A10 node
+    has). Its placement group never becomes ready; after the bounded wait that launch fails
+    with the node's shortfall, counted towards --max-retries, and big ends failed while
+    ``small`` trains to the end. Before, the refused placement was a `pending` event: big
+    stayed `running` with no worker, and every round spent the wait on it again."""
+    nodes = import_ray(cluster["address"])
+    groups = [{"prefix": f"g{i}", "nodes": [n["name"]], "gpu_type":
+               canonical_gpu_name(n["gpu_type"]),
+               "gpus_per_node": 4 if n["gpu_type"] == "A40" else n["gpus"],
+               "cpus_per_node": n["cpus"], "intra_node_link": "pcie"}
+              for i, n in enumerate(nodes)]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "ray2", "node_groups": groups}))
+    (tmp_path / "report.py").write_text(REPORT)
+    wl = {"kind": "torchrun", "command": [sys.executable, str(tmp_path / "report.py")]}
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
+        {"id": "big", "model": "gpt-tiny", "global_batch_size": 96, "iterations": 5,
+         "requested_gpus": 6, "workload": wl},
+        {"id": "small", "model": "gpt-tiny", "global_batch_size": 64, "iterations": 5,
+         "requested_gpus": 1, "workload": wl}]}))
+    env = {**cluster["env"], "RAY_ADDRESS": cluster["address"],
+           "APPORTION_RAY_PLACEMENT_TIMEOUT_S": "5"}
+    cli = [sys.executable, "-m", "apportion.cli"]
+    r = subprocess.run([*cli, "submit", "j.yaml", "--state", "s.db"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([*cli, "run", "--executor", "ray", "--cluster", "c.yaml", "--state",
+                        "s.db", "--interval", "3", "--until-idle", "--timeout", "300",
+                        "--max-retries", "1"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = {j["id"]: j for j in json.loads(subprocess.run(
+        [*cli, "status", "--state", "s.db", "--json"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, check=False).stdout)["jobs"]}
+    assert st["small"]["state"] == "finished" and st["small"]["iterations_done"] == 5, \
+        (st["small"], r.stderr[-3000:])
+    big = st["big"]
+    assert big["state"] == "failed", (big, r.stderr[-3000:])
+    assert "2 times in a row" in big["reason"] and "not placed within 5s" in big["reason"], big
+    assert "'GPU': asks 3, the node has 2" in big["reason"], big

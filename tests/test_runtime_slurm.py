@@ -430,3 +430,122 @@ def test_builtin_trainer_across_two_nodes(slurm: LocalSlurm, tmp_path: Path) -> 
     worlds = [json.loads(s)["world"] for s in (tmp_path / "runs" / job_dirname("t") /
                                                "losses.jsonl").read_text().splitlines()]
     assert worlds == [2, 2, 2, 2]
+
+
+# -- a launch Slurm refuses is the job's failure; requests fit what the nodes have -------------
+def _node_group(name: str, gpu_type: str, gpus: int, cpus: int, mem_gib: float) -> dict[str, Any]:
+    return {"prefix": name.split("-")[0], "nodes": [name], "gpu_type": gpu_type,
+            "gpus_per_node": gpus, "cpus_per_node": cpus, "host_memory_gib": mem_gib,
+            "intra_node_link": "pcie"}
+
+
+def _sleeper_job(tmp: Path, jid: str, gpus: int, iterations: int, batch: int = 64
+                 ) -> dict[str, Any]:
+    return {"id": jid, "model": "gpt-tiny", "global_batch_size": batch, "iterations": iterations,
+            "requested_gpus": gpus, "workload": {"kind": "torchrun", "command": [
+                sys.executable, str(tmp / "sleeper.py")]}}
+
+
+def _slurm_run(tmp: Path, timeout_s: int, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "apportion.cli", "run", "--executor", "slurm", "--cluster",
+         "c.yaml", "--state", "s.db", "--workdir", "runs", "--interval", "2", "--until-idle",
+         "--timeout", str(timeout_s), "--time-budget", "2", *extra],
+        cwd=tmp, capture_output=True, text=True, timeout=timeout_s + 200, check=False,
+        env={**os.environ, "APPORTION_SLURM_GRACE_S": "10"})
+
+
+def _status(tmp: Path) -> dict[str, dict[str, Any]]:
+    out = json.loads(_cli("status", "--state", "s.db", "--json", cwd=tmp).stdout)
+    return {j["id"]: j for j in out["jobs"]}
+
+
+def test_run_asks_slurm_for_what_its_nodes_have(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """The reported case: the cluster file says ``host_memory_gib: 8`` (8192 MiB) and 8 CPUs
+    per node, Slurm's nodes have RealMemory=8000 and 4 CPUs. Each job can only take a whole
+    node (two GPUs: it asks for 4, half of that is the only count a node holds), so every
+    sbatch asked for 8192 MiB and 8 CPUs, was refused every round, and status said running
+    until the run timed out. Requests are now capped at what Slurm says each node has, the
+    disagreement is a warning without -v, and both jobs train to the end."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "c", "node_groups": [
+        _node_group("a40-0", "A40", 2, 8, 8), _node_group("a10-0", "A10", 2, 8, 8)]}))
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
+        _sleeper_job(tmp_path, "p", 4, 20), _sleeper_job(tmp_path, "q", 4, 20)]}))
+    assert _cli("submit", "j.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
+    r = _slurm_run(tmp_path, 150, "--max-retries", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = _status(tmp_path)
+    for jid in "pq":
+        assert (st[jid]["state"], st[jid]["iterations_done"]) == ("finished", 20), \
+            (st[jid], r.stderr[-3000:])
+    warned = [ln for ln in r.stderr.splitlines() if "WARNING" in ln and "a40-0" in ln]
+    assert any("host_memory_gib" in ln and "RealMemory" in ln for ln in warned), r.stderr[-3000:]
+    assert any("cpus_per_node" in ln for ln in warned), r.stderr[-3000:]
+
+
+def test_a_refused_job_fails_after_max_retries_while_its_neighbour_finishes(
+        slurm: LocalSlurm, tmp_path: Path) -> None:
+    """A genuinely impossible request: the cluster file says a40-0 has 4 GPUs (Slurm's Gres
+    has 2), and ``big`` fits only there (3 A40s: half its 6, more than a10-0 has). sbatch
+    refuses it every time; each refusal is a failed launch in the store with Slurm's own
+    message, counted towards --max-retries, and the job ends failed with that reason, while
+    ``small`` (one or two GPUs, which Slurm grants) trains to the end. Before, the refusal was
+    never counted: big stayed `running` until the run's timeout."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"name": "c", "node_groups": [
+        _node_group("a40-0", "A40", 4, 4, 8000 / 1024),
+        _node_group("a10-0", "A10", 2, 4, 8000 / 1024)]}))
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
+        _sleeper_job(tmp_path, "big", 6, 20, batch=96), _sleeper_job(tmp_path, "small", 1, 30)]}))
+    assert _cli("submit", "j.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
+    r = _slurm_run(tmp_path, 120, "--max-retries", "1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = _status(tmp_path)
+    assert (st["small"]["state"], st["small"]["iterations_done"]) == ("finished", 30), \
+        (st["small"], r.stderr[-3000:])
+    big = st["big"]
+    assert big["state"] == "failed", (big, r.stderr[-3000:])
+    assert "2 times in a row" in big["reason"] and "sbatch" in big["reason"], big
+    assert "Requested node configuration is not available" in big["reason"], big
+    assert any("WARNING" in ln and "a40-0" in ln and "GPUs" in ln
+               for ln in r.stderr.splitlines()), r.stderr[-3000:]
+    from apportion import store_launches as sl
+    from apportion.store import open_store
+
+    store = open_store(tmp_path / "s.db", create=False)
+    try:
+        recs = sl.launches(store, "big")
+    finally:
+        store.close()
+    assert [(x.executor, x.outcome) for x in recs] == [("slurm", "failed")] * 2, recs
+    assert all("Requested node configuration" in x.detail for x in recs), recs
+
+
+def test_a_missing_command_and_an_early_exit_fail_their_launches(slurm: LocalSlurm,
+                                                                 tmp_path: Path) -> None:
+    """Through the executor, with the launch log the run gives it: a command that does not
+    exist fails its launch with the reason (the agent reports a rank that cannot start, and
+    stops nothing else), a workload that exits 0 short of its target without being asked to
+    stop is a failure (it was `checkpointed`, so relaunched for ever), and both launch
+    records say failed with those reasons."""
+    from apportion.runtime.executors.executor import MemoryLaunchLog
+
+    logbook = MemoryLaunchLog()
+    ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=10, launch_log=logbook)
+    missing = JobSpec("m", "gpt-tiny", 8, 10, 1,
+                      workload=Workload("torchrun", ("/nonexistent/binary",)))
+    short = JobSpec("s", "gpt-tiny", 8, 10, 1,
+                    workload=Workload("torchrun", (sys.executable, "-c", "pass")))
+    ex.apply(_decision(_alloc("m", {"a40-0": 1}), _alloc("s", {"a10-0": 1}, "A10")),
+             [missing, short])
+    m = _wait(ex, "m", lambda p: p.done, 90)
+    s = _wait(ex, "s", lambda p: p.done, 90)
+    assert m.health == Health.FAILED and "rank 0 on a40-0 exited with 127" in (m.error or "")
+    assert "cannot start ['/nonexistent/binary']: FileNotFoundError" in (m.error or ""), m.error
+    assert s.health == Health.FAILED, s
+    assert "exited 0 at iteration 0 of 10 without being asked to stop" in (s.error or ""), s
+    ended = {r["job"]: r for r in logbook.records.values()}
+    assert {j: (r["state"], r["outcome"]) for j, r in ended.items()} == {
+        "m": ("ended", "failed"), "s": ("ended", "failed")}
+    assert "cannot start" in ended["m"]["detail"] and "exited 0" in ended["s"]["detail"]

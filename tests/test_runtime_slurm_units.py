@@ -23,6 +23,12 @@ from apportion.runtime.executors.slurm_commands import (
     sacct_states,
     squeue_states,
 )
+from apportion.runtime.executors.slurm_nodes import (
+    NodeLimits,
+    cap_requests,
+    disagreements,
+    limits_from_records,
+)
 from apportion.runtime.executors.slurm_task import TASK_VARS, exit_path, rendezvous_path
 from hypothesis import given
 from hypothesis import strategies as st
@@ -192,3 +198,74 @@ def test_an_agent_on_a_node_outside_the_launch_fails_with_a_reason(tmp_path: Pat
     agent = _agent(path, "elsewhere")
     assert agent.wait(30) == 1
     assert "'elsewhere' is not in this launch (n1, n2)" in agent.stderr.read()
+
+
+def test_a_rank_that_cannot_start_fails_its_launch_and_stops_its_siblings(
+        tmp_path: Path) -> None:
+    """A missing binary is the rank's failure, with its reason in the rank's stderr and the
+    exit file, not an agent crash that leaves the started ranks behind."""
+    path, spec = _launch(tmp_path, "wait", [{"name": "n1", "ranks": [0, 1]}])
+    spec["command"] = ["/nonexistent/binary"]
+    path.write_text(json.dumps(spec))
+    agent = _agent(path, "n1")
+    assert agent.wait(60) == 127, agent.stderr.read()
+    rec = json.loads(exit_path(tmp_path, "L-wait", "n1").read_text())
+    assert rec["failed"] == [0] and rec["codes"] == {"0": 127}
+    assert "cannot start ['/nonexistent/binary']: FileNotFoundError" in \
+        (tmp_path / "rank0.stderr").read_text()
+
+
+def test_python_is_apportions_interpreter_whatever_path_the_job_sets(tmp_path: Path) -> None:
+    path, spec = _launch(tmp_path, "quick", [{"name": "n1", "ranks": [0]}])
+    spec["command"] = ["python", str(tmp_path / "rank.py")]
+    spec["env"]["PATH"] = "/nonexistent-dir"
+    path.write_text(json.dumps(spec))
+    agent = _agent(path, "n1")
+    assert agent.wait(60) == 0, agent.stderr.read()
+    assert json.loads((tmp_path / "env0.json").read_text())["RANK"] == "0"  # the rank ran
+
+
+NODE_RECORDS = parse_records(
+    "NodeName=a40-0 CPUAlloc=0 CPUEfctv=4 CPUTot=4 Gres=gpu:a40:2 RealMemory=8000 State=IDLE\n"
+    "NodeName=big-0 CPUEfctv=60 CPUTot=64 Gres=gpu:h100:8(S:0-1) RealMemory=1031000 "
+    "MemSpecLimit=31000 State=MIXED\n")
+
+
+def test_node_limits_read_what_jobs_may_ask() -> None:
+    lim = limits_from_records(NODE_RECORDS)
+    assert lim["a40-0"] == NodeLimits("a40-0", 4, 8000, 2)
+    assert lim["big-0"] == NodeLimits("big-0", 60, 1000000, 8)  # specialised cores and memory
+
+
+def test_requests_are_capped_at_the_gpus_share_of_what_slurm_has() -> None:
+    lim = limits_from_records(NODE_RECORDS)
+    # the reported case: 8 GiB in the file, RealMemory=8000: a whole node asked 8192 MiB
+    whole = cap_requests({"a40-0": (8, 8192)}, {"a40-0": 2}, lim, headroom=0.02)
+    assert whole == {"a40-0": (4, 7840)}
+    half = cap_requests({"a40-0": (4, 4096)}, {"a40-0": 1}, lim, headroom=0.02)
+    assert half == {"a40-0": (2, 3920)}
+    # a request already within the node is kept; no memory asked stays none; an unknown
+    # node keeps what it asked; more GPUs than the node has are capped at the whole node
+    assert cap_requests({"big-0": (7, 100000)}, {"big-0": 1}, lim) == {"big-0": (7, 100000)}
+    assert cap_requests({"a40-0": (8, None)}, {"a40-0": 2}, lim) == {"a40-0": (4, None)}
+    assert cap_requests({"x": (9, 9)}, {"x": 1}, lim) == {"x": (9, 9)}
+    assert cap_requests({"a40-0": (16, 99999)}, {"a40-0": 4}, lim, 0.0) == {"a40-0": (4, 8000)}
+
+
+def test_disagreements_name_each_node_and_figure() -> None:
+    from apportion.config import cluster_from_data
+
+    def group(name: str, gpus: int, cpus: int, mem: float) -> dict:
+        return {"prefix": name.split("-")[0], "nodes": [name], "gpu_type": "A40",
+                "gpus_per_node": gpus, "cpus_per_node": cpus, "host_memory_gib": mem}
+
+    lim = limits_from_records(NODE_RECORDS)
+    agree = cluster_from_data({"name": "c", "node_groups": [group("a40-0", 2, 4, 7.812)]}, "t")
+    assert disagreements(agree, lim) == []  # an imported file (GiB rounded) agrees
+    off = cluster_from_data({"name": "c", "node_groups": [group("a40-0", 4, 8, 8),
+                                                          group("gone-0", 2, 4, 8)]}, "t")
+    got = disagreements(off, lim)
+    assert got[0] == ("node a40-0: the cluster file says host_memory_gib 8 (8192 MiB) where "
+                      "Slurm's RealMemory gives 8000 MiB; cpus_per_node 8 where Slurm has 4 "
+                      "CPUs; 4 GPUs where Slurm's Gres has 2 GPUs")
+    assert got[1].startswith("node gone-0 of the cluster file is not a node of this Slurm")

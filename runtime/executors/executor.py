@@ -143,6 +143,19 @@ class MemoryLaunchLog:
                                            checkpoint_end=checkpoint_end)
 
 
+@dataclass
+class Reconciled:
+    """What reconciling one open launch record did, for the store to record (a restarted
+    run asks the executor about the launches an earlier run left open)."""
+
+    launch_id: int
+    job: str
+    action: str  # adopted | finished | stopped | checkpointed
+    error: str | None
+    checkpoint: int
+    detail: str
+
+
 @dataclass(frozen=True)
 class Step:
     """One reconciled action: what to do with ``job`` and, unless preempting, where."""

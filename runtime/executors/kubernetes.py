@@ -28,7 +28,13 @@ their life cycle:
 
 Every API call is retried on conflicts by :class:`~apportion.runtime.executors.k8s_client.K8sClient`.
 A placement the chosen API cannot express or a plan the workload cannot run
-is refused for that job (reported as failed with the reason), never a crash.
+is refused for that job, and an object the API server refuses (a 4xx: an
+admission webhook, a quota, a schema) fails that launch with the server's
+message; either is reported as failed with the reason, never a crash. Every
+launch is a record of the launch log (the state store's under ``apportion
+run``): the run's fault policy counts the failed ones towards
+``--max-retries``, and a restarted run hands the records of the objects it
+adopted to this executor (:meth:`KubernetesExecutor.reconcile`).
 """
 
 from __future__ import annotations
@@ -41,7 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apportion.runtime.executors.executor import Event, Health, Progress, actions_for
+from apportion.runtime.executors.executor import (
+    Event,
+    Health,
+    LaunchLog,
+    MemoryLaunchLog,
+    Progress,
+    Reconciled,
+    actions_for,
+)
 from apportion.runtime.executors.k8s_client import JOB_UID_LABEL, K8sClient
 from apportion.runtime.executors.k8s_config import K8sConfig
 from apportion.runtime.executors.k8s_manifests import (
@@ -78,6 +92,25 @@ class Tracked:
     launch_id: str = ""
     launched_at_iter: int = 0
     error: str | None = None
+    log_id: int | None = None  # its open record in the launch log (None: none open here)
+
+
+def api_reason(exc: BaseException) -> str:
+    """What the API server said, from its ``Status`` body where it sent one (``(422
+    Unprocessable Entity) admission webhook ... denied the request: ...``)."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    body = getattr(exc, "body", None)
+    message = None
+    if isinstance(body, (str, bytes)):
+        try:
+            import json
+
+            message = json.loads(body).get("message")
+        except (ValueError, AttributeError):
+            message = None
+    if status is not None:
+        return f"({status} {reason or ''}) {message or body or exc}".replace("( ", "(")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _suspend_body(api: str, value: bool) -> dict[str, Any]:
@@ -119,8 +152,10 @@ class KubernetesExecutor:
     name = "kubernetes"
 
     def __init__(self, out_dir: str | Path, cluster: Cluster, cfg: K8sConfig | None = None,
-                 client: K8sClient | None = None, drain: bool | None = None) -> None:
+                 client: K8sClient | None = None, drain: bool | None = None,
+                 launch_log: LaunchLog | None = None) -> None:
         self.out_dir = Path(out_dir)
+        self.launch_log: LaunchLog = launch_log if launch_log is not None else MemoryLaunchLog()
         self.cluster = cluster
         self.cfg = cfg if cfg is not None else K8sConfig()
         self.api = self.cfg.api
@@ -157,6 +192,46 @@ class KubernetesExecutor:
         running instead of requeueing them)."""
         return self._set("running")
 
+    def reconcile(self, records: Sequence[Any], jobs: dict[str, JobSpec],
+                  adopt: bool = True) -> list[Reconciled]:
+        """The open launch records an earlier run left: the newest of each job whose object
+        still runs is adopted (its objects outlive the run, whatever ``adopt`` says, since
+        nothing here stops them), one whose object completed is finished; every other record
+        is the run's to close."""
+        newest: dict[str, Any] = {}
+        for rec in records:
+            newest[rec.job] = rec  # oldest first: the last one is the newest
+        out = []
+        for job, rec in sorted(newest.items()):
+            t = self.tracked.get(job)
+            if t is None:
+                continue
+            if t.state == "running":
+                t.log_id = int(rec.id)
+                out.append(Reconciled(int(rec.id), job, "adopted", None, rec.checkpoint_start,
+                                      f"{self.kind} {object_name(job)} still runs"))
+            elif t.state == "finished" and job in jobs:
+                out.append(Reconciled(int(rec.id), job, "finished", None, jobs[job].iterations,
+                                      f"{self.kind} {object_name(job)} completed"))
+        return out
+
+    # -- the launch log -------------------------------------------------------------------------
+    def _begin(self, job: JobSpec, alloc: Allocation, action: str) -> int:
+        base = Path(self.cfg.local_checkpoint_mount) if self.cfg.local_checkpoint_mount \
+            else self.out_dir.parent  # where a restarted run looks for its last checkpoint
+        return self.launch_log.begin(job.id, self.name, action, alloc.plan.as_dict(),
+                                     dict(alloc.placement), str(base / job_dirname(job.id)),
+                                     job.iterations_done)
+
+    def _end(self, job: str, outcome: str, detail: str = "") -> None:
+        """Close ``job``'s open launch record (once) with ``outcome``."""
+        t = self.tracked.get(job)
+        if t is None or t.log_id is None:
+            return
+        iters = self.jobs[job].iterations if outcome == "finished" and job in self.jobs else None
+        self.launch_log.ended(t.log_id, outcome, detail, iters)
+        t.log_id = None
+
     # -- apply ----------------------------------------------------------------------------------
     def _set(self, state: str) -> set[str]:
         return {j for j, t in self.tracked.items() if t.state == state}
@@ -179,6 +254,7 @@ class KubernetesExecutor:
         self._wait_stopped([s.job for s in stopping])
         for s in steps:
             if s.allocation is None:
+                self._end(s.job, "checkpointed", "suspended")
                 self.tracked[s.job].state = "suspended"
                 events.append(Event(s.job, "preempt", detail=f"{self.kind} suspended; the "
                                     "workers checkpoint on SIGTERM"))
@@ -193,11 +269,16 @@ class KubernetesExecutor:
     def _launch(self, job: JobSpec, alloc: Allocation, action: str) -> Event:
         launch_id = f"{self.round}-{object_name(job.id)}"
         target = Target(self.cluster, self.cfg, self.api, launch_id=launch_id)
+        if job.id in self.tracked:  # the launch it replaces (resized, moved, restarted)
+            self._end(job.id, "checkpointed", f"relaunched: {action}")
+        lid = self._begin(job, alloc, action)
         try:
             docs = job_objects(job, alloc, target)
         except InputError as exc:  # plan or placement this API / workload cannot take
             log.error("job %s not launched: %s", job.id, exc.message)
-            self.tracked[job.id] = Tracked(alloc, "refused", error=exc.message)
+            self.tracked[job.id] = Tracked(alloc, "refused", launch_id, error=exc.message,
+                                           log_id=lid)
+            self._end(job.id, "failed", exc.message)
             return Event(job.id, "refused", alloc.gpus, alloc.gpu_type, exc.message)
         path = self.out_dir / f"round{self.round:04d}-{object_name(job.id)}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,12 +288,17 @@ class KubernetesExecutor:
         if self.client is not None:
             try:
                 how = self._apply_objects(job, docs, old)
-            except Exception as exc:  # noqa: BLE001 - the API refused or is gone: fail this job
-                msg = f"{type(exc).__name__}: {getattr(exc, 'body', None) or exc}"
-                log.error("job %s: %s not applied: %s", job.id, self.kind, msg)
-                self.tracked[job.id] = Tracked(alloc, "failed", launch_id, error=msg)
+            except Exception as exc:  # noqa: BLE001 - the API refused or is gone: this
+                # launch failed with the server's message; the next poll reports it
+                msg = f"the API server refused {self.kind} {docs[-1]['metadata']['name']}: " \
+                      f"{api_reason(exc)}"[:4000]
+                log.error("job %s: %s", job.id, msg)
+                self.tracked[job.id] = Tracked(alloc, "failed", launch_id, error=msg, log_id=lid)
+                self._end(job.id, "failed", msg)
                 return Event(job.id, "error", alloc.gpus, alloc.gpu_type, msg)
-        self.tracked[job.id] = Tracked(alloc, "running", launch_id, job.iterations_done)
+        self.tracked[job.id] = Tracked(alloc, "running", launch_id, job.iterations_done,
+                                       log_id=lid)
+        self.launch_log.started(lid, [{"kind": self.kind, "name": docs[-1]["metadata"]["name"]}])
         return Event(job.id, action, alloc.gpus, alloc.gpu_type, f"{self.kind} {how}: {path}",
                      spec={"manifests": docs})
 
@@ -234,8 +320,20 @@ class KubernetesExecutor:
         if current is not None:
             self._delete(name)
         self.client.put_config_map(docs[0])
-        for d in docs[1:]:
-            self.client.create(d)
+        created: list[dict[str, Any]] = []
+        try:
+            for d in docs[1:]:
+                self.client.create(d)
+                created.append(d)
+        except Exception:
+            # a refused job leaves no part behind (a TrainingRuntime without its TrainJob
+            # would make the next attempt's create conflict with it until the retries end)
+            for d in reversed(created):
+                try:
+                    self.client.delete(d["kind"], d["metadata"]["name"])
+                except Exception as exc:  # noqa: BLE001 - the refusal is what is reported
+                    log.warning("%s/%s not removed: %s", d["kind"], d["metadata"]["name"], exc)
+            raise
         return "replaced" if current is not None else "created"
 
     def _patchable(self, current: dict[str, Any], docs: list[dict[str, Any]]) -> bool:
@@ -326,8 +424,11 @@ class KubernetesExecutor:
             health, error = self._health(job, t, iters, mine)
             if health is Health.FINISHED:
                 iters = max(iters, job.iterations)
+            if health in (Health.FINISHED, Health.FAILED):
+                self._end(job_id, health.value, error or "")
             out.append(Progress(job_id, iters, job.iterations, health, iter_time, loss,
-                                t.alloc.gpus, t.alloc.plan.label(), error=error))
+                                t.alloc.gpus, t.alloc.plan.label(), error=error,
+                                launch_id=t.launch_id))
         return out
 
     def _health(self, job: JobSpec, t: Tracked, iters: int,
@@ -379,6 +480,7 @@ class KubernetesExecutor:
         self._wait_stopped(running)
         events = []
         for j in running:
+            self._end(j, "checkpointed", "drained")
             self.tracked[j].state = "suspended"
             events.append(Event(j, "preempt", detail=f"drained: {self.kind} suspended"))
         return events

@@ -54,6 +54,7 @@ from apportion.runtime.executors.executor import (
     LingerWatch,
     MemoryLaunchLog,
     Progress,
+    Reconciled,
     actions_for,
     steps_to_launch,
 )
@@ -718,18 +719,6 @@ class LocalExecutor:
                       if live or found else "its workers were gone when the run restarted")
             out.append(Reconciled(lid, job_id, outcome, None, ck, detail))
         return out
-
-
-@dataclass
-class Reconciled:
-    """What reconciling one open launch did (for the store to record)."""
-
-    launch_id: int
-    job: str
-    action: str  # adopted | finished | stopped | checkpointed
-    error: str | None
-    checkpoint: int
-    detail: str
 
 
 def _allocation(job: JobSpec | None, rec: dict[str, Any]) -> Allocation:

@@ -24,6 +24,13 @@ becomes SIGTERM for it). Ray leaves an infeasible placement group pending
 without a word, so creation waits ``placement_timeout_s`` and then raises
 :class:`PlacementError` naming what is missing.
 
+A launch that cannot start (a placement group never ready, an actor that
+cannot start, a command that does not exist) fails that launch with the
+reason, as does a workload that exits 0 short of its target without being
+asked to stop: the launch record says so, the next poll reports the job
+failed (the run's fault policy counts it towards ``--max-retries``), and
+every other job keeps running.
+
 Checkpoints and progress files live on a filesystem every worker sees (local
 disk on one machine, shared storage on many). Launches are recorded in the
 launch log; the actors of a killed run die with it (they are not detached),
@@ -71,6 +78,7 @@ log = logging.getLogger(__name__)
 
 STOP_FILE = "STOP"
 STATUS_FILE = "progress.json"
+EXIT_CANNOT_START = 127  # a shell's code for a command it cannot run
 
 
 class PlacementError(RuntimeError):
@@ -116,13 +124,24 @@ class _WorkerActor:
                 return {"code": 1, "tail": f"{type(exc).__name__}: {exc}"}
         import signal
         import subprocess
+        import sys
 
         from apportion.runtime.executors.local import stderr_tail
         d = Path(jobdir)
-        with open(d / f"rank{rank}.log", "ab") as out, open(d / f"rank{rank}.err", "ab") as err:
-            p = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd or jobdir,
-                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        # `python` in a workload's command is the interpreter of apportion's workers, whatever
+        # PATH the job sets (its own PATH follows it), as with every executor
+        path = os.pathsep.join([os.path.dirname(sys.executable),
+                                env.get("PATH", os.environ.get("PATH", ""))])
+        try:
+            with open(d / f"rank{rank}.log", "ab") as out, \
+                    open(d / f"rank{rank}.err", "ab") as err:
+                p = subprocess.Popen(command, env={**os.environ, **env, "PATH": path},
+                                     cwd=cwd or jobdir, stdout=out, stderr=err,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:  # a missing binary, a bad working folder: this rank's failure
+            return {"code": EXIT_CANNOT_START,
+                    "tail": f"launch failed: cannot start {command[:1]}: "
+                            f"{type(exc).__name__}: {exc}"}
         termed = False
         while p.poll() is None:
             if not termed and (d / STOP_FILE).exists():  # the contract's stop: SIGTERM
@@ -162,7 +181,7 @@ def missing_resources(bundles: list[dict[str, float]], available: dict[str, floa
 class _Group:
     job: JobSpec
     alloc: Allocation
-    pg: Any
+    pg: Any  # None for a launch that never got one
     actors: list[Any]
     refs: list[Any]
     dir: Path
@@ -209,10 +228,11 @@ class RayExecutor:
                  stop_timeout_s: float = 120.0, seed: int = 0, threads_per_worker: int = 1,
                  num_cpus: int | None = None, launch_log: LaunchLog | None = None,
                  checkpoint_every: int = 0, checkpoint_interval_s: float = 120.0,
-                 linger_s: float = 30.0) -> None:
+                 linger_s: float = 30.0, start_timeout_s: float = 300.0) -> None:
         ray = _ray()
         self.workdir = Path(workdir).absolute()
         self.placement_timeout_s = placement_timeout_s
+        self.start_timeout_s = start_timeout_s  # placed actors that never answer: failed
         self.stop_timeout_s = stop_timeout_s
         self.linger = LingerWatch(linger_s)  # a group alive after its final checkpoint
         self.seed, self.threads = seed, threads_per_worker
@@ -290,24 +310,64 @@ class RayExecutor:
         ready, _ = ray.wait([pg.ready()], timeout=self.placement_timeout_s)
         if not ready:
             remove_placement_group(pg)
-            missing = missing_resources(bundles, ray.available_resources())
-            what = ", ".join(f"{k!r}: asks {a:g}, available {h:g}" for k, (a, h) in
-                             sorted(missing.items())) or "no single resource short; fragmented"
+            what = _beyond_nodes(ray, list(alloc.placement), bundles, selectors)
+            if not what:
+                missing = missing_resources(bundles, ray.available_resources())
+                what = ", ".join(f"{k!r}: asks {a:g}, available {h:g}" for k, (a, h) in
+                                 sorted(missing.items())) or "no single resource short; fragmented"
             raise PlacementError(f"job {alloc.job}: placement group of {len(bundles)} bundles "
                                  f"{bundles[0]} not placed within {self.placement_timeout_s:g}s "
                                  f"({what})")
         return pg, bundles
 
     def _launch(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
+        """Start one group, recorded intent first. Whatever keeps it from starting (a
+        placement group never ready, actors that cannot start or never answer) fails this
+        launch with the reason, and frees what it got."""
+        jobdir = self.workdir / job_dirname(job.id)
+        ck = read_progress_since(jobdir / PROGRESS_FILE_NAME).checkpoint_iteration or 0
+        lid = self.launch_log.begin(job.id, self.name, action, alloc.plan.as_dict(),
+                                    dict(alloc.placement), str(jobdir), ck)
+        got: dict[str, Any] = {"pg": None, "actors": []}
+        try:
+            return self._start(job, alloc, action, t0, lid, ck, got)
+        except Exception as exc:  # noqa: BLE001 - this job's launch failed, not the run
+            self._release(got["pg"], got["actors"])
+            why = (str(exc) if isinstance(exc, PlacementError)
+                   else f"launch failed: {type(exc).__name__}: {exc}")[:4000]
+            log.error("job %s: %s", job.id, why)
+            self.launch_log.ended(lid, "failed", why, ck)
+            prev = self.stopped.get(job.id)
+            self.stopped[job.id] = _Group(job, alloc, None, [], [], jobdir, t0,
+                                          kind=job.workload.kind if job.workload else "builtin",
+                                          launch_id=str(lid), checkpoint_start=ck,
+                                          health=Health.FAILED, error=why,
+                                          overhead_s=prev.overhead_s if prev else None)
+            return Event(job.id, "failed", 0, alloc.gpu_type, why)
+
+    def _release(self, pg: Any, actors: list[Any]) -> None:
+        ray = _ray()
+        from ray.util.placement_group import remove_placement_group
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception as exc:  # noqa: BLE001 - already dead
+                log.debug("kill %s: %s", _actor_id(a), exc)
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception as exc:  # noqa: BLE001 - already removed
+                log.debug("remove placement group: %s", exc)
+
+    def _start(self, job: JobSpec, alloc: Allocation, action: str, t0: float, lid: int,
+               ck: int, got: dict[str, Any]) -> Event:
         from apportion.runtime.executors.local import prepare
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         ray = _ray()
         pg, bundles = self._place_bundles(alloc)
+        got["pg"] = pg
         jobdir = self.workdir / job_dirname(job.id)
         progress = jobdir / PROGRESS_FILE_NAME
-        ck = read_progress_since(progress).checkpoint_iteration or 0
-        lid = self.launch_log.begin(job.id, self.name, action, alloc.plan.as_dict(),
-                                    dict(alloc.placement), str(jobdir), ck)
         nodes = list(alloc.placement)
         placement = dict(alloc.placement)
         if sum(placement.values()) != alloc.plan.gpus:
@@ -325,7 +385,8 @@ class RayExecutor:
             if b.get(alloc.gpu_type):
                 opts["resources"] = {alloc.gpu_type: 1.0}
             actors.append(self._actor_cls.options(**opts).remote())
-        where = ray.get([a.where.remote() for a in actors], timeout=300)
+        got["actors"] = actors
+        where = ray.get([a.where.remote() for a in actors], timeout=self.start_timeout_s)
         master = (where[0]["address"], int(where[0]["port"]))  # rank 0's node
         spec = launch_spec(job, alloc, action, self.workdir, master_addr=master[0],
                            master_port=master[1], seed=self.seed, threads=self.threads,
@@ -389,8 +450,16 @@ class RayExecutor:
             done = g.iterations_done >= g.job.iterations
             if g.kind == "builtin":
                 done = own and status.get("state") == "finished"
-            g.health = Health.FINISHED if done else Health.CHECKPOINTED
-            return "finished" if done else "checkpointed"
+            if done or g.stopping:
+                g.health = Health.FINISHED if done else Health.CHECKPOINTED
+                return "finished" if done else "checkpointed"
+            # exited 0 short of its target unasked: a failure, so a workload that does it
+            # counts towards --max-retries instead of being relaunched for ever
+            g.health = Health.FAILED
+            g.error = (f"the workload exited 0 at iteration {g.iterations_done} of "
+                       f"{g.job.iterations} without being asked to stop (it must train to "
+                       "APPORTION_ITERATIONS, or checkpoint and exit 0 on SIGTERM)")
+            return "failed"
         if g.stopping:
             if g.checkpoint >= g.job.iterations:  # killed after its final checkpoint: done
                 g.health = Health.FINISHED
@@ -438,11 +507,8 @@ class RayExecutor:
                                     "checkpointed" if clean else "stopped uncleanly"))
         for s in steps_to_launch(steps, held, events):
             job = by_id.get(s.job) or self.stopped[s.job].job
-            try:
-                events.append(self._launch(job, s.allocation, s.action.value, t0))
-            except PlacementError as exc:
-                log.error("%s", exc)
-                events.append(Event(s.job, "pending", 0, s.allocation.gpu_type, str(exc)))
+            events.append(self._launch(job, s.allocation, "restart" if s.restart
+                                       else s.action.value, t0))
         return events
 
     def poll(self) -> list[Progress]:
@@ -453,6 +519,8 @@ class RayExecutor:
             if job_id in self.groups:
                 ready, _ = ray.wait(g.refs, num_returns=len(g.refs), timeout=0)
                 if len(ready) == len(g.refs) or any(_failed(ray, r) for r in ready):
+                    if len(ready) < len(g.refs):  # a rank failed: its siblings would wait
+                        (g.dir / STOP_FILE).touch()  # for it; their commands get SIGTERM
                     clean = self._collect(g, 5.0)
                     self._close(g, self._settle(g, clean))
                     self.stopped[job_id] = self.groups.pop(job_id)
@@ -493,6 +561,21 @@ class RayExecutor:
             events.append(Event(job_id, "preempt", 0, g.alloc.gpu_type,
                                 "checkpointed on shutdown" if clean else "stopped uncleanly"))
         return events
+
+
+def _beyond_nodes(ray: Any, names: list[str], bundles: list[dict[str, float]],
+                  selectors: list[dict[str, str]]) -> str:
+    """Bundles pinned to a node that asks more than the node has at all (a cluster file that
+    overstates it): such a group never becomes ready, whatever else ends."""
+    if not selectors:
+        return ""
+    totals = {n["NodeID"]: n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")}
+    out = []
+    for name, b, sel in zip(names, bundles, selectors):
+        has = totals.get(sel.get("ray.io/node-id", ""), {})
+        out += [f"node {name}: {k!r}: asks {v:g}, the node has {has.get(k, 0.0):g}"
+                for k, v in sorted(b.items()) if v > has.get(k, 0.0) + 1e-9]
+    return "; ".join(out)
 
 
 def _actor_id(actor: Any) -> str:

@@ -20,9 +20,19 @@
 * **progress**: the job's progress file (``APPORTION_PROGRESS_FILE``, one JSON
   line per step; the built-in trainer's ``progress.json``), read into the
   store by the run loop.
+* **what it asks for**: never more than Slurm says a node has: each node's
+  CPUs and memory request is capped at the GPUs' share of its ``CPUEfctv``
+  and ``RealMemory`` (``runtime.executors.slurm_nodes``), and where the
+  cluster file disagrees with Slurm the executor says so before its first
+  launch.
 * **failure**: a non-zero exit (or a Slurm end state such as ``NODE_FAIL``,
   ``TIMEOUT``, ``OUT_OF_MEMORY``) is a failure whose reason is the failing
-  rank's last stderr lines (or the batch output's when no rank ran).
+  rank's last stderr lines (or the batch output's when no rank ran); so is a
+  workload that exits 0 short of its target without being asked to stop, and
+  an ``sbatch`` that Slurm refuses (its reason is Slurm's message). Every
+  launch, refused ones included, is a record of the launch log (the state
+  store's under ``apportion run``), which is what the run's fault policy
+  counts towards ``--max-retries``.
 * **preempt, resize, migrate**: ``scancel --signal=TERM`` (the ranks
   checkpoint and exit 0); ranks still running ``grace_s`` later are killed
   by their node's agent (and a job still there 15 s after that is cancelled);
@@ -59,7 +69,10 @@ from apportion.runtime.executors.executor import (
     Event,
     FailureGate,
     Health,
+    LaunchLog,
+    MemoryLaunchLog,
     Progress,
+    Reconciled,
     actions_for,
     steps_to_launch,
 )
@@ -74,8 +87,20 @@ from apportion.runtime.executors.slurm_commands import (
     sacct_states,
     squeue_states,
 )
+from apportion.runtime.executors.slurm_nodes import (
+    MEMORY_HEADROOM,
+    NodeLimits,
+    cap_requests,
+    disagreements,
+    limits_from_records,
+)
 from apportion.runtime.executors.slurm_task import exit_path, launch_marker
-from apportion.runtime.workload import PROGRESS_FILE_NAME, job_env, read_progress
+from apportion.runtime.workload import (
+    PROGRESS_FILE_NAME,
+    job_env,
+    read_progress,
+    read_progress_since,
+)
 
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision
@@ -117,12 +142,22 @@ class _Launch:
     loss: float | None = None
     first_seen: tuple[int, float] | None = None  # (iteration, wall) when this launch first stepped
     history: list[tuple[str, float]] = field(default_factory=list)
+    log_id: int | None = None  # its record in the launch log
+    logged: bool = False  # this executor's launch log holds that record (begun or adopted here)
+    checkpoint_start: int = 0
 
     def record(self) -> dict[str, Any]:
         return {"job": self.job_id, "iterations": self.iterations, "slurm_job_id": self.slurm_id,
                 "launch_id": self.launch_id, "builtin": self.builtin,
                 "decision_wall": self.decision_wall, "start_iteration": self.start_iteration,
-                "action": self.action, "allocation": self.alloc.as_dict()}
+                "action": self.action, "allocation": self.alloc.as_dict(),
+                "log_id": self.log_id, "checkpoint_start": self.checkpoint_start}
+
+    @property
+    def checkpoint(self) -> int:
+        """The last checkpoint this launch's workload reported (its start's, if none)."""
+        ck = read_progress_since(self.dir / PROGRESS_FILE_NAME).checkpoint_iteration
+        return max(self.checkpoint_start, ck or 0)
 
 
 def allocation_from_dict(d: Mapping[str, Any]) -> Allocation:
@@ -145,8 +180,12 @@ class SlurmExecutor:
                  grace_s: float = 60.0, python: str = sys.executable,
                  env: Mapping[str, str] | None = None, request_memory: bool = True,
                  query_interval_s: float = 1.0, seed: int = 0, threads_per_worker: int = 1,
-                 lr: float = 1e-3, checkpoint_every: int = 0, adopt: bool = True) -> None:
+                 lr: float = 1e-3, checkpoint_every: int = 0, adopt: bool = True,
+                 launch_log: LaunchLog | None = None,
+                 memory_headroom: float = MEMORY_HEADROOM) -> None:
         self.workdir = Path(workdir).resolve()
+        self.launch_log: LaunchLog = launch_log if launch_log is not None else MemoryLaunchLog()
+        self.memory_headroom = memory_headroom
         self.cluster = cluster
         self.partition = partition
         self.sbatch_args = list(sbatch_args)
@@ -165,8 +204,26 @@ class SlurmExecutor:
         self._states_at = -1e9
         self._adopted: set[str] = set()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._checked = False  # the cluster file against Slurm: once, at the first apply
         if adopt:
             self._adopt()
+
+    def check_cluster(self) -> list[str]:
+        """Compare the cluster file with what Slurm says each node has, and warn where they
+        disagree: the rounds plan on the file, while requests are capped at Slurm's figures
+        (a file that overstates a node made every launch there be refused)."""
+        if self.cluster is None:
+            return []
+        found = self._limits(list(self.cluster.nodes))
+        if not found:
+            return []  # Slurm did not answer: warned already; requests are capped once it does
+        lines = disagreements(self.cluster, found)
+        for line in lines:
+            log.warning("%s", line)
+        if lines:
+            log.warning("requests ask at most what Slurm says each node has; `apportion "
+                        "cluster import --from slurm` writes a cluster file that agrees")
+        return lines
 
     def adopted_jobs(self) -> set[str]:
         """Jobs whose Slurm jobs, left by an earlier run, this executor took over when it
@@ -180,7 +237,7 @@ class SlurmExecutor:
         if runs:
             log.warning("stopping %d slurm jobs an earlier run left: %s", len(runs),
                         ", ".join(f"{r.job_id} ({r.slurm_id})" for r in runs))
-            self._stop(runs)
+            self._stop(runs, why="--orphans stop")
         self._adopted.clear()
 
     # -- Slurm ---------------------------------------------------------------------
@@ -222,6 +279,10 @@ class SlurmExecutor:
                 log.warning("scontrol show node: %s", exc)
         return {n: self._nodes.get(n, {}) for n in names}
 
+    def _limits(self, names: Sequence[str]) -> dict[str, NodeLimits]:
+        """What Slurm lets a job ask of each of ``names`` (the nodes it knows)."""
+        return limits_from_records(rec for rec in self._node_info(names).values() if rec)
+
     def gres_type(self, node: str, gpu_type: str) -> str | None:
         """The node's Slurm GRES type for apportion's GPU type ``gpu_type`` (None: untyped)."""
         gres = [g for g in parse_gres(self._node_info([node])[node].get("Gres", ""))
@@ -244,13 +305,18 @@ class SlurmExecutor:
 
     # -- launching ---------------------------------------------------------------------
     def _requests(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
+        """Per node (CPUs, memory MiB): the GPUs' share of the node as the cluster file
+        describes it, at most their share of what Slurm says the node has."""
         c = self.cluster
         if c is not None and all(n in c.nodes for n in alloc.placement):
-            return batch.node_requests(alloc, {n: c.nodes[n].cpus for n in alloc.placement},
-                                       {n: c.nodes[n].host_memory_gib for n in alloc.placement},
-                                       {n: c.nodes[n].gpus for n in alloc.placement},
-                                       self.request_memory)
-        return batch.node_requests(alloc, request_memory=self.request_memory)
+            asked = batch.node_requests(alloc, {n: c.nodes[n].cpus for n in alloc.placement},
+                                        {n: c.nodes[n].host_memory_gib for n in alloc.placement},
+                                        {n: c.nodes[n].gpus for n in alloc.placement},
+                                        self.request_memory)
+        else:
+            asked = batch.node_requests(alloc, request_memory=self.request_memory)
+        return cap_requests(asked, alloc.placement, self._limits(list(alloc.placement)),
+                            self.memory_headroom)
 
     def _progress_now(self, jobdir: Path, builtin: bool) -> int:
         if builtin:
@@ -307,15 +373,28 @@ class SlurmExecutor:
         run_ = _Launch(job.id, job.iterations, alloc, "", launch_id, jobdir, builtin, t0,
                        start_it, action, iterations_done=start_it,
                        history=prev.history if prev else [])
-        # recorded before sbatch too: a kill between the two leaves a launch id that a restarted
-        # executor finds in squeue by the job's comment, never an unknown job
-        write_json(jobdir / RECORD_FILE, run_.record())
-        out = self._run(cmd).strip()
-        slurm_id = out.split(";", 1)[0].strip()
-        if not slurm_id.isdigit():
-            raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        run_.checkpoint_start = run_.checkpoint
+        self._begin(run_)
+        try:
+            # recorded before sbatch too: a kill between the two leaves a launch id that a
+            # restarted executor finds in squeue by the job's comment, never an unknown job
+            write_json(jobdir / RECORD_FILE, run_.record())
+            out = self._run(cmd).strip()
+            slurm_id = out.split(";", 1)[0].strip()
+            if not slurm_id.isdigit():
+                raise SlurmError(f"sbatch answered {out!r}, not a job id")
+        except SlurmError as exc:  # refused (a request no node can satisfy, a bad account...):
+            # this launch failed with Slurm's reason; the next poll reports it
+            if "no answer within" in str(exc):
+                self._cancel_by_comment(launch_id)  # a slow controller may have taken it
+            return self._failed(run_, f"sbatch did not accept the launch: {exc}")
+        except OSError as exc:
+            return self._failed(run_, f"launch failed: {type(exc).__name__}: {exc}")
         run_.slurm_id = slurm_id
         write_json(jobdir / RECORD_FILE, run_.record())
+        if run_.logged and run_.log_id is not None:
+            self.launch_log.started(run_.log_id, [{"slurm_job_id": slurm_id,
+                                                   "nodes": sorted(alloc.placement)}])
         self.runs[job.id] = run_
         self._states_at = -1e9
         log.info("%s %s: slurm job %s, %d ranks on %s", action, job.id, slurm_id, world,
@@ -324,12 +403,74 @@ class SlurmExecutor:
                      f"slurm job {slurm_id}: {alloc.plan.label()}",
                      spec={**launch, "sbatch": cmd, "slurm_job_id": slurm_id})
 
+    def _cancel_by_comment(self, launch_id: str) -> None:
+        """Cancel the Slurm job of ``launch_id`` if sbatch queued it after all (best effort:
+        a launch reported failed must leave no job running unwatched)."""
+        try:
+            text = self._run(["squeue", "--me", "-h", "-t", "all", "-o", "%i|%k"])
+            for line in text.splitlines():
+                jid, _, comment = line.partition("|")
+                if comment.strip() == f"{COMMENT_PREFIX}{launch_id}":
+                    self._run(["scancel", jid.split("+")[0].strip()])
+        except SlurmError as exc:
+            log.warning("launch %s: cannot check whether Slurm queued it (%s)", launch_id, exc)
+
+    # -- the launch log -----------------------------------------------------------------
+    def _begin(self, r: _Launch) -> None:
+        r.log_id = self.launch_log.begin(r.job_id, self.name, r.action, r.alloc.plan.as_dict(),
+                                         dict(r.alloc.placement), str(r.dir), r.checkpoint_start)
+        r.logged = True
+
+    def _end(self, r: _Launch, clean: bool = True) -> None:
+        """Close the launch's record with how it ended (once; only a record this executor's
+        log holds: an adopted launch's record is another store's until a run adopts it)."""
+        if not r.logged or r.log_id is None:
+            return
+        outcome = {Health.FINISHED: "finished", Health.FAILED: "failed"}.get(
+            r.health, "checkpointed" if clean else "stopped")
+        self.launch_log.ended(r.log_id, outcome, r.error or "", r.checkpoint)
+        r.logged = False
+
+    def _failed(self, r: _Launch, why: str) -> Event:
+        """A launch that never started: failed with ``why``, its record closed; reported by
+        the next poll (the fault policy counts it) and not relaunched before that."""
+        r.health, r.error, r.slurm_state = Health.FAILED, why[:4000], "REFUSED"
+        log.error("job %s: %s", r.job_id, why)
+        if not r.logged:
+            self._begin(r)
+        self._end(r)
+        self.runs.pop(r.job_id, None)
+        self.stopped[r.job_id] = r
+        return Event(r.job_id, "failed", 0, r.alloc.gpu_type, r.error)
+
+    def reconcile(self, records: Sequence[Any], jobs: Mapping[str, JobSpec],
+                  adopt: bool = True) -> list[Reconciled]:
+        """The open launch records an earlier run left whose Slurm jobs this executor adopted
+        when it started (they still run): adopted, so the run takes them over instead of
+        closing them and requeueing their jobs. Every other record is the run's to close."""
+        if not adopt:
+            return []  # --orphans stop: stop_adopted() stops them; their records close then
+        mine = {r.log_id: r for j, r in self.runs.items()
+                if j in self._adopted and r.log_id is not None}
+        out = []
+        for rec in records:
+            r = mine.get(int(rec.id if hasattr(rec, "id") else rec["id"]))
+            if r is None:
+                continue
+            r.logged = True  # this run's log holds its record now
+            out.append(Reconciled(int(r.log_id or 0), r.job_id, "adopted", None, r.checkpoint,
+                                  f"slurm job {r.slurm_id} ({r.slurm_state})"))
+        return out
+
     # -- stopping ------------------------------------------------------------------------
-    def _stop(self, runs: Sequence[_Launch], checkpoint: bool = True) -> dict[str, bool]:
+    def _stop(self, runs: Sequence[_Launch], checkpoint: bool = True,
+              why: str = "stop") -> dict[str, bool]:
         """Stop jobs together: TERM (checkpoint), wait ``grace_s``, then cancel. True: clean."""
         states = self._query(force=True) or {}
         for r in runs:
             r.stop_requested = True
+            if r.logged and r.log_id is not None:
+                self.launch_log.stopping(r.log_id, why)
             st = states.get(r.slurm_id, ("", ""))[0]
             args = ["scancel", r.slurm_id]
             if checkpoint and st not in ("PENDING", "CONFIGURING"):
@@ -358,6 +499,7 @@ class SlurmExecutor:
             self._settle(r, states.get(r.slurm_id))
             killed = any(e.get("killed_after_grace") for e in self._exits(r))
             clean[r.job_id] = ended[r.job_id] and not killed
+            self._end(r, clean[r.job_id])
             self.runs.pop(r.job_id, None)
             self.stopped[r.job_id] = r
         return clean
@@ -443,10 +585,16 @@ class SlurmExecutor:
         ok_end = state in ("COMPLETED", "") and not failed and (exits or state == "COMPLETED")
         if r.iterations_done >= r.iterations and not failed:
             r.health = Health.FINISHED
-        elif r.stop_requested and (not failed or state == "CANCELLED"):
-            r.health = Health.CHECKPOINTED
-        elif ok_end:
-            r.health = Health.CHECKPOINTED  # exited 0 before its target: resumable
+        elif (r.stop_requested or any(e.get("stop_requested") for e in exits)) and (
+                not failed or state == "CANCELLED"):  # asked to stop: by this executor, the
+            r.health = Health.CHECKPOINTED  # run before it, or Slurm (preemption, time limit)
+        elif ok_end:  # exited 0 short of its target unasked: a failure, so a workload that
+            # does it counts towards --max-retries instead of being relaunched for ever
+            r.health = Health.FAILED
+            r.error = (f"the workload exited 0 at iteration {r.iterations_done} of "
+                       f"{r.iterations} without being asked to stop (slurm job {r.slurm_id}; "
+                       "it must train to APPORTION_ITERATIONS, or checkpoint and exit 0 on "
+                       "SIGTERM)")
         else:
             r.health = Health.FAILED
             r.error = self._failure(r, state, exits)
@@ -477,7 +625,9 @@ class SlurmExecutor:
                             allocation_from_dict(rec["allocation"]), str(rec["slurm_job_id"]),
                             str(rec["launch_id"]), d, bool(rec["builtin"]),
                             float(rec["decision_wall"]), int(rec["start_iteration"]),
-                            str(rec.get("action", "start")))
+                            str(rec.get("action", "start")),
+                            log_id=int(rec["log_id"]) if rec.get("log_id") is not None else None,
+                            checkpoint_start=int(rec.get("checkpoint_start") or 0))
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("%s: unreadable launch record (%s); ignored", d / RECORD_FILE, exc)
                 continue
@@ -499,6 +649,9 @@ class SlurmExecutor:
     # -- the protocol ------------------------------------------------------------------
     def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
         t0 = time.time()
+        if not self._checked:
+            self._checked = True
+            self.check_cluster()
         self._states_at = -1e9  # decide on Slurm's state now, not a cached one
         with self.failures.quiet():
             self.poll()
@@ -509,7 +662,9 @@ class SlurmExecutor:
         events: list[Event] = []
         stopping = [self.runs[s.job] for s in steps if s.job in self.runs and s.action in
                     (Action.PREEMPT, Action.RESIZE, Action.MIGRATE)]
-        clean = self._stop(stopping) if stopping else {}
+        why = {s.job: s.action.value for s in steps}
+        clean = self._stop(stopping, why=",".join(sorted({why[r.job_id] for r in stopping}))) \
+            if stopping else {}
         for s in steps:
             if s.action == Action.PREEMPT:
                 r = self.stopped[s.job]
@@ -528,16 +683,14 @@ class SlurmExecutor:
             action = "restart" if s.restart else s.action.value
             try:
                 events.append(self._submit(job, s.allocation, action, t0))
-            except (SlurmError, OSError) as exc:
-                log.error("%s: %s", s.job, exc)
-                failed = _Launch(job.id, job.iterations, s.allocation, "", "", self.workdir /
-                                 job_dirname(job.id),
+            except Exception as exc:  # noqa: BLE001 - a launch that cannot even be written
+                # (its folder, its files) is this job's failure, never the run's
+                failed = _Launch(job.id, job.iterations, s.allocation, "",
+                                 f"unsubmitted-{uuid.uuid4().hex[:8]}",
+                                 self.workdir / job_dirname(job.id),
                                  job.workload is None or job.workload.kind == "builtin", t0,
-                                 job.iterations_done, action, Health.FAILED,
-                                 f"sbatch failed: {exc}", iterations_done=job.iterations_done)
-                self.runs.pop(job.id, None)
-                self.stopped[job.id] = failed
-                events.append(Event(s.job, "pending", 0, s.allocation.gpu_type, failed.error or ""))
+                                 job.iterations_done, action, iterations_done=job.iterations_done)
+                events.append(self._failed(failed, f"launch failed: {type(exc).__name__}: {exc}"))
         return events
 
     def poll(self) -> list[Progress]:
@@ -547,6 +700,7 @@ class SlurmExecutor:
                 st = states.get(r.slurm_id)
                 if st is None or st[0] not in ACTIVE_STATES:
                     self._settle(r, st)
+                    self._end(r)
                     self.stopped[job_id] = self.runs.pop(job_id)
                     continue
                 r.slurm_state, r.slurm_reason = st
@@ -566,7 +720,7 @@ class SlurmExecutor:
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
         runs = list(self.runs.values())
-        clean = self._stop(runs, checkpoint) if runs else {}
+        clean = self._stop(runs, checkpoint, why="shutdown") if runs else {}
         return [Event(r.job_id, "preempt", 0, r.alloc.gpu_type,
                       ("checkpointed on shutdown" if checkpoint else "cancelled on shutdown")
                       if clean.get(r.job_id) else "killed after the grace period")
@@ -583,7 +737,8 @@ class SlurmExecutor:
         return r.slurm_id if r else None
 
 
-def from_environment(workdir: Path, cluster: Cluster) -> SlurmExecutor:
+def from_environment(workdir: Path, cluster: Cluster,
+                     launch_log: LaunchLog | None = None) -> SlurmExecutor:
     """The executor ``apportion run --executor slurm`` builds; site settings from variables:
     ``APPORTION_SLURM_PARTITION``, ``APPORTION_SLURM_SBATCH_ARGS`` (shell words, e.g.
     ``--account=lab --qos=normal``), ``APPORTION_SLURM_GRACE_S`` (default 60) and
@@ -597,4 +752,5 @@ def from_environment(workdir: Path, cluster: Cluster) -> SlurmExecutor:
         raise InputError("APPORTION_SLURM_GRACE_S", "grace", "not a number of seconds") from None
     return SlurmExecutor(workdir, cluster=cluster, partition=env.get("APPORTION_SLURM_PARTITION"),
                          sbatch_args=shlex.split(env.get("APPORTION_SLURM_SBATCH_ARGS", "")),
-                         grace_s=grace, python=env.get("APPORTION_SLURM_PYTHON", sys.executable))
+                         grace_s=grace, python=env.get("APPORTION_SLURM_PYTHON", sys.executable),
+                         launch_log=launch_log)

@@ -54,6 +54,9 @@ TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NPROCS",
              "SLURM_UMASK", "PMI_FD", "PMI_RANK", "PMI_SIZE")
 
 
+EXIT_CANNOT_START = 127  # a shell's code for a command it cannot run
+
+
 def rendezvous_path(jobdir: str | Path, launch_id: str) -> Path:
     return Path(jobdir) / f"slurm-rendezvous-{launch_id}.json"
 
@@ -115,6 +118,10 @@ def run(spec: dict[str, Any]) -> int:
     port = _master_port(spec, index == 0)
     base = {k: v for k, v in os.environ.items() if k not in TASK_VARS}
     base.update(spec["env"])
+    # `python` in a workload's command is the interpreter the agent runs under (apportion's),
+    # whatever PATH the job sets (its own PATH follows it), as with every executor
+    path = spec["env"].get("PATH", os.environ.get("PATH", ""))
+    base["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), path])
     base.update({"MASTER_ADDR": spec["master_addr"], "MASTER_PORT": str(port)})
     jobdir = Path(spec["jobdir"])
     marker = launch_marker(spec["launch_id"])
@@ -134,23 +141,35 @@ def run(spec: dict[str, Any]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     local = len(node["ranks"])
+    unstarted: dict[int, int] = {}
     for i, r in enumerate(node["ranks"]):
         env = {**base, **rank_env(r, i, local)}
         out = open(jobdir / f"rank{r}.stdout", "ab")  # noqa: SIM115 - owned by the child
         err = open(jobdir / f"rank{r}.stderr", "ab")  # noqa: SIM115
         err.write(f"{marker} node {node['name']} rank {r}\n".encode())
         err.flush()
-        procs[r] = subprocess.Popen(spec["command"], cwd=spec["cwd"], env=env, stdout=out,
-                                    stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
-        out.close()
-        err.close()
+        try:
+            procs[r] = subprocess.Popen(spec["command"], cwd=spec["cwd"], env=env, stdout=out,
+                                        stderr=err, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        except OSError as exc:  # a missing binary, a bad cwd: this rank failed to start,
+            # which is the job's failure (its reason in the rank's stderr), not the agent's
+            err.write(f"apportion: cannot start {spec['command'][:1]}: "
+                      f"{type(exc).__name__}: {exc}\n".encode())
+            unstarted[r] = EXIT_CANNOT_START
+            break
+        finally:
+            out.close()
+            err.close()
         if stopping["requested"]:  # a stop that came while starting reaches the late ranks too
             forward(signal.SIGTERM, None)
-    codes: dict[int, int] = {}
-    first_failed: int | None = None
+    codes: dict[int, int] = dict(unstarted)
+    first_failed: int | None = next(iter(unstarted), None)
+    if first_failed is not None:  # the ranks that did start would wait for it for ever
+        forward(signal.SIGTERM, None)
     grace = float(spec.get("kill_grace_s", 30))
     killed: set[int] = set()
-    while len(codes) < len(procs):
+    while any(r not in codes for r in procs):
         for r, p in procs.items():
             if r not in codes and p.poll() is not None:
                 codes[r] = p.returncode

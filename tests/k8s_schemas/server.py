@@ -23,7 +23,11 @@ behaves as the API server does for what apportion uses:
   ``Suspended=False``; with ``kueue=True``, a job with a queue label gets a
   Workload, is unsuspended while its Workload is active (admitted) and
   suspended when it is deactivated. Tests finish or fail jobs with
-  :meth:`ApiServerDouble.set_condition`, as a controller would.
+  :meth:`ApiServerDouble.set_condition`, as a controller would;
+* validating admission webhooks (a policy engine, a quota controller):
+  :meth:`ApiServerDouble.deny` refuses the writes a predicate picks, after
+  the schema check, with the webhook's code (403 by default) and the API
+  server's ``admission webhook "<name>" denied the request: <message>``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import parse_qs, urlparse
@@ -133,6 +138,13 @@ class ApiServerDouble:
         self.lock = threading.RLock()
         self._rv = 0
         self._server: ThreadingHTTPServer | None = None
+        self.webhooks: list[tuple[str, Callable[[dict[str, Any]], bool], str, int]] = []
+
+    def deny(self, predicate: Callable[[dict[str, Any]], bool], message: str, code: int = 403,
+             webhook: str = "policy.example.com") -> None:
+        """Refuse every create or update of an object ``predicate`` picks, as a validating
+        admission webhook named ``webhook`` would."""
+        self.webhooks.append((webhook, predicate, message, code))
 
     # -- life cycle -------------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -214,6 +226,10 @@ class ApiServerDouble:
                 errors.append(msg)
         if errors:
             raise ApiError(422, "Invalid", "; ".join(errors[:5]))
+        for name, predicate, message, code in self.webhooks:
+            if predicate(obj):
+                raise ApiError(code, "Forbidden" if code == 403 else "Invalid",
+                               f'admission webhook "{name}" denied the request: {message}')
 
     def _writing(self) -> None:
         if self.conflicts > 0:
