@@ -8,9 +8,7 @@ escape to the user. The field names here are a contract (see README).
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,10 +29,16 @@ from pydantic import (
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
+from apportion.inputs import (  # noqa: F401 (the one reader, re-exported for its callers)
+    MAX_FILE_BYTES,
+    check_input_file,
+    parse_yaml_text,
+    read_text,
+    read_yaml,
+)
 from apportion.jobs import JobSpec, RunningState, Workload, control_characters
 from apportion.models import get_model
 
-MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per MB
 MAX_COUNT = 1_000_000
 
 
@@ -358,131 +362,6 @@ def field_path(loc: tuple[Any, ...]) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
-    return parse_yaml_text(read_text(path, "YAML"), str(path))
-
-
-def _file_kind(mode: int) -> str:
-    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device"
-            if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def check_input_file(path: str | Path, kind: str = "input") -> os.stat_result:
-    """Refuse, before opening, anything but an existing regular file (after symlinks).
-
-    A FIFO would block the read forever, a device such as /dev/zero never ends, a
-    socket cannot be read: all are refused by what they are, with the file named.
-    """
-    src = str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(src, "(file)", "no such file") from None
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(src, "(file)", f"{_file_kind(st.st_mode)}, not a regular file; "
-                         f"give a {kind} file")
-    return st
-
-
-def read_text(path: str | Path, kind: str = "input") -> str:
-    """A bounded, UTF-8 read of an input file; every failure is an :class:`InputError`.
-
-    Shared by every loader (YAML and JSON alike) so size limits, devices, FIFOs,
-    directories and undecodable bytes are refused the same way. The file is opened
-    non-blocking and checked again through its descriptor, so a FIFO swapped in after
-    the check cannot hang the read either.
-    """
-    p = Path(path)
-    src = str(p)
-    st = check_input_file(p, kind)
-    if st.st_size > MAX_FILE_BYTES:
-        raise InputError(src, "(file)", f"file is {st.st_size} bytes; inputs are limited to "
-                                         f"{MAX_FILE_BYTES} bytes")
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(src, "(file)", "not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(src, "(file)", f"inputs are limited to {MAX_FILE_BYTES} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
-
-
-class _UniqueKeys:
-    """A loader mixin that refuses duplicate mapping keys (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
-    """SafeLoader refusing duplicate keys."""
-
-
-class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The same on libyaml's parser where PyYAML has it (a 1,000-job file parses about
-    ten times faster); a file it refuses is parsed again by the pure-Python loader, so
-    error messages are the same either way."""
-
-
-def _shallow(data: Any, limit: int = 32) -> bool:
-    """True when ``data`` nests at most ``limit`` levels (walked without recursion)."""
-    stack = [(data, 0)]
-    while stack:
-        d, depth = stack.pop()
-        if isinstance(d, (dict, list)):
-            if depth >= limit:
-                return False
-            stack.extend((v, depth + 1) for v in (d.values() if isinstance(d, dict) else d))
-    return True
-
-
-def parse_yaml_text(text: str, source: str) -> Any:
-    try:
-        if len(text) > 16384:  # big inputs: libyaml, where its answer is what PyYAML's would be
-            try:
-                data = yaml.load(text, Loader=_FastUniqueKeyLoader)
-                if _shallow(data):
-                    return data
-            except yaml.YAMLError:
-                pass
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except RecursionError:
-        raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(source, where, f"malformed YAML: {problem}") from None
 
 
 def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
