@@ -290,8 +290,14 @@ def solve_round(
         load_tenants,
         resolve_cluster,
     )
-    from apportion.policies import checked_config, estimator_from, run_round
+    from apportion.policies import check_round_flags, checked_config, estimator_from, run_round
 
+    try:
+        check_round_flags(formulation=formulation, policy=policy, estimator=estimator,
+                          tables=tables, tenants=tenants, engine=engine,
+                          ray_address=ray_address, state=state, round_key=round_key)
+    except InputError as exc:
+        _fail(exc)
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     if state is not None:  # the queue and running jobs come from the store
         from apportion.store_cli import solve_round_state
