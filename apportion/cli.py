@@ -551,6 +551,7 @@ def bench_sim_cmd(
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
+    from apportion.experiments.bench.sim import check_policy
     from apportion.experiments.bench.sim import main as bench_sim_main
     from apportion.policies import check_mip_gap
     from apportion.view import INFORMATION_MODES
@@ -560,6 +561,7 @@ def bench_sim_cmd(
         _check_finite(days, "--days")
         _check_finite(time_budget, "--time-budget")
         check_mip_gap(mip_gap)
+        check_policy(policy)
         if information not in INFORMATION_MODES:
             raise InputError("--information", "information", f"{information!r} is not one of "
                              f"{', '.join(INFORMATION_MODES)}")
@@ -619,10 +621,11 @@ def profile_cmd(
 ) -> None:
     """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
     from apportion.console import Progress
-    from apportion.estimation.profilers.profile_torch import profile_report
+    from apportion.estimation.profilers.profile_torch import check_profile_args, profile_report
 
     try:
         outputs.check_outputs((json_out, "--json"))
+        check_profile_args(model, backend, batch, devices)
         with Progress(f"profile {model} ({backend})", heartbeat=True):
             res = profile_report(model, backend, batch, devices)
     except InputError as exc:
@@ -842,13 +845,8 @@ def bench_solve_cmd(
 
         try:
             outputs.check_outputs((json_out, "--json"))
-            ns = tuple(int(x) for x in sizes.split(",")) if sizes else \
-                ((1000,) if quick else pb.PEER_SIZES)
-            if any(n < 1 for n in ns):
-                raise ValueError
-        except ValueError:
-            _fail(InputError("--sizes", "sizes", f"{sizes!r}: give positive job counts"))
-            return
+            _check_finite(budget, "--time-budget")
+            ns = pb.parse_sizes(sizes, quick)
         except InputError as exc:
             _fail(exc)
             return
@@ -954,18 +952,7 @@ def bench_round_cmd(
 
     try:
         outputs.check_outputs((json_out, "--json"))
-        cases = None
-        if case:
-            cases = []
-            for c in case:
-                f = c.split(":")
-                if len(f) < 3 or f[4:5] not in ([], ["local"], ["ray"]):
-                    raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]")
-                cases.append((int(f[0]), int(f[1]), 4, float(f[2]), int(f[3]) if len(f) > 3
-                              else 1, f[4] if len(f) > 4 else "local"))
-    except ValueError:
-        _fail(InputError("--case", "case", "numbers expected: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]"))
-        return
+        cases = rounds.parse_cases(case)
     except InputError as exc:
         _fail(exc)
         return

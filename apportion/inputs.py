@@ -62,9 +62,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_CSV_COLUMNS", "MAX_FIELD_CHARS", "MAX_FILE_BYTES", "MAX_NPZ_ELEMENTS",
            "MAX_TRACE_BYTES", "MAX_YAML_ALIAS_NODES", "MAX_YAML_DEPTH", "CsvTable",
-           "check_input_file", "parse_csv_text", "parse_json_text", "parse_number",
-           "parse_yaml_text", "read_bytes", "read_csv", "read_json", "read_npz", "read_text",
-           "read_yaml"]
+           "check_count", "check_input_file", "parse_count", "parse_csv_text",
+           "parse_json_text", "parse_number", "parse_yaml_text", "read_bytes", "read_csv",
+           "read_json", "read_npz", "read_text", "read_yaml"]
 
 #: Inputs are small (a 1,000-job YAML is ~200 KB); pure-Python YAML needs ~7 s per MB.
 MAX_FILE_BYTES = 4 * 2**20
@@ -360,6 +360,35 @@ def parse_number(text: str, source: str, where: str, *, integer: bool = False,
     if maximum is not None and value > maximum:
         raise InputError(source, where, f"must be at most {maximum:g}, got {s}")
     return value
+
+
+def _option_field(option: str) -> str:
+    return option.lstrip("-").replace("-", "_") or option
+
+
+def check_count(value: int, option: str, *, maximum: int, minimum: int = 1,
+                what: str = "") -> int:
+    """A count given on the command line (``--seeds``, ``--batch``, a case's jobs), bounded
+    before anything is allocated for it; :class:`InputError` names the option and the
+    limit. ``what`` names the part of the option's value, where it has several."""
+    field_name = f"{_option_field(option)}{'.' + what if what else ''}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(option, field_name, f"must be a whole number, got {value!r}")
+    if value < minimum:
+        raise InputError(option, field_name, f"must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise InputError(option, field_name, f"must be at most {maximum:,} (the limit), "
+                         f"got {value:,}")
+    return value
+
+
+def parse_count(text: str, option: str, *, maximum: int, minimum: int = 1,
+                what: str = "") -> int:
+    """A count written as text in an option's value (``--sizes 1000,2000``, ``--case
+    J:G:B``): a whole number (:func:`parse_number`), then :func:`check_count`."""
+    field_name = f"{_option_field(option)}{'.' + what if what else ''}"
+    value = parse_number(text, option, field_name, integer=True)
+    return check_count(int(value), option, maximum=maximum, minimum=minimum, what=what)
 
 
 # ---------------------------------------------------------------------------

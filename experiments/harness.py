@@ -37,6 +37,7 @@ from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
+from apportion.inputs import check_count, parse_count
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,15 @@ def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
     return Cluster(f"gavel-{v}:{p}:{k}", groups)
 
 
+#: GPUs of one type a ``V100:P100:K80`` cluster may have (Crius's biggest has 1,280 in all):
+#: the nodes are built before anything else, so the count is bounded first
+MAX_COUNTS_GPUS = 100_000
+#: seeds ``compare --seeds`` may ask for (each is a whole replay per policy)
+MAX_SEEDS = 1_000
+#: what a run name may be: one path component inside ``--out``
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 def cluster_from_arg(arg: str) -> Cluster:
     from apportion.config import canonical_cluster_name, cluster_names_help, load_cluster
 
@@ -71,7 +81,8 @@ def cluster_from_arg(arg: str) -> Cluster:
         return resolve_cluster(arg)
     m = re.fullmatch(r"(\d+):(\d+):(\d+)", arg)
     if m:
-        v, p, k = (int(x) for x in m.groups())
+        v, p, k = (parse_count(x, "--cluster", minimum=0, maximum=MAX_COUNTS_GPUS, what=t)
+                   for x, t in zip(m.groups(), ("V100", "P100", "K80")))
         if v + p + k <= 0:
             raise InputError(arg, "--cluster", "needs at least one GPU")
         return gavel_cluster(v, p, k)
@@ -215,6 +226,7 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     a terminal, plain periodic lines otherwise (:class:`apportion.console.Progress`)."""
     from apportion.console import Progress
 
+    check_run_name(run)
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
@@ -443,6 +455,14 @@ def _check_information(information: str, estimator: str) -> None:
                          "needs a real cluster's measurements)")
 
 
+def check_run_name(run: str | None) -> None:
+    """``compare --run``: one path component inside ``--out`` (letters, digits, ``_ . -``;
+    not ``.`` or ``..``), so a run name never writes outside the results folder."""
+    if run is not None and (not _RUN_NAME.fullmatch(run) or run in (".", "..")):
+        raise InputError(repr(run), "--run", "a run name is one folder name inside --out: "
+                         "letters, digits, _ . - (no / or ..), at most 128 characters")
+
+
 def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int,
                   interval: float | None, restart_cost: float | None, noise: float,
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
@@ -506,11 +526,20 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
+    if ray_address is not None and engine != "ray":
+        raise InputError("--ray-address", "ray_address", f"is used only with --engine ray "
+                         f"(--engine is {engine}); give --engine ray or leave --ray-address out")
+    check_count(seeds, "--seeds", maximum=MAX_SEEDS)
+    check_run_name(run)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError(policies, "--policies", "give at least one policy")
     for n in names:
         _check_policy(n)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(policies, "--policies", f"{', '.join(twice)} given twice: each policy "
+                         "is one run per seed (its results would be counted twice)")
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cluster_from_arg(cluster)
