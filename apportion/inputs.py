@@ -46,6 +46,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -283,8 +284,24 @@ def read_yaml(path: str | Path) -> Any:
 # ---------------------------------------------------------------------------
 # JSON
 # ---------------------------------------------------------------------------
+class _JsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a JSON input (Python's json takes them)."""
+
+
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
+    raise _JsonConstant(name)
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _constant_place(text: str) -> str:
+    """``line L, column C`` of the first NaN/Infinity outside a string (for the message)."""
+    for m in _JSON_TOKENS.finditer(text):
+        if m.group(1):
+            line = text.count("\n", 0, m.start()) + 1
+            return f"line {line}, column {m.start() - text.rfind(chr(10), 0, m.start())}"
+    return "(file)"
 
 
 def _json_depth_ok(data: Any, max_depth: int) -> bool:
@@ -308,7 +325,10 @@ def parse_json_text(text: str, source: str) -> Any:
                          f"malformed JSON: {exc.msg}") from None
     except RecursionError:
         raise InputError(source, "(file)", "malformed JSON: nesting too deep") from None
-    except ValueError as exc:  # NaN, or an integer past Python's digit limit
+    except _JsonConstant as exc:
+        raise InputError(source, _constant_place(text), f"{exc} is not a number: JSON has "
+                         "no NaN or Infinity, and no input takes them") from None
+    except ValueError as exc:  # an integer past Python's digit limit
         raise InputError(source, "(file)", f"malformed JSON: {exc}") from None
     if not _json_depth_ok(data, MAX_YAML_DEPTH):
         raise InputError(source, "(file)", f"malformed JSON: nesting too deep (more than "

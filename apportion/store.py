@@ -33,6 +33,7 @@ Node and worker faults (the store side of them) live in
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -145,8 +146,31 @@ class RoundLock:
         self.command = command
         self._fd: int | None = None
 
+    def _open(self) -> int:
+        """The lock file, never through a link: a symlink (or a hard link, or anything but
+        a regular file) planted as ``<db>.lock`` by someone who can write the store's
+        folder would otherwise have its target truncated by a round run as root."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InputError(str(self.path), "--state", "the round lock is a symbolic "
+                                 "link; refused (a round would truncate its target): remove "
+                                 "it, apportion creates the lock itself") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else \
+                f"a hard link ({st.st_nlink} names)"
+            raise InputError(str(self.path), "--state", f"the round lock is {what}; refused "
+                             "(a round would truncate it): remove it, apportion creates the "
+                             "lock itself")
+        return fd
+
     def acquire(self, wait_s: float = 0.0) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -24,16 +24,14 @@ written once, here:
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from apportion import outputs
 from apportion.config import NODE_NAME, cluster_from_data, read_yaml
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name, get_gpu
@@ -216,38 +214,17 @@ def cluster_document(nodes: Iterable[Mapping[str, Any]], name: str, names: GpuNa
 
 
 def write_document(doc: Mapping[str, Any], out: str | Path) -> None:
-    """YAML to ``out`` atomically (a temporary file then a rename); ``-`` is stdout."""
+    """YAML to ``out`` by the output rules every command follows (:mod:`apportion.outputs`:
+    ``-`` and ``/dev/stdout`` are stdout, a device or pipe is written in place, a file is
+    replaced atomically with the umask's mode, a symlink to a file is followed and kept)."""
     text = yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None, width=100)
     header = "# written by `apportion cluster import`; node names are the engine's own\n"
-    if str(out) == "-":
-        sys.stdout.write(header + text)
-        return
-    check_output(out)
-    p = Path(out)
-    parent = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(header + text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    outputs.write_text(out, header + text, "--out")
 
 
 def check_output(out: str | Path) -> None:
-    """Refuse an output path that is a folder, in a missing folder, or a special file."""
-    if str(out) == "-":
-        return
-    p = Path(out)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise InputError(str(p), "--out", "is a directory; give a file name")
-    if not parent.is_dir():
-        raise InputError(str(p), "--out", f"directory {parent} does not exist")
-    if p.exists() and not p.is_file():
-        raise InputError(str(p), "--out", "exists and is not a regular file")
+    """``--out`` checked before anything is read (:func:`apportion.outputs.check_output`)."""
+    outputs.check_output(out, "--out")
 
 
 def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any]]]:
