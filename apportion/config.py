@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -138,6 +139,8 @@ class RunningSpec(_Strict):
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# OCI image reference characters: name components, "/", ":" tag, "@sha256:" digest
+IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 class TrainSpec(_Strict):
@@ -165,7 +168,9 @@ class WorkloadSpec(_Strict):
     workdir: str | None = Field(default=None, min_length=1, max_length=4096)
     env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
-    image: str | None = Field(default=None, min_length=1, max_length=1024)
+    # a container image reference (registry/name:tag@digest): exported into manifests as
+    # is, so no spaces, quotes or shell characters
+    image: str | None = Field(default=None, min_length=1, max_length=1024, pattern=IMAGE_REF)
     # periodic checkpoints (either, whichever comes first; 0 turns one off); default: the run's
     checkpoint_every: int | None = Field(default=None, ge=0, le=10**12)
     checkpoint_interval_s: float | None = Field(default=None, ge=0, le=10**7)
@@ -251,8 +256,8 @@ class JobEntry(_Strict):
     tenant: str = Field(default="default", min_length=1, max_length=256)
     guaranteed: bool = False
     deadline_s: float | None = Field(default=None, gt=0)
-    backbone: str | None = None
-    task: str | None = None
+    backbone: str | None = Field(default=None, min_length=1, max_length=256)
+    task: str | None = Field(default=None, min_length=1, max_length=256)
     accepts_sharing: bool = False
     iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
@@ -273,10 +278,16 @@ class JobEntry(_Strict):
                              "its own (pass settings through env)")
         return v
 
-    @field_validator("id", "tenant")
+    @field_validator("id", "tenant", "backbone", "task", mode="before")
     @classmethod
-    def _no_control_characters(cls, v: str) -> str:
-        bad = control_characters(v)
+    def _nfc(cls, v: Any) -> Any:
+        """One spelling per name: NFC and NFD forms of ``é`` are one id, not two jobs."""
+        return unicodedata.normalize("NFC", v) if isinstance(v, str) else v
+
+    @field_validator("id", "tenant", "backbone", "task")
+    @classmethod
+    def _no_control_characters(cls, v: str | None) -> str | None:
+        bad = control_characters(v) if v is not None else []
         if bad:
             raise ValueError(f"contains control characters ({', '.join(bad)}); ids are printed "
                              "and logged, so only printable text is accepted")
@@ -304,6 +315,10 @@ class JobEntry(_Strict):
         if self.iterations_done > self.iterations:
             raise ValueError(f"<iterations_done> {self.iterations_done} is more than the job's "
                              f"{self.iterations} iterations")
+        if self.iterations_done == self.iterations:  # a round would start it on GPUs
+            raise ValueError(f"<iterations_done> {self.iterations_done} is all of the job's "
+                             f"{self.iterations} iterations: the job is complete, so there is "
+                             "nothing to schedule; remove it from the queue")
         return self
 
 
@@ -332,6 +347,12 @@ class JobsSpec(_Strict):
 class TenantEntry(_Strict):
     name: str = Field(min_length=1, max_length=256)
     quota_gpus: int = Field(ge=0, le=MAX_COUNT)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _nfc(cls, v: Any) -> Any:
+        """The spelling jobs' tenants are normalised to (NFC), so quotas match them."""
+        return unicodedata.normalize("NFC", v) if isinstance(v, str) else v
 
 
 class TenantsSpec(_Strict):

@@ -259,12 +259,12 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
         if not ray_address:
             raise InputError("--ray-address", "ray_address", "--from ray needs --ray-address "
                              "ADDR (the head's address, e.g. 10.0.0.1:6379 or auto)")
-        return list(_lazy("ray_import", "import_ray", "Ray")(ray_address))
+        return list(_lazy("executors.ray_import", "import_ray", "Ray")(ray_address))
     if source == "k8s":
         if path is None:
             raise InputError("--from k8s", "NODES", "give the nodes as a file: "
                              "kubectl get nodes -o json > nodes.json")
-        return list(_lazy("k8s_import", "import_k8s", "Kubernetes")(str(path)))
+        return list(_lazy("executors.k8s_import", "import_k8s", "Kubernetes")(str(path)))
     raise InputError("--from", "from", f"{source!r} is not one of {', '.join(SOURCES)}")
 
 
