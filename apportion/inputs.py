@@ -269,10 +269,16 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise InputError(source, "(file)", f"YAML refused: {exc}") from None
     except RecursionError:
         raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML never allows (NUL, C0 controls)
+        c = exc.character
+        code = ord(c) if isinstance(c, str) else int(c)
+        raise InputError(source, "(file)", f"malformed YAML: character #x{code:04x} at "
+                         f"position {exc.position}: special characters are not allowed") \
+            from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
         raise InputError(source, where, f"malformed YAML: {problem}") from None
 
 

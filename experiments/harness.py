@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -161,11 +162,14 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
     return t, gtruth
 
 
-def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
-            policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
-            window_days: float | None = None, max_jobs: int | None = None,
-            progress: Any = None,
-            ground_truth: str = "auto") -> SimResult:
+def prepare_one(trace: str, cluster: str, policy: str, profile: str = "default",
+                seed: int = 0, policy_options: dict[str, Any] | None = None,
+                sim_options: dict[str, Any] | None = None, window_days: float | None = None,
+                max_jobs: int | None = None,
+                ground_truth: str = "auto") -> Callable[[Any], SimResult]:
+    """Everything a replay reads, read and checked (profile, cluster, trace, truth, policy):
+    a bad input raises here, before any progress is shown; the result runs the replay
+    (given a progress callback)."""
     from apportion.policies import make_policy
 
     if profile not in PROFILES:
@@ -176,7 +180,16 @@ def run_one(trace: str, cluster: str, policy: str, profile: str = "default", see
         t = t.head(max_jobs)
     cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
     pol = make_policy(policy, **(policy_options or {}))
-    return Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+    return lambda progress=None: Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+
+
+def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
+            policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
+            window_days: float | None = None, max_jobs: int | None = None,
+            progress: Any = None,
+            ground_truth: str = "auto") -> SimResult:
+    return prepare_one(trace, cluster, policy, profile, seed, policy_options, sim_options,
+                       window_days, max_jobs, ground_truth)(progress)
 
 
 def write_run(res: SimResult, out: Path) -> None:
@@ -486,10 +499,10 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
         sim["interval_s"] = interval
     if restart_cost is not None:
         sim["restart_cost_s"] = restart_cost
-    cluster_from_arg(cluster)  # bad input fails before anything runs
+    replay = prepare_one(trace, cluster, policy, profile, seed, None, sim, window_days,
+                         max_jobs, ground_truth)  # bad input fails before anything runs
     with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
-        res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs,
-                      lambda _t, done, total: prog.update(done, total), ground_truth)
+        res = replay(lambda _t, done, total: prog.update(done, total))
         prog.update(res.summary["finished"], res.summary["jobs"])
     if json_out:
         outputs.write_json(json_out, res.summary, "--json")

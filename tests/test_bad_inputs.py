@@ -43,6 +43,8 @@ GOOD_CLUSTER = {"node_groups": [{"prefix": "a40", "count": 2, "gpu_type": "A40",
                                  "gpus_per_node": 4}]}
 GOOD_JOBS = {"jobs": [{"id": "ok1", "model": "bert-0.76b", "global_batch_size": 64,
                        "iterations": 100, "requested_gpus": 2}]}
+SCONTROL = ("NodeName=gpu17 CPUTot=64 Gres=gpu:a100_80g:8(S:0-1) NodeAddr=10.1.0.17 "
+            "RealMemory=1031000 State=IDLE Partitions=gpu\n")
 
 # command -> (the input kind it reads, argv builder). "foreign": a command with its own file
 # format (only the corpus entries that fail before any schema apply); "state": a state DB.
@@ -79,6 +81,30 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "run --state": ("state", lambda f, e: [
         "run", "--executor", "dry-run", "--cluster", "crius-testbed", "--state", f,
         "--until-idle", "--timeout", "5", "--workdir", e["results"]]),
+    # every other flag that reads a file: the same reader, the same refusals
+    "solve-round --tenants": ("tenants", lambda f, e: [
+        "solve-round", "--formulation", "plans", "--tenants", f, "--json", e["out"]]),
+    "solve-round --tables": ("tables", lambda f, e: [
+        "solve-round", "--estimator", "tables", "--tables", f, "--backend", "greedy",
+        "--json", e["out"]]),
+    # the measured times are read while the round lock is held: a FIFO once hung there
+    "solve-round --state DB --tables": ("tables", lambda f, e: [
+        "solve-round", "--state", e["db"], "--estimator", "tables", "--tables", f,
+        "--backend", "greedy", "--json", e["out"]]),
+    "simulate --trace": ("trace", lambda f, e: [
+        "simulate", "--trace", f, "--cluster", "crius-testbed", "--policy", "fcfs",
+        "--json", e["out"], "--jobs-csv", e["csv"]]),
+    "cluster import --gpu-map": ("gpumap", lambda f, e: [
+        "cluster", "import", "--from", "slurm", e["scontrol"], "--gpu-map", f,
+        "--out", e["out"]]),
+    "cluster import --from k8s NODES": ("nodes", lambda f, e: [
+        "cluster", "import", "--from", "k8s", f, "--out", e["out"]]),
+    "export kueue --k8s-config": ("k8sconfig", lambda f, e: [
+        "export", "kueue", "--cluster", "crius-testbed", "--tenants", e["tenants"],
+        "--k8s-config", f, "--out", e["results"]]),
+    "export k8s --decision": ("decision", lambda f, e: [
+        "export", "k8s", "--decision", f, "--cluster", "crius-testbed", "--jobs", e["jobs"],
+        "--out", e["results"]]),
 }
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
@@ -93,7 +119,12 @@ KNOWN: dict[tuple[str, str], str] = {}
 UNSAFE: dict[tuple[str, str], str] = {}
 STATE_MESSAGES = ("not an apportion state database", "is a directory", "no such state database",
                   "an empty file", "not a regular file", "cannot use")
-FOREIGN = ("units", "tasks")  # formats of their own: entries of kind "any" only name the file
+# formats of their own (JSON, CSV, traces, lenient YAML): an entry of kind "any" must exit 2
+# and name the file there too, with whatever field and message that format gives
+FOREIGN = ("units", "tasks", "tables", "trace", "gpumap", "nodes", "k8sconfig", "decision")
+# YAML readers that take an empty file as "no settings" and word a wrong top level their own
+# way: the corpus's "(top level)" entries do not apply to them
+LENIENT = ("gpumap", "k8sconfig")
 
 
 def _name(entry: dict[str, str]) -> str:
@@ -105,7 +136,9 @@ def _cases() -> list[Any]:
     for entry in INDEX:
         for cmd, (kind, _) in COMMANDS.items():
             applies = (kind == "state" or entry["kind"] == kind
-                       or (entry["kind"] == "any" and kind in ("cluster", "jobs", *FOREIGN))
+                       or (entry["kind"] == "any"
+                           and kind in ("cluster", "jobs", "tenants", *FOREIGN)
+                           and not (kind in LENIENT and entry["field"] == "(top level)"))
                        or (entry["kind"] == "round" and cmd == "solve-round --jobs"))
             if not applies:
                 continue
@@ -143,16 +176,29 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     (gen / "fifo_link.yaml").symlink_to(gen / "fifo.yaml")
     (gen / "loop_a.yaml").symlink_to(gen / "loop_b.yaml")
     (gen / "loop_b.yaml").symlink_to(gen / "loop_a.yaml")
+    for kind, head in (("tables", "model,gpu_type,gpus,iter_time_s"),
+                       ("trace", "job_id,submit_time_s,num_gpus,duration_s")):
+        (gen / f"huge_field_{kind}.csv").write_text(f"{head}\n{'x' * 200_000},0,1,1\n")
+    inputs = root / "inputs"  # valid companions of the file under test (never written)
+    inputs.mkdir()
+    (inputs / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
+        {"name": "default", "quota_gpus": 4}]}))
+    (inputs / "nodes.txt").write_text(SCONTROL)
+    (inputs / "tables.csv").write_text("model,gpu_type,gpus,iter_time_s\nbert-0.76b,A40,2,0.5\n")
     sock_dir = Path(tempfile.mkdtemp(prefix="apo-bad-"))  # AF_UNIX paths are short
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(sock_dir / "s.yaml"))
     paths = {"file_100mb": big, "directory": gen / "directory", "missing": gen / "missing.yaml",
              "dev_zero": Path("/dev/zero"), "dev_null": Path("/dev/null"),
              "fifo": gen / "fifo.yaml", "fifo_symlink": gen / "fifo_link.yaml",
-             "socket": sock_dir / "s.yaml", "symlink_loop": gen / "loop_a.yaml"}
+             "socket": sock_dir / "s.yaml", "symlink_loop": gen / "loop_a.yaml",
+             "huge_field_tables": gen / "huge_field_tables.csv",
+             "huge_field_trace": gen / "huge_field_trace.csv"}
     yield {"work": work, "db": db, "newdb": work / "new.db", "out": work / "out.json",
            "dump": work / "problem.json", "csv": work / "jobs.csv", "results": work / "results",
-           "generated": paths}
+           "generated": paths, "tenants": inputs / "tenants.yaml",
+           "scontrol": inputs / "nodes.txt", "jobs": work / "jobs.yaml",
+           "tables": inputs / "tables.csv"}
     sock.close()
     shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -188,6 +234,8 @@ def test_bad_input_exits_2_names_file_and_field_and_writes_nothing(
         assert f": {entry['field']}: " in msg, msg
         assert entry["message"] in msg, msg
     assert "Traceback" not in r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr  # one line: the error
     assert r.stdout.strip() == "", r.stdout  # no --json output on stdout either
     assert _dump(env["db"]) == before_db
     assert _files(env["work"]) == before_files  # no output file, no new store, no results dir
@@ -335,19 +383,70 @@ BAD_OPTIONS = [
       "--time-budget", "-5"], "--time-budget"),
     (["bench", "solve", "--time-budget", "nan"], "--time-budget"),
 ]
+SYN = ["--trace", "synthetic:3", "--cluster", "crius-testbed"]
+# count arguments: bounded where they are parsed, before anything is allocated for them; the
+# message names the limit. Each once ran until memory was gone, or ended in a traceback.
+BAD_COUNTS = [
+    (["simulate", "--trace", "synthetic:3", "--cluster", "99999999:0:0", "--policy", "fcfs"],
+     ("--cluster", "100,000")),
+    (["simulate", "--trace", "synthetic:3", "--cluster", "9" * 5000 + ":0:0", "--policy",
+      "fcfs"], ("--cluster", "characters")),
+    (["compare", *SYN, "--policies", "fcfs", "--seeds", "100000000"], ("--seeds", "1,000")),
+    (["bench", "solve", "--peers", "--sizes", "100000000"], ("--sizes", "100,000")),
+    (["bench", "solve", "--peers", "--sizes", "1000,abc"], ("--sizes", "not a number")),
+    (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "200,000")),
+    (["bench", "round", "--case", "-5:8:1"], ("--case", "JOBS", "at least 1")),
+    (["bench", "round", "--case", "10:8:nan"], ("--case", "BUDGET", "finite")),
+    (["bench", "round", "--case", "10:8:inf"], ("--case", "BUDGET", "finite")),
+    (["bench", "round", "--case", "10:8:0"], ("--case", "BUDGET", "greater than 0")),
+    (["bench", "round", "--case", "10:8:1:100000"], ("--case", "PARTS", "64")),
+    (["profile", "gpt-tiny", "--batch", "100000000"], ("--batch", "4,096")),
+    (["profile", "gpt-tiny", "--devices", "1000000"], ("--devices", "64")),
+    (["profile", "gpt-tiny", "--devices", "3"], ("--devices", "divisor of 4")),
+    (["profile", "custom:x"], ("custom:x", "not a custom model name")),
+    (["bench", "sim", "--policy", "bogus"], ("--policy", "'bogus' is not a policy")),
+]
+# flags a command would silently ignore, or nonsense it would count: refused, naming both flags
+BAD_COMBINATIONS = [
+    (["solve-round", "--tables", "{tables}"], ("--tables", "--estimator")),
+    (["solve-round", "--tenants", "{tenants}"], ("--tenants", "--formulation")),
+    (["solve-round", "--round-key", "k1"], ("--round-key", "--state")),
+    (["solve-round", "--ray-address", "10.0.0.1:6379"], ("--ray-address", "--engine")),
+    (["solve-round", "--policy", "fcfs", "--formulation", "plans"], ("--policy", "--formulation")),
+    (["compare", *SYN, "--policies", "fcfs,fcfs"], ("--policies", "fcfs given twice")),
+    (["compare", *SYN, "--policies", "fcfs", "--ray-address", "10.0.0.1:6379"],
+     ("--ray-address", "--engine")),
+    (["compare", *SYN, "--policies", "fcfs", "--run", "../escaped"], ("--run", "one folder")),
+    (["compare", *SYN, "--policies", "fcfs", "--run", "/tmp/escaped"], ("--run", "one folder")),
+]
 
 
-@pytest.mark.parametrize("argv, option", BAD_OPTIONS, ids=[" ".join(a[:1] + a[-2:])
-                                                           for a, _ in BAD_OPTIONS])
-def test_bad_option_values_are_refused(argv: list[str], option: str,
-                                       env: dict[str, Any]) -> None:
+def _argv(argv: list[str], env: dict[str, Any]) -> list[str]:
+    """Fill in the fixture's files; give run and compare their folders inside the work dir."""
+    argv = [a.format(tables=env["tables"], tenants=env["tenants"]) for a in argv]
     if argv[0] == "run":
         argv = [*argv, "--executor", "dry-run", "--cluster", "crius-testbed", "--state",
                 str(env["db"]), "--until-idle", "--workdir", str(env["results"])]
+    if argv[0] == "compare":
+        argv = [*argv, "--out", str(env["results"])]
+    return argv
+
+
+@pytest.mark.parametrize("argv, names", [(a, (o,)) for a, o in BAD_OPTIONS] + BAD_COUNTS
+                         + BAD_COMBINATIONS,
+                         ids=[" ".join(a[:1] + a[-2:])[:60]
+                              for a, _ in BAD_OPTIONS + BAD_COUNTS + BAD_COMBINATIONS])
+def test_bad_option_values_are_refused(argv: list[str], names: tuple[str, ...],
+                                       env: dict[str, Any]) -> None:
+    """Exit 2 with one line naming the option (and the limit, or the other flag), nothing
+    written, the store untouched, no results folder created."""
     before_db, before_files = _dump(env["db"]), _files(env["work"])
-    r = runner.invoke(app, argv)
+    r = runner.invoke(app, _argv(argv, env))
     assert r.exit_code == 2, (r.exit_code, r.output)
-    assert option in r.stderr and "Traceback" not in r.output, r.stderr
+    msg = " ".join(r.stderr.split())
+    assert all(n in msg for n in names) and "Traceback" not in r.output, r.stderr
+    if (argv, names) in BAD_COUNTS + BAD_COMBINATIONS:  # typer's own usage errors are a box
+        assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
     assert _dump(env["db"]) == before_db and _files(env["work"]) == before_files
 
 
