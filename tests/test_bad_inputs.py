@@ -13,11 +13,13 @@ return a valid object or raise :class:`InputError`, never anything else.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import socket
 import sqlite3
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -482,3 +484,155 @@ def test_unexpected_errors_are_one_line_and_tracebacks_need_v(
     monkeypatch.setattr(apportion.policies, "run_round", full)
     r = runner.invoke(app, argv)
     assert r.exit_code == 75 and "free space" in r.stderr, r.stderr
+
+
+# -- every reader, random bytes and random YAML: an answer or InputError, within a work limit ---
+class WorkLimitExceeded(BaseException):
+    """A reader did more work than any input of its size needs (a BaseException, so no
+    reader's ``except Exception`` can turn it into an answer)."""
+
+
+@contextlib.contextmanager
+def work_limit(calls: int) -> Iterator[None]:
+    """Bound the Python calls made in the block: a reader that walks an alias bomb as a tree
+    or loops on a malformed file exceeds it, whatever the machine's speed or load (a work
+    limit, not a wall clock, so the test is the same everywhere)."""
+    count = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > calls:
+            raise WorkLimitExceeded(f"more than {calls} Python calls")
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _readers() -> dict[str, tuple[str, Any]]:
+    """Every function that reads an input file for a flag: name -> (file suffix, reader)."""
+    from apportion.config import load_cluster, load_jobs, load_tenants
+    from apportion.estimation.finetune.transferability import load_task_data
+    from apportion.estimation.models.measured import TableEstimator
+    from apportion.experiments.traces import load_any
+    from apportion.finetune_spec import load_finetune_problem, load_submissions
+    from apportion.runtime.cluster_import import load_gpu_map, read_nodes
+    from apportion.runtime.executors.k8s_config import load_k8s_config
+    from apportion.runtime.executors.k8s_export import load_decision
+    from apportion.runtime.executors.k8s_import import import_k8s
+    from apportion.shards_spec import load_problem
+
+    return {
+        "--cluster": (".yaml", load_cluster), "--jobs / submit": (".yaml", load_jobs),
+        "--tenants": (".yaml", load_tenants), "--tasks": (".yaml", load_finetune_problem),
+        "finetune submissions": (".yaml", load_submissions),
+        "--gpu-map": (".yaml", load_gpu_map), "--k8s-config": (".yaml", load_k8s_config),
+        "--units": (".json", load_problem), "--decision": (".json", load_decision),
+        "cluster import --from k8s": (".json", import_k8s),
+        "cluster import --from slurm": (".txt", lambda p: read_nodes("slurm", p)),
+        "--tables": (".csv", TableEstimator.from_csv), "--trace (CSV)": (".csv", load_any),
+        "--trace (Gavel)": (".trace", load_any),
+        "--gains auto data (.npz)": (".npz", lambda p: load_task_data(p, "t", "tasks[0].data")),
+        "--gains auto data (.csv)": (".csv", lambda p: load_task_data(p, "t", "tasks[0].data")),
+    }
+
+
+READERS = _readers()
+
+
+def _bomb(width: int, depth: int, top: str) -> str:
+    """Billion laughs: ``depth`` levels of ``width`` aliases each, under ``top``."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, depth)]
+    return "\n".join(lines) + f"\n{top}: *a{depth - 1}\n"
+
+
+def _splice(text: str, junk: bytes, at: int) -> bytes:
+    raw = text.encode()
+    at %= len(raw) + 1
+    return raw[:at] + junk + raw[at:]
+
+
+def _npz(shape: tuple[int, ...], descr: str, payload: bytes, name: str) -> bytes:
+    """A zip holding one .npy member whose header claims ``shape`` (its data may lie)."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npformat
+
+    head = io.BytesIO()
+    npformat.write_array_header_1_0(head, {"descr": descr, "fortran_order": False,
+                                           "shape": shape})
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{name}.npy", head.getvalue() + payload)
+    return buf.getvalue()
+
+
+YAML_DOCS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
+                         | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                         max_leaves=20).map(lambda d: yaml.safe_dump(d, allow_unicode=True))
+PLAUSIBLE = (CLUSTER | JOBS | st.fixed_dictionaries({"tenants": ANY})).map(
+    lambda d: yaml.safe_dump(d, allow_unicode=True))
+BOMBS = st.builds(_bomb, st.integers(1, 12), st.integers(1, 12),
+                  st.sampled_from(["jobs", "node_groups", "tenants", "tasks", "items", "x"]))
+RANDOM_YAML = st.one_of(
+    YAML_DOCS, PLAUSIBLE, BOMBS,
+    st.sampled_from(["&a [*a]", "a: &a {b: *a}", "<<: *u", "a: !!python/object:os.system x",
+                     "[" * 5000, "- " * 3000, "a: 1\na: 2", "%YAML 9.9\n---\na"]),
+).map(str.encode) | st.builds(_splice, YAML_DOCS | PLAUSIBLE | BOMBS,
+                              st.binary(min_size=1, max_size=8), st.integers(0, 10**6))
+RANDOM_BYTES = st.binary(max_size=3000) | st.builds(
+    _npz, st.lists(st.integers(0, 10**6), max_size=3).map(tuple),
+    st.sampled_from(["<f8", "<i8", "|u1", "<U4", "|O"]), st.binary(max_size=64),
+    st.sampled_from(["x", "y"])) | st.builds(
+    lambda rows: ("model,gpu_type,gpus,iter_time_s\n" + "\n".join(rows)).encode(),
+    st.lists(st.text(max_size=40), max_size=5)) | st.builds(
+    lambda rows: ("job_id,submit_time_s,num_gpus,duration_s\n" + "\n".join(rows)).encode(),
+    st.lists(st.text(max_size=40), max_size=5))
+
+#: far more Python calls than any reader spends on a 3 KB input (a few thousand), far fewer
+#: than walking any of these bombs as a tree (12^12 nodes)
+READER_CALLS = 3_000_000
+
+
+def _read_once(name: str, content: bytes, folder: Path) -> None:
+    suffix, reader = READERS[name]
+    path = folder / f"fuzz{suffix}"
+    path.write_bytes(content)
+    try:
+        with work_limit(READER_CALLS):
+            reader(path)
+    except InputError as exc:
+        assert exc.source and exc.field and exc.message
+        assert "\n" not in str(exc), str(exc)  # one line
+    finally:
+        path.unlink()
+
+
+FUZZ = settings(max_examples=25, deadline=None,
+                phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+@FUZZ
+@given(content=RANDOM_BYTES)
+def test_every_reader_takes_random_bytes(name: str, content: bytes,
+                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Random bytes (and forged archives, ragged CSV) through every reader: a value or an
+    InputError of one line, within the work limit; never another exception, never a hang."""
+    _read_once(name, content, tmp_path_factory.getbasetemp())
+
+
+@pytest.mark.parametrize("name", sorted(READERS))
+@FUZZ
+@given(content=RANDOM_YAML)
+def test_every_reader_takes_random_yaml(name: str, content: bytes,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Random YAML (documents, plausible inputs, alias bombs up to 12^12 nodes, recursive
+    aliases, spliced bytes) through every reader, YAML or not: the same guarantees."""
+    _read_once(name, content, tmp_path_factory.getbasetemp())
