@@ -36,6 +36,7 @@ exits 75, "try again later"; a permission problem exits 2), never a traceback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -135,8 +136,42 @@ def _writable_dir(folder: Path, given: str, option: str) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+#: the first check of each (path, option) in this process: the write compares what it finds
+#: with it (:func:`_pinned`), so a swap between a command's early check and its write is
+#: refused; an entry is dropped once the output is written
+_CHECKED: dict[tuple[str, str], OutputTarget] = {}
+
+
 def check_output(path: str | Path | None, option: str) -> OutputTarget | None:
-    """Check one output path before any work; :class:`InputError` names the option."""
+    """Check one output path before any work; :class:`InputError` names the option. The
+    first check of a path is remembered: the write holds the output to it."""
+    target = _check_output(path, option)
+    if target is not None and target.kind != "stdout":
+        _CHECKED.setdefault((os.path.abspath(target.given), option), target)
+    return target
+
+
+def _pinned(path: str | Path, option: str) -> OutputTarget:
+    """The output as it is now, held to its first check: the same file (or folder, for a
+    file replaced atomically) by identity, reached by the same resolved path. A symlink
+    planted at the path, a device or FIFO swapped, a folder replaced by a link to another:
+    refused, never written through."""
+    target = _check_output(path, option)
+    assert target is not None
+    if target.kind == "stdout":
+        return target
+    first = _CHECKED.pop((os.path.abspath(target.given), option), None)
+    if first is None or _is_descriptor_link(Path(target.given), Path(target.given)):
+        return target  # /dev/stdout, /proc/self/fd/N: this process's own, nothing to swap
+    special = target.kind == "special"
+    if first.real != target.real or (first.kind == "special") != special \
+            or (special and first.ident != target.ident):
+        raise _changed(target, "the output")
+    return dataclasses.replace(target, folder=first.folder or target.folder,
+                               ident=first.ident if special else target.ident)
+
+
+def _check_output(path: str | Path | None, option: str) -> OutputTarget | None:
     if path is None:
         return None
     given = str(path)
@@ -187,6 +222,12 @@ def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | 
     """Check several ``(path, option)`` outputs of one command: each one, then that no two
     name the same file and at most one is stdout."""
     targets = [check_output(p, opt) for p, opt in pairs]
+    _distinct(targets)
+    return targets
+
+
+def _distinct(targets: list[OutputTarget | None]) -> None:
+    """No two outputs of one command on the same file, at most one on stdout."""
     seen: dict[str, str] = {}
     for t in targets:
         if t is None:
@@ -196,7 +237,6 @@ def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | 
             raise InputError(t.given, t.option, f"also given to {seen[key]}; each output needs "
                              "its own file (at most one may be -, stdout)")
         seen[key] = t.option
-    return targets
 
 
 def check_output_dir(path: str | Path | None, option: str) -> Path | None:
@@ -430,8 +470,7 @@ def open_output(path: str | Path, option: str = "output", *, binary: bool = Fals
     The body writes to the handle; a regular file appears (atomically) only when the
     body returns normally, so an exception leaves the old file, or none.
     """
-    target = check_output(path, option)
-    assert target is not None
+    target = _pinned(path, option)
     opened = _Opened(target, binary, newline)
     assert opened.stream is not None
     try:
@@ -458,7 +497,8 @@ class PreparedOutputs:
 
     def __init__(self, *pairs: tuple[str | Path | None, str]) -> None:
         self._opened: dict[str, _Opened] = {}
-        targets = check_outputs(*pairs)
+        targets = [_pinned(p, opt) if p is not None else None for p, opt in pairs]
+        _distinct(targets)
         try:
             for t in targets:
                 if t is not None:
