@@ -65,7 +65,7 @@ __all__ = ["MAX_CSV_COLUMNS", "MAX_FIELD_CHARS", "MAX_FILE_BYTES", "MAX_NPZ_ELEM
            "MAX_TRACE_BYTES", "MAX_YAML_ALIAS_NODES", "MAX_YAML_DEPTH", "CsvTable",
            "check_count", "check_input_file", "parse_count", "parse_csv_text",
            "parse_json_text", "parse_number", "parse_yaml_text", "read_bytes", "read_csv",
-           "read_json", "read_npz", "read_text", "read_yaml"]
+           "read_head", "read_json", "read_npz", "read_text", "read_yaml"]
 
 #: Inputs are small (a 1,000-job YAML is ~200 KB); pure-Python YAML needs ~7 s per MB.
 MAX_FILE_BYTES = 4 * 2**20
@@ -153,6 +153,27 @@ def read_bytes(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FI
     if len(raw) > max_bytes:
         raise InputError(src, "(file)", f"{kind} inputs are limited to {max_bytes} bytes")
     return raw
+
+
+def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> bytes:
+    """The first ``size`` bytes of a regular file, by the same rules as :func:`read_bytes`
+    (checked before opening, opened non-blocking and checked again), for readers that tell
+    a format from its first line before reading the whole file."""
+    src = str(path)
+    check_input_file(path, kind)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
+        return os.read(fd, size)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def _decode(raw: bytes, source: str) -> str:

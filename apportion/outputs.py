@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from apportion.errors import HostError, InputError
 
@@ -507,7 +507,7 @@ class PreparedOutputs:
             self.close()
             raise
 
-    def __enter__(self) -> PreparedOutputs:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -348,7 +348,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, *,
             lock.release()
             store.close()
         try:
-            return _after_round(done, prepared, show, state)
+            return _after_round(done, prepared, show)
         except _HANDLED as exc:
             return report(exc, state)
 
@@ -415,7 +415,7 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
 
 
 def _after_round(done: _RoundDone, prepared: outputs.PreparedOutputs,
-                 show: Callable[[Decision], None] | None, state: Path) -> int:
+                 show: Callable[[Decision], None] | None) -> int:
     """Show and write a round's results (the lock released); a write that fails after a
     commit names the round and where its decision is, and exits 2, not 75: "try again"
     would commit a second round."""

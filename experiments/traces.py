@@ -56,8 +56,16 @@ import numpy as np
 import pandas as pd
 
 from apportion.errors import InputError
-from apportion.inputs import MAX_FIELD_CHARS, MAX_TRACE_BYTES, CsvTable, check_input_file, parse_csv_text, \
-    parse_number, read_text
+from apportion.inputs import (
+    MAX_FIELD_CHARS,
+    MAX_TRACE_BYTES,
+    CsvTable,
+    check_input_file,
+    parse_csv_text,
+    parse_number,
+    read_head,
+    read_text,
+)
 from apportion.jobs import control_characters
 
 log = logging.getLogger(__name__)
@@ -589,11 +597,8 @@ def detect_format(path: str | Path) -> str:
     its columns and models once read, see :func:`load_normalised_csv`)."""
     p = Path(path)
     _check_file(p)
-    try:
-        with p.open(newline="", encoding="utf-8", errors="replace") as fh:
-            first = fh.readline(1 << 16)
-    except OSError as exc:
-        raise InputError(str(p), "(file)", f"cannot read: {exc.strerror or exc}") from None
+    head = read_head(p, "trace").decode("utf-8", "replace")  # the loader decodes strictly
+    first = head.splitlines()[0] if head else ""
     if p.suffix == ".trace" or first.count("\t") == 9:
         return "gavel"
     header = next(csv.reader([first]), [])

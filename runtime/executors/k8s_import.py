@@ -23,7 +23,6 @@ the records into node groups is the caller's (``apportion cluster import``).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
