@@ -174,6 +174,7 @@ def prepare_one(trace: str, cluster: str, policy: str, profile: str = "default",
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
+    check_count(seed, "--seed", minimum=0, maximum=2**63 - 1)  # numpy's seeds are unsigned
     cl = cluster_from_arg(cluster)
     t, truth = resolve(trace, cl, seed, window_days, ground_truth)
     if max_jobs:

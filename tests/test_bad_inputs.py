@@ -187,6 +187,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         {"name": "default", "quota_gpus": 4}]}))
     (inputs / "nodes.txt").write_text(SCONTROL)
     (inputs / "tables.csv").write_text("model,gpu_type,gpus,iter_time_s\nbert-0.76b,A40,2,0.5\n")
+    (inputs / "trace.csv").write_text("job_id,submit_time_s,num_gpus,duration_s\na,0,1,3600\n")
     sock_dir = Path(tempfile.mkdtemp(prefix="apo-bad-"))  # AF_UNIX paths are short
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(sock_dir / "s.yaml"))
@@ -200,7 +201,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
            "dump": work / "problem.json", "csv": work / "jobs.csv", "results": work / "results",
            "generated": paths, "tenants": inputs / "tenants.yaml",
            "scontrol": inputs / "nodes.txt", "jobs": work / "jobs.yaml",
-           "tables": inputs / "tables.csv"}
+           "tables": inputs / "tables.csv", "trace": inputs / "trace.csv"}
     sock.close()
     shutil.rmtree(sock_dir, ignore_errors=True)
 
@@ -394,6 +395,8 @@ BAD_COUNTS = [
     (["simulate", "--trace", "synthetic:3", "--cluster", "9" * 5000 + ":0:0", "--policy",
       "fcfs"], ("--cluster", "characters")),
     (["compare", *SYN, "--policies", "fcfs", "--seeds", "100000000"], ("--seeds", "1,000")),
+    (["simulate", "--trace", "{trace}", "--cluster", "crius-testbed", "--policy", "fcfs",
+      "--seed", "-1"], ("--seed", "at least 0")),
     (["bench", "solve", "--peers", "--sizes", "100000000"], ("--sizes", "100,000")),
     (["bench", "solve", "--peers", "--sizes", "1000,abc"], ("--sizes", "not a number")),
     (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "200,000")),
@@ -425,7 +428,8 @@ BAD_COMBINATIONS = [
 
 def _argv(argv: list[str], env: dict[str, Any]) -> list[str]:
     """Fill in the fixture's files; give run and compare their folders inside the work dir."""
-    argv = [a.format(tables=env["tables"], tenants=env["tenants"]) for a in argv]
+    argv = [a.format(tables=env["tables"], tenants=env["tenants"], trace=env["trace"])
+            for a in argv]
     if argv[0] == "run":
         argv = [*argv, "--executor", "dry-run", "--cluster", "crius-testbed", "--state",
                 str(env["db"]), "--until-idle", "--workdir", str(env["results"])]
