@@ -418,7 +418,7 @@ def check_count(value: int, option: str, *, maximum: int, minimum: int = 1,
     """A count given on the command line (``--seeds``, ``--batch``, a case's jobs), bounded
     before anything is allocated for it; :class:`InputError` names the option and the
     limit. ``what`` names the part of the option's value, where it has several."""
-    field_name = f"{_option_field(option)}{'.' + what if what else ''}"
+    field_name = what or _option_field(option)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(option, field_name, f"must be a whole number, got {value!r}")
     if value < minimum:
@@ -433,7 +433,7 @@ def parse_count(text: str, option: str, *, maximum: int, minimum: int = 1,
                 what: str = "") -> int:
     """A count written as text in an option's value (``--sizes 1000,2000``, ``--case
     J:G:B``): a whole number (:func:`parse_number`), then :func:`check_count`."""
-    field_name = f"{_option_field(option)}{'.' + what if what else ''}"
+    field_name = what or _option_field(option)
     value = parse_number(text, option, field_name, integer=True)
     return check_count(int(value), option, maximum=maximum, minimum=minimum, what=what)
 

@@ -75,7 +75,7 @@ def parse_cases(specs: list[str] | None) -> list[tuple[int, int, int, float, int
                              "(ENGINE local or ray)")
         jobs = parse_count(f[0], "--case", maximum=MAX_CASE_JOBS, what="JOBS")
         gpus = parse_count(f[1], "--case", maximum=MAX_CASE_GPUS, what="GPUS")
-        budget = float(parse_number(f[2], "--case", "case.BUDGET", above=0.0,
+        budget = float(parse_number(f[2], "--case", "BUDGET", above=0.0,
                                     maximum=MAX_CASE_BUDGET_S))
         parts = parse_count(f[3], "--case", maximum=MAX_CASE_PARTS, what="PARTS") \
             if len(f) > 3 else 1
