@@ -453,6 +453,8 @@ def test_bad_option_values_are_refused(argv: list[str], names: tuple[str, ...],
     assert all(n in msg for n in names) and "Traceback" not in r.output, r.stderr
     if (argv, names) in BAD_COUNTS + BAD_COMBINATIONS:  # typer's own usage errors are a box
         assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+    for n in names:  # the option once, never doubled as "--seeds: seeds: ..."
+        assert f"{n}: {n.lstrip('-').replace('-', '_')}: " not in msg, msg
     assert _dump(env["db"]) == before_db and _files(env["work"]) == before_files
 
 
