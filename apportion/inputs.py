@@ -483,7 +483,7 @@ def parse_csv_text(text: str, source: str, *, required: Sequence[str] = (),
     The first line is the header: names are stripped (and a UTF-8 byte-order mark
     dropped), must be unique, at most :data:`MAX_CSV_COLUMNS`. ``required`` columns must
     be present. A row with more fields than the header, a NUL byte or a field over
-    ``max_field`` characters is refused with its line. Blank lines are skipped.
+    ``max_field`` characters is refused with its line. Empty lines are skipped.
     """
     if "\0" in text:
         line = text.count("\n", 0, text.index("\0")) + 1
@@ -518,7 +518,7 @@ def parse_csv_text(text: str, source: str, *, required: Sequence[str] = (),
                 row = next(reader, None)
                 if row is None:
                     break
-                if not row or all(not f.strip() for f in row):
+                if not any(row):  # an empty line (a line of spaces is a row: pandas reads it)
                     continue
                 if len(row) > len(header):
                     raise InputError(source, f"line {start}", f"{len(row)} fields, the header "
