@@ -8,9 +8,8 @@ escape to the user. The field names here are a contract (see README).
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
+import unicodedata
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,10 +30,16 @@ from pydantic import (
 from apportion.cluster import Cluster, NodeGroup
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
+from apportion.inputs import (  # noqa: F401 (the one reader, re-exported for its callers)
+    MAX_FILE_BYTES,
+    check_input_file,
+    parse_yaml_text,
+    read_text,
+    read_yaml,
+)
 from apportion.jobs import JobSpec, RunningState, Workload, control_characters
 from apportion.models import get_model
 
-MAX_FILE_BYTES = 4 * 2**20  # inputs are small; pure-Python YAML needs ~7 s per MB
 MAX_COUNT = 1_000_000
 
 
@@ -134,6 +139,8 @@ class RunningSpec(_Strict):
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# OCI image reference characters: name components, "/", ":" tag, "@sha256:" digest
+IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$"
 
 
 class TrainSpec(_Strict):
@@ -161,7 +168,9 @@ class WorkloadSpec(_Strict):
     workdir: str | None = Field(default=None, min_length=1, max_length=4096)
     env: dict[Annotated[str, Field(pattern=ENV_NAME, max_length=256)],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
-    image: str | None = Field(default=None, min_length=1, max_length=1024)
+    # a container image reference (registry/name:tag@digest): exported into manifests as
+    # is, so no spaces, quotes or shell characters
+    image: str | None = Field(default=None, min_length=1, max_length=1024, pattern=IMAGE_REF)
     # periodic checkpoints (either, whichever comes first; 0 turns one off); default: the run's
     checkpoint_every: int | None = Field(default=None, ge=0, le=10**12)
     checkpoint_interval_s: float | None = Field(default=None, ge=0, le=10**7)
@@ -247,8 +256,8 @@ class JobEntry(_Strict):
     tenant: str = Field(default="default", min_length=1, max_length=256)
     guaranteed: bool = False
     deadline_s: float | None = Field(default=None, gt=0)
-    backbone: str | None = None
-    task: str | None = None
+    backbone: str | None = Field(default=None, min_length=1, max_length=256)
+    task: str | None = Field(default=None, min_length=1, max_length=256)
     accepts_sharing: bool = False
     iterations_done: int = Field(default=0, ge=0, le=10**12)
     running: RunningSpec | None = None
@@ -269,10 +278,16 @@ class JobEntry(_Strict):
                              "its own (pass settings through env)")
         return v
 
-    @field_validator("id", "tenant")
+    @field_validator("id", "tenant", "backbone", "task", mode="before")
     @classmethod
-    def _no_control_characters(cls, v: str) -> str:
-        bad = control_characters(v)
+    def _nfc(cls, v: Any) -> Any:
+        """One spelling per name: NFC and NFD forms of ``é`` are one id, not two jobs."""
+        return unicodedata.normalize("NFC", v) if isinstance(v, str) else v
+
+    @field_validator("id", "tenant", "backbone", "task")
+    @classmethod
+    def _no_control_characters(cls, v: str | None) -> str | None:
+        bad = control_characters(v) if v is not None else []
         if bad:
             raise ValueError(f"contains control characters ({', '.join(bad)}); ids are printed "
                              "and logged, so only printable text is accepted")
@@ -300,6 +315,10 @@ class JobEntry(_Strict):
         if self.iterations_done > self.iterations:
             raise ValueError(f"<iterations_done> {self.iterations_done} is more than the job's "
                              f"{self.iterations} iterations")
+        if self.iterations_done == self.iterations:  # a round would start it on GPUs
+            raise ValueError(f"<iterations_done> {self.iterations_done} is all of the job's "
+                             f"{self.iterations} iterations: the job is complete, so there is "
+                             "nothing to schedule; remove it from the queue")
         return self
 
 
@@ -328,6 +347,12 @@ class JobsSpec(_Strict):
 class TenantEntry(_Strict):
     name: str = Field(min_length=1, max_length=256)
     quota_gpus: int = Field(ge=0, le=MAX_COUNT)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _nfc(cls, v: Any) -> Any:
+        """The spelling jobs' tenants are normalised to (NFC), so quotas match them."""
+        return unicodedata.normalize("NFC", v) if isinstance(v, str) else v
 
 
 class TenantsSpec(_Strict):
@@ -358,150 +383,6 @@ def field_path(loc: tuple[Any, ...]) -> str:
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
-    return parse_yaml_text(read_text(path, "YAML"), str(path))
-
-
-def _file_kind(mode: int) -> str:
-    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device"
-            if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def check_input_file(path: str | Path, kind: str = "input") -> os.stat_result:
-    """Refuse, before opening, anything but an existing regular file (after symlinks).
-
-    A FIFO would block the read forever, a device such as /dev/zero never ends, a
-    socket cannot be read: all are refused by what they are, with the file named.
-    """
-    src = str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(src, "(file)", "no such file") from None
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(src, "(file)", f"{_file_kind(st.st_mode)}, not a regular file; "
-                         f"give a {kind} file")
-    return st
-
-
-def read_text(path: str | Path, kind: str = "input") -> str:
-    """A bounded, UTF-8 read of an input file; every failure is an :class:`InputError`.
-
-    Shared by every loader (YAML and JSON alike) so size limits, devices, FIFOs,
-    directories and undecodable bytes are refused the same way. The file is opened
-    non-blocking and checked again through its descriptor, so a FIFO swapped in after
-    the check cannot hang the read either.
-    """
-    p = Path(path)
-    src = str(p)
-    st = check_input_file(p, kind)
-    if st.st_size > MAX_FILE_BYTES:
-        raise InputError(src, "(file)", f"file is {st.st_size} bytes; inputs are limited to "
-                                         f"{MAX_FILE_BYTES} bytes")
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(src, "(file)", "not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(src, "(file)", f"inputs are limited to {MAX_FILE_BYTES} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
-
-
-class _UniqueKeys:
-    """A loader mixin that refuses duplicate mapping keys (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
-    """SafeLoader refusing duplicate keys."""
-
-
-class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The same on libyaml's parser where PyYAML has it (a 1,000-job file parses about
-    ten times faster); a file it refuses is parsed again by the pure-Python loader, so
-    error messages are the same either way."""
-
-
-# no input of apportion's nests deeper; a deeper document is refused, not walked
-MAX_NESTING = 64
-
-
-def _shallow(data: Any, limit: int = 32) -> bool:
-    """True when ``data`` nests at most ``limit`` levels. Walked without recursion, and each
-    container once: YAML aliases share one object many times over (a "billion laughs"
-    document is a few lists referencing each other), so a walk as a tree never ends."""
-    height: dict[int, int] = {}
-    stack: list[tuple[Any, bool]] = [(data, False)]
-    while stack:
-        d, done = stack.pop()
-        if not isinstance(d, (dict, list)) or (id(d) in height and not done):
-            continue
-        kids = [v for v in (d.values() if isinstance(d, dict) else d)
-                if isinstance(v, (dict, list))]
-        if done:
-            h = 1 + max((height[id(k)] for k in kids), default=0)
-            if h > limit:
-                return False
-            height[id(d)] = h
-            continue
-        height[id(d)] = limit + 1  # on the stack: a cycle through it is too deep
-        stack.append((d, True))
-        stack.extend((k, False) for k in kids if id(k) not in height)
-    return True
-
-
-def parse_yaml_text(text: str, source: str) -> Any:
-    try:
-        if len(text) > 16384:  # big inputs: libyaml, where its answer is what PyYAML's would be
-            try:
-                data = yaml.load(text, Loader=_FastUniqueKeyLoader)
-                if _shallow(data):
-                    return data
-            except yaml.YAMLError:
-                pass
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-        if not _shallow(data, MAX_NESTING):  # whatever the interpreter's recursion limit
-            raise RecursionError
-        return data
-    except RecursionError:
-        raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(source, where, f"malformed YAML: {problem}") from None
 
 
 def _validate(model: type[BaseModel], data: Any, source: str) -> Any:

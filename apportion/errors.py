@@ -14,7 +14,10 @@ class InputError(ValueError):
         self.source = source
         self.field = field
         self.message = message
-        super().__init__(f"{source}: {field}: {message}")
+        # an option's error names the option once ("--seeds: must be ..."), not twice as
+        # source and field ("--seeds: seeds: must be ...")
+        same = field.lower() in (source.lower(), source.lstrip("-").replace("-", "_").lower())
+        super().__init__(f"{source}: {message}" if same else f"{source}: {field}: {message}")
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
         # a worker process's error reaches its parent (compare, the partitioned solve)

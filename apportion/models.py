@@ -273,8 +273,13 @@ def get_model(name: str) -> ModelSpec:
 # ---------------------------------------------------------------------------
 CUSTOM_PREFIX = "custom:"
 CUSTOM_FAMILIES = ("gpt", "bert", "llama")
-_CUSTOM = re.compile(r"^custom:([a-z0-9_.-]{1,64}):(gpt|bert|llama):l(\d+)-h(\d+)-s(\d+)-p(\d+)"
-                     r"(?:-a(\d+))?$")
+# digits bounded in the pattern: int() of a thousand-digit field is slow and then refused
+_CUSTOM = re.compile(r"^custom:([a-z0-9_.-]{1,64}):(gpt|bert|llama):l(\d{1,16})-h(\d{1,16})-"
+                     r"s(\d{1,16})-p(\d{1,16})(?:-a(\d{1,16}))?$")
+#: an inline model's bounds: the same whether it is written as a spec (config.CustomModelSpec)
+#: or as its name (``custom:...``, which a jobs file may also give as ``model:``)
+CUSTOM_MAX_PARAMETERS = 10**15
+CUSTOM_MAX_HEADS = 100_000
 
 
 def custom_model_name(name: str, family: str, layers: int, hidden: int, seq_len: int,
@@ -315,6 +320,10 @@ def _custom_from_name(key: str) -> ModelSpec:
         raise ValueError(f"hidden_size: {hidden} must be in 8..1000000")
     if not 1 <= seq <= 10_000_000:
         raise ValueError(f"sequence_length: {seq} must be in 1..10000000")
+    if not 1 <= params <= CUSTOM_MAX_PARAMETERS:
+        raise ValueError(f"parameters: {params} must be in 1..{CUSTOM_MAX_PARAMETERS}")
+    if not 1 <= heads <= CUSTOM_MAX_HEADS:
+        raise ValueError(f"heads: {heads} must be in 1..{CUSTOM_MAX_HEADS}")
     if heads < 1 or hidden % heads:
         raise ValueError(f"heads: {heads} must divide hidden_size {hidden}")
     # the embedding (vocabulary) takes whatever the blocks leave of the parameter count

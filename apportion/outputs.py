@@ -20,6 +20,14 @@ a shared folder with a group-writable umask. The rules, and why:
   replaced atomically and the link is kept.
 * Every output path is checked before any work is done (:func:`check_outputs`),
   so a bad path costs nothing and, with ``--state``, commits nothing.
+* What was checked is what is written: the folder a file is replaced in is opened
+  once and every step goes through that descriptor (``openat``-style), and a
+  device or FIFO is opened without following links and compared with the file
+  checked, so swapping either for a symlink after the check is refused, never
+  written through.
+* A FIFO nothing reads is refused (after :data:`FIFO_READER_WAIT_S`), never a
+  write that blocks for ever. :class:`PreparedOutputs` opens a command's outputs
+  before it commits anything, so whatever can be refused is refused first.
 
 Failures while writing become :class:`apportion.errors.HostError` (a full disk
 exits 75, "try again later"; a permission problem exits 2), never a traceback.
@@ -28,25 +36,28 @@ exits 75, "try again later"; a permission problem exits 2), never a traceback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import fcntl
 import json
 import os
+import secrets
 import socket
 import stat
 import sys
-import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from apportion.errors import HostError, InputError
 
 STDOUT = "-"
 
-__all__ = ["STDOUT", "OutputTarget", "any_stdout", "check_output", "check_output_dir",
-           "check_outputs", "current_umask", "is_stdout", "open_output", "write_json",
-           "write_text"]
+__all__ = ["STDOUT", "OutputFailed", "OutputTarget", "PreparedOutputs", "any_stdout",
+           "check_output", "check_output_dir", "check_outputs", "current_umask", "is_stdout",
+           "open_output", "write_json", "write_text"]
 
 
 def is_stdout(path: str | Path | None) -> bool:
@@ -99,13 +110,18 @@ class OutputTarget:
     kind: str  # "stdout" | "special" | "regular" (exists) | "new"
     real: Path | None  # the file written (symlinks resolved); None for stdout
     mode: int = 0  # st_mode of an existing target
+    # (st_dev, st_ino) when checked: of the existing target ("special", "regular") and of
+    # the folder a file is replaced in ("regular", "new"); the write re-checks them through
+    # the descriptor it writes with, so a swap after the check is refused, never followed
+    ident: tuple[int, int] | None = None
+    folder: tuple[int, int] | None = None
 
     @property
     def is_socket(self) -> bool:
         return stat.S_ISSOCK(self.mode)
 
 
-def _writable_dir(folder: Path, given: str, option: str) -> None:
+def _writable_dir(folder: Path, given: str, option: str) -> tuple[int, int]:
     try:
         st = folder.stat()
     except FileNotFoundError:
@@ -117,10 +133,45 @@ def _writable_dir(folder: Path, given: str, option: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(given, option, f"folder {folder} is not writable by this user "
                          "(or is on a read-only file system); choose another path")
+    return (st.st_dev, st.st_ino)
+
+
+#: the first check of each (path, option) in this process: the write compares what it finds
+#: with it (:func:`_pinned`), so a swap between a command's early check and its write is
+#: refused; an entry is dropped once the output is written
+_CHECKED: dict[tuple[str, str], OutputTarget] = {}
 
 
 def check_output(path: str | Path | None, option: str) -> OutputTarget | None:
-    """Check one output path before any work; :class:`InputError` names the option."""
+    """Check one output path before any work; :class:`InputError` names the option. The
+    first check of a path is remembered: the write holds the output to it."""
+    target = _check_output(path, option)
+    if target is not None and target.kind != "stdout":
+        _CHECKED.setdefault((os.path.abspath(target.given), option), target)
+    return target
+
+
+def _pinned(path: str | Path, option: str) -> OutputTarget:
+    """The output as it is now, held to its first check: the same file (or folder, for a
+    file replaced atomically) by identity, reached by the same resolved path. A symlink
+    planted at the path, a device or FIFO swapped, a folder replaced by a link to another:
+    refused, never written through."""
+    target = _check_output(path, option)
+    assert target is not None
+    if target.kind == "stdout":
+        return target
+    first = _CHECKED.pop((os.path.abspath(target.given), option), None)
+    if first is None or _is_descriptor_link(Path(target.given), Path(target.given)):
+        return target  # /dev/stdout, /proc/self/fd/N: this process's own, nothing to swap
+    special = target.kind == "special"
+    if first.real != target.real or (first.kind == "special") != special \
+            or (special and first.ident != target.ident):
+        raise _changed(target, "the output")
+    return dataclasses.replace(target, folder=first.folder or target.folder,
+                               ident=first.ident if special else target.ident)
+
+
+def _check_output(path: str | Path | None, option: str) -> OutputTarget | None:
     if path is None:
         return None
     given = str(path)
@@ -141,23 +192,24 @@ def check_output(path: str | Path | None, option: str) -> OutputTarget | None:
         raise InputError(given, option, f"cannot use as an output: "
                          f"{exc.strerror or exc}") from None
     if st is None:  # new file (or a dangling symlink: its target is created)
-        _writable_dir(real.parent, given, option)
-        return OutputTarget(option, given, "new", real)
+        folder = _writable_dir(real.parent, given, option)
+        return OutputTarget(option, given, "new", real, folder=folder)
     if stat.S_ISDIR(st.st_mode):
         raise InputError(given, option, "is a folder; give a file name")
     if _is_descriptor_link(p, real):
         # /dev/stdout, /dev/fd/N, /proc/self/fd/N: an open file of this process (a pipe, a
         # terminal, or the file a shell redirected to): appended to in place, never replaced
         return OutputTarget(option, given, "special", p, st.st_mode)
+    ident = (st.st_dev, st.st_ino)
     if stat.S_ISREG(st.st_mode):
-        _writable_dir(real.parent, given, option)
+        folder = _writable_dir(real.parent, given, option)
         if not os.access(real, os.W_OK):
             raise InputError(given, option, "the file is read-only for this user")
-        return OutputTarget(option, given, "regular", real, st.st_mode)
+        return OutputTarget(option, given, "regular", real, st.st_mode, ident, folder)
     # a device, a FIFO or a socket: written in place, never replaced
     if not stat.S_ISSOCK(st.st_mode) and not os.access(real, os.W_OK):
         raise InputError(given, option, "not writable by this user")
-    return OutputTarget(option, given, "special", real, st.st_mode)
+    return OutputTarget(option, given, "special", real, st.st_mode, ident)
 
 
 def _is_descriptor_link(p: Path, real: Path) -> bool:
@@ -170,6 +222,12 @@ def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | 
     """Check several ``(path, option)`` outputs of one command: each one, then that no two
     name the same file and at most one is stdout."""
     targets = [check_output(p, opt) for p, opt in pairs]
+    _distinct(targets)
+    return targets
+
+
+def _distinct(targets: list[OutputTarget | None]) -> None:
+    """No two outputs of one command on the same file, at most one on stdout."""
     seen: dict[str, str] = {}
     for t in targets:
         if t is None:
@@ -179,7 +237,6 @@ def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | 
             raise InputError(t.given, t.option, f"also given to {seen[key]}; each output needs "
                              "its own file (at most one may be -, stdout)")
         seen[key] = t.option
-    return targets
 
 
 def check_output_dir(path: str | Path | None, option: str) -> Path | None:
@@ -213,6 +270,198 @@ def _host_error(exc: OSError, target: str) -> HostError:
     return HostError.from_os_error(exc, f"cannot write {target}")
 
 
+class OutputFailed(HostError):
+    """Writing an output failed (the disk is full, the reader went away): ``target`` and
+    ``reason`` let a caller that has already committed something say so instead of the
+    generic remedy (``solve-round --state`` must not suggest a rerun that commits twice)."""
+
+    def __init__(self, exc: OSError, target: str) -> None:
+        base = _host_error(exc, target)
+        super().__init__(str(base), base.exit_code)
+        self.target = target
+        self.reason = exc.strerror or str(exc)
+
+    def __reduce__(self) -> Any:  # a plain HostError across processes
+        return (HostError, (str(self), self.exit_code))
+
+
+#: how long an output FIFO may take to get its reader (``cat PIPE`` started just after)
+FIFO_READER_WAIT_S = 1.0
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _changed(target: OutputTarget, what: str) -> InputError:
+    return InputError(target.given, target.option, f"{what} changed after it was checked "
+                      "(replaced or swapped for a link); nothing was written through it")
+
+
+def _open_special(target: OutputTarget) -> int:
+    """A descriptor for a device or FIFO, opened without following a link that was swapped
+    in after the check, and refused if it is not the file that was checked. A FIFO is
+    opened non-blocking: with no reader (after :data:`FIFO_READER_WAIT_S`) it is refused
+    instead of blocking the command for ever."""
+    real = target.real
+    assert real is not None
+    descriptor = _is_descriptor_link(real, real)  # /dev/stdout, /proc/self/fd/N: ours
+    flags = _WRITE_FLAGS | (0 if descriptor else os.O_NOFOLLOW)
+    waited = 0.0
+    while True:
+        try:
+            fd = os.open(real, flags)
+            break
+        except OSError as exc:
+            if exc.errno == errno.ENXIO and waited < FIFO_READER_WAIT_S:
+                time.sleep(0.05)
+                waited += 0.05
+                continue
+            if exc.errno == errno.ENXIO:
+                raise InputError(target.given, target.option, "a named pipe (FIFO) that "
+                                 "nothing reads: a write would block for ever; start its "
+                                 "reader first") from None
+            if exc.errno == errno.ELOOP:
+                raise _changed(target, "the output") from None
+            raise _host_error(exc, str(real)) from None
+    try:
+        st = os.fstat(fd)
+        if not descriptor and target.ident is not None \
+                and (st.st_dev, st.st_ino) != target.ident:
+            raise _changed(target, "the output")
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~os.O_NONBLOCK)  # the reader sets the pace
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_folder(target: OutputTarget, real: Path) -> int:
+    """The folder a file is replaced in, pinned by a descriptor that is the folder checked:
+    every later step (the temporary file, the rename, the fsync) goes through it, so a
+    folder swapped for a link after the check cannot redirect the write."""
+    try:
+        dfd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _host_error(exc, str(real)) from None
+    st = os.fstat(dfd)
+    if target.folder is not None and (st.st_dev, st.st_ino) != target.folder:
+        os.close(dfd)
+        raise _changed(target, f"the folder {real.parent}")
+    return dfd
+
+
+class _Opened:
+    """One output opened for writing: ``stream`` takes the bytes; :meth:`finish` makes them
+    final (a regular file appears by an atomic rename), :meth:`abort` leaves the old file."""
+
+    def __init__(self, target: OutputTarget, binary: bool = False,
+                 newline: str | None = None) -> None:
+        self.target = target
+        self.binary = binary
+        self.newline = newline
+        self.stream: IO[Any] | None = None
+        self._sock: socket.socket | None = None
+        self._dfd: int | None = None
+        self._tmp: str | None = None
+        self._done = False
+        kind = target.kind
+        if kind == "stdout":
+            self.stream = sys.stdout.buffer if binary else sys.stdout
+        elif kind == "special" and target.is_socket:
+            self._open_socket()
+        elif kind == "special":
+            self.stream = self._fdopen(_open_special(target))
+        else:
+            self._open_temp()
+
+    def _fdopen(self, fd: int) -> IO[Any]:
+        return os.fdopen(fd, "wb" if self.binary else "w",
+                         encoding=None if self.binary else "utf-8",
+                         newline=None if self.binary else self.newline)
+
+    def _open_socket(self) -> None:
+        real = self.target.real
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(real))
+        except OSError as exc:
+            sock.close()
+            raise HostError(f"cannot write {real}: it is a socket and nothing accepts a "
+                            f"connection on it ({exc.strerror or exc})", 2) from None
+        self._sock = sock
+        self.stream = sock.makefile("wb" if self.binary else "w",
+                                    encoding=None if self.binary else "utf-8",
+                                    newline=None if self.binary else self.newline)
+
+    def _open_temp(self) -> None:
+        real = self.target.real
+        assert real is not None
+        mode = (stat.S_IMODE(self.target.mode) if self.target.kind == "regular"
+                else 0o666 & ~current_umask())
+        dfd = _open_folder(self.target, real)
+        try:
+            for _ in range(100):
+                name = f".{real.name}.{secrets.token_hex(6)}.tmp"
+                try:
+                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(errno.EEXIST, "no free temporary name", str(real.parent))
+            os.fchmod(fd, mode)
+        except OSError as exc:
+            os.close(dfd)
+            raise _host_error(exc, str(real)) from None
+        self._dfd, self._tmp = dfd, name
+        self.stream = self._fdopen(fd)
+
+    def finish(self) -> None:
+        """Flush (and for a file: fsync, rename into place, fsync the folder)."""
+        if self._done:
+            return
+        target, stream = self.target, self.stream
+        assert stream is not None
+        try:
+            stream.flush()
+            if self._tmp is not None:
+                real = target.real
+                assert real is not None and self._dfd is not None
+                os.fsync(stream.fileno())
+                stream.close()
+                os.replace(self._tmp, real.name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+                self._tmp = None
+                with contextlib.suppress(OSError):  # make the rename durable
+                    os.fsync(self._dfd)
+        except OSError as exc:
+            self.abort()
+            raise OutputFailed(exc, str(target.real or target.given)) from None
+        self._close()
+
+    def abort(self) -> None:
+        """Leave things as they were: a temporary file is removed, the old file kept."""
+        if self._tmp is not None and self._dfd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp, dir_fd=self._dfd)
+            self._tmp = None
+        self._close()
+
+    def _close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self.target.kind != "stdout" and self.stream is not None:
+            with contextlib.suppress(OSError):
+                self.stream.close()
+        if self._sock is not None:
+            self._sock.close()
+        if self._dfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._dfd)
+            self._dfd = None
+
+
 @contextlib.contextmanager
 def open_output(path: str | Path, option: str = "output", *, binary: bool = False,
                 newline: str | None = None) -> Iterator[IO[Any]]:
@@ -221,88 +470,64 @@ def open_output(path: str | Path, option: str = "output", *, binary: bool = Fals
     The body writes to the handle; a regular file appears (atomically) only when the
     body returns normally, so an exception leaves the old file, or none.
     """
-    target = check_output(path, option)
-    assert target is not None
-    if target.kind == "stdout":
-        stream: IO[Any] = sys.stdout.buffer if binary else sys.stdout
-        yield stream
-        stream.flush()
-        return
-    real = target.real
-    assert real is not None
-    if target.kind == "special":
-        if target.is_socket:
-            with _socket_writer(real, binary, newline) as fh:
-                yield fh
-            return
-        try:  # append: a no-op for devices and pipes, and never truncates a redirected file
-            fh = open(real, "ab" if binary else "a",  # noqa: SIM115 (closed below) encoding=None if binary else "utf-8",
-                      newline=None if binary else newline)
-        except OSError as exc:
-            raise _host_error(exc, str(real)) from None
-        try:
-            yield fh
-            fh.flush()
-        except OSError as exc:
-            raise _host_error(exc, str(real)) from None
-        finally:
-            with contextlib.suppress(OSError):
-                fh.close()
-        return
-    yield from _atomic(real, target, binary, newline)
-
-
-def _atomic(real: Path, target: OutputTarget, binary: bool,
-            newline: str | None) -> Iterator[IO[Any]]:
-    mode = (stat.S_IMODE(target.mode) if target.kind == "regular"
-            else 0o666 & ~current_umask())
+    target = _pinned(path, option)
+    opened = _Opened(target, binary, newline)
+    assert opened.stream is not None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+        yield opened.stream
     except OSError as exc:
-        raise _host_error(exc, str(real)) from None
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8",
-                       newline=None if binary else newline) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, real)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise _host_error(exc, str(real)) from None
+        opened.abort()
+        raise OutputFailed(exc, str(target.real or target.given)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        opened.abort()
         raise
-    with contextlib.suppress(OSError):  # make the rename durable
-        dfd = os.open(real.parent, os.O_RDONLY)
+    opened.finish()
+
+
+class PreparedOutputs:
+    """Several outputs of one command, checked **and opened** before it commits anything.
+
+    ``solve-round --state`` commits a round and then writes its outputs. Opening them
+    first means that whatever can be refused is refused while nothing is committed: a
+    FIFO nothing reads, a folder that is read-only or gone, a socket nothing accepts on.
+    What can still fail afterwards (a full disk) raises :class:`OutputFailed`, which the
+    caller reports with what it committed. Use as a context manager: outputs not
+    written by the end are discarded (their temporary files removed, old files kept).
+    """
+
+    def __init__(self, *pairs: tuple[str | Path | None, str]) -> None:
+        self._opened: dict[str, _Opened] = {}
+        targets = [_pinned(p, opt) if p is not None else None for p, opt in pairs]
+        _distinct(targets)
         try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+            for t in targets:
+                if t is not None:
+                    self._opened[t.option] = _Opened(t)
+        except BaseException:
+            self.close()
+            raise
 
+    def __enter__(self) -> Self:
+        return self
 
-@contextlib.contextmanager
-def _socket_writer(real: Path, binary: bool, newline: str | None) -> Iterator[IO[Any]]:
-    """A listening Unix socket is written by connecting to it and sending the bytes."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(real))
-    except OSError as exc:
-        sock.close()
-        raise HostError(f"cannot write {real}: it is a socket and nothing accepts a "
-                        f"connection on it ({exc.strerror or exc})", 2) from None
-    fh = sock.makefile("wb" if binary else "w", encoding=None if binary else "utf-8",
-                       newline=None if binary else newline)
-    try:
-        yield fh
-        fh.flush()
-    except OSError as exc:
-        raise _host_error(exc, str(real)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            fh.close()
-        sock.close()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def write_json(self, option: str, data: Any) -> None:
+        """Write ``data`` as JSON to the output given for ``option`` and make it final."""
+        opened = self._opened.pop(option)
+        assert opened.stream is not None
+        try:
+            opened.stream.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+        except OSError as exc:
+            opened.abort()
+            raise OutputFailed(exc, str(opened.target.real or opened.target.given)) from None
+        opened.finish()
+
+    def close(self) -> None:
+        for opened in self._opened.values():
+            opened.abort()
+        self._opened.clear()
 
 
 def write_with(path: str | Path, write: Callable[[IO[Any]], None], option: str = "output",

@@ -35,7 +35,6 @@ This is a core module: it imports nothing from the five areas.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +44,8 @@ from typing import Annotated, Any
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from apportion.config import field_path, read_text
+from apportion.config import field_path
+from apportion.inputs import read_json
 from apportion.errors import InputError
 
 #: Hydra reserves 15% of device memory as the double-buffer loading zone (section 5.2).
@@ -268,14 +268,7 @@ def problem_from_dict(data: Any, source: str = "<memory>") -> ShardProblem:
 def load_problem(path: str | Path) -> ShardProblem:
     """Read and validate a units JSON file; unreadable or malformed files raise InputError."""
     source = str(path)
-    text = read_text(path, "JSON")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, "<file>", f"not valid JSON: {exc.msg} at line {exc.lineno}") from exc
-    except RecursionError:
-        raise InputError(source, "<file>", "nesting too deep") from None
-    return problem_from_dict(data, source)
+    return problem_from_dict(read_json(path, "units JSON"), source)
 
 
 def problem_to_dict(problem: ShardProblem) -> dict[str, Any]:

@@ -33,6 +33,7 @@ Node and worker faults (the store side of them) live in
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -42,6 +43,7 @@ import sqlite3
 import stat
 import threading
 import time
+import unicodedata
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -147,8 +149,31 @@ class RoundLock:
         self.command = command
         self._fd: int | None = None
 
+    def _open(self) -> int:
+        """The lock file, never through a link: a symlink (or a hard link, or anything but
+        a regular file) planted as ``<db>.lock`` by someone who can write the store's
+        folder would otherwise have its target truncated by a round run as root."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InputError(str(self.path), "--state", "the round lock is a symbolic "
+                                 "link; refused (a round would truncate its target): remove "
+                                 "it, apportion creates the lock itself") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else \
+                f"a hard link ({st.st_nlink} names)"
+            raise InputError(str(self.path), "--state", f"the round lock is {what}; refused "
+                             "(a round would truncate it): remove it, apportion creates the "
+                             "lock itself")
+        return fd
+
     def acquire(self, wait_s: float = 0.0) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -309,6 +334,8 @@ def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 1
                          "keeps its -wal and -shm files) is not writable by this user or is on "
                          "a read-only file system; run as its owner or fix the permissions "
                          "(read-only users can run `apportion status` and `history`)")
+    if create and not p.exists():
+        _create(p, busy_timeout_s)
     conn = sqlite3.connect(str(p), isolation_level=None, timeout=busy_timeout_s)
     try:
         conn.execute("PRAGMA foreign_keys = ON")
@@ -325,6 +352,38 @@ def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 1
         conn.close()
         raise store_error(exc, p) from None
     return StateStore(p, conn)
+
+
+def _create(p: Path, busy_timeout_s: float) -> None:
+    """A new store appears whole or not at all: its schema is written to a temporary file
+    beside it, which is then linked into place. Created in place, a disk that fills up
+    while the schema is written left a 0-byte "store" that every later command refused;
+    a concurrent creator's store is never replaced (the link fails, theirs is used)."""
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{time.monotonic_ns()}.new")
+    sidecars = [Path(str(tmp) + s) for s in ("-wal", "-shm", "-journal")]
+    try:
+        conn = sqlite3.connect(str(tmp), isolation_level=None, timeout=busy_timeout_s)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            migrate(conn)
+        finally:
+            conn.close()  # the last connection checkpoints the WAL into the file
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            pass  # another process created it meanwhile: open theirs
+    except sqlite3.Error as exc:
+        raise store_error(exc, p) from None
+    finally:
+        for f in (tmp, *sidecars):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def _open_readonly(p: Path, busy_timeout_s: float) -> StateStore:
@@ -509,8 +568,10 @@ class StateStore:
         return [j.id for j in jobs]
 
     def cancel(self, job_id: str, at: float | None = None, why: str = "cancelled") -> JobRecord:
-        """Drop a job (any non-terminal state); its GPUs are free for the next round."""
+        """Drop a job (any non-terminal state); its GPUs are free for the next round. The id
+        is taken in NFC, the spelling ids are stored in (a terminal may type NFD)."""
         at = time.time() if at is None else at
+        job_id = unicodedata.normalize("NFC", job_id)
         rec = self.job(job_id)
         if rec.state is JobState.DROPPED:  # cancelling twice is not an error, and writes nothing
             return rec
@@ -632,7 +693,13 @@ class StateStore:
                               "WHERE id = ?", (f"pending: {why}", rid, rec.id))
 
     def rounds(self, limit: int | None = None) -> list[dict[str, Any]]:
-        q = "SELECT id FROM rounds ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        """The last ``limit`` rounds (all without one), oldest first. A limit past SQLite's
+        64-bit integers means all of them: it once overflowed into a datatype mismatch
+        that read as a damaged store."""
+        if limit is not None and limit < 1:
+            raise InputError("--limit", "limit", f"must be at least 1, got {limit}")
+        q = "SELECT id FROM rounds ORDER BY id DESC" + (
+            f" LIMIT {min(int(limit), 2**62)}" if limit else "")
         return [self.round(r[0]) for r in reversed(self.conn.execute(q).fetchall())]
 
     def round(self, round_id: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -37,6 +38,7 @@ from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
+from apportion.inputs import check_count, parse_count
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,15 @@ def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
     return Cluster(f"gavel-{v}:{p}:{k}", groups)
 
 
+#: GPUs of one type a ``V100:P100:K80`` cluster may have (Crius's biggest has 1,280 in all):
+#: the nodes are built before anything else, so the count is bounded first
+MAX_COUNTS_GPUS = 100_000
+#: seeds ``compare --seeds`` may ask for (each is a whole replay per policy)
+MAX_SEEDS = 1_000
+#: what a run name may be: one path component inside ``--out``
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 def cluster_from_arg(arg: str) -> Cluster:
     from apportion.config import canonical_cluster_name, cluster_names_help, load_cluster
 
@@ -71,7 +82,8 @@ def cluster_from_arg(arg: str) -> Cluster:
         return resolve_cluster(arg)
     m = re.fullmatch(r"(\d+):(\d+):(\d+)", arg)
     if m:
-        v, p, k = (int(x) for x in m.groups())
+        v, p, k = (parse_count(x, "--cluster", minimum=0, maximum=MAX_COUNTS_GPUS, what=t)
+                   for x, t in zip(m.groups(), ("V100", "P100", "K80")))
         if v + p + k <= 0:
             raise InputError(arg, "--cluster", "needs at least one GPU")
         return gavel_cluster(v, p, k)
@@ -150,22 +162,35 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
     return t, gtruth
 
 
-def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
-            policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
-            window_days: float | None = None, max_jobs: int | None = None,
-            progress: Any = None,
-            ground_truth: str = "auto") -> SimResult:
+def prepare_one(trace: str, cluster: str, policy: str, profile: str = "default",
+                seed: int = 0, policy_options: dict[str, Any] | None = None,
+                sim_options: dict[str, Any] | None = None, window_days: float | None = None,
+                max_jobs: int | None = None,
+                ground_truth: str = "auto") -> Callable[[Any], SimResult]:
+    """Everything a replay reads, read and checked (profile, cluster, trace, truth, policy):
+    a bad input raises here, before any progress is shown; the result runs the replay
+    (given a progress callback)."""
     from apportion.policies import make_policy
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
+    check_count(seed, "--seed", minimum=0, maximum=2**63 - 1)  # numpy's seeds are unsigned
     cl = cluster_from_arg(cluster)
     t, truth = resolve(trace, cl, seed, window_days, ground_truth)
     if max_jobs:
         t = t.head(max_jobs)
     cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
     pol = make_policy(policy, **(policy_options or {}))
-    return Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+    return lambda progress=None: Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+
+
+def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
+            policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
+            window_days: float | None = None, max_jobs: int | None = None,
+            progress: Any = None,
+            ground_truth: str = "auto") -> SimResult:
+    return prepare_one(trace, cluster, policy, profile, seed, policy_options, sim_options,
+                       window_days, max_jobs, ground_truth)(progress)
 
 
 def write_run(res: SimResult, out: Path) -> None:
@@ -215,6 +240,7 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     a terminal, plain periodic lines otherwise (:class:`apportion.console.Progress`)."""
     from apportion.console import Progress
 
+    check_run_name(run)
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
@@ -444,6 +470,14 @@ def _check_information(information: str, estimator: str) -> None:
                          "needs a real cluster's measurements)")
 
 
+def check_run_name(run: str | None) -> None:
+    """``compare --run``: one path component inside ``--out`` (letters, digits, ``_ . -``;
+    not ``.`` or ``..``), so a run name never writes outside the results folder."""
+    if run is not None and (not _RUN_NAME.fullmatch(run) or run in (".", "..")):
+        raise InputError(repr(run), "--run", "a run name is one folder name inside --out: "
+                         "letters, digits, _ . - (no / or ..), at most 128 characters")
+
+
 def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int,
                   interval: float | None, restart_cost: float | None, noise: float,
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
@@ -467,10 +501,10 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
         sim["interval_s"] = interval
     if restart_cost is not None:
         sim["restart_cost_s"] = restart_cost
-    cluster_from_arg(cluster)  # bad input fails before anything runs
+    replay = prepare_one(trace, cluster, policy, profile, seed, None, sim, window_days,
+                         max_jobs, ground_truth)  # bad input fails before anything runs
     with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
-        res = run_one(trace, cluster, policy, profile, seed, None, sim, window_days, max_jobs,
-                      lambda _t, done, total: prog.update(done, total), ground_truth)
+        res = replay(lambda _t, done, total: prog.update(done, total))
         prog.update(res.summary["finished"], res.summary["jobs"])
     if json_out:
         outputs.write_json(json_out, res.summary, "--json")
@@ -507,11 +541,20 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
+    if ray_address is not None and engine != "ray":
+        raise InputError("--ray-address", "ray_address", f"is used only with --engine ray "
+                         f"(--engine is {engine}); give --engine ray or leave --ray-address out")
+    check_count(seeds, "--seeds", maximum=MAX_SEEDS)
+    check_run_name(run)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise InputError(policies, "--policies", "give at least one policy")
     for n in names:
         _check_policy(n)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(policies, "--policies", f"{', '.join(twice)} given twice: each policy "
+                         "is one run per seed (its results would be counted twice)")
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cluster_from_arg(cluster)

@@ -44,6 +44,7 @@ Only paths are stored; large files are read from ``data_root()``
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import logging
 import math
@@ -55,6 +56,17 @@ import numpy as np
 import pandas as pd
 
 from apportion.errors import InputError
+from apportion.inputs import (
+    MAX_FIELD_CHARS,
+    MAX_TRACE_BYTES,
+    CsvTable,
+    check_input_file,
+    parse_csv_text,
+    parse_number,
+    read_head,
+    read_text,
+)
+from apportion.jobs import control_characters
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +167,59 @@ def _sorted(jobs: list[SimJob]) -> list[SimJob]:
 
 def _check_file(path: Path) -> None:
     """An existing regular file (a FIFO or a device is refused before it is opened)."""
-    from apportion.config import check_input_file
-
     if not path.exists() and not path.is_symlink():
         raise InputError(str(path), "(file)", "no such trace file")
     check_input_file(path, "trace")
+
+
+#: Bounds on a trace's numbers: past them a replay's arithmetic overflows or means nothing
+#: (a year is 3.2e7 s; the biggest public trace has 10^5 jobs of at most 2,048 GPUs).
+MAX_TRACE_SECONDS = 1e12
+MAX_TRACE_GPUS = 1_000_000
+MAX_TRACE_ITERATIONS = 1e15
+_SECONDS = {"minimum": 0.0, "maximum": MAX_TRACE_SECONDS}
+_ANY_SECONDS = {"minimum": -MAX_TRACE_SECONDS, "maximum": MAX_TRACE_SECONDS}
+_GPUS = {"integer": True, "minimum": 0, "maximum": MAX_TRACE_GPUS}
+_POSITIVE_COUNT = {"integer": True, "minimum": 1, "maximum": MAX_TRACE_GPUS}
+_ITERATIONS = {"minimum": 0.0, "maximum": MAX_TRACE_ITERATIONS}
+
+
+def _read_trace_csv(p: Path, required: tuple[str, ...], id_column: str,
+                    numbers: dict[str, dict[str, Any]],
+                    optional: frozenset[str] = frozenset()) -> tuple[str, CsvTable]:
+    """A trace CSV's text, checked field by field by the one input reader.
+
+    The reader refuses what is not a bounded, UTF-8, regular file with sane fields;
+    here every number a loader converts is checked as text (``abc``, ``inf``, a
+    thousand digits, out of bounds: exit 2 naming the line and column) and job ids
+    must be present, printable and unique (two jobs of one id would share one
+    record in every per-job table). Only then is the text typed, by the same pandas
+    parser as before, so a valid trace gives exactly the numbers it always gave.
+    ``optional`` numeric columns may be empty.
+    """
+    _check_file(p)
+    src = str(p)
+    text = read_text(p, "trace", max_bytes=MAX_TRACE_BYTES)
+    table = parse_csv_text(text, src, required=required)
+    seen: dict[str, int] = {}
+    present = [(c, b) for c, b in numbers.items() if c in table.header]
+    for i, row in table.iter():
+        for col, bounds in present:
+            if col in optional and not (row.get(col) or "").strip():
+                continue
+            table.number(i, col, **bounds)
+        jid = row.get(id_column) or ""
+        if not jid.strip():
+            raise InputError(src, table.where(i, id_column), "a job id is required")
+        bad = control_characters(jid)
+        if bad:
+            raise InputError(src, table.where(i, id_column),
+                             f"contains control characters ({', '.join(bad)})")
+        if jid in seen:
+            raise InputError(src, table.where(i, id_column), f"duplicate job id {jid!r} (first "
+                             f"on line {seen[jid]}): each job needs its own id")
+        seen[jid] = table.lines[i]
+    return text, table
 
 
 # ---------------------------------------------------------------------------
@@ -173,20 +233,18 @@ def load_normalised_csv(path: str | Path, limit: int | None = None) -> Trace:
 
     Jobs without a duration and without iterations are dropped (logged)."""
     p = Path(path)
-    _check_file(p)
+    text, _ = _read_trace_csv(
+        p, REQUIRED, "job_id",
+        {"submit_time_s": _SECONDS, "num_gpus": _GPUS, "duration_s": _ANY_SECONDS,
+         "iterations": _ITERATIONS, "total_steps": _ITERATIONS,
+         "v100_est_duration_s": _ANY_SECONDS, "batch_size": _POSITIVE_COUNT,
+         "deadline_s": _ANY_SECONDS},
+        optional=frozenset({"duration_s", "iterations", "total_steps", "v100_est_duration_s",
+                            "deadline_s"}))
     try:
-        df = pd.read_csv(p, nrows=limit)
+        df = pd.read_csv(io.StringIO(text), nrows=limit, dtype={"job_id": str})
     except Exception as exc:  # noqa: BLE001 (pandas raises many types for bad CSV)
         raise InputError(str(p), "(file)", f"not a readable CSV: {exc}") from None
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise InputError(str(p), missing[0], "required column missing "
-                         f"(need {', '.join(REQUIRED)})")
-    for col in ("submit_time_s", "num_gpus"):
-        bad = df[col].isna() | (pd.to_numeric(df[col], errors="coerce") < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(str(p), f"row {i + 2}.{col}", "must be a non-negative number")
     jobs: list[SimJob] = []
     dropped = 0
     has = set(df.columns)
@@ -242,24 +300,30 @@ def load_gavel_trace(path: str | Path) -> Trace:
     """Gavel's 10-field trace: one job per line, ``total_steps`` steps at ``scale_factor`` GPUs."""
     p = Path(path)
     _check_file(p)
+    src = str(p)
     jobs = []
-    with p.open() as fh:
-        for i, line in enumerate(fh):
-            if not line.strip():
-                continue
-            f = line.rstrip("\n").split("\t")
-            if len(f) != 10:
-                raise InputError(str(p), f"line {i + 1}", f"expected 10 tab-separated fields, got {len(f)}")
-            try:
-                steps, sf, prio = int(f[5]), int(f[6]), float(f[7])
-                slo, arrival = float(f[8]), float(f[9])
-            except ValueError as exc:
-                raise InputError(str(p), f"line {i + 1}", f"bad number: {exc}") from None
-            if steps <= 0 or sf <= 0 or arrival < 0:
-                raise InputError(str(p), f"line {i + 1}", "steps and scale factor must be > 0")
-            jobs.append(SimJob(job_id=f"{i:05d}", submit_s=arrival, gpus=sf, iterations=float(steps),
-                               job_type=f[0], priority_weight=prio,
-                               deadline_s=None if slo < 0 else arrival + slo))
+    for i, line in enumerate(read_text(p, "trace", max_bytes=MAX_TRACE_BYTES).splitlines()):
+        if not line.strip():
+            continue
+        where = f"line {i + 1}"
+        f = line.split("\t")
+        if len(f) != 10:
+            raise InputError(src, where, f"expected 10 tab-separated fields, got {len(f)}")
+        if any(len(x) > MAX_FIELD_CHARS for x in f):
+            raise InputError(src, where, f"a field of more than {MAX_FIELD_CHARS} characters")
+        steps = int(parse_number(f[5], src, f"{where}, field 6 (total_steps)", integer=True,
+                                 minimum=1, maximum=MAX_TRACE_ITERATIONS))
+        sf = int(parse_number(f[6], src, f"{where}, field 7 (scale_factor)", integer=True,
+                              minimum=1, maximum=MAX_TRACE_GPUS))
+        prio = float(parse_number(f[7], src, f"{where}, field 8 (priority_weight)",
+                                  minimum=0.0, maximum=1e6))
+        slo = float(parse_number(f[8], src, f"{where}, field 9 (SLO)",
+                                 minimum=-MAX_TRACE_SECONDS, maximum=MAX_TRACE_SECONDS))
+        arrival = float(parse_number(f[9], src, f"{where}, field 10 (arrival_time)",
+                                     **_SECONDS))
+        jobs.append(SimJob(job_id=f"{i:05d}", submit_s=arrival, gpus=sf, iterations=float(steps),
+                           job_type=f[0], priority_weight=prio,
+                           deadline_s=None if slo < 0 else arrival + slo))
     return Trace(p.stem, jobs, str(p), format="gavel")  # Gavel keeps file order for ties
 
 
@@ -290,12 +354,11 @@ def crius_key(model_name: str, batch: int) -> str:
 
 def load_crius_trace(path: str | Path) -> Trace:
     p = Path(path)
-    _check_file(p)
-    df = pd.read_csv(p)
     need = ("job_id", "submission_time", "num_iteration", "model_name", "batch_size", "num_gpu")
-    for c in need:
-        if c not in df.columns:
-            raise InputError(str(p), c, "required column missing")
+    text, _ = _read_trace_csv(p, need, "job_id", {
+        "submission_time": _SECONDS, "num_iteration": _ITERATIONS, "batch_size": _POSITIVE_COUNT,
+        "num_gpu": _POSITIVE_COUNT, "deadline": _ANY_SECONDS}, optional=frozenset({"deadline"}))
+    df = pd.read_csv(io.StringIO(text), dtype={"job_id": str, "model_name": str})
     t0 = float(df["submission_time"].min()) if len(df) else 0.0
     jobs = []
     for r in df.itertuples(index=False):
@@ -329,11 +392,14 @@ def _morphling_batch(app: str) -> int:
 
 def load_morphling_workload(path: str | Path) -> Trace:
     p = Path(path)
-    _check_file(p)
-    df = pd.read_csv(p, dtype={"exec_plan": str})
-    for c in ("name", "submission_time", "application", "num_gpus", "steps"):
-        if c not in df.columns:
-            raise InputError(str(p), c, "required column missing")
+    text, _ = _read_trace_csv(
+        p, ("name", "submission_time", "duration", "application", "num_gpus", "num_cpus",
+            "exec_plan", "steps"), "name",
+        {"submission_time": _SECONDS, "duration": _ANY_SECONDS, "num_gpus": _POSITIVE_COUNT,
+         "num_cpus": _POSITIVE_COUNT, "steps": _ITERATIONS,
+         "is_sla": {"integer": True, "minimum": 0, "maximum": 1}})
+    df = pd.read_csv(io.StringIO(text), dtype={"exec_plan": str, "name": str,
+                                               "application": str})
     jobs = []
     for r in df.itertuples(index=False):
         app = str(r.application)
@@ -361,25 +427,22 @@ def load_finetune_workload(path: str | Path) -> Trace:
     Iterations are left at 0: how many a job needs to reach its target is ground
     truth (:meth:`apportion.experiments.finetune_truth.FinetuneTruth.with_iterations`)."""
     p = Path(path)
-    _check_file(p)
-    with p.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    _, table = _read_trace_csv(p, FINETUNE_COLUMNS, "name", {
+        "submission_time": _SECONDS, "num_gpus": _POSITIVE_COUNT,
+        "target_batch_size": _POSITIVE_COUNT,
+        "target_metric": {"minimum": -1e12, "maximum": 1e12}})
     jobs = []
-    for i, r in enumerate(rows):
+    for i, r in table.iter():
         for c in FINETUNE_COLUMNS:
-            if r.get(c) in (None, ""):
-                raise InputError(str(p), f"row {i + 2}.{c}", "required value missing")
+            if not (r.get(c) or "").strip():
+                raise InputError(str(p), table.where(i, c), "required value missing")
         backbone, sep, task = r["application"].partition("@")
         if not sep or not backbone or not task:
-            raise InputError(str(p), f"row {i + 2}.application", "must look like backbone@task")
-        try:
-            submit, gpus = float(r["submission_time"]), int(r["num_gpus"])
-            batch, target = int(r["target_batch_size"]), float(r["target_metric"])
-        except ValueError as exc:
-            raise InputError(str(p), f"row {i + 2}", f"bad number: {exc}") from None
-        if submit < 0 or gpus <= 0 or batch <= 0:
-            raise InputError(str(p), f"row {i + 2}", "submission_time must be >= 0, num_gpus "
-                             "and target_batch_size > 0")
+            raise InputError(str(p), table.where(i, "application"), "must look like "
+                             "backbone@task")
+        submit, gpus = float(table.number(i, "submission_time")), int(table.number(i, "num_gpus"))
+        batch = int(table.number(i, "target_batch_size"))
+        target = float(table.number(i, "target_metric"))
         jobs.append(SimJob(job_id=r["name"], submit_s=submit, gpus=gpus, iterations=0.0,
                            job_type=r["application"], batch=batch, gpu_type=FINETUNE_GPU,
                            finetune=FinetuneInfo(backbone, task, r["target_lr"],
@@ -534,11 +597,8 @@ def detect_format(path: str | Path) -> str:
     its columns and models once read, see :func:`load_normalised_csv`)."""
     p = Path(path)
     _check_file(p)
-    try:
-        with p.open(newline="", encoding="utf-8", errors="replace") as fh:
-            first = fh.readline(1 << 16)
-    except OSError as exc:
-        raise InputError(str(p), "(file)", f"cannot read: {exc.strerror or exc}") from None
+    head = read_head(p, "trace").decode("utf-8", "replace")  # the loader decodes strictly
+    first = head.splitlines()[0] if head else ""
     if p.suffix == ".trace" or first.count("\t") == 9:
         return "gavel"
     header = next(csv.reader([first]), [])

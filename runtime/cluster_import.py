@@ -24,17 +24,16 @@ written once, here:
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from apportion import outputs
 from apportion.config import NODE_NAME, cluster_from_data, read_yaml
+from apportion.console import printable
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name, get_gpu
 
@@ -83,12 +82,13 @@ def load_gpu_map(path: str | Path) -> dict[str, str]:
                          f"names (e.g. 'a100_80g: A100-80GB'), got {type(data).__name__}")
     out: dict[str, str] = {}
     for raw, name in data.items():
-        if not isinstance(raw, (str, int)) or not isinstance(name, str):
-            raise InputError(src, str(raw), "raw GPU name and catalog name must both be text")
+        field = printable(str(raw))[:80] or repr(raw)  # an empty key is named as ''
+        if not isinstance(raw, (str, int)) or not isinstance(name, str) or not str(raw).strip():
+            raise InputError(src, field, "raw GPU name and catalog name must both be text")
         try:
             out[normalise(str(raw))] = canonical_gpu_name(name)
         except CatalogError as exc:
-            raise InputError(src, str(raw), str(exc)) from None
+            raise InputError(src, field, str(exc)) from None
     return out
 
 
@@ -216,38 +216,17 @@ def cluster_document(nodes: Iterable[Mapping[str, Any]], name: str, names: GpuNa
 
 
 def write_document(doc: Mapping[str, Any], out: str | Path) -> None:
-    """YAML to ``out`` atomically (a temporary file then a rename); ``-`` is stdout."""
+    """YAML to ``out`` by the output rules every command follows (:mod:`apportion.outputs`:
+    ``-`` and ``/dev/stdout`` are stdout, a device or pipe is written in place, a file is
+    replaced atomically with the umask's mode, a symlink to a file is followed and kept)."""
     text = yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=None, width=100)
     header = "# written by `apportion cluster import`; node names are the engine's own\n"
-    if str(out) == "-":
-        sys.stdout.write(header + text)
-        return
-    check_output(out)
-    p = Path(out)
-    parent = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(header + text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    outputs.write_text(out, header + text, "--out")
 
 
 def check_output(out: str | Path) -> None:
-    """Refuse an output path that is a folder, in a missing folder, or a special file."""
-    if str(out) == "-":
-        return
-    p = Path(out)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise InputError(str(p), "--out", "is a directory; give a file name")
-    if not parent.is_dir():
-        raise InputError(str(p), "--out", f"directory {parent} does not exist")
-    if p.exists() and not p.is_file():
-        raise InputError(str(p), "--out", "exists and is not a regular file")
+    """``--out`` checked before anything is read (:func:`apportion.outputs.check_output`)."""
+    outputs.check_output(out, "--out")
 
 
 def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any]]]:
@@ -282,12 +261,12 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
         if not ray_address:
             raise InputError("--ray-address", "ray_address", "--from ray needs --ray-address "
                              "ADDR (the head's address, e.g. 10.0.0.1:6379 or auto)")
-        return list(_lazy("ray_import", "import_ray", "Ray")(ray_address))
+        return list(_lazy("executors.ray_import", "import_ray", "Ray")(ray_address))
     if source == "k8s":
         if path is None:
             raise InputError("--from k8s", "NODES", "give the nodes as a file: "
                              "kubectl get nodes -o json > nodes.json")
-        return list(_lazy("k8s_import", "import_k8s", "Kubernetes")(str(path)))
+        return list(_lazy("executors.k8s_import", "import_k8s", "Kubernetes")(str(path)))
     raise InputError("--from", "from", f"{source!r} is not one of {', '.join(SOURCES)}")
 
 

@@ -243,7 +243,7 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     # the same checks in-process (each CLI start costs seconds): InputError is what exits 2
     (tmp_path / "d").mkdir()
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"source": "slurm", "out": tmp_path / "d", "path": tmp_path / "nodes.txt"}, "directory"),
+        ({"source": "slurm", "out": tmp_path / "d", "path": tmp_path / "nodes.txt"}, "is a folder"),
         ({"source": "slurm", "out": tmp_path / "no" / "c.yaml", "path": tmp_path / "nodes.txt"},
          "does not exist"),
         ({"source": "ray", "out": tmp_path / "c.yaml"}, "--ray-address"),

@@ -328,7 +328,10 @@ def test_state_round_refuses_a_bad_output_before_committing(tmp_path: Path) -> N
     assert json.loads(r.stdout)["allocations"] and _rounds(db) == 1
     full = _device(tmp_path / "full", 7)  # a write that fails after the commit says where
     r = runner.invoke(app, [*ROUND, "--state", str(db), "--json", str(full), "--round-key", "k2"])
-    assert r.exit_code == 75 and "is committed" in r.stderr and "history" in r.stderr, r.output
+    # exit 2, not 75 ("try again later"): a rerun would commit a second round
+    assert r.exit_code == 2 and "is committed" in r.stderr and "history" in r.stderr, r.output
+    assert "run it again" not in r.stderr and "would commit another round" in r.stderr
+    assert _rounds(db) == 2
 
 
 # -- as a non-root user -------------------------------------------------------------------------

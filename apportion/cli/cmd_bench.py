@@ -13,7 +13,6 @@ from apportion.cli.common import (
     MIP_GAP_HELP,
     check_finite,
     emit,
-    fail,
     user_input,
 )
 from apportion.console import stdout_console
@@ -31,6 +30,7 @@ def bench_sim_cmd(
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
+    from apportion.experiments.bench.sim import check_policy
     from apportion.experiments.bench.sim import main as bench_sim_main
     from apportion.policies import check_mip_gap
     from apportion.view import INFORMATION_MODES
@@ -40,6 +40,7 @@ def bench_sim_cmd(
         check_finite(days, "--days")
         check_finite(time_budget, "--time-budget")
         check_mip_gap(mip_gap)
+        check_policy(policy)
         if information not in INFORMATION_MODES:
             raise InputError("--information", "information", f"{information!r} is not one of "
                              f"{', '.join(INFORMATION_MODES)}")
@@ -99,18 +100,10 @@ def bench_solve_cmd(
     if peers:
         from apportion.experiments.bench import peers as pb
 
-        try:
+        with user_input():
             outputs.check_outputs((json_out, "--json"))
-            ns = tuple(int(x) for x in sizes.split(",")) if sizes else \
-                ((1000,) if quick else pb.PEER_SIZES)
-            if any(n < 1 for n in ns):
-                raise ValueError
-        except ValueError:
-            fail(InputError("--sizes", "sizes", f"{sizes!r}: give positive job counts"))
-            return
-        except InputError as exc:
-            fail(exc)
-            return
+            check_finite(budget, "--time-budget")
+            ns = pb.parse_sizes(sizes, quick)
         with Progress("bench solve --peers", heartbeat=True):
             rows = pb.bench_peers(ns, budget_s=budget, seed=seed if seed else 1)
         if not outputs.is_stdout(json_out):
@@ -146,23 +139,9 @@ def bench_round_cmd(
     from apportion.console import Progress
     from apportion.experiments.bench import rounds
 
-    try:
+    with user_input():
         outputs.check_outputs((json_out, "--json"))
-        cases = None
-        if case:
-            cases = []
-            for c in case:
-                f = c.split(":")
-                if len(f) < 3 or f[4:5] not in ([], ["local"], ["ray"]):
-                    raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]")
-                cases.append((int(f[0]), int(f[1]), 4, float(f[2]), int(f[3]) if len(f) > 3
-                              else 1, f[4] if len(f) > 4 else "local"))
-    except ValueError:
-        fail(InputError("--case", "case", "numbers expected: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]"))
-        return
-    except InputError as exc:
-        fail(exc)
-        return
+        cases = rounds.parse_cases(case)
     with Progress("bench round", heartbeat=True):
         rows = rounds.main(cases, seed, repeat)
     if not outputs.is_stdout(json_out):

@@ -28,10 +28,11 @@ def profile_cmd(
 ) -> None:
     """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)."""
     from apportion.console import Progress
-    from apportion.estimation.profilers.profile_torch import profile_report
+    from apportion.estimation.profilers.profile_torch import check_profile_args, profile_report
 
     with user_input():
         outputs.check_outputs((json_out, "--json"))
+        check_profile_args(model, backend, batch, devices)
         with Progress(f"profile {model} ({backend})", heartbeat=True):
             res = profile_report(model, backend, batch, devices)
     emit(res, json_out)

@@ -18,7 +18,6 @@ from apportion.cli.common import (
     verbose_logs,
 )
 from apportion.cli.show import show_decision
-from apportion.errors import InputError
 
 
 def solve_round(
@@ -70,8 +69,12 @@ def solve_round(
         load_jobs,
         resolve_cluster,
     )
-    from apportion.policies import run_round
+    from apportion.policies import check_round_flags, run_round
 
+    with user_input():  # flags the round would ignore, refused by name before anything
+        check_round_flags(formulation=formulation, policy=policy, estimator=estimator,
+                          tables=tables, tenants=tenants, engine=engine,
+                          ray_address=ray_address, state=state, round_key=round_key)
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
                        search_depth, max_changes, isolate, tenants, tables, partitions, engine,
@@ -84,9 +87,6 @@ def solve_round(
             round_key=round_key, show=lambda d: show_decision(d, data_on_stdout)))
 
     with user_input():
-        if round_key is not None:
-            raise InputError("--round-key", "round_key", "only with --state (it names the "
-                             "round committed to the store)")
         cfg = round_config(flags, started)
         outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
         cl = resolve_cluster(cluster) if cluster else default_cluster()

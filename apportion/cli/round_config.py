@@ -16,7 +16,7 @@ from pathlib import Path
 from apportion.cli.common import check_finite
 from apportion.config import load_tenants
 from apportion.errors import InputError
-from apportion.policies import RECIPES, RoundConfig, checked_config, estimator_from
+from apportion.policies import RoundConfig, check_round_flags, checked_config, estimator_from
 from apportion.runtime.plan_filter import workload_plan_filter
 
 ENGINES = ("local", "ray")
@@ -51,26 +51,10 @@ def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> Rou
     check_finite(f.time_budget, "--time-budget")
     if f.engine not in ENGINES:
         raise InputError("--engine", "engine", f"{f.engine!r} is not one of {', '.join(ENGINES)}")
-    if f.ray_address is not None and f.engine != "ray":
-        raise InputError("--ray-address", "ray_address", "only with --engine ray (it names the "
-                         "Ray cluster a partitioned solve runs on)")
-    own = {r.policy for r in RECIPES.values()}
-    if f.policy is not None and f.formulation != "cells" and f.policy not in own:
-        raise InputError("--formulation", "formulation", f"--policy {f.policy} is a policy of "
-                         f"its own; --formulation {f.formulation} applies to apportion's "
-                         "policies only: give one of the two")
-    if f.tables is not None and f.estimator not in ("tables", "auto"):
-        raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
-                         f"or auto, not {f.estimator}")
+    check_round_flags(formulation=f.formulation, policy=f.policy, estimator=f.estimator,
+                      tables=f.tables, tenants=f.tenants, engine=f.engine,
+                      ray_address=f.ray_address)
     quotas = load_tenants(f.tenants) if f.tenants else None
-    if quotas is not None:
-        recipe = RECIPES.get(f.formulation)
-        chosen = next((r for r in RECIPES.values() if r.policy == f.policy), recipe)
-        if f.policy is not None and f.policy not in own or chosen is None or not chosen.quotas:
-            keeps = ", ".join(r.name for r in RECIPES.values() if r.quotas)
-            raise InputError("--tenants", "tenants", "tenants' quotas are kept by the "
-                             f"{keeps} formulation only (--formulation {keeps}); "
-                             f"{f.policy or f.formulation} would ignore them")
     cfg = checked_config(f.backend, f.formulation, f.policy, f.estimator,
                          time_budget_s=f.time_budget, search_depth=f.search_depth,
                          max_changes=f.max_changes, quotas=quotas, isolate=f.isolate,

@@ -13,6 +13,7 @@ opened for writing or the lock file is created.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -218,22 +219,23 @@ def history(state: Path, as_json: bool = False, limit: int | None = None) -> int
 def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flags: Any,
                       started: float, *, json_out: Path | None = None,
                       dump_problem: Path | None = None, round_key: str | None = None,
-                      show: Callable[[Decision], None] | None = None,
-                      write_json: Callable[[Path, Any], None] | None = None) -> int:
+                      show: Callable[[Decision], None] | None = None) -> int:
     """Read the queue and running jobs from the store, solve, commit the round, report.
 
     ``flags`` (:class:`apportion.cli.round_config.RoundFlags`) become the round's config
     exactly as without ``--state``; the budget counts from ``started`` (the command's
-    start). ``show`` prints the decision (the CLI passes its table and report printer);
-    ``write_json`` writes an output file (default :func:`apportion.outputs.write_json`).
-    Every output path is checked before the store is opened, so a bad one commits nothing.
+    start). ``show`` prints the decision (the CLI passes its table and report printer).
+    Every output is checked before the store is opened and opened before the round lock is
+    taken (:class:`apportion.outputs.PreparedOutputs`), so a bad one commits nothing; the
+    decision is shown and written only after the lock is released, so a slow reader
+    never holds other rounds up, and a write that fails after the commit says the round
+    is committed rather than asking for a rerun that would commit another.
     """
     from apportion.cli.round_config import round_config
     from apportion.config import resolve_cluster
     from apportion.policies import estimator_from, run_round
     from apportion.store_faults import effective_cluster
 
-    write_json = write_json or outputs.write_json
     try:
         cfg = round_config(flags, started)
         if jobs is not None:
@@ -247,38 +249,56 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flag
         store = open_store(state)
     except _HANDLED as exc:
         return report(exc, state)
-    lock = RoundLock(state, "solve-round")
     try:
-        lock.acquire()
-    except StoreBusy as exc:
-        store.close()
-        return _busy(exc)
-    except OSError as exc:
-        store.close()
-        return report(exc, state)
-    try:
-        if flags.estimator in ("tables", "auto"):  # measured times: the file's and the store's
-            batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
-            try:
-                cfg.estimator = estimator_from(flags.estimator, flags.tables, store.samples(),
-                                               batches)
-            except InputError as exc:
-                return _bad(exc)
-        return _locked_round(store, cl, cfg,
-                             round_key, json_out, dump_problem, show, write_json, run_round,
-                             effective_cluster)
+        prepared = outputs.PreparedOutputs((json_out, "--json"), (dump_problem, "--dump-problem"))
     except _HANDLED as exc:
-        return report(exc, state)
-    finally:
-        lock.release()
         store.close()
+        return report(exc, state)
+    with prepared:
+        lock = RoundLock(state, "solve-round")
+        try:
+            lock.acquire()
+        except StoreBusy as exc:
+            store.close()
+            return _busy(exc)
+        except (OSError, InputError) as exc:
+            store.close()
+            return report(exc, state)
+        try:
+            if flags.estimator in ("tables", "auto"):  # measured times: the file's and the store's
+                batches = {r.id: int(r.spec["global_batch_size"]) for r in store.jobs()}
+                try:
+                    cfg.estimator = estimator_from(flags.estimator, flags.tables,
+                                                   store.samples(), batches)
+                except InputError as exc:
+                    return _bad(exc)
+            done = _locked_round(store, cl, cfg, round_key, json_out, dump_problem, run_round,
+                                 effective_cluster)
+        except _HANDLED as exc:
+            return report(exc, state)
+        finally:
+            lock.release()
+            store.close()
+        try:
+            return _after_round(done, prepared, show)
+        except _HANDLED as exc:
+            return report(exc, state)
+
+
+@dataclasses.dataclass
+class _RoundDone:
+    """What a locked round leaves to do once the lock is released."""
+
+    decision: Decision | None  # a new round's decision, to show
+    writes: list[tuple[str, Any]]  # (output option, JSON data)
+    committed: int | None  # the round this invocation committed (None: nothing new)
+    db: Path
 
 
 def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
                   json_out: Path | None, dump_problem: Path | None,
-                  show: Callable[[Decision], None] | None,
-                  write_json: Callable[[Path, Any], None],
-                  run_round: Callable[..., Any], effective_cluster: Callable[..., Any]) -> int:
+                  run_round: Callable[..., Any],
+                  effective_cluster: Callable[..., Any]) -> _RoundDone:
     err = _err()
     snap = store.round_input()
     key = round_key or snap.default_key
@@ -286,9 +306,8 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
     if done is not None:  # an idempotent rerun: write nothing to the store
         err.print(printable(f"round key {key!r} was already committed as round {done['id']}; "
                             "nothing changed"), highlight=False, markup=False)
-        if json_out:
-            write_json(json_out, store.decision(done["id"]))
-        return EXIT_OK
+        return _RoundDone(None, [("--json", store.decision(done["id"]))] if json_out else [],
+                          None, store.path)
     now = time.time()
     eff = effective_cluster(store, cl, now)
     committed: list[Any] = []
@@ -303,23 +322,39 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
         if p.stage == "admit" and p.reason is Reason.CATALOG:
             err.print(printable(f"job {p.job}: failed: cannot be planned: {p.detail}"),
                       highlight=False, markup=False)
-    if show is not None:
-        show(result.decision)
     msg = (f"round {commit.round_id} committed to {store.path} (key {key}): "
            f"{len(commit.applied)} jobs updated")
     if commit.skipped:
         msg += f"; {len(commit.skipped)} changed while solving, left as they are: " \
                f"{', '.join(commit.skipped)}"
     if not commit.created:
-        msg = f"round key {key!r} was committed meanwhile as round {commit.round_id}; nothing changed"
+        msg = (f"round key {key!r} was committed meanwhile as round {commit.round_id}; "
+               "nothing changed")
     err.print(printable(msg), highlight=False, markup=False)
+    writes: list[tuple[str, Any]] = []
+    if json_out:
+        writes.append(("--json", result.decision.as_dict()))
+    if dump_problem:
+        writes.append(("--dump-problem", result.problem))
+    return _RoundDone(result.decision, writes, commit.round_id if commit.created else None,
+                      store.path)
+
+
+def _after_round(done: _RoundDone, prepared: outputs.PreparedOutputs,
+                 show: Callable[[Decision], None] | None) -> int:
+    """Show and write a round's results (the lock released); a write that fails after a
+    commit names the round and where its decision is, and exits 2, not 75: "try again"
+    would commit a second round."""
+    if done.decision is not None and show is not None:
+        show(done.decision)
     try:
-        if json_out:
-            write_json(json_out, result.decision.as_dict())
-        if dump_problem:
-            write_json(dump_problem, result.problem)
-    except HostError as exc:  # the round is safe in the store; say where to get it
-        raise HostError(f"{exc}; round {commit.round_id} is committed: its decision is in "
-                        f"`apportion history --state {store.path} --json`",
-                        exc.exit_code) from None
+        for option, data in done.writes:
+            prepared.write_json(option, data)
+    except outputs.OutputFailed as exc:
+        if done.committed is None:
+            raise
+        raise HostError(f"cannot write {exc.target}: {exc.reason}; round {done.committed} is "
+                        f"committed to {done.db}, so running this again would commit another "
+                        f"round: its decision is in `apportion history --state {done.db} "
+                        "--json`", 2) from None
     return EXIT_OK

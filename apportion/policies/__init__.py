@@ -20,6 +20,7 @@ from apportion.policies.registry import (
                                          register_formulation,
 )
 from apportion.policies.rounds import (
+                                         check_round_flags,
                                          checked_config,
                                          estimator_from,
                                          formulation_names,
@@ -28,6 +29,7 @@ from apportion.policies.rounds import (
 )
 
 __all__ = ["BACKENDS", "FormulationPolicy", "GAVEL_POLICIES", "Optimising", "POLICIES",
-           "Policy", "RECIPES", "Recipe", "RoundConfig", "check_mip_gap", "checked_config",
+           "Policy", "RECIPES", "Recipe", "RoundConfig", "check_mip_gap", "check_round_flags",
+           "checked_config",
            "estimator_from", "formulation_names", "load_plugins", "make_policy",
            "policy_for", "policy_names", "register", "register_formulation", "run_round"]

@@ -56,6 +56,57 @@ def checked_config(backend: str = "auto", formulation: str = "cells", policy: st
                        estimator=estimator, **kw)
 
 
+def _own_policies(formulation: str) -> set[str]:
+    """The policies that solve ``formulation`` (its recipe's, or Gavel's for ``gavel``)."""
+    if formulation == "gavel":
+        return set(GAVEL_POLICIES.values())
+    recipe = RECIPES.get(formulation)
+    return {recipe.policy} if recipe is not None else set()
+
+
+def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
+                      estimator: str = "analytic", tables: Any = None, tenants: Any = None,
+                      engine: str = "local", ray_address: str | None = None,
+                      state: Any = None, round_key: str | None = None) -> None:
+    """Refuse flags a round would silently ignore, naming both flags.
+
+    An operator who gives ``--tables`` expects the measured times to count; with
+    ``--estimator analytic`` they would not be read at all. Likewise ``--tenants``
+    (quotas) only bind the plans formulation, ``--ray-address`` only ``--engine ray``,
+    ``--round-key`` only a round committed to ``--state``, and ``--formulation`` only
+    the formulation's own policy (``--policy fcfs`` runs FCFS whatever it says). A
+    flag that changes nothing is a mistake to report, not to guess around.
+    """
+    if formulation not in formulation_names() or (policy is not None
+                                                  and policy not in policy_names()):
+        return  # an unknown name: checked_config names the choices
+    if tables is not None and estimator not in ("tables", "auto"):
+        raise InputError("--tables", "tables", f"the measured times are read only by "
+                         f"--estimator tables or auto, not --estimator {estimator}; give "
+                         "--estimator tables (or auto), or leave --tables out")
+    if policy is not None and formulation != "cells" and policy not in _own_policies(formulation):
+        raise InputError("--formulation", "formulation", f"--policy {policy} runs its own "
+                         f"algorithm, so --formulation {formulation} would be ignored; give "
+                         f"one of them (the {formulation} formulation's policy is "
+                         f"{', '.join(sorted(_own_policies(formulation))) or 'none'})")
+    solves = (formulation if policy is None else
+              next((f for f in RECIPES if policy in _own_policies(f)), None))
+    keeps = [r for r in RECIPES.values() if r.quotas]
+    if tenants is not None and (solves not in RECIPES or not RECIPES[solves].quotas):
+        raise InputError("--tenants", "tenants", "tenant quotas bind only the "
+                         f"{', '.join(r.name for r in keeps)} formulation (--formulation "
+                         f"{' | '.join(r.name for r in keeps)} or --policy "
+                         f"{' | '.join(r.policy for r in keeps)}); with "
+                         f"{'--policy ' + policy if policy else '--formulation ' + formulation} "
+                         "they would be ignored")
+    if ray_address is not None and engine != "ray":
+        raise InputError("--ray-address", "ray_address", f"is used only with --engine ray "
+                         f"(--engine is {engine}); give --engine ray or leave --ray-address out")
+    if round_key is not None and state is None:
+        raise InputError("--round-key", "round_key", "keys a round committed to a state "
+                         "database: it needs --state (without it nothing is committed)")
+
+
 def estimator_from(name: str, tables: Any = None, samples: Any = None,
                    batches: dict[str, int] | None = None) -> Any:
     """The ``--estimator`` choice as what a RoundConfig carries: a name, or for ``tables`` and

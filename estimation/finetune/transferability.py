@@ -30,7 +30,6 @@ torch is imported lazily so ``apportion.estimation`` imports without it.
 
 from __future__ import annotations
 
-import csv
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import InputError
+from apportion.inputs import MAX_NPZ_ELEMENTS, read_csv, read_npz
 
 log = logging.getLogger(__name__)
 
@@ -246,35 +246,44 @@ def synthetic_task(name: str, dim: int, classes: int, n: int, seed: int,
 MIN_SAMPLES = 20
 
 
+def _read_samples(p: Path, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` of a task's data file, through the one input reader
+    (:mod:`apportion.inputs`: a regular file of at most 4 MB, arrays bounded before they
+    are decompressed, no pickles, CSV numbers finite)."""
+    src = str(p)
+    if p.suffix == ".npz":
+        arrays = read_npz(p, ("x", "y"), "Task2Vec data (.npz)")
+        return arrays["x"], arrays["y"]
+    if p.suffix == ".csv":
+        table = read_csv(p, "Task2Vec data (.csv)", required=("label",))
+        if not table.rows:
+            raise InputError(src, where, "a .csv needs rows of samples under its header")
+        if len(table.rows) * len(table.header) > MAX_NPZ_ELEMENTS:
+            raise InputError(src, where, f"{len(table.rows)} x {len(table.header)} values; "
+                             f"the data may hold {MAX_NPZ_ELEMENTS} together")
+        cols = [c for c in table.header if c != "label"]
+        y = np.array([r.get("label", "") for r in table.rows])
+        x = np.array([[float(table.number(i, c)) for c in cols] for i in range(len(table))],
+                     dtype=float).reshape(len(table), len(cols))
+        return x, y
+    raise InputError(src, where, "data must be a .npz (x, y) or .csv (label, features)")
+
+
 def load_task_data(path: str | Path, name: str, where: str) -> TaskData:
     """A task's samples: ``.npz`` (arrays ``x``: n x d numbers, ``y``: n labels) or ``.csv``
     (a ``label`` column, every other column a numeric feature). Labels may be any values;
     they are numbered. Problems raise :class:`InputError` naming the file and ``where``."""
     p = Path(path)
     src = str(p)
-    if not p.is_file():
+    if not p.exists():
         raise InputError(src, where, "no such data file (needed by --gains auto)")
     try:
-        if p.suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                if "x" not in z or "y" not in z:
-                    raise InputError(src, where, "an .npz needs arrays 'x' and 'y'")
-                x, y = np.asarray(z["x"]), np.asarray(z["y"])
-        elif p.suffix == ".csv":
-            with p.open(newline="") as fh:
-                rows = list(csv.DictReader(fh))
-            if not rows or "label" not in rows[0]:
-                raise InputError(src, where, "a .csv needs a header with a 'label' column")
-            cols = [c for c in rows[0] if c != "label"]
-            y = np.array([r["label"] for r in rows])
-            try:
-                x = np.array([[float(r[c]) for c in cols] for r in rows], dtype=float)
-            except (TypeError, ValueError):
-                raise InputError(src, where, "feature columns must be numbers") from None
-        else:
-            raise InputError(src, where, "data must be a .npz (x, y) or .csv (label, features)")
-    except (OSError, ValueError) as exc:
-        raise InputError(src, where, f"unreadable: {exc}") from None
+        x, y = _read_samples(p, where)
+    except InputError as exc:  # the reader names the data file's place; add the task's field
+        if exc.field == where:
+            raise
+        place = "" if exc.field == "(file)" else f" ({exc.field})"
+        raise InputError(exc.source, where, exc.message + place) from None
     if x.ndim == 1:
         x = x[:, None]
     if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or x.shape[1] < 1:

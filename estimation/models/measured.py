@@ -16,7 +16,6 @@ feasible, and an interpolated one is taken to be feasible too.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,10 +24,16 @@ from typing import Any
 from apportion.cluster import Cluster
 from apportion.errors import InputError
 from apportion.estimation.base import Estimate, ParamsMixin, Sample
-from apportion.jobs import JobSpec
+from apportion.inputs import read_csv
+from apportion.jobs import JobSpec, control_characters
 from apportion.plans import Cell, ExecutionPlan
 
 Row = tuple[str, int | None, str, int, float]  # model, batch (None: any), GPU type, GPUs, iter s
+REQUIRED_COLUMNS = ("model", "gpu_type", "gpus", "iter_time_s")
+#: a measured iteration takes at least a microsecond and at most ~4 months
+MIN_ITER_TIME_S, MAX_ITER_TIME_S = 1e-6, 1e7
+#: GPU counts and batch sizes, as a jobs file bounds them
+MAX_GPUS = 1_000_000
 
 
 class TableEstimator(ParamsMixin):
@@ -52,28 +57,27 @@ class TableEstimator(ParamsMixin):
     @classmethod
     def from_csv(cls, path: str | Path) -> TableEstimator:
         """A CSV with columns model, gpu_type, gpus, iter_time_s (and optionally
-        global_batch_size); errors name the file, the row and the column."""
+        global_batch_size), read by the one input reader (:mod:`apportion.inputs`: a
+        regular file, 4 MB, UTF-8, bounded fields); errors name the file, the line and
+        the column. A time below :data:`MIN_ITER_TIME_S` is refused: it is no measurement,
+        and its reciprocal (a throughput) would overflow into the decision as Infinity."""
+        table = read_csv(path, "measured times CSV", required=REQUIRED_COLUMNS)
         rows: list[Row] = []
-        src = str(path)
-        try:
-            fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-        with fh:
-            reader = csv.DictReader(fh)
-            need = {"model", "gpu_type", "gpus", "iter_time_s"}
-            missing = need - set(reader.fieldnames or [])
-            if missing:
-                raise InputError(src, "(header)", f"missing columns {', '.join(sorted(missing))}")
-            for i, r in enumerate(reader, start=2):
-                try:
-                    gpus, t = int(r["gpus"]), float(r["iter_time_s"])
-                    batch = int(r["global_batch_size"]) if r.get("global_batch_size") else None
-                except ValueError as exc:
-                    raise InputError(src, f"line {i}", str(exc)) from None
-                if gpus <= 0 or not (math.isfinite(t) and t > 0):
-                    raise InputError(src, f"line {i}", "gpus and iter_time_s must be positive")
-                rows.append((r["model"], batch, r["gpu_type"], gpus, t))
+        for i, r in table.iter():
+            for col in ("model", "gpu_type"):
+                if not (r.get(col) or "").strip():
+                    raise InputError(table.source, table.where(i, col), "is empty")
+                bad = control_characters(r[col])
+                if bad:
+                    raise InputError(table.source, table.where(i, col),
+                                     f"contains control characters ({', '.join(bad)})")
+            gpus = int(table.number(i, "gpus", integer=True, minimum=1, maximum=MAX_GPUS))
+            t = float(table.number(i, "iter_time_s", minimum=MIN_ITER_TIME_S,
+                                   maximum=MAX_ITER_TIME_S))
+            batch = table.optional_number(i, "global_batch_size", integer=True, minimum=1,
+                                          maximum=MAX_GPUS)
+            rows.append((r["model"].strip(), None if batch is None else int(batch),
+                         r["gpu_type"].strip(), gpus, t))
         return cls(rows)
 
     # -- the estimator protocol -------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 from apportion.estimation.cache import DiskCache, cache_key
 from apportion.estimation.models.crius import StageProfile
 
+from apportion.inputs import check_count
 from apportion.models import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -159,26 +160,49 @@ class TorchStageProfiler:
         return StageProfile(mode, devices, compute, mem)
 
 
-def profile_report(model: str, backend: str = "torch", batch: int = 8, devices: int = 4,
-                   repeats: int = 3, cache_dir: str | None = None) -> dict[str, Any]:
-    """DP-only and TP-only profiles of ``model`` with the torch or JAX backend (JSON-ready)."""
+#: ``profile --batch``: samples per profiled step (the inputs are allocated at once)
+MAX_PROFILE_BATCH = 4096
+#: ``profile --devices``: the stage width (JAX compiles for that many host devices)
+MAX_PROFILE_DEVICES = 64
+
+
+def check_profile_args(model: str, backend: str, batch: int, devices: int) -> ModelSpec:
+    """The ``profile`` command's choices, refused before anything is built or allocated:
+    a catalog model (a malformed ``custom:`` name included), a backend, a batch and a
+    stage width within their limits, and for torch a width the model's attention heads
+    split into (its TP shards hold ``heads / devices`` heads each)."""
     from apportion.errors import CatalogError, InputError
     from apportion.models import get_model
 
     try:
         spec = get_model(model)
-    except CatalogError as exc:
+    except (CatalogError, ValueError) as exc:
         raise InputError("MODEL", "model", str(exc)) from None
     if backend not in ("torch", "jax"):
         raise InputError("--backend", "backend", f"{backend!r} is not one of torch, jax")
-    out: dict[str, Any] = {"model": spec.name, "backend": backend, "batch": batch,
-                           "devices": devices}
+    check_count(batch, "--batch", maximum=MAX_PROFILE_BATCH)
+    check_count(devices, "--devices", maximum=MAX_PROFILE_DEVICES)
     if backend == "torch":
-        from apportion.estimation.profilers.torch_models import TRAINABLE
+        from apportion.estimation.profilers.torch_models import TRAINABLE, shape_of
 
         if spec.name not in TRAINABLE:
             raise InputError("MODEL", "model", f"no torch module for {spec.name}; "
                              f"torch profiles: {', '.join(TRAINABLE)}")
+        heads = shape_of(spec).heads
+        if heads % devices:
+            raise InputError("--devices", "devices", f"{spec.name}'s {heads} attention heads "
+                             f"cannot be split {devices} ways for its TP profile; give a "
+                             f"divisor of {heads}")
+    return spec
+
+
+def profile_report(model: str, backend: str = "torch", batch: int = 8, devices: int = 4,
+                   repeats: int = 3, cache_dir: str | None = None) -> dict[str, Any]:
+    """DP-only and TP-only profiles of ``model`` with the torch or JAX backend (JSON-ready)."""
+    spec = check_profile_args(model, backend, batch, devices)
+    out: dict[str, Any] = {"model": spec.name, "backend": backend, "batch": batch,
+                           "devices": devices}
+    if backend == "torch":
         cache = DiskCache(cache_dir) if cache_dir else DiskCache()
         for mode in ("dp", "tp"):
             out[mode] = [asdict(p) for p in profile_layers(spec.name, batch, mode, devices,

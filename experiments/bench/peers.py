@@ -39,6 +39,8 @@ from apportion.policies import make_policy
 from apportion.validator import validate
 
 from apportion.cluster import Cluster
+from apportion.errors import InputError
+from apportion.inputs import parse_count
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
 from apportion.policies import RoundConfig, run_round
@@ -49,6 +51,21 @@ log = logging.getLogger(__name__)
 PEER_SIZES = (1000, 2000, 5000, 10000)
 METHODS = ("apportion", "gavel-max-sum-throughput", "gavel-max-min-fairness", "pop-2", "pop-4",
            "pop-8", "sia", "crius-greedy")
+
+
+#: jobs a peer round may have (the targets stop at 10,000; Sia's ILP grows with the square)
+MAX_PEER_JOBS = 100_000
+
+
+def parse_sizes(sizes: str | None, quick: bool = False) -> tuple[int, ...]:
+    """``--sizes`` (comma-separated job counts), each bounded by :data:`MAX_PEER_JOBS`
+    before a round of that size is generated; default the targets (1,000 with ``quick``)."""
+    if not sizes:
+        return (1000,) if quick else PEER_SIZES
+    parts = [x.strip() for x in sizes.split(",")]
+    if not all(parts):
+        raise InputError("--sizes", "sizes", f"{sizes!r}: give comma-separated job counts")
+    return tuple(parse_count(x, "--sizes", maximum=MAX_PEER_JOBS) for x in parts)
 
 
 def peer_cluster(jobs: int) -> Cluster:

@@ -42,12 +42,45 @@ from typing import Any
 import yaml
 from apportion.experiments.bench.solve import synthetic_cluster, synthetic_jobs
 
+from apportion.errors import InputError
+from apportion.inputs import parse_count, parse_number
+
 # (jobs, GPUs, GPU types, budget s, partitions, engine)
 CASES: list[tuple[int, int, int, float, int, str]] = [
     (1000, 1280, 4, 2.0, 1, "local"),
     (10000, 20480, 4, 30.0, 1, "local"),
     (10000, 20480, 4, 60.0, 4, "local"),
 ]
+
+
+#: bounds on a ``--case``: past them the instance alone exhausts memory (10^8 GPUs are
+#: 10^8 graph nodes) or the case means nothing (a budget of 0, nan or a day)
+MAX_CASE_JOBS = 100_000
+MAX_CASE_GPUS = 200_000
+MAX_CASE_PARTS = 64
+MAX_CASE_BUDGET_S = 3600.0
+
+
+def parse_cases(specs: list[str] | None) -> list[tuple[int, int, int, float, int, str]] | None:
+    """``--case JOBS:GPUS:BUDGET[:PARTS[:ENGINE]]`` values as cases, each number bounded
+    before an instance is generated (:class:`InputError` names the part and the limit);
+    ``None`` (no ``--case``) is the targets."""
+    if not specs:
+        return None
+    cases = []
+    for c in specs:
+        f = c.split(":")
+        if not 3 <= len(f) <= 5 or f[4:5] not in ([], ["local"], ["ray"]):
+            raise InputError("--case", "case", f"{c!r}: JOBS:GPUS:BUDGET[:PARTS[:ENGINE]] "
+                             "(ENGINE local or ray)")
+        jobs = parse_count(f[0], "--case", maximum=MAX_CASE_JOBS, what="JOBS")
+        gpus = parse_count(f[1], "--case", maximum=MAX_CASE_GPUS, what="GPUS")
+        budget = float(parse_number(f[2], "--case", "BUDGET", above=0.0,
+                                    maximum=MAX_CASE_BUDGET_S))
+        parts = parse_count(f[3], "--case", maximum=MAX_CASE_PARTS, what="PARTS") \
+            if len(f) > 3 else 1
+        cases.append((jobs, gpus, 4, budget, parts, f[4] if len(f) > 4 else "local"))
+    return cases
 
 
 def write_instance(jobs: int, gpus: int, types: int, seed: int, folder: Path) -> tuple[Path, Path]:

@@ -32,7 +32,8 @@ from apportion.experiments.harness import crius_cluster
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.solvers.chain import MIP_REL_GAP
 
-from apportion.policies import make_policy
+from apportion.errors import InputError
+from apportion.policies import make_policy, policy_names
 
 
 def window_with(trace: tr.Trace, days: float, jobs: int) -> tuple[float, float]:
@@ -74,9 +75,18 @@ def chain_profile(rounds: Any) -> dict[str, Any]:
             "highs_stalled_s": round(stalled_s, 2)}
 
 
+def check_policy(policy: str) -> None:
+    """``bench sim --policy``: a registered policy, checked before the two-week trace is
+    loaded (an unknown name surfaced only after it, as a KeyError)."""
+    if policy not in policy_names():
+        raise InputError("--policy", "policy", f"{policy!r} is not a policy; known: "
+                         f"{', '.join(policy_names())}")
+
+
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
          max_rounds: int | None = None, information: str = "estimated",
          mip_gap: float = MIP_REL_GAP) -> dict[str, Any]:
+    check_policy(policy)
     t0 = time.perf_counter()
     trace, truth = bench_trace(days)
     load_s = time.perf_counter() - t0

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +33,7 @@ from apportion.runtime.executors.k8s_manifests import (
 )
 from pydantic import ConfigDict, Field
 
+from apportion import outputs
 from apportion.cluster import Cluster
 from apportion.config import (
     GpuName,
@@ -42,11 +41,11 @@ from apportion.config import (
     _validate,
     load_jobs,
     load_tenants,
-    read_text,
     resolve_cluster,
 )
 from apportion.decision import Action, Allocation, Decision, Reason, SolveReport
 from apportion.errors import InputError
+from apportion.inputs import read_json
 from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
 
@@ -88,12 +87,7 @@ class _DecisionFile(_Strict):
 def load_decision(path: str | Path) -> Decision:
     """A decision JSON (``solve-round --json``); errors name the file and the field."""
     src = str(path)
-    text = read_text(path, "JSON")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(src, f"line {exc.lineno}, column {exc.colno}",
-                         f"malformed JSON: {exc.msg}") from None
+    data = read_json(path, "decision JSON")
     spec: _DecisionFile = _validate(_DecisionFile, data, src)
     allocs = [Allocation(a.job, a.gpu_type, a.gpus, a.stages, ExecutionPlan(**a.plan.model_dump()),
                          dict(a.placement), a.est_throughput, Action(a.action), cpus=a.cpus,
@@ -133,16 +127,9 @@ def _out_dir(out: Path) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Atomic write (temporary file, then rename), readable as a normal file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """One file of the export, by the output rules every command follows
+    (:mod:`apportion.outputs`: atomic, the umask's mode, a swapped folder refused)."""
+    outputs.write_text(path, text, "--out")
 
 
 def dump_yaml(docs: list[dict[str, Any]]) -> str:

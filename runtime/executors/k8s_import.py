@@ -23,12 +23,12 @@ the records into node groups is the caller's (``apportion cluster import``).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from apportion.errors import InputError
+from apportion.inputs import parse_json_text, read_text
 
 GPU_RESOURCES = ("nvidia.com/gpu",)
 PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
@@ -38,27 +38,18 @@ MAX_BYTES = 512 * 2**20  # a node's JSON is ~10-20 kB; 10,000 nodes fit
 
 
 def _read(path: str | Path) -> Any:
-    p = Path(path)
-    src = str(p)
-    if not p.exists():
-        raise InputError(src, "(file)", "no such file")
-    if p.is_dir():
-        raise InputError(src, "(file)", "is a directory, not a JSON file")
+    """``kubectl get nodes -o json`` saved to a file, through the one input reader
+    (:mod:`apportion.inputs`: a regular file, at most :data:`MAX_BYTES`, UTF-8, JSON
+    without NaN, bounded nesting)."""
+    src = str(path)
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise InputError(src, "(file)", f"larger than {MAX_BYTES} bytes")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(src, "(file)", f"not UTF-8 text: {exc.reason}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(src, f"line {exc.lineno}, column {exc.colno}",
-                         f"malformed JSON: {exc.msg} (expected `kubectl get nodes -o json`)") \
-            from None
+        return parse_json_text(read_text(path, "Kubernetes nodes JSON", max_bytes=MAX_BYTES),
+                               src)
+    except InputError as exc:
+        if exc.message.startswith("malformed JSON"):
+            raise InputError(src, exc.field, f"{exc.message} (expected `kubectl get nodes -o "
+                             "json`)") from None
+        raise
 
 
 def _quantity(src: str, field: str, value: Any) -> float:

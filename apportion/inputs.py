@@ -1,0 +1,606 @@
+"""The one reader of input files: YAML, JSON, CSV and NPZ under the same rules.
+
+Every option that reads a file (``--jobs``, ``--cluster``, ``--tenants``,
+``submit``, ``--tables``, ``--tasks``, a task's ``data`` for ``--gains auto``,
+``--trace``, ``--gpu-map``, ``--k8s-config``, ``--units``, ``--decision``, ...)
+reads it through this module, so a hostile or careless file is refused the same
+way wherever it is given, and the refusal is an :class:`InputError` naming the
+file, the place (``(file)``, ``line 3``, ``line 4, column gpus``) and what is
+wrong, never a traceback or a hang. The rules, and why:
+
+* **A regular file.** A FIFO blocks a read for ever, ``/dev/zero`` never ends,
+  a socket cannot be read: each is refused by what it is, before it is opened;
+  the descriptor is opened non-blocking and checked again, so a FIFO swapped in
+  after the check cannot hang the read either.
+* **A size limit** (:data:`MAX_FILE_BYTES`, 4 MB; bigger only where a format
+  needs it, such as the public traces): the read itself is bounded, so a file
+  that grows while it is read is refused too.
+* **UTF-8 text** for the text formats.
+* **YAML aliases bounded before any walk.** An anchor referenced many times is
+  one node to the composer but many to whoever walks the data as a tree
+  (validation, the duplicate-key check, a depth check): nine levels of nine
+  aliases is a billion nodes from a kilobyte (the "billion laughs"). The
+  composed node graph is measured once, with memoisation, before anything is
+  constructed; aliases may add at most :data:`MAX_YAML_ALIAS_NODES` nodes, a
+  recursive alias is refused, and so is nesting deeper than
+  :data:`MAX_YAML_DEPTH` levels.
+* **CSV fields and rows bounded** (:data:`MAX_FIELD_CHARS` characters a field,
+  :data:`MAX_CSV_COLUMNS` columns); a NUL byte, a ragged row or a duplicate
+  column name is refused with its line; numbers are parsed by
+  :func:`parse_number`, which refuses text, ``nan``, ``inf``, absurd lengths
+  and values outside the bounds the caller gives.
+* **NPZ arrays bounded before they are decompressed**: every array's header
+  (shape, dtype) is read first and the total element count checked against
+  :data:`MAX_NPZ_ELEMENTS`; pickled objects are never loaded; a file that is
+  not a zip archive is refused.
+
+Nothing here imports an area package: the reader belongs to the core, below
+every area that reads a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import re
+import stat
+import zipfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from apportion.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["MAX_CSV_COLUMNS", "MAX_FIELD_CHARS", "MAX_FILE_BYTES", "MAX_NPZ_ELEMENTS",
+           "MAX_TRACE_BYTES", "MAX_YAML_ALIAS_NODES", "MAX_YAML_DEPTH", "CsvTable",
+           "check_count", "check_input_file", "parse_count", "parse_csv_text",
+           "parse_json_text", "parse_number", "parse_yaml_text", "read_bytes", "read_csv",
+           "read_head", "read_json", "read_npz", "read_text", "read_yaml"]
+
+#: Inputs are small (a 1,000-job YAML is ~200 KB); pure-Python YAML needs ~7 s per MB.
+MAX_FILE_BYTES = 4 * 2**20
+#: The public cluster traces (ITP: 4.3 MB, 60,000 jobs) are the one input that is bigger.
+MAX_TRACE_BYTES = 256 * 2**20
+#: Nodes YAML aliases may add over the document's own (a merge key per job is far below).
+MAX_YAML_ALIAS_NODES = 1_000_000
+#: Levels of nesting a YAML or JSON input may have (real inputs have fewer than 10).
+MAX_YAML_DEPTH = 64
+#: Characters in one CSV field (a model name, a job id, a number: all far shorter).
+MAX_FIELD_CHARS = 4096
+#: Columns a CSV may have.
+MAX_CSV_COLUMNS = 1024
+#: Elements all the arrays of one NPZ may hold together (32 MB of float64).
+MAX_NPZ_ELEMENTS = 4 * 2**20
+#: Characters a number may be written with (Python refuses int() past 4,300 digits).
+MAX_NUMBER_CHARS = 64
+
+
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+def _file_kind(mode: int) -> str:
+    return ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device"
+            if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def check_input_file(path: str | Path, kind: str = "input") -> os.stat_result:
+    """Refuse, before opening, anything but an existing regular file (after symlinks).
+
+    A FIFO would block the read forever, a device such as /dev/zero never ends, a
+    socket cannot be read: all are refused by what they are, with the file named.
+    """
+    src = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(src, "(file)", "no such file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(src, "(file)", f"cannot read: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(src, "(file)", f"is a directory, not a {kind} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(src, "(file)", f"{_file_kind(st.st_mode)}, not a regular file; "
+                         f"give a {kind} file")
+    return st
+
+
+def read_bytes(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """A bounded read of a regular file; every failure is an :class:`InputError`.
+
+    The size is checked before the read (a 100 MB sparse file costs nothing) and the
+    read itself stops one byte past the limit, so a file that grows meanwhile is refused
+    too. The descriptor is opened non-blocking and checked again, so a FIFO swapped in
+    after :func:`check_input_file` cannot hang the read.
+    """
+    src = str(path)
+    st = check_input_file(path, kind)
+    if st.st_size > max_bytes:
+        raise InputError(src, "(file)", f"file is {st.st_size} bytes; {kind} inputs are "
+                         f"limited to {max_bytes} bytes")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > max_bytes:
+        raise InputError(src, "(file)", f"{kind} inputs are limited to {max_bytes} bytes")
+    return raw
+
+
+def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> bytes:
+    """The first ``size`` bytes of a regular file, by the same rules as :func:`read_bytes`
+    (checked before opening, opened non-blocking and checked again), for readers that tell
+    a format from its first line before reading the whole file."""
+    src = str(path)
+    check_input_file(path, kind)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
+        return os.read(fd, size)
+    except OSError as exc:
+        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _decode(raw: bytes, source: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(source, "(file)", f"not UTF-8 text: {exc.reason} at byte "
+                         f"{exc.start}") from None
+
+
+def read_text(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A bounded, UTF-8 read of an input file (:func:`read_bytes`, then decoded)."""
+    return _decode(read_bytes(path, kind, max_bytes=max_bytes), str(path))
+
+
+# ---------------------------------------------------------------------------
+# YAML
+# ---------------------------------------------------------------------------
+class _Refused(Exception):
+    """The composed YAML is refused as a whole (an alias bomb, a cycle, too deep)."""
+
+
+class _UniqueKeys:
+    """A loader mixin that refuses duplicate mapping keys (YAML would keep the last silently)
+    and measures the composed node graph before anything is constructed."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()  # type: ignore[misc]
+        if node is not None:
+            _measure(node)
+        return node
+
+
+def _children(node: yaml.Node) -> Iterable[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return ()
+
+
+def _measure(root: yaml.Node, alias_budget: int = MAX_YAML_ALIAS_NODES,
+             max_depth: int = MAX_YAML_DEPTH) -> None:
+    """Refuse a node graph whose tree (aliases expanded) is too big, cyclic or too deep.
+
+    Aliases make the composed graph a DAG that shares nodes; its tree size is counted
+    bottom-up with each shared node counted once (memoised by identity), so the cost is
+    linear in the file, however many nodes the aliases stand for. Counts saturate just
+    past the limit, so a chain of doubling aliases never builds huge integers.
+    """
+    cap = 2 * (alias_budget + 1)
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    started: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            kids = list(_children(node))
+            size[key] = min(cap, 1 + sum(size[id(c)] for c in kids))
+            depth[key] = 1 + max((depth[id(c)] for c in kids), default=0)
+            if depth[key] > max_depth:
+                raise _Refused(f"nesting too deep (more than {max_depth} levels)")
+            continue
+        if key in size:
+            continue
+        if key in started:  # its post-visit is still below on the stack: an ancestor
+            raise _Refused("an alias refers to a node that contains it (a recursive alias)")
+        started.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+    extra = size[id(root)] - len(started)
+    if extra > alias_budget:
+        raise _Refused(f"aliases expand to more than {alias_budget} nodes beyond the "
+                       f"file's own {len(started)} (an alias bomb?); write the values out")
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """SafeLoader refusing duplicate keys and alias bombs."""
+
+
+class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The same on libyaml's parser where PyYAML has it (a 1,000-job file parses about
+    ten times faster); a file it refuses as malformed is parsed again by the pure-Python
+    loader, so error messages are the same either way."""
+
+
+#: Texts longer than this are parsed by libyaml first (when PyYAML has it).
+_FAST_PATH_CHARS = 16384
+
+
+def parse_yaml_text(text: str, source: str) -> Any:
+    """YAML text to data (safe tags only); every failure is an :class:`InputError`."""
+    try:
+        if len(text) > _FAST_PATH_CHARS and _FastUniqueKeyLoader is not _UniqueKeyLoader:
+            with contextlib.suppress(yaml.YAMLError):
+                return yaml.load(text, Loader=_FastUniqueKeyLoader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _Refused as exc:
+        raise InputError(source, "(file)", f"YAML refused: {exc}") from None
+    except RecursionError:
+        raise InputError(source, "(file)", "malformed YAML: nesting too deep") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML never allows (NUL, C0 controls)
+        c = exc.character
+        code = ord(c) if isinstance(c, str) else int(c)
+        raise InputError(source, "(file)", f"malformed YAML: character #x{code:04x} at "
+                         f"position {exc.position}: special characters are not allowed") \
+            from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        raise InputError(source, where, f"malformed YAML: {problem}") from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
+    return parse_yaml_text(read_text(path, "YAML"), str(path))
+
+
+# ---------------------------------------------------------------------------
+# JSON
+# ---------------------------------------------------------------------------
+class _JsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a JSON input (Python's json takes them)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _JsonConstant(name)
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _constant_place(text: str) -> str:
+    """``line L, column C`` of the first NaN/Infinity outside a string (for the message)."""
+    for m in _JSON_TOKENS.finditer(text):
+        if m.group(1):
+            line = text.count("\n", 0, m.start()) + 1
+            return f"line {line}, column {m.start() - text.rfind(chr(10), 0, m.start())}"
+    return "(file)"
+
+
+def _json_depth_ok(data: Any, max_depth: int) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        d, level = stack.pop()
+        if isinstance(d, (dict, list)):
+            if level > max_depth:
+                return False
+            stack.extend((v, level + 1) for v in (d.values() if isinstance(d, dict) else d))
+    return True
+
+
+def parse_json_text(text: str, source: str) -> Any:
+    """JSON text to data; ``NaN``/``Infinity``, malformed text, too deep nesting and numbers
+    too long to convert are an :class:`InputError` naming the line and column."""
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"line {exc.lineno}, column {exc.colno}",
+                         f"malformed JSON: {exc.msg}") from None
+    except RecursionError:
+        raise InputError(source, "(file)", "malformed JSON: nesting too deep") from None
+    except _JsonConstant as exc:
+        raise InputError(source, _constant_place(text), f"{exc} is not a number: JSON has "
+                         "no NaN or Infinity, and no input takes them") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise InputError(source, "(file)", f"malformed JSON: {exc}") from None
+    if not _json_depth_ok(data, MAX_YAML_DEPTH):
+        raise InputError(source, "(file)", f"malformed JSON: nesting too deep (more than "
+                         f"{MAX_YAML_DEPTH} levels)")
+    return data
+
+
+def read_json(path: str | Path, kind: str = "JSON") -> Any:
+    """Parse a JSON file by the reader's rules (:func:`parse_json_text`)."""
+    return parse_json_text(read_text(path, kind), str(path))
+
+
+# ---------------------------------------------------------------------------
+# Numbers (in CSV fields, trace lines, command-line values)
+# ---------------------------------------------------------------------------
+def parse_number(text: str, source: str, where: str, *, integer: bool = False,
+                 minimum: float | None = None, maximum: float | None = None,
+                 above: float | None = None) -> float | int:
+    """A finite number written as text, within bounds; :class:`InputError` otherwise.
+
+    ``integer``: a whole number (``8`` or ``8.0``), returned as ``int``. ``minimum`` and
+    ``maximum`` are inclusive, ``above`` exclusive. Text longer than
+    :data:`MAX_NUMBER_CHARS` is refused before any conversion (Python's ``int`` refuses
+    4,300 digits only after reading them).
+    """
+    s = str(text).strip()
+    if not s:
+        raise InputError(source, where, "a number is required, the field is empty")
+    if len(s) > MAX_NUMBER_CHARS:
+        raise InputError(source, where, f"a number of {len(s)} characters; at most "
+                         f"{MAX_NUMBER_CHARS} are accepted")
+    try:
+        value = float(s)
+    except ValueError:
+        raise InputError(source, where, f"{s!r} is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(source, where, f"must be a finite number, got {s!r}")
+    if integer:
+        if value != int(value):
+            raise InputError(source, where, f"must be a whole number, got {s!r}")
+        try:
+            value = int(s)
+        except ValueError:  # "8.0", "1e3": whole, written as a float
+            value = int(value)
+    if above is not None and not value > above:
+        raise InputError(source, where, f"must be greater than {above:g}, got {s}")
+    if minimum is not None and value < minimum:
+        raise InputError(source, where, f"must be at least {minimum:g}, got {s}")
+    if maximum is not None and value > maximum:
+        raise InputError(source, where, f"must be at most {maximum:g}, got {s}")
+    return value
+
+
+def _option_field(option: str) -> str:
+    return option.lstrip("-").replace("-", "_") or option
+
+
+def check_count(value: int, option: str, *, maximum: int, minimum: int = 1,
+                what: str = "") -> int:
+    """A count given on the command line (``--seeds``, ``--batch``, a case's jobs), bounded
+    before anything is allocated for it; :class:`InputError` names the option and the
+    limit. ``what`` names the part of the option's value, where it has several."""
+    field_name = what or _option_field(option)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(option, field_name, f"must be a whole number, got {value!r}")
+    if value < minimum:
+        raise InputError(option, field_name, f"must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise InputError(option, field_name, f"must be at most {maximum:,} (the limit), "
+                         f"got {value:,}")
+    return value
+
+
+def parse_count(text: str, option: str, *, maximum: int, minimum: int = 1,
+                what: str = "") -> int:
+    """A count written as text in an option's value (``--sizes 1000,2000``, ``--case
+    J:G:B``): a whole number (:func:`parse_number`), then :func:`check_count`."""
+    field_name = what or _option_field(option)
+    value = parse_number(text, option, field_name, integer=True)
+    return check_count(int(value), option, maximum=maximum, minimum=minimum, what=what)
+
+
+# ---------------------------------------------------------------------------
+# CSV
+# ---------------------------------------------------------------------------
+@dataclass
+class CsvTable:
+    """A CSV read by the reader's rules: its header, rows (column -> text) and the line
+    each row starts on, for messages that name it."""
+
+    source: str
+    header: tuple[str, ...]
+    rows: list[dict[str, str]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def where(self, i: int, column: str) -> str:
+        """``line N, column NAME`` of row ``i``'s field (the names users see)."""
+        return f"line {self.lines[i]}, column {column}"
+
+    def number(self, i: int, column: str, **bounds: Any) -> float | int:
+        """Row ``i``'s ``column`` as a number (:func:`parse_number`'s bounds)."""
+        return parse_number(self.rows[i].get(column) or "", self.source, self.where(i, column),
+                            **bounds)
+
+    def optional_number(self, i: int, column: str, **bounds: Any) -> float | int | None:
+        """As :meth:`number`, ``None`` when the column is absent or the field empty."""
+        text = (self.rows[i].get(column) or "").strip()
+        return None if not text else self.number(i, column, **bounds)
+
+    def iter(self) -> Iterator[tuple[int, dict[str, str]]]:
+        return iter(enumerate(self.rows))
+
+
+def _csv_lines(text: str) -> Iterator[str]:
+    return iter(io.StringIO(text, newline=""))
+
+
+def parse_csv_text(text: str, source: str, *, required: Sequence[str] = (),
+                   delimiter: str = ",", max_field: int = MAX_FIELD_CHARS) -> CsvTable:
+    """CSV text to a :class:`CsvTable` with the reader's limits (see the module docstring).
+
+    The first line is the header: names are stripped (and a UTF-8 byte-order mark
+    dropped), must be unique, at most :data:`MAX_CSV_COLUMNS`. ``required`` columns must
+    be present. A row with more fields than the header, a NUL byte or a field over
+    ``max_field`` characters is refused with its line. Empty lines are skipped.
+    """
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise InputError(source, f"line {line}", "a NUL byte; a CSV is text")
+    old = csv.field_size_limit()
+    csv.field_size_limit(max_field + 1)  # the csv module stops a runaway quoted field
+    try:
+        reader = csv.reader(_csv_lines(text), delimiter=delimiter, strict=False)
+        try:
+            head = next(reader, None)
+            if head is None:
+                raise InputError(source, "(header)", "an empty file; a CSV needs a header line")
+            header = tuple(h.strip().lstrip("\ufeff") for h in head)
+            if len(header) > MAX_CSV_COLUMNS:
+                raise InputError(source, "(header)", f"{len(header)} columns; at most "
+                                 f"{MAX_CSV_COLUMNS} are accepted")
+            seen: set[str] = set()
+            for name in header:
+                if len(name) > max_field:
+                    raise InputError(source, "(header)", f"a column name of {len(name)} "
+                                     f"characters; at most {max_field}")
+                if name in seen:
+                    raise InputError(source, "(header)", f"column {name!r} appears twice")
+                seen.add(name)
+            missing = [c for c in required if c not in seen]
+            if missing:
+                raise InputError(source, "(header)", f"missing columns {', '.join(missing)} "
+                                 f"(needs {', '.join(required)})")
+            table = CsvTable(source, header)
+            while True:
+                start = reader.line_num + 1
+                row = next(reader, None)
+                if row is None:
+                    break
+                if not any(row):  # an empty line (a line of spaces is a row: pandas reads it)
+                    continue
+                if len(row) > len(header):
+                    raise InputError(source, f"line {start}", f"{len(row)} fields, the header "
+                                     f"has {len(header)}")
+                for f in row:
+                    if len(f) > max_field:
+                        raise InputError(source, f"line {start}", f"a field of {len(f)} "
+                                         f"characters; at most {max_field} are accepted")
+                table.rows.append(dict(zip(header, row)))
+                table.lines.append(start)
+        except csv.Error as exc:
+            where = f"line {reader.line_num}" if reader.line_num else "(file)"
+            msg = str(exc)
+            if "field larger than field limit" in msg:
+                msg = f"a field of more than {max_field} characters"
+            raise InputError(source, where, f"malformed CSV: {msg}") from None
+    finally:
+        csv.field_size_limit(old)
+    return table
+
+
+def read_csv(path: str | Path, kind: str = "CSV", *, required: Sequence[str] = (),
+             delimiter: str = ",", max_bytes: int = MAX_FILE_BYTES) -> CsvTable:
+    """Read a CSV file by the reader's rules (:func:`read_text`, :func:`parse_csv_text`)."""
+    return parse_csv_text(read_text(path, kind, max_bytes=max_bytes), str(path),
+                          required=required, delimiter=delimiter)
+
+
+# ---------------------------------------------------------------------------
+# NPZ
+# ---------------------------------------------------------------------------
+def read_npz(path: str | Path, names: Sequence[str], kind: str = "NPZ", *,
+             max_elements: int = MAX_NPZ_ELEMENTS,
+             max_bytes: int = MAX_FILE_BYTES) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of an ``.npz`` file, bounded before anything is decompressed.
+
+    The archive is read once (:func:`read_bytes`); each array's ``.npy`` header gives its
+    shape and dtype, and their element count together must stay within
+    ``max_elements``: a 4 MB archive of zeros would otherwise inflate to gigabytes.
+    Object arrays (pickles) are refused, never loaded. Missing arrays, a file that is not
+    a zip archive and a truncated array are :class:`InputError` naming the file.
+    """
+    import numpy as np  # here, not at the top: every command reads YAML, few read arrays
+
+    src = str(path)
+    raw = read_bytes(path, kind, max_bytes=max_bytes)
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(raw))
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise InputError(src, "(file)", f"not an .npz archive (not a zip file: {exc})") from None
+    out: dict[str, np.ndarray] = {}
+    total = 0
+    with archive:
+        members = set(archive.namelist())
+        for name in names:
+            member = f"{name}.npy"
+            if member not in members:
+                raise InputError(src, "(file)", f"no array {name!r} (needs "
+                                 f"{', '.join(repr(n) for n in names)})")
+            try:
+                with archive.open(member) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+                    else:
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+                    if dtype.hasobject:
+                        raise InputError(src, name, "an array of Python objects (a pickle); "
+                                         "only numbers and strings are read")
+                    count = math.prod(shape)
+                    total += count
+                    if total > max_elements:
+                        raise InputError(src, name, f"array of shape {tuple(shape)}: the "
+                                         f"arrays may hold {max_elements} elements together")
+                    nbytes = count * dtype.itemsize
+                    data = fh.read(nbytes)
+            except InputError:
+                raise
+            except (ValueError, OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
+                raise InputError(src, name, f"unreadable array: {exc}") from None
+            if len(data) != nbytes:
+                raise InputError(src, name, f"truncated array: {len(data)} of {nbytes} bytes")
+            arr = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+            out[name] = arr.copy()
+    return out
