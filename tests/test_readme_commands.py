@@ -1,4 +1,5 @@
-"""The newcomer's path: every command of the README, as written, on a fresh clone.
+"""The newcomer's path: every command of the README and of docs/, as written, on a fresh
+clone.
 
 ``git clone`` of this checkout into a temporary folder; the clone's own package is what
 runs: a ``sitecustomize`` on ``PYTHONPATH`` maps ``apportion`` and its areas
@@ -32,21 +33,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 AREAS = ("formulations", "solvers", "estimation", "runtime", "experiments")
 
-#: command prefix -> ("append", [options]) | ("help", reason) | ("skip", reason)
+#: command prefix -> ("help", reason) | ("skip", reason). Every other command runs exactly as
+#: printed: the docs give short commands and name the long variants in prose, with their
+#: durations.
 LONG: dict[str, tuple[str, object]] = {
     "make run": ("skip", "creates .venv and pip-installs apportion (minutes); .ci/run does it"),
     "make test": ("skip", "runs this very test suite"),
-    "apportion run": ("append", ["--interval", "2", "--timeout", "4"]),  # dry-run never ends
-    "apportion simulate": ("append", ["--max-jobs", "16"]),  # 96 jobs: ~20 s
-    "apportion compare": ("append", ["--max-jobs", "4", "--seeds", "1"]),  # thousands of jobs
-    "apportion bench sim": ("append", ["--days", "0.1", "--max-rounds", "2"]),  # 10,000 jobs
-    "apportion bench solve": ("append", ["--time-budget", "0.5", "--backends", "highs"]),
     "apportion bench estimate": ("skip", ("fits and scores every estimator on the measured "
                                           "tables (~30 s); tests/test_estimation_* cover it")),
     "apportion profile": ("skip", ("times every layer of a torch model (~30 s on a loaded "
                                    "machine); tests/test_estimation_profilers.py covers it")),
-    "python -m apportion.experiments.reproduce": ("help", "minutes of replays per paper"),
 }
+#: the pages, in the order a newcomer follows them (later pages use files earlier ones wrote)
+PAGES = ("README.md", "docs/cli.md", "docs/formats.md", "docs/policies.md",
+         "docs/operating.md", "docs/service.md", "docs/kubernetes-slurm.md",
+         "docs/evaluation.md", "docs/library.md", "docs/objective.md", "docs/environment.md",
+         "docs/design.md")
+
+
+def pages_text(root: Path) -> str:
+    """README and every page of docs/ (those not in :data:`PAGES` last, so none escapes)."""
+    names = list(PAGES) + sorted(str(p.relative_to(root)) for p in (root / "docs").glob("*.md")
+                                 if str(p.relative_to(root)) not in PAGES)
+    return "\n".join((root / n).read_text() for n in names if (root / n).exists())
 NEEDS_DATA = ("apportion simulate", "apportion compare", "apportion bench sim",
               "apportion bench estimate")
 
@@ -139,7 +148,7 @@ def test_the_clone_runs_its_own_code(clone: Path) -> None:
 
 
 def test_every_readme_command_runs_as_written(clone: Path) -> None:
-    text = (clone / "README.md").read_text()
+    text = pages_text(clone)
     files = readme_files(text)
     assert {"cluster.yaml", "jobs.yaml", "units.json", "tasks.yaml"} <= set(files)
     for name, body in files.items():
@@ -153,6 +162,10 @@ def test_every_readme_command_runs_as_written(clone: Path) -> None:
         argv = shlex.split(line, comments=True)
         if not argv:  # a comment continuing the line above
             continue
+        extra = {}
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):  # VAR=value command
+            k, v = argv.pop(0).split("=", 1)
+            extra[k] = f"{v}:{env[k]}" if k == "PYTHONPATH" else v  # the clone's shim stays
         prefix = _prefix(argv)
         how, what = LONG.get(prefix, ("as written", None)) if prefix else ("as written", None)
         if how == "skip" or (not have_data and any(" ".join(argv).startswith(p)
@@ -164,8 +177,8 @@ def test_every_readme_command_runs_as_written(clone: Path) -> None:
         elif how == "help":
             argv = argv + ["--help"]
         t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True,
-                           timeout=300, check=False)
+        r = subprocess.run(argv, cwd=clone, env={**env, **extra}, capture_output=True,
+                           text=True, timeout=300, check=False)
         print(f"{time.monotonic() - t0:6.1f} s  {' '.join(argv)}")
         assert r.returncode == 0, f"{line}\n--- stdout\n{r.stdout[-1500:]}\n--- stderr\n" \
                                   f"{r.stderr[-3000:]}"
@@ -180,6 +193,6 @@ def test_every_readme_command_runs_as_written(clone: Path) -> None:
 
 def test_readme_names_no_command_it_does_not_run() -> None:
     """Placeholders (``FILE``, ``a|b``, ``[--opt]``) would not run as written."""
-    for line in readme_commands((REPO / "README.md").read_text()):
+    for line in readme_commands(pages_text(REPO)):
         code = line.split("#", 1)[0]
         assert not re.search(r"\[--|\bFILE\b|\bOUT\b|\bMODEL\b|\w\|\w|\.\.\.", code), line
