@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
-from apportion.estimation.models.morphling import Env, MorphlingEstimator, MorphlingSample
-from apportion.experiments.bench.accuracy import rel_err, score_morphling, spearman, summarize
+from apportion.experiments.bench.accuracy import rel_err, spearman, summarize
 from apportion.experiments.bench.estimate_local import bench_local
 
 from apportion.jobs import JobSpec
@@ -62,128 +61,28 @@ PAPER_TABLE2 = {
 # ---------------------------------------------------------------------------
 # Morphling
 # ---------------------------------------------------------------------------
-def placement_kind(placement: str) -> str:
-    """``single-node``, ``multi-node-even`` or ``multi-node-odd`` (some node holds an odd
-    number of the job's GPUs: on Morphling's testbed those placements run 2-5x slower than
-    even ones of the same size, a topology effect no bottleneck-bandwidth model sees)."""
-    counts = [int(c) for c in placement if c.isdigit() and int(c) > 0]
-    if len(counts) <= 1:
-        return "single-node"
-    return "multi-node-odd" if any(c % 2 for c in counts) else "multi-node-even"
-
-
-def covering_rows(prof: list[MorphlingSample], rows: list[tuple[str, MorphlingSample]],
-                  minimum: int = 7) -> list[int]:
-    """Trace rows to add so the fit sees every (plan family, placement kind) at least once:
-    per missing pair the row with the fewest GPUs (the cheapest test run); then the fewest-GPU
-    rows of other configurations until ``minimum`` samples."""
-    def fam_of(s: MorphlingSample) -> tuple[int, int, int, bool, bool]:
-        pl = s.plan
-        return (pl.tp > 1, pl.pp > 1, pl.zero_stage > 0, pl.offload, pl.checkpointing)
-
-    def kind(s: MorphlingSample) -> str:
-        return placement_kind("".join(str(n) for n in (s.nodes or ())))
-
-    seen = {(fam_of(s), kind(s)) for s in prof}
-    order = sorted(range(len(rows)), key=lambda i: (rows[i][1].plan.gpus, len(rows[i][1].nodes
-                                                                          or ()), i))
-    chosen: list[int] = []
-    for i in order:
-        key = (fam_of(rows[i][1]), kind(rows[i][1]))
-        if key not in seen:
-            seen.add(key)
-            chosen.append(i)
-    for i in order:
-        if len(prof) + len(chosen) >= minimum:
-            break
-        if i not in chosen:
-            chosen.append(i)
-    return sorted(chosen)
-
-
-def bench_morphling(root: Path | None = None, augment: int = 7,
-                    env: Env | None = None) -> dict[str, Any]:
+def bench_morphling(root: Path | None = None, protocols: tuple[str, ...] | None = None
+                    ) -> dict[str, Any]:
+    """Morphling's model under every protocol of
+    :mod:`~apportion.experiments.bench.estimate_morphling` (held-out rows only)."""
+    from apportion.experiments.bench import estimate_morphling as em
     from apportion.experiments.bench import morphling_data as md
 
     root = root or _data() / "morphling"
-    models: dict[str, Any] = {}
-    aug_models: dict[str, Any] = {}
-    all_err: list[float] = []
-    aug_err: list[float] = []
-    cov_models: dict[str, Any] = {}
-    cov_err: list[float] = []
-    cov_kind: dict[str, list[float]] = {}
-    kinds: dict[str, list[float]] = {}
-    single: dict[str, dict[str, list[float]]] = {}
-    details: dict[str, Any] = {}
-    for key, m in md.MODELS.items():
-        prof = md.profile_samples(m, root)
-        rows = md.trace_rows(m, root)
-        est = MorphlingEstimator(env=env, min_samples=min(7, len(prof))).fit(prof)
-        fams, detail = score_morphling(est, rows)
-        models[key] = {f: summarize(e) for f, e in fams.items()}
-        models[key]["fit"] = {"samples": len(prof), "rmsle": est.fit_rmsle_[m.catalog],
-                              "k": est.k_[m.catalog]}
-        all_err += [x for e in fams.values() for x in e]
-        details[key] = detail
-        # variant: the profile plus `augment` trace rows (spread over families and sizes)
-        ordered = sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1].plan.gpus,
-                                                          rows[i][1].nodes))
-        step = max(1, len(ordered) // max(1, augment))
-        chosen = set(ordered[::step][:augment])
-        est2 = MorphlingEstimator(env=env, min_samples=7).fit(
-            prof + [rows[i][1] for i in sorted(chosen)])
-        held = [r for i, r in enumerate(rows) if i not in chosen]
-        fams2, _ = score_morphling(est2, held)
-        aug_models[key] = {f: summarize(e) for f, e in fams2.items()}
-        aug_err += [x for e in fams2.values() for x in e]
-        # protocol "covering": sampled runs cover every plan family and placement kind
-        cover = covering_rows(prof, rows)
-        est3 = MorphlingEstimator(env=env, min_samples=7).fit(
-            prof + [rows[i][1] for i in cover])
-        fams3, detail3 = score_morphling(est3, [r for i, r in enumerate(rows)
-                                                 if i not in cover])
-        cov_models[key] = {f: summarize(e) for f, e in fams3.items()}
-        cov_models[key]["fit"] = {"samples": len(prof) + len(cover),
-                                  "trace_rows_added": len(cover),
-                                  "rmsle": est3.fit_rmsle_[m.catalog],
-                                  "k": est3.k_[m.catalog]}
-        cov_err += [x for e in fams3.values() for x in e]
-        for d in detail3:
-            kind = placement_kind(d["placement"])
-            cov_kind.setdefault(kind, []).append(d["error"])
-        for d in detail:
-            kind = placement_kind(d["placement"])
-            kinds.setdefault(kind, []).append(d["error"])
-            if kind == "single-node":
-                single.setdefault(key, {}).setdefault(d["family"], []).append(d["error"])
+    res = {p: em.run_protocol(p, root) for p in (protocols or em.PROTOCOLS)}
+    main = res.get("covering") or next(iter(res.values()))
     return {
         "against": "morphling",
-        "models": models,
-        "overall": summarize(all_err),
-        "augmented": {"trace_rows_added_to_fit": augment, "models": aug_models,
-                      "overall": summarize(aug_err)},
-        "by_placement": {k: summarize(v) for k, v in sorted(kinds.items())},
-        "single_node": {
-            "note": "the paper's table-2 setting: its validation scripts score single-node "
-                    "configurations only (1, 2, 4, 8 GPUs of one node)",
-            "models": {m: {f: summarize(e) for f, e in fams.items()}
-                       for m, fams in single.items()},
-            "overall": summarize([x for fams in single.values() for e in fams.values()
-                                  for x in e])},
-        "covering": {
-            "note": "fit on the profile plus one trace row per plan family and placement kind "
-                    "the profile lacks (at least 7 samples, as the paper requires before "
-                    "scheduling); every other row scored",
-            "models": cov_models, "overall": summarize(cov_err),
-            "by_placement": {k: summarize(v) for k, v in sorted(cov_kind.items())}},
+        "protocols": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in res.items()},
+        "rows": {p: r["rows"] for p, r in res.items()},
+        "models": {m: {t["family"]: {k: t[k] for k in ("n", "mean_error", "max_error")}
+                       for t in main["tables"]["model_family"] if t["model"] == m}
+                   for m in md.MODELS},
+        "overall": main["overall"],
+        "targets": em.TARGETS,
         "paper_table2": PAPER_TABLE2,
         "skipped": md.SKIPPED,
-        "notes": [md.__doc__.split("\n\n")[-1].strip() if md.__doc__ else "",
-                  "environment: NVLink 200 GB/s per direction, 12.5 GB/s inter-node, PCIe "
-                  "25 GB/s (nominal A800 testbed figures; the artifact ships no measured "
-                  "bandwidths)"],
-        "rows": details,
+        "notes": [(em.__doc__ or "").strip(), (md.__doc__ or "").strip()],
     }
 
 
@@ -343,8 +242,36 @@ def _family_table(models: dict[str, Any], overall: dict[str, Any],
                           align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
 
 
+def morphling_markdown(result: dict[str, Any], full: bool = False) -> str:
+    """Per protocol: the summary against the targets, the per-family table and the worst rows
+    with where their error lives (``full``: also by placement kind and GPU count)."""
+    from apportion.experiments.bench.estimate_morphling import protocol_markdown
+    from apportion.tables import markdown_table
+
+    lines = ["# Estimator accuracy against morphling", "",
+             "Held-out rows only (see the protocols below); errors are |predicted - measured| / "
+             "measured.", ""]
+    rows = []
+    for name, r in result["protocols"].items():
+        o = r["overall"]
+        target = result.get("targets", {}).get(name)
+        rows.append([f"`{name}`", str(o["n"]), f"{100 * o['mean_error']:.1f}%",
+                     f"{100 * o['max_error']:.1f}%",
+                     "" if not target else " / ".join("-" if t is None else f"{t:g}%"
+                                                      for t in target)])
+    lines += markdown_table(["protocol", "rows scored", "mean error", "max error",
+                             "target mean / max"], rows,
+                            align=["", "r", "r", "r", ""]).rstrip("\n").split("\n")
+    for name, r in result["protocols"].items():
+        lines += ["", f"## Protocol `{name}`", ""]
+        lines += protocol_markdown({**r, "rows": result["rows"][name]}, full=full)
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """A markdown table of a result (per model and family, then overall)."""
+    if result.get("against") == "morphling" and "protocols" in result:
+        return morphling_markdown(result)
     paper = result.get("paper_table2", {})
     lines = [f"# Estimator accuracy against {result['against']}", ""]
     lines += _family_table(result.get("models", {}), result["overall"], paper)
