@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apportion.estimation.models.morphling import MorphlingEstimator, MorphlingSample
+from apportion.estimation.models.morphling import MorphlingEstimator, MorphlingSample, link_class
 from apportion.experiments.bench import morphling_data as md
 from apportion.experiments.bench.accuracy import summarize
 
@@ -47,12 +47,12 @@ TARGETS = {"paper": (7.4, 10.4), "covering": (10.0, None)}
 
 
 def placement_kind(placement: str) -> str:
-    """``single-node``, ``multi-node-even`` or ``multi-node-odd`` (some node holds an odd
-    number of the job's GPUs)."""
-    counts = [int(c) for c in placement if c.isdigit() and int(c) > 0]
-    if len(counts) <= 1:
-        return "single-node"
-    return "multi-node-odd" if any(c % 2 for c in counts) else "multi-node-even"
+    """``single-node``, ``multi-node`` or ``multi-node-odd``: the link classes of
+    :func:`~apportion.estimation.models.morphling.link_class` on the testbed (some node
+    holds three, five or seven of the job's GPUs: a pair of GPUs split across adapters)."""
+    counts = tuple(int(c) for c in placement if c.isdigit() and int(c) > 0)
+    return {"intra": "single-node", "inter": "multi-node",
+            "inter-odd": "multi-node-odd"}[link_class(counts, md.ENV)]
 
 
 def plan_family(s: MorphlingSample) -> tuple[bool, bool, bool, bool, bool]:
@@ -93,6 +93,23 @@ def covering_rows(prof: Sequence[MorphlingSample], rows: Sequence[md.TraceRow],
     return sorted(chosen)
 
 
+def term_rows(prof: Sequence[MorphlingSample], rows: Sequence[md.TraceRow]) -> list[int]:
+    """The paper's rule for its table-2 fits, applied to the terms its profiles leave unset:
+    every fitted term needs test runs of its strategy ("the test runs should include three
+    using [ZeRO-Offload]"). The DP-family plans add one term beyond the profiles' DP and
+    ZeRO-Offload runs, ZeRO-DP's unsharded optimizer share (``k_zero``); a profile without a
+    ZeRO-DP run gets the cheapest one: the fewest GPUs (at least two, where the share
+    shows) of one node."""
+    if any(s.plan.zero_stage >= 1 and not s.plan.offload for s in prof):
+        return []
+    fitted = {config_key(s) for s in prof}
+    cand = [i for i, r in enumerate(rows)
+            if r.sample.plan.zero_stage >= 1 and not r.sample.plan.offload
+            and r.sample.plan.tp == 1 and r.sample.plan.pp == 1 and r.sample.plan.dp >= 2
+            and len(r.sample.nodes or ()) == 1 and config_key(r.sample) not in fitted]
+    return sorted(cand, key=lambda i: (rows[i].sample.plan.gpus, i))[:1]
+
+
 @dataclass(frozen=True)
 class Fold:
     """One fit of one model: what it saw and what it scores."""
@@ -116,6 +133,8 @@ def folds(protocol: str, root: Path) -> list[Fold]:
         fit = list(prof)
         if protocol == "covering":
             fit += [good[i].sample for i in covering_rows(prof, good)]
+        if protocol == "paper":
+            fit += [good[i].sample for i in term_rows(prof, good)]
         seen = {config_key(s) for s in fit}
         scored = [r for r in good if config_key(r.sample) not in seen]
         if protocol == "paper":
@@ -154,7 +173,7 @@ def run_protocol(protocol: str, root: Path,
 
     ``make(min_samples)`` builds the estimator to fit (default: the shipped one).
     """
-    make = make or (lambda n: MorphlingEstimator(min_samples=n))
+    make = make or (lambda n: MorphlingEstimator(env=md.ENV, min_samples=n))
     rows: list[dict[str, Any]] = []
     fits: dict[str, Any] = {}
     for fold in folds(protocol, root):
