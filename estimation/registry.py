@@ -45,7 +45,7 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
     if name == "morphling":
         from apportion.estimation.models.morphling import MorphlingEstimator
 
-        return MorphlingEstimator(cache_dir=cache_dir)
+        return MorphlingEstimator(cache_dir=_fit_cache(cache_dir))
     if name == "tables":
         if tables is None or not tables.rows:
             raise InputError("--estimator", "estimator", "tables needs measured iteration times: "
@@ -56,6 +56,14 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
         return AutoEstimator(tables=tables, cache_dir=cache_dir)
     raise InputError("--estimator", "estimator",
                      f"{name!r} is not one of {', '.join(ESTIMATORS)}")
+
+
+def _fit_cache(cache_dir: str | None) -> str:
+    """Where fitted parameters live: ``cache_dir``, else the profile cache
+    (``$APPORTION_CACHE``), so a fit made by one round or process serves the next."""
+    from apportion.estimation.cache import default_cache_dir
+
+    return cache_dir or str(default_cache_dir())
 
 
 def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
@@ -79,7 +87,7 @@ class AutoEstimator(ParamsMixin):
             from apportion.estimation.models.morphling import MorphlingEstimator
 
             m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(),
-                 "morphling": MorphlingEstimator(cache_dir=self.cache_dir),
+                 "morphling": MorphlingEstimator(cache_dir=_fit_cache(self.cache_dir)),
                  "tables": self.tables or TableEstimator()}
             self.members_ = m
         return m

@@ -51,7 +51,6 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -241,7 +240,7 @@ def link_class(nodes: Sequence[int], env: Env) -> str:
     if len(counts) <= 1:
         return "intra"
     per_nic = max(1, env.gpus_per_node // max(1, env.nics_per_node))
-    if per_nic > 1 and any(g > 1 and g % per_nic for g in counts):
+    if env.nics_per_node > 1 and per_nic > 1 and any(g > 1 and g % per_nic for g in counts):
         return "inter-odd"
     return "inter"
 

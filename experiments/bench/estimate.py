@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.experiments.bench.accuracy import rel_err, spearman, summarize
+from apportion.experiments.bench.estimate_morphling import bench_morphling, morphling_markdown
 from apportion.experiments.bench.estimate_local import bench_local
 
 from apportion.jobs import JobSpec
@@ -39,52 +41,6 @@ def _data() -> Path:
     from apportion.env import data_root
 
     return data_root()
-
-# Morphling table 2 (mean / max error, %), for the side-by-side
-PAPER_TABLE2 = {
-    "vit": {"DP": (3.63, 6.83), "GC": (2.59, 6.19), "ZeRO-DP+GA": (4.23, 6.67),
-            "ZeRO-Offload": (3.00, 8.32)},
-    "roberta": {"DP": (2.21, 4.37), "GC": (3.36, 4.29), "ZeRO-DP+GA": (3.59, 6.71),
-                "ZeRO-Offload": (7.42, 10.44)},
-    "bert": {"DP": (5.27, 8.32), "GC": (4.90, 7.27), "ZeRO-DP+GA": (3.7, 6.90),
-             "ZeRO-Offload": (6.37, 8.62)},
-    "t5": {"TP+PP": (3.18, 8.24), "DP+TP+PP": (2.41, 9.55), "ZeRO-DP+GA": (6.71, 9.55),
-           "ZeRO-Offload+GC": (4.37, 6.34)},
-    "gpt2": {"TP+PP": (2.39, 3.08), "DP+TP+PP": (2.80, 4.15), "ZeRO-DP+GA": (2.52, 3.86),
-             "ZeRO-Offload+GC": (5.52, 8.90)},
-    "llama7": {"TP+PP": (1.90, 2.90), "DP+TP+PP": (4.70, 9.45),
-               "ZeRO-Offload+GC": (4.09, 6.38)},
-    "llama30": {"TP+PP": (4.29, 8.52), "DP+TP+PP": (6.15, 9.69)},
-}
-
-
-# ---------------------------------------------------------------------------
-# Morphling
-# ---------------------------------------------------------------------------
-def bench_morphling(root: Path | None = None, protocols: tuple[str, ...] | None = None
-                    ) -> dict[str, Any]:
-    """Morphling's model under every protocol of
-    :mod:`~apportion.experiments.bench.estimate_morphling` (held-out rows only)."""
-    from apportion.experiments.bench import estimate_morphling as em
-    from apportion.experiments.bench import morphling_data as md
-
-    root = root or _data() / "morphling"
-    res = {p: em.run_protocol(p, root) for p in (protocols or em.PROTOCOLS)}
-    main = res.get("covering") or next(iter(res.values()))
-    return {
-        "against": "morphling",
-        "protocols": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in res.items()},
-        "rows": {p: r["rows"] for p, r in res.items()},
-        "models": {m: {t["family"]: {k: t[k] for k in ("n", "mean_error", "max_error")}
-                       for t in main["tables"]["model_family"] if t["model"] == m}
-                   for m in md.MODELS},
-        "overall": main["overall"],
-        "targets": em.TARGETS,
-        "paper_table2": PAPER_TABLE2,
-        "skipped": md.SKIPPED,
-        "notes": [(em.__doc__ or "").strip(), (md.__doc__ or "").strip()],
-    }
-
 
 # ---------------------------------------------------------------------------
 # Crius
@@ -102,78 +58,139 @@ def _best_over_stages(est: Any, r: Any, cluster: Any) -> Any:
     return job, best
 
 
-def bench_crius(root: Path | None = None) -> dict[str, Any]:
+CRIUS_FOLDS = 5
+CRIUS_ESTIMATORS = ("cell", "cell_per_family", "cell_calibrated", "analytic")
+
+
+def crius_splits(rows: list[Any]) -> dict[str, list[tuple[set[str], set[str]]]]:
+    """Held-out splits of Crius's jobs, fixed (no seed): ``half``, every other job sorted by
+    name trains (the split of the earlier tables); ``kfold``, five folds by model (a model's
+    every batch size held out together, models sorted by name and dealt round-robin), so a
+    score never sees another batch of the same model in its fit."""
+    jobs = sorted({r.job for r in rows})
+    half = [(set(jobs[::2]), set(jobs) - set(jobs[::2]))]
+    models = sorted({r.job.rsplit("_", 1)[0] for r in rows})
+    kfold = []
+    for k in range(CRIUS_FOLDS):
+        held = set(models[k::CRIUS_FOLDS])
+        test = {j for j in jobs if j.rsplit("_", 1)[0] in held}
+        kfold.append((set(jobs) - test, test))
+    return {"half": half, "kfold": kfold}
+
+
+def _fit_crius(name: str, rows: list[Any], train: set[str]) -> Any:
+    """One estimator calibrated on the measured cells of ``train`` (see
+    :meth:`CellEstimator.fit`; the analytic one per GPU type from each cell's best plan)."""
     from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement
     from apportion.estimation.models.crius import CellEstimator
     from apportion.experiments.bench import crius_data as cd
 
+    calibration = {"cell": "type", "cell_per_family": "family", "cell_calibrated": "cell"}
+    base = AnalyticEstimator(efficiency=0.45) if name == "analytic" else CellEstimator()
+    samples, clusters, ratios = [], [], {}
+    for r in rows:
+        if r.job not in train or r.iter_time_s <= 0:
+            continue
+        cl = cd.cluster_for(r)
+        job, e = _best_over_stages(base, r, cl)
+        if e is None:
+            continue
+        placement = nominal_placement(cl, r.gpu_type, r.gpus) or {}
+        sample = Sample(job, e.plan, placement, r.gpu_type, r.iter_time_s)
+        if name == "analytic":
+            one = AnalyticEstimator().fit([sample], cl)
+            ratios.setdefault(r.gpu_type, []).extend(one.efficiency_.values())
+        samples.append(sample)
+        clusters.append(cl)
+    if name == "analytic":
+        fitted = AnalyticEstimator()
+        fitted.efficiency_ = {g: statistics.median(v) for g, v in ratios.items()}
+        return fitted
+    return CellEstimator(calibration=calibration[name]).fit(samples, clusters)
+
+
+def bench_crius(root: Path | None = None) -> dict[str, Any]:
+    """The cell and analytic estimators against Crius's Alpa-tuned measurements, held out by
+    :func:`crius_splits`; per split and estimator the mean error, the mean Spearman of each
+    job's cells, the same on exactly the rows Crius's own estimates cover, and OOMs."""
+    from apportion.experiments.bench import crius_data as cd
+
     root = root or _data() / "crius"
     rows = cd.load(root)
-    jobs = sorted({r.job for r in rows})
-    train_jobs = set(jobs[::2])
-    out: dict[str, Any] = {"against": "crius", "split": {"train_jobs": sorted(train_jobs),
-                                                         "test_jobs": sorted(set(jobs) -
-                                                                             train_jobs)}}
-    for name, make in (("cell", CellEstimator), ("analytic", AnalyticEstimator),
-                       ("cell_per_family", CellEstimator)):
-        # an uncalibrated start: the shipped calibration was fitted on this very data
-        base = AnalyticEstimator(efficiency=0.45) if make is AnalyticEstimator else make()
-        ratios: dict[str, list[float]] = {}
-        for r in rows:
-            if r.job not in train_jobs or r.iter_time_s <= 0:
-                continue
-            cl = cd.cluster_for(r)
-            job, e = _best_over_stages(base, r, cl)
-            if e is None:
-                continue
-            if name.startswith("cell"):
-                # time scales as 1/efficiency: efficiency = base x predicted / measured
-                key = r.gpu_type if name == "cell" else f"{r.gpu_type}|{r.family}"
-                ratios.setdefault(key, []).append(
-                    base.efficiency * e.iter_time_s / r.iter_time_s)
-            else:
-                placement = nominal_placement(cl, r.gpu_type, r.gpus) or {}
-                one = AnalyticEstimator().fit(
-                    [Sample(job, e.plan, placement, r.gpu_type, r.iter_time_s)], cl)
-                ratios.setdefault(r.gpu_type, []).extend(one.efficiency_.values())
-        fitted = make()
-        fitted.efficiency_ = {g: statistics.median(v) for g, v in ratios.items()}
-        fam_err: dict[str, list[float]] = {}
-        by_job: dict[str, tuple[list[float], list[float]]] = {}
-        oom = {"measured_oom": 0, "predicted_oom_too": 0}
-        for r in rows:
-            if r.job in train_jobs:
-                continue
-            cl = cd.cluster_for(r)
-            _, e = _best_over_stages(fitted, r, cl)
-            if r.iter_time_s <= 0:
-                oom["measured_oom"] += 1
-                oom["predicted_oom_too"] += int(e is None)
-                continue
-            if e is None:
-                fam_err.setdefault(f"{r.family}|{r.gpu}|predicted-oom", []).append(1.0)
-                continue
-            err = rel_err(e.iter_time_s, r.iter_time_s)
-            fam_err.setdefault(f"{r.family}|{r.gpu}", []).append(err)
-            a, b = by_job.setdefault(r.job, ([], []))
-            a.append(e.iter_time_s)
-            b.append(r.iter_time_s)
-        rhos = {j: spearman(a, b) for j, (a, b) in by_job.items() if len(a) >= 3}
-        models: dict[str, Any] = {}
-        for key, errs in sorted(fam_err.items()):
-            fam, rest = key.split("|", 1)
-            models.setdefault(fam, {})[rest] = summarize(errs)
-        valid = [v for v in rhos.values() if not math.isnan(v)]
-        allerr = [x for k, v in fam_err.items() for x in v]
-        out[name] = {"models": models, "overall": {**summarize(allerr),
-                                                   "spearman": statistics.fmean(valid)
-                                                   if valid else float("nan")},
-                     "spearman_per_job": rhos, "efficiency": fitted.efficiency_, "oom": oom}
-    out["models"] = out["cell"]["models"]
-    out["overall"] = out["cell"]["overall"]
-    out["spearman"] = out["cell"]["overall"]["spearman"]
-    out["crius_own_estimates"] = crius_own_accuracy(root, test_jobs=set(jobs) - train_jobs)
+    own = crius_own_accuracy(root)
+    out: dict[str, Any] = {"against": "crius", "folds": CRIUS_FOLDS}
+    for split, folds in crius_splits(rows).items():
+        res: dict[str, Any] = {}
+        test_jobs = set().union(*(t for _, t in folds))
+        for name in CRIUS_ESTIMATORS:
+            preds: dict[tuple[str, str, int, int], float | None] = {}
+            for train, test in folds:
+                fitted = _fit_crius(name, rows, train)
+                for r in rows:
+                    if r.job in test:
+                        _, e = _best_over_stages(fitted, r, cd.cluster_for(r))
+                        preds[(r.job, r.gpu, r.hosts, r.per_host)] = \
+                            None if e is None else e.iter_time_s
+            res[name] = _score_crius(rows, preds, own["rows"])
+        ref = {k: v for k, v in own["rows"].items() if k[0] in test_jobs}
+        res["crius_own"] = _score_crius(rows, {k: v for k, v in ref.items()}, ref)
+        out[split] = res
+    out["models"] = out["kfold"]["cell_calibrated"]["models"]
+    out["overall"] = out["kfold"]["cell_calibrated"]["overall"]
+    out["spearman"] = out["overall"]["spearman"]
+    out["split_jobs"] = {"half_test": sorted(crius_splits(rows)["half"][0][1])}
     return out
+
+
+def _score_crius(rows: list[Any], preds: dict[tuple[str, str, int, int], float | None],
+                 own: dict[tuple[str, str, int, int], float]) -> dict[str, Any]:
+    """Errors per family and GPU, overall (a predicted OOM of a measured cell counts as
+    error 1), mean Spearman of each job's cells (jobs with three or more), the same on the
+    rows ``own`` covers, and the OOM tally."""
+    fam_err: dict[str, list[float]] = {}
+    by_job: dict[str, tuple[list[float], list[float]]] = {}
+    same: list[float] = []
+    same_job: dict[str, tuple[list[float], list[float]]] = {}
+    oom = {"measured_oom": 0, "predicted_oom_too": 0, "predicted_oom_of_measured": 0}
+    for r in rows:
+        key = (r.job, r.gpu, r.hosts, r.per_host)
+        if key not in preds:
+            continue
+        p = preds[key]
+        if r.iter_time_s <= 0:
+            oom["measured_oom"] += 1
+            oom["predicted_oom_too"] += int(p is None)
+            continue
+        if p is None:
+            oom["predicted_oom_of_measured"] += 1
+            fam_err.setdefault(f"{r.family}|{r.gpu}|predicted-oom", []).append(1.0)
+            continue
+        err = rel_err(p, r.iter_time_s)
+        fam_err.setdefault(f"{r.family}|{r.gpu}", []).append(err)
+        a, b = by_job.setdefault(r.job, ([], []))
+        a.append(p)
+        b.append(r.iter_time_s)
+        if key in own:
+            same.append(err)
+            a, b = same_job.setdefault(r.job, ([], []))
+            a.append(p)
+            b.append(r.iter_time_s)
+
+    def rho(groups: dict[str, tuple[list[float], list[float]]]) -> float:
+        vals = [v for a, b in groups.values() if len(a) >= 3
+                if not math.isnan(v := spearman(a, b))]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    models: dict[str, Any] = {}
+    for key, errs in sorted(fam_err.items()):
+        fam, rest = key.split("|", 1)
+        models.setdefault(fam, {})[rest] = summarize(errs)
+    allerr = [x for v in fam_err.values() for x in v]
+    return {"models": models,
+            "overall": {**summarize(allerr), "median_error": statistics.median(allerr)
+                        if allerr else float("nan"), "spearman": rho(by_job)},
+            "on_crius_rows": {**summarize(same), "spearman": rho(same_job)},
+            "oom": oom}
 
 
 def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[str, Any]:
@@ -184,6 +201,7 @@ def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[st
     errs: list[float] = []
     fams: dict[str, list[float]] = {}
     by_job: dict[str, tuple[list[float], list[float]]] = {}
+    rows: dict[tuple[str, str, int, int], float] = {}
     for job, cfgs in est.items():
         if job not in meas or (test_jobs is not None and job not in test_jobs):
             continue
@@ -196,6 +214,9 @@ def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[st
             if m <= 0 or not vals:
                 continue
             e = rel_err(min(vals), m)
+            k = re.fullmatch(r"(\d+)_([a-z0-9]+)_(\d+)_n_(\d+)_d", cfg)
+            if k:
+                rows[(job, k.group(2), int(k.group(3)), int(k.group(4)))] = min(vals)
             errs.append(e)
             fams.setdefault(job.split("_")[0], []).append(e)
             a, b = by_job.setdefault(job, ([], []))
@@ -206,7 +227,7 @@ def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[st
     return {"overall": {**summarize(errs), "median_error": statistics.median(errs) if errs
                         else float("nan"),
                         "spearman": statistics.fmean(rhos) if rhos else float("nan")},
-            "families": {f: summarize(v) for f, v in fams.items()},
+            "families": {f: summarize(v) for f, v in fams.items()}, "rows": rows,
             "note": "jobs of the test half only where the est file has them; Crius's own "
                     "estimator needs its profiler on the real GPUs, which apportion lacks here"}
 
@@ -240,32 +261,6 @@ def _family_table(models: dict[str, Any], overall: dict[str, Any],
     return markdown_table(["model", "plan family", "n", "mean error", "max error",
                            "paper mean / max"], rows,
                           align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
-
-
-def morphling_markdown(result: dict[str, Any], full: bool = False) -> str:
-    """Per protocol: the summary against the targets, the per-family table and the worst rows
-    with where their error lives (``full``: also by placement kind and GPU count)."""
-    from apportion.experiments.bench.estimate_morphling import protocol_markdown
-    from apportion.tables import markdown_table
-
-    lines = ["# Estimator accuracy against morphling", "",
-             "Held-out rows only (see the protocols below); errors are |predicted - measured| / "
-             "measured.", ""]
-    rows = []
-    for name, r in result["protocols"].items():
-        o = r["overall"]
-        target = result.get("targets", {}).get(name)
-        rows.append([f"`{name}`", str(o["n"]), f"{100 * o['mean_error']:.1f}%",
-                     f"{100 * o['max_error']:.1f}%",
-                     "" if not target else " / ".join("-" if t is None else f"{t:g}%"
-                                                      for t in target)])
-    lines += markdown_table(["protocol", "rows scored", "mean error", "max error",
-                             "target mean / max"], rows,
-                            align=["", "r", "r", "r", ""]).rstrip("\n").split("\n")
-    for name, r in result["protocols"].items():
-        lines += ["", f"## Protocol `{name}`", ""]
-        lines += protocol_markdown({**r, "rows": result["rows"][name]}, full=full)
-    return "\n".join(lines) + "\n"
 
 
 def markdown(result: dict[str, Any]) -> str:
