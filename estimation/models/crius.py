@@ -343,8 +343,10 @@ class CellEstimator(ParamsMixin):
 
     def assemble(self, model: ModelSpec, batch: int, stages: StagePlan, gpu_type: str,
                  intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0,
-                 micro_batches: int | None = None) -> list[AssembledPlan]:
-        """All ``2^S`` DP-only/TP-only assemblies of ``stages`` with their scores."""
+                 micro_batches: int | None = None, hybrid: bool = False
+                 ) -> list[AssembledPlan]:
+        """All ``2^S`` DP-only/TP-only assemblies of ``stages`` with their scores (with
+        ``hybrid``, a stage neither layout fits may also run DP over TP groups)."""
         S = len(stages.ranges)
         B = micro_batches or self.micro_batch_factor * S
         B = max(1, min(B, batch))
@@ -372,7 +374,7 @@ class CellEstimator(ParamsMixin):
                 opts.append(StageProfile("tp", n, tp_p.compute_s, tp_p.mem_bytes, tpc, 0.0))
             elif n > 1:
                 opts.append(StageProfile("tp", n, math.inf, math.inf))
-            if n > 1 and all(o.mem_bytes > usable for o in opts):
+            if hybrid and n > 1 and all(o.mem_bytes > usable for o in opts):
                 # neither layout fits: DP over TP groups as wide as a node allows (Alpa's
                 # 2D stage mesh) -- a round that placed the cell still gets its estimate
                 tp = max((w for w in range(2, min(n, max_tp) + 1) if n % w == 0), default=1)
@@ -443,13 +445,19 @@ class CellEstimator(ParamsMixin):
             return None, []
         # B = 4 x stages (GPipe, as Crius); doubled while every assembly is out of
         # memory, as the training framework would accumulate more micro-batches
-        B = max(1, min(self.micro_batch_factor * stages, batch))
-        while True:
-            plans = self.assemble(model, batch, sp, gpu_type, intra, outer, max_tp, eff_scale, B)
-            ok = [p for p in plans if p.feasible]
-            if ok or B >= min(batch, self.max_micro_batches):
+        # only then, DP x TP stages where neither layout fits (a placed cell needs an estimate)
+        ok: list[AssembledPlan] = []
+        for hybrid in (False, True):
+            B = max(1, min(self.micro_batch_factor * stages, batch))
+            while True:
+                plans = self.assemble(model, batch, sp, gpu_type, intra, outer, max_tp,
+                                      eff_scale, B, hybrid)
+                ok = [p for p in plans if p.feasible]
+                if ok or B >= min(batch, self.max_micro_batches):
+                    break
+                B = min(B * 2, batch)
+            if ok:
                 break
-            B = min(B * 2, batch)
         if not ok:
             return None, plans
         best = min(ok, key=lambda p: p.iter_time_s)
@@ -548,6 +556,7 @@ class CellEstimator(ParamsMixin):
         mode = self._mode()
         ratios: dict[str, list[float]] = {}
         rows: list[tuple[dict[str, float], float]] = []
+        models: list[str] = []
         saved = self.__dict__.pop("efficiency_", None)
         saved_coef = self.__dict__.pop("coef_", None)
         try:
@@ -574,11 +583,13 @@ class CellEstimator(ParamsMixin):
                     ratios.setdefault(f"{s.gpu_type}|{model.family}", []).append(ratio)
                 rows.append((cell_features(model, s.job.global_batch_size, s.gpu_type,
                                            s.plan.gpus, hosts), -math.log(ratio)))
+                models.append(s.job.model)
         finally:
             if saved is not None:
                 self.efficiency_ = saved
             if saved_coef is not None:
                 self.coef_ = saved_coef
+        self.heldout_error_ = _heldout(rows, models, mode, self.ridge)
         if mode == "cell":
             self.coef_ = _ridge(rows, self.ridge)
             self.__dict__.pop("efficiency_", None)
@@ -601,6 +612,39 @@ def cell_features(model: ModelSpec, batch: int, gpu_type: str, gpus: int, hosts:
             f"{gpu_type}|log2_hosts": math.log2(max(hosts, 1)),
             "log2_batch_per_gpu": math.log2(max(batch / max(gpus, 1), 1e-9)),
             "log_params": math.log(max(model.params, 1.0) / 1e9)}
+
+
+def _heldout(rows: Sequence[tuple[Mapping[str, float], float]], models: Sequence[str],
+             mode: str, lam: float, folds: int = 5) -> dict[str, float]:
+    """Per model, the mean relative error of its cells predicted by the calibration fitted on
+    the other folds (every ``folds``-th cell held out together): ``--estimator auto``
+    compares it with the other estimators'. The efficiency calibrations are read as the
+    scale they put on the analytic cell (the median ratio of the cell's type, or type and
+    family); the ``"cell"`` one as its regression."""
+    k = min(folds, len(rows))
+    errs: dict[str, list[float]] = {}
+    for f in range(k):
+        train = [r for i, r in enumerate(rows) if i % k != f]
+        if not train:
+            continue
+        coef = _ridge(train, lam) if mode == "cell" else {}
+        for i in range(f, len(rows), k):
+            feats, y = rows[i]
+            if mode == "cell":
+                pred = sum(coef.get(n, 0.0) * x for n, x in feats.items())
+            else:
+                key = _intercept(feats)
+                pool = [v for ft, v in train if _intercept(ft) == key] if mode == "family" else []
+                pool = pool or [v for ft, v in train
+                                if _intercept(ft).split("|")[0] == key.split("|")[0]]
+                pred = float(median(pool)) if pool else 0.0
+            errs.setdefault(models[i], []).append(abs(math.exp(pred - y) - 1.0))
+    return {m: sum(v) / len(v) for m, v in errs.items()}
+
+
+def _intercept(feats: Mapping[str, float]) -> str:
+    """The ``<type>|<family>`` feature of a cell."""
+    return next(n for n in feats if "|" in n and n.split("|", 1)[1] not in _SLOPES)
 
 
 def _ridge(rows: Sequence[tuple[Mapping[str, float], float]], lam: float) -> dict[str, float]:

@@ -467,7 +467,7 @@ class MorphlingEstimator(ParamsMixin):
                  efficiency: float = 0.45, prior_weight: float = 0.02,
                  grad_bytes: float = 2.0, act_bytes: float = 2.0, max_micro_batches: int = 64,
                  fit_env: bool = True, offload_form: str = "auto",
-                 terms: tuple[str, ...] = K_TERMS) -> None:
+                 terms: tuple[str, ...] = K_TERMS, heldout_folds: int = 5) -> None:
         if offload_form not in ("auto", "overlap", "additive"):
             raise ValueError(f"offload_form must be auto, overlap or additive, not {offload_form!r}")
         self.env = env
@@ -486,6 +486,8 @@ class MorphlingEstimator(ParamsMixin):
             raise ValueError(f"unknown terms {sorted(unknown)}; known: {', '.join(K_TERMS)}")
         # the terms beyond the paper's seven a fit may free (the others keep K_NEUTRAL)
         self.terms = tuple(terms)
+        # folds of the held-out error each fit reports (heldout_error_); 0: none
+        self.heldout_folds = heldout_folds
 
 
     # -- helpers ---------------------------------------------------------------------
@@ -513,7 +515,25 @@ class MorphlingEstimator(ParamsMixin):
             return tables[any_key]
         if gpu_type is None:
             raise ValueError(f"no forward profile for {arch.name} and no GPU type to derive one")
-        return FlopsForward(arch, gpu_type, self.efficiency)
+        return FlopsForward(arch, gpu_type, self.efficiency / self._measured_ratio(arch))
+
+    def _measured_ratio(self, arch: Arch, samples: float = 8.0) -> float:
+        """How much slower than FLOPs at ``efficiency`` the architecture's measured forward
+        profiles run (median over the GPU types measured; 1 without one): a type nobody
+        measured keeps its catalog ratio to the measured ones instead of looking faster by
+        what the measurement found."""
+        ratios = []
+        for key, curve in getattr(self, "forward_", {}).items():
+            name, _, gpu = key.partition("|")
+            if name != arch.name:
+                continue
+            try:
+                ref = FlopsForward(arch, gpu, self.efficiency)(samples)
+            except (KeyError, ValueError):  # a stand-in device the catalog does not know
+                continue
+            if ref > 0:
+                ratios.append(float(curve(samples)) / ref)
+        return float(np.median(ratios)) if ratios else 1.0
 
     def set_forward_profile(self, arch_name: str, gpu_type: str | None,
                             curve: Curve | AffineForward) -> None:
@@ -524,7 +544,10 @@ class MorphlingEstimator(ParamsMixin):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, samples: Iterable[Sample]) -> MorphlingEstimator:
-        """Fit the seven k-parameters per architecture by RMSLE (scipy least squares)."""
+        """Fit the seven k-parameters per architecture by RMSLE (scipy least squares), and
+        report each architecture's held-out error (``heldout_error_``: the mean relative
+        error of every sample predicted by a fit on the other folds' samples, where those
+        still number ``min_samples``), which ``--estimator auto`` compares."""
         by_arch: dict[str, list[tuple[Arch, Sample]]] = {}
         for s in samples:
             arch = getattr(s, "arch", None) or Arch.from_spec(get_model(s.job.model))
@@ -532,6 +555,7 @@ class MorphlingEstimator(ParamsMixin):
         fitted = dict(getattr(self, "k_", {}))
         history: dict[str, list[Sample]] = dict(getattr(self, "samples_", {}))
         fit_err: dict[str, float] = dict(getattr(self, "fit_rmsle_", {}))
+        heldout: dict[str, float] = dict(getattr(self, "heldout_error_", {}))
         for name, rows in by_arch.items():
             if len(rows) < self.min_samples:
                 raise ValueError(f"{name}: {len(rows)} samples; the model needs at least "
@@ -541,12 +565,41 @@ class MorphlingEstimator(ParamsMixin):
             fitted[name] = k
             history[name] = [s for _, s in rows]
             fit_err[name] = err
+            h = self._heldout(rows)
+            if h is not None:
+                heldout[name] = h
+            else:
+                heldout.pop(name, None)
         self.k_ = fitted
         self.samples_ = history
         self.fit_rmsle_ = fit_err
+        self.heldout_error_ = heldout
         for name in by_arch:
             self._save_cached(name, fitted[name])
         return self
+
+    def _heldout(self, rows: list[tuple[Arch, Sample]]) -> float | None:
+        """Mean relative error of ``rows`` predicted by fits on the other folds (every
+        ``heldout_folds``-th sample held out together); None where no fold leaves
+        ``min_samples`` to fit."""
+        k = min(self.heldout_folds, len(rows))
+        if k < 2:
+            return None
+        errs: list[float] = []
+        for f in range(k):
+            train = [s for i, (_, s) in enumerate(rows) if i % k != f]
+            if len(train) < self.min_samples:
+                continue
+            sub = type(self)(**{**self.get_params(), "cache_dir": None, "heldout_folds": 0})
+            sub.forward_ = {key: c for key, c in getattr(self, "forward_", {}).items()
+                            if not isinstance(c, AffineForward)}  # a profiler's curves only
+            sub.fit(train)
+            for arch, s in rows[f::k]:
+                nodes, cpus = self._row(arch, s)
+                pred = sub.predict_config(arch, s.job.global_batch_size, s.plan, nodes, cpus,
+                                          s.gpu_type)["T_iter"]
+                errs.append(abs(pred - s.iter_time_s) / s.iter_time_s)
+        return float(np.mean(errs)) if errs else None
 
     def _install_forward(self, rows: list[tuple[Arch, Sample]]) -> None:
         """Forward curves from samples that carry a measured forward time."""
@@ -743,6 +796,7 @@ class MorphlingEstimator(ParamsMixin):
         disk.put("morphling-fit", self._cache_key(arch_name),
                  {"k": dict(k), "forward": fwd,
                   "rmsle": getattr(self, "fit_rmsle_", {}).get(arch_name),
+                  "heldout_error": getattr(self, "heldout_error_", {}).get(arch_name),
                   "samples": len(getattr(self, "samples_", {}).get(arch_name, []))})
 
     def _load_cached(self, arch_name: str) -> dict[str, float] | None:
@@ -760,6 +814,9 @@ class MorphlingEstimator(ParamsMixin):
         for gpu, (fixed, per) in hit.get("forward", {}).items():
             tables.setdefault(f"{arch_name}|{gpu}", AffineForward(float(fixed), float(per)))
         self.forward_ = tables
+        if hit.get("heldout_error") is not None:
+            self.heldout_error_ = {**getattr(self, "heldout_error_", {}),
+                                   arch_name: float(hit["heldout_error"])}
         return k
 
     # -- prediction ---------------------------------------------------------------------

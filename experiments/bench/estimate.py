@@ -152,6 +152,7 @@ def _score_crius(rows: list[Any], preds: dict[tuple[str, str, int, int], float |
     same: list[float] = []
     same_job: dict[str, tuple[list[float], list[float]]] = {}
     oom = {"measured_oom": 0, "predicted_oom_too": 0, "predicted_oom_of_measured": 0}
+    scored: list[dict[str, Any]] = []
     for r in rows:
         key = (r.job, r.gpu, r.hosts, r.per_host)
         if key not in preds:
@@ -166,6 +167,8 @@ def _score_crius(rows: list[Any], preds: dict[tuple[str, str, int, int], float |
             fam_err.setdefault(f"{r.family}|{r.gpu}|predicted-oom", []).append(1.0)
             continue
         err = rel_err(p, r.iter_time_s)
+        scored.append({"job": r.job, "gpu": r.gpu, "cell": f"{r.hosts}x{r.per_host}",
+                       "measured_s": r.iter_time_s, "predicted_s": p, "error": err})
         fam_err.setdefault(f"{r.family}|{r.gpu}", []).append(err)
         a, b = by_job.setdefault(r.job, ([], []))
         a.append(p)
@@ -190,7 +193,7 @@ def _score_crius(rows: list[Any], preds: dict[tuple[str, str, int, int], float |
             "overall": {**summarize(allerr), "median_error": statistics.median(allerr)
                         if allerr else float("nan"), "spearman": rho(by_job)},
             "on_crius_rows": {**summarize(same), "spearman": rho(same_job)},
-            "oom": oom}
+            "oom": oom, "worst": sorted(scored, key=lambda x: -x["error"])[:10]}
 
 
 def crius_own_accuracy(root: Path, test_jobs: set[str] | None = None) -> dict[str, Any]:
@@ -263,37 +266,59 @@ def _family_table(models: dict[str, Any], overall: dict[str, Any],
                           align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
 
 
+def crius_markdown(result: dict[str, Any]) -> str:
+    """Per split, every estimator's held-out error and rank agreement (on all rows and on
+    exactly the rows Crius's own estimates cover); the headline estimator's per-family
+    table and worst rows."""
+    from apportion.tables import markdown_table
+
+    lines = ["# Estimator accuracy against crius", "",
+             ("Held out by job (`half`) and by model (`kfold`, 5 folds): see "
+              "`crius_splits`. Errors are |predicted - measured| / measured; a measured "
+              "cell predicted out of memory counts as 1. Spearman: mean over jobs with three "
+              "or more measured cells."), ""]
+    for split in ("half", "kfold"):
+        res = result[split]
+        rows = []
+        for name, v in res.items():
+            o, c = v["overall"], v["on_crius_rows"]
+            rows.append([name, str(o["n"]), f"{100 * o['mean_error']:.1f}%",
+                         f"{100 * o['median_error']:.1f}%", f"{100 * o['max_error']:.1f}%",
+                         f"{o['spearman']:.3f}", str(c["n"]), f"{100 * c['mean_error']:.1f}%",
+                         f"{c['spearman']:.3f}", str(v["oom"]["predicted_oom_of_measured"])])
+        lines += [f"## Split `{split}`", ""]
+        lines += markdown_table(["estimator", "n", "mean", "median", "max", "Spearman",
+                                 "n (Crius's rows)", "mean there", "Spearman there",
+                                 "measured, predicted OOM"], rows,
+                                align=["", "r", "r", "r", "r", "r", "r", "r", "r", "r"]
+                                ).rstrip("\n").split("\n")
+        lines.append("")
+    head = result["kfold"]["cell_calibrated"]
+    lines += ["## `cell_calibrated`, 5 folds by model: per family and GPU type", ""]
+    rows = [[fam, gpu, str(v["n"]), f"{100 * v['mean_error']:.1f}%",
+             f"{100 * v['max_error']:.1f}%"]
+            for fam, per in head["models"].items() for gpu, v in per.items()]
+    lines += markdown_table(["family", "GPU", "n", "mean", "max"], rows,
+                            align=["", "", "r", "r", "r"]).rstrip("\n").split("\n")
+    lines += ["", "Worst rows:", ""]
+    rows = [[w["job"], w["gpu"], w["cell"], f"{w['measured_s']:.2f}", f"{w['predicted_s']:.2f}",
+             f"{100 * w['error']:.0f}%"] for w in head["worst"]]
+    lines += markdown_table(["job", "GPU", "hosts x GPUs", "measured s", "predicted s", "error"],
+                            rows, align=["", "", "", "r", "r", "r"]).rstrip("\n").split("\n")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """A markdown table of a result (per model and family, then overall)."""
-    if result.get("against") == "morphling" and "protocols" in result:
+    if result.get("against") == "morphling":
         return morphling_markdown(result)
-    paper = result.get("paper_table2", {})
+    if result.get("against") == "crius":
+        return crius_markdown(result)
     lines = [f"# Estimator accuracy against {result['against']}", ""]
-    lines += _family_table(result.get("models", {}), result["overall"], paper)
-    if "spearman" in result:
-        lines += ["", f"Mean Spearman rank agreement of cells per job: {result['spearman']:.3f}"]
-    own = result.get("crius_own_estimates")
-    if own:
-        o = own["overall"]
-        lines += ["", f"Reference, Crius's own profiler-based estimates on the same test jobs: "
-                  f"n={o['n']}, mean {100 * o['mean_error']:.1f}%, median "
-                  f"{100 * o['median_error']:.1f}%, max {100 * o['max_error']:.1f}%, "
-                  f"Spearman {o['spearman']:.3f}"]
+    lines += _family_table(result.get("models", {}), result["overall"], {})
     for est_name, v in result.get("estimators", {}).items():
         lines.append(f"\n{est_name}: n={v['n']}, mean {100 * v['mean_error']:.1f}%, "
                      f"max {100 * v['max_error']:.1f}%")
-    for section in ("single_node", "covering"):
-        sec = result.get(section)
-        if not sec:
-            continue
-        lines += ["", f"## Protocol `{section}`", "", sec.get("note", ""), ""]
-        lines += _family_table(sec["models"], sec["overall"], paper)
-    for label, by in (("all rows, profile-only fit", result.get("by_placement")),
-                      ("covering fit", (result.get("covering") or {}).get("by_placement"))):
-        if by:
-            lines += ["", f"By placement ({label}): " + "; ".join(
-                f"{k} n={v['n']} mean {100 * v['mean_error']:.1f}% max "
-                f"{100 * v['max_error']:.1f}%" for k, v in by.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -194,7 +194,7 @@ def run_protocol(protocol: str, root: Path,
 
     ``make(min_samples)`` builds the estimator to fit (default: the shipped one).
     """
-    make = make or (lambda n: MorphlingEstimator(env=md.ENV, min_samples=n))
+    make = make or (lambda n: MorphlingEstimator(env=md.ENV, min_samples=n, heldout_folds=0))
     rows: list[dict[str, Any]] = []
     fits: dict[str, Any] = {}
     for fold in folds(protocol, root):
