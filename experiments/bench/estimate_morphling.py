@@ -213,6 +213,9 @@ def run_protocol(protocol: str, root: Path,
     return {"protocol": protocol, "fits": fits, "rows": rows,
             "overall": summarize(r["error"] for r in scored),
             "tables": error_tables(scored),
+            "worst": worst_rows(rows),
+            "worst_by_model": {m: worst_rows([r for r in rows if r["model"] == m], 3)
+                               for m in md.MODELS},
             "excluded": [r for r in rows if r["excluded"] is not None]}
 
 
@@ -234,6 +237,7 @@ class Context:
 TERM = {0: "TP collectives (T_comm_tp)", 1: "pipeline (T_fwd over stages, T_comm_pp)",
         2: "ZeRO partitioning", 3: "offload (T_off, CPU optimizer)", 4: "recomputation"}
 PART = {"fwd": "forward (T_fwd: the forward curve)",
+        "fwdcc": "forward and backward with communication (k_3d, TP/PP latencies, bandwidths)",
         "cc": "backward with the DP synchronisation (k_bwd, k_sync, bandwidth)",
         "oo": "optimizer step (T_opt, offload, ZeRO all-gather)"}
 
@@ -271,8 +275,10 @@ def attribute(rec: dict[str, Any], ctx: Context, recs: Iterable[dict[str, Any]])
                                                     <= max(ctx.batches)):
         return (f"forward curve extrapolated ({sign}-predicted): {per_gpu:g} samples per GPU, "
                 f"fitted {min(ctx.batches):g}-{max(ctx.batches):g}")
-    pm, pp = rec["parts_measured"], rec["parts_predicted"]
-    common = [k for k in ("fwd", "cc", "oo") if k in pm]
+    pm, pp = dict(rec["parts_measured"]), dict(rec["parts_predicted"])
+    if "cc" in pm and "fwd" not in pm:  # the 3D rows log forward and backward as one part
+        pp["fwdcc"], pm["fwdcc"] = pp["fwd"] + pp["cc"], pm.pop("cc")
+    common = [k for k in ("fwd", "cc", "fwdcc", "oo") if k in pm]
     if common:
         worst = max(common, key=lambda k: abs(pp[k] - pm[k]))
         d = pp[worst] - pm[worst]
@@ -373,18 +379,15 @@ def protocol_markdown(res: dict[str, Any], worst: int = 12, full: bool = False) 
     lines.append("")
     rows = [[r["model"], r["family"], r["placement"], f"{r['measured_s']:.3f}",
              f"{r['predicted_s']:.3f}", f"{100 * r['signed']:+.1f}%", r["reason"]]
-            for r in worst_rows(res["rows"], worst)]
+            for r in res["worst"][:worst]]
     lines += markdown_table(["model", "family", "placement", "measured s", "predicted s",
                              "error", "where the error lives"], rows,
                             align=["", "", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
     if full:
         lines += ["", "Worst 3 rows of each model:", ""]
-        rows = []
-        for model in md.MODELS:
-            mine = [r for r in res["rows"] if r["model"] == model]
-            rows += [[r["model"], r["family"], r["placement"], f"{r['measured_s']:.3f}",
-                      f"{r['predicted_s']:.3f}", f"{100 * r['signed']:+.1f}%", r["reason"]]
-                     for r in worst_rows(mine, 3)]
+        rows = [[r["model"], r["family"], r["placement"], f"{r['measured_s']:.3f}",
+                 f"{r['predicted_s']:.3f}", f"{100 * r['signed']:+.1f}%", r["reason"]]
+                for model in md.MODELS for r in res["worst_by_model"].get(model, [])]
         lines += markdown_table(["model", "family", "placement", "measured s", "predicted s",
                                  "error", "where the error lives"], rows,
                                 align=["", "", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
@@ -411,7 +414,10 @@ def bench_morphling(root: Path | None = None, protocols: tuple[str, ...] | None 
     return {
         "against": "morphling",
         "protocols": {p: {k: v for k, v in r.items() if k != "rows"} for p, r in res.items()},
-        "rows": {p: r["rows"] for p, r in res.items()},
+        # every scored row of the two protocols with targets (the logged and predicted parts
+        # stay in the tables' reasons)
+        "rows": {p: [{k: v for k, v in row.items() if not k.startswith("parts_")}
+                     for row in res[p]["rows"]] for p in ("paper", "covering") if p in res},
         "models": {m: {t["family"]: {k: t[k] for k in ("n", "mean_error", "max_error")}
                        for t in main["tables"]["model_family"] if t["model"] == m}
                    for m in md.MODELS},
@@ -444,7 +450,7 @@ def morphling_markdown(result: dict[str, Any], full: bool = False) -> str:
                             align=["", "r", "r", "r", ""]).rstrip("\n").split("\n")
     for name, r in result["protocols"].items():
         lines += ["", f"## Protocol `{name}`", ""]
-        lines += protocol_markdown({**r, "rows": result["rows"][name]}, full=full)
+        lines += protocol_markdown(r, full=full)
     return "\n".join(lines) + "\n"
 
 

@@ -46,14 +46,14 @@ from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 
 GPU = "A800-80GB"
-# The testbed (Morphling section 7: servers of 8 A800 GPUs) as nominal figures: NVLink 200 GB/s,
-# 12.5 GB/s per network adapter (four: 50 GB/s a node), PCIe 25 GB/s; the artifact ships no
-# measured bandwidth. Four adapters per
-# node, one per pair of GPUs, is read from the traces: on every model whose runs the placement
-# does not slow otherwise, a DP step across ``44`` or ``35`` spends half the network time of
-# one across ``26``, ``224``, ``2222`` or ``11111111`` (BERT 52-60 against 97-118 ms, GPT-2
-# 0.20-0.23 against 0.45-0.53 s, RoBERTa 20-26 against 58-90 ms): a ring runs at the pace of
-# the node driving the fewest adapters, two GPUs per adapter.
+# The testbed (Morphling section 7: servers of 8 A800 GPUs) at nominal figures -- NVLink
+# 200 GB/s, 12.5 GB/s per network adapter (50 GB/s a node), PCIe 25 GB/s; the artifact ships no
+# measured bandwidth and the fit scales each. Four adapters per node, one per pair of GPUs, is
+# read from the traces: for the models whose runs the placement does not slow otherwise, a DP
+# step across ``44`` or ``35`` spends half the network time of one across ``26``, ``224``,
+# ``2222`` or ``11111111`` (BERT 52-60 against 97-118 ms, GPT-2 0.20-0.23 against 0.45-0.53 s,
+# RoBERTa 20-26 against 58-90 ms): a ring runs at the pace of the node driving the fewest
+# adapters, two GPUs per adapter.
 ENV = Env(intra_GBps=200.0, inter_GBps=50.0, pcie_GBps=25.0, nics_per_node=4, gpus_per_node=8)
 
 
