@@ -5,12 +5,15 @@ rounds resolves here. ``auto`` keeps one of each and picks per job (model):
 
 1. ``tables`` when measured iteration times exist for the job's model (and
    batch) — a measurement of this very configuration beats any model;
-2. ``morphling`` (the fitted appendix-A model) when it has been fitted for the
+2. of the fitted estimators that report a held-out error for the job's model
+   (``heldout_error_``: Morphling's per architecture, the cell estimator's
+   calibration per model, each on the samples its fit did not see), the lowest;
+3. ``morphling`` (the fitted appendix-A model) when it has been fitted for the
    model's architecture (k-parameters learned from profiles or run samples,
    in memory or in its cache folder);
-3. ``crius`` (the cell estimator) when stage profiles of the model are cached
+4. ``crius`` (the cell estimator) when stage profiles of the model are cached
    (``apportion profile`` writes them);
-4. ``analytic`` otherwise.
+5. ``analytic`` otherwise.
 
 The choice is recorded per job (``chosen_``) so a decision can say which
 estimator each allocation came from; each answer is memoised per (model,
@@ -45,7 +48,7 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
     if name == "morphling":
         from apportion.estimation.models.morphling import MorphlingEstimator
 
-        return MorphlingEstimator(cache_dir=cache_dir)
+        return MorphlingEstimator(cache_dir=_fit_cache(cache_dir))
     if name == "tables":
         if tables is None or not tables.rows:
             raise InputError("--estimator", "estimator", "tables needs measured iteration times: "
@@ -56,6 +59,14 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
         return AutoEstimator(tables=tables, cache_dir=cache_dir)
     raise InputError("--estimator", "estimator",
                      f"{name!r} is not one of {', '.join(ESTIMATORS)}")
+
+
+def _fit_cache(cache_dir: str | None) -> str:
+    """Where fitted parameters live: ``cache_dir``, else the profile cache
+    (``$APPORTION_CACHE``), so a fit made by one round or process serves the next."""
+    from apportion.estimation.cache import default_cache_dir
+
+    return cache_dir or str(default_cache_dir())
 
 
 def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
@@ -78,8 +89,8 @@ class AutoEstimator(ParamsMixin):
             from apportion.estimation.models.crius import CellEstimator
             from apportion.estimation.models.morphling import MorphlingEstimator
 
-            m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(),
-                 "morphling": MorphlingEstimator(cache_dir=self.cache_dir),
+            m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(calibration="cell"),
+                 "morphling": MorphlingEstimator(cache_dir=_fit_cache(self.cache_dir)),
                  "tables": self.tables or TableEstimator()}
             self.members_ = m
         return m
@@ -90,8 +101,11 @@ class AutoEstimator(ParamsMixin):
         key = f"{job.model}|{job.global_batch_size}"
         if key not in chosen:
             m = self._members()
+            held = self._heldout(job)
             if m["tables"].has_data(job):
                 name = "tables"
+            elif held:
+                name = min(held, key=lambda n: (held[n], n))
             elif self._morphling_fitted(job):
                 name = "morphling"
             elif _has_stage_profiles(job.model, self.cache_dir):
@@ -100,6 +114,23 @@ class AutoEstimator(ParamsMixin):
                 name = "analytic"
             chosen[key] = name
         return chosen[key]
+
+    def _heldout(self, job: JobSpec) -> dict[str, float]:
+        """Held-out error for ``job``'s model of every member fitted with one."""
+        from apportion.estimation.models.morphling import Arch
+        from apportion.models import get_model
+
+        m = self._members()
+        out = {}
+        arch = Arch.from_spec(get_model(job.model)).name
+        if self._morphling_fitted(job):
+            h = getattr(m["morphling"], "heldout_error_", {}).get(arch)
+            if h is not None:
+                out["morphling"] = float(h)
+        h = getattr(m["crius"], "heldout_error_", {}).get(job.model)
+        if h is not None:
+            out["crius"] = float(h)
+        return out
 
     def _morphling_fitted(self, job: JobSpec) -> bool:
         from apportion.estimation.models.morphling import Arch
@@ -118,6 +149,7 @@ class AutoEstimator(ParamsMixin):
         m = self._members()
         m["tables"].fit(samples)
         m["analytic"].fit(samples, cluster)
+        m["crius"].fit(samples, cluster)
         from apportion.estimation.models.morphling import Arch
         from apportion.models import get_model
 

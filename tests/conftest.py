@@ -19,6 +19,14 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_profile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never read or write the user's profile cache: fits made by one test (an
+    estimator built by the registry caches its fitted parameters there) must not reach the
+    user's next round, nor the user's cache reach a test."""
+    os.environ["APPORTION_CACHE"] = str(tmp_path_factory.mktemp("apportion-cache"))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """The real data (``$APPORTION_DATA`` or ``../shared/data`` beside the repository), found

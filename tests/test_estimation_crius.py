@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from apportion.estimation.models.crius import (
     CellEstimator,
     determine_stages,
@@ -145,3 +146,95 @@ def test_per_family_calibration_recovers_each_familys_efficiency():
 
     # not exact: communication does not scale with the efficiency, the median ratio does
     assert worst(per_family) < 0.05 < 0.2 < worst(per_type)
+
+
+def test_cells_no_power_of_two_split_fills_still_get_an_estimate():
+    """A round may keep a job on 6 GPUs or give it 3: the cell still gets stages (whole GPUs
+    by largest remainder) and an estimate; powers of two stay the rule where they fit."""
+    from apportion.estimation.models.crius import round_to_integers
+
+    assert round_to_integers([0.5, 2.5, 3.0], 6) == (1, 2, 3)
+    assert round_to_integers([1.0, 1.0], 1) is None
+    m = get_model("bert-1.3b")
+    sp = determine_stages(m.attr("flops"), m.attr("out_bytes")[:-1], gpus=6, stages=1)
+    assert sp is not None and sp.gpus == (6,)
+    est = CellEstimator()
+    cl = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 8)])
+    job = JobSpec("j", "bert-1.3b", 128, 10, 6)
+    for gpus, stages in ((6, 1), (3, 1), (6, 2), (5, 2)):
+        e = est.best_in_cell(job, Cell("j", "A100-40GB", gpus, stages), cl)
+        assert e is not None and e.feasible and e.plan.gpus <= gpus
+
+
+def test_a_stage_neither_layout_fits_runs_dp_over_tp_groups():
+    """wresnet-2b on four A10s (two per node): DP-only needs every replica's 32 GB of model
+    state, TP-only may not cross a node -- a DP x TP stage (Alpa's 2D mesh) fits."""
+    cl = _cluster()
+    est = CellEstimator()
+    job = JobSpec("w", "wresnet-2b", 256, 10, 4)
+    e = est.best_in_cell(job, Cell("w", "A10", 4, 1), cl)
+    assert e is not None and e.feasible
+    assert e.plan.tp == 2 and e.plan.dp == 2 and e.breakdown["stage0_tp"] == 2.0
+
+
+def _measured(truth_scale):
+    """Samples whose measured time is the uncalibrated estimate times a known function of
+    the cell (the GPU count's log per type and a type-and-family factor)."""
+    from apportion.estimation.base import Sample
+
+    cl = _cluster()
+    base = CellEstimator()
+    samples, clusters = [], []
+    for model in ("bert-1.3b", "moe-1.3b"):
+        for gpu_type, counts in (("A100-40GB", (1, 2, 4, 8, 16)), ("A10", (1, 2, 4, 8))):
+            for gpus in counts:
+                job = JobSpec(f"{model}-{gpu_type}-{gpus}", model, 128, 10, gpus)
+                e = base.best_in_cell(job, Cell(job.id, gpu_type, gpus, 1), cl)
+                if e is None:
+                    continue
+                t = e.iter_time_s * truth_scale(model, gpu_type, gpus)
+                samples.append(Sample(job, e.plan, {}, gpu_type, t))
+                clusters.append(cl)
+    return samples, clusters, cl
+
+
+def test_cell_calibration_recovers_how_cells_scale():
+    def truth(model, gpu_type, gpus):
+        fam = 1.5 if model.startswith("moe") else 1.0
+        return fam * (1.3 if gpu_type == "A10" else 1.0) * gpus ** (0.15 if gpu_type == "A10"
+                                                                    else 0.05)
+
+    samples, clusters, cl = _measured(truth)
+    per_family = CellEstimator(per_family=True).fit(samples, clusters)
+    cell = CellEstimator(calibration="cell", ridge=1e-6).fit(samples, clusters)
+    assert not hasattr(cell, "efficiency_") and "A10|log2_gpus" in cell.coef_
+
+    def worst(est):
+        errs = []
+        for s in samples:
+            e = est.best_in_cell(s.job, Cell(s.job.id, s.gpu_type, s.plan.gpus, 1), cl)
+            errs.append(abs(e.iter_time_s - s.iter_time_s) / s.iter_time_s)
+        return max(errs)
+
+    assert worst(cell) < 0.01
+    assert worst(per_family) > 0.05
+    with pytest.raises(ValueError, match="calibration"):
+        CellEstimator(calibration="magic")
+    with pytest.raises(ValueError, match="clusters"):
+        CellEstimator(calibration="cell").fit(samples, clusters[:1])
+
+
+def test_cell_calibration_never_moves_a_type_nobody_measured():
+    """Measured only on A100s, 40 % slower than the analytic start: A10 cells move with the
+    median of the measured corrections, so the two types keep their shipped ratio."""
+    samples, clusters, cl = _measured(lambda m, g, n: 1.4)
+    a100 = [(s, c) for s, c in zip(samples, clusters) if s.gpu_type == "A100-40GB"]
+    fitted = CellEstimator(calibration="cell").fit([s for s, _ in a100], [c for _, c in a100])
+    base = CellEstimator()
+    job = JobSpec("q", "bert-1.3b", 128, 10, 4)
+    ratios = []
+    for gpu_type in ("A100-40GB", "A10"):
+        f = fitted.best_in_cell(job, Cell("q", gpu_type, 4, 1), cl)
+        b = base.best_in_cell(job, Cell("q", gpu_type, 4, 1), cl)
+        ratios.append(f.iter_time_s / b.iter_time_s)
+    assert ratios[0] == pytest.approx(1.4, rel=0.02) and ratios[1] == pytest.approx(ratios[0])

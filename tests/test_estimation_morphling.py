@@ -8,6 +8,7 @@ import pytest
 from apportion.estimation.models.morphling import (
     K_EXTRAS,
     K_NAMES,
+    K_TERMS,
     Arch,
     Env,
     MorphlingEstimator,
@@ -72,7 +73,7 @@ def test_fit_on_the_artifact_samples_reproduces_them(tmp_path):
     samples = md.profile_samples(m, DATA)
     assert len(samples) >= 7
     est = MorphlingEstimator(cache_dir=str(tmp_path)).fit(samples)
-    assert set(est.k_[m.catalog]) == set(K_NAMES) | set(K_EXTRAS)
+    assert set(est.k_[m.catalog]) == set(K_NAMES) | set(K_TERMS) | set(K_EXTRAS)
     for s in samples:
         p = est.predict_config(s.arch, s.job.global_batch_size, s.plan, s.nodes, s.cpus,
                                s.gpu_type)["T_iter"]
@@ -120,16 +121,22 @@ def test_sensitivity_curves_are_cached(tmp_path):
 
 @needs_data
 def test_offload_form_and_fitted_bandwidth_improve_the_fit():
-    """ViT's offload steps have a fixed floor the paper's overlap form cannot express and its
-    DP synchronisation runs far below nominal NVLink: auto form plus fitted bandwidth fit the
-    artifact's samples several times better than the paper's form at nominal bandwidth."""
+    """ViT's offload steps keep a floor (70, 50, 33, 29 ms on 1, 2, 4, 8 GPUs) and its DP
+    synchronisation runs far below nominal NVLink: with the transfer on every rank the
+    paper's overlap form expresses the floor as well as the artifact's additive one, and
+    fitted bandwidths fit the samples several times better than nominal ones."""
     m = md.MODELS["vit"]
     samples = md.profile_samples(m, DATA)
     plain = MorphlingEstimator(fit_env=False, offload_form="overlap").fit(samples)
+    overlap_form = MorphlingEstimator(offload_form="overlap").fit(samples)
+    additive = MorphlingEstimator(offload_form="additive").fit(samples)
     auto = MorphlingEstimator().fit(samples)
     k = auto.k_[m.catalog]
     assert auto.fit_rmsle_[m.catalog] < plain.fit_rmsle_[m.catalog] / 3
-    assert k["offload_additive"] == 1.0 and k["intra_scale"] < 0.5
+    assert overlap_form.fit_rmsle_[m.catalog] < 1.5 * additive.fit_rmsle_[m.catalog]
+    assert auto.fit_rmsle_[m.catalog] == pytest.approx(
+        min(overlap_form.fit_rmsle_[m.catalog], additive.fit_rmsle_[m.catalog]))
+    assert k["intra_scale"] < 0.5
     assert plain.k_[m.catalog]["intra_scale"] == 1.0
     with pytest.raises(ValueError, match="offload_form"):
         MorphlingEstimator(offload_form="sum")

@@ -2,35 +2,46 @@
 
 Per configuration (execution plan x GPUs x placement x CPUs):
 
-* ``T_fwd``: profiled forward time of the per-GPU batch, scaled linearly to the
-  tensor shard (``/ t``); under pipeline parallelism ``t_p * (m + p - 1)`` with
-  ``t_p`` the forward of one micro-batch on ``l / p`` layers; ``a`` times the
-  micro-batch forward under gradient accumulation. The profile is a
-  :class:`~apportion.estimation.models.tables.Curve` of forward seconds against
-  samples per GPU (from the fitting samples' measured forward times, or from
-  a profiler); without one, FLOPs over ``efficiency x peak``.
-* ``T_bwd = k_bwd * T_fwd`` (``+ T_fwd`` with gradient checkpointing).
-* ``T_comm = V / B`` with ``B`` the bottleneck bandwidth of the GPUs of each
-  group (ranks laid out Megatron-style: TP fastest, then DP, then PP):
-  ``V_dp = P_bytes * 2(d-1) / (d t p)``,
-  ``V_tp = 4 * 2 (t-1) * b s h l * act_bytes / (d t)``,
-  ``V_pp = 2 p * b s h * act_bytes / (d t)``.
+* ``T_fwd``: profiled forward time of the per-GPU batch, an
+  :class:`AffineForward` ``fixed + per_sample * n`` fitted to the samples' measured
+  forward times (or a profiler's curve; without either, FLOPs over ``efficiency x
+  peak``); a tensor shard divides the per-sample part by ``t`` and keeps the fixed
+  one; under pipeline parallelism ``(m + p - 1)`` slots of one stage's micro-batch;
+  ``a`` micro-batch forwards under gradient accumulation; ``k_3d`` times that under
+  TP or PP (3D plans run in another framework's kernels than the profiled DP ones).
+* ``T_bwd = k_bwd * T_fwd`` (plus the recomputed blocks' forward under gradient
+  checkpointing).
+* ``T_comm = steps x latency + V / B`` per collective and link, ``B`` the bottleneck
+  bandwidth of each group (ranks laid out Megatron-style: TP fastest, then DP, then
+  PP): ``V_dp = P_bytes * 2(d-1) / (d t p)`` in one ring per gradient bucket (intra-node
+  latency ``k_lat`` per step), across nodes at the pace of the node driving the fewest
+  network adapters (:func:`rails_fraction`), shared by the DP groups a node hosts, at
+  ``odd_scale`` of that for placements that split GPU pairs (:func:`link_class`);
+  ``V_tp = 4 * 2 (t-1) * b s h l * act_bytes / (d t)`` plus ``k_tp_lat`` per TP
+  collective; ``V_pp = 2 p * b s h * act_bytes / (d t)`` plus ``k_pp_lat`` per send on
+  1F1B's critical path.
 * ``T_cc = T_fwd + f(T_bwd, T_dp; k_sync) + T_tp + T_pp``; with GA
-  ``a T_fwd' + (a-1) T_bwd' + f(T_bwd', T_dp; k_sync)`` per micro-step;
-  under ZeRO-Offload the DP traffic joins the offload instead.
-* ``T_opt = k_opt P / (t p)`` (3D), ``k_opt P / d`` (ZeRO-DP),
-  ``k_opt_off P / (d c)`` (ZeRO-Offload, ``c`` CPUs); ``T_off = P_bytes / (d B_pcie)``;
-  ``T_oo = f(T_dp, T_off; k_off) + f(T_opt, T_off; k_swap)`` under offload,
-  else ``T_opt``.
+  ``a T_fwd' + (a-1) T_bwd' + f(T_bwd', T_dp; k_sync)`` per micro-step; ZeRO
+  reduce-scatters half the volume in the backward pass and all-gathers the other half
+  after the step; under ZeRO-Offload the DP traffic joins the offload instead.
+* ``T_opt = k_opt P / (t p)`` (3D), ``k_opt P (k_zero + (1 - k_zero) / d)`` (ZeRO-DP:
+  ``k_zero`` the share of the step that does not shrink with the shard),
+  ``k_opt_off P / (d c)`` (ZeRO-Offload, ``c`` CPUs); ``T_off = offload_bytes P /
+  B_pcie`` on every rank; ``T_oo = f(T_dp, T_off; k_off) + f(T_opt, T_off; k_swap)``
+  under offload, else ``T_opt``.
 * ``f(x, y; k) = (x^k + y^k)^(1/k)``; ``T_iter = T_cc + T_oo + k_const``.
 
-The seven k-parameters are fitted by minimising the RMSLE of ``T_iter``
-(plus, where a sample carries them, of the measured ``T_cc - T_fwd`` and
-``T_oo`` parts) with scipy, from at least ``min_samples`` samples. Fitted
-parameters are saved per model architecture under ``cache_dir`` and reused;
-:meth:`MorphlingEstimator.observe` refits online when a measured iteration
-strays more than ``refit_threshold`` from the prediction. Parameter units:
-seconds, and parameter counts in billions (so every k is of order one).
+:func:`components` says why each term beyond the paper's is there. The seven
+k-parameters, the terms some sample exercises and the effective bandwidths (as
+fractions of the nominal :class:`Env`) are fitted by minimising the RMSLE of
+``T_iter`` (plus, where a sample carries them, of the measured ``T_cc - T_fwd`` and
+``T_oo`` parts) with scipy, from at least ``min_samples`` samples; a term no sample
+exercises keeps the paper's equations (:data:`K_NEUTRAL`). Fitted parameters and
+forward profiles are saved per architecture in the profile cache under
+``cache_dir``, keyed by :data:`MODEL_VERSION`, and reused;
+:meth:`MorphlingEstimator.observe` refits online when a measured iteration strays
+more than ``refit_threshold`` from the prediction. Parameter units: seconds, and
+parameter counts in billions (so every k is of order one).
 """
 
 from __future__ import annotations
@@ -40,7 +51,6 @@ import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,14 +67,29 @@ from apportion.plans import Cell, ExecutionPlan
 log = logging.getLogger(__name__)
 
 K_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const")
-# fitted alongside the k-parameters: effective bandwidth fractions and the offload form
-K_EXTRAS = ("intra_scale", "inter_scale", "tp_scale", "offload_additive")
+# terms beyond the paper's seven, each neutral at its default; a fit frees one only when its
+# samples can tell it apart (see :func:`components` and ``_terms_exercised``)
+K_TERMS = ("k_zero", "k_lat", "k_tp_lat", "k_pp_lat", "k_3d")
+# (ZeRO-DP's unsharded optimizer share, one NVLink ring step (s), one TP collective (s), one
+# pipeline send (s), 3D plans' forward against the profiled DP one)
+# effective bandwidths as fractions of the nominal ones, and the offload form
+K_EXTRAS = ("intra_scale", "inter_scale", "odd_scale", "tp_scale", "pcie_scale",
+            "offload_additive")
 K_INIT = {"k_bwd": 2.0, "k_sync": 2.0, "k_opt": 0.05, "k_opt_off": 2.0, "k_off": 2.0,
-          "k_swap": 2.0, "k_const": 0.005}
+          "k_swap": 2.0, "k_const": 0.005, "k_zero": 0.5, "k_lat": 1e-5, "k_tp_lat": 1e-4,
+          "k_pp_lat": 1e-3, "k_3d": 1.0}
+# a term's value where no sample exercised it: the paper's equations (no latency, ZeRO's
+# optimizer sharded whole)
+K_NEUTRAL = {"k_zero": 0.0, "k_lat": 0.0, "k_tp_lat": 0.0, "k_pp_lat": 0.0, "k_3d": 1.0}
 K_LOWER = {"k_bwd": 0.5, "k_sync": 1.0, "k_opt": 0.0, "k_opt_off": 0.0, "k_off": 1.0,
-           "k_swap": 1.0, "k_const": 0.0}
+           "k_swap": 1.0, "k_const": 0.0, "k_zero": 0.0, "k_lat": 0.0, "k_tp_lat": 0.0,
+           "k_pp_lat": 0.0, "k_3d": 0.2}
 K_UPPER = {"k_bwd": 6.0, "k_sync": 50.0, "k_opt": 50.0, "k_opt_off": 500.0, "k_off": 50.0,
-           "k_swap": 50.0, "k_const": 100.0}
+           "k_swap": 50.0, "k_const": 100.0, "k_zero": 1.0, "k_lat": 0.01, "k_tp_lat": 0.1,
+           "k_pp_lat": 1.0, "k_3d": 5.0}
+# bump when the model's equations change: fitted parameters cached under another version
+# belong to other equations and are refitted, never reused
+MODEL_VERSION = 2
 GiB = 2**30
 
 
@@ -109,11 +134,21 @@ def block_flops_share(spec: ModelSpec) -> float:
 
 @dataclass(frozen=True)
 class Env:
-    """Environment constants (GB/s), measured offline on the cluster."""
+    """Environment constants (GB/s), measured offline on the cluster.
+
+    ``inter_GBps`` is one node's network bandwidth with all of its ``nics_per_node``
+    network adapters in use; the GPUs of a node share the adapters evenly
+    (``gpus_per_node / nics_per_node`` GPUs per adapter), so a node holding ``g`` of a
+    job's GPUs drives ``ceil(g * nics / gpus_per_node)`` of them (see
+    :func:`rails_fraction`). One adapter per node (the default) is the paper's
+    bottleneck bandwidth unchanged.
+    """
 
     intra_GBps: float = 200.0
     inter_GBps: float = 12.5
     pcie_GBps: float = 25.0
+    nics_per_node: int = 1
+    gpus_per_node: int = 8
 
 
 @dataclass(frozen=True)
@@ -160,58 +195,150 @@ def group_spans(plan: ExecutionPlan, nodes: Sequence[int]) -> dict[str, bool]:
     return {"tp": tp_x, "dp": dp_x, "pp": pp_x}
 
 
+def dp_rings_per_node(plan: ExecutionPlan, nodes: Sequence[int]) -> int:
+    """How many DP groups that cross nodes one node hosts (the most of any node): they
+    all-reduce at once through the node's adapters. One for plain DP; eight for DP across
+    nodes of eight GPUs that each hold one TP-8 replica."""
+    d, t, p = plan.dp, plan.tp, plan.pp
+    where = rank_nodes(nodes)
+    if d <= 1 or len(where) < d * t * p:
+        return 1
+    groups: dict[tuple[int, int], set[int]] = {}
+    for pi in range(p):
+        for ti in range(t):
+            groups[(pi, ti)] = {where[pi * d * t + di * t + ti] for di in range(d)}
+    crossing = [nodes_ for nodes_ in groups.values() if len(nodes_) > 1]
+    per_node: dict[int, int] = {}
+    for nodes_ in crossing:
+        for n in nodes_:
+            per_node[n] = per_node.get(n, 0) + 1
+    return max(per_node.values(), default=1)
+
+
+def rails_fraction(nodes: Sequence[int], env: Env) -> float:
+    """Share of a node's network bandwidth a collective across ``nodes`` gets: the node
+    holding the fewest of the job's GPUs drives the fewest adapters, and a ring runs at
+    its pace. On Morphling's A800 testbed (four adapters for eight GPUs) BERT's DP step
+    spends 52 ms in the network on ``44`` and 97-118 ms on ``26``, ``2222`` or
+    ``11111111``; GPT-2's 0.20 and 0.46-0.53 s: two adapters against one."""
+    nics = max(1, env.nics_per_node)
+    if nics == 1 or not nodes:
+        return 1.0
+    per_nic = max(1, env.gpus_per_node // nics)
+    used = min(min(nics, -(-int(g) // per_nic)) for g in nodes if g > 0)
+    return used / nics
+
+
+def link_class(nodes: Sequence[int], env: Env) -> str:
+    """``intra`` (one node), ``inter`` or ``inter-odd``: a node holds a number of the job's
+    GPUs that does not fill its adapters' GPU groups, and more than one GPU (with two GPUs
+    per adapter: three, five or seven). Such placements ran 3-8x slower than ``44`` on
+    Morphling's testbed for ViT (``35`` 0.398 s, ``17`` 0.424 s against 0.066 s) and 1.5x for
+    T5, and as fast as their adapters allow for BERT, RoBERTa and GPT-2; the class has its
+    own fitted bandwidth (``odd_scale``)."""
+    counts = [int(g) for g in nodes if g > 0]
+    if len(counts) <= 1:
+        return "intra"
+    per_nic = max(1, env.gpus_per_node // max(1, env.nics_per_node))
+    if env.nics_per_node > 1 and per_nic > 1 and any(g > 1 and g % per_nic for g in counts):
+        return "inter-odd"
+    return "inter"
+
+
+def _shard(fwd: Any, samples: float, t: int) -> float:
+    """Forward seconds of ``samples`` on a ``1/t`` tensor shard: profiles that split a fixed
+    part from the per-sample one (:class:`AffineForward`) keep the fixed part whole."""
+    shard = getattr(fwd, "shard", None)
+    if shard is not None:
+        return float(shard(samples, t))
+    return float(fwd(samples)) / t
+
+
 def forward_scale(plan: ExecutionPlan, batch: float, fwd: Any) -> tuple[float, float]:
     """``(T_fwd, T_fwd per accumulation micro-step)`` from the forward profile ``fwd``.
 
     ``fwd(samples)`` is the forward time of the whole model over ``samples``
-    samples on one GPU.
+    samples on one GPU. Under pipeline parallelism ``(m + p - 1)`` slots of one
+    stage's micro-batch (the paper's ``t_p g_p / p (m + p - 1)``); under gradient
+    accumulation ``a`` forwards of the micro-batch.
     """
     d, t, p = plan.dp, plan.tp, plan.pp
     per_replica = batch / d
     if p > 1:
         m = max(plan.micro_batches, 1)
-        tp_micro = fwd(per_replica / m) / (t * p)
-        total = tp_micro * (m + p - 1)
+        total = _shard(fwd, per_replica / m, t) / p * (m + p - 1)
         return total, total
-    total = fwd(per_replica) / t
     a = max(plan.accumulation, 1)
-    return total, total / a
+    micro = _shard(fwd, per_replica / a, t)
+    return micro * a, micro
 
 
 def components(k: Mapping[str, float], arch: Arch, batch: float, plan: ExecutionPlan,
                nodes: Sequence[int], cpus: int, env: Env, fwd: Any, grad_bytes: float = 2.0,
                act_bytes: float = 2.0, offload_bytes: float = 4.0,
-               offload_form: str | None = None) -> dict[str, float]:
+               offload_form: str | None = None, dp_bucket_bytes: float = 25 * 2**20,
+               zero_bucket_bytes: float = 1e9) -> dict[str, float]:
     """Every part of appendix A for one configuration (seconds).
+
+    Beyond the paper's equations, each neutral where its parameter is absent
+    (:data:`K_NEUTRAL`), each there because the artifact's traces show it:
+
+    * communication per collective and link, ``T = calls x steps x latency + V / B``:
+      PyTorch DDP all-reduces in 25 MiB buckets and DeepSpeed's ZeRO in 1 GB ones, each a
+      ring of ``2 (d - 1)`` steps costing ``k_lat`` on NVLink (T5's DDP step moves its 2.4
+      GB in 96 rings and loses to ZeRO's 3 by 79 ms on 8 GPUs). Across nodes the ring runs
+      at the pace of the node driving the fewest network adapters
+      (:func:`rails_fraction`), shared by the DP groups one node hosts
+      (:func:`dp_rings_per_node`: LLaMA's TP-8 replicas all-reduce eight at a time per
+      node), at ``odd_scale`` of that when a node splits a GPU pair (:func:`link_class`).
+      Each TP collective on the critical path costs ``k_tp_lat`` (``4`` per layer per
+      micro-batch pass) and each pipeline send ``k_pp_lat`` (``2 (m + p - 1)`` on 1F1B's
+      critical path).
+    * 3D plans' forward runs at ``k_3d`` times the profiled DP forward: the artifact's
+      TP/PP runs use another framework's kernels (T5 on one GPU of a 4-stage pipeline
+      takes 2.7 s, on one GPU under DP 1.1 s; GPT-2's take 3.1 and 3.6 s), which is why
+      the paper feeds each 3D prediction its own measured forward time.
+    * ZeRO-DP's optimizer keeps a share ``k_zero`` of DP's step unsharded: ViT and BERT
+      run ZeRO-DP as fast as DP on 1-8 GPUs (0.052 against 0.049 s on 8), T5 and GPT-2
+      gain from the shard (0.241 against 0.320 s).
+    * ZeRO-Offload's transfer ``T_off = offload_bytes x P / B_pcie`` on every rank (the
+      paper divides by ``d``): measured offload steps keep a floor proportional to the
+      whole model on every GPU count (0.23-0.29 s per 1e9 parameters for ViT, BERT and
+      GPT-2 on 1-8 GPUs, on one node or eight), the rest falling as ``1 / (d c)``.
 
     ``offload_form`` chooses how ZeRO-Offload's parts combine: ``"overlap"`` is
     the paper's text, ``f(T_dp, T_off; k_off) + f(T_opt, T_off; k_swap)``;
     ``"additive"`` reads ``k_off`` and ``k_swap`` as fixed latencies (seconds)
     added to the synchronisation and to the CPU optimizer step,
-    ``(T_dp + k_off + T_off) + (T_opt + k_swap + T_off)`` -- the form the
-    artifact's fitting code uses, and the only one of the two that can express
-    the fixed floor measured offload steps show (ViT's offload optimizer takes
-    70, 50, 33, 29 ms on 1, 2, 4, 8 GPUs: not proportional to ``1/d``).
-    Without an explicit form, ``k["offload_additive"] > 0.5`` selects it.
+    ``(T_dp + k_off + T_off) + (T_opt + k_swap + T_off)`` (the artifact's fitting
+    code). Without an explicit form, ``k["offload_additive"] > 0.5`` selects it.
 
-    ``k`` may also carry ``intra_scale`` and ``inter_scale``: the effective
-    bandwidths as fractions of ``env``'s nominal ones, fitted when no measured
-    bandwidths exist (see :class:`MorphlingEstimator` ``fit_env``).
+    ``k`` may also carry the effective bandwidths as fractions of ``env``'s nominal
+    ones (``intra_scale``, ``inter_scale``, ``odd_scale``, ``tp_scale``,
+    ``pcie_scale``), fitted when no measured bandwidths exist (see
+    :class:`MorphlingEstimator` ``fit_env``).
     """
     if offload_form is None:
         offload_form = "additive" if k.get("offload_additive", 0.0) > 0.5 else "overlap"
     intra = env.intra_GBps * k.get("intra_scale", 1.0)
     inter = env.inter_GBps * k.get("inter_scale", 1.0)
-    tp_scale = k.get("tp_scale", 1.0)  # TP collectives: small, latency-bound messages
     d, t, p = plan.dp, plan.tp, plan.pp
     P = arch.params
     Pg = P / 1e9
     spans = group_spans(plan, nodes)
-    b_tp = (inter if spans["tp"] else intra) * tp_scale * 1e9
-    b_dp = (inter if spans["dp"] else intra) * 1e9
-    b_pp = (inter if spans["pp"] else intra) * 1e9
+    cls = link_class(nodes, env)
+    net = inter * rails_fraction(nodes, env) * (k.get("odd_scale", 1.0)
+                                                if cls == "inter-odd" else 1.0)
+    one_nic = inter / max(1, env.nics_per_node)
+    b_tp = (one_nic if spans["tp"] else intra) * k.get("tp_scale", 1.0) * 1e9
+    b_dp = (net / dp_rings_per_node(plan, nodes) if spans["dp"] else intra) * 1e9
+    b_pp = (one_nic if spans["pp"] else intra) * 1e9
     t_fwd, t_fwd_micro = forward_scale(plan, batch, fwd)
+    if t > 1 or p > 1:  # 3D plans: another framework's kernels than the profiled DP forward
+        t_fwd, t_fwd_micro = t_fwd * k.get("k_3d", 1.0), t_fwd_micro * k.get("k_3d", 1.0)
     a = max(plan.accumulation, 1) if p == 1 else 1
+    m = max(plan.micro_batches, 1) if p > 1 else 1
+    zero2 = plan.zero_stage >= 2
     # recomputation repeats the checkpointed layers' forward, not the embedding or the head
     t_bwd = k["k_bwd"] * t_fwd + (arch.recompute_share * t_fwd if plan.checkpointing else 0.0)
     t_bwd_micro = t_bwd / a
@@ -219,11 +346,17 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     sh = arch.seq_hid / max(arch.layers, 1)
     v_tp = 4 * 2 * (t - 1) * batch * arch.seq_hid * act_bytes / (d * t) if t > 1 else 0.0
     v_pp = 2 * p * batch * sh * act_bytes / (d * t) if p > 1 else 0.0
-    t_dp, t_tp, t_pp = v_dp / b_dp, v_tp / b_tp, v_pp / b_pp
+    # one ring collective per gradient bucket, 2 (d - 1) steps each
+    bucket = zero_bucket_bytes if plan.zero_stage >= 1 else dp_bucket_bytes
+    calls = math.ceil(grad_bytes * P / (t * p) / bucket) if d > 1 else 0
+    t_dp = v_dp / b_dp + (calls * 2 * (d - 1) * k.get("k_lat", 0.0) if not spans["dp"] else 0.0)
+    t_tp = (v_tp / b_tp + 4 * arch.layers * (m + p - 1) / p * a * k.get("k_tp_lat", 0.0)
+            if t > 1 else 0.0)
+    t_pp = v_pp / b_pp + 2 * (m + p - 1) * k.get("k_pp_lat", 0.0) if p > 1 else 0.0
     if plan.offload:
         t_cc = t_fwd + t_bwd + t_tp + t_pp
         t_opt = k["k_opt_off"] * Pg / (d * max(cpus, 1))
-        t_off = offload_bytes * P / (d * env.pcie_GBps * 1e9)
+        t_off = offload_bytes * P / (env.pcie_GBps * k.get("pcie_scale", 1.0) * 1e9)
         if offload_form == "additive":
             t_oo = (t_dp + k["k_off"] + t_off) + (t_opt + k["k_swap"] + t_off)
         else:
@@ -236,51 +369,70 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
         # 2-4x DP's optimizer time across nodes; torch's ZeroRedundancyOptimizer likewise)
         # (stage 1 -- torch's ZeroRedundancyOptimizer -- all-reduces whole gradients first)
         zero = plan.zero_stage >= 1 and d > 1
-        t_sync = t_dp / 2 if zero and plan.zero_stage >= 2 else t_dp
+        t_sync = t_dp / 2 if zero and zero2 else t_dp
         if a > 1:
             t_cc = t_fwd + (a - 1) * t_bwd_micro + overlap(t_bwd_micro, t_sync, k["k_sync"])
         else:
             t_cc = t_fwd + overlap(t_bwd, t_sync, k["k_sync"])
         t_cc += t_tp + t_pp
         if plan.zero_stage >= 1:
-            t_opt = k["k_opt"] * Pg / d
+            # the share k_zero of the step does not shrink with the shard
+            share = k.get("k_zero", K_NEUTRAL["k_zero"])
+            t_opt = k["k_opt"] * Pg * (share + (1.0 - share) / d)
         else:
             t_opt = k["k_opt"] * Pg / (t * p)
         t_oo = t_opt + (t_dp / 2 if zero else 0.0)
     t_iter = t_cc + t_oo + k["k_const"]
-    return {"T_fwd": t_fwd, "T_bwd": t_bwd, "T_comm_dp": t_dp, "T_comm_tp": t_tp,
-            "T_comm_pp": t_pp, "T_cc": t_cc, "T_opt": t_opt, "T_off": t_off, "T_oo": t_oo,
-            "T_iter": t_iter, "cc_part": t_cc - t_fwd}
+    return {"T_fwd": t_fwd, "T_bwd": t_bwd, "T_comm_dp": t_dp,
+            "T_comm_tp": t_tp, "T_comm_pp": t_pp, "T_cc": t_cc, "T_opt": t_opt,
+            "T_off": t_off, "T_oo": t_oo, "T_iter": t_iter, "cc_part": t_cc - t_fwd}
 
 
-def monotone_curve(points: Iterable[tuple[float, float]]) -> Curve:
-    """A forward curve robust to a stray measurement.
+@dataclass(frozen=True)
+class AffineForward:
+    """Forward seconds of ``n`` samples on one GPU: ``fixed + per_sample * n``.
 
-    Per batch size the upper median of the repeats (profilers log an
-    occasional impossible low time, e.g. the artifact's T5 4-GPU forward of
-    4 ms next to 91 ms), then pool-adjacent-violators in log space so that
-    time never falls as the batch grows.
+    The fixed part is the latency-bound share of a forward pass (kernel launches, small
+    layers), which neither a smaller batch nor a tensor shard shortens: BERT's profile
+    gives 40, 65, 116 and 227 ms for 4, 8, 16 and 32 samples (13 ms + 6.7 ms per
+    sample), ViT's 5 to 40 ms for 8 to 64 (none). A straight line through the
+    profile also extrapolates where a piecewise interpolation would copy one stray
+    point (T5's 4-GPU forward logged once at 4 ms, once at 91 ms).
     """
-    acc: dict[float, list[float]] = {}
-    for x, y in points:
-        if x > 0 and y > 0:
-            acc.setdefault(float(x), []).append(float(y))
-    xs = sorted(acc)
-    ys = []
-    for x in xs:
-        v = sorted(acc[x])
-        ys.append(v[len(v) // 2])
-    blocks: list[list[float]] = []  # [sum of logs, count]
-    for y in ys:
-        blocks.append([math.log(y), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, c = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += c
-    fitted: list[float] = []
-    for s, c in blocks:
-        fitted.extend([math.exp(s / c)] * int(c))
-    return Curve(tuple(xs), tuple(fitted))
+
+    fixed: float
+    per_sample: float
+
+    def __call__(self, samples: float) -> float:
+        return self.fixed + self.per_sample * samples
+
+    def shard(self, samples: float, t: int) -> float:
+        return self.fixed + self.per_sample * samples / t
+
+
+def fit_forward(points: Iterable[tuple[float, float]]) -> AffineForward:
+    """:class:`AffineForward` through ``(samples, seconds)`` points, robust to stray ones:
+    least squares on log times with a soft-L1 loss (scipy), both parts non-negative. With
+    fewer than three batch sizes the forward is proportional to the batch (the paper's
+    linear scaling): two sizes would set the fixed part from their noise alone."""
+    pts = [(float(x), float(y)) for x, y in points if x > 0 and y > 0]
+    if not pts:
+        raise ValueError("a forward profile needs at least one positive point")
+    xs = np.array([x for x, _ in pts])
+    ys = np.array([y for _, y in pts])
+    slope0 = float(np.median(ys / xs))
+    if len(set(xs.tolist())) < 3:  # two sizes fix a line but cannot check it: proportional
+        return AffineForward(0.0, slope0)
+
+    def resid(v: np.ndarray) -> np.ndarray:
+        return np.log(v[0] + v[1] * xs) - np.log(ys)
+
+    lo = np.array([0.0, slope0 * 1e-3])
+    hi = np.array([float(ys.max()), slope0 * 10])
+    x0 = np.array([0.0, slope0])
+    res = least_squares(resid, np.clip(x0, lo + 1e-12, hi - 1e-12), bounds=(lo, hi),
+                        loss="soft_l1", f_scale=0.1, method="trf")
+    return AffineForward(float(res.x[0]), float(res.x[1]))
 
 
 class FlopsForward:
@@ -314,7 +466,8 @@ class MorphlingEstimator(ParamsMixin):
                  refit_threshold: float = 0.1, cache_dir: str | None = None,
                  efficiency: float = 0.45, prior_weight: float = 0.02,
                  grad_bytes: float = 2.0, act_bytes: float = 2.0, max_micro_batches: int = 64,
-                 fit_env: bool = True, offload_form: str = "auto") -> None:
+                 fit_env: bool = True, offload_form: str = "auto",
+                 terms: tuple[str, ...] = K_TERMS, heldout_folds: int = 5) -> None:
         if offload_form not in ("auto", "overlap", "additive"):
             raise ValueError(f"offload_form must be auto, overlap or additive, not {offload_form!r}")
         self.env = env
@@ -328,6 +481,13 @@ class MorphlingEstimator(ParamsMixin):
         self.max_micro_batches = max_micro_batches
         self.fit_env = fit_env
         self.offload_form = offload_form
+        unknown = set(terms) - set(K_TERMS)
+        if unknown:
+            raise ValueError(f"unknown terms {sorted(unknown)}; known: {', '.join(K_TERMS)}")
+        # the terms beyond the paper's seven a fit may free (the others keep K_NEUTRAL)
+        self.terms = tuple(terms)
+        # folds of the held-out error each fit reports (heldout_error_); 0: none
+        self.heldout_folds = heldout_folds
 
 
     # -- helpers ---------------------------------------------------------------------
@@ -342,7 +502,8 @@ class MorphlingEstimator(ParamsMixin):
         if cached is not None:
             self.k_ = {**ks, arch_name: cached}
             return dict(cached)
-        return dict(K_INIT)
+        # unfitted: the paper's seven at their starting values, the other terms neutral
+        return {**{n: K_INIT[n] for n in K_NAMES}, **K_NEUTRAL}
 
     def _forward(self, arch: Arch, gpu_type: str | None) -> Any:
         tables = getattr(self, "forward_", {})
@@ -354,9 +515,28 @@ class MorphlingEstimator(ParamsMixin):
             return tables[any_key]
         if gpu_type is None:
             raise ValueError(f"no forward profile for {arch.name} and no GPU type to derive one")
-        return FlopsForward(arch, gpu_type, self.efficiency)
+        return FlopsForward(arch, gpu_type, self.efficiency / self._measured_ratio(arch))
 
-    def set_forward_profile(self, arch_name: str, gpu_type: str | None, curve: Curve) -> None:
+    def _measured_ratio(self, arch: Arch, samples: float = 8.0) -> float:
+        """How much slower than FLOPs at ``efficiency`` the architecture's measured forward
+        profiles run (median over the GPU types measured; 1 without one): a type nobody
+        measured keeps its catalog ratio to the measured ones instead of looking faster by
+        what the measurement found."""
+        ratios = []
+        for key, curve in getattr(self, "forward_", {}).items():
+            name, _, gpu = key.partition("|")
+            if name != arch.name:
+                continue
+            try:
+                ref = FlopsForward(arch, gpu, self.efficiency)(samples)
+            except (KeyError, ValueError):  # a stand-in device the catalog does not know
+                continue
+            if ref > 0:
+                ratios.append(float(curve(samples)) / ref)
+        return float(np.median(ratios)) if ratios else 1.0
+
+    def set_forward_profile(self, arch_name: str, gpu_type: str | None,
+                            curve: Curve | AffineForward) -> None:
         """Install a profiled forward curve (seconds against samples per GPU)."""
         tables = dict(getattr(self, "forward_", {}))
         tables[f"{arch_name}|{gpu_type}"] = curve
@@ -364,7 +544,10 @@ class MorphlingEstimator(ParamsMixin):
 
     # -- fitting -----------------------------------------------------------------------
     def fit(self, samples: Iterable[Sample]) -> MorphlingEstimator:
-        """Fit the seven k-parameters per architecture by RMSLE (scipy least squares)."""
+        """Fit the seven k-parameters per architecture by RMSLE (scipy least squares), and
+        report each architecture's held-out error (``heldout_error_``: the mean relative
+        error of every sample predicted by a fit on the other folds' samples, where those
+        still number ``min_samples``), which ``--estimator auto`` compares."""
         by_arch: dict[str, list[tuple[Arch, Sample]]] = {}
         for s in samples:
             arch = getattr(s, "arch", None) or Arch.from_spec(get_model(s.job.model))
@@ -372,6 +555,7 @@ class MorphlingEstimator(ParamsMixin):
         fitted = dict(getattr(self, "k_", {}))
         history: dict[str, list[Sample]] = dict(getattr(self, "samples_", {}))
         fit_err: dict[str, float] = dict(getattr(self, "fit_rmsle_", {}))
+        heldout: dict[str, float] = dict(getattr(self, "heldout_error_", {}))
         for name, rows in by_arch.items():
             if len(rows) < self.min_samples:
                 raise ValueError(f"{name}: {len(rows)} samples; the model needs at least "
@@ -381,11 +565,41 @@ class MorphlingEstimator(ParamsMixin):
             fitted[name] = k
             history[name] = [s for _, s in rows]
             fit_err[name] = err
-            self._save_cached(name, k)
+            h = self._heldout(rows)
+            if h is not None:
+                heldout[name] = h
+            else:
+                heldout.pop(name, None)
         self.k_ = fitted
         self.samples_ = history
         self.fit_rmsle_ = fit_err
+        self.heldout_error_ = heldout
+        for name in by_arch:
+            self._save_cached(name, fitted[name])
         return self
+
+    def _heldout(self, rows: list[tuple[Arch, Sample]]) -> float | None:
+        """Mean relative error of ``rows`` predicted by fits on the other folds (every
+        ``heldout_folds``-th sample held out together); None where no fold leaves
+        ``min_samples`` to fit."""
+        k = min(self.heldout_folds, len(rows))
+        if k < 2:
+            return None
+        errs: list[float] = []
+        for f in range(k):
+            train = [s for i, (_, s) in enumerate(rows) if i % k != f]
+            if len(train) < self.min_samples:
+                continue
+            sub = type(self)(**{**self.get_params(), "cache_dir": None, "heldout_folds": 0})
+            sub.forward_ = {key: c for key, c in getattr(self, "forward_", {}).items()
+                            if not isinstance(c, AffineForward)}  # a profiler's curves only
+            sub.fit(train)
+            for arch, s in rows[f::k]:
+                nodes, cpus = self._row(arch, s)
+                pred = sub.predict_config(arch, s.job.global_batch_size, s.plan, nodes, cpus,
+                                          s.gpu_type)["T_iter"]
+                errs.append(abs(pred - s.iter_time_s) / s.iter_time_s)
+        return float(np.mean(errs)) if errs else None
 
     def _install_forward(self, rows: list[tuple[Arch, Sample]]) -> None:
         """Forward curves from samples that carry a measured forward time."""
@@ -401,7 +615,7 @@ class MorphlingEstimator(ParamsMixin):
         if pts:
             tables = dict(getattr(self, "forward_", {}))
             for key, p in pts.items():
-                tables[key] = monotone_curve(p)
+                tables[key] = fit_forward(p)
             self.forward_ = tables
 
     def _row(self, arch: Arch, s: Sample) -> tuple[tuple[int, ...], int]:
@@ -422,6 +636,37 @@ class MorphlingEstimator(ParamsMixin):
         assert best is not None
         return best
 
+    def _terms_exercised(self, prepared: list[tuple[Arch, Sample, tuple[int, ...], int, Any]],
+                         env: Env) -> list[str]:
+        """The parameters beyond the seven that some sample exercises: a term no sample
+        exercises keeps its neutral default (no ZeRO run, no ZeRO partitioning phase)."""
+        out: list[str] = []
+        plans = [(s.plan, nodes) for _, s, nodes, _, _ in prepared]
+        dp_x = [group_spans(pl, nodes)["dp"] for pl, nodes in plans]
+        if any(pl.zero_stage >= 1 and not pl.offload for pl, _ in plans):
+            out.append("k_zero")
+        # latency and bandwidth part only through how a ring's time grows with its size
+        if len({pl.dp for (pl, _), x in zip(plans, dp_x) if pl.dp > 1 and not x}) >= 3:
+            out.append("k_lat")
+        if any(pl.tp > 1 or pl.pp > 1 for pl, _ in plans):
+            out.append("k_3d")
+        if any(pl.tp > 1 for pl, _ in plans):
+            out.append("k_tp_lat")
+        if any(pl.pp > 1 for pl, _ in plans):
+            out.append("k_pp_lat")
+        if not self.fit_env:
+            return out
+        out.append("log_intra")
+        if any(len(nodes) > 1 for _, nodes in plans):
+            out.append("log_inter")
+        if any(x and link_class(nodes, env) == "inter-odd" for x, (_, nodes) in zip(dp_x, plans)):
+            out.append("log_odd")
+        if any(pl.tp > 1 for pl, _ in plans):
+            out.append("log_tp")
+        if any(pl.offload for pl, _ in plans):
+            out.append("log_pcie")
+        return out
+
     def _fit_form(self, rows: list[tuple[Arch, Sample]], form: str
                   ) -> tuple[dict[str, float], float]:
         env = self._env()
@@ -435,26 +680,22 @@ class MorphlingEstimator(ParamsMixin):
             init.update(k_off=0.01, k_swap=0.01)
             lo_d.update(k_off=0.0, k_swap=0.0)
         names = list(K_NAMES)
-        spans = any(len(n) > 1 for _, _, n, _, _ in prepared)
-        if self.fit_env:  # effective bandwidths, log-scaled fractions of the nominal ones
-            names.append("log_intra")
-            init["log_intra"], lo_d["log_intra"], hi_d["log_intra"] = 0.0, -6.0, 1.0
-            if spans:
-                names.append("log_inter")
-                init["log_inter"], lo_d["log_inter"], hi_d["log_inter"] = 0.0, -6.0, 1.0
-            if any(s.plan.tp > 1 for _, s in rows):
-                names.append("log_tp")
-                init["log_tp"], lo_d["log_tp"], hi_d["log_tp"] = 0.0, -6.0, 1.0
+        names += [n for n in self._terms_exercised(prepared, env)
+                  if not n.startswith("k_") or n in self.terms]
+        used = {"k_opt_off", "k_off", "k_swap"} if any(s.plan.offload for _, s in rows) else set()
+        used |= {"k_bwd", "k_sync", "k_opt", "k_const"} | set(names[len(K_NAMES):])
+        for n in names:
+            if n.startswith("log_"):  # effective bandwidths: log fractions of the nominal ones
+                init[n], lo_d[n], hi_d[n] = 0.0, -6.0, (0.0 if n == "log_odd" else 1.0)
         lo = np.array([lo_d[n] for n in names])
         hi = np.array([hi_d[n] for n in names])
-        used = {"k_opt_off", "k_off", "k_swap"} if any(s.plan.offload for _, s in rows) else set()
-        used |= {"k_bwd", "k_sync", "k_opt", "k_const", "log_intra", "log_inter", "log_tp"}
 
         def unpack(x: np.ndarray) -> dict[str, float]:
             k = {n: float(v) for n, v in zip(names, x)}
-            k["intra_scale"] = math.exp(k.pop("log_intra", 0.0))
-            k["inter_scale"] = math.exp(k.pop("log_inter", 0.0))
-            k["tp_scale"] = math.exp(k.pop("log_tp", 0.0))
+            for scale in ("intra", "inter", "odd", "tp", "pcie"):
+                k[f"{scale}_scale"] = math.exp(k.pop(f"log_{scale}", 0.0))
+            for n in K_TERMS:
+                k.setdefault(n, K_NEUTRAL[n])
             k["offload_additive"] = 1.0 if form == "additive" else 0.0
             return k
 
@@ -531,28 +772,51 @@ class MorphlingEstimator(ParamsMixin):
         return True
 
     # -- persistence per architecture -----------------------------------------------------
-    def _cache_path(self, arch_name: str) -> Path | None:
-        if not self.cache_dir:
-            return None
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in arch_name)
-        return Path(self.cache_dir) / f"morphling-{safe}.json"
+    def _disk(self) -> Any:
+        from apportion.estimation.cache import DiskCache
+
+        return DiskCache(self.cache_dir) if self.cache_dir else None
+
+    @staticmethod
+    def _cache_key(arch_name: str) -> dict[str, Any]:
+        """Fits are keyed by architecture and :data:`MODEL_VERSION`: parameters fitted to other
+        equations are never read back."""
+        return {"arch": arch_name, "version": MODEL_VERSION}
 
     def _save_cached(self, arch_name: str, k: Mapping[str, float]) -> None:
-        p = self._cache_path(arch_name)
-        if p is None:
+        """The fitted parameters, forward profiles and training RMSLE of one architecture,
+        in the profile cache (``cache_dir``: ``$APPORTION_CACHE`` where the registry builds
+        the estimator)."""
+        disk = self._disk()
+        if disk is None:
             return
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"arch": arch_name, "k": dict(k)}, indent=1))
-        tmp.replace(p)
+        fwd = {key.split("|", 1)[1]: [c.fixed, c.per_sample]
+               for key, c in getattr(self, "forward_", {}).items()
+               if key.startswith(f"{arch_name}|") and isinstance(c, AffineForward)}
+        disk.put("morphling-fit", self._cache_key(arch_name),
+                 {"k": dict(k), "forward": fwd,
+                  "rmsle": getattr(self, "fit_rmsle_", {}).get(arch_name),
+                  "heldout_error": getattr(self, "heldout_error_", {}).get(arch_name),
+                  "samples": len(getattr(self, "samples_", {}).get(arch_name, []))})
 
     def _load_cached(self, arch_name: str) -> dict[str, float] | None:
-        p = self._cache_path(arch_name)
-        if p is None or not p.exists():
+        """Cached parameters of ``arch_name`` (installing its forward profiles), or None."""
+        disk = self._disk()
+        if disk is None:
             return None
-        data = json.loads(p.read_text())
-        k = {n: float(data["k"][n]) for n in K_NAMES}
-        k.update({n: float(data["k"][n]) for n in K_EXTRAS if n in data["k"]})
+        hit = disk.get("morphling-fit", self._cache_key(arch_name))
+        if not hit:
+            return None
+        k = {n: float(v) for n, v in hit["k"].items()}
+        if any(n not in k for n in K_NAMES):
+            return None
+        tables = dict(getattr(self, "forward_", {}))
+        for gpu, (fixed, per) in hit.get("forward", {}).items():
+            tables.setdefault(f"{arch_name}|{gpu}", AffineForward(float(fixed), float(per)))
+        self.forward_ = tables
+        if hit.get("heldout_error") is not None:
+            self.heldout_error_ = {**getattr(self, "heldout_error_", {}),
+                                   arch_name: float(hit["heldout_error"])}
         return k
 
     # -- prediction ---------------------------------------------------------------------

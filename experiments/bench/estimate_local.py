@@ -125,7 +125,7 @@ def fit_and_score_local(name: str, measured: list[dict[str, Any]], env: Env) -> 
     smallest = min(s.job.global_batch_size for s in samples)
     fit_idx = [i for i, s in enumerate(samples) if s.job.global_batch_size == smallest]
     est = MorphlingEstimator(env=env, min_samples=min(7, len(fit_idx)), act_bytes=4.0,
-                             grad_bytes=4.0)
+                             grad_bytes=4.0, heldout_folds=0)
     est.fit([samples[i] for i in fit_idx])
     held = [(families[i], s) for i, s in enumerate(samples) if i not in fit_idx]
     fams, detail = score_morphling(est, held)
