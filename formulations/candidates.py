@@ -33,7 +33,7 @@ rule, ``amortize_s=None``: one round).
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,9 +207,13 @@ def queue_bonus(job: JobSpec, now_s: float, opt: CandidateOptions) -> float:
 def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      estimator: AnalyticEstimator | None = None,
                      options: CandidateOptions | None = None,
-                     seen: MutableMapping[str, float] | None = None) -> nx.DiGraph:
+                     seen: MutableMapping[str, float] | None = None,
+                     accept: Callable[[JobSpec, Any], str | None] | None = None) -> nx.DiGraph:
     """Estimate every job's cells and return the candidate graph (``seen``: the policy's
-    memory of projected JCTs, for ``tail_quantile``)."""
+    memory of projected JCTs, for ``tail_quantile``). ``accept`` (the executor's plan
+    filter, ``(job, plan) -> None | reason``) refuses a cell's plan before dominated cells
+    are pruned: a cell kept only because it beat a refused one is still there, so a job
+    whose workload runs one plan of a size is offered it."""
     from apportion.models import get_model
 
     est = estimator or AnalyticEstimator()
@@ -232,8 +236,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                     g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)
-                    if e is not None:
+                    if e is None:
+                        continue
+                    why = accept(job, e.plan) if accept is not None else None
+                    if why is None:
                         cells.append((cell, e))
+                    else:
+                        g.nodes[jn].setdefault("refused_plan", why)
         if job.running is not None:
             cur = _current_cell(job, cluster, est)
             if cur is not None:
@@ -284,6 +293,9 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
     if not cells:
         if job.requested_gpu_type and job.requested_gpu_type not in caps:
             g.nodes[jn]["reason"] = Reason.NO_GPU_TYPE.value
+        elif g.nodes[jn].get("refused_plan"):  # cells fit, their workload runs none
+            g.nodes[jn]["reason"] = Reason.NO_PLAN.value
+            g.nodes[jn]["reason_detail"] = g.nodes[jn]["refused_plan"]
         elif not g.nodes[jn].get("cells_tried"):  # nothing of any type is big enough now
             g.nodes[jn]["reason"] = Reason.NO_CAPACITY.value
         else:

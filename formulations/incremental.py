@@ -91,15 +91,17 @@ class CandidateCache:
     def build(self, cluster: Cluster, jobs: list[JobSpec], now_s: float, estimator: Any,
               options: CandidateOptions | None = None,
               extra: Callable[[JobSpec], Hashable] | None = None,
-              seen: MutableMapping[str, float] | None = None) -> nx.DiGraph:
+              seen: MutableMapping[str, float] | None = None,
+              accept: Callable[[JobSpec, Any], str | None] | None = None) -> nx.DiGraph:
         """The candidate graph of ``jobs`` at ``now_s``: equal to ``build_candidates``
-        (``seen``: the policy's memory of projected JCTs, for ``tail_quantile``)."""
+        (``seen``: the policy's memory of projected JCTs, for ``tail_quantile``;
+        ``accept``: the executor's plan filter, fixed for the cache's life)."""
         opt = options or CandidateOptions()
         base = (cluster.fingerprint_hash, opt)
         keys = {j.id: (base, job_key(j), extra(j) if extra else None) for j in jobs}
         stale = [j for j in jobs if self.frags.get(j.id, (None,))[0] != keys[j.id]]
         if stale:
-            fresh = build_candidates(cluster, stale, now_s, estimator, opt)
+            fresh = build_candidates(cluster, stale, now_s, estimator, opt, accept=accept)
             for j in stale:
                 self.frags[j.id] = (keys[j.id], fragment_of(fresh, j.id))
         self.misses += len(stale)

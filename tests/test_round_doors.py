@@ -77,3 +77,20 @@ def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[
         r = _run("solve-round", "--tenants", tmp_path / "t.yaml", "--formulation", "plans",
                  "--json", out, "--time-budget", "5", "--no-isolate")
         assert r.exit_code == 0, r.output
+
+
+def test_a_plan_the_workload_refuses_never_hides_one_it_runs() -> None:
+    """The executor's plan filter applies before dominated cells are pruned: a 4-GPU torchrun
+    job (one stage only) used to keep only the faster 2-stage cell of its size, which its
+    workload refuses, and waited for ever as ``no-supported-plan``."""
+    from apportion.jobs import JobSpec, Workload
+    from apportion.policies import RoundConfig, run_round
+    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.plan_filter import workload_plan_filter
+
+    job = JobSpec("j", "gpt-tiny", 8, 10, 4, workload=Workload("torchrun", ("python", "x.py")))
+    d = run_round(local_cluster(4), [job], 0.0,
+                  RoundConfig(time_budget_s=3, isolate=False,
+                              plan_filter=workload_plan_filter("cpu"))).decision
+    assert [a.job for a in d.allocations] == ["j"], d.pending
+    assert d.allocations[0].plan.pp == 1

@@ -256,7 +256,7 @@ class FormulationPolicy:
                                            est.only_type.get(j.id), est.fitted,
                                            tuple(sorted(self._view_rate.factors.get(j.id, {})
                                                         .items()))),
-                                self.seen_jct)
+                                self.seen_jct, accept=self.cfg.plan_filter)
 
     def problem(self, g: nx.DiGraph) -> dict[str, Any]:
         """The ``--dump-problem`` JSON of a round's candidate graph."""

@@ -91,7 +91,7 @@ def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
     """Crius's cells; one round (``solve-round``) has no cache to fill."""
     if ctx.rounds_made == 0:
         return build_candidates(view.cluster, specs, view.now, est, ctx.cfg.candidates,
-                                ctx.seen_jct)
+                                ctx.seen_jct, accept=ctx.cfg.plan_filter)
     return ctx.cached_candidates(view, specs, est)
 
 
