@@ -38,6 +38,7 @@ from apportion.formulations.incremental import CandidateCache
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells
 from apportion.jobs import JobSpec, RunningState
+from apportion.policies.base import requested_type
 from apportion.policies.config import (
     DETERMINISTIC_SAFETY,
     RoundConfig,
@@ -213,12 +214,15 @@ class FormulationPolicy:
         and times). In a replay the view's rates are measurements every policy shares: read
         them through a :class:`RateEstimator` (times from the view, plans and memory from
         the configured estimator), so apportion knows what the baselines know."""
+        fresh = self._view_rate.rates is not view.rates
+        if fresh:  # (the view's rate function also serves models the catalog lacks)
+            self._view_rate = _ViewRate(view.rates, {})
         if isinstance(view.rates, EstimatorRates):
+            self._view_rate.jobs = {js.id: js for js in view.jobs}
             if view.rates.estimator is not self.estimator.inner:
                 self.estimator = _Memo(view.rates.estimator)
             return self.estimator
-        if self._viewed is None or self._view_rate.rates is not view.rates:
-            self._view_rate = _ViewRate(view.rates, {})
+        if self._viewed is None or fresh:
             self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
                                  per_job=True)
         self._view_rate.jobs = {js.id: js for js in view.jobs}
@@ -237,6 +241,9 @@ class FormulationPolicy:
     def measured_rate(self) -> Callable[[JobSpec, str, int], float] | None:
         return self._view_rate.rate if self._viewed is not None and \
             self._last_est is self._viewed else None
+
+    def view_rate(self) -> Callable[[JobSpec, str, int], float]:
+        return self._view_rate.rate
 
     def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
         """Later rounds: only new or changed jobs are estimated again."""
@@ -270,7 +277,11 @@ class FormulationPolicy:
         for js in view.jobs:  # runtime feedback: a cell that made no progress is out
             est.blacklist.update((js.id, t, g) for t, g in js.stalled_on)
             if self.no_hetero and js.spec.requested_gpu_type:
-                est.only_type[js.id] = js.spec.requested_gpu_type
+                # pinned to its requested type, or (the cluster lacks that type, or the job
+                # cannot run there) to the type the baselines give it (policies.base)
+                pin = requested_type(view, js)[0]
+                if pin is not None:
+                    est.only_type[js.id] = pin
         specs = [_spec_of(js) for js in view.jobs]
         cfg = self.cfg
         g = self.recipe.candidates(self, view, specs, est)
