@@ -204,7 +204,7 @@ class FinetuneTruth:
             notes.append(f"dropped {len(trace.jobs) - len(out)} jobs of tasks without a "
                          f"samples-to-target figure: {', '.join(sorted(missing))}")
             log.warning("%s: %s", trace.name, notes[-1])
-        return Trace(trace.name, out, trace.source, notes)
+        return Trace(trace.name, out, trace.source, notes, trace.format)
 
     # -- speed -----------------------------------------------------------------------
     def iteration_time(self, backbone: str, gpus: int, batch: int) -> float | None:
@@ -312,7 +312,8 @@ def generated_trace(n_jobs: int = 120, fm: str = "roberta-base", seed: int = 0,
         jobs.append(replace(tpl, job_id=f"gen-{i}-{tpl.finetune.task}-{cls_}",
                             submit_s=round(t, 3)))
     return Trace(f"fm-generated-{fm}-{n_jobs}-s{seed}", jobs, f"{data_dir}#generated",
-                 [f"YMIR recipe: {n_jobs} jobs, seed {seed}, Poisson {rate * 3600:.2f}/h"])
+                 [f"YMIR recipe: {n_jobs} jobs, seed {seed}, Poisson {rate * 3600:.2f}/h"],
+                 "finetune")  # its truth is the fine-tuning truth, as the FM traces'
 
 
 def reference_avg_jct(trace: str, root: Path | None = None) -> dict[str, float]:
