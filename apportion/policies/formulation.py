@@ -132,12 +132,14 @@ class _Memo:
 
 
 def _spec_of(js: JobView) -> JobSpec:
-    """The job as a formulation sees it: iterations done and where it runs now."""
+    """The job as a formulation sees it: iterations done, where it runs now, and whether it
+    was admitted (a job that started once was: a deadline round keeps its guarantee)."""
     a = js.alloc
     running = None if a is None else RunningState(a.gpu_type, a.gpus, a.stages, dict(a.placement),
                                                   a.plan.tp)
     done = min(js.spec.iterations - 1, int(js.done)) if js.done else js.spec.iterations_done
-    return replace(js.spec, iterations_done=max(0, done), running=running)
+    return replace(js.spec, iterations_done=max(0, done), running=running,
+                   admitted=js.spec.admitted or js.first_start is not None)
 
 
 class FormulationPolicy:
