@@ -189,6 +189,13 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
         out["solver_s_max"] = _f(rounds["solver_s"].max())
         out["policy_s_total"] = _f(rounds["policy_s"].sum())
         out["fallbacks"] = int(rounds["fallback"].sum())
+        # the optimising policies' proven gaps (a bound on each round's model; Gavel's: the
+        # LP's optimum over its rounding): how far from optimal the rounds were, where known
+        gaps = pd.to_numeric(rounds["gap"], errors="coerce").dropna() if "gap" in rounds \
+            else pd.Series(dtype=float)
+        out["rounds_with_bound"] = len(gaps)
+        out["gap_mean"] = _f(gaps.mean()) if len(gaps) else None
+        out["gap_max"] = _f(gaps.max()) if len(gaps) else None
     else:
         out.update(rounds=0, solver_s_mean=0.0, solver_s_max=0.0, policy_s_total=0.0, fallbacks=0)
     return out

@@ -47,7 +47,7 @@ from apportion.policies.config import (
     greedy_reserve,
 )
 from apportion.policies.recipes import RECIPES, Recipe
-from apportion.solvers.base import SolveResult, Status, proven_gap
+from apportion.solvers.base import SolveResult, Status, objective_gap, proven_gap
 from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_chain
 from apportion.solvers.chain_rules import tighter
 from apportion.solvers.isolation import ChainChild
@@ -454,9 +454,13 @@ class FormulationPolicy:
             explicit = cfg.backend == "greedy" or beaten
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                                 for a in s.attempts) or "no backend ran"
+            # the heuristic answers the same model: any bound a backend proved on it (an LP
+            # relaxation's, say) bounds its answer too, and measures its gap
             report = SolveReport(f.heuristic.name,
                                  Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
-                                 f.greedy_obj, None, None, wall, fallback=not explicit,
+                                 f.greedy_obj, bound, objective_gap(f.greedy_obj, bound,
+                                                                    model.sense),
+                                 wall, fallback=not explicit,
                                  fallback_reason=why, attempts=attempt_dicts)
             if beaten:
                 report.fallback_reason = (f"the backends' best ({s.best.backend}: "
