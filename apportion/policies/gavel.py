@@ -285,10 +285,20 @@ class GavelFIFO(GavelRound):
         for i, js in sorted(enumerate(jobs), key=lambda ij: (ij[1].spec.submit_time_s, ij[1].id)):
             if js.id in self.assigned:
                 continue
-            if not any(avail.get(t, 0) >= js.spec.requested_gpus for t in types):
+            need = js.spec.requested_gpus
+            # deviation: a job no type can ever hold is passed over: its rate is 0 on every
+            # type with ``need`` GPUs in all (it fits no type's memory, or it was seen to
+            # make no progress on each it tried: ``JobView.stalled_on``). Gavel's FIFO
+            # stops at the first job with no free type, which for such a job is for ever
+            # (Gavel's measured throughputs are never 0). A job that fits once GPUs free
+            # up still blocks everything behind it, as in Gavel's FIFO.
+            if not any(state.capacity.get(t, 0) >= need and T[i, k] > 0
+                       for k, t in enumerate(types)):
+                continue
+            if not any(avail.get(t, 0) >= need for t in types):
                 break
             # deviation: only types the job can run on (Gavel draws among all free types)
-            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= js.spec.requested_gpus and T[i, k] > 0)
+            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= need and T[i, k] > 0)
             if not ok:
                 break
             t = ok[int(rng.integers(len(ok)))]
