@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.estimation.rates import EstimatorRates
 from apportion.experiments.harness import run_one
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.chain_rules import tighter
