@@ -20,6 +20,7 @@ reasons (``no-fit-memory``, ``deadline-unmeetable``), not admission's.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from apportion.cluster import Cluster
@@ -27,7 +28,7 @@ from apportion.decision import Pending, Reason
 from apportion.errors import CatalogError
 from apportion.gpus import canonical_gpu_name
 from apportion.jobs import JobSpec
-from apportion.models import get_model
+from apportion.models import catalog_model, get_model
 
 
 @dataclass
@@ -37,12 +38,18 @@ class Admission:
     requeued: list[str] = field(default_factory=list)  # ran on nodes the cluster no longer has
 
 
-def catalog_problem(job: JobSpec) -> str | None:
-    """Why ``job`` cannot be planned from the catalog (None: it can)."""
+def catalog_problem(job: JobSpec, rated: Callable[[JobSpec], bool] | None = None) -> str | None:
+    """Why ``job`` cannot be planned from the catalog (None: it can).
+
+    ``rated``: whether the round's rate source rates the job. A model the catalog lacks is
+    no problem where it does (an operator's measured-only model, with ``--estimator
+    tables`` rows for it): the round schedules it from its rates, its DP plan, as the
+    baselines do (:func:`apportion.models.catalog_model`)."""
     try:
-        get_model(job.model)
         if job.requested_gpu_type:
             canonical_gpu_name(job.requested_gpu_type)
+        if catalog_model(job.model) is None and not (rated is not None and rated(job)):
+            get_model(job.model)  # raises, naming the catalog's models
     except CatalogError as exc:
         return str(exc)
     return None
@@ -57,15 +64,18 @@ def _runs_on(job: JobSpec, cluster: Cluster) -> bool:
                and cluster.nodes[n].gpus >= k for n, k in r.placement.items())
 
 
-def admit(cluster: Cluster, jobs: list[JobSpec], catalog: bool = True) -> Admission:
+def admit(cluster: Cluster, jobs: list[JobSpec], catalog: bool = True,
+          rated: Callable[[JobSpec], bool] | None = None) -> Admission:
     """Split ``jobs`` into those the round plans and typed refusals (stage ``admit``).
 
     ``catalog=False`` where rates come from measurements keyed by the trace's own job
-    types (a replay of a trace whose models are not catalog names)."""
+    types (a replay of a trace whose models are not catalog names); ``rated`` admits a
+    model the catalog lacks where the round's rate source rates it (see
+    :func:`catalog_problem`)."""
     total = cluster.total_gpus
     out = Admission([])
     for job in jobs:
-        problem = catalog_problem(job) if catalog else None
+        problem = catalog_problem(job, rated) if catalog else None
         if problem is not None:
             out.refused.append(Pending(job.id, Reason.CATALOG, problem, stage="admit",
                                        can_ever_fit=False))

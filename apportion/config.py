@@ -235,9 +235,30 @@ class CustomModelSpec(_Strict):
                                  self.sequence_length, self.parameters, self.heads)
 
 
-# a catalog name or an inline spec; errors name the spec's own fields ("#" tags are dropped)
-ModelField = Annotated[Annotated[str, Tag("#name")] | Annotated[CustomModelSpec, Tag("#spec")],
-                       Discriminator(lambda v: "#spec" if isinstance(v, dict) else "#name")]
+class MeasuredModelSpec(_Strict):
+    """A model known only by its measurements (``model: {measured: my-resnet}``): the
+    catalog lacks it and no estimator can describe it, so it is scheduled from the rates
+    the round's rate source gives it (``--estimator tables`` rows for ``my-resnet``), its
+    data-parallel plan, as the baselines schedule every job. Written out so that a
+    misspelt catalog name is still refused here, naming the catalog."""
+
+    measured: str = Field(min_length=1, max_length=256)
+
+    def catalog_name(self) -> str:
+        return self.measured
+
+
+def _model_tag(v: Any) -> str:
+    if isinstance(v, dict):
+        return "#measured" if "measured" in v else "#spec"
+    return "#name"
+
+
+# a catalog name, an inline spec, or a measured-only model; errors name the spec's own
+# fields ("#" tags are dropped)
+ModelField = Annotated[Annotated[str, Tag("#name")] | Annotated[CustomModelSpec, Tag("#spec")]
+                       | Annotated[MeasuredModelSpec, Tag("#measured")],
+                       Discriminator(_model_tag)]
 
 
 # torchrun's variables and apportion's, given to every rank (issue contract)
@@ -247,7 +268,7 @@ RESERVED_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 
 class JobEntry(_Strict):
     id: str = Field(min_length=1, max_length=256)
-    model: ModelField  # a catalog name, or an inline spec for the estimators
+    model: ModelField  # a catalog name, an inline spec, or {measured: name}
     global_batch_size: int = Field(gt=0, le=MAX_COUNT)
     iterations: int = Field(gt=0, le=10**12)
     requested_gpus: int = Field(gt=0, le=MAX_COUNT)
@@ -295,9 +316,9 @@ class JobEntry(_Strict):
 
     @field_validator("model")
     @classmethod
-    def _known_model(cls, v: str | CustomModelSpec) -> str:
+    def _known_model(cls, v: str | CustomModelSpec | MeasuredModelSpec) -> str:
         try:
-            if isinstance(v, CustomModelSpec):
+            if isinstance(v, (CustomModelSpec, MeasuredModelSpec)):
                 return v.catalog_name()
             return get_model(v).name
         except CatalogError as exc:

@@ -268,6 +268,20 @@ def get_model(name: str) -> ModelSpec:
     return _BUILDERS[key]()
 
 
+def catalog_model(name: str) -> ModelSpec | None:
+    """The catalog's :class:`ModelSpec` for ``name``, or None where the catalog lacks it.
+
+    A job whose model the catalog lacks (a trace's own job type: Gavel's ``ResNet-18
+    (batch size 128)``, ElasticFlow's ``vgg16``; an operator's measured-only model) is
+    still scheduled wherever a rate source rates it: its rate stands for the job's
+    data-parallel plan, and its memory for "fits" (a rate of 0: it does not run there).
+    Callers that can work from rates alone ask here instead of catching the error."""
+    try:
+        return get_model(name)
+    except CatalogError:
+        return None
+
+
 # ---------------------------------------------------------------------------
 # Inline custom models (a job's own architecture, described by four numbers)
 # ---------------------------------------------------------------------------

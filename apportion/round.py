@@ -32,8 +32,9 @@ from typing import Any, Protocol, runtime_checkable
 from apportion.admission import admit
 from apportion.assembly import left_out
 from apportion.decision import Decision, Reason
+from apportion.jobs import JobSpec
 from apportion.validator import InvalidDecision, validate
-from apportion.view import Policy, View
+from apportion.view import JobView, Policy, View
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def run_pipeline(view: View, policy: Policy | StagedPolicy,
         timing[stage] = round(timing.get(stage, 0.0) + now - since, 6)
         return now
 
-    adm = admit(view.cluster, [js.spec for js in view.jobs], catalog=view.needs_catalog)
+    adm = admit(view.cluster, [js.spec for js in view.jobs], catalog=view.needs_catalog,
+                rated=_rated_by(view))
     ok = {j.id: j for j in adm.admitted}
     # a job whose nodes are gone no longer runs anywhere: it is planned as queued
     sub = replace(view, jobs=[replace(js, spec=ok[js.id], alloc=None) if js.id in adm.requeued
@@ -159,6 +161,27 @@ def run_pipeline(view: View, policy: Policy | StagedPolicy,
                             for js in sub.jobs]}
     return RoundResult(decision, graph, problem, timing,
                        dump=staged.problem if staged is not None else None)
+
+
+def _rated_by(view: View) -> Callable[[JobSpec], bool]:
+    """Whether the view's rate source rates a job at its requested size on some GPU type:
+    admission's test for a model the catalog lacks (an operator's measured-only model). A
+    rate source that cannot describe the job (an analytic estimator on a model it has no
+    layers of) does not rate it."""
+    by_id = {js.id: js for js in view.jobs}
+
+    def rated(spec: JobSpec) -> bool:
+        js = by_id.get(spec.id) or JobView.from_spec(spec)
+        for gpu_type, cap in sorted(view.capacity.items()):
+            if cap < spec.requested_gpus:
+                continue
+            try:
+                if view.rate(js, gpu_type, spec.requested_gpus) > 0:
+                    return True
+            except (KeyError, ValueError):  # CatalogError is a KeyError
+                continue
+        return False
+    return rated
 
 
 def _refuse_plans(decision: Decision, view: View, accept: Any) -> None:

@@ -28,6 +28,13 @@ What comes from where:
   better witness), its fastest split, marked feasible;
 * ``fit(samples)`` records measured iteration times, keyed by (model, global
   batch, GPU type, GPU count); a measured configuration overrides ``rate_fn``.
+* **a model the catalog lacks** (Gavel's ``ResNet-18 (batch size 128)``,
+  ElasticFlow's ``vgg16``, a fine-tuning task; :func:`apportion.models.catalog_model`):
+  no inner estimator can describe it, so the rate source is the whole estimate — as
+  it is for every baseline. Its rate stands for the job's data-parallel plan on that
+  many GPUs (:func:`rated_estimate`: one stage, DP over every GPU), and memory is
+  what the rate says: a positive rate ran there, so it fits (memory per GPU is not
+  known: 0); a rate of 0 does not run (no cell).
 
 Rates are memoised per (job id, GPU type, GPU count) when ``memoize`` is true
 (a rate function that changes, say with a per-round view, must be given a
@@ -50,6 +57,7 @@ from apportion.estimation.base import Estimate, ParamsMixin, Sample
 
 from apportion.cluster import Cluster
 from apportion.jobs import JobSpec
+from apportion.models import catalog_model
 from apportion.plans import Cell, ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -126,6 +134,8 @@ class RateEstimator(ParamsMixin):
         r = self.rate(job, cell.gpu_type, cell.gpus)
         if r <= 0:
             return None
+        if catalog_model(job.model) is None:  # the rate is all there is: its DP plan
+            return rated_estimate(job, cell.gpus, cell.stages, 1.0 / r)
         base = self._inner.best_in_cell(job, cell, cluster)
         if base is None:
             base = self._fastest_split(job, cell, cluster)
@@ -141,8 +151,12 @@ class RateEstimator(ParamsMixin):
             raise ValueError("empty placement")
         gpu_type = cluster.nodes[node].gpu_type
         gpus = int(sum(placement.values()))
-        base = self._inner.predict(job, plan, placement, cluster)
         r = self.rate(job, gpu_type, gpus)
+        if catalog_model(job.model) is None:
+            got = rated_estimate(job, gpus, 1, 1.0 / r) if r > 0 else None
+            return got if got is not None else Estimate(math.inf, 0.0, False, plan,
+                                                        job.global_batch_size, {"rated": 1.0})
+        base = self._inner.predict(job, plan, placement, cluster)
         if r <= 0:
             return replace(base, iter_time_s=math.inf, feasible=False)
         return self._timed(base, 1.0 / r, job.global_batch_size)
@@ -175,4 +189,14 @@ class RateEstimator(ParamsMixin):
         return best
 
 
-__all__ = ["RateEstimator", "RateFn"]
+def rated_estimate(job: JobSpec, gpus: int, stages: int, iter_time_s: float) -> Estimate | None:
+    """The estimate a rate alone gives (a model the catalog lacks): the job's data-parallel
+    plan over ``gpus`` GPUs, one stage (None for more: the rate measured no pipeline), run
+    at ``iter_time_s``; memory per GPU unknown (0) and feasible, since it ran there."""
+    if stages != 1 or gpus <= 0 or not (math.isfinite(iter_time_s) and iter_time_s > 0):
+        return None
+    return Estimate(iter_time_s, 0.0, True, ExecutionPlan(dp=gpus), job.global_batch_size,
+                    {"rated": 1.0})
+
+
+__all__ = ["RateEstimator", "RateFn", "rated_estimate"]

@@ -143,7 +143,9 @@ def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
         from apportion.experiments.finetune_truth import FinetuneTruth
 
         ft = FinetuneTruth()
-        return ft.with_iterations(t), ft
+        t = ft.with_iterations(t)
+        _check_truth_covers(t, ft, cluster, kind)  # its profiles are V100's: say so, exit 2
+        return t, ft
     if t.format == "raw":
         if kind != "crius":
             raise InputError(trace_arg, "--truth", f"a raw cluster trace carries no models; "
@@ -203,11 +205,14 @@ def write_run(res: SimResult, out: Path) -> None:
     os.replace(tmp, out / "summary.json")  # written last: its presence marks a finished run
 
 
-def _worker(args: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
+def _run_worker(args: tuple[Any, ...]) -> dict[str, Any]:
+    """One (policy, seed) run of :func:`compare`: its summary (read back when a finished run
+    left one: runs are resumable)."""
     (trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, out, queue) = args
     run_dir = Path(out) / f"{policy}-s{seed}"
     if (run_dir / "summary.json").exists():
-        return policy, seed, json.loads((run_dir / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+        return summary
 
     def tick(sim_t: float, done: int, total: int) -> None:
         if queue is not None:
@@ -217,14 +222,59 @@ def _worker(args: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
     write_run(res, run_dir)
     if queue is not None:
         queue.put((policy, seed, res.summary["jobs"], res.summary["jobs"]))
-    return policy, seed, res.summary
+    return res.summary
+
+
+def _worker(args: tuple[Any, ...]) -> tuple[str, int, dict[str, Any] | None, str | None]:
+    """:func:`_run_worker` in a worker process: ``(policy, seed, summary, None)``, or
+    ``(policy, seed, None, error)`` when the run failed. Every exception reaches the parent
+    as text (its class, message and traceback), whatever its class: one that cannot be
+    pickled back (a constructor with required arguments, a class the parent cannot import)
+    would otherwise kill the pool's result thread and leave the parent waiting forever."""
+    policy, seed = str(args[2]), int(args[4])
+    try:
+        return policy, seed, _run_worker(args), None
+    except Exception as exc:  # noqa: BLE001 - the run failed; its row says so
+        return policy, seed, None, _error_text(exc)
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Class: message`` on the first line, then the traceback (what a failed row keeps)."""
+    import traceback
+
+    head = f"{type(exc).__name__}: {exc}".strip()
+    return head + "\n" + "".join(traceback.format_exception(exc)).rstrip()
+
+
+class CompareFailed(RuntimeError):
+    """Some runs of a comparison failed: their rows say so (``error``), the others' results
+    are written; the command exits non-zero naming each failed run and the first line of
+    its error."""
+
+    def __init__(self, root: Path, failures: dict[tuple[str, int], str], runs: int) -> None:
+        self.root = root
+        self.failures = failures
+        lines = "; ".join(f"{p} seed {s}: {err.splitlines()[0]}"
+                          for (p, s), err in sorted(failures.items()))
+        super().__init__(f"{len(failures)} of {runs} runs failed ({lines}); the other runs' "
+                         f"results and the failed rows are in {root}")
 
 
 SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_jct_s", "p99_jct_s",
                 "avg_queue_s", "makespan_s", "utilization", "avg_throughput_samples_s",
                 "peak_throughput_samples_s", "avg_restarts", "deadline_ratio", "ftf_rho_mean",
-                "solver_s_mean", "fallbacks", "avg_jct_all_s", "p99_jct_all_s", "sla_kept",
-                "sla_jobs"]
+                "solver_s_mean", "fallbacks", "gap_mean", "avg_jct_all_s", "p99_jct_all_s",
+                "sla_kept", "sla_jobs"]
+
+
+def trace_jobs(trace: str, cluster: str, window_days: float | None = None,
+               max_jobs: int | None = None) -> int:
+    """How many jobs one run of ``trace`` replays (seed 0; the generated families draw the
+    same count for every seed): a comparison's progress total, known before any run
+    starts. Resolving the trace here also refuses a trace the cluster cannot replay
+    (:class:`InputError`) before any worker is spawned."""
+    t, _ = resolve(trace, cluster_from_arg(cluster), 0, window_days)
+    return len(t.head(max_jobs)) if max_jobs else len(t)
 
 
 def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: str | Path = "results",
@@ -236,59 +286,109 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     """Run every policy x seed (parallel processes, or Ray tasks with ``engine="ray"``),
     then write tables and plots.
 
-    Progress (jobs finished over all runs; runs finished on Ray) goes to stderr: a bar on
-    a terminal, plain periodic lines otherwise (:class:`apportion.console.Progress`)."""
-    from apportion.console import Progress
-
+    Progress (jobs finished over all runs, out of every run's jobs from the start; runs
+    finished on Ray) goes to stderr: a bar on a terminal, plain periodic lines otherwise
+    (:class:`apportion.console.Progress`). A run that fails fails its row (``error`` in
+    ``summary.csv`` and ``summary.md``); the others are written, then
+    :class:`CompareFailed` names the failed runs. A worker process that dies (killed, out
+    of memory) fails the runs it had: nothing waits on it."""
     check_run_name(run)
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
     root = Path(out) / name
     root.mkdir(parents=True, exist_ok=True)
+    runs = [(p, s) for p in policies for s in range(seeds)]
     if engine == "ray":
         args = [(trace, cluster, p, profile, s, (policy_options or {}).get(p, {}),
-                 sim_options or {}, window_days, max_jobs, str(root), None)
-                for p in policies for s in range(seeds)]
-        results = _run_on_ray(args, ray_address, show_progress)
-        write_tables(root, results)
-        if plots:
-            write_plots(root, policies, seeds)
-        return root
-    ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    queue = manager.Queue()
-    jobs = [(trace, cluster, p, profile, s, (policy_options or {}).get(p, {}), sim_options or {},
-             window_days, max_jobs, str(root), queue) for p in policies for s in range(seeds)]
-    results: list[tuple[str, int, dict[str, Any]]] = []
-    nproc = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    state: dict[tuple[str, int], tuple[int, int]] = {}
-    desc = f"compare {len(policies)} policies x {seeds} seeds"
-    with Progress(desc, unit="jobs finished", heartbeat=True, enabled=show_progress) as prog:
-        with ctx.Pool(nproc) as pool:
-            pending = pool.map_async(_worker, jobs)
-            while not pending.ready():
-                pending.wait(0.2)
-                while not queue.empty():
-                    p, s, d, tot = queue.get()
-                    state[(p, s)] = (d, tot)
-                    prog.update(sum(v[0] for v in state.values()),
-                                sum(v[1] for v in state.values()))
-            results = pending.get()
-        for p, s, summ in results:
-            state[(p, s)] = (summ["jobs"], summ["jobs"])
-        prog.update(sum(v[0] for v in state.values()), sum(v[1] for v in state.values()))
-    manager.shutdown()
-    write_tables(root, results)
+                 sim_options or {}, window_days, max_jobs, str(root), None) for p, s in runs]
+        outcomes = _run_on_ray(args, ray_address, show_progress)
+    else:
+        outcomes = _run_local(trace, cluster, runs, profile, policy_options, sim_options,
+                              window_days, max_jobs, root, workers, show_progress)
+    results = [(p, s, summ) for p, s, summ, _ in outcomes if summ is not None]
+    failures = {(p, s): err or "failed" for p, s, summ, err in outcomes if summ is None}
+    write_tables(root, results, failures)
     if plots:
         write_plots(root, policies, seeds)
+    if failures:
+        raise CompareFailed(root, failures, len(runs))
     return root
 
 
+#: one run's outcome: (policy, seed, its summary, None) or (policy, seed, None, its error)
+Outcome = tuple[str, int, dict[str, Any] | None, str | None]
+
+
+def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: str,
+               policy_options: dict[str, dict[str, Any]] | None,
+               sim_options: dict[str, Any] | None, window_days: float | None,
+               max_jobs: int | None, root: Path, workers: int | None,
+               show_progress: bool) -> list[Outcome]:
+    """Every run in a pool of spawned processes (:class:`ProcessPoolExecutor`: a worker that
+    dies breaks the pool, and every run it had fails, where ``multiprocessing.Pool`` would
+    wait for it forever); the parent sleeps between progress reports."""
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from apportion.console import Progress
+
+    per_run = trace_jobs(trace, cluster, window_days, max_jobs)
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    outcomes: list[Outcome] = []
+    try:
+        q = manager.Queue()
+        nproc = max(1, min(workers or os.cpu_count() or 1, len(runs)))
+        state: dict[tuple[str, int], int] = {}
+        total = per_run * len(runs)
+        desc = f"compare {len({p for p, _ in runs})} policies x " \
+               f"{len({s for _, s in runs})} seeds ({len(runs)} runs)"
+
+        def drain(prog: Progress) -> None:
+            moved = False
+            while True:
+                try:
+                    p, s, d, _tot = q.get_nowait()
+                except queue_mod.Empty:
+                    break
+                state[(p, s)] = int(d)
+                moved = True
+            if moved:
+                prog.update(sum(state.values()), total)
+
+        with Progress(desc, total=total, unit="jobs finished", heartbeat=True,
+                      enabled=show_progress) as prog, \
+                ProcessPoolExecutor(nproc, mp_context=ctx) as pool:
+            futures = {pool.submit(_worker, (trace, cluster, p, profile, s,
+                                             (policy_options or {}).get(p, {}),
+                                             sim_options or {}, window_days, max_jobs,
+                                             str(root), q)): (p, s) for p, s in runs}
+            pending = set(futures)
+            while pending:  # the parent sleeps in ``wait``: no spinning
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                drain(prog)
+                for f in done:
+                    p, s = futures[f]
+                    try:
+                        outcomes.append(f.result())
+                    except Exception as exc:  # noqa: BLE001 - its process died
+                        outcomes.append((p, s, None, _error_text(exc)))
+                    got = outcomes[-1][2]
+                    state[(p, s)] = int(got["jobs"]) if got else state.get((p, s), 0)
+                if done:
+                    prog.update(sum(state.values()), total)
+    finally:
+        manager.shutdown()
+    order = {r: i for i, r in enumerate(runs)}
+    return sorted(outcomes, key=lambda o: order[(o[0], o[1])])
+
+
 def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress: bool
-                ) -> list[tuple[str, int, dict[str, Any]]]:
+                ) -> list[Outcome]:
     """Every (policy, seed) run as a Ray task (one CPU each) on the cluster at ``address``,
     or on a local Ray instance of its own; a run whose summary exists is not redone (the
-    results folder must be visible to the workers: a shared filesystem)."""
+    results folder must be visible to the workers: a shared filesystem). A task that
+    fails (its worker died) fails its run."""
     from apportion.solvers.partition import RayEngine
 
     from apportion.console import Progress
@@ -296,14 +396,20 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
     eng = RayEngine(address)
     try:
         remote = eng.ray.remote(num_cpus=1, max_retries=0)(_worker)
-        refs = {remote.remote(a): (a[2], a[4]) for a in args}
+        refs = {remote.remote(a): (str(a[2]), int(a[4])) for a in args}
         pending = list(refs)
-        with Progress(f"compare on ray: {len(refs)} runs", unit="runs finished",
+        with Progress(f"compare on ray: {len(refs)} runs", total=len(refs), unit="runs finished",
                       heartbeat=True, enabled=show_progress) as prog:
             while pending:
                 _, pending = eng.ray.wait(pending, num_returns=1)
                 prog.update(len(refs) - len(pending), len(refs))
-        return [eng.ray.get(r) for r in refs]
+        outcomes: list[Outcome] = []
+        for r, (p, s) in refs.items():
+            try:
+                outcomes.append(eng.ray.get(r))
+            except Exception as exc:  # noqa: BLE001 - the task's worker died
+                outcomes.append((p, s, None, _error_text(exc)))
+        return outcomes
     finally:
         eng.close()
 
@@ -323,20 +429,31 @@ def ci95(values: Any) -> float:
     return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
 
 
-def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> pd.DataFrame:
+def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]],
+                 failures: dict[tuple[str, int], str] | None = None) -> pd.DataFrame:
     """Mean over seeds per policy, with the 95 % CI half-width of the key metrics
-    (``<metric>_ci95``) and the number of seeds; the information mode in the header."""
+    (``<metric>_ci95``) and the number of seeds; the information mode in the header. A
+    policy with failed runs says so in ``error`` (the seeds that failed and the first
+    line of the first error); its means are over the seeds that ran, if any."""
+    failures = failures or {}
     rows = [{**{k: s.get(k) for k in SUMMARY_COLS if k != "policy"}, "policy": p, "seed": seed}
             for p, seed, s in results]
-    df = pd.DataFrame(rows)
     num = [c for c in SUMMARY_COLS if c != "policy"]
+    df = pd.DataFrame(rows, columns=["policy", "seed", *num])
     grouped = df.groupby("policy", sort=False)
     mean = grouped[num].mean(numeric_only=True).reset_index()
     mean = mean[[c for c in SUMMARY_COLS if c in mean.columns]]
     mean.insert(1, "seeds", grouped["seed"].count().to_numpy())
     for c in CI_COLS:
-        if c in df.columns:
+        if c in mean.columns:
             mean[f"{c}_ci95"] = grouped[c].apply(ci95).to_numpy()
+    failed_policies = list(dict.fromkeys(p for p, _ in sorted(failures)))
+    missing = [p for p in failed_policies if p not in set(mean["policy"])]
+    if missing:
+        mean = pd.concat([mean, pd.DataFrame({"policy": missing, "seeds": 0})],
+                         ignore_index=True)
+    if failures:
+        mean["error"] = [_failed_cell(p, failures) for p in mean["policy"]]
     mean.to_csv(root / "summary.csv", index=False)
     modes = sorted({str(s.get("information", "?")) for _, _, s in results})
     ests = sorted({str(s.get("estimator", "?")) for _, _, s in results})
@@ -344,6 +461,14 @@ def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]]) -> 
             f"mean over seeds, ± the 95 % confidence interval (Student's t)\n\n")
     (root / "summary.md").write_text(head + to_markdown(_with_ci(mean)))
     return mean
+
+
+def _failed_cell(policy: str, failures: dict[tuple[str, int], str]) -> str:
+    seeds = sorted(s for p, s in failures if p == policy)
+    if not seeds:
+        return ""
+    first = failures[(policy, seeds[0])].splitlines()[0]
+    return f"failed (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}): {first}"
 
 
 def _with_ci(mean: pd.DataFrame) -> pd.DataFrame:

@@ -41,7 +41,21 @@ from apportion.cluster import Cluster
 JOB_COLUMNS = ["job_id", "submit_s", "gpus", "gpu_type", "job_type", "model", "tenant",
                "guaranteed", "iterations", "done", "first_start_s", "finish_s", "jct_s",
                "queue_s", "restarts", "preemptions", "gpu_seconds", "deadline_s", "met_deadline",
-               "isolated_s", "ftf_rho", "finished", "dropped", "sla_s"]
+               "isolated_s", "ftf_rho", "finished", "dropped", "sla_s", "run_mode"]
+
+
+def run_mode(js: Any) -> str:
+    """How a fine-tuning job ran (YMIR's modes, fixed at its first start): ``merged into
+    <lead>``, ``leads <members>``, ``from <source>`` (started from a finished sibling's
+    weights), or empty (alone; every other job)."""
+    lead = getattr(js, "merged_into", None)
+    if lead:
+        return f"merged into {lead}"
+    members = getattr(js, "members", ())
+    if members:
+        return "leads " + ",".join(members)
+    src = (getattr(js, "mode", None) or {}).get("source")
+    return f"from {src.job_id}" if src is not None else ""
 
 
 def _isolated(js: Any, truth: Any) -> float:
@@ -90,7 +104,7 @@ def job_frame(done: list[Any], unfinished: list[Any], truth: Any) -> pd.DataFram
                              if j.deadline_s is not None else None),
             "isolated_s": iso, "ftf_rho": jct / iso if iso and iso > 0 and fin else math.nan,
             "finished": fin, "dropped": bool(getattr(js, "dropped", False)),
-            "sla_s": _sla_time(js, truth, iso),
+            "sla_s": _sla_time(js, truth, iso), "run_mode": run_mode(js),
         })
     df = pd.DataFrame(rows, columns=JOB_COLUMNS)
     return df.sort_values(["submit_s", "job_id"], kind="stable").reset_index(drop=True)
@@ -140,6 +154,10 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
     jct = fin["jct_s"].to_numpy(dtype=float)
     out: dict[str, Any] = {"jobs": len(jobs), "finished": len(fin),
                            "dropped": int(jobs["dropped"].sum()) if len(jobs) else 0}
+    modes = (jobs["run_mode"].fillna("").astype(str) if "run_mode" in jobs
+             else pd.Series([], dtype=str))
+    out["merged_jobs"] = int(modes.str.startswith(("merged into", "leads")).sum())
+    out["transferred_jobs"] = int(modes.str.startswith("from ").sum())
     out["avg_jct_s"] = _f(jct.mean()) if len(jct) else None
     out["median_jct_s"] = _f(np.median(jct)) if len(jct) else None
     out["p95_jct_s"] = _f(np.percentile(jct, 95)) if len(jct) else None
@@ -189,6 +207,13 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
         out["solver_s_max"] = _f(rounds["solver_s"].max())
         out["policy_s_total"] = _f(rounds["policy_s"].sum())
         out["fallbacks"] = int(rounds["fallback"].sum())
+        # the optimising policies' proven gaps (a bound on each round's model; Gavel's: the
+        # LP's optimum over its rounding): how far from optimal the rounds were, where known
+        gaps = pd.to_numeric(rounds["gap"], errors="coerce").dropna() if "gap" in rounds \
+            else pd.Series(dtype=float)
+        out["rounds_with_bound"] = len(gaps)
+        out["gap_mean"] = _f(gaps.mean()) if len(gaps) else None
+        out["gap_max"] = _f(gaps.max()) if len(gaps) else None
     else:
         out.update(rounds=0, solver_s_mean=0.0, solver_s_max=0.0, policy_s_total=0.0, fallbacks=0)
     return out

@@ -228,7 +228,8 @@ class Simulator:
             ran = [a for a in rep.attempts if not _not_run(a)]
             rounds.append({"round": r, "t": t, "active": len(active), "policy_s": policy_s,
                            "solver_s": rep.wall_s, "backend": rep.backend, "status": rep.status,
-                           "fallback": bool(rep.fallback), "gap": rep.gap,
+                           "fallback": bool(rep.fallback), "objective": rep.objective,
+                           "bound": rep.bound, "gap": rep.gap,
                            "placed": len(decision.allocations),
                            # the chain as it ran (where a replay's solver time goes)
                            "chain": "+".join(str(a.get("backend")) for a in ran),

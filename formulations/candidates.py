@@ -48,6 +48,7 @@ from apportion.formulations.schema import (cells_of, group_node, group_vertices,
                                            kind_of, member_nodes, name_of, node_node, node_vertices,
                                            pinned_nodes)
 from apportion.jobs import JobSpec
+from apportion.models import catalog_model
 from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
@@ -213,9 +214,11 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     memory of projected JCTs, for ``tail_quantile``). ``accept`` (the executor's plan
     filter, ``(job, plan) -> None | reason``) refuses a cell's plan before dominated cells
     are pruned: a cell kept only because it beat a refused one is still there, so a job
-    whose workload runs one plan of a size is offered it."""
-    from apportion.models import get_model
+    whose workload runs one plan of a size is offered it.
 
+    A job whose model the catalog lacks gets one-stage cells only: its estimator's times
+    come from a rate source whose rate stands for the job's data-parallel plan
+    (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose."""
     est = estimator or AnalyticEstimator()
     opt = options or CandidateOptions()
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=opt.__dict__.copy())
@@ -228,7 +231,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                    queue_bonus=queue_bonus(job, now_s, opt),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None)
-        layers = len(get_model(job.model).layers)
+        spec = catalog_model(job.model)
+        layers = len(spec.layers) if spec is not None else 1
         cells: list[tuple[Cell, Any]] = []
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):

@@ -8,14 +8,17 @@ Applied on top of a candidate graph (cells or plans). For a job with deadline
 (iteration time from the cell's estimate; the restart term is zero for a
 running job's present cell). Then:
 
-* a job already **admitted** keeps its guarantee: only meeting cells remain
-  and placing it earns ``admitted_weight`` (a soft lexicographic priority over
-  everything else, so the model stays feasible even when the cluster shrank:
-  the job is then reported ``deadline-unmeetable`` instead of silently late);
-* a **new** job with no meeting cell is refused (``deadline-unmeetable``, as
-  ElasticFlow's admission control); one with meeting cells is admitted by
-  being placed on one, and only meeting cells remain; admission earns
-  ``new_weight`` scaled by urgency (earliest deadline first);
+* a job already **admitted** (admitted, or started once) keeps its guarantee: only
+  meeting cells remain and placing it earns ``admitted_weight`` (a soft lexicographic
+  priority over everything else, so the model stays feasible even when the cluster
+  shrank);
+* a **new** job with meeting cells is admitted by being placed on one, and only meeting
+  cells remain; admission earns ``new_weight`` scaled by urgency (earliest deadline
+  first);
+* a job, new or admitted, with no meeting cell is refused (``deadline-unmeetable``) and
+  **dropped**, as ElasticFlow's admission control drops it (the decoder gives its
+  pending entry ``Action.DROP``: the simulator and the store retire it; kept, it would
+  wait for a deadline no allocation meets, and a replay would never end);
 * jobs without deadlines are unchanged (best effort).
 
 ``deadline_projection`` reports, for a decision, the fraction of deadline

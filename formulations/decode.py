@@ -16,7 +16,7 @@ import networkx as nx
 
 from apportion.assembly import allocation, left_out
 from apportion.cluster import Cluster
-from apportion.decision import Allocation, Decision, Pending, Reason, SolveReport
+from apportion.decision import Action, Allocation, Decision, Pending, Reason, SolveReport
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.formulations.cells import CellChoice
 from apportion.formulations.schema import job_node
@@ -72,7 +72,13 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
             continue
         jd = g.nodes[job_node(job.id)]
         reason = jd["reason"]
-        if job.running is not None:
+        if reason == Reason.DEADLINE_UNMEETABLE.value:
+            # no allocation meets its deadline: refused for good, dropped, running or not
+            # (ElasticFlow's admission control; formulations.deadline)
+            pending.append(Pending(job.id, Reason(reason), jd.get("reason_detail") or
+                                   REASON_DETAIL[reason], action=Action.DROP,
+                                   stage="candidates"))
+        elif job.running is not None:
             pending.append(left_out(job.id, True, Reason.PREEMPTED, ""))
         elif jd.get("over_quota"):
             pending.append(Pending(job.id, Reason.QUOTA,

@@ -49,17 +49,40 @@ def isolated_max_min(sf: np.ndarray, cap: np.ndarray, w: np.ndarray, shape: tupl
     return cp.Problem(obj, _constraints(x, sf, cap)), x
 
 
-def max_min_fairness(T: np.ndarray, sf: np.ndarray, cap: np.ndarray, w: np.ndarray,
-                     x_iso: np.ndarray) -> tuple[cp.Problem, cp.Variable]:
+def _fairness_coef(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_iso: np.ndarray
+                   ) -> np.ndarray:
+    """``(sf_m / w_m) T[m, j] / (T[m]·X_iso[m])``: job m's normalised share per unit of X."""
     m, n = T.shape
     sfa = np.tile(sf.reshape(m, 1), (1, n))
     inv_w = (1.0 / w).reshape(m, 1)
     iso = np.sum(T * x_iso, axis=1).reshape(m, 1)
     iso = np.where(iso > 0, iso, 1.0)
-    coef = T * inv_w / iso * sfa
-    x = cp.Variable((m, n))
+    return T * inv_w / iso * sfa
+
+
+def max_min_fairness(T: np.ndarray, sf: np.ndarray, cap: np.ndarray, w: np.ndarray,
+                     x_iso: np.ndarray) -> tuple[cp.Problem, cp.Variable]:
+    coef = _fairness_coef(T, sf, w, x_iso)
+    x = cp.Variable(T.shape)
     obj = cp.Maximize(cp.min(cp.sum(cp.multiply(coef, x), axis=1)))
     return cp.Problem(obj, _constraints(x, sf, cap)), x
+
+
+# The LPs' objectives evaluated at a numeric allocation (the LP's own answer, or the time
+# shares the round mechanism realised): a realised allocation is a convex combination of
+# rounds' integral allocations, each feasible for the LP, so the LP's optimum bounds it and
+# the difference is the round mechanism's rounding loss.
+def sum_throughput_value(T: np.ndarray, X: np.ndarray) -> float:
+    """``sum_{m,j} T[m, j] X[m, j]`` (max-sum-throughput's objective)."""
+    return float(np.sum(T * X))
+
+
+def max_min_value(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_iso: np.ndarray,
+                  X: np.ndarray) -> float:
+    """``min_m (sf_m / w_m) T[m]·X[m] / (T[m]·X_iso[m])`` (max-min fairness's objective)."""
+    if not len(T):
+        return 0.0
+    return float(np.min(np.sum(_fairness_coef(T, sf, w, x_iso) * X, axis=1)))
 
 
 def check_allocation(X: np.ndarray, sf: np.ndarray, cap: np.ndarray, tol: float = 1e-6) -> bool:

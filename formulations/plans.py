@@ -70,11 +70,12 @@ from apportion.decision import Reason
 from apportion.errors import InputError
 from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
 from apportion.estimation.base import Estimate
+from apportion.estimation.rate_estimator import rated_estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective, reference_throughput
 from apportion.formulations.schema import job_node
 from apportion.jobs import JobSpec
-from apportion.models import get_model
+from apportion.models import catalog_model, get_model
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -181,19 +182,44 @@ class CalibratedPlans:
     ``gpus`` GPUs of a type, the plan family's relative costs (and CPU/memory needs)
     still come from ``source``: every option's time is scaled by the same factor, so
     the fastest option runs at the measured rate; a size the rate source says cannot
-    run has no options.
+    run has no options. With ``calibrate=False`` (a real cluster, whose rate source is
+    the estimator ``source`` already reads) the source's times stand.
+
+    A job whose model the catalog lacks has no plan family to cost: its one option is
+    the data-parallel plan the rate stands for (:func:`rated_options`), in both cases.
     """
 
     source: PlanSource
     rate_fn: Any  # (job, gpu_type, gpus) -> iterations/s
+    calibrate: bool = True
 
     def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        if catalog_model(job.model) is None:
+            return rated_options(job, gpu_type, gpus, self.rate_fn, self.source)
         opts = self.source.options(job, gpu_type, gpus, cluster)
+        if not self.calibrate:
+            return opts
         r = float(self.rate_fn(job, gpu_type, gpus)) if opts else 0.0
         if r <= 0:
             return []
         scale = (1.0 / r) / min(o.iter_time_s for o in opts)
         return [replace(o, iter_time_s=o.iter_time_s * scale) for o in opts]
+
+
+def rated_options(job: JobSpec, gpu_type: str, gpus: int, rate_fn: Any,
+                  source: Any = None) -> list[PlanOption]:
+    """The one option a rate gives a model the catalog lacks: its data-parallel plan at the
+    rate (:func:`apportion.estimation.rate_estimator.rated_estimate`), with ``source``'s
+    base CPUs and host memory per GPU (none where the rate is 0: it does not run there)."""
+    r = float(rate_fn(job, gpu_type, gpus))
+    e = rated_estimate(job, gpus, 1, 1.0 / r) if r > 0 else None
+    if e is None:
+        return []
+    base = PlanOption(gpu_type, gpus, e.plan, "dp", e.iter_time_s, job.global_batch_size)
+    return [replace(base, cpus_per_gpu=float(getattr(source, "base_cpus_per_gpu",
+                                                     base.cpus_per_gpu)),
+                    host_mem_gib_per_gpu=float(getattr(source, "base_host_mem_gib_per_gpu",
+                                                       base.host_mem_gib_per_gpu)))]
 
 
 # ---------------------------------------------------------------------------
@@ -446,5 +472,6 @@ def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, in
     return est.predict(job, replace(option_plan), placement, cluster)
 
 
-__all__ = ["PlanOption", "PlanSource", "EstimatedPlans", "MeasuredPlans", "PlanOptions",
-           "build_plan_candidates", "plan_from_code", "reestimate", "sla_reachable"]
+__all__ = ["CalibratedPlans", "EstimatedPlans", "MeasuredPlans", "PlanOption", "PlanOptions",
+           "PlanSource", "build_plan_candidates", "plan_from_code", "rated_options", "reestimate",
+           "sla_reachable"]

@@ -72,10 +72,18 @@ class SolveResult:
 def proven_gap(best: SolveResult | None, bound: float | None, sense: str) -> float | None:
     """Relative gap of ``best`` to the tightest bound proved so far (None: no bound): one
     rule for the chain's stop and a backend's own early answer (LP rounding)."""
-    if best is None or best.objective is None or bound is None:
+    if best is None:
         return None
-    diff = bound - best.objective if sense == "max" else best.objective - bound
-    return max(0.0, diff) / max(1.0, abs(best.objective))
+    return objective_gap(best.objective, bound, sense)
+
+
+def objective_gap(objective: float | None, bound: float | None, sense: str) -> float | None:
+    """Relative gap of an answer's ``objective`` to a proven ``bound`` of the same model
+    (None: either is missing): the one rule, whichever method found the answer."""
+    if objective is None or bound is None:
+        return None
+    diff = bound - objective if sense == "max" else objective - bound
+    return max(0.0, diff) / max(1.0, abs(objective))
 
 
 # A deterministic budget (``solve_chain(work_s=...)``, ``RoundConfig.deterministic``) counts

@@ -55,8 +55,10 @@ def better(a: SolveResult, b: SolveResult | None, sense: str) -> bool:
 
 
 def tighter(bound: float | None, res: SolveResult, sense: str) -> float | None:
-    """The tighter of ``bound`` and what ``res`` proved (a bound counts only with an answer)."""
-    if res.bound is None or res.x is None:
+    """The tighter of ``bound`` and what ``res`` proved: a bound counts with an answer, or
+    where it is an LP relaxation's optimum (``extra["relaxation"]``: LP rounding whose
+    rounding failed still proved it)."""
+    if res.bound is None or (res.x is None and not res.extra.get("relaxation")):
         return bound
     if bound is None:
         return res.bound

@@ -92,9 +92,11 @@ class LpRoundBackend:
                 x, added = fill(model, res, self.tol)
                 how = f"{int(frac.sum())} fractional columns; restricted MIP" + \
                     (f", {added} columns filled" if added else "")
-        if x is None:
-            return SolveResult(self.name, Status.ERROR, wall_s=time.perf_counter() - start,
-                               message="rounded LP point violates the model")
+        if x is None:  # no answer; the relaxation's optimum is still a proven bound
+            return SolveResult(self.name, Status.ERROR, bound=lp.objective,
+                               wall_s=time.perf_counter() - start,
+                               message=f"LP bound {lp.objective:.6g}; rounded LP point "
+                               "violates the model", extra={**work, "relaxation": True})
         obj = model.objective_value(x)
         # an integer answer as good as the relaxation is proven optimal
         proven = abs(lp.objective - obj) <= 1e-9 * max(1.0, abs(obj))

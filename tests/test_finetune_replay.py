@@ -84,11 +84,14 @@ def test_truth_modes(truth):
     assert truth.rate(bad, V100, 1, source=a) == pytest.approx(truth.rate(bad, V100, 1) / 2)
     assert truth.rate(b, "A100-40GB", 1) == 0.0 and truth.rate(b, V100, 17) == 0.0
     c, d = truth.with_iterations(Trace("t", [job("C", "qnli"), job("D", "rte")])).jobs
-    # merged: 5 epochs until both reach their targets; per-epoch samples of both tasks
+    # merged: each task its own epochs to its target on the merged curve (both done by
+    # the 5th), of its own per-epoch samples (Titan's MtaskFoundationModelJob)
     data = truth.data("roberta-base")
+    ec, ed = data.spatial_epochs(c.finetune, d.finetune)
+    assert max(ec, ed) == 5
     sc, sd = data.samples_to_target["qnli"], data.samples_to_target["rte"]
     t2 = data.table.iteration_time(2, 32)
-    want = (sc / 16) / (5 * (sc / 9 + sd / 8) / 32 * t2)
+    want = (sc / 16) / ((ec * sc / 9 + ed * sd / 8) / 32 * t2)
     assert truth.rate(c, V100, 2, members=(d,)) == pytest.approx(want)
     assert truth.rate(c, V100, 2, members=(d, a)) == 0.0  # only pairs are measured
     assert truth.rate(c, V100, 2, members=(job("C2", "qnli"),)) == 0.0  # same task: unmeasured

@@ -102,13 +102,21 @@ def compare_cmd(
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
     verbose_logs(verbose)
-    from apportion.experiments.harness import compare_main
+    from apportion.experiments.harness import CompareFailed, compare_main
 
+    failed: CompareFailed | None = None
     with user_input():
         outputs.check_output_dir(out_dir, "--out")
         check_finite(window_days, "--window-days")
-        root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run, workers,
-                            window_days, max_jobs, information, estimator, engine, ray_address,
-                            deterministic=deterministic)
+        try:
+            root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
+                                workers, window_days, max_jobs, information, estimator, engine,
+                                ray_address, deterministic=deterministic)
+        except CompareFailed as exc:  # the other runs' rows are written: show them, exit 1
+            failed, root = exc, exc.root
     stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)
     stderr_console().print(f"results in {printable(root)}", highlight=False, markup=False)
+    if failed is not None:
+        stderr_console().print(f"error: {printable(failed)}", highlight=False, markup=False,
+                               soft_wrap=True)
+        raise typer.Exit(EXIT_BUG)

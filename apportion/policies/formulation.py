@@ -39,6 +39,7 @@ from apportion.formulations.incremental import CandidateCache
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells, name_of
 from apportion.jobs import JobSpec, RunningState
+from apportion.policies.base import requested_type
 from apportion.policies.config import (
     DETERMINISTIC_SAFETY,
     RoundConfig,
@@ -47,7 +48,7 @@ from apportion.policies.config import (
     greedy_reserve,
 )
 from apportion.policies.recipes import RECIPES, Recipe
-from apportion.solvers.base import SolveResult, Status, proven_gap
+from apportion.solvers.base import SolveResult, Status, objective_gap, proven_gap
 from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_chain
 from apportion.solvers.chain_rules import tighter
 from apportion.solvers.isolation import ChainChild
@@ -136,12 +137,14 @@ class _Memo:
 
 
 def _spec_of(js: JobView) -> JobSpec:
-    """The job as a formulation sees it: iterations done and where it runs now."""
+    """The job as a formulation sees it: iterations done, where it runs now, and whether it
+    was admitted (a job that started once was: a deadline round keeps its guarantee)."""
     a = js.alloc
     running = None if a is None else RunningState(a.gpu_type, a.gpus, a.stages, dict(a.placement),
                                                   a.plan.tp)
     done = min(js.spec.iterations - 1, int(js.done)) if js.done else js.spec.iterations_done
-    return replace(js.spec, iterations_done=max(0, done), running=running)
+    return replace(js.spec, iterations_done=max(0, done), running=running,
+                   admitted=js.spec.admitted or js.first_start is not None)
 
 
 class FormulationPolicy:
@@ -218,12 +221,15 @@ class FormulationPolicy:
         and times). In a replay the view's rates are measurements every policy shares: read
         them through a :class:`RateEstimator` (times from the view, plans and memory from
         the configured estimator), so apportion knows what the baselines know."""
+        fresh = self._view_rate.rates is not view.rates
+        if fresh:  # (the view's rate function also serves models the catalog lacks)
+            self._view_rate = _ViewRate(view.rates, {})
         if isinstance(view.rates, EstimatorRates):
+            self._view_rate.jobs = {js.id: js for js in view.jobs}
             if view.rates.estimator is not self.estimator.inner:
                 self.estimator = _Memo(view.rates.estimator)
             return self.estimator
-        if self._viewed is None or self._view_rate.rates is not view.rates:
-            self._view_rate = _ViewRate(view.rates, {})
+        if self._viewed is None or fresh:
             self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
                                  per_job=True)
         self._view_rate.jobs = {js.id: js for js in view.jobs}
@@ -242,6 +248,9 @@ class FormulationPolicy:
     def measured_rate(self) -> Callable[[JobSpec, str, int], float] | None:
         return self._view_rate.rate if self._viewed is not None and \
             self._last_est is self._viewed else None
+
+    def view_rate(self) -> Callable[[JobSpec, str, int], float]:
+        return self._view_rate.rate
 
     def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
         """Later rounds: only new or changed jobs are estimated again."""
@@ -275,7 +284,11 @@ class FormulationPolicy:
         for js in view.jobs:  # runtime feedback: a cell that made no progress is out
             est.blacklist.update((js.id, t, g) for t, g in js.stalled_on)
             if self.no_hetero and js.spec.requested_gpu_type:
-                est.only_type[js.id] = js.spec.requested_gpu_type
+                # pinned to its requested type, or (the cluster lacks that type, or the job
+                # cannot run there) to the type the baselines give it (policies.base)
+                pin = requested_type(view, js)[0]
+                if pin is not None:
+                    est.only_type[js.id] = pin
         specs = [_spec_of(js) for js in view.jobs]
         cfg = self.cfg
         g = self.recipe.candidates(self, view, specs, est)
@@ -457,9 +470,13 @@ class FormulationPolicy:
             explicit = (cfg.backend == "greedy" or beaten) and not f.breaks
             why = "" if explicit else "; ".join(f"{a.backend}: {a.status.value} ({a.message})"
                                                 for a in s.attempts) or "no backend ran"
+            # the heuristic answers the same model: any bound a backend proved on it (an LP
+            # relaxation's, say) bounds its answer too, and measures its gap
             report = SolveReport(f.heuristic.name,
                                  Status.FEASIBLE.value if explicit else Status.FALLBACK.value,
-                                 f.greedy_obj, None, None, wall, fallback=not explicit,
+                                 f.greedy_obj, bound, objective_gap(f.greedy_obj, bound,
+                                                                    model.sense),
+                                 wall, fallback=not explicit,
                                  fallback_reason=why, attempts=attempt_dicts)
             if beaten:
                 report.fallback_reason = (f"the backends' best ({s.best.backend}: "

@@ -35,18 +35,32 @@ Allocations (one class each):
 Both LPs are built in ``apportion.formulations.gavel`` and solved by
 ``apportion.solvers.cvx`` (HiGHS through cvxpy when available); see
 ``experiments/GAVEL_FIDELITY.md`` for every deviation from Gavel.
+
+Gap and bound (the LP policies): each round's report carries the LP's optimum as its
+bound and, as its objective, the LP's objective at the time shares the round mechanism
+has realised since the allocation was computed (this round's choice included). The
+realised shares are a convex combination of integral rounds, each feasible for the LP,
+so the bound holds; the gap is the mechanism's rounding loss (large in the first rounds
+after a change, shrinking as the rounds catch up with ``X``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from apportion.decision import Decision, Reason, SolveReport
-from apportion.formulations.gavel import isolated_max_min, max_min_fairness, max_sum_throughput
+from apportion.formulations.gavel import (
+    isolated_max_min,
+    max_min_fairness,
+    max_min_value,
+    max_sum_throughput,
+    sum_throughput_value,
+)
 from apportion.policies.base import Choice, Packer, build_decision, type_order
 from apportion.solvers.cvx import solve_cvxpy
 from apportion.view import View
@@ -72,6 +86,10 @@ class GavelRound:
         self.seen_time: dict[str, dict[str, float]] = {}
         self.lp_s = 0.0
         self.lp_solver = ""
+        # the LP's objective as a function of an allocation (rows in ``lp_jobs`` order, columns
+        # in type order); None for the allocations that are not an LP (FIFO, Gandiva)
+        self.lp_value: Callable[[np.ndarray], float] | None = None
+        self.lp_jobs: list[str] = []
 
     # -- allocation --------------------------------------------------------------------
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
@@ -135,6 +153,7 @@ class GavelRound:
             self.lp_s = time.perf_counter() - tl
             self.X = {js.id: {t: float(X[i, k]) for k, t in enumerate(types)}
                       for i, js in enumerate(state.jobs)}
+            self.lp_jobs = [js.id for js in state.jobs]
         prio: dict[str, dict[str, float]] = {}
         for t in types:
             prio[t] = {}
@@ -187,10 +206,37 @@ class GavelRound:
                 chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
         reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
                    for jid in by_id if jid not in chosen}
-        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name,
-                          "optimal" if self.lp_solver else "feasible",
-                          None, None, None, time.perf_counter() - t0, False)
-        return build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
+        objective, bound, gap = self._rounding(types, {j: c.gpu_type for j, c in chosen.items()},
+                                               now, rs)
+        status = "feasible" if not self.lp_solver or (gap or 0.0) > 1e-9 else "optimal"
+        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name, status,
+                          objective, bound, gap, time.perf_counter() - t0, False)
+        dec = build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
+        if bound is not None:
+            dec.meta.update(lp_optimum=bound, rounding_loss=gap)
+        return dec
+
+    def _rounding(self, types: list[str], placed: dict[str, str], now: float, rs: float
+                  ) -> tuple[float | None, float | None, float | None]:
+        """(the LP's objective at the realised time shares, the LP's optimum, the relative
+        gap between them: the rounding loss); Nones where the allocation is no LP."""
+        if self.lp_value is None or not self.lp_jobs or self.lp_solver in ("", "none"):
+            return None, None, None
+        col = {t: k for k, t in enumerate(types)}
+        x_lp = np.zeros((len(self.lp_jobs), len(types)))
+        real = np.zeros_like(x_lp)
+        span = max(0.0, now - self.last_reset) + rs
+        for i, jid in enumerate(self.lp_jobs):
+            got = self.job_time.get(jid, {})
+            for t, k in col.items():
+                x_lp[i, k] = self.X.get(jid, {}).get(t, 0.0)
+                # time received since the reset (counters restart at half a round)
+                received = max(0.0, got.get(t, rs / 2.0) - rs / 2.0)
+                real[i, k] = (received + (rs if placed.get(jid) == t else 0.0)) / span
+        bound = self.lp_value(x_lp)
+        objective = self.lp_value(real)
+        gap = max(0.0, bound - objective) / max(abs(bound), 1e-12) if bound else 0.0
+        return objective, bound, gap
 
 
 class MaxSumThroughput(GavelRound):
@@ -200,6 +246,7 @@ class MaxSumThroughput(GavelRound):
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
         cap = np.array([state.capacity[t] for t in types], dtype=float)
         X, self.lp_solver = solve_cvxpy(*max_sum_throughput(T, sf, cap))
+        self.lp_value = lambda x: sum_throughput_value(T, x)
         return X
 
 
@@ -211,6 +258,7 @@ class MaxMinFairness(GavelRound):
         cap = np.array([state.capacity[t] for t in types], dtype=float)
         x_iso, _ = solve_cvxpy(*isolated_max_min(sf, cap, w, T.shape))
         X, self.lp_solver = solve_cvxpy(*max_min_fairness(T, sf, cap, w, x_iso))
+        self.lp_value = lambda x: max_min_value(T, sf, w, x_iso, x)
         return X
 
 
@@ -237,10 +285,20 @@ class GavelFIFO(GavelRound):
         for i, js in sorted(enumerate(jobs), key=lambda ij: (ij[1].spec.submit_time_s, ij[1].id)):
             if js.id in self.assigned:
                 continue
-            if not any(avail.get(t, 0) >= js.spec.requested_gpus for t in types):
+            need = js.spec.requested_gpus
+            # deviation: a job no type can ever hold is passed over: its rate is 0 on every
+            # type with ``need`` GPUs in all (it fits no type's memory, or it was seen to
+            # make no progress on each it tried: ``JobView.stalled_on``). Gavel's FIFO
+            # stops at the first job with no free type, which for such a job is for ever
+            # (Gavel's measured throughputs are never 0). A job that fits once GPUs free
+            # up still blocks everything behind it, as in Gavel's FIFO.
+            if not any(state.capacity.get(t, 0) >= need and T[i, k] > 0
+                       for k, t in enumerate(types)):
+                continue
+            if not any(avail.get(t, 0) >= need for t in types):
                 break
             # deviation: only types the job can run on (Gavel draws among all free types)
-            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= js.spec.requested_gpus and T[i, k] > 0)
+            ok = sorted(t for k, t in enumerate(types) if avail.get(t, 0) >= need and T[i, k] > 0)
             if not ok:
                 break
             t = ok[int(rng.integers(len(ok)))]

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import networkx as nx
 
+from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.candidates import build_candidates, problem_dump
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.deadline import DeadlineOptions, apply_deadlines, deadline_projection
@@ -49,6 +50,11 @@ class CandidateContext(Protocol):
 
     def measured_rate(self) -> Callable[[JobSpec, str, int], float] | None:
         """A replay's measured rates (the view's), or None on a real cluster."""
+        ...
+
+    def view_rate(self) -> Callable[[JobSpec, str, int], float]:
+        """The view's rate source, whatever it is (measured, or a real cluster's estimator):
+        what a job whose model the catalog lacks is scheduled from."""
         ...
 
     def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
@@ -97,13 +103,20 @@ def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
 
 def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                     est: Any) -> nx.DiGraph:
-    """Morphling's plans; in a replay the view's measured rates set the times. One objective
-    for both formulations: the plans take the cells' objective knobs."""
+    """Morphling's plans; in a replay the view's measured rates set the times, and a job
+    whose model the catalog lacks gets the data-parallel plan its rate stands for (on a
+    real cluster too). The plan families' relative costs are the analytic model's: an
+    estimator that does not cost plan families (measured tables, Crius's cells, Morphling's
+    fit) sets each size's speed through the view's rates, as a replay's measurements do.
+    One objective for both formulations: the plans take the cells' objective knobs."""
     cfg = ctx.cfg
-    source = cfg.plan_source or EstimatedPlans(ctx.base_estimator())
+    base = ctx.base_estimator()
+    analytic = isinstance(base, AnalyticEstimator)
+    source = cfg.plan_source or EstimatedPlans(base if analytic else AnalyticEstimator())
     rate = ctx.measured_rate()
-    if rate is not None:
-        source = CalibratedPlans(source, rate)
+    source = CalibratedPlans(source, rate) if rate is not None else \
+        CalibratedPlans(source, ctx.view_rate(), calibrate=not analytic
+                        and cfg.plan_source is None)
     return build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
                                  cfg.plan_options or PlanOptions.like(cfg.candidates))
 

@@ -79,6 +79,9 @@ register("ymir-spatial", _lazy("ymir", "Ymir", temporal=False),
          "YMIR without temporal transfer: spatial merging (A||B) + elastic SRTF")
 register("ymir-normal", _lazy("ymir", "Ymir", temporal=False, spatial=False),
          "YMIR's elastic SRTF alone (no transfer): the ablation of its modes")
+register("ymir-task2vec", _lazy("ymir", "Ymir", gains="task2vec"),
+         "YMIR with Task2Vec-predicted gains (its Alg. 1, --gains auto) from each task's "
+         "samples ($APPORTION_TASK_DATA)")
 register("crius-greedy", _formulation(backend="greedy"),
          "Crius algorithm 1: GreedyCells with search depth on the candidate graph")
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")

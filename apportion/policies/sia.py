@@ -106,6 +106,20 @@ class SiaLike:
                 chosen[js.id] = Choice(t, g, p, plan_rate(state, js, t, g, code, placement=p),
                                        code=code)
         rep = SolveReport("highs-milp", "optimal" if res.status == 0 else "feasible",
-                          float(-res.fun) if res.fun is not None else None, None, None,
+                          float(-res.fun) if res.fun is not None else None, *_ilp_bound(res),
                           time.perf_counter() - t0, False)
         return build_decision(state, chosen, self.name, t0, reasons, rep)
+
+
+def _ilp_bound(res: Any) -> tuple[float | None, float | None]:
+    """The integer program's proven bound and gap, as HiGHS reports them through scipy
+    (the program minimises the negated objective: its dual bound, negated, bounds the
+    objective from above); Nones where it proved none (no answer, or an older scipy)."""
+    dual = getattr(res, "mip_dual_bound", None)
+    if res.fun is None or dual is None or not np.isfinite(dual):
+        return None, None
+    bound = float(-dual)
+    gap = getattr(res, "mip_gap", None)
+    if gap is None or not np.isfinite(gap):
+        gap = max(0.0, bound - float(-res.fun)) / max(1.0, abs(float(res.fun)))
+    return bound, float(gap)

@@ -36,10 +36,24 @@ elastic SRTF there. The ablations: ``ymir-temporal`` (no merging), ``ymir-spatia
 (no temporal transfer) and ``ymir-normal`` (no transfer at all: the elastic SRTF
 alone, which separates the modes' gain from elasticity's).
 
-``gain_noise`` (sigma, default 0) perturbs every predicted gain with seeded
-Gaussian noise: a stand-in for the Task2Vec prediction error on datasets the
-replay does not ship (the rate source measures transfer exactly in both
-information modes, since its profiling noise is per job and GPU count).
+Where the gains come from (``gains``):
+
+* ``rates`` (``ymir`` and its ablations): the rate source's prediction of each mode's
+  rate. In a replay that is a measurement of the mode (exact in both information
+  modes, since the profiling noise is per job and GPU count); ``gain_noise`` (sigma,
+  default 0) perturbs every gain with seeded Gaussian noise to study a predictor's error;
+* ``task2vec`` (``ymir-task2vec``): YMIR's Alg. 1 in the replay, with the semantics of
+  ``solve-finetune --gains auto`` (:func:`apportion.estimation.finetune.transferability.
+  auto_gains`): every task of a backbone the policy has seen is embedded with the
+  Task2Vec probe on its samples (``<task_data>/<backbone>@<task>`` or ``<task>``, ``.npz``
+  or ``.csv``; ``task_data`` defaults to ``$APPORTION_TASK_DATA``, else
+  ``<APPORTION_DATA>/titan-finetune/task-data``), pairs are scored, and the scores map to
+  gains calibrated on the gains measured so far (pairs that ran to their end: a transfer
+  or a merge YMIR chose), YMIR's default map until two are. Only the *choice* of a mode
+  reads the prediction; a running unit's rate is the rate source's, as a scheduler
+  observes a running job's speed. A task without samples gets no gains (no transfer,
+  no merge); a missing folder is refused by name (exit 2): the shipped data has no task
+  samples (the GLUE datasets), so the bundled fine-tuning traces need them supplied.
 """
 
 from __future__ import annotations
@@ -47,12 +61,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from apportion.decision import Decision, Reason
-from apportion.finetune_spec import problem_from_lists
+from apportion.env import data_root
+from apportion.errors import InputError
+from apportion.estimation.finetune.transferability import auto_gains
+from apportion.finetune_spec import SPATIAL_SEP, TEMPORAL_SEP, problem_from_lists
 from apportion.policies.base import Choice, Packer, build_decision, type_order
 from apportion.view import JobView, View
 
@@ -90,7 +109,10 @@ class Ymir:
 
     def __init__(self, temporal: bool = True, spatial: bool = True, window: int = 6,
                  min_gain: float = 0.0, gain_noise: float = 0.0, switch_s: float = 30.0,
-                 efficiency: float = 0.85, name: str | None = None) -> None:
+                 efficiency: float = 0.85, name: str | None = None, gains: str = "rates",
+                 task_data: str | Path | None = None) -> None:
+        if gains not in ("rates", "task2vec"):
+            raise ValueError(f"gains must be rates or task2vec, not {gains!r}")
         self.temporal = temporal
         self.spatial = spatial
         self.window = window
@@ -98,11 +120,21 @@ class Ymir:
         self.gain_noise = gain_noise
         self.switch_s = switch_s
         self.efficiency = efficiency
+        self.gains = gains
+        self.task_data = task_data
         self.name = name or {(True, True): "ymir", (True, False): "ymir-temporal",
                              (False, True): "ymir-spatial", (False, False): "ymir-normal"}[
-                                 (temporal, spatial)]
+                                 (temporal, spatial)] + ("-task2vec" if gains == "task2vec"
+                                                         else "")
+        # task2vec: per backbone, the tasks the prediction covers and the predicted gains
+        # ({"temporal": {"A->B": g}, "spatial": {"A||B": g}}); the gains measured on modes
+        # that ran to their end (the calibration), and the ones still running
+        self._predicted: dict[str, tuple[frozenset[str], dict[str, dict[str, float]]]] = {}
+        self._measured: dict[str, dict[str, dict[str, float]]] = {}
+        self._running_modes: dict[str, tuple[str, str, str, float]] = {}
         self._records: dict[str, Any] = {}  # job id -> its trace record (the rate source's key)
         self._backbone: dict[str, str | None] = {}
+        self._task: dict[str, str | None] = {}
         self._finished: dict[str, list[str]] = {}  # backbone -> finished job ids, in order
         self._fixed: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # started: source, members
         self._inside: dict[str, str] = {}  # member -> lead (fixed groups)
@@ -132,13 +164,75 @@ class Ymir:
         u2 = (int.from_bytes(h[4:], "big") + 0.5) / 2**32
         return gain + self.gain_noise * math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
 
-    def _gain_from(self, view: View, js: JobView, src: str, gpu_type: str) -> float:
-        """Predicted temporal gain of ``js`` started from ``src``'s weights."""
+    def _rate_gain(self, view: View, js: JobView, src: str, gpu_type: str) -> float:
+        """The rate source's temporal gain of ``js`` started from ``src``'s weights."""
         alone = view.rate(js, gpu_type, 1)
         warm = view.rate(js, gpu_type, 1, source=self._records[src])
         if alone <= 0 or warm <= 0:
             return -1.0
-        return self._noisy(view, 1.0 - alone / warm, "temporal", src, js.id)
+        return 1.0 - alone / warm
+
+    def _gain_from(self, view: View, js: JobView, src: str, gpu_type: str) -> float:
+        """Predicted temporal gain of ``js`` started from ``src``'s weights."""
+        if self.gains == "task2vec":
+            pair = f"{self._task.get(src)}{TEMPORAL_SEP}{js.spec.task}"
+            got = self._predictions(view, js.spec.backbone)["temporal"].get(pair)
+            return -1.0 if got is None else self._noisy(view, got, "temporal", src, js.id)
+        return self._noisy(view, self._rate_gain(view, js, src, gpu_type), "temporal", src,
+                           js.id)
+
+    # -- Task2Vec (gains="task2vec") -------------------------------------------------------
+    def _task_folder(self) -> Path:
+        if self.task_data is not None:
+            return Path(self.task_data)
+        env = os.environ.get("APPORTION_TASK_DATA")
+        return Path(env) if env else data_root() / "titan-finetune" / "task-data"
+
+    def _check_task_folder(self) -> Path:
+        """The task samples' folder; a missing one is refused by name (exit 2)."""
+        folder = self._task_folder()
+        if not folder.is_dir():
+            raise InputError(str(folder), "task data", f"no such folder: {self.name} predicts "
+                             "transfer gains with Task2Vec from each task's samples "
+                             "(<backbone>@<task>.npz or .csv, none shipped); give "
+                             "APPORTION_TASK_DATA")
+        return folder
+
+    def _task_file(self, folder: Path, backbone: str, task: str) -> Path | None:
+        for stem in (f"{backbone}@{task}", task):
+            for ext in (".npz", ".csv"):
+                if (folder / f"{stem}{ext}").is_file():
+                    return folder / f"{stem}{ext}"
+        return None
+
+    def _predictions(self, view: View, backbone: str | None) -> dict[str, dict[str, float]]:
+        """Task2Vec's gains among the tasks of ``backbone`` seen so far, calibrated on the
+        gains measured so far; recomputed when a new task appears (``--gains auto``)."""
+        bb = backbone or ""
+        tasks = frozenset(t for jid, t in self._task.items()
+                          if t and self._backbone.get(jid) == backbone)
+        got = self._predicted.get(bb)
+        if got is not None and got[0] == tasks:
+            return got[1]
+        folder = self._check_task_folder()
+        files = {t: self._task_file(folder, bb, t) for t in sorted(tasks)}
+        pred: dict[str, dict[str, float]] = {"temporal": {}, "spatial": {}}
+        if sum(f is not None for f in files.values()) >= 2:
+            auto = auto_gains([(t, f, f"task {t}") for t, f in files.items()],
+                              self._measured.get(bb))
+            pred = {"temporal": auto.temporal, "spatial": auto.spatial}
+        self._predicted[bb] = (tasks, pred)
+        return pred
+
+    def _measure(self, view: View) -> None:
+        """The gains of modes that ran to their end, for the calibration: a transfer's or a
+        merge's gain as the rate source measured the run."""
+        for jid in view.finished_recent:
+            got = self._running_modes.pop(jid, None)
+            if got is not None:
+                bb, kind, pair, gain = got
+                self._measured.setdefault(bb, {"temporal": {}, "spatial": {}})[kind][pair] = \
+                    round(gain, 6)
 
     # -- the round ------------------------------------------------------------------------
     def decide(self, view: View) -> Decision:
@@ -156,6 +250,8 @@ class Ymir:
                 self._fixed[u.lead.id] = (src, tuple(m.id for m in u.members))
                 for m in u.members:
                     self._inside[m.id] = u.lead.id
+                if self.gains == "task2vec":
+                    self._remember_mode(view, u, src)
             if src is not None:
                 transfer[u.lead.id] = src
             if u.members:
@@ -167,11 +263,37 @@ class Ymir:
         d.meta.update(transfer=transfer, merged=merged)
         return d
 
+    def _remember_mode(self, view: View, u: _Unit, src: str | None) -> None:
+        """A mode starting: its gain as the rate source measures the run, kept until the
+        unit ends (then it calibrates the Task2Vec map)."""
+        js, bb = u.lead, u.lead.spec.backbone or ""
+        t = self._best(view, _Unit(js))[0]
+        if t is None:
+            return
+        if src is not None:
+            pair = f"{self._task.get(src)}{TEMPORAL_SEP}{js.spec.task}"
+            self._running_modes[js.id] = (bb, "temporal", pair,
+                                          self._rate_gain(view, js, src, t))
+        elif u.members:
+            other = u.members[0]
+            r_lead, r_other = view.rate(js, t, 1), view.rate(other, t, 1)
+            merged = self._rate(view, u, t, 1)
+            if min(r_lead, r_other, merged) > 0:
+                alone = js.remaining / r_lead + other.remaining / r_other
+                pair = f"{js.spec.task}{SPATIAL_SEP}{other.spec.task}"
+                self._running_modes[js.id] = (bb, "spatial", pair,
+                                              1.0 - (js.remaining / merged) / alone)
+
     def _observe(self, view: View) -> None:
         for js in view.jobs:
             if js.id not in self._records:
                 self._records[js.id] = js.trace
                 self._backbone[js.id] = js.spec.backbone
+                self._task[js.id] = js.spec.task
+        if self.gains == "task2vec":
+            if any(js.spec.backbone for js in view.jobs):
+                self._check_task_folder()
+            self._measure(view)
         for jid in view.finished_recent:
             bb = self._backbone.get(jid)
             if bb is not None and self._records.get(jid) is not None:
@@ -276,8 +398,16 @@ class Ymir:
                 r1 = self._rate(view, m, gpu_type, 1)
                 if r1 <= 0 or not math.isfinite(one[a] + one[b]):
                     continue
-                g = self._noisy(view, 1.0 - (lead.remaining / r1) / (one[a] + one[b]),
-                                "spatial", a, b)
+                if self.gains == "task2vec":
+                    pred = self._predictions(view, lead.spec.backbone)["spatial"]
+                    ta, tb = self._task.get(a), self._task.get(b)
+                    got = pred.get(f"{ta}{SPATIAL_SEP}{tb}", pred.get(f"{tb}{SPATIAL_SEP}{ta}"))
+                    if got is None:
+                        continue
+                    g = self._noisy(view, got, "spatial", a, b)
+                else:
+                    g = self._noisy(view, 1.0 - (lead.remaining / r1) / (one[a] + one[b]),
+                                    "spatial", a, b)
                 if g > self.min_gain:
                     spatial[f"{a}||{b}"] = round(min(0.95, g), 6)
         if not spatial:

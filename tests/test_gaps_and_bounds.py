@@ -1,0 +1,80 @@
+"""Gap and bound for every optimising policy: Gavel (the LP's optimum over the rounding),
+Sia (its integer program's bound), apportion-plans (the LP bound, also when the heuristic's
+answer wins). Before: n/a, n/a, dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.estimation.rates import EstimatorRates
+from apportion.experiments.harness import run_one
+from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.chain_rules import tighter
+
+from apportion.cluster import Cluster, NodeGroup
+from apportion.jobs import JobSpec
+from apportion.policies import RoundConfig, make_policy, run_round
+from apportion.policies.formulation import Solved
+from apportion.view import view_of
+
+CL = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 4), NodeGroup("b", 2, "A40", 2)])
+MODELS = ["bert-336m", "bert-0.76b", "wresnet-0.5b", "moe-0.69b"]
+
+
+def _queue(n: int = 8) -> list[JobSpec]:
+    return [JobSpec(f"j{i}", MODELS[i % 4], 64, 1000 * (i + 1), 2 ** (i % 3),
+                    submit_time_s=10.0 * i) for i in range(n)]
+
+
+@pytest.mark.parametrize("policy", ["gavel-max-sum-throughput", "gavel-max-min-fairness"])
+def test_gavels_rounds_report_the_lp_optimum_and_the_rounding_loss(policy: str,
+                                                                     shared_data: object
+                                                                     ) -> None:
+    res = run_one("gavel-small", "2:2:2", policy, "gavel", 0, None, {"information": "oracle"},
+                  None, 8)
+    rd = res.rounds
+    assert rd["bound"].notna().all() and rd["gap"].notna().all()
+    obj, bound, gap = (rd[c].astype(float).to_numpy() for c in ("objective", "bound", "gap"))
+    assert np.all(obj <= bound * (1 + 1e-6) + 1e-9)  # realised shares are LP-feasible
+    assert np.allclose(gap, (bound - obj) / np.maximum(np.abs(bound), 1e-12), atol=1e-9)
+    assert res.summary["rounds_with_bound"] == len(rd) and res.summary["gap_mean"] is not None
+
+
+def test_gavel_in_an_operators_round_and_fifo_has_none() -> None:
+    d = run_round(CL, _queue(), 100.0, RoundConfig(time_budget_s=2.0),
+                  policy=make_policy("gavel")).decision
+    assert d.report.bound is not None and d.report.objective is not None
+    assert d.report.objective <= d.report.bound * (1 + 1e-6)
+    assert d.meta["lp_optimum"] == d.report.bound and d.meta["rounding_loss"] == d.report.gap
+    fifo = run_round(CL, _queue(), 100.0, RoundConfig(), policy=make_policy("fifo")).decision
+    assert fifo.report.bound is None  # FIFO's allocation is no LP: nothing to bound
+
+
+def test_sia_reports_its_integer_programs_bound() -> None:
+    d = run_round(CL, _queue(), 100.0, RoundConfig(), policy=make_policy("sia")).decision
+    r = d.report
+    assert r.bound is not None and r.gap is not None
+    assert r.objective is not None and r.objective <= r.bound + 1e-6 * max(1.0, abs(r.bound))
+
+
+def test_the_plans_bound_stays_when_the_heuristic_wins() -> None:
+    pol = make_policy("apportion-plans", config=RoundConfig(time_budget_s=2.0))
+    view = view_of(CL, _queue(), 100.0, EstimatorRates(AnalyticEstimator(), CL))
+    g = pol.candidates(view)
+    f = pol.formulate(view, g, full=True)
+    assert f.greedy_choices is not None
+    # an LP rounding's answer worse than the heuristic's, with the relaxation's bound
+    lp = SolveResult("lp-round", Status.FEASIBLE, np.zeros(f.model.num_vars),
+                     f.greedy_obj - 1.0, f.greedy_obj + 2.0)
+    d = pol.decode(view, g, f, Solved(lp, [lp], 0.01))
+    assert d.report.backend == f.heuristic.name and not d.report.fallback
+    assert d.report.bound == pytest.approx(f.greedy_obj + 2.0)
+    assert d.report.gap == pytest.approx(2.0 / max(1.0, abs(f.greedy_obj)))
+
+
+def test_an_lp_relaxations_bound_counts_without_an_answer() -> None:
+    failed = SolveResult("lp-round", Status.ERROR, None, None, 7.0,
+                         extra={"relaxation": True})
+    assert tighter(None, failed, "max") == 7.0
+    assert tighter(None, SolveResult("highs", Status.ERROR, None, None, 7.0), "max") is None
