@@ -24,9 +24,9 @@ import logging
 import multiprocessing as mp
 import os
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -264,7 +264,7 @@ SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_
                 "avg_queue_s", "makespan_s", "utilization", "avg_throughput_samples_s",
                 "peak_throughput_samples_s", "avg_restarts", "deadline_ratio", "ftf_rho_mean",
                 "solver_s_mean", "fallbacks", "gap_mean", "avg_jct_all_s", "p99_jct_all_s",
-                "sla_kept", "sla_jobs"]
+                "sla_kept", "sla_jobs", "avg_jct_lower_bound_s", "avg_jct_to_bound"]
 
 
 def trace_jobs(trace: str, cluster: str, window_days: float | None = None,
@@ -415,7 +415,7 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
 
 
 CI_COLS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization",
-           "avg_jct_all_s", "p99_jct_all_s", "sla_kept")
+           "avg_jct_all_s", "p99_jct_all_s", "sla_kept", "avg_jct_to_bound")
 
 
 def ci95(values: Any) -> float:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from apportion.experiments.information import rate_source
+from apportion.experiments.lower_bound import cached_jct_lower_bound
 from apportion.experiments.traces import SimJob, Trace
 
 from apportion.cluster import Cluster
@@ -77,6 +78,9 @@ class SimConfig:
     # the optimising policies' solver budgets counted in work, not seconds (RoundConfig.
     # deterministic): the replay repeats exactly on any machine under any load
     deterministic: bool = False
+    # report a lower bound on the average JCT any schedule could reach on this trace and
+    # cluster (experiments.lower_bound; an LP over the trace: off for speed benchmarks)
+    jct_bound: bool = True
 
 
 PROFILES: dict[str, SimConfig] = {
@@ -420,6 +424,15 @@ class Simulator:
             "interpolated_configs": len(getattr(self.truth, "interpolated", ())),
             "sim_wall_s": round(wall_s, 3),
         })
+        if self.cfg.jct_bound:
+            bound = cached_jct_lower_bound(self.trace.jobs, self.truth, self.cluster,
+                                    start_cost_s=self.cfg.start_cost_s)
+            avg = summary.get("avg_jct_all_s")
+            summary.update({
+                "avg_jct_lower_bound_s": round(bound.avg_jct_s, 3),
+                "avg_jct_to_bound": (round(avg / bound.avg_jct_s, 4)
+                                     if avg and bound.avg_jct_s > 0 else None),
+                "jct_bound": bound.as_dict()})
         return SimResult(jobs, tl, rd, summary)
 
 
