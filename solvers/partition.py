@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,6 +62,8 @@ from apportion.formulations.schema import (
 )
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.greedy import Ledger
+
+from apportion.ray_home import owned_temp_dir, probe, remove
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +253,10 @@ class RayEngine:
         self._tmp: str | None = None
         if not ray.is_initialized():
             if address:
+                probe(address)  # a dead address: refused now, not retried past the budget
                 ray.init(address=address, log_to_driver=False)
             else:
-                self._tmp = tempfile.mkdtemp(prefix="ray-ap-", dir="/tmp")
+                self._tmp = owned_temp_dir("engine-")  # removed by close, or the next start
                 ray.init(address="local", _temp_dir=self._tmp, include_dashboard=False,
                          log_to_driver=False, num_cpus=num_cpus or os.cpu_count() or 1)
                 self.owned = True
@@ -294,10 +296,8 @@ class RayEngine:
         if self.owned:
             self.ray.shutdown()
             self.owned = False
-        if self._tmp:
-            import shutil
-
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._tmp:  # and any of its processes that outlived the shutdown
+            remove(self._tmp)
             self._tmp = None
 
 

@@ -30,36 +30,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from apportion.procinfo import alive, start_ticks
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 EXIT_UNKNOWN = 255  # an adopted process exited; its status went to its new parent
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None: no such process)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rindex(b")") + 2:].split()  # after "pid (comm) "
-    return int(fields[19])  # field 22 overall
-
-
-def _state(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return raw[raw.rindex(b")") + 2:].split()[0].decode()
-
-
-def alive(pid: int, ticks: int | None) -> bool:
-    """The process ``pid`` that started at ``ticks`` still runs (not recycled, not a zombie)."""
-    if ticks is not None and start_ticks(pid) != ticks:
-        return False
-    st = _state(pid)
-    return st is not None and st not in ("Z", "X")
 
 
 def host() -> str:

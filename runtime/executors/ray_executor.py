@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,8 +59,8 @@ from apportion.runtime.executors.executor import (
     steps_to_launch,
 )
 from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.executors.ray_import import describe_nodes
+from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.workload import (
     PROGRESS_FILE_NAME,
     ProgressView,
@@ -73,6 +72,7 @@ from apportion.runtime.workload import (
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision
 from apportion.jobs import JobSpec, job_dirname
+from apportion.ray_home import owned_temp_dir, probe, remove
 
 log = logging.getLogger(__name__)
 
@@ -209,15 +209,6 @@ class _Group:
         return max(self.checkpoint_start, self.view.checkpoint_iteration or 0)
 
 
-def _private_temp_dir() -> str:
-    """A fresh, short Ray temp folder (its socket paths must stay under 107 bytes): another
-    user's Ray, a stale /tmp/ray or RAY_ADDRESS in the environment never matter."""
-    import tempfile
-
-    base = "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="ray-apo-", dir=base)
-
-
 class RayExecutor:
     """Actors in placement groups; one group per job, one bundle per node of its placement."""
 
@@ -245,13 +236,12 @@ class RayExecutor:
             if self.embedded:
                 # always a fresh instance of our own: never a stale /tmp/ray session, never a
                 # cluster that happens to run on this host (RAY_ADDRESS included)
-                self._temp_dir = _private_temp_dir()  # short: sockets
+                self._temp_dir = owned_temp_dir("run-")  # removed by close, or the next start
                 resources = dict(cluster.capacity_by_type()) if cluster is not None else {}
                 ray.init(address="local", num_cpus=num_cpus or max(os.cpu_count() or 1, 1),
                          num_gpus=0, resources=resources, include_dashboard=False,
                          log_to_driver=False, _temp_dir=self._temp_dir)
             else:
-                from apportion.runtime.executors.ray_import import probe
                 probe(address)
                 ray.init(address=address, log_to_driver=False)
             self._connected = True
@@ -266,8 +256,8 @@ class RayExecutor:
         if self._connected and ray.is_initialized():
             ray.shutdown()
         self._connected = False
-        if self._temp_dir:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
+        if self._temp_dir:  # and any of its processes that outlived the shutdown
+            remove(self._temp_dir)
 
     # -- placement -----------------------------------------------------------------
     def ray_nodes(self) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from apportion.errors import CatalogError
+from apportion.gpus import canonical_gpu_name
+from apportion.ray_home import probe
+
 ACCEL_PREFIX = "accelerator_type:"
 ACCEL_LABEL = "ray.io/accelerator-type"
 NAME_LABEL = "apportion.io/node-name"
@@ -27,8 +31,6 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def _catalog_gpu(name: str) -> bool:
-    from apportion.errors import CatalogError
-    from apportion.gpus import canonical_gpu_name
     try:
         canonical_gpu_name(name)
     except (CatalogError, ValueError, KeyError):
@@ -92,19 +94,6 @@ def describe_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def node_ids(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """name -> the node's description (with ``node_id`` and ``address``)."""
     return {d["name"]: d for d in describe_nodes(nodes)}
-
-
-def probe(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on a ``HOST:PORT`` nobody listens on (Ray itself retries for minutes)."""
-    import socket
-    if address in ("auto", "local") or "://" in address or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as exc:
-        raise RuntimeError(f"cannot reach a Ray cluster at {address!r}: {exc}") from None
 
 
 def import_ray(address: str) -> list[dict[str, Any]]:

@@ -1,0 +1,123 @@
+"""The Ray instances apportion starts for itself, and the clusters it joins.
+
+A cluster named by address is reached only when something answers there: Ray retries a
+dead address for minutes, far past a round's budget, so :func:`probe` fails fast with the
+flag named. An instance of its own (a partitioned solve's engine, ``compare --engine
+ray``, the Ray executor's embedded mode) lives in a folder apportion owns
+(:func:`owned_temp_dir`, under ``<tmp>/apportion-ray-<uid>/``) with the owner's identity
+beside it; closing removes it, and each new start removes what a killed owner left — its
+Ray processes (the raylet, the GCS, the workers: found by the folder on their command
+lines) and the folder itself (:func:`sweep`). A SIGKILL cannot be caught, so the next start
+is where that cleanup happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from apportion.errors import InputError
+from apportion.procinfo import alive, start_ticks
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE = "apportion-owner"
+
+
+def root() -> Path:
+    """Where apportion's own Ray folders live (short: Ray's socket paths are bounded)."""
+    base = "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+    return Path(base) / f"apportion-ray-{os.getuid()}"
+
+
+def probe(address: str, timeout_s: float = 3.0, flag: str = "--ray-address") -> None:
+    """Fail fast (an :class:`InputError` naming ``flag``) when nothing answers at a
+    ``HOST:PORT`` address; ``auto``, ``local`` and ``ray://`` client addresses are left to
+    Ray."""
+    if address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise InputError(flag, flag.lstrip("-").replace("-", "_"),
+                         f"nothing answers at {address!r} ({exc}): give the address of a "
+                         "running Ray cluster (ray start --head prints it)") from None
+
+
+def owned_temp_dir(prefix: str = "") -> str:
+    """A fresh folder for a Ray instance of this process, after removing what killed owners
+    left (:func:`sweep`)."""
+    top = root()
+    top.mkdir(mode=0o700, exist_ok=True)
+    sweep()
+    d = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=top))
+    (d / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid())}\n")
+    return str(d)
+
+
+def remove(folder: str | os.PathLike[str]) -> None:
+    """Stop every process still using ``folder`` and delete it (a Ray instance's close)."""
+    _stop_users(Path(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep() -> list[str]:
+    """Remove the folders (and stop the Ray processes) of owners that are gone."""
+    top = root()
+    gone = []
+    try:
+        entries = list(top.iterdir())
+    except OSError:
+        return gone
+    for d in entries:
+        try:
+            pid, ticks = (d / OWNER_FILE).read_text().split()
+            owner_alive = alive(int(pid), None if ticks == "None" else int(ticks))
+        except (OSError, ValueError):
+            # no owner file: a folder being created right now, or not ours; leave it unless
+            # it is old enough that no start takes that long
+            owner_alive = time.time() - _mtime(d) < 600
+        if owner_alive:
+            continue
+        remove(d)
+        gone.append(str(d))
+        log.info("removed the Ray folder %s its killed owner left", d)
+    return gone
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _stop_users(folder: Path) -> None:
+    """SIGTERM, then SIGKILL, every process whose command line names ``folder``."""
+    needle = str(folder).encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3.0
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if alive(p, None)]
+            time.sleep(0.05)
+        if not pids:
+            return
