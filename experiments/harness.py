@@ -36,9 +36,10 @@ from apportion.experiments import traces as tr
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
 from apportion.cluster import Cluster, NodeGroup
-from apportion.config import resolve_cluster
+from apportion.config import load_tenants, resolve_cluster
 from apportion.errors import InputError
 from apportion.inputs import check_count, parse_count
+from apportion.policies import policy_names, quota_options
 
 log = logging.getLogger(__name__)
 
@@ -608,7 +609,8 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                   window_days: float | None, max_jobs: int | None, json_out: Path | None,
                   jobs_csv: Path | None, information: str = "estimated",
                   estimator: str = "analytic", ground_truth: str = "auto",
-                  show_progress: bool = True, deterministic: bool = False) -> dict[str, Any]:
+                  show_progress: bool = True, deterministic: bool = False,
+                  tenants: Path | None = None) -> dict[str, Any]:
     """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
 
     Jobs left unfinished that were neither dropped by the policy nor larger than the
@@ -626,7 +628,13 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
         sim["interval_s"] = interval
     if restart_cost is not None:
         sim["restart_cost_s"] = restart_cost
-    replay = prepare_one(trace, cluster, policy, profile, seed, None, sim, window_days,
+    popts = None
+    if tenants is not None:
+        popts = quota_options(policy, load_tenants(tenants))
+        if popts is None:
+            raise InputError(str(tenants), "--tenants", f"policy {policy} keeps no tenant "
+                             f"quotas (those that do: {', '.join(quota_policies())})")
+    replay = prepare_one(trace, cluster, policy, profile, seed, popts, sim, window_days,
                          max_jobs, ground_truth)  # bad input fails before anything runs
     with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
         res = replay(lambda _t, done, total: prog.update(done, total))
@@ -662,7 +670,8 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                  run: str | None, workers: int | None, window_days: float | None,
                  max_jobs: int | None, information: str = "estimated",
                  estimator: str = "analytic", engine: str = "local",
-                 ray_address: str | None = None, deterministic: bool = False) -> Path:
+                 ray_address: str | None = None, deterministic: bool = False,
+                 tenants: Path | None = None) -> Path:
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
@@ -684,8 +693,18 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cluster_from_arg(cluster)
     catalog.load_trace(trace)  # fail on a bad trace before spawning workers
+    # the same quotas to every policy that keeps quotas; the others have none to keep
+    quotas = load_tenants(tenants) if tenants is not None else None
+    popts = {n: o for n in names if quotas is not None
+             and (o := quota_options(n, quotas)) is not None}
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
+                   policy_options=popts or None,
                    sim_options={"information": information, "estimator": estimator,
                                 "deterministic": deterministic},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
                    ray_address=ray_address)
+
+
+def quota_policies() -> list[str]:
+    """The registered policies that keep tenants' quotas."""
+    return [n for n in policy_names() if quota_options(n, {}) is not None]

@@ -31,11 +31,11 @@ from apportion.estimation.base import Sample
 from apportion.estimation.registry import make_estimator
 
 from apportion.cluster import Cluster
-from apportion.config import resolve_cluster
+from apportion.config import load_tenants, resolve_cluster
 from apportion.errors import InputError
 from apportion.jobs import job_dirname
 from apportion.plans import ExecutionPlan
-from apportion.policies import RoundConfig, estimator_from
+from apportion.policies import RoundConfig, check_round_flags, estimator_from
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class RunOptions:
     until_idle: bool = False
     timeout_s: float | None = None
     tables: Path | None = None  # measured iteration times for --estimator tables/auto
+    tenants: Path | None = None  # tenants' GPU quotas (a policy whose formulation keeps them)
 
 
 @dataclass
@@ -189,6 +190,8 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
         raise InputError("--orphans", "orphans", f"{opts.orphans!r} is not one of adopt, stop")
     if opts.ray_address is not None and opts.executor != "ray":
         raise InputError("--ray-address", "ray_address", "only with --executor ray")
+    if opts.tenants is not None:  # quotas a policy would ignore are refused by name
+        check_round_flags(policy=opts.policy or "apportion", tenants=opts.tenants)
     if opts.tables is not None and opts.estimator not in ("tables", "auto"):
         raise InputError("--tables", "tables", f"measured times are read by --estimator tables "
                          f"or auto, not {opts.estimator}")
@@ -203,6 +206,7 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
     cfg = RoundConfig(time_budget_s=opts.time_budget_s, plan_filter=workload_plan_filter(device))
     chosen = checked_config(policy=opts.policy, estimator=opts.estimator)  # bad names exit 2
     cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
+    cfg.quotas = load_tenants(opts.tenants) if opts.tenants is not None else None
     if opts.executor == "kubernetes":
         from apportion.runtime.executors.k8s_config import load_k8s_config
 
@@ -219,12 +223,13 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
                 estimator: str = "analytic", *, checkpoint_every: int | None = None,
                 checkpoint_interval_s: float | None = None, max_retries: int = 3,
                 grace_period_s: float = 120.0, orphans: str = "adopt",
-                ray_address: str | None = None, tables: Path | None = None) -> int:
+                ray_address: str | None = None, tables: Path | None = None,
+                tenants: Path | None = None) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     opts = RunOptions(executor, cluster_arg, state, interval_s, workdir, kubeconfig,
                       time_budget_s, k8s_config, drain, policy, estimator, checkpoint_every,
                       checkpoint_interval_s, max_retries, grace_period_s, orphans, ray_address,
-                      until_idle, timeout_s, tables)
+                      until_idle, timeout_s, tables, tenants)
     return run_rounds(prepare_run(opts))
 
 

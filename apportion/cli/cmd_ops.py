@@ -54,6 +54,8 @@ def run_cmd(
     tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
                                           "(model, gpu_type, gpus, iter_time_s) for "
                                           "--estimator tables/auto"),
+    tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
+                                           "per tenant), for --policy apportion-plans"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -71,7 +73,7 @@ def run_cmd(
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
                            ray_address=ray_address if executor == "ray" else None,
-                           tables=tables)
+                           tables=tables, tenants=tenants)
     raise typer.Exit(code)
 
 

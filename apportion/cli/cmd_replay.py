@@ -49,6 +49,9 @@ def simulate_cmd(
     truth: str = typer.Option("auto", "--truth", help="ground truth: auto (from the trace's "
                               "detected format) | gavel | crius | morphling | elasticflow | "
                               "analytic"),
+    tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
+                                           "per tenant): the quotas every policy that keeps "
+                                           "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
 ) -> None:
     """Replay a trace on a simulated cluster under one policy; print and write the summary.
@@ -65,7 +68,7 @@ def simulate_cmd(
         check_finite(window_days, "--window-days")
         summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
                                 window_days, max_jobs, json_out, jobs_csv, information, estimator,
-                                truth, deterministic=deterministic)
+                                truth, deterministic=deterministic, tenants=tenants)
     except InputError as exc:
         fail(exc)
         return
@@ -97,6 +100,9 @@ def compare_cmd(
                                "per policy and seed)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
                                               "existing cluster (default: a local one)"),
+    tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
+                                           "per tenant): the quotas every policy that keeps "
+                                           "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -111,7 +117,7 @@ def compare_cmd(
         try:
             root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
                                 workers, window_days, max_jobs, information, estimator, engine,
-                                ray_address, deterministic=deterministic)
+                                ray_address, deterministic=deterministic, tenants=tenants)
         except CompareFailed as exc:  # the other runs' rows are written: show them, exit 1
             failed, root = exc, exc.root
     stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)

@@ -10,26 +10,14 @@ through the pipeline (:mod:`apportion.round`) with the policy a config names;
 from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
 from apportion.policies.formulation import FormulationPolicy, Optimising
 from apportion.policies.recipes import RECIPES, Recipe
-from apportion.policies.registry import (
-                                         POLICIES,
-                                         Policy,
-                                         load_plugins,
-                                         make_policy,
-                                         policy_names,
-                                         register,
-                                         register_formulation,
-)
-from apportion.policies.rounds import (
-                                         check_round_flags,
-                                         checked_config,
-                                         estimator_from,
-                                         formulation_names,
-                                         policy_for,
-                                         run_round,
-)
+from apportion.policies.registry import (POLICIES, Policy, load_plugins, make_policy,
+                                         policy_names, quota_options, register,
+                                         register_formulation)
+from apportion.policies.rounds import (check_round_flags, checked_config, estimator_from,
+                                       formulation_names, policy_for, run_round)
 
 __all__ = ["BACKENDS", "FormulationPolicy", "GAVEL_POLICIES", "Optimising", "POLICIES",
            "Policy", "RECIPES", "Recipe", "RoundConfig", "check_mip_gap", "check_round_flags",
-           "checked_config",
-           "estimator_from", "formulation_names", "load_plugins", "make_policy",
-           "policy_for", "policy_names", "register", "register_formulation", "run_round"]
+           "checked_config", "estimator_from", "formulation_names", "load_plugins",
+           "make_policy", "policy_for", "policy_names", "quota_options", "register",
+           "register_formulation", "run_round"]

@@ -616,7 +616,7 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                stage_counts: str | None = None, resolve_every: int | None = 12,
                estimator: Any = None, name: str | None = None,
                mip_gap: float | None = None, deterministic: bool | None = None,
-               **objective: Any) -> FormulationPolicy:
+               quotas: dict[str, int] | None = None, **objective: Any) -> FormulationPolicy:
     """A formulation policy from a driver's config and the registry's fixed options.
 
     ``objective``: :class:`CandidateOptions` fields (``objective``, ``place_bonus``,
@@ -641,6 +641,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         cfg.max_changes = max_changes
     if estimator is not None:
         cfg.estimator = estimator
+    if quotas is not None:  # tenants' GPU quotas (a formulation whose recipe keeps them)
+        cfg.quotas = dict(quotas)
     opts = cfg.candidates
     if stage_counts is not None:
         opts = replace(opts, stage_counts=stage_counts)

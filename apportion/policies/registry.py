@@ -141,6 +141,22 @@ def _plugin(factory: Callable[..., Any]) -> Callable[..., Any]:
     return build
 
 
+#: baselines that keep tenants' quotas, and the option that gives them (apportion's own: a
+#: formulation whose recipe keeps quotas, option ``quotas``)
+QUOTA_OPTIONS = {"morphling": "quota", "antman": "quota"}
+
+
+def quota_options(name: str, quotas: dict[str, int]) -> dict[str, Any] | None:
+    """The options that give policy ``name`` the tenants' quotas, or None when it keeps no
+    quotas (its algorithm has none: it would ignore them)."""
+    if name in QUOTA_OPTIONS:
+        return {QUOTA_OPTIONS[name]: dict(quotas)}
+    for r in RECIPES.values():
+        if r.quotas and name == r.policy:
+            return {"quotas": dict(quotas)}
+    return None
+
+
 def make_policy(name: str, config: Any = None, **options: Any) -> Any:
     """Build the policy registered as ``name``; ``config`` is the driver's
     :class:`apportion.policies.config.RoundConfig` (apportion's policies read it),
@@ -157,5 +173,5 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-__all__ = ["POLICIES", "Policy", "load_plugins", "make_policy", "policy_names", "register",
-           "register_formulation"]
+__all__ = ["POLICIES", "Policy", "QUOTA_OPTIONS", "load_plugins", "make_policy", "policy_names",
+           "quota_options", "register", "register_formulation"]
