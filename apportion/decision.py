@@ -38,13 +38,15 @@ class Reason(str, Enum):
     TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
     MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
     NO_PLAN = "no-supported-plan"  # the job's workload runs none of its candidate plans
+    NO_FIT_HOST = "no-fit-host"  # every plan needs more CPUs or host memory than a node has
+    NO_ESTIMATE = "no-estimate"  # the estimator has nothing for it (no measured times)
 
 
 # Reasons no later round can change on this cluster (Kubernetes' UnschedulableAndUnresolvable);
 # the others may clear when capacity frees up.
 UNRESOLVABLE = frozenset({Reason.NO_FIT_MEMORY, Reason.NO_GPU_TYPE, Reason.CATALOG,
                           Reason.TOO_LARGE, Reason.DEADLINE_UNMEETABLE,
-                          Reason.NO_PLAN})
+                          Reason.NO_PLAN, Reason.NO_FIT_HOST, Reason.NO_ESTIMATE})
 
 
 def derive_action(prev: Any, gpu_type: str, gpus: int, stages: int,

@@ -251,7 +251,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             cur = _current_cell(job, cluster, est)
             if cur is not None:
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
-        _attach(g, job, cells, caps, cluster, opt)
+        _attach(g, job, cells, caps, cluster, opt, est)
     apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
 
@@ -291,8 +291,15 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     return cell, e
 
 
+def _has_data(est: Any, job: JobSpec) -> bool:
+    """Whether the estimator can say anything of ``job`` (a table of measured times knows
+    only the models it measured; a model-based estimator knows every catalog model)."""
+    has = getattr(est, "has_data", None)
+    return bool(has(job)) if callable(has) else True
+
+
 def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: dict[str, int],
-            cluster: Cluster, opt: CandidateOptions) -> None:
+            cluster: Cluster, opt: CandidateOptions, est: Any = None) -> None:
     jn = job_node(job.id)
     if not cells:
         if job.requested_gpu_type and job.requested_gpu_type not in caps:
@@ -302,6 +309,10 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason_detail"] = g.nodes[jn]["refused_plan"]
         elif not g.nodes[jn].get("cells_tried"):  # nothing of any type is big enough now
             g.nodes[jn]["reason"] = Reason.NO_CAPACITY.value
+        elif not _has_data(est, job):  # measured times only, and none for this job
+            g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
+            g.nodes[jn]["reason_detail"] = (f"no measured iteration time for {job.model} at "
+                                            f"batch {job.global_batch_size} in the tables")
         else:
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0

@@ -28,6 +28,9 @@ REASON_DETAIL = {
     Reason.NO_GPU_TYPE.value: "its requested GPU type is not in the cluster",
     Reason.DEADLINE_UNMEETABLE.value: "no allocation finishes it before its deadline",
     Reason.NO_CAPACITY.value: "no GPU type has as many GPUs as any of its candidate sizes",
+    Reason.NO_FIT_HOST.value: "every plan needs more CPUs or host memory per node than any "
+                              "node of its GPU type has",
+    Reason.NO_ESTIMATE.value: "the estimator has no iteration time for it",
 }
 
 

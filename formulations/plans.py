@@ -371,6 +371,25 @@ _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", 
                      "normalize", "amortize_s", "restart_horizon", "speed_unit", "speed_scale")
 
 
+def host_fits(o: PlanOption, cluster: Cluster) -> bool:
+    """Whether some node of the option's GPU type can hold its smallest share: the whole cell
+    where one node holds it (it is then placed on one node), else one tensor-parallel group,
+    with the CPUs and host memory the option asks per GPU."""
+    nodes = [n for n in cluster.nodes.values() if n.gpu_type == o.gpu_type and n.gpus > 0]
+    for n in nodes:
+        k = o.gpus if o.gpus <= n.gpus else max(1, o.plan.tp)
+        if k <= n.gpus and k * o.cpus_per_gpu <= n.cpus and \
+                k * o.host_mem_gib_per_gpu <= n.host_memory_gib:
+            return True
+    return False
+
+
+def _largest(cluster: Cluster, gpu_type: str) -> str:
+    n = max((n for n in cluster.nodes.values() if n.gpu_type == gpu_type),
+            key=lambda n: (n.cpus, n.host_memory_gib), default=None)
+    return "none" if n is None else f"{n.cpus} CPUs and {n.host_memory_gib:g} GiB for {n.gpus} GPUs"
+
+
 def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
     return sorted({max(1, int(round(n * s))) for s in scales} & set(range(1, cap + 1)))
 
@@ -403,6 +422,17 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
+        fit = [o for o in opts if host_fits(o, cluster)]
+        if not fit:  # GPUs would do, the nodes' CPUs or memory never: say so, not capacity
+            o = min(opts, key=lambda o: (o.cpus_per_gpu, o.host_mem_gib_per_gpu))
+            g.nodes[jn]["reason"] = Reason.NO_FIT_HOST.value
+            g.nodes[jn]["reason_detail"] = (
+                f"its leanest plan asks {o.cpus_per_gpu:g} CPUs and "
+                f"{o.host_mem_gib_per_gpu:g} GiB of host memory per GPU; the largest "
+                f"{o.gpu_type} node has {_largest(cluster, o.gpu_type)}")
+            g.nodes[jn]["ref_throughput"] = 0.0
+            continue
+        opts = fit
         req_type = job.requested_gpu_type
         at_req = [o for o in opts if o.gpus == job.requested_gpus
                   and (req_type is None or o.gpu_type == req_type)]
