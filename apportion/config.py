@@ -223,7 +223,14 @@ class CustomModelSpec(_Strict):
 
     @field_validator("parameters", mode="before")
     @classmethod
-    def _count(cls, v: Any) -> Any:  # 1.3e9 in YAML is a float; a whole number is accepted
+    def _count(cls, v: Any) -> Any:
+        """A whole number however it is written: YAML reads ``1.3e+9`` as a float and
+        ``1.3e9`` (no exponent sign) as text; both mean 1,300,000,000."""
+        if isinstance(v, str):
+            try:
+                v = float(v.strip().replace("_", ""))
+            except ValueError:
+                return v  # pydantic names the field and the value
         if isinstance(v, float) and math.isfinite(v) and v == int(v):
             return int(v)
         return v
