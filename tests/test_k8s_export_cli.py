@@ -171,3 +171,37 @@ def test_crius_sim_kueue_objects_validate(tmp_path: Path) -> None:
     for p in (tmp_path / "kq").glob("*.yaml"):
         o = yaml.safe_load(p.read_text())
         assert validate(o) == [], p.name
+
+
+@pytest.mark.parametrize("api", ["trainjob", "jobset", "pytorchjob"])
+@pytest.mark.parametrize("round_", ["default", "held-out-1280"])
+def test_every_api_exports_every_allocation_of_a_plain_round(tmp_path: Path, api: str,
+                                                             round_: str) -> None:
+    """What a plain ``solve-round`` decides can be exported, every allocation, by every API,
+    and every object passes the real schemas (the round carries the workloads' plan
+    filter: the PP+TP plans the built-in workload refuses are never chosen)."""
+    from importlib import resources
+
+    if round_ == "default":
+        cluster = "crius-testbed"
+        jobs = tmp_path / "jobs.yaml"
+        jobs.write_text(resources.files("apportion").joinpath("data/default_jobs.yaml")
+                        .read_text())
+    else:
+        from apportion.experiments.bench.rounds import write_instance
+
+        c, jobs = write_instance(120, 1280, 4, 7, tmp_path)
+        cluster = str(c)
+    code, out = run("solve-round", "--cluster", cluster, "--jobs", str(jobs), "--json",
+                    str(tmp_path / "d.json"), "--time-budget", "10", "--no-isolate")
+    assert code == 0, out
+    placed = json.loads((tmp_path / "d.json").read_text())["allocations"]
+    assert placed
+    code, out = run("export", "k8s", "--decision", str(tmp_path / "d.json"), "--cluster",
+                    cluster, "--jobs", str(jobs), "--out", str(tmp_path / "out"), "--api", api)
+    assert code == 0, out
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert set(index["jobs"]) == {a["job"] for a in placed} and not index["refused"]
+    for entry in index["jobs"].values():
+        for d in yaml.safe_load_all((tmp_path / "out" / entry["file"]).read_text()):
+            assert validate(d) == [], d["kind"]
