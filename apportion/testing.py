@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
 from apportion.cluster import Cluster, NodeGroup
-from apportion.decision import Decision, Reason
+from apportion.decision import Action, Allocation, Decision, Reason, SolveReport
 from apportion.estimation.base import Estimate, Estimator, Sample
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.formulations.cells import CellChoice
 from apportion.formulations.schema import cells_of
-from apportion.jobs import JobSpec, RunningState
+from apportion.jobs import JobSpec, RunningState, Workload
 from apportion.plans import Cell, ExecutionPlan
 from apportion.policies import RECIPES, RoundConfig, make_policy, policy_names, run_round
 from apportion.policies.formulation import FormulationPolicy, choice_vector
-from apportion.runtime.executors.executor import Executor
+from apportion.runtime.executors.executor import Executor, Health
 from apportion.validator import validate
 from apportion.view import Policy
 
@@ -125,6 +126,65 @@ def check_executor(executor: Any) -> None:
         assert got[:len(want)] == want, f"{executor.name}.{meth}{got}: expected {want}"
 
 
+def _wait(executor: Any, job: str, cond: Any, what: str, timeout_s: float) -> Any:
+    """Poll until ``cond(progress)`` holds for ``job``; a safety deadline, not a speed test."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        for p in executor.poll():
+            if p.job == job:
+                seen = p
+                if cond(p):
+                    return p
+        time.sleep(0.5)
+    raise AssertionError(f"{getattr(executor, 'name', executor)}: {job} never {what}; "
+                         f"last seen {seen}")
+
+
+def check_executor_behaviour(executor: Any, cluster: Cluster, node: str | None = None,
+                             gpu_type: str | None = None, timeout_s: float = 600.0) -> None:
+    """An executor does what the protocol promises, by behaviour: a started job runs and
+    reports progress; resized to two GPUs it resumes from its checkpoint on two workers;
+    preempted it stops with a checkpoint; a job whose command cannot start fails with its
+    reason while the other keeps running; shutdown checkpoints what runs. ``node`` (and its
+    ``gpu_type``) is where the jobs go: a node with three GPUs or more (every decision the
+    check applies is valid for it)."""
+    name = node or next(n for n, v in cluster.nodes.items() if v.gpus >= 3)
+    t = gpu_type or cluster.nodes[name].gpu_type
+    report = SolveReport("check", "optimal", 0.0, 0.0, 0.0, 0.0, False)
+    a = JobSpec("conf-a", "gpt-tiny", 8, 100_000, 1)
+    b = JobSpec("conf-b", "gpt-tiny", 8, 10, 1,
+                workload=Workload("torchrun", ("/nonexistent/apportion-check-binary",)))
+
+    def alloc(job: JobSpec, gpus: int, action: Action) -> Allocation:
+        return Allocation(job.id, t, gpus, 1, ExecutionPlan(dp=gpus), {name: gpus}, 1.0,
+                          action)
+
+    d = Decision([alloc(a, 1, Action.START)], [], report)
+    events = executor.apply(d, [a])
+    assert any(e.job == a.id and e.action == "start" for e in events), events
+    p = _wait(executor, a.id, lambda p: p.health == Health.RUNNING and p.iterations_done >= 2,
+              "ran", timeout_s)
+    running = replace(a, iterations_done=p.iterations_done,
+                      running=RunningState(t, 1, 1, {name: 1}))
+    d = Decision([alloc(a, 2, Action.RESIZE), alloc(b, 1, Action.START)], [], report)
+    executor.apply(d, [running, b])
+    _wait(executor, a.id, lambda p: p.health == Health.RUNNING and p.workers == 2
+          and p.iterations_done > running.iterations_done, "resumed on two workers", timeout_s)
+    fb = _wait(executor, b.id, lambda p: p.health == Health.FAILED, "failed", timeout_s)
+    assert fb.error and ("nonexistent" in fb.error or "not found" in fb.error.lower()
+                         or "No such file" in fb.error), fb.error
+    pa = next(p for p in executor.poll() if p.job == a.id)
+    assert pa.health == Health.RUNNING, f"the failure of {b.id} stopped {a.id}: {pa}"
+    running = replace(a, iterations_done=pa.iterations_done,
+                      running=RunningState(t, 2, 1, {name: 2}))
+    executor.apply(Decision([], [], report), [running])  # preempted: no allocation for it
+    stopped = _wait(executor, a.id, lambda p: p.health == Health.CHECKPOINTED, "stopped",
+                    timeout_s)
+    assert stopped.iterations_done >= running.iterations_done
+    executor.shutdown(checkpoint=True)
+
+
 def check_estimator(estimator: Estimator) -> None:
     """scikit-learn's contract (parameters only in ``__init__``, ``fit`` returns self and
     learns only attributes ending in ``_``), and estimates that are finite, positive and
@@ -162,5 +222,6 @@ def registered() -> dict[str, list[str]]:
             "estimators": list(ESTIMATORS)}
 
 
-__all__ = ["CLUSTER", "check_estimator", "check_executor", "check_formulation",
+__all__ = ["CLUSTER", "check_estimator", "check_executor", "check_executor_behaviour",
+           "check_formulation",
            "check_policy", "queue", "registered"]

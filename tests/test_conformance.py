@@ -176,3 +176,31 @@ def test_dry_run_executor_applies_a_pipeline_decision(tmp_path) -> None:
                for ev, a in zip(sorted(events, key=lambda x: x.job),
                                 sorted(d.allocations, key=lambda x: x.job)))
     assert len(buf.getvalue().splitlines()) == len(events)
+
+
+# -- executors by behaviour -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["local", "ray"])
+def test_every_executor_that_runs_here_behaves(name: str, tmp_path) -> None:
+    """Start, progress, resize, a failing neighbour, preemption and shutdown, by what the
+    executor does (:func:`apportion.testing.check_executor_behaviour`); Slurm's in
+    tests/test_runtime_slurm.py, which starts a cluster."""
+    pytest.importorskip("torch")
+    from apportion.runtime.executors.local import local_cluster
+    from apportion.testing import check_executor_behaviour
+
+    cl = local_cluster(3)
+    if name == "local":
+        from apportion.runtime.executors.local import LocalExecutor
+
+        ex = LocalExecutor(tmp_path, stop_timeout_s=60)
+    else:
+        pytest.importorskip("ray")
+        from apportion.runtime.executors.ray_executor import RayExecutor
+
+        ex = RayExecutor(tmp_path, cluster=cl, num_cpus=4, stop_timeout_s=60)
+    try:
+        check_executor_behaviour(ex, cl)
+    finally:
+        close = getattr(ex, "close", None)
+        if callable(close):
+            close()
