@@ -48,7 +48,7 @@ from apportion.experiments.lower_bound import cached_jct_lower_bound
 from apportion.experiments.traces import SimJob, Trace
 
 from apportion.cluster import Cluster
-from apportion.decision import Allocation, Decision
+from apportion.decision import Allocation, Decision, Reason
 from apportion.jobs import JobSpec
 from apportion.measured_rates import RateFeedback
 from apportion.round import InvalidDecision, run_pipeline
@@ -190,11 +190,6 @@ class Simulator:
                 j = arrivals.popleft()
                 js = JobState(_spec(j), trace=j)
                 states[j.job_id] = js
-                if j.gpus > total_gpus:  # can never run here: refuse it, say so, go on
-                    js.dropped = True
-                    dropped.append(js)
-                    too_large.append(j.job_id)
-                    continue
                 active.append(js)
                 arrived.append(j.job_id)
             if not active:
@@ -218,8 +213,14 @@ class Simulator:
                 raise SimulationError(f"round {r} at t={t:.0f}: {exc}") from None
             policy_s = time.perf_counter() - tp
             self._apply(decision, active, states, t)
-            dropped_now = {p.job for p in decision.pending if p.action is not None
-                           and p.action.value == "drop"}
+            # what admission refuses for good (a job larger than the cluster: the pipeline's
+            # typed reason, as every driver gives it) never runs: dropped, counted
+            refused = {p.job for p in decision.pending if p.stage == "admit"
+                       and not p.can_ever_fit}
+            too_large += sorted(p.job for p in decision.pending if p.stage == "admit"
+                                and p.reason is Reason.TOO_LARGE)
+            dropped_now = refused | {p.job for p in decision.pending if p.action is not None
+                                     and p.action.value == "drop"}
             if dropped_now:
                 for js in active:
                     if js.id in dropped_now:

@@ -38,3 +38,6 @@ def test_job_larger_than_the_cluster_is_refused_and_the_rest_finish() -> None:
         s = res.summary
         assert s["refused_larger_than_cluster"] == 1
         assert s["finished"] == len(trace.jobs) - 1, policy  # nothing waits behind it forever
+        # refused by the pipeline's admission, with its typed reason, as every driver does
+        big = res.jobs[~res.jobs["finished"].astype(bool)]
+        assert len(big) == 1 and bool(big["dropped"].iloc[0])
