@@ -25,13 +25,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.estimation.models.measured import TableEstimator
+
 from apportion.cluster import Cluster
 from apportion.errors import InputError
-from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
-from apportion.estimation.models.measured import TableEstimator
 from apportion.jobs import JobSpec
 from apportion.plans import Cell, ExecutionPlan
+from apportion.plugins import call_with, plugins
 
 ESTIMATORS = ("analytic", "crius", "morphling", "tables", "auto")
 
@@ -57,8 +59,16 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
         return tables
     if name == "auto":
         return AutoEstimator(tables=tables, cache_dir=cache_dir)
+    extra = plugins("apportion.estimators")
+    if name in extra:  # an installed package's estimator (a class or a factory)
+        return call_with(extra[name], tables=tables, cache_dir=cache_dir)
     raise InputError("--estimator", "estimator",
-                     f"{name!r} is not one of {', '.join(ESTIMATORS)}")
+                     f"{name!r} is not one of {', '.join(estimator_names())}")
+
+
+def estimator_names() -> list[str]:
+    """Every estimator ``--estimator`` accepts: the built-in ones and the plug-ins'."""
+    return [*ESTIMATORS, *(n for n in plugins("apportion.estimators") if n not in ESTIMATORS)]
 
 
 def _fit_cache(cache_dir: str | None) -> str:
@@ -118,6 +128,7 @@ class AutoEstimator(ParamsMixin):
     def _heldout(self, job: JobSpec) -> dict[str, float]:
         """Held-out error for ``job``'s model of every member fitted with one."""
         from apportion.estimation.models.morphling import Arch
+
         from apportion.models import get_model
 
         m = self._members()
@@ -134,6 +145,7 @@ class AutoEstimator(ParamsMixin):
 
     def _morphling_fitted(self, job: JobSpec) -> bool:
         from apportion.estimation.models.morphling import Arch
+
         from apportion.models import get_model
 
         morph = self._members()["morphling"]
@@ -151,6 +163,7 @@ class AutoEstimator(ParamsMixin):
         m["analytic"].fit(samples, cluster)
         m["crius"].fit(samples, cluster)
         from apportion.estimation.models.morphling import Arch
+
         from apportion.models import get_model
 
         by_arch: dict[str, list[Sample]] = {}

@@ -583,14 +583,14 @@ def _check_policy(name: str) -> None:
 
 
 def _check_information(information: str, estimator: str) -> None:
-    from apportion.estimation.registry import ESTIMATORS
+    from apportion.estimation.registry import estimator_names
 
     from apportion.view import INFORMATION_MODES
 
     if information not in INFORMATION_MODES:
         raise InputError("--information", "information", f"{information!r} is not one of "
                          f"{', '.join(INFORMATION_MODES)}")
-    if estimator not in ESTIMATORS or estimator == "auto":
+    if estimator not in estimator_names() or estimator == "auto":
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
                          "analytic, crius, morphling, tables (a replay's scaling model; auto "
                          "needs a real cluster's measurements)")

@@ -35,6 +35,7 @@ from apportion.config import load_tenants, resolve_cluster
 from apportion.errors import InputError
 from apportion.jobs import job_dirname
 from apportion.plans import ExecutionPlan
+from apportion.plugins import call_with, plugins
 from apportion.policies import RoundConfig, check_round_flags, estimator_from
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,17 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
                                                retry_wait_s=cfg.retry_wait_s)
         return KubernetesExecutor(workdir / "manifests", cluster, cfg, client,
                                   drain=drain or cfg.drain, launch_log=launch_log)
-    raise InputError("--executor", "executor", f"{name!r} is not one of {', '.join(EXECUTORS)}")
+    extra = plugins("apportion.executors")
+    if name in extra:  # an installed package's executor: a factory of the arguments it takes
+        return call_with(extra[name], workdir=workdir, cluster=cluster, launch_log=launch_log,
+                         options=opts)
+    raise InputError("--executor", "executor", f"{name!r} is not one of "
+                     f"{', '.join(executor_names())}")
+
+
+def executor_names() -> list[str]:
+    """Every executor ``--executor`` accepts: the built-in ones and the plug-ins'."""
+    return [*EXECUTORS, *(n for n in plugins("apportion.executors") if n not in EXECUTORS)]
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -175,9 +186,9 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
 
     from apportion.policies import checked_config
 
-    if opts.executor not in EXECUTORS:
+    if opts.executor not in executor_names():
         raise InputError("--executor", "executor", f"{opts.executor!r} is not one of "
-                         f"{', '.join(EXECUTORS)}")
+                         f"{', '.join(executor_names())}")
     if not opts.interval_s > 0 or not math.isfinite(opts.interval_s):
         raise InputError("--interval", "interval", f"must be positive, got {opts.interval_s}")
     _check("--timeout", opts.timeout_s, 0.0)

@@ -76,3 +76,50 @@ def test_the_plugins_policy_replays_and_passes_the_checks(site: Path, tmp_path: 
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+ESTIMATOR_PLUGIN = '''
+from apportion.estimation.models.analytic import AnalyticEstimator
+
+
+class Doubled(AnalyticEstimator):
+    """The analytic model, twice as pessimistic (a researcher's estimator)."""
+
+    def predict(self, job, plan, placement, cluster):
+        from dataclasses import replace
+        e = super().predict(job, plan, placement, cluster)
+        return replace(e, iter_time_s=2 * e.iter_time_s)
+
+
+def dry(workdir, launch_log=None):
+    from apportion.runtime.executors.launch import DryRunExecutor
+    ex = DryRunExecutor(workdir)
+    ex.name = "my-dry"
+    return ex
+'''
+
+
+def test_estimator_and_executor_plugins_appear_at_their_doors(tmp_path: Path) -> None:
+    """Entry points ``apportion.estimators`` and ``apportion.executors``: a package's
+    estimator is a ``--estimator`` choice of solve-round, its executor an ``--executor``
+    choice of run."""
+    site = tmp_path / "site"
+    (site / "more_plug-0.1.dist-info").mkdir(parents=True)
+    (site / "more_plug-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: more-plug\nVersion: 0.1\n")
+    (site / "more_plug-0.1.dist-info" / "entry_points.txt").write_text(
+        "[apportion.estimators]\ndoubled = more_plug:Doubled\n"
+        "[apportion.executors]\nmy-dry = more_plug:dry\n")
+    (site / "more_plug.py").write_text(ESTIMATOR_PLUGIN)
+    r = _cli(site, "solve-round", "--estimator", "doubled", "--json", str(tmp_path / "d.json"),
+             "--time-budget", "3", "--no-isolate", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["allocations"]
+    (tmp_path / "j.yaml").write_text("jobs:\n  - {id: a, model: bert-336m, global_batch_size: 32,"
+                                     " iterations: 10, requested_gpus: 1}\n")
+    assert _cli(site, "submit", "j.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
+    r = _cli(site, "run", "--executor", "my-dry", "--cluster", "crius-testbed", "--state",
+             "s.db", "--interval", "1", "--timeout", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert '"action": "start"' in r.stdout

@@ -13,12 +13,11 @@ and ``--formulation`` alike.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any
 
+from apportion.plugins import plugins, takes
 from apportion.policies.recipes import RECIPES, Recipe, add_recipe
 from apportion.view import Policy
 
@@ -101,43 +100,34 @@ _PLUGINS = {"loaded": False}
 
 
 def load_plugins() -> list[str]:
-    """Register what installed packages offer under the ``apportion.policies`` and
-    ``apportion.formulations`` entry-point groups (once); returns what was added. A
-    plug-in that fails to load is logged and skipped, never fatal to the command."""
+    """Register what installed packages offer under the ``apportion.formulations`` and
+    ``apportion.policies`` entry-point groups (:mod:`apportion.plugins`; once); returns what
+    was added. A plug-in that fails to load is logged and left out."""
     if _PLUGINS["loaded"]:
         return []
     _PLUGINS["loaded"] = True
     added = []
-    for ep in entry_points(group="apportion.formulations"):
+    for name, recipe in plugins("apportion.formulations").items():
         try:
-            recipe = ep.load()
-            register_formulation(recipe() if callable(recipe) and not isinstance(recipe, Recipe)
-                                 else recipe)
-            added.append(ep.name)
+            register_formulation(recipe if isinstance(recipe, Recipe) else recipe())
+            added.append(name)
         except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the CLI
-            log.warning("formulation plug-in %s (%s) not loaded: %s", ep.name, ep.value, exc)
-    for ep in entry_points(group="apportion.policies"):
-        try:
-            factory = ep.load()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("policy plug-in %s (%s) not loaded: %s", ep.name, ep.value, exc)
-            continue
+            log.warning("formulation plug-in %s not registered: %s", name, exc)
+    for name, factory in plugins("apportion.policies").items():
         doc = ((getattr(factory, "__doc__", None) or "").strip().splitlines() or
-               [f"plug-in {ep.value}"])[0]
-        register(ep.name, _plugin(factory), doc)
-        added.append(ep.name)
+               [f"plug-in {name}"])[0]
+        register(name, _plugin(factory), doc)
+        added.append(name)
     return added
 
 
 def _plugin(factory: Callable[..., Any]) -> Callable[..., Any]:
-    """A plug-in's factory: it receives the driver's config when it takes one."""
-    try:
-        takes_config = "config" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: no config
-        takes_config = False
-
+    """A plug-in's factory: it receives the driver's config when it takes one; the options
+    given by name all reach it (an option it does not take is its TypeError, not dropped)."""
     def build(config: Any = None, **kw: Any) -> Any:
-        return factory(config=config, **kw) if takes_config else factory(**kw)
+        if takes(factory, "config"):
+            return factory(config=config, **kw)
+        return factory(**kw)
     return build
 
 

@@ -18,7 +18,7 @@ from apportion.decision import Decision
 from apportion.errors import InputError
 from apportion.estimation.models.measured import TableEstimator
 from apportion.estimation.rates import EstimatorRates
-from apportion.estimation.registry import ESTIMATORS, make_estimator
+from apportion.estimation.registry import estimator_names, make_estimator
 from apportion.jobs import JobSpec
 from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
 from apportion.policies.formulation import FormulationPolicy, _Memo
@@ -44,9 +44,9 @@ def checked_config(backend: str = "auto", formulation: str = "cells", policy: st
     if formulation not in formulation_names():
         raise InputError("--formulation", "formulation", f"{formulation!r} is not available; "
                          f"available: {', '.join(formulation_names())}")
-    if estimator not in ESTIMATORS:
+    if estimator not in estimator_names():
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
-                         f"{', '.join(ESTIMATORS)}")
+                         f"{', '.join(estimator_names())}")
     if "mip_gap" in kw:
         check_mip_gap(kw["mip_gap"])
     if policy is not None and policy not in policy_names():
