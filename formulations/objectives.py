@@ -43,10 +43,12 @@ Why each term and value, and what was measured for each, on which traces and see
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from statistics import mean, median
+from typing import Any
 
 import networkx as nx
 from apportion.formulations.schema import job_node
@@ -135,6 +137,16 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"] * \
             js["speed_unit"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
+
+
+def objective_of_options(options: Any) -> ObjectiveOptions:
+    """The :class:`ObjectiveOptions` a formulation's options carry: every objective field the
+    options have, by name (``objective`` is the kind), the rest at the objective's
+    defaults. Written once: the cell and the plans formulations declare the knobs their
+    users set, and neither copies them by hand."""
+    names = {f.name for f in dataclasses.fields(ObjectiveOptions)} - {"kind"}
+    given = {n: getattr(options, n) for n in names if hasattr(options, n)}
+    return ObjectiveOptions(kind=options.objective, **given)
 
 
 RESTART_HORIZONS = ("reference", "cell")
