@@ -19,6 +19,36 @@ from apportion.cli.common import (
 )
 from apportion.console import stderr_console
 
+# The options `run` and `serve` share (one loop, one set of flags), declared once.
+WORKDIR = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs")
+KUBECONFIG = typer.Option(None, "--kubeconfig", help="apply manifests here (in-cluster: the "
+                          "pod's service account)")
+TIME_BUDGET = typer.Option(10.0, "--time-budget", help="solver budget per round, s")
+POLICY = typer.Option(None, "--policy", help=POLICY_HELP)
+ESTIMATOR = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP)
+K8S_CONFIG = typer.Option(None, "--k8s-config", help="kubernetes settings YAML (namespace, "
+                          "image, PVC, queue, priorities)")
+DRAIN = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) every "
+                     "job instead of leaving them running")
+CHECKPOINT_EVERY = typer.Option(None, "--checkpoint-every", help="periodic checkpoints every N "
+                                "iterations (0: off; default off; a job's "
+                                "workload.checkpoint_every wins)")
+CHECKPOINT_INTERVAL = typer.Option(None, "--checkpoint-interval", help="... or every S seconds "
+                                   "(0: off; default 120)")
+MAX_RETRIES = typer.Option(3, "--max-retries", help="relaunches of a failing job without a new "
+                           "checkpoint before it is failed")
+GRACE_PERIOD = typer.Option(120.0, "--grace-period", help="seconds a stopped workload has to "
+                            "checkpoint and exit before SIGKILL")
+ORPHANS = typer.Option("adopt", "--orphans", help="workers a killed run left: adopt | stop")
+RAY_ADDRESS = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                           help="join this Ray cluster (--executor ray)")
+TIMEOUT = typer.Option(None, "--timeout", help="stop after this many s")
+TABLES = typer.Option(None, "--tables", help="measured iteration times CSV (model, gpu_type, "
+                      "gpus, iter_time_s) for --estimator tables/auto")
+TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per tenant), for "
+                       "--policy apportion-plans")
+
+
 
 def run_cmd(
     executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
@@ -27,35 +57,22 @@ def run_cmd(
     state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
-    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
-                                             "(in-cluster: the pod's service account)"),
-    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
-    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
-                                              "YAML (namespace, image, PVC, queue, priorities)"),
-    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
-                               "every job instead of leaving them running"),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off; "
-        "default off; a job's workload.checkpoint_every wins)"),
-    checkpoint_interval: Optional[float] = typer.Option(
-        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
-    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
-                                    "without a new checkpoint before it is failed"),
-    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
-                                       "workload has to checkpoint and exit before SIGKILL"),
-    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
-                                "adopt | stop"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
-                                              help="join this Ray cluster (--executor ray)"),
-    tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
-                                          "(model, gpu_type, gpus, iter_time_s) for "
-                                          "--estimator tables/auto"),
-    tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
-                                           "per tenant), for --policy apportion-plans"),
+    timeout: Optional[float] = TIMEOUT,
+    workdir: Path = WORKDIR,
+    kubeconfig: Optional[str] = KUBECONFIG,
+    time_budget: float = TIME_BUDGET,
+    policy: Optional[str] = POLICY,
+    estimator: str = ESTIMATOR,
+    k8s_config: Optional[Path] = K8S_CONFIG,
+    drain: bool = DRAIN,
+    checkpoint_every: Optional[int] = CHECKPOINT_EVERY,
+    checkpoint_interval: Optional[float] = CHECKPOINT_INTERVAL,
+    max_retries: int = MAX_RETRIES,
+    grace_period: float = GRACE_PERIOD,
+    orphans: str = ORPHANS,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    tables: Optional[Path] = TABLES,
+    tenants: Optional[Path] = TENANTS,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -168,29 +185,22 @@ def serve_cmd(
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a "
                                               "token: writes (POST, DELETE) then need "
                                               "'Authorization: Bearer TOKEN'; reads stay open"),
-    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
-                                             "(in-cluster: the pod's service account)"),
-    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
-    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
-                                              "YAML (namespace, image, PVC, queue, priorities)"),
-    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
-                               "every job instead of leaving them running"),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off)"),
-    checkpoint_interval: Optional[float] = typer.Option(
-        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
-    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
-                                    "without a new checkpoint before it is failed"),
-    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
-                                       "workload has to checkpoint and exit before SIGKILL"),
-    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
-                                "adopt | stop"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
-                                              help="join this Ray cluster (--executor ray)"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
+    workdir: Path = WORKDIR,
+    kubeconfig: Optional[str] = KUBECONFIG,
+    time_budget: float = TIME_BUDGET,
+    policy: Optional[str] = POLICY,
+    estimator: str = ESTIMATOR,
+    k8s_config: Optional[Path] = K8S_CONFIG,
+    drain: bool = DRAIN,
+    checkpoint_every: Optional[int] = CHECKPOINT_EVERY,
+    checkpoint_interval: Optional[float] = CHECKPOINT_INTERVAL,
+    max_retries: int = MAX_RETRIES,
+    grace_period: float = GRACE_PERIOD,
+    orphans: str = ORPHANS,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    timeout: Optional[float] = TIMEOUT,
+    tables: Optional[Path] = TABLES,
+    tenants: Optional[Path] = TENANTS,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
@@ -204,4 +214,4 @@ def serve_cmd(
         policy=policy, estimator=estimator, checkpoint_every=checkpoint_every,
         checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
         grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
-        timeout_s=timeout))
+        timeout_s=timeout, tables=tables, tenants=tenants))
