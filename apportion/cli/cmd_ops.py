@@ -142,13 +142,15 @@ def export_kueue_cmd(
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     namespace: Optional[str] = typer.Option(None, "--namespace", help="LocalQueues' namespace"),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    kueue_api: Optional[str] = typer.Option(None, "--kueue-api", help="v1beta2 (default; "
+                                            "Kueue 0.15 and later) | v1beta1 (older Kueue)"),
 ) -> None:
-    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues for the cluster's tenants."""
+    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues (named after the tenants)."""
     from apportion.runtime.executors.k8s_config import load_k8s_config
     from apportion.runtime.executors.k8s_export import export_kueue
 
     with user_input():
-        cfg = load_k8s_config(k8s_config, namespace=namespace)
+        cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
         names = export_kueue(cluster, tenants, out_dir, cfg)
     stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
 

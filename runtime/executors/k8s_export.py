@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import yaml
 from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_kueue import kueue_objects, node_label_commands
+from apportion.runtime.executors.k8s_kueue import kueue_objects, local_queues, node_label_commands
 from apportion.runtime.executors.k8s_manifests import (
     PlacementNotExpressible,
     Target,
@@ -180,6 +180,11 @@ def export_kueue(cluster_arg: str, tenants_path: Path, out: Path,
     cluster = resolve_cluster(cluster_arg)
     tenants = load_tenants(tenants_path)
     objs = kueue_objects(cluster, tenants, cfg)
+    lqs = local_queues(tenants)
+    if cfg.queue and cfg.queue not in lqs:
+        log.warning("the settings' queue %r is no LocalQueue `export kueue` writes (%s): jobs "
+                    "exported with it are never admitted; name a tenant's queue, or use "
+                    "--queue-per-tenant", cfg.queue, ", ".join(sorted(lqs)))
     names = [f"{i:02d}-{o['kind'].lower()}-{o['metadata']['name']}.yaml"
              for i, o in enumerate(objs)]
     out.mkdir(exist_ok=True)
