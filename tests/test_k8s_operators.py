@@ -25,6 +25,7 @@ from k8s_schemas.server import ApiServerDouble
 from typer.testing import CliRunner
 
 from apportion.cli import app
+from apportion.cluster import Cluster
 from apportion.config import cluster_from_data, load_cluster
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec
@@ -157,7 +158,7 @@ def test_executor_patches_workloads_in_the_configured_version(tmp_path: Path,
         assert paths and all(f"/kueue.x-k8s.io/{version}/" in p for p in paths)
 
 
-def load_cluster_text(text: str):  # noqa: ANN201 - a Cluster
+def load_cluster_text(text: str) -> Cluster:
     return cluster_from_data(yaml.safe_load(text), "test")
 
 
@@ -211,7 +212,7 @@ def trainer_pods(runtime: dict, trainjob: dict) -> Counter:
 
 def test_trainjob_num_nodes_and_runtime_conventions(files: Path) -> None:
     docs = export_k8s(files)
-    cm, runtime, tj = docs["wide"]
+    _, runtime, tj = docs["wide"]
     assert tj["spec"]["trainer"]["numNodes"] == 3  # a 3-node job says 3
     assert tj["spec"]["trainer"]["numProcPerNode"] == 8
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 3, "torch": {"numProcPerNode": 8}}
@@ -233,7 +234,7 @@ def test_trainjob_num_nodes_and_runtime_conventions(files: Path) -> None:
 def test_trainjob_uneven_placement_builds_the_decided_pods(files: Path) -> None:
     (files / "d2.json").write_text(json.dumps(DECISION_UNEVEN))
     docs = export_k8s(files, "k8s-uneven", "d2.json")
-    cm, runtime, tj = docs["wide"]
+    _, runtime, tj = docs["wide"]
     # 8 + 4 + 4 + 8: the trainer's pods are the group on the most nodes; the rest is one
     # more replicated job, so what Trainer builds is the decided placement
     assert tj["spec"]["trainer"]["numNodes"] == runtime["spec"]["mlPolicy"]["numNodes"] == 2
@@ -314,7 +315,7 @@ def test_volcano_pod_group_for_every_job(files: Path, api: str) -> None:
     (files / "k8s.yaml").write_text("gang: volcano\ngang_queue: research\n")
     docs = export_k8s(files, "k8s", "d.json", None, "--api", api, "--k8s-config",
                       str(files / "k8s.yaml"))
-    for job, objs in docs.items():
+    for objs in docs.values():
         (pg,) = [d for d in objs if d["kind"] == "PodGroup"]
         assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1"
         assert objs.index(pg) < len(objs) - 1  # created before the job

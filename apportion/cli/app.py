@@ -144,6 +144,7 @@ app.command("serve")(cmd_ops.serve_cmd)
 cluster_app.command("import")(cmd_ops.cluster_import_cmd)
 export_app.command("k8s")(cmd_ops.export_k8s_cmd)
 export_app.command("kueue")(cmd_ops.export_kueue_cmd)
+export_app.command("slurm")(cmd_ops.export_slurm_cmd)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from apportion.cli.common import (
     verbose_logs,
 )
 from apportion.console import stderr_console
+from apportion.errors import InputError
 
 
 def run_cmd(
@@ -153,6 +154,61 @@ def export_kueue_cmd(
         cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
         names = export_kueue(cluster, tenants, out_dir, cfg)
     stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
+
+
+def export_slurm_cmd(
+    decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the batch scripts"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="the shared folder of the "
+                                           "jobs' folders (checkpoints, launch files; default "
+                                           "--out)"),
+    partition: Optional[str] = typer.Option(None, "--partition", envvar="APPORTION_SLURM_"
+                                            "PARTITION", help="Slurm partition"),
+    sbatch_args: Optional[str] = typer.Option(None, "--sbatch-args", envvar="APPORTION_SLURM_"
+                                              "SBATCH_ARGS", help="site options, shell words "
+                                              "(--account=lab --qos=normal)"),
+    time_limit: Optional[str] = typer.Option(None, "--time-limit", envvar="APPORTION_SLURM_"
+                                             "TIME_LIMIT", help="--time for every job (Slurm's "
+                                             "format: MM, HH:MM:SS, D-HH:MM); default: each "
+                                             "job's estimated remaining time + the margin"),
+    time_margin: float = typer.Option(0.25, "--time-margin", envvar="APPORTION_SLURM_TIME_"
+                                      "MARGIN", help="share added to the estimated remaining "
+                                      "time (and 10 min of start-up)"),
+    python: str = typer.Option("python3", "--python", envvar="APPORTION_SLURM_PYTHON",
+                               help="the interpreter on the nodes (apportion installed)"),
+    grace: float = typer.Option(60.0, "--grace", envvar="APPORTION_SLURM_GRACE_S",
+                                help="seconds the workers have to checkpoint when stopped"),
+    slurm_nodes: Optional[Path] = typer.Option(None, "--slurm-nodes", help="saved `scontrol "
+                                               "show node -o`: GRES types and limits as Slurm "
+                                               "says (default: the cluster file's)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """One sbatch script per allocation, #SBATCH lines and all: what the Slurm executor
+    submits, to read and resubmit (sbatch DIR/JOB.sbatch)."""
+    verbose_logs(verbose)
+    import shlex
+
+    from apportion.runtime.executors.slurm_export import export_slurm
+    from apportion.runtime.executors.slurm_submit import parse_time
+
+    with user_input():
+        limit_s = parse_time(time_limit) if time_limit else None
+        if not (0.0 <= time_margin <= 100.0):
+            raise InputError("--time-margin", "time_margin", f"must be a share between 0 and "
+                             f"100 (0.25: a quarter more than the estimate), got {time_margin}")
+        check_finite(grace, "--grace")
+        try:
+            args = shlex.split(sbatch_args or "")
+        except ValueError as exc:
+            raise InputError("--sbatch-args", "sbatch_args", f"not shell words: {exc}") from None
+        index = export_slurm(decision, cluster, jobs, out_dir, workdir, partition, args,
+                             limit_s, time_margin, python, grace, slurm_nodes)
+    untimed = sum(1 for j in index["jobs"].values() if j["time"] is None)
+    stderr_console().print(f"{len(index['jobs'])} batch scripts written to {out_dir}"
+                           + (f"; {untimed} without --time (no estimate)" if untimed else ""),
+                           highlight=False, markup=False)
 
 
 def serve_cmd(

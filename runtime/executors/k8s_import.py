@@ -13,8 +13,11 @@ dict per node that has GPUs::
      "k8s_resources": "allocatable"}          # what the figures are (a node-group label)
 
 The product comes from GPU Feature Discovery's ``nvidia.com/gpu.product``
-label, or else GKE's ``cloud.google.com/gke-accelerator`` (then
-``gpu_product_label`` is ``KEY=VALUE``, since the key is not the default one).
+label, or else GKE's ``cloud.google.com/gke-accelerator``, or AMD's node
+labeller's ``amd.com/gpu.product-name`` on nodes whose GPUs are ``amd.com/gpu``
+(then ``gpu_product_label`` is ``KEY=VALUE``, since the key is not the default
+one; manifests for AMD nodes need ``gpu_resource: amd.com/gpu`` in
+``--k8s-config``).
 The figures are the node's **allocatable** (``status.allocatable``: capacity
 less the kubelet's kube-reserved, system-reserved and eviction threshold), what
 the scheduler binds pods against; a node that reports none (an old kubelet, a
@@ -36,8 +39,9 @@ from typing import Any
 from apportion.errors import InputError
 from apportion.inputs import parse_json_text, read_text
 
-GPU_RESOURCES = ("nvidia.com/gpu",)
-PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator",
+                  "amd.com/gpu.product-name", "beta.amd.com/gpu.product-name")
 DEFAULT_PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME = "kubernetes.io/hostname"  # what apportion's node affinity matches
 MAX_BYTES = 512 * 2**20  # a node's JSON is ~10-20 kB; 10,000 nodes fit
