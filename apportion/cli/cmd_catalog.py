@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.table import Table
 
-from apportion.cli.common import (
-    print_json,
-)
+from apportion import outputs
+from apportion.cli.common import print_json, user_input
 from apportion.console import stdout_console
+from apportion.errors import InputError
 
 
 def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
@@ -101,3 +103,42 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="print JSON on stdou
                   f"{g['half_tflops']:g}", f"{g['fp32_tflops']:g}", f"{g['hbm_GBps']:g}",
                   f"{g['link']} {g['link_GBps']:g} GB/s")
     stdout_console().print(t)
+
+
+def _schema_names(incomplete: str) -> list[tuple[str, str]]:
+    from apportion.cli.schemas import FORMATS
+
+    return [(f.name, f"{f.kind}: {f.doors}") for f in FORMATS if f.name.startswith(incomplete)]
+
+
+def schema_cmd(
+    name: Optional[str] = typer.Argument(None, help="one format (apportion schema --list "
+                                         "names them); default: every one",
+                                         autocompletion=_schema_names),
+    list_names: bool = typer.Option(False, "--list", help="the formats, what reads or writes "
+                                    "each"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the JSON here instead of "
+                                       "stdout"),
+) -> None:
+    """JSON Schema of every file apportion reads (cluster, jobs, tenants, settings, ...) and
+    writes (the decision, summaries, status, indexes, plots.json)."""
+    from apportion.cli.schemas import BY_NAME, FORMATS, all_schemas
+
+    with user_input():
+        outputs.check_output(out, "--out")
+        if name is not None and name not in BY_NAME:
+            raise InputError("NAME", "name", f"unknown format {name!r}; one of "
+                             f"{', '.join(BY_NAME)}")
+    if list_names:
+        t = Table(title="file formats (apportion schema NAME)")
+        for col in ("name", "kind", "read or written by"):
+            t.add_column(col, overflow="fold")
+        for f in FORMATS:
+            t.add_row(f.name, f.kind, f.doors)
+        stdout_console().print(t)
+        return
+    doc = BY_NAME[name].json_schema() if name is not None else all_schemas()
+    if out is None or outputs.is_stdout(out):
+        print_json(doc)
+    else:
+        outputs.write_json(out, doc, "--out")
