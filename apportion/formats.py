@@ -216,6 +216,8 @@ class SlurmIndex(_Open):
 
     workdir: str
     jobs: dict[str, SlurmIndexJob]
+    refused: dict[str, str] = Field(description="job -> why it was not exported "
+                                    "(--skip-unsupported)")
 
 
 # -- compare's plots.json ----------------------------------------------------------------------------------

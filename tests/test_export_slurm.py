@@ -145,6 +145,20 @@ def test_an_invalid_decision_exits_2_and_writes_nothing(files: Path) -> None:
     assert not (files / "sb").exists()
 
 
+def test_a_plan_the_workload_cannot_run_is_refused_by_name(files: Path) -> None:
+    d = json.loads(json.dumps(DECISION))
+    d["allocations"][0]["plan"] = {"dp": 1, "tp": 2, "pp": 3}  # PP with TP: not the builtin's
+    d["allocations"][0]["stages"] = 3
+    (files / "d.json").write_text(json.dumps(d))
+    code, out = export(files)
+    assert code == 2 and "allocations[0].plan" in out and "big/1" in out
+    assert not (files / "sb").exists()
+    code, out = export(files, "--skip-unsupported")
+    assert code == 0 and "1 refused" in out
+    index = json.loads((files / "sb" / "index.json").read_text())
+    assert set(index["jobs"]) == {"small"} and set(index["refused"]) == {"big/1"}
+
+
 def test_the_same_submission_the_executor_makes(files: Path, tmp_path: Path) -> None:
     """The executor on the same folder, Slurm answering as the saved scontrol does: every
     #SBATCH line agrees (the executor adds its launch comment), and so does the step."""

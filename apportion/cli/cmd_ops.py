@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
+from apportion.cli.complete import ENV_CLUSTER, ENV_STATE
 from apportion.cli.common import (
     ESTIMATOR_HELP,
     POLICY_HELP,
@@ -24,8 +26,11 @@ from apportion.errors import InputError
 def run_cmd(
     executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
-                                "name: " + cluster_help()),
-    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
+                                "name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
+    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)",
+                               envvar=ENV_STATE, callback=complete.from_environment),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
@@ -33,8 +38,10 @@ def run_cmd(
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
                                              "(in-cluster: the pod's service account)"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP,
+                                         autocompletion=complete.policies),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP,
+                                  autocompletion=complete.estimators),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
                                               "YAML (namespace, image, PVC, queue, priorities)"),
     drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
@@ -109,7 +116,9 @@ def cluster_import_cmd(
 
 def export_k8s_cmd(
     decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
-    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
@@ -138,7 +147,9 @@ def export_k8s_cmd(
 
 
 def export_kueue_cmd(
-    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     tenants: Path = typer.Option(..., "--tenants", help="tenants YAML (quota_gpus per tenant)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     namespace: Optional[str] = typer.Option(None, "--namespace", help="LocalQueues' namespace"),
@@ -158,7 +169,9 @@ def export_kueue_cmd(
 
 def export_slurm_cmd(
     decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
-    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the batch scripts"),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="the shared folder of the "
@@ -183,6 +196,9 @@ def export_slurm_cmd(
     slurm_nodes: Optional[Path] = typer.Option(None, "--slurm-nodes", help="saved `scontrol "
                                                "show node -o`: GRES types and limits as Slurm "
                                                "says (default: the cluster file's)"),
+    skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
+                                          help="write the others when a job's workload "
+                                               "cannot run its plan"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """One sbatch script per allocation, #SBATCH lines and all: what the Slurm executor
@@ -204,17 +220,22 @@ def export_slurm_cmd(
         except ValueError as exc:
             raise InputError("--sbatch-args", "sbatch_args", f"not shell words: {exc}") from None
         index = export_slurm(decision, cluster, jobs, out_dir, workdir, partition, args,
-                             limit_s, time_margin, python, grace, slurm_nodes)
+                             limit_s, time_margin, python, grace, slurm_nodes,
+                             skip_unsupported)
     untimed = sum(1 for j in index["jobs"].values() if j["time"] is None)
     stderr_console().print(f"{len(index['jobs'])} batch scripts written to {out_dir}"
-                           + (f"; {untimed} without --time (no estimate)" if untimed else ""),
+                           + (f"; {untimed} without --time (no estimate)" if untimed else "")
+                           + (f"; {len(index['refused'])} refused" if index["refused"] else ""),
                            highlight=False, markup=False)
 
 
 def serve_cmd(
-    state: Path = typer.Option(..., "--state", help="state DB (created if missing)"),
+    state: Path = typer.Option(..., "--state", help="state DB (created if missing)",
+                               envvar=ENV_STATE, callback=complete.from_environment),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
-                                "name: " + cluster_help()),
+                                "name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     executor: str = typer.Option("dry-run", "--executor",
                                  help="dry-run | local | slurm | ray | kubernetes"),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
@@ -228,8 +249,10 @@ def serve_cmd(
     kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
                                              "(in-cluster: the pod's service account)"),
     time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP,
+                                         autocompletion=complete.policies),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP,
+                                  autocompletion=complete.estimators),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
                                               "YAML (namespace, image, PVC, queue, priorities)"),
     drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "

@@ -16,7 +16,9 @@ What Slurm would answer is not asked: GRES types come from the cluster file (an 
 cluster's ``gpu_type_raw``, else the catalog name in lower case) or from ``--slurm-nodes``
 (a saved ``scontrol show node -o``, which also caps CPUs and memory as the executor does);
 the first node's name is the rendezvous address. Everything is built and checked before
-the first file is written: bad input exits 2 naming the field and writes nothing.
+the first file is written: bad input, or a plan the job's workload cannot run, exits 2
+naming the field and writes nothing (``--skip-unsupported`` writes the others and lists
+the refused in ``index.json``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from apportion.runtime.executors.slurm_nodes import (
     cap_requests,
     limits_from_records,
 )
+from apportion.runtime.workload import plan_supported
 
 from apportion import outputs
 from apportion.cluster import Cluster
@@ -69,7 +72,8 @@ def export_slurm(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Pa
                  workdir: Path | None = None, partition: str | None = None,
                  sbatch_args: list[str] | None = None, limit_s: float | None = None,
                  margin: float = submit.TIME_MARGIN, python: str = "python3",
-                 grace_s: float = 60.0, nodes_file: Path | None = None) -> dict[str, Any]:
+                 grace_s: float = 60.0, nodes_file: Path | None = None,
+                 skip_unsupported: bool = False) -> dict[str, Any]:
     """Write one batch script per allocation (see the module docstring); returns the index."""
     outputs.check_output_dir(out, "--out")
     if workdir is not None:
@@ -82,8 +86,18 @@ def export_slurm(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Pa
     root = (workdir or out).absolute()
     by_id = {j.id: j for j in jobs}
     subs = []
-    for a in sorted(decision.allocations, key=lambda a: a.job):
+    refused: dict[str, str] = {}
+    for i, a in enumerate(sorted(decision.allocations, key=lambda a: a.job)):
         job = by_id[a.job]
+        kind = job.workload.kind if job.workload is not None else "builtin"
+        why = plan_supported(kind, a.plan, "cuda")  # Slurm's nodes hold the GPUs
+        if why is not None:
+            msg = f"job {a.job}: the {kind} workload cannot run plan {a.plan.label()}: {why}"
+            if not skip_unsupported:
+                raise InputError(str(decision_path), f"allocations[{i}].plan", msg)
+            refused[a.job] = msg
+            log.warning("%s: not exported: %s", decision_path, msg)
+            continue
         c = cluster.nodes
         nodes = sorted(a.placement)
         asked = batch.node_requests(a, {n: c[n].cpus for n in nodes},
@@ -99,7 +113,7 @@ def export_slurm(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Pa
             limit_s=limit_s, margin=margin,
             script_file=out.absolute() / f"{job_dirname(a.job)}.sbatch",
             written_by="apportion export slurm"))
-    index: dict[str, Any] = {"workdir": str(root), "jobs": {}}
+    index: dict[str, Any] = {"workdir": str(root), "jobs": {}, "refused": refused}
     out.mkdir(parents=True, exist_ok=True)
     for sub in subs:
         job = sub.launch["job"]
