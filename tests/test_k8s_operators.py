@@ -349,6 +349,19 @@ def test_volcano_pytorchjob_uses_the_operators_scheduling_policy(files: Path) ->
         assert r["template"]["spec"]["schedulerName"] == "volcano"
 
 
+def test_gang_and_scheduler_name_flags(files: Path) -> None:
+    docs = export_k8s(files, "k8s", "d.json", None, "--api", "jobset", "--gang", "volcano",
+                      "--scheduler-name", "volcano-custom")
+    for objs in docs.values():
+        assert [d["kind"] for d in objs] == ["ConfigMap", "PodGroup", "JobSet"]
+        for rj in objs[-1]["spec"]["replicatedJobs"]:
+            assert rj["template"]["spec"]["template"]["spec"]["schedulerName"] == "volcano-custom"
+    code, out = run("export", "k8s", "--decision", str(files / "d.json"), "--cluster",
+                    str(files / "cluster.yaml"), "--jobs", str(files / "jobs.yaml"), "--out",
+                    str(files / "bad"), "--gang", "slurm")
+    assert code == 2 and "--gang" in out and not (files / "bad").exists()
+
+
 def test_kai_scheduler_queue_label_and_scheduler_name(files: Path) -> None:
     (files / "k8s.yaml").write_text("gang: kai\ngang_queue: team-a-queue\n")
     docs = export_k8s(files, "k8s", "d.json", None, "--api", "jobset", "--k8s-config",

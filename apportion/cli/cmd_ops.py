@@ -128,6 +128,11 @@ def export_k8s_cmd(
     namespace: Optional[str] = typer.Option(None, "--namespace", help="namespace (default: default)"),
     image: Optional[str] = typer.Option(None, "--image", help="worker image"),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    gang: Optional[str] = typer.Option(None, "--gang", help="none | volcano (a PodGroup per "
+                                       "job) | kai (KAI's queue label): the pods' gang "
+                                       "scheduler"),
+    scheduler_name: Optional[str] = typer.Option(None, "--scheduler-name", help="the pods' "
+                                                 "schedulerName (default: the gang's own)"),
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a plan or placement "
                                                "cannot be expressed"),
@@ -140,7 +145,8 @@ def export_k8s_cmd(
 
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
-                              queue_per_tenant=queue_per_tenant or None)
+                              queue_per_tenant=queue_per_tenant or None, gang=gang,
+                              scheduler_name=scheduler_name)
         index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
     stderr_console().print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
               f"{len(index['refused'])} refused", highlight=False, markup=False)
