@@ -44,6 +44,7 @@ from apportion.decision import Reason
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
                                                reference_throughput)
+from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.formulations.schema import (cells_of, group_node, group_vertices, job_node, jobs_in,
                                            kind_of, member_nodes, name_of, node_node, node_vertices,
                                            pinned_nodes)
@@ -232,12 +233,14 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                     g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)
-                    if e is not None:
+                    if e is not None and fits_device(cluster, gpu_type, e):
                         cells.append((cell, e))
         if job.running is not None:
             cur = _current_cell(job, cluster, est)
             if cur is not None:
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
+        if not cells and g.nodes[jn].get("cells_tried"):  # fits no GPU: Hydra's spilling
+            cells = spilled_candidates(g, jn, job, cluster, est)
         _attach(g, job, cells, caps, cluster, opt)
     apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
@@ -273,7 +276,7 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     assert r is not None
     cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
     e = est.best_in_cell(job, cell, cluster)
-    if e is None:
+    if e is None or not fits_device(cluster, cell.gpu_type, e):
         return None
     return cell, e
 
@@ -314,6 +317,8 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
                    iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
                    bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
                    current=current)
+        if e.plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
+            g.nodes[cn]["plan"] = e.plan
         g.add_edge(jn, cn)
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
         g.nodes[cn]["single_node"] = single
