@@ -48,11 +48,12 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
                           env={**os.environ, **(env or {})})
 
 
-def _round(tmp: Path, jobs: list[dict], cluster: dict = CLUSTER) -> tuple[dict, dict]:
+def _round(tmp: Path, jobs: list[dict], cluster: dict = CLUSTER,
+           *extra: str) -> tuple[dict, dict]:
     (tmp / "c.yaml").write_text(yaml.safe_dump(cluster))
     (tmp / "j.yaml").write_text(yaml.safe_dump({"jobs": jobs}))
     r = _cli("solve-round", "--jobs", "j.yaml", "--cluster", "c.yaml", "--json", "d.json",
-             "--dump-problem", "p.json", "--time-budget", "5", cwd=tmp)
+             "--dump-problem", "p.json", "--time-budget", "5", *extra, cwd=tmp)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((tmp / "d.json").read_text()), json.loads((tmp / "p.json").read_text())
 
@@ -80,6 +81,15 @@ def test_solve_round_places_a_model_bigger_than_every_gpu_spilled(tmp_path: Path
              "--out", "k8s", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "spill_shards" in "".join(p.read_text() for p in (tmp_path / "k8s").glob("*big*"))
+
+
+def test_the_plans_formulation_spills_too_and_counts_host_memory(tmp_path: Path) -> None:
+    """``--formulation plans`` keeps host-memory rows: its spilled option asks for the
+    model's weights and optimizer state there (about 436 GiB), not a GPU's share."""
+    decision, _ = _round(tmp_path, [BIG, SMALL], CLUSTER, "--formulation", "plans")
+    big = next(a for a in decision["allocations"] if a["job"] == "big")
+    assert big["plan"]["spill_shards"] > 1 and big["gpus"] == 1
+    assert 400 < big["host_memory_gib"] <= 2048
 
 
 def test_a_spilled_job_needs_its_state_in_host_memory(tmp_path: Path) -> None:
