@@ -44,10 +44,10 @@ from apportion.decision import Reason
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
                                                reference_throughput)
-from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.formulations.schema import (cells_of, group_node, group_vertices, job_node, jobs_in,
                                            kind_of, member_nodes, name_of, node_node, node_vertices,
                                            pinned_nodes)
+from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 

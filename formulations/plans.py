@@ -72,8 +72,8 @@ from apportion.estimation.models.analytic import AnalyticEstimator, nominal_plac
 from apportion.estimation.base import Estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges
 from apportion.formulations.objectives import ObjectiveOptions, apply_objective, reference_throughput
-from apportion.formulations.spilled import spilled_cells
 from apportion.formulations.schema import job_node
+from apportion.formulations.spilled import spilled_cells
 from apportion.jobs import JobSpec
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan

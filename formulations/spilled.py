@@ -31,11 +31,11 @@ import math
 from typing import Any
 
 import networkx as nx
-
-from apportion.cluster import Cluster
 from apportion.estimation.base import Estimate
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.models.spill import spill_estimate
+
+from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
 from apportion.models import get_model

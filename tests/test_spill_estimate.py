@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from apportion.cluster import Cluster, NodeGroup
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.models.spill import spill_cut, spill_estimate
 from apportion.formulations.candidates import build_candidates
 from apportion.formulations.schema import cells_of
+
+from apportion.cluster import Cluster, NodeGroup
 from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec, RunningState
 from apportion.models import get_model

@@ -59,6 +59,7 @@ import math
 from dataclasses import dataclass
 
 from apportion.estimation.base import Estimate
+
 from apportion.gpus import GpuType
 from apportion.models import ModelSpec
 from apportion.plans import ExecutionPlan
