@@ -73,10 +73,12 @@ class SpillStrategy:
     def __init__(self, module: nn.Module, plan: ExecutionPlan, optim: OptimSpec,
                  sample: tuple[torch.Tensor, torch.Tensor], device: torch.device,
                  budget_bytes: float) -> None:
-        self.base, self.plan, self.optim, self.device = module, plan, optim, device
+        # the model itself stays in host memory (the trainer built it there): SpillTrainer's
+        # host copies are clones of it, and only a unit's shard is ever promoted to the device
+        self.base = module.to("cpu")
+        self.plan, self.optim, self.device = plan, optim, device
         self.layers = [m for _, m in layered(module)]
-        x, y = (t.to(device) for t in sample)
-        self.partition, self.double_buffer = self._pilot(x, y, budget_bytes)
+        self.partition, self.double_buffer = self._pilot(*sample, budget_bytes)
         self.job = SpillJob("job", self.layers, self.partition.boundaries, loss_fn, [], 1, optim)
         self.trainer = SpillTrainer([self.job], workers=0, devices=[str(device)],
                                     double_buffer=self.double_buffer)

@@ -200,7 +200,9 @@ class Worker:
             wait = float(os.environ.get("APPORTION_RENDEZVOUS_TIMEOUT_S", "300"))
             dist.init_process_group(backend, rank=self.rank, world_size=self.world,
                                     timeout=timedelta(seconds=wait))
-        base = build_net(self.cfg.model, self.cfg.seed).to(self.torch_device)
+        base = build_net(self.cfg.model, self.cfg.seed)
+        if not self.plan.spilled:  # a spilled model stays on the host: it exceeds the device
+            base = base.to(self.torch_device)
         for blk in getattr(base, "blocks", []):
             blk.checkpointing = self.plan.checkpointing
         self.opt: torch.optim.Optimizer | None
@@ -285,9 +287,8 @@ class Worker:
     def _step(self, it: int) -> float:
         B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
         if isinstance(self.par, SpillStrategy):
-            x, y = batch(self.cfg.model, self.cfg.seed, it * B, B)
-            return self.par.step(x.to(self.torch_device), y.to(self.torch_device),
-                                 self._lr_at(it))
+            x, y = batch(self.cfg.model, self.cfg.seed, it * B, B)  # on the host: units move it
+            return self.par.step(x, y, self._lr_at(it))
         assert self.opt is not None  # every other strategy has the whole model's optimizer
         dp_rank = self.par.dp_rank
         self.par.fwd_s = 0.0
