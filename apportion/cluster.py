@@ -42,6 +42,10 @@ class NodeGroup:
     names: tuple[str, ...] = ()
     gpu_product_label: str | None = None  # Kubernetes: the node label selecting these GPUs
     labels: tuple[tuple[str, str], ...] = ()  # engine annotations (cluster import), sorted
+    # the device memory a job may use on each GPU of the group when it is less than the
+    # catalog's (a MIG slice, a GPU another tenant shares, a CPU worker slot's budget on a
+    # local cluster without GPUs); None: the catalog's, less the estimator's reserve
+    gpu_memory_gib: float | None = None
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
@@ -61,6 +65,7 @@ class Node:
     intra_link: str
     intra_bandwidth_GBps: float
     inter_bandwidth_GBps: float
+    gpu_memory_gib: float | None = None  # NodeGroup.gpu_memory_gib
 
 
 @dataclass
@@ -77,7 +82,8 @@ class Cluster:
                 for name in grp.node_names():
                     n = Node(name, grp.prefix, grp.gpu_type, grp.gpus_per_node,
                              grp.cpus_per_node, grp.host_memory_gib, grp.intra_node_link,
-                             grp.intra_node_bandwidth_GBps, grp.inter_node_bandwidth_GBps)
+                             grp.intra_node_bandwidth_GBps, grp.inter_node_bandwidth_GBps,
+                             grp.gpu_memory_gib)
                     self.nodes[n.name] = n
 
     @cached_property
@@ -137,6 +143,13 @@ class Cluster:
 
     def nodes_of_type(self, gpu_type: str) -> list[Node]:
         return list(self._by_type.get(gpu_type, []))
+
+    def gpu_memory_bytes(self, gpu_type: str) -> float | None:
+        """The device memory a job may use on every GPU of ``gpu_type`` here, where a node
+        group says less than the catalog (the smallest such node's); None where none does."""
+        said = [n.gpu_memory_gib for n in self._by_type.get(gpu_type, [])
+                if n.gpu_memory_gib is not None]
+        return min(min(said) * 2**30, get_gpu(gpu_type).memory_bytes) if said else None
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return self._max_per_node.get(gpu_type, 0)

@@ -79,6 +79,9 @@ class NodeGroupSpec(_Strict):
     intra_node_link: Literal["nvlink", "pcie"] = "nvlink"
     intra_node_bandwidth_GBps: float | None = Field(default=None, gt=0, le=1e5)
     inter_node_bandwidth_GBps: float = Field(default=25.0, gt=0, le=1e5)
+    # the device memory a job may use on each GPU when less than the catalog's (a MIG slice,
+    # a shared GPU); None: the catalog's
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=1e5)
     # the Kubernetes node label that selects this group's GPUs: a value of
     # nvidia.com/gpu.product (GPU Feature Discovery), or KEY=VALUE for another label
     gpu_product_label: str | None = Field(default=None, max_length=317, pattern=NODE_LABEL)
@@ -457,7 +460,7 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
             or _LINK_DEFAULT_GBPS[g.intra_node_link],
             inter_node_bandwidth_GBps=g.inter_node_bandwidth_GBps,
             names=tuple(g.nodes or ()), gpu_product_label=g.gpu_product_label,
-            labels=tuple(sorted(g.labels.items())),
+            labels=tuple(sorted(g.labels.items())), gpu_memory_gib=g.gpu_memory_gib,
         )
         for g in spec.node_groups
     ]

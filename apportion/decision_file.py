@@ -32,6 +32,8 @@ class PlanEntry(_Strict):
     offload: bool = False
     accumulation: int = Field(default=1, ge=1)
     checkpointing: bool = False
+    spill_shards: int = Field(default=0, ge=0)  # a spilled plan (Hydra): ExecutionPlan's fields
+    spill_budget_mib: int = Field(default=0, ge=0)
 
 
 class AllocationEntry(_Strict):

@@ -40,6 +40,7 @@ class GpuType:
     bf16_tflops: float | None = None
     fp16_tflops: float | None = None
     tf32_tflops: float | None = None
+    host_GBps: float = 16.0  # the host (PCIe) link per direction; Gen3 x16 where unknown
     aliases: tuple[str, ...] = field(default_factory=tuple)
     # Kubernetes node-label values for this GPU (GPU Feature Discovery's first), also aliases
     products: tuple[str, ...] = field(default_factory=tuple)

@@ -5,6 +5,14 @@ count and leaves the DP/TP split inside each stage to the tuner. An
 :class:`ExecutionPlan` (Morphling) is the full recipe: parallel degrees,
 micro-batches, ZeRO stage, offload, accumulation and checkpointing. The global
 batch size is never part of a plan: it never changes across reconfigurations.
+
+A *spilled* plan (Hydra) trains a model larger than the device shard by shard,
+each shard's parameters and optimizer state moved between host and device
+memory: ``spill_shards`` is the number of shards the estimator cut the model
+into (0: the model is held whole, every plan before spilling) and
+``spill_budget_mib`` the device memory the shards were sized for (the
+worker's pilot run cuts the real model under it). Spilled plans run on one
+GPU, one stage, without ZeRO, offload or accumulation.
 """
 
 from __future__ import annotations
@@ -23,13 +31,24 @@ class ExecutionPlan:
     offload: bool = False
     accumulation: int = 1
     checkpointing: bool = False
+    spill_shards: int = 0  # Hydra's spilling: shards the model is cut into (0: held whole)
+    spill_budget_mib: int = 0  # ... and the device memory each shard was sized for
 
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp
 
+    @property
+    def spilled(self) -> bool:
+        return self.spill_shards > 0
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan's fields; the spill fields only on a spilled plan, so every plan written
+        before spilling existed keeps its JSON byte for byte (readers default them)."""
+        d = asdict(self)
+        if not self.spilled:
+            del d["spill_shards"], d["spill_budget_mib"]
+        return d
 
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
@@ -43,6 +62,8 @@ class ExecutionPlan:
             parts.append(f"ga{self.accumulation}")
         if self.checkpointing:
             parts.append("gc")
+        if self.spilled:
+            parts.append(f"spill{self.spill_shards}")
         return "-".join(parts)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
+from apportion.plans import ExecutionPlan
 
 
 @dataclass
@@ -53,6 +54,8 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
             v.append(f"{tag}: plan dp*tp*pp = {p.dp * p.tp * p.pp} != {a.gpus} GPUs")
         if p.pp != a.stages or a.stages <= 0 or a.gpus % a.stages:
             v.append(f"{tag}: {a.stages} stages inconsistent with pp={p.pp} and {a.gpus} GPUs")
+        if p.spilled:
+            v += _spill_violations(tag, a.gpu_type, p, cluster)
         for node, k in a.placement.items():
             if node not in cluster.nodes:
                 v.append(f"{tag}: unknown node {node}")
@@ -95,6 +98,22 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
     for job in sorted(missing):
         v.append(f"job {job}: neither allocated nor pending")
     return ValidationResult(v)
+
+
+def _spill_violations(tag: str, gpu_type: str, p: ExecutionPlan, cluster: Cluster) -> list[str]:
+    """A spilled plan (Hydra) trains shard by shard on one GPU under a device budget."""
+    out = []
+    if p.gpus != 1 or p.zero_stage or p.offload or p.accumulation != 1:
+        out.append(f"{tag}: spilled plan {p.label()} must run on one GPU without ZeRO, "
+                   "offload or accumulation")
+    if p.spill_budget_mib <= 0:
+        out.append(f"{tag}: spilled plan {p.label()} names no device-memory budget")
+    elif gpu_type in cluster.gpu_types:
+        device = cluster.gpu_memory_bytes(gpu_type) or cluster.gpu_spec(gpu_type).memory_bytes
+        if p.spill_budget_mib * 2**20 > device:
+            out.append(f"{tag}: spilled plan's budget {p.spill_budget_mib} MiB exceeds the "
+                       f"{device / 2**20:.0f} MiB a job may use on {gpu_type}")
+    return out
 
 
 def check(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> None:

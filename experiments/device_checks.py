@@ -14,6 +14,11 @@ the output folder, so a session's closing note quotes what a real GPU measured:
   budget read from the CUDA allocator, the spilled losses against the same model
   trained whole on the GPU, the peak memory the spilled run held, its time against
   whole training.
+* ``spill_builtin``: a spilled *plan* in the built-in trainer on ``cuda:0`` (gpt-tiny
+  under a device budget against whole, and resumed under another budget), and the
+  spilled estimate (``estimation.models.spill``) against the spilled trainer's
+  steady-state steps of the ``spill`` check's MLP, one step at a time as the trainer
+  runs them.
 
 Run ``python experiments/device_checks.py OUT trainer run spill``.
 """
@@ -170,6 +175,124 @@ def check_spill(out: Path) -> None:
     _write(out, "spill", result)
 
 
+def check_spill_builtin(out: Path) -> None:
+    import statistics
+
+    import torch
+    from apportion.estimation.models.spill import spill_estimate
+    from apportion.runtime.workers.pilot import OptimSpec, partition
+    from apportion.runtime.workers.spill import SpillJob, SpillTrainer, make_batches, make_mlp
+    from apportion.runtime.workers.train_config import TrainConfig
+    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
+
+    from apportion.gpus import get_gpu
+    from apportion.models import _chain
+    from apportion.plans import ExecutionPlan
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cuda = torch.cuda.is_available()
+    dev = "cuda:0" if cuda else "cpu"
+    result: dict[str, Any] = {"device": dev, "builtin": []}
+
+    def worker(tmp: str, plan: ExecutionPlan, iterations: int, stop_at: int | None = None
+               ) -> dict[str, Any]:
+        cfg = TrainConfig("dev", "gpt-tiny", 32, iterations, plan.as_dict(), tmp, lr=3e-3,
+                          stop_at=stop_at)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        w = Worker(cfg, 0, 1)
+        rc = w.run()
+        recs = [json.loads(x) for x in (Path(tmp) / LOSSES_FILE).read_text().splitlines()]
+        return {"plan": plan.label(), "rc": rc, "losses": [r["loss"] for r in recs],
+                "step_s_median": statistics.median(r["time_s"] for r in recs[2:]) if
+                len(recs) > 2 else None,
+                "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+                "shards": getattr(getattr(w.par, "partition", None), "boundaries", None),
+                "double_buffer": getattr(w.par, "double_buffer", None),
+                "device": str(w.torch_device)}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = worker(tmp + "/w", ExecutionPlan(), 10)
+    result["builtin"].append(whole)
+    budgets = (int(os.environ.get("SPILL_MIB", "64")), 128, 256)
+    for mib in budgets if os.environ.get("SPILL_BUILTIN", "1") == "1" else ():
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                row = worker(tmp, ExecutionPlan(spill_shards=1, spill_budget_mib=mib), 10)
+                part = worker(tmp + "/r", ExecutionPlan(spill_shards=1, spill_budget_mib=mib),
+                              10, stop_at=5)
+                rest = worker(tmp + "/r", ExecutionPlan(spill_shards=1,
+                                                        spill_budget_mib=2 * mib), 10)
+        except Exception as exc:  # noqa: BLE001 - a budget too small: say so, try the next
+            result["builtin"].append({"budget_mib": mib, "error": repr(exc)[:500]})
+            continue
+        row.update({"budget_mib": mib,
+                    "max_rel_diff_vs_whole": max(abs(a - b) / abs(b) for a, b in
+                                                 zip(row["losses"], whole["losses"])),
+                    "resumed_equal": rest["losses"] == row["losses"],
+                    "resumed_shards": [part["shards"], rest["shards"]]})
+        result["builtin"].append(row)
+        break
+
+    # the estimate against steady-state spilled steps of the MLP of the ``spill`` check
+    width, depth, classes = int(os.environ.get("SPILL_WIDTH", "4096")), 12, 16
+    batch = 256
+    layers, loss = make_mlp(width, depth, classes, 0)
+    batches = make_batches(8, batch, width, classes, 1)
+    opt = OptimSpec("adam", 1e-4)
+    budget = float(os.environ.get("SPILL_BUDGET", str(1.0 * 2**30)))
+    whole_layers = torch.nn.Sequential(*[copy.deepcopy(m).to(dev) for m in layers])
+    wopt = opt.make(whole_layers.parameters())
+    recompute = []
+    for x, y in batches:
+        x, y = x.to(dev), y.to(dev)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            whole_layers(x)
+        wopt.zero_grad()
+        loss(whole_layers(x), y).backward()
+        wopt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        recompute.append(time.perf_counter() - t0)
+    del whole_layers, wopt
+    t_c = statistics.median(recompute[2:])
+    rows = []
+    for name, kind, mod in ((f"l{i}", type(m).__name__, m) for i, m in enumerate(layers)):
+        p = sum(q.numel() for q in mod.parameters())
+        flops = 2.0 * p if kind == "Linear" else 5.0 * width
+        rows.append((name, kind, flops, p, 4.0 * width * (2 if kind != "Linear" else 1),
+                     4.0 * (classes if name == f"l{len(layers) - 1}" else width)))
+    spec = _chain("mlp", "mlp", rows, 4, 1, width)
+    for double in (False, True):
+        part = partition(layers, batches[0][0], budget, opt, loss_fn=loss, target=batches[0][1],
+                         device=dev, repeats=1, double_buffer=double)
+        job = SpillJob("m", copy.deepcopy(layers), part.boundaries, loss, [], 1, opt)
+        trainer = SpillTrainer([job], workers=0, devices=[dev], double_buffer=double)
+        times = []
+        for x, y in batches:
+            job.batches = [(x, y)]
+            t0 = time.perf_counter()
+            trainer.train()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        est = spill_estimate(spec, batch, get_gpu("H200"), t_c, budget)
+        measured = statistics.median(times[2:])
+        result.setdefault("mlp", []).append({
+            "double_buffer": double, "pilot_shards": part.boundaries,
+            "estimate_shards": est.plan.spill_shards, "estimate_double": est.breakdown.get(
+                "double_buffer"), "t_c_s": t_c, "steps_s": times, "measured_step_s": measured,
+            "estimate_s": est.iter_time_s, "copy_s": est.breakdown.get("copy_s"),
+            "hidden_s": est.breakdown.get("hidden_s"),
+            "copy_bytes": est.breakdown.get("h2d_bytes", 0) + est.breakdown.get("d2h_bytes", 0),
+            "error": est.iter_time_s / measured - 1.0})
+    _write(out, "spill_builtin", result)
+
+
 class _Planted:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -182,9 +305,9 @@ def check_deepspeed(out: Path) -> None:
     """apportion's DeepSpeed trainer on cuda:0 (bf16, ZeRO-1): trained, checkpointed,
     resumed through the weights-only loader; then a planted model file refused."""
     import torch
-    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.executors.local import free_port
     from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
+    from apportion.runtime.workers.train_config import TrainConfig
 
     from apportion.plans import ExecutionPlan
 
@@ -230,7 +353,7 @@ def check_deepspeed(out: Path) -> None:
 
 
 CHECKS = {"trainer": check_trainer, "run": check_run, "spill": check_spill,
-          "deepspeed": check_deepspeed}
+          "deepspeed": check_deepspeed, "spill_builtin": check_spill_builtin}
 
 
 def main(argv: list[str]) -> int:

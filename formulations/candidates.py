@@ -61,6 +61,7 @@ from apportion.formulations.schema import (
 
 from apportion.cluster import Cluster
 from apportion.decision import Reason
+from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model
 from apportion.plans import Cell
@@ -242,7 +243,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                     g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)
-                    if e is None:
+                    if e is None or not fits_device(cluster, gpu_type, e):
                         continue
                     why = accept(job, e.plan) if accept is not None else None
                     if why is None:
@@ -253,6 +254,10 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
             cur = _current_cell(job, cluster, est)
             if cur is not None:
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
+        if (not cells and g.nodes[jn].get("cells_tried")
+                and "refused_plan" not in g.nodes[jn]):  # fits no GPU: Hydra's spilling
+            cells = [(c, e) for c, e in spilled_candidates(g, jn, job, cluster, est)
+                     if accept is None or accept(job, e.plan) is None]
         _attach(g, job, cells, caps, cluster, opt, est)
     apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
@@ -288,7 +293,7 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     assert r is not None
     cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
     e = est.best_in_cell(job, cell, cluster)
-    if e is None:
+    if e is None or not fits_device(cluster, cell.gpu_type, e):
         return None
     return cell, e
 
@@ -343,6 +348,8 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
                    iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
                    bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
                    current=current)
+        if e.plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
+            g.nodes[cn]["plan"] = e.plan
         g.add_edge(jn, cn)
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
         g.nodes[cn]["single_node"] = single

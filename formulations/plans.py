@@ -83,6 +83,7 @@ from apportion.formulations.schema import job_node
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.errors import InputError
+from apportion.formulations.spilled import spilled_cells
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model, get_model
 from apportion.plans import ExecutionPlan
@@ -418,8 +419,12 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
                 opts.extend(source.options(job, gpu_type, gpus, cluster))
+        why = None
+        if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
+            opts, why = spilled_options(job, cluster, source)
         if not opts:
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
+            g.nodes[jn]["reason_detail"] = why
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
         fit = [o for o in opts if host_fits(o, cluster)]
@@ -483,6 +488,22 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                               else None)
     apply_objective(g, jobs, now_s, opt.objective_options())
     return g
+
+
+def spilled_options(job: JobSpec, cluster: Cluster, source: PlanSource
+                    ) -> tuple[list[PlanOption], str]:
+    """A job no plan fits, spilled (one GPU, shard by shard) where it can be: the spilled
+    cells' estimates as options, holding the model's weights and optimizer state in host
+    memory (the rows this formulation keeps count it); else why not."""
+    inner = getattr(source, "source", source)  # a calibrated source wraps the estimated one
+    est = getattr(inner, "estimator", None) or AnalyticEstimator()
+    cells, why = spilled_cells(job, cluster, est)
+    out = [PlanOption(c.gpu_type, 1, e.plan, "spill", e.iter_time_s, job.global_batch_size,
+                      getattr(inner, "base_cpus_per_gpu", 4.0),
+                      math.ceil(e.breakdown["host_bytes"] / GiB * 8) / 8, e.mem_per_gpu)
+           for c, e in cells]
+    return out, ("no plan of any GPU type fits its memory, and it cannot be spilled: " +
+                 ("; ".join(why) if why else "no GPU type here"))
 
 
 def sla_reachable(job: JobSpec, now_s: float, promised: float, opt: PlanOptions) -> bool:

@@ -9,6 +9,11 @@ Morphling's fits its k-parameters once it has enough samples of an architecture,
 remembers the rows, ``auto`` does each and re-picks per job); the next round's
 candidates use it. One sample per job and round: the loop polls often, the plan changes
 only between rounds. A store's samples from earlier runs warm it before the first round.
+
+A spilled plan's step (Hydra: the model trained shard by shard) is no sample: the
+estimators model whole-model steps, and a spilled step is mostly host<->device copies;
+fitted as a whole step it would make every cell of its GPU type look slow. Its time
+is the spilled estimate's (``estimation.models.spill``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class OnlineRefit:
 
     def observe(self, round_index: int, job: JobSpec, alloc: Allocation, measured_s: float) -> bool:
         """Record one measurement; returns True when it triggered a refit."""
-        if (round_index, job.id) in self._seen or measured_s <= 0:
+        if (round_index, job.id) in self._seen or measured_s <= 0 or alloc.plan.spilled:
             return False
         self._seen.add((round_index, job.id))
         self.samples.append(Sample(job, alloc.plan, dict(alloc.placement), alloc.gpu_type,
@@ -56,7 +61,7 @@ class OnlineRefit:
 
     def warm(self, samples: Iterable[Sample]) -> None:
         """Fit on what earlier runs measured (the store's samples), before the first round."""
-        self.samples.extend(s for s in samples if s.iter_time_s > 0)
+        self.samples.extend(s for s in samples if s.iter_time_s > 0 and not s.plan.spilled)
         if self.samples:
             self._fit()
 

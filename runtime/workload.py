@@ -124,6 +124,11 @@ def plan_supported(kind: str, plan: Any, device: str = "cpu") -> str | None:
     * ``deepspeed``: DP with ZeRO 0-3 (offload needs ZeRO >= 1 and a GPU);
       one stage, no TP;
     * ``jax``: DP x TP shardings on a device mesh (one stage, no ZeRO, no offload).
+
+    A spilled plan (Hydra: the model trained shard by shard, larger than the
+    device) runs in the built-in trainer only, on one GPU without ZeRO, offload
+    or accumulation; the other kinds run the user's own program, which apportion
+    cannot split into shards: refused by name.
     """
     p = plan.as_dict() if hasattr(plan, "as_dict") else dict(plan)
     dp, tp, pp = int(p.get("dp", 1)), int(p.get("tp", 1)), int(p.get("pp", 1))
@@ -135,6 +140,8 @@ def plan_supported(kind: str, plan: Any, device: str = "cpu") -> str | None:
         return "parallel degrees must be positive"
     if zero not in (0, 1, 2, 3):
         return f"ZeRO stage {zero} does not exist (0-3)"
+    if int(p.get("spill_shards", 0)) > 0:
+        return _spill_supported(kind, dp * tp * pp, zero, offload, int(p.get("accumulation", 1)))
     if offload and device != "cuda":
         return "optimizer offload moves state from device to host memory; there is no GPU"
     if kind == "builtin":
@@ -163,6 +170,18 @@ def plan_supported(kind: str, plan: Any, device: str = "cpu") -> str | None:
         return None
     if zero or offload:  # jax
         return "JAX workloads run DP x TP shardings (no ZeRO stage, no offload)"
+    return None
+
+
+def _spill_supported(kind: str, gpus: int, zero: int, offload: bool,
+                     accumulation: int) -> str | None:
+    """Why a workload of ``kind`` cannot run a spilled plan of this shape, or None."""
+    if kind != "builtin":
+        return (f"a {kind} workload runs the user's own program, which apportion cannot train "
+                "shard by shard: spilled plans (Hydra) run in the built-in trainer only")
+    if gpus != 1 or zero or offload or accumulation != 1:
+        return ("the built-in trainer spills on one GPU, one stage, without ZeRO, offload or "
+                "accumulation (each shard steps its own optimizer in its backward unit)")
     return None
 
 

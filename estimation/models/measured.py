@@ -46,9 +46,13 @@ class TableEstimator(ParamsMixin):
     @classmethod
     def from_store_samples(cls, samples: Iterable[Mapping[str, Any]],
                            batches: Mapping[str, int] | None = None) -> TableEstimator:
-        """Rows from ``StateStore.samples()`` (``batches``: job id -> global batch)."""
+        """Rows from ``StateStore.samples()`` (``batches``: job id -> global batch). A
+        spilled plan's step (Hydra, shard by shard) is not a row: a table has no plan, and
+        its time would stand for the whole model's on that GPU."""
         rows: list[Row] = []
         for s in samples:
+            if (s.get("plan") or {}).get("spill_shards"):
+                continue
             batch = (batches or {}).get(str(s.get("job")))
             rows.append((str(s["model"]), batch, str(s["gpu_type"]), int(s["gpus"]),
                          float(s["iter_time_s"])))

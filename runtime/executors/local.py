@@ -33,6 +33,7 @@ finished by the relaunched group.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import multiprocessing.reduction
 import os
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apportion.errors import InputError
 from apportion.formulations.candidates import CandidateOptions
 from apportion.runtime.executors.executor import (
     Event,
@@ -96,13 +98,19 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 120.0  # ... or seconds: periodic checkpoints by
 STDERR_LINES = 8
 
 
-def local_cluster(slots: int | None = None, gpu_type: str | None = None) -> Cluster:
+def local_cluster(slots: int | None = None, gpu_type: str | None = None,
+                  gpu_memory_gib: float | None = None) -> Cluster:
     """This machine as a one-node cluster of ``slots`` worker slots.
 
     With NVIDIA GPUs (:func:`local_gpus`) a slot is a GPU and the type is the
     catalog's name for it; without, the slots are 4 CPU worker processes and the
     type a stand-in name from the catalog (the estimator needs one). CPUs and
     host memory are this machine's, so the round's per-slot shares are real.
+
+    ``APPORTION_LOCAL_GPU_MEMORY_GIB`` (or ``gpu_memory_gib``) says how much device
+    memory a job may use per slot, when less than the type's (a GPU shared with other
+    work; a CPU slot, which has no device memory of its own, a budget): a model larger
+    than that is spilled (Hydra), shard by shard under it.
     """
     gpus = local_gpus()
     if gpus:
@@ -113,11 +121,32 @@ def local_cluster(slots: int | None = None, gpu_type: str | None = None) -> Clus
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = 8.0
+    if gpu_memory_gib is None:
+        gpu_memory_gib = _positive_env(ENV_LOCAL_GPU_MEMORY)
     return Cluster("local", [NodeGroup("local", 1, gpu_type or "T4", slots or 4,
                                        cpus_per_node=cpus,
                                        host_memory_gib=round(mem_gib, 1), intra_node_link="pcie",
                                        intra_node_bandwidth_GBps=10.0,
-                                       inter_node_bandwidth_GBps=1.0)])
+                                       inter_node_bandwidth_GBps=1.0,
+                                       gpu_memory_gib=gpu_memory_gib)])
+
+
+ENV_LOCAL_GPU_MEMORY = "APPORTION_LOCAL_GPU_MEMORY_GIB"
+
+
+def _positive_env(name: str) -> float | None:
+    """A positive finite number from the environment, or None when unset; anything else is
+    the user's error, named."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(name, name, f"must be a positive number of GiB, got {raw!r}")
+    return value
 
 
 def local_round_config(time_budget_s: float = 5.0, device: str | None = None) -> RoundConfig:

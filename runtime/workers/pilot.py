@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.formulations.shards import DEFAULT_BUFFER_FRACTION, chain_runtimes
 
+from apportion.spilling import greedy_shards
+
 if TYPE_CHECKING:
     import torch
 
@@ -39,11 +41,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class OptimSpec:
-    """An element-wise optimizer (so per-shard optimizers equal one whole-model optimizer)."""
+    """An element-wise optimizer (so per-shard optimizers equal one whole-model optimizer).
 
-    kind: str = "sgd"  # "sgd" or "adam"
+    The kinds and hyper-parameters are the built-in trainer's (``workload.train``), so a
+    spilled run of a job steps exactly as its whole run would. Gradient clipping by a
+    global norm is not element-wise and has no place here."""
+
+    kind: str = "sgd"  # "sgd", "adam" or "adamw"
     lr: float = 0.01
     momentum: float = 0.0
+    weight_decay: float = 0.0
 
     def make(self, params: Any) -> torch.optim.Optimizer | None:
         """The optimizer over ``params``; None when there is nothing to train."""
@@ -54,9 +61,14 @@ class OptimSpec:
             return None
 
         if self.kind == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, foreach=False)
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
+                                   weight_decay=self.weight_decay, foreach=False)
         if self.kind == "adam":
-            return torch.optim.Adam(params, lr=self.lr, foreach=False)
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay,
+                                    foreach=False)
+        if self.kind == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay,
+                                     foreach=False)
         raise ValueError(f"unknown optimizer {self.kind!r}")
 
 
@@ -192,32 +204,27 @@ def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_by
     if device.startswith("cuda"):
         return _partition_cuda(layers, sample, limit, budget_bytes, optim, loss_fn, target, device,
                                repeats, reserve)
-    shards: list[ShardProfile] = []
-    cur = ShardProfile(0, 0)
+    # measure every layer on its real input, then cut by the one rule (apportion.spilling)
+    measured: list[dict[str, int]] = []
+    inputs: list[int] = []
     x = sample
-    shard_input = sample
-    for i, layer in enumerate(layers):
+    for layer in layers:
         sizes, out = layer_footprint(layer, x, optim)
-        # A new shard also holds its input batch.
-        extra = _nbytes(shard_input) if cur.stop == cur.start else 0
-        grown = cur.total_bytes + extra + sum(sizes.values())
-        prefetch = cur.param_bytes + sizes["param"]
-        if (grown > limit or prefetch > reserve) and cur.stop > cur.start:
-            shards.append(cur)
-            cur, shard_input = ShardProfile(i, i), x
-            extra = _nbytes(x)
-            grown = extra + sum(sizes.values())
-        if grown > limit:
-            raise MemoryError(f"layer {i} alone needs {grown} B > budget {limit:.0f} B "
-                              f"({budget_bytes:.0f} B less {buffer_fraction:.0%} buffer)")
-        _check_reserve(i, sizes["param"], reserve)
-        cur.stop = i + 1
-        cur.param_bytes += sizes["param"]
-        cur.grad_bytes += sizes["grad"]
-        cur.optim_bytes += sizes["optim"]
-        cur.activation_bytes += sizes["activation"] + extra
+        measured.append(sizes)
+        inputs.append(_nbytes(x))
         x = out
-    shards.append(cur)
+    cuts = greedy_shards([sum(m.values()) for m in measured], [m["param"] for m in measured],
+                         inputs, budget_bytes, buffer_fraction, double_buffer)
+    shards = []
+    for a, b in cuts:
+        s = ShardProfile(a, b)
+        for m in measured[a:b]:
+            s.param_bytes += m["param"]
+            s.grad_bytes += m["grad"]
+            s.optim_bytes += m["optim"]
+            s.activation_bytes += m["activation"]
+        s.activation_bytes += inputs[a]  # a shard also holds its input batch
+        shards.append(s)
     _time_shards(layers, shards, sample, loss_fn, target, optim, repeats)
     log.info("pilot partition: %d layers -> %d shards %s under %.0f B", len(layers), len(shards),
              [s.start for s in shards], limit)

@@ -14,7 +14,16 @@ the forward unit runs without autograd and stores only its input; the backward
 unit re-runs the shard's forward with autograd from that input, back-propagates
 the carried gradient and steps the shard's own optimizer. Element-wise
 optimizers (SGD, Adam) stepped per shard equal one whole-model step, so the
-loss trajectory equals whole-model training (the core test). Modules whose
+loss trajectory equals whole-model training (the core test).
+
+A parameter shared by layers of different shards (a language model's output
+layer tied to its embedding) is one parameter, not one per shard: the first
+shard holding it owns it (its optimizer state and its step). A later shard's
+backward unit computes the parameter's gradient but does not step it and hands
+the gradient back; the owner's backward unit, which runs after it, adds it to
+its own before stepping, and the stepped value is copied to every shard that
+uses it. That is the whole model's gradient (the sum of both uses) and its one
+step. Modules whose
 forward updates buffers (BatchNorm running statistics) would see two updates;
 dropout is replayed with the forward unit's RNG state.
 
@@ -75,6 +84,27 @@ class SpillJob:
         return step, per - 1 - k, "bwd"
 
 
+@dataclass(frozen=True)
+class Tie:
+    """One parameter several shards use: ``owner`` (shard, name) steps it, ``users`` read it."""
+
+    owner: tuple[int, str]
+    users: tuple[tuple[int, str], ...]
+
+
+def shared_parameters(shards: Sequence[Any]) -> list[Tie]:
+    """The parameters held by more than one shard (by identity), each owned by the first
+    shard holding it: the last of them to run its backward unit, so it steps once, after
+    every use has added its gradient. A parameter shared inside one shard is one
+    parameter of that shard already."""
+    seen: dict[int, list[tuple[int, str]]] = {}
+    for k, module in enumerate(shards):
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                seen.setdefault(id(p), []).append((k, name))
+    return [Tie(uses[0], tuple(uses[1:])) for uses in seen.values() if len(uses) > 1]
+
+
 def promote(module: Any, state: dict[str, Any]) -> None:
     """Copy a shard's host state into its device buffer.
 
@@ -96,12 +126,26 @@ def promote(module: Any, state: dict[str, Any]) -> None:
         module.load_state_dict(state)
 
 
+def optimized_names(module: Any, hold: Sequence[str] = ()) -> list[str]:
+    """The names of the parameters a shard's own optimizer steps, in its order: every
+    trainable parameter but those ``hold`` names (tied parameters another shard owns).
+    Checkpoints map the optimizer's indices back to names through this."""
+    return [n for n, p in module.named_parameters() if p.requires_grad and n not in hold]
+
+
 def run_unit(module: Any, state: dict[str, Any], opt_state: dict[str, Any] | None, kind: str,
              optim: OptimSpec, loss_fn: Any, x: Any, y: Any, grad: Any, first: bool, last: bool,
-             rng: Any, device: str, promoted: bool = False) -> dict[str, Any]:
+             rng: Any, device: str, promoted: bool = False, hold: Sequence[str] = (),
+             add_grads: dict[str, Any] | None = None) -> dict[str, Any]:
     """Execute one unit on ``device`` with ``module`` as the device-side buffer: load the
     host state into it (promotion, unless a double buffer already did), compute, and return
-    host copies of what changed."""
+    host copies of what changed.
+
+    ``hold``: parameters this shard uses but another shard owns (tied): their gradients
+    are returned (``"held"``), not stepped. ``add_grads``: gradients of this shard's own
+    parameters computed by later shards, added before the step. The optimizer's
+    hyper-parameters are always ``optim``'s (a schedule may change the learning rate
+    between steps); only its state (moments, step count) is carried in ``opt_state``."""
     import torch
 
     dev = torch.device(device)
@@ -116,8 +160,8 @@ def run_unit(module: Any, state: dict[str, Any], opt_state: dict[str, Any] | Non
             if last:
                 return {"loss": float(loss_fn(out, y.to(dev))), "rng": rng_state}
         return {"out": out.to("cpu"), "rng": rng_state}
-    params = [p for p in module.parameters() if p.requires_grad]
-    for p in params:
+    named = dict(module.named_parameters())
+    for p in named.values():
         p.grad = None
     inp = xin.detach().requires_grad_(not first and xin.is_floating_point())
     with torch.random.fork_rng(devices=[]):
@@ -127,13 +171,21 @@ def run_unit(module: Any, state: dict[str, Any], opt_state: dict[str, Any] | Non
         loss_fn(out, y.to(dev)).backward()
     else:
         out.backward(grad.to(dev))
-    opt = optim.make(params)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)
-    opt.step()
+    for name, g in (add_grads or {}).items():  # a tied parameter's other uses
+        p = named[name]
+        p.grad = g.to(dev) if p.grad is None else p.grad + g.to(dev)
+    opt = optim.make([named[n] for n in optimized_names(module, hold)])
+    if opt is not None:
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+            for group in opt.param_groups:
+                group.update(opt.defaults)  # the spec's hyper-parameters, not the saved ones
+        opt.step()
     pin = dev.type == "cuda"
     back = {"state": {k: _to_cpu(v, pin) for k, v in module.state_dict().items()},
-            "opt": _to_cpu(opt.state_dict(), pin)}
+            "opt": _to_cpu(opt.state_dict(), pin) if opt is not None else None}
+    if hold:
+        back["held"] = {n: _to_cpu(named[n].grad, pin) for n in hold}
     if not first:
         back["grad"] = _to_cpu(inp.grad, pin)
     if pin:  # the copies above did not block: they are read once this returns
@@ -244,6 +296,7 @@ class SpillTrainer:
         self.host = [[{k: v.detach().clone() for k, v in m.state_dict().items()} for m in mods]
                      for mods in self.templates]
         self.opt_state: list[list[dict[str, Any] | None]] = [[None] * len(m) for m in self.templates]
+        self.ties = [shared_parameters(mods) for mods in self.templates]
         # in-process device buffers per device, least recently used first (see _local)
         self._buffers: dict[int, OrderedDict[tuple[int, int], Any]] = {}
         self._torch = torch
@@ -256,15 +309,24 @@ class SpillTrainer:
         full, part = divmod(left, len(per))
         return full * sum(per) + sum(per[len(per) - part:])
 
+    def held(self, j: int, k: int) -> list[str]:
+        """The names in shard ``k`` of job ``j`` of tied parameters another shard owns."""
+        return [name for tie in self.ties[j] for ku, name in tie.users if ku == k]
+
     def _args(self, j: int, u: int, carry: dict[str, Any]) -> tuple[tuple[int, int], dict[str, Any]]:
         job = self.jobs[j]
         step, k, kind = job.unit(u)
         x, y = job.batches[step % len(job.batches)]
         inp = x if k == 0 else carry["act"][k]
-        return (j, k), {"state": self.host[j][k], "opt_state": self.opt_state[j][k], "kind": kind,
-                        "optim": job.optim, "loss_fn": job.loss_fn, "x": inp, "y": y,
-                        "grad": carry.get("grad"), "first": k == 0, "last": k == job.num_shards - 1,
-                        "rng": carry["rng"].get(k), "device": "cpu"}
+        args = {"state": self.host[j][k], "opt_state": self.opt_state[j][k], "kind": kind,
+                "optim": job.optim, "loss_fn": job.loss_fn, "x": inp, "y": y,
+                "grad": carry.get("grad"), "first": k == 0, "last": k == job.num_shards - 1,
+                "rng": carry["rng"].get(k), "device": "cpu"}
+        if kind == "bwd":
+            args["hold"] = self.held(j, k)
+            args["add_grads"] = {tie.owner[1]: carry["tied"][t] for t, tie in enumerate(self.ties[j])
+                                 if tie.owner[0] == k and t in carry["tied"]}
+        return (j, k), args
 
     def _absorb(self, j: int, u: int, res: dict[str, Any], carry: dict[str, Any],
                 losses: dict[str, list[float]]) -> None:
@@ -278,10 +340,20 @@ class SpillTrainer:
                 losses[job.name].append(res["loss"])
             else:
                 carry["act"][k + 1] = res["out"]
-        else:
-            self.host[j][k] = res["state"]
-            self.opt_state[j][k] = res["opt"]
-            carry["grad"] = res.get("grad")
+            return
+        self.host[j][k] = res["state"]
+        self.opt_state[j][k] = res["opt"]
+        carry["grad"] = res.get("grad")
+        for t, tie in enumerate(self.ties[j]):
+            for ku, name in tie.users:  # a later shard's gradient of a parameter it does not own
+                if ku == k:
+                    g = res["held"][name]
+                    carry["tied"][t] = g if t not in carry["tied"] else carry["tied"][t] + g
+            if tie.owner[0] == k:  # stepped: every shard that uses it reads the new value
+                carry["tied"].pop(t, None)
+                value = self.host[j][k][tie.owner[1]]
+                for ku, name in tie.users:
+                    self.host[j][ku] = {**self.host[j][ku], name: value}
 
     # -- running ----------------------------------------------------------------------------------
     def train(self, order: Sequence[Placement] | None = None) -> SpillReport:
@@ -297,7 +369,7 @@ class SpillTrainer:
                 queues[pl.device % n_dev].append((pl.model, pl.unit))
         nxt = [0] * len(self.jobs)
         running = [False] * len(self.jobs)
-        carries: list[dict[str, Any]] = [{"act": {}, "rng": {}} for _ in self.jobs]
+        carries: list[dict[str, Any]] = [{"act": {}, "rng": {}, "tied": {}} for _ in self.jobs]
         losses: dict[str, list[float]] = {j.name: [] for j in self.jobs}
         done: list[tuple[int, int, int]] = []
         idle = list(range(n_dev))

@@ -18,7 +18,11 @@ execution plan; everything else is derived:
   plan; anything else (PP combined with TP or ZeRO, TP with ZeRO, offload on
   CPU) fails with a :class:`PlanError` naming what the backend cannot do. A
   plan is never silently changed;
-* checkpointing (activation recomputation) is a flag on every block.
+* checkpointing (activation recomputation) is a flag on every block;
+* a spilled plan (Hydra: the model larger than the device) trains shard by
+  shard on one rank (``runtime.workers.spill_strategy``), each shard stepping
+  its own optimizer; its checkpoints have the same layout as every other
+  strategy's, so it resumes under any partition, spilled or whole.
 
 Devices: with CUDA (and a backend other than gloo) each rank pins
 ``cuda:LOCAL_RANK`` (``torch.cuda.set_device``; device 0 when an engine shows
@@ -62,7 +66,9 @@ import torch
 import torch.distributed as dist
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.workers.train_config import TrainConfig
-from apportion.runtime.workers.parallel import PlanError, settle
+from apportion.runtime.workers.parallel import PlanError, Strategy, settle
+from apportion.runtime.workers.pilot import OptimSpec
+from apportion.runtime.workers.spill_strategy import SpillStrategy, spill_budget
 from apportion.runtime.workers.strategies import wrap
 from apportion.runtime.workers.torch_nets import batch, build_net
 
@@ -130,6 +136,10 @@ def check_plan(plan: ExecutionPlan, world: int, device: str) -> None:
     if plan.tp > 1 and plan.zero_stage:
         raise PlanError("tensor parallelism combined with ZeRO sharding is not supported by the "
                         "torch worker")
+    if plan.spilled and (plan.gpus != 1 or plan.accumulation != 1 or plan.zero_stage):
+        raise PlanError(f"plan {plan.label()}: a spilled plan trains shard by shard on one "
+                        "GPU, one stage, without ZeRO or accumulation (each shard steps its own "
+                        "optimizer in its backward unit)")
 
 
 def select_device(backend: str) -> torch.device:
@@ -190,11 +200,19 @@ class Worker:
             wait = float(os.environ.get("APPORTION_RENDEZVOUS_TIMEOUT_S", "300"))
             dist.init_process_group(backend, rank=self.rank, world_size=self.world,
                                     timeout=timedelta(seconds=wait))
-        base = build_net(self.cfg.model, self.cfg.seed).to(self.torch_device)
+        base = build_net(self.cfg.model, self.cfg.seed)
+        if not self.plan.spilled:  # a spilled model stays on the host: it exceeds the device
+            base = base.to(self.torch_device)
         for blk in getattr(base, "blocks", []):
             blk.checkpointing = self.plan.checkpointing
-        self.par = wrap(base, self.plan, self.rank, self.world, self.micro)
-        self.opt = make_optimizer(self.par.parameters(), self.cfg)
+        self.opt: torch.optim.Optimizer | None
+        self.par: Strategy | SpillStrategy
+        if self.plan.spilled:  # each shard steps its own optimizer (no whole-model one)
+            self.par = self._spilled(base)
+            self.opt = None
+        else:
+            self.par = wrap(base, self.plan, self.rank, self.world, self.micro)
+            self.opt = make_optimizer(self.par.parameters(), self.cfg)
         state = ckpt.load(self.checkpoint_path)
         start = 0
         if state is not None:
@@ -207,6 +225,20 @@ class Worker:
                                    f"{expected}: the global batch size changed")
         self.resumed_from = start
         return self._loop(start)
+
+    def _spilled(self, base: torch.nn.Module) -> SpillStrategy:
+        """The spilled strategy for ``base``: the job's optimiser as an element-wise spec
+        (a global-norm clip is not element-wise: refused), the pilot run on the job's first
+        batch under the plan's device-memory budget."""
+        cfg = self.cfg
+        if cfg.grad_clip > 0:
+            raise PlanError(f"plan {self.plan.label()}: gradient clipping by the global norm "
+                            "needs every shard's gradient before any shard steps; a spilled "
+                            "plan steps each shard in its own backward unit (drop grad_clip)")
+        optim = OptimSpec(cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+        sample = batch(cfg.model, cfg.seed, 0, cfg.global_batch_size)
+        return SpillStrategy(base, self.plan, optim, sample, self.torch_device,
+                             spill_budget(self.plan, self.torch_device))
 
     def _lr_at(self, it: int) -> float:
         w = self.cfg.warmup_iterations
@@ -254,6 +286,10 @@ class Worker:
 
     def _step(self, it: int) -> float:
         B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
+        if isinstance(self.par, SpillStrategy):
+            x, y = batch(self.cfg.model, self.cfg.seed, it * B, B)  # on the host: units move it
+            return self.par.step(x, y, self._lr_at(it))
+        assert self.opt is not None  # every other strategy has the whole model's optimizer
         dp_rank = self.par.dp_rank
         self.par.fwd_s = 0.0
         self.opt.zero_grad(set_to_none=True)

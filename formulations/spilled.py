@@ -1,0 +1,111 @@
+"""Spilled cells (Hydra): a job whose model fits no GPU of the cluster is trained shard by
+shard on one GPU, its shards' parameters and optimizer state moved between host and device.
+
+The candidate builder calls :func:`spilled_candidates` for a job none of whose
+cells fits (it would be pending ``no-fit-memory``): one cell per GPU type, one
+GPU, one stage, whose plan is spilled (``ExecutionPlan.spill_shards``) and
+whose time is the spilled estimate (``estimation.models.spill``: the round's
+estimator's compute with recomputation, plus every shard's host<->device copies
+per iteration at the host link's bandwidth, less what double buffering hides).
+Spilled cells are offered only where nothing else fits, so a job that fits
+normally never gets one in place of a better cell; once offered they are
+cells like any other, valued by the round's one objective.
+
+Why one GPU and not data parallel: the spilled trainer steps each shard's
+optimizer inside its backward unit, with no gradient all-reduce between
+replicas, and Hydra's own hybrid of spilling with data parallelism is left to
+future work in its paper (section 7). Why the GPU's share of its node's host
+memory bounds a spilled cell: the cells formulation has no host-memory rows, and
+every allocation is given its GPUs' share of their node (``assembly.node_share``,
+which the validator sums); a spilled job holds its whole model's weights and
+optimizer state there.
+
+:func:`fits_device` is the other half of the same idea for every cell: where a
+node group says a job may use less device memory than the catalog's GPU has
+(``NodeGroup.gpu_memory_gib``), a cell that needs more is no cell.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import networkx as nx
+from apportion.estimation.base import Estimate
+from apportion.estimation.models.analytic import nominal_placement
+from apportion.estimation.models.spill import spill_estimate
+
+from apportion.cluster import Cluster
+from apportion.gpus import get_gpu
+from apportion.jobs import JobSpec
+from apportion.models import get_model
+from apportion.plans import Cell, ExecutionPlan
+
+GiB = 2**30
+# the analytic estimator's defaults, for estimators that do not say (AutoEstimator, tables)
+USABLE_FRACTION, RESERVE_GIB = 0.95, 1.5
+
+
+def device_budget(cluster: Cluster, gpu_type: str, estimator: Any) -> float:
+    """Bytes of device memory a job may use on one GPU of ``gpu_type``: the node group's
+    ``gpu_memory_gib`` where it says, else the catalog's memory less the estimator's
+    reserve (as the analytic model's feasibility check)."""
+    said = cluster.gpu_memory_bytes(gpu_type)
+    if said is not None:
+        return said
+    fraction = float(getattr(estimator, "usable_memory_fraction", USABLE_FRACTION))
+    reserve = float(getattr(estimator, "memory_reserve_gib", RESERVE_GIB))
+    return get_gpu(gpu_type).memory_bytes * fraction - reserve * GiB
+
+
+def fits_device(cluster: Cluster, gpu_type: str, est: Estimate) -> bool:
+    """Whether a cell's memory per GPU fits what the cluster lets a job use on that type."""
+    said = cluster.gpu_memory_bytes(gpu_type)
+    return said is None or est.mem_per_gpu <= said
+
+
+def host_share_bytes(cluster: Cluster, gpu_type: str) -> float:
+    """The smallest host-memory share one GPU of ``gpu_type`` brings with it."""
+    nodes = cluster.nodes_of_type(gpu_type)
+    return min((n.host_memory_gib / n.gpus for n in nodes), default=0.0) * GiB
+
+
+def spilled_cells(job: JobSpec, cluster: Cluster, estimator: Any
+                  ) -> tuple[list[tuple[Cell, Estimate]], list[str]]:
+    """One spilled cell per GPU type where the model can be cut and its host state fits,
+    and why each other type has none."""
+    model = get_model(job.model)
+    cells: list[tuple[Cell, Estimate]] = []
+    why: list[str] = []
+    for gpu_type in sorted(cluster.capacity_by_type()):
+        placement = nominal_placement(cluster, gpu_type, 1)
+        if placement is None:
+            continue
+        # recomputation: each backward unit re-runs its shard's forward
+        whole = estimator.predict(job, ExecutionPlan(checkpointing=True), placement, cluster)
+        e = spill_estimate(model, job.global_batch_size, get_gpu(gpu_type), whole.iter_time_s,
+                           device_budget(cluster, gpu_type, estimator))
+        if not e.feasible:
+            why.append(f"{gpu_type}: " + ("a single layer at the global batch exceeds its "
+                                          "memory" if "layer_too_large" in e.breakdown else
+                                          "the estimator has no time for the model"))
+            continue
+        need, share = e.breakdown["host_bytes"], host_share_bytes(cluster, gpu_type)
+        if need > share:
+            why.append(f"{gpu_type}: spilling holds {need / GiB:.0f} GiB in host memory, a "
+                       f"GPU's share of its node is {share / GiB:.0f} GiB")
+            continue
+        cells.append((Cell(job.id, gpu_type, 1, 1), e))
+    return cells, why
+
+
+def spilled_candidates(g: nx.DiGraph, job_vertex: str, job: JobSpec, cluster: Cluster,
+                       estimator: Any) -> list[tuple[Cell, Estimate]]:
+    """The spilled cells of a job no cell fits; where there are none, the job vertex's
+    ``reason_detail`` says why (it stays pending ``no-fit-memory``)."""
+    cells, why = spilled_cells(job, cluster, estimator)
+    if not cells:
+        g.nodes[job_vertex]["reason_detail"] = (
+            "no cell of any GPU type fits its memory, and it cannot be spilled: " +
+            ("; ".join(why) if why else "no GPU type here"))
+    return [(c, e) for c, e in cells if math.isfinite(e.iter_time_s)]
