@@ -739,7 +739,8 @@ class MorphlingEstimator(ParamsMixin):
         used |= {"k_bwd", "k_sync", "k_opt", "k_const"} | set(names[len(K_NAMES):])
         for n in names:
             if n.startswith("log_"):  # effective bandwidths: log fractions of the nominal ones
-                init[n], lo_d[n], hi_d[n] = 0.0, -6.0, (0.0 if n in ("log_odd", "log_single") else 1.0)
+                slower_only = n in ("log_odd", "log_single")  # a class never beats the rails
+                init[n], lo_d[n], hi_d[n] = 0.0, -6.0, (0.0 if slower_only else 1.0)
         lo = np.array([lo_d[n] for n in names])
         hi = np.array([hi_d[n] for n in names])
 
