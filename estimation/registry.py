@@ -31,6 +31,7 @@ from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.base import Estimate, ParamsMixin, Sample
 from apportion.estimation.models.measured import TableEstimator
 from apportion.jobs import JobSpec
+from apportion.models import get_model
 from apportion.plans import Cell, ExecutionPlan
 
 ESTIMATORS = ("analytic", "crius", "morphling", "tables", "auto")
@@ -101,10 +102,16 @@ class AutoEstimator(ParamsMixin):
         key = f"{job.model}|{job.global_batch_size}"
         if key not in chosen:
             m = self._members()
-            held = self._heldout(job)
             if m["tables"].has_data(job):
-                name = "tables"
-            elif held:
+                chosen[key] = "tables"
+                return "tables"
+            try:
+                get_model(job.model)
+            except (KeyError, ValueError):  # no model to estimate from: measurements only
+                chosen[key] = "tables"
+                return "tables"
+            held = self._heldout(job)
+            if held:
                 name = min(held, key=lambda n: (held[n], n))
             elif self._morphling_fitted(job):
                 name = "morphling"
@@ -144,22 +151,16 @@ class AutoEstimator(ParamsMixin):
         return self._members()[self.choose(job)]
 
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> AutoEstimator:
-        """Measured samples become table rows, Morphling fits and analytic calibration."""
+        """Each member's own ``fit`` on every sample (the one path the online refit takes):
+        table rows, the analytic calibration, the cell calibration and Morphling's fits per
+        architecture; then every job chooses again."""
         samples = list(samples)
         m = self._members()
         m["tables"].fit(samples)
         m["analytic"].fit(samples, cluster)
         m["crius"].fit(samples, cluster)
-        from apportion.estimation.models.morphling import Arch
-        from apportion.models import get_model
-
-        by_arch: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_arch.setdefault(Arch.from_spec(get_model(s.job.model)).name, []).append(s)
-        enough = [s for rows in by_arch.values() if len(rows) >= m["morphling"].min_samples
-                  for s in rows]  # an architecture with too few samples keeps its prior
-        if enough:
-            m["morphling"].fit(enough)
+        # an architecture with too few samples keeps its prior (MorphlingEstimator.fit)
+        m["morphling"].fit(samples, cluster)
         self.__dict__.pop("chosen_", None)  # data changed: choose again
         return self
 

@@ -555,9 +555,13 @@ class CellEstimator(ParamsMixin):
         saved_coef = self.__dict__.pop("coef_", None)
         try:
             for s, cl in zip(samples, clusters):
-                if s.iter_time_s <= 0:
+                if not s.iter_time_s > 0:
                     continue
-                model = get_model(s.job.model)
+                try:
+                    model = get_model(s.job.model)
+                    get_gpu(s.gpu_type)
+                except (KeyError, ValueError):  # a model or type the catalog cannot build
+                    continue
                 if cl is not None:
                     intra, outer = self.links(cl, s.gpu_type, s.plan.gpus)
                     max_tp = cl.max_gpus_per_node(s.gpu_type)

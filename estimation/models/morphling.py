@@ -594,40 +594,77 @@ class MorphlingEstimator(ParamsMixin):
         self.forward_ = tables
 
     # -- fitting -----------------------------------------------------------------------
-    def fit(self, samples: Iterable[Sample]) -> MorphlingEstimator:
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None
+            ) -> MorphlingEstimator:
         """Fit the seven k-parameters per architecture by RMSLE (scipy least squares), and
         report each architecture's held-out error (``heldout_error_``: the mean relative
         error of every sample predicted by a fit on the other folds' samples, where those
-        still number ``min_samples``), which ``--estimator auto`` compares."""
+        still number ``min_samples``), which ``--estimator auto`` compares.
+
+        Safe on any mix of samples, as the online refit passes every sample so far: an
+        architecture with fewer than ``min_samples`` keeps what it had (an earlier fit, a
+        cached one, or the priors) and is listed in ``unfitted_``; a sample of a model the
+        catalog cannot build, or without a positive time, is skipped. ``cluster``: where
+        the samples ran; a sample placed on its nodes is fitted against their bandwidths
+        (the ones :meth:`predict` uses), any other against ``env``."""
         by_arch: dict[str, list[tuple[Arch, Sample]]] = {}
         for s in samples:
-            arch = getattr(s, "arch", None) or Arch.from_spec(get_model(s.job.model))
+            if not s.iter_time_s > 0:
+                continue
+            arch = getattr(s, "arch", None)
+            if arch is None:
+                try:
+                    arch = Arch.from_spec(get_model(s.job.model))
+                except (KeyError, ValueError) as exc:  # CatalogError is a KeyError
+                    log.info("morphling: no architecture for %s, sample skipped (%s)",
+                             s.job.model, exc)
+                    continue
             by_arch.setdefault(arch.name, []).append((arch, s))
         fitted = dict(getattr(self, "k_", {}))
         history: dict[str, list[Sample]] = dict(getattr(self, "samples_", {}))
         fit_err: dict[str, float] = dict(getattr(self, "fit_rmsle_", {}))
         heldout: dict[str, float] = dict(getattr(self, "heldout_error_", {}))
-        for name, rows in by_arch.items():
-            if len(rows) < self.min_samples:
-                raise ValueError(f"{name}: {len(rows)} samples; the model needs at least "
-                                 f"{self.min_samples} (Morphling fits 7 parameters)")
-            self._install_forward(rows)
-            k, err = self._fit_one(rows)
-            fitted[name] = k
-            history[name] = [s for _, s in rows]
-            fit_err[name] = err
-            h = self._heldout(rows)
-            if h is not None:
-                heldout[name] = h
-            else:
-                heldout.pop(name, None)
+        unfitted: dict[str, int] = {}
+        done: list[str] = []
+        self._fit_cluster = cluster
+        try:
+            for name, rows in by_arch.items():
+                history[name] = [s for _, s in rows]
+                if len(rows) < self.min_samples:
+                    unfitted[name] = len(rows)  # keeps its prior: Morphling fits 7 parameters
+                    continue
+                self._install_forward(rows)
+                k, err = self._fit_one(rows)
+                fitted[name] = k
+                fit_err[name] = err
+                h = self._heldout(rows)
+                if h is not None:
+                    heldout[name] = h
+                else:
+                    heldout.pop(name, None)
+                done.append(name)
+        finally:  # where this fit's samples ran is no parameter and nothing learned
+            self.__dict__.pop("_fit_cluster", None)
+        if unfitted:
+            log.info("morphling: %s keep their priors (fewer than %d samples)",
+                     ", ".join(f"{n} ({c})" for n, c in sorted(unfitted.items())),
+                     self.min_samples)
         self.k_ = fitted
         self.samples_ = history
         self.fit_rmsle_ = fit_err
         self.heldout_error_ = heldout
-        for name in by_arch:
+        self.unfitted_ = unfitted
+        for name in done:
             self._save_cached(name, fitted[name])
         return self
+
+    def _sample_env(self, s: Sample) -> Env:
+        """The environment a sample ran in: its placement's nodes on the cluster being
+        fitted (as :meth:`predict` reads them), else ``env``."""
+        cluster = getattr(self, "_fit_cluster", None)
+        if cluster is None or not s.placement:
+            return self._env()
+        return self._env_for(s.placement, cluster)
 
     def _heldout(self, rows: list[tuple[Arch, Sample]]) -> float | None:
         """Mean relative error of ``rows`` predicted by fits on the other folds (every
@@ -637,6 +674,7 @@ class MorphlingEstimator(ParamsMixin):
         if k < 2:
             return None
         errs: list[float] = []
+        cluster = getattr(self, "_fit_cluster", None)
         for f in range(k):
             train = [s for i, (_, s) in enumerate(rows) if i % k != f]
             if len(train) < self.min_samples:
@@ -644,11 +682,11 @@ class MorphlingEstimator(ParamsMixin):
             sub = type(self)(**{**self.get_params(), "cache_dir": None, "heldout_folds": 0})
             sub.forward_ = {key: c for key, c in getattr(self, "forward_", {}).items()
                             if not isinstance(c, AffineForward)}  # a profiler's curves only
-            sub.fit(train)
+            sub.fit(train, cluster)
             for arch, s in rows[f::k]:
                 nodes, cpus = self._row(arch, s)
                 pred = sub.predict_config(arch, s.job.global_batch_size, s.plan, nodes, cpus,
-                                          s.gpu_type)["T_iter"]
+                                          s.gpu_type, self._sample_env(s))["T_iter"]
                 errs.append(abs(pred - s.iter_time_s) / s.iter_time_s)
         return float(np.mean(errs)) if errs else None
 
@@ -688,14 +726,14 @@ class MorphlingEstimator(ParamsMixin):
         return best
 
     def _terms_exercised(self, prepared: list[tuple[Arch, Sample, tuple[int, ...], int, Any]],
-                         env: Env) -> list[str]:
+                         env: Env, envs: Mapping[int, Env] | None = None) -> list[str]:
         """The parameters beyond the seven that some sample exercises: a term no sample
         exercises keeps its neutral default (no ZeRO run, no ZeRO partitioning phase)."""
         out: list[str] = []
         plans = [(s.plan, nodes) for _, s, nodes, _, _ in prepared]
         dp_x = [group_spans(pl, nodes)["dp"] for pl, nodes in plans]
-        if any(pl.zero_stage >= 1 and not pl.offload for pl, _ in plans):
-            out.append("k_zero")
+        if any(pl.zero_stage >= 1 and not pl.offload and pl.dp > 1 for pl, _ in plans):
+            out.append("k_zero")  # on one GPU the share has nothing to shard
         # latency and bandwidth part only through how a ring's time grows with its size
         if len({pl.dp for (pl, _), x in zip(plans, dp_x) if pl.dp > 1 and not x}) >= 3:
             out.append("k_lat")
@@ -710,9 +748,11 @@ class MorphlingEstimator(ParamsMixin):
         out.append("log_intra")
         if any(len(nodes) > 1 for _, nodes in plans):
             out.append("log_inter")
+        classes = [link_class(nodes, (envs or {}).get(id(p[1]), env))
+                   for p, (_, nodes) in zip(prepared, plans)]
         for cls, scale in CLASS_SCALES.items():  # the GPUs' own collectives in the class
-            if any(x and not pl.offload and link_class(nodes, env) == cls
-                   for x, (pl, nodes) in zip(dp_x, plans)):
+            if any(x and not pl.offload and c == cls
+                   for x, (pl, _), c in zip(dp_x, plans, classes)):
                 out.append("log_" + scale.removesuffix("_scale"))
         if any(pl.tp > 1 for pl, _ in plans):
             out.append("log_tp")
@@ -724,16 +764,18 @@ class MorphlingEstimator(ParamsMixin):
                   ) -> tuple[dict[str, float], float]:
         env = self._env()
         prepared = []
+        envs: dict[int, Env] = {}
         for arch, s in rows:
             nodes, cpus = self._row(arch, s)
             prepared.append((arch, s, nodes, cpus, self._forward(arch, s.gpu_type)))
+            envs[id(s)] = self._sample_env(s)
         init = dict(K_INIT)
         lo_d, hi_d = dict(K_LOWER), dict(K_UPPER)
         if form == "additive":  # k_off, k_swap are latencies in seconds, not exponents
             init.update(k_off=0.01, k_swap=0.01)
             lo_d.update(k_off=0.0, k_swap=0.0)
         names = list(K_NAMES)
-        names += [n for n in self._terms_exercised(prepared, env)
+        names += [n for n in self._terms_exercised(prepared, env, envs)
                   if not n.startswith("k_") or n in self.terms]
         used = {"k_opt_off", "k_off", "k_swap"} if any(s.plan.offload for _, s in rows) else set()
         used |= {"k_bwd", "k_sync", "k_opt", "k_const"} | set(names[len(K_NAMES):])
@@ -755,8 +797,8 @@ class MorphlingEstimator(ParamsMixin):
 
         def predict(k: dict[str, float], arch: Arch, s: Sample, nodes: tuple[int, ...],
                     cpus: int, fwd: Any) -> dict[str, float]:
-            return components(k, arch, s.job.global_batch_size, s.plan, nodes, cpus, env, fwd,
-                              self.grad_bytes, self.act_bytes)
+            return components(k, arch, s.job.global_batch_size, s.plan, nodes, cpus,
+                              envs.get(id(s), env), fwd, self.grad_bytes, self.act_bytes)
 
         def resid(x: np.ndarray) -> np.ndarray:
             k = unpack(x)
