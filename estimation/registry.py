@@ -12,7 +12,7 @@ rounds resolves here. ``auto`` keeps one of each and picks per job (model):
    model's architecture (k-parameters learned from profiles or run samples,
    in memory or in its cache folder);
 4. ``crius`` (the cell estimator) when stage profiles of the model are cached
-   (``apportion profile`` writes them);
+   (``apportion profile`` writes them, torch's or JAX's);
 5. ``analytic`` otherwise.
 
 The choice is recorded per job (``chosen_``) so a decision can say which
@@ -71,10 +71,13 @@ def _fit_cache(cache_dir: str | None) -> str:
 
 
 def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
-    """Whether ``apportion profile`` cached per-layer profiles of ``model``."""
+    """Whether ``apportion profile`` cached stage profiles of ``model``: torch's per-layer
+    ones or JAX's compiled stages."""
     from apportion.estimation.cache import DiskCache
+    from apportion.estimation.profilers.profile_jax import KIND as JAX_KIND
 
-    return DiskCache(cache_dir).has("torch-layers", model=model)
+    disk = DiskCache(cache_dir)
+    return disk.has("torch-layers", model=model) or disk.has(JAX_KIND, model=model)
 
 
 class AutoEstimator(ParamsMixin):
