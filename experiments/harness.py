@@ -464,10 +464,9 @@ def _check_information(information: str, estimator: str) -> None:
     if information not in INFORMATION_MODES:
         raise InputError("--information", "information", f"{information!r} is not one of "
                          f"{', '.join(INFORMATION_MODES)}")
-    if estimator not in ESTIMATORS or estimator == "auto":
+    if estimator not in ESTIMATORS:
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
-                         "analytic, crius, morphling, tables (a replay's scaling model; auto "
-                         "needs a real cluster's measurements)")
+                         f"{', '.join(ESTIMATORS)} (a replay's scaling model)")
 
 
 def check_run_name(run: str | None) -> None:
