@@ -12,7 +12,7 @@ rounds resolves here. ``auto`` keeps one of each and picks per job (model):
    model's architecture (k-parameters learned from profiles or run samples,
    in memory or in its cache folder);
 4. ``crius`` (the cell estimator) when stage profiles of the model are cached
-   (``apportion profile`` writes them);
+   (``apportion profile`` writes them, torch's or JAX's);
 5. ``analytic`` otherwise.
 
 The choice is recorded per job (``chosen_``) so a decision can say which
@@ -32,6 +32,7 @@ from apportion.estimation.models.measured import TableEstimator
 from apportion.cluster import Cluster
 from apportion.errors import InputError
 from apportion.jobs import JobSpec
+from apportion.models import get_model
 from apportion.plans import Cell, ExecutionPlan
 from apportion.plugins import call_with, plugins
 
@@ -80,10 +81,13 @@ def _fit_cache(cache_dir: str | None) -> str:
 
 
 def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
-    """Whether ``apportion profile`` cached per-layer profiles of ``model``."""
+    """Whether ``apportion profile`` cached stage profiles of ``model``: torch's per-layer
+    ones or JAX's compiled stages."""
     from apportion.estimation.cache import DiskCache
+    from apportion.estimation.profilers.profile_jax import KIND as JAX_KIND
 
-    return DiskCache(cache_dir).has("torch-layers", model=model)
+    disk = DiskCache(cache_dir)
+    return disk.has("torch-layers", model=model) or disk.has(JAX_KIND, model=model)
 
 
 class AutoEstimator(ParamsMixin):
@@ -111,10 +115,16 @@ class AutoEstimator(ParamsMixin):
         key = f"{job.model}|{job.global_batch_size}"
         if key not in chosen:
             m = self._members()
-            held = self._heldout(job)
             if m["tables"].has_data(job):
-                name = "tables"
-            elif held:
+                chosen[key] = "tables"
+                return "tables"
+            try:
+                get_model(job.model)
+            except (KeyError, ValueError):  # no model to estimate from: measurements only
+                chosen[key] = "tables"
+                return "tables"
+            held = self._heldout(job)
+            if held:
                 name = min(held, key=lambda n: (held[n], n))
             elif self._morphling_fitted(job):
                 name = "morphling"
@@ -156,23 +166,16 @@ class AutoEstimator(ParamsMixin):
         return self._members()[self.choose(job)]
 
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> AutoEstimator:
-        """Measured samples become table rows, Morphling fits and analytic calibration."""
+        """Each member's own ``fit`` on every sample (the one path the online refit takes):
+        table rows, the analytic calibration, the cell calibration and Morphling's fits per
+        architecture; then every job chooses again."""
         samples = list(samples)
         m = self._members()
         m["tables"].fit(samples)
         m["analytic"].fit(samples, cluster)
         m["crius"].fit(samples, cluster)
-        from apportion.estimation.models.morphling import Arch
-
-        from apportion.models import get_model
-
-        by_arch: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_arch.setdefault(Arch.from_spec(get_model(s.job.model)).name, []).append(s)
-        enough = [s for rows in by_arch.values() if len(rows) >= m["morphling"].min_samples
-                  for s in rows]  # an architecture with too few samples keeps its prior
-        if enough:
-            m["morphling"].fit(enough)
+        # an architecture with too few samples keeps its prior (MorphlingEstimator.fit)
+        m["morphling"].fit(samples, cluster)
         self.__dict__.pop("chosen_", None)  # data changed: choose again
         return self
 

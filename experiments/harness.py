@@ -508,10 +508,9 @@ def _check_information(information: str, estimator: str) -> None:
     if information not in INFORMATION_MODES:
         raise InputError("--information", "information", f"{information!r} is not one of "
                          f"{', '.join(INFORMATION_MODES)}")
-    if estimator not in estimator_names() or estimator == "auto":
+    if estimator not in estimator_names():
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
-                         "analytic, crius, morphling, tables (a replay's scaling model; auto "
-                         "needs a real cluster's measurements)")
+                         f"{', '.join(estimator_names())} (a replay's scaling model)")
 
 
 def check_run_name(run: str | None) -> None:

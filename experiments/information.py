@@ -15,8 +15,12 @@ every baseline alike — the same rate source for a run:
   other configuration is predicted from the nearest measurement by a scaling
   model, the same for every policy: the ``--estimator`` (the analytic model by
   default; ``crius`` and ``morphling`` the other estimators; ``tables``
-  interpolates between the measured points alone, log-log). A spread
-  placement pays what the scaling model says it costs over a consolidated one.
+  interpolates between the measured points alone, log-log; ``auto`` is what
+  ``--estimator auto`` picks with a replay's information: every job has
+  measurements of its own model and batch, the profile's, and auto's first rule
+  answers those from the tables, so it scales as ``tables`` does and is named
+  ``auto:tables``). A spread placement pays what the scaling model says it
+  costs over a consolidated one.
 
 apportion's formulations read these rates through
 :class:`~apportion.estimation.rate_estimator.RateEstimator` (plans and memory
@@ -64,6 +68,8 @@ class ProfiledRates:
         self.sigma = sigma
         self.seed = seed
         self.estimator_name = estimator if isinstance(estimator, str) else type(estimator).__name__
+        if estimator == "auto":  # every replayed job is profiled: auto's tables answer it
+            estimator, self.estimator_name = "tables", "auto:tables"
         self.scaling = (None if estimator == "tables" else EstimatorRates(
             make_estimator(estimator) if isinstance(estimator, str) else estimator, cluster))
         self.name = f"profiled({self.estimator_name}, sigma {sigma})"

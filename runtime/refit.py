@@ -5,9 +5,11 @@ replaces it. Every measured iteration time of a running job becomes an estimator
 sample (job, plan, placement, GPU type, time). When a measurement misses the round's
 estimate by more than ``threshold`` (relative), the estimator is refitted on all samples
 so far through its own ``fit`` (the analytic model recalibrates its per-type efficiency,
-Morphling's fits its k-parameters once it has enough samples of an architecture, a table
-remembers the rows, ``auto`` does each and re-picks per job); the next round's
-candidates use it. One sample per job and round: the loop polls often, the plan changes
+Morphling's fits its k-parameters per architecture that has enough samples while the
+others keep their priors, the cell estimator recalibrates its cells, a table remembers the
+rows, ``auto`` does each and re-picks per job); the next round's candidates use it. Every
+``fit`` takes any mix of samples: a workload the catalog cannot build is skipped by the
+models and kept by the tables. One sample per job and round: the loop polls often, the plan changes
 only between rounds. A store's samples from earlier runs warm it before the first round.
 
 A spilled plan's step (Hydra: the model trained shard by shard) is no sample: the
@@ -50,7 +52,13 @@ class OnlineRefit:
         self._seen.add((round_index, job.id))
         self.samples.append(Sample(job, alloc.plan, dict(alloc.placement), alloc.gpu_type,
                                    measured_s))
-        predicted = self.estimator.predict(job, alloc.plan, alloc.placement, self.cluster).iter_time_s
+        try:
+            predicted = self.estimator.predict(job, alloc.plan, alloc.placement,
+                                               self.cluster).iter_time_s
+        except (KeyError, ValueError) as exc:  # a workload the catalog cannot build
+            log.info("no estimate of %s to compare (%s); its sample joins the next refit",
+                     job.id, exc)
+            return False
         error = abs(predicted - measured_s) / measured_s
         if error <= self.threshold:
             return False

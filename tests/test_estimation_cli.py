@@ -34,3 +34,26 @@ def test_bad_inputs_exit_2_and_write_nothing(tmp_path):
         r = runner.invoke(app, args + ["--json", str(out)])
         assert r.exit_code == 2, (args, r.output)
         assert not out.exists()
+
+
+def test_bench_estimate_errors_writes_the_full_error_tables(tmp_path, monkeypatch):
+    from apportion.experiments.bench import estimate as est
+
+    fake = {"against": "morphling", "targets": {}, "protocols": {"paper": {
+        "overall": {"n": 1, "mean_error": 0.05, "max_error": 0.05},
+        "tables": {"model_family": [{"model": "vit", "family": "DP", "n": 1,
+                                     "mean_error": 0.05, "median_error": 0.05,
+                                     "max_error": 0.05}],
+                   "family_kind": [], "gpus_kind": [], "model_kind": []},
+        "worst": [], "worst_by_model": {}, "excluded": []}}}
+    calls = []
+    monkeypatch.setattr(est, "run", lambda against: calls.append(against) or fake)
+    out = tmp_path / "errors.md"
+    r = runner.invoke(app, ["bench", "estimate", "--against", "morphling", "--errors", str(out)])
+    assert r.exit_code == 0, r.output
+    assert calls == ["morphling"]
+    text = out.read_text()
+    assert text == est.errors_markdown(fake) and "## Protocol `paper`" in text
+    # the tables are Morphling's: another benchmark is refused before any work
+    r = runner.invoke(app, ["bench", "estimate", "--against", "crius", "--errors", str(out)])
+    assert r.exit_code == 2 and "--errors" in r.stderr and calls == ["morphling"]

@@ -238,3 +238,54 @@ def test_cell_calibration_never_moves_a_type_nobody_measured():
         b = base.best_in_cell(job, Cell("q", gpu_type, 4, 1), cl)
         ratios.append(f.iter_time_s / b.iter_time_s)
     assert ratios[0] == pytest.approx(1.4, rel=0.02) and ratios[1] == pytest.approx(ratios[0])
+
+
+def test_cell_features_read_the_chosen_plan_and_its_communication():
+    from apportion.estimation.models.crius import cell_features
+
+    cl = _cluster()
+    job = JobSpec("f", "bert-1.3b", 128, 10, 8)
+    est = CellEstimator().best_in_cell(job, Cell("f", "A10", 8, 2), cl)
+    f = cell_features(get_model("bert-1.3b"), 128, "A10", 8, 4, est)
+    assert f["A10|bert"] == 1.0 and f["A10|log2_gpus"] == 3.0
+    assert f["A10|log2_hosts"] == f["A10|bert|log2_hosts"] == 2.0
+    assert f["log2_pp"] == 1.0 and f["bert|log2_tp"] == math.log2(est.plan.tp)
+    assert f["bert|comm_share"] == pytest.approx(est.breakdown["dp_allreduce_s"]
+                                                 / est.iter_time_s)
+    assert 0.0 <= f["bert|comm_share"] < 1.0
+    # without an estimate (the earlier form) only the cell's own features
+    assert "log2_pp" not in cell_features(get_model("bert-1.3b"), 128, "A10", 8, 4)
+
+
+def test_unmeasured_types_and_families_borrow_the_median_of_their_siblings():
+    from apportion.estimation.models.crius import _apply, _siblings
+
+    coef = {"A100-40GB|bert": 0.2, "A10|bert": 0.6, "A10|moe": 1.0, "A10|log2_gpus": 0.1,
+            "A100-40GB|log2_gpus": 0.3, "A10|bert|log2_hosts": 0.4,
+            "A100-40GB|bert|log2_hosts": 0.2, "A10|moe|log2_hosts": 1.0,
+            "bert|log2_tp": -0.2, "moe|log2_tp": 0.4}
+    assert _siblings("V100-32GB|log2_gpus", coef) == [0.1, 0.3]
+    assert sorted(_siblings("V100-32GB|bert|log2_hosts", coef)) == [0.2, 0.4]  # same family
+    assert sorted(_siblings("V100-32GB|gpt|log2_hosts", coef)) == [0.2, 0.4, 1.0]
+    assert sorted(_siblings("gpt|log2_tp", coef)) == [-0.2, 0.4]
+    assert sorted(_siblings("A10|gpt", coef)) == [0.6, 1.0]  # its type's intercepts
+    assert sorted(_siblings("V100-32GB|moe", coef)) == [1.0]  # else its family's
+    feats = {"V100-32GB|gpt": 1.0, "V100-32GB|log2_gpus": 2.0, "gpt|log2_tp": 1.0}
+    assert _apply(coef, feats) == pytest.approx(0.6 + 2 * 0.2 + 0.1)
+
+
+def test_cell_calibration_ridge_is_chosen_by_models_held_out_of_the_fit():
+    from apportion.estimation.models.crius import RIDGE_DEFAULT, RIDGE_GRID, _choose_ridge
+
+    def truth(model, gpu_type, gpus):
+        return (1.5 if model.startswith("moe") else 1.0) * gpus ** 0.1
+
+    samples, clusters, _ = _measured(truth)
+    fitted = CellEstimator(calibration="cell").fit(samples, clusters)
+    assert fitted.ridge_ in RIDGE_GRID
+    again = CellEstimator(calibration="cell").fit(samples, clusters)
+    assert again.ridge_ == fitted.ridge_ and again.coef_ == fitted.coef_  # no seed, no clock
+    assert CellEstimator(calibration="cell", ridge=2.0).fit(samples, clusters).ridge_ == 2.0
+    assert _choose_ridge([({"x": 1.0}, 0.0)], ["only-one-model"]) == RIDGE_DEFAULT
+    with pytest.raises(ValueError, match="ridge"):
+        CellEstimator(ridge="magic")

@@ -24,17 +24,26 @@ def test_no_protocol_scores_a_configuration_its_fit_saw(morphling_root, protocol
     assert em.folds(protocol, morphling_root)[0].fit == em.folds(protocol, morphling_root)[0].fit
 
 
-def test_paper_protocol_is_the_tables_single_node_setting(morphling_root):
-    for fold in em.folds("paper", morphling_root):
+@pytest.mark.parametrize("protocol,width", [("paper", 8), ("paper_cheapest", 2)])
+def test_paper_protocol_is_the_tables_single_node_setting(morphling_root, protocol, width):
+    added_any = False
+    for fold in em.folds(protocol, morphling_root):
         assert all(r.family in em.DP_FAMILIES and len(r.sample.nodes) == 1
                    and r.sample.plan.gpus in em.PAPER_GPUS for r in fold.scored)
         prof = md.profile_samples(md.MODELS[fold.model], morphling_root)
         added = fold.fit[len(prof):]
-        # the paper's rule: a ZeRO-DP run where the profile has none, the cheapest one
+        # the paper's rule: a ZeRO-DP run where the profile has none -- on the profile's
+        # widest DP width (as GPT-2's profile holds it), or the cheapest one
         assert len(added) <= 1
+        assert not added or not any(s.plan.zero_stage and not s.plan.offload for s in prof)
         for s in added:
-            assert s.plan.zero_stage >= 1 and not s.plan.offload and s.plan.dp == 2
+            assert s.plan.zero_stage >= 1 and not s.plan.offload and s.plan.dp == width
             assert len(s.nodes) == 1
+            added_any = True
+        # the ZeRO-DP row it saw is not scored, the others are
+        zero = {r.sample.plan.gpus for r in fold.scored if r.family == "ZeRO-DP+GA"}
+        assert not {s.plan.gpus for s in added} & zero
+    assert added_any
 
 
 def test_covering_fit_sees_every_family_and_link_class(morphling_root):

@@ -89,11 +89,11 @@ def test_fit_on_the_artifact_samples_reproduces_them(tmp_path):
 
 
 @needs_data
-def test_too_few_samples_refused_and_online_refit():
+def test_too_few_samples_keep_the_prior_and_online_refit():
     m = md.MODELS["bert"]
     samples = md.profile_samples(m, DATA)
-    with pytest.raises(ValueError):
-        MorphlingEstimator().fit(samples[:3])
+    few = MorphlingEstimator().fit(samples[:3])  # keeps the priors instead of raising
+    assert m.catalog not in few.k_ and few.unfitted_ == {m.catalog: 3}
     est = MorphlingEstimator(refit_threshold=0.05).fit(samples)
     before = dict(est.k_[m.catalog])
     good = samples[0]

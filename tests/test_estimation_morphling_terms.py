@@ -68,9 +68,11 @@ def test_rails_link_classes_and_shared_adapters() -> None:
     assert rails_fraction((2, 6), A800) == 0.25 == rails_fraction((1,) * 8, A800)
     assert rails_fraction((2, 2), Env()) == 1.0  # one adapter per node: the paper's model
     assert link_class((8,), A800) == "intra"
-    assert link_class((4, 4), A800) == "inter" == link_class((1, 1), A800)
-    assert link_class((3, 5), A800) == "inter-odd"
-    assert link_class((3, 5), Env()) == "inter"  # no GPU pairs share an adapter
+    assert link_class((4, 4), A800) == "inter" == link_class((2, 2, 4), A800)
+    assert link_class((1, 1), A800) == "inter-single" == link_class((1,) * 8, A800)
+    assert link_class((3, 5), A800) == "inter-odd" == link_class((1, 1, 2, 2, 2), A800)
+    assert link_class((1, 3), A800) == "inter-odd"
+    assert link_class((3, 5), Env()) == "inter" == link_class((1, 1), Env())  # no GPU pairs
     # plain DP: one ring per node; eight TP-8 replicas across eight nodes: eight rings each
     assert dp_rings_per_node(ExecutionPlan(dp=8), (4, 4)) == 1
     assert dp_rings_per_node(ExecutionPlan(dp=8, tp=8), (8,) * 8) == 8
@@ -80,6 +82,79 @@ def test_rails_link_classes_and_shared_adapters() -> None:
                      fwd)
     assert thin["T_comm_dp"] == pytest.approx(2 * even["T_comm_dp"])
     assert odd["T_comm_dp"] == pytest.approx(4 * even["T_comm_dp"])
+
+
+def test_single_gpu_nodes_have_their_own_bandwidth_and_offload_skips_the_classes() -> None:
+    k = {**K, "single_scale": 0.5, "odd_scale": 0.25}
+    plan = ExecutionPlan(dp=8)
+    pairs = components(k, ARCH, 32, plan, (2, 2, 2, 2), 1, A800, fwd)
+    single = components(k, ARCH, 32, plan, (1,) * 8, 1, A800, fwd)
+    # both drive one adapter per node; the single GPUs' ring runs at its class's scale
+    assert single["T_comm_dp"] == pytest.approx(2 * pairs["T_comm_dp"])
+    mixed = components(k, ARCH, 32, plan, (1, 1, 2, 2, 2), 1, A800, fwd)
+    assert mixed["T_comm_dp"] == pytest.approx(4 * pairs["T_comm_dp"])
+    # ZeRO-Offload's traffic never showed the classes' slowdown: the rails only
+    off = ExecutionPlan(dp=8, zero_stage=2, offload=True)
+    assert components(k, ARCH, 32, off, (1,) * 8, 4, A800, fwd)["T_comm_dp"] == \
+        pytest.approx(components(k, ARCH, 32, off, (2, 2, 2, 2), 4, A800, fwd)["T_comm_dp"])
+
+
+def test_class_scales_are_freed_only_by_their_own_non_offload_samples() -> None:
+    job = JobSpec("j", "bert-336m", 32, 1, 1)
+    est = MorphlingEstimator(env=A800)
+
+    def names(*configs: tuple[ExecutionPlan, tuple[int, ...]]) -> list[str]:
+        prepared = [(ARCH, MorphlingSample(job=job, plan=pl, placement={}, gpu_type="A100-40GB",
+                                           iter_time_s=1.0, arch=ARCH, nodes=n), n, 1, fwd)
+                    for pl, n in configs]
+        return est._terms_exercised(prepared, A800)
+
+    dp2, off2 = ExecutionPlan(dp=2), ExecutionPlan(dp=2, zero_stage=2, offload=True)
+    assert "log_single" in names((dp2, (1, 1))) and "log_odd" not in names((dp2, (1, 1)))
+    assert "log_single" not in names((off2, (1, 1)))  # offload never exercises a class
+    assert "log_odd" in names((ExecutionPlan(dp=4), (1, 3)))
+    assert not {"log_single", "log_odd"} & set(names((ExecutionPlan(dp=4), (2, 2))))
+
+
+def test_pipeline_stages_pay_the_fixed_forward_part_and_k3d_scales_the_rest() -> None:
+    f = AffineForward(0.015, 0.002)
+    k = {**K, "k_3d": 2.0}
+    one = components(k, ARCH, 16, ExecutionPlan(tp=2), (2,), 1, Env(), f)
+    assert one["T_fwd"] == pytest.approx(0.015 + 2.0 * 0.002 * 16 / 2)
+    # one micro-batch through p stages: each stage's call pays the fixed part (T5's 3D rows
+    # grow ~45 ms a stage at every TP width), the per-sample work is divided among them
+    for p in (2, 4, 8):
+        pp = components(k, ARCH, 16, ExecutionPlan(tp=2, pp=p, micro_batches=1), (2 * p,), 1,
+                        Env(), f)
+        assert pp["T_fwd"] == pytest.approx(p * 0.015 + 2.0 * 0.002 * 16 / 2)
+    m = components(k, ARCH, 16, ExecutionPlan(pp=4, micro_batches=8), (4,), 1, Env(), f)
+    assert m["T_fwd"] == pytest.approx((8 + 4 - 1) * (0.015 + 2.0 * 0.002 * 2 / 4))
+    # a profile without a fixed part (a FLOPs curve, a plain function) keeps the paper's form
+    plain = components(k, ARCH, 32, ExecutionPlan(pp=4, micro_batches=4), (4,), 1, Env(), fwd)
+    assert plain["T_fwd"] == pytest.approx(2.0 * fwd(8) / 4 * (4 + 4 - 1))
+
+
+def test_pipeline_sends_carry_the_whole_activation_of_each_tp_rank() -> None:
+    # LLaMA-7B's TP-8 pipelines grow 50 ms a stage with one replica, none with eight: the
+    # 268 MB activation of a one-replica send, not an eighth of it
+    a = components(K, ARCH, 8, ExecutionPlan(tp=8, pp=4, micro_batches=1), (8, 8, 8, 8), 1,
+                   A800, fwd)
+    b = components(K, ARCH, 8, ExecutionPlan(tp=1, pp=4, micro_batches=1), (1, 1, 1, 1), 1,
+                   A800, fwd)
+    assert a["T_comm_pp"] == pytest.approx(b["T_comm_pp"])
+    c = components(K, ARCH, 8, ExecutionPlan(dp=2, tp=4, pp=4, micro_batches=1), (8, 8, 8, 8),
+                   1, A800, fwd)
+    assert c["T_comm_pp"] == pytest.approx(a["T_comm_pp"] / 2)
+
+
+def test_forward_fit_drops_a_fixed_part_within_the_timing_resolution() -> None:
+    # LLaMA-7B's profile: 381, 749, 1497 ms for 1, 2, 4 samples -- proportional within 2 %
+    f = fit_forward([(1, 0.381), (2, 0.749), (4, 1.497)])
+    assert f.fixed == 0.0 and f.per_sample == pytest.approx(0.3745, rel=0.01)
+    # T5's: a fixed part well above it (and one stray reading)
+    t5 = fit_forward([(2, 0.054), (4, 0.004), (8, 0.08), (2, 0.057), (4, 0.091), (8, 0.176),
+                      (16, 0.423)])
+    assert t5.fixed > 0.005
 
 
 def test_communication_latency_terms() -> None:

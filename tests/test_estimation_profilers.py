@@ -65,3 +65,86 @@ def test_jax_stage_compiles_for_an_8_device_mesh():
     assert {c["op"] for c in tp.collectives} == {"all-reduce"}
     assert parse_collectives("%a = f32[4,8]{1,0} all-reduce(f32[4,8]{1,0} %x)") == \
         [{"op": "all-reduce", "bytes": 128}]
+
+
+def _fake_profile(model, mode, devices, micro_batch, layers, t):
+    from apportion.estimation.profilers.profile_jax import JaxStageProfile
+
+    return JaxStageProfile(model, mode, devices, micro_batch, layers, 1e9, 1e8, 3e6, [],
+                           1e9, t, "hlo-rewrite", "", {}, "cpu", 2e6, 1e6)
+
+
+def test_jax_stage_profiler_answers_from_the_cache_without_compiling(tmp_path, monkeypatch):
+    from apportion.estimation.cache import DiskCache
+    from apportion.estimation.profilers import profile_jax as pj
+
+    cache = DiskCache(tmp_path)
+    spec = get_model("gpt-tiny")
+    blocks = sum(1 for n in spec.layers if spec.graph.nodes[n].get("kind") == "block")
+    calls = []
+
+    def fake(model, mode, devices, micro_batch, layers, repeats, method):
+        calls.append((mode, devices, micro_batch, layers))
+        return _fake_profile(model, mode, devices, micro_batch, layers,
+                             0.01 if mode == "dp" else 0.02)
+
+    monkeypatch.setattr(pj, "profile_stage", fake)
+    prof = pj.JaxStageProfiler(repeats=1, cache=cache)
+    whole = (0, len(spec.layers))
+    dp = prof.profile(spec, whole, "A100-40GB", 4, "dp", 8, 1)
+    assert calls == [("dp", 4, 8, blocks)] and dp.compute_s == pytest.approx(0.01)
+    # half a sample per device: one whole sample profiled, half its time counted
+    half = prof.profile(spec, whole, "A100-40GB", 4, "dp", 2, 1)
+    assert calls[-1] == ("dp", 4, 4, blocks) and half.compute_s == pytest.approx(0.005)
+    tp = prof.profile(spec, whole, "A100-40GB", 4, "tp", 8, 3)
+    params = sum(spec.attr("params"))
+    assert tp.mem_bytes == pytest.approx(3e6 + 2 * 1e6 + 2 * 4.0 * params / 4)
+    n = len(calls)
+    # a second profiler on the same cache compiles nothing
+    again = pj.JaxStageProfiler(repeats=1, cache=cache)
+    assert again.profile(spec, whole, "A100-40GB", 4, "dp", 8, 1) == dp and len(calls) == n
+    # the embedding alone has no block to compile
+    emb = prof.profile(spec, (0, 1), "A100-40GB", 4, "dp", 8, 1)
+    assert emb.compute_s == 0.0 and len(calls) == n
+    # the registry's auto sees the cached stages of the model as it sees torch's
+    from apportion.estimation.registry import _has_stage_profiles
+
+    assert _has_stage_profiles("gpt-tiny", str(tmp_path))
+    assert not _has_stage_profiles("bert-tiny", str(tmp_path))
+
+
+def test_cell_estimator_and_its_tuning_run_on_cached_jax_stage_profiles(tmp_path, monkeypatch):
+    """Real compiles on a 2-device mesh (DP, TP) and of the tuner's hybrid, once each: the
+    cell estimate and the cell-guided tuning come from the JAX profiles, and a second
+    estimator on the same cache compiles nothing."""
+    pytest.importorskip("jax")
+    from apportion.estimation.cache import DiskCache
+    from apportion.estimation.models.crius import CellEstimator
+    from apportion.estimation.models.tuning import tune_cell
+    from apportion.estimation.profilers import profile_jax as pj
+
+    from apportion.cluster import Cluster, NodeGroup
+    from apportion.jobs import JobSpec
+    from apportion.plans import Cell
+
+    cl = Cluster("j", [NodeGroup("a", 1, "A100-40GB", 2)])
+    job = JobSpec("g", "gpt-tiny", 4, 1, 2)
+    cell = Cell("g", "A100-40GB", 2, 1)
+    est = CellEstimator(profiler=pj.JaxStageProfiler(repeats=1, cache=DiskCache(tmp_path)),
+                        micro_batch_factor=1)
+    first = est.best_in_cell(job, cell, cl)
+    assert first is not None and first.iter_time_s > 0
+    assert DiskCache(tmp_path).has(pj.KIND, model="gpt-tiny")
+    tuned_first = tune_cell(job, cell, cl, est)  # its hybrid layouts: compiled once more
+    assert tuned_first is not None and tuned_first.iter_time_s > 0
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(pj, "profile_stage", no_compile)
+    est2 = CellEstimator(profiler=pj.JaxStageProfiler(repeats=1, cache=DiskCache(tmp_path)),
+                         micro_batch_factor=1)
+    again = est2.best_in_cell(job, cell, cl)
+    assert again.iter_time_s == pytest.approx(first.iter_time_s)
+    tuned = tune_cell(job, cell, cl, est2)
+    assert tuned is not None and tuned.iter_time_s == pytest.approx(tuned_first.iter_time_s)

@@ -149,3 +149,18 @@ def test_compare_names_the_mode_and_aggregates_seeds(tmp_path: Path) -> None:
             assert json.loads((root / f"{p}-s{s}" / "summary.json").read_text())[
                 "information"] == "oracle"
     assert (root / "jct_cdf.png").stat().st_size > 0
+
+
+def test_estimated_mode_takes_every_estimator_auto_as_its_tables() -> None:
+    cl = small_cluster()
+    truth = AnalyticTruth(cl)
+    jobs, auto = _views(truth, cl, sigma=0.1, seed=4, estimator="auto")
+    _, tables = _views(truth, cl, sigma=0.1, seed=4, estimator="tables")
+    assert auto.estimator_name == "auto:tables" and auto.scaling is None
+    for js in jobs[:3]:
+        for t in cl.gpu_types:
+            for g in (1, 2, 3, 4):
+                assert auto.rate(js, t, g) == tables.rate(js, t, g)
+    for name in ("analytic", "crius", "morphling"):
+        _, pr = _views(truth, cl, sigma=0.1, seed=4, estimator=name)
+        assert pr.scaling is not None and pr.rate(jobs[0], cl.gpu_types[0], 3) >= 0

@@ -280,6 +280,7 @@ EXPENSIVE = {  # refused before any work: each would take seconds to minutes oth
     "bench solve --json": ["bench", "solve", "--quick", "--json"],
     "bench estimate --json": ["bench", "estimate", "--against", "crius", "--json"],
     "bench estimate --markdown": ["bench", "estimate", "--against", "crius", "--markdown"],
+    "bench estimate --errors": ["bench", "estimate", "--against", "morphling", "--errors"],
     "profile --json": ["profile", "gpt-tiny", "--json"],
     "compare --out": ["compare", "--trace", "philly", "--cluster", "crius-testbed",
                       "--policies", "fcfs", "--out"],

@@ -58,27 +58,38 @@ def bench_estimate_cmd(
     markdown_out: Optional[Path] = typer.Option(None, "--markdown", readable=False,
                                                 help="write a markdown table "
                                                 "(- for stdout)"),
+    errors_out: Optional[Path] = typer.Option(None, "--errors", readable=False,
+                                              help="--against morphling: write the full error "
+                                              "tables (by model, plan family, placement kind "
+                                              "and GPU count; worst rows and where their "
+                                              "error lives) as markdown (- for stdout)"),
 ) -> None:
     """Estimator accuracy against measured iteration times (Morphling, Crius, or this machine).
 
     The measured data comes from $APPORTION_DATA (default: ../shared/data beside the
     repository)."""
     from apportion.console import Progress
-    from apportion.experiments.bench.estimate import markdown, run
+    from apportion.experiments.bench.estimate import errors_markdown, markdown, run
 
     with user_input():
         if against not in ("morphling", "crius", "local"):
             raise InputError("--against", "against", f"{against!r} is not one of morphling, "
                                                      "crius, local")
-        outputs.check_outputs((json_out, "--json"), (markdown_out, "--markdown"))
+        if errors_out is not None and against != "morphling":
+            raise InputError("--errors", "errors", "the full error tables are Morphling's "
+                             "protocols': give --against morphling")
+        outputs.check_outputs((json_out, "--json"), (markdown_out, "--markdown"),
+                              (errors_out, "--errors"))
     with Progress(f"bench estimate --against {against}", heartbeat=True):
         res = run(against)
-    if not outputs.any_stdout(json_out, markdown_out):
+    if not outputs.any_stdout(json_out, markdown_out, errors_out):
         stdout_console().print(markdown(res), markup=False, highlight=False)
     if json_out:
         outputs.write_json(json_out, res, "--json")
     if markdown_out:
         outputs.write_text(markdown_out, markdown(res), "--markdown")
+    if errors_out:
+        outputs.write_text(errors_out, errors_markdown(res), "--errors")
 
 
 def bench_solve_cmd(

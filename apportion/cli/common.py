@@ -32,7 +32,9 @@ POLICY_HELP = ("a registered policy (apportion, apportion-plans, apportion-deadl
 ESTIMATOR_HELP = "analytic | crius | morphling | tables | auto (per job, the best with data)"
 INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (every policy sees the "
                     "same profiled measurements, extended by --estimator)")
-SIM_ESTIMATOR_HELP = "the estimated mode's scaling model: analytic | crius | morphling | tables"
+SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
+                      "tables | auto (every replayed job is profiled, so auto answers from "
+                      "its tables)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "

@@ -93,8 +93,14 @@ class AnalyticEstimator(ParamsMixin):
         """
         ratios: dict[str, list[float]] = {}
         for s in samples:
-            est = self._predict(s.job, s.plan, s.placement, s.gpu_type, cluster, eff_override=1.0)
-            if not (est.feasible and s.iter_time_s > 0):
+            if not s.iter_time_s > 0:
+                continue
+            try:
+                est = self._predict(s.job, s.plan, s.placement, s.gpu_type, cluster,
+                                    eff_override=1.0)
+            except (KeyError, ValueError):  # a model or GPU type the catalog cannot build
+                continue
+            if not est.feasible:
                 continue
             if self.calibrate == "compute":
                 fixed = est.breakdown.get("dp_allreduce_s", 0.0) + \

@@ -86,11 +86,12 @@ class TableEstimator(ParamsMixin):
 
     # -- the estimator protocol -------------------------------------------------------
     def fit(self, samples: Iterable[Sample]) -> TableEstimator:
-        """Add measured samples as rows (a table learns by remembering)."""
-        self.rows_ = tuple(getattr(self, "rows_", ())) + tuple(
+        """Add measured samples as rows (a table learns by remembering). A row already held
+        is not added again: the online refit passes every sample so far on each refit."""
+        self.rows_ = tuple(dict.fromkeys(tuple(getattr(self, "rows_", ())) + tuple(
             (s.job.model, s.job.global_batch_size, s.gpu_type,
              sum(int(v) for v in s.placement.values()) or s.plan.gpus, float(s.iter_time_s))
-            for s in samples if s.iter_time_s > 0)
+            for s in samples if s.iter_time_s > 0)))
         return self
 
     def _points(self, model: str, batch: int, gpu_type: str) -> dict[int, float]:

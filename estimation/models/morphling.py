@@ -4,11 +4,13 @@ Per configuration (execution plan x GPUs x placement x CPUs):
 
 * ``T_fwd``: profiled forward time of the per-GPU batch, an
   :class:`AffineForward` ``fixed + per_sample * n`` fitted to the samples' measured
-  forward times (or a profiler's curve; without either, FLOPs over ``efficiency x
-  peak``); a tensor shard divides the per-sample part by ``t`` and keeps the fixed
-  one; under pipeline parallelism ``(m + p - 1)`` slots of one stage's micro-batch;
-  ``a`` micro-batch forwards under gradient accumulation; ``k_3d`` times that under
-  TP or PP (3D plans run in another framework's kernels than the profiled DP ones).
+  forward times (proportional where that fits within the timing's resolution; or a
+  profiler's curve; without either, FLOPs over ``efficiency x peak``); a tensor shard
+  divides the per-sample part by ``t`` and keeps the fixed one; under pipeline
+  parallelism ``(m + p - 1)`` slots of one stage's micro-batch, each paying the fixed
+  part whole; ``a`` micro-batch forwards under gradient accumulation; ``k_3d`` times the
+  per-sample part under TP or PP (3D plans run in another framework's kernels than the
+  profiled DP ones).
 * ``T_bwd = k_bwd * T_fwd`` (plus the recomputed blocks' forward under gradient
   checkpointing).
 * ``T_comm = steps x latency + V / B`` per collective and link, ``B`` the bottleneck
@@ -16,10 +18,11 @@ Per configuration (execution plan x GPUs x placement x CPUs):
   PP): ``V_dp = P_bytes * 2(d-1) / (d t p)`` in one ring per gradient bucket (intra-node
   latency ``k_lat`` per step), across nodes at the pace of the node driving the fewest
   network adapters (:func:`rails_fraction`), shared by the DP groups a node hosts, at
-  ``odd_scale`` of that for placements that split GPU pairs (:func:`link_class`);
-  ``V_tp = 4 * 2 (t-1) * b s h l * act_bytes / (d t)`` plus ``k_tp_lat`` per TP
-  collective; ``V_pp = 2 p * b s h * act_bytes / (d t)`` plus ``k_pp_lat`` per send on
-  1F1B's critical path.
+  ``single_scale`` or ``odd_scale`` of that for placements of single GPUs or split
+  adapter groups (:func:`link_class`); ``V_tp = 4 * 2 (t-1) * b s h l * act_bytes /
+  (d t)`` plus ``k_tp_lat`` per TP collective; ``V_pp = 2 p * b s h * act_bytes / d``
+  (every TP rank sends the whole activation) plus ``k_pp_lat`` per send on 1F1B's
+  critical path.
 * ``T_cc = T_fwd + f(T_bwd, T_dp; k_sync) + T_tp + T_pp``; with GA
   ``a T_fwd' + (a-1) T_bwd' + f(T_bwd', T_dp; k_sync)`` per micro-step; ZeRO
   reduce-scatters half the volume in the backward pass and all-gathers the other half
@@ -73,7 +76,7 @@ K_TERMS = ("k_zero", "k_lat", "k_tp_lat", "k_pp_lat", "k_3d")
 # (ZeRO-DP's unsharded optimizer share, one NVLink ring step (s), one TP collective (s), one
 # pipeline send (s), 3D plans' forward against the profiled DP one)
 # effective bandwidths as fractions of the nominal ones, and the offload form
-K_EXTRAS = ("intra_scale", "inter_scale", "odd_scale", "tp_scale", "pcie_scale",
+K_EXTRAS = ("intra_scale", "inter_scale", "single_scale", "odd_scale", "tp_scale", "pcie_scale",
             "offload_additive")
 K_INIT = {"k_bwd": 2.0, "k_sync": 2.0, "k_opt": 0.05, "k_opt_off": 2.0, "k_off": 2.0,
           "k_swap": 2.0, "k_const": 0.005, "k_zero": 0.5, "k_lat": 1e-5, "k_tp_lat": 1e-4,
@@ -89,7 +92,7 @@ K_UPPER = {"k_bwd": 6.0, "k_sync": 50.0, "k_opt": 50.0, "k_opt_off": 500.0, "k_o
            "k_pp_lat": 1.0, "k_3d": 5.0}
 # bump when the model's equations change: fitted parameters cached under another version
 # belong to other equations and are refitted, never reused
-MODEL_VERSION = 2
+MODEL_VERSION = 3
 GiB = 2**30
 
 
@@ -229,47 +232,80 @@ def rails_fraction(nodes: Sequence[int], env: Env) -> float:
     return used / nics
 
 
+# link classes across nodes with their own fitted bandwidth (as fractions of the rails'):
+# class -> the scale's name in ``k``
+CLASS_SCALES = {"inter-single": "single_scale", "inter-odd": "odd_scale"}
+
+
 def link_class(nodes: Sequence[int], env: Env) -> str:
-    """``intra`` (one node), ``inter`` or ``inter-odd``: a node holds a number of the job's
-    GPUs that does not fill its adapters' GPU groups, and more than one GPU (with two GPUs
-    per adapter: three, five or seven). Such placements ran 3-8x slower than ``44`` on
-    Morphling's testbed for ViT (``35`` 0.398 s, ``17`` 0.424 s against 0.066 s) and 1.5x for
-    T5, and as fast as their adapters allow for BERT, RoBERTa and GPT-2; the class has its
-    own fitted bandwidth (``odd_scale``)."""
+    """``intra`` (one node), ``inter``, ``inter-single`` or ``inter-odd``, where the GPUs of a
+    node share its network adapters in groups (two GPUs per adapter on Morphling's A800
+    testbed):
+
+    * ``inter``: every node holds whole groups (two, four, six GPUs);
+    * ``inter-single``: every node holds one GPU;
+    * ``inter-odd``: some node holds a part of a group and the placement is not all single
+      GPUs (``35``, ``233``, ``13``, ``11222``, ``1111112``).
+
+    Each non-``inter`` class has its own fitted bandwidth (:data:`CLASS_SCALES`) for the
+    GPUs' own collectives (not ZeRO-Offload's, which the traces never show slowed). On the
+    testbed ViT's DP step takes 0.066-0.083 s on ``44``, ``26``, ``2222``, 0.12-0.23 s on
+    ``11``, ``1111``, ``11111111`` and 0.27-0.45 s on ``13``, ``35``, ``17``, ``11222``; T5's
+    0.67-0.71 s, 0.78-0.92 s and 0.77-0.90 s; BERT's, RoBERTa's and GPT-2's run as fast as
+    their adapters allow in every class.
+    """
     counts = [int(g) for g in nodes if g > 0]
     if len(counts) <= 1:
         return "intra"
     per_nic = max(1, env.gpus_per_node // max(1, env.nics_per_node))
-    if env.nics_per_node > 1 and per_nic > 1 and any(g > 1 and g % per_nic for g in counts):
-        return "inter-odd"
-    return "inter"
+    if env.nics_per_node <= 1 or per_nic <= 1 or not any(g % per_nic for g in counts):
+        return "inter"
+    if all(g == 1 for g in counts):
+        return "inter-single"
+    return "inter-odd"
 
 
-def _shard(fwd: Any, samples: float, t: int) -> float:
-    """Forward seconds of ``samples`` on a ``1/t`` tensor shard: profiles that split a fixed
-    part from the per-sample one (:class:`AffineForward`) keep the fixed part whole."""
-    shard = getattr(fwd, "shard", None)
-    if shard is not None:
-        return float(shard(samples, t))
-    return float(fwd(samples)) / t
+def _split(fwd: Any, samples: float) -> tuple[float, float]:
+    """``(fixed, per-sample part)`` of the forward seconds of ``samples`` samples: profiles
+    that split them (:class:`AffineForward`) give both; any other curve is all per-sample."""
+    fixed = getattr(fwd, "fixed", None)
+    per = getattr(fwd, "per_sample", None)
+    if fixed is not None and per is not None:
+        return float(fixed), float(per) * samples
+    return 0.0, float(fwd(samples))
 
 
-def forward_scale(plan: ExecutionPlan, batch: float, fwd: Any) -> tuple[float, float]:
+def _shard(fwd: Any, samples: float, t: int, k3d: float = 1.0) -> float:
+    """Forward seconds of ``samples`` on a ``1/t`` tensor shard: the fixed part of a profile
+    that splits it off (:class:`AffineForward`) stays whole, the per-sample part is divided
+    by ``t`` and scaled by ``k3d``."""
+    fixed, per = _split(fwd, samples)
+    return fixed + k3d * per / t
+
+
+def forward_scale(plan: ExecutionPlan, batch: float, fwd: Any, k3d: float = 1.0
+                  ) -> tuple[float, float]:
     """``(T_fwd, T_fwd per accumulation micro-step)`` from the forward profile ``fwd``.
 
     ``fwd(samples)`` is the forward time of the whole model over ``samples``
     samples on one GPU. Under pipeline parallelism ``(m + p - 1)`` slots of one
-    stage's micro-batch (the paper's ``t_p g_p / p (m + p - 1)``); under gradient
-    accumulation ``a`` forwards of the micro-batch.
+    stage's micro-batch (the paper's ``t_p g_p / p (m + p - 1)``), each slot paying the
+    profile's fixed part whole: it is the latency of one forward call (launches, the
+    framework's per-call work), which every stage's process pays on its own, as a TP shard
+    does (T5's 3D times grow 45 ms per stage at every TP width, three times its 15.7 ms
+    fixed forward part); under gradient accumulation ``a`` forwards of the micro-batch.
+    ``k3d`` scales the per-sample part only (3D plans' kernels against the profiled DP
+    ones).
     """
     d, t, p = plan.dp, plan.tp, plan.pp
     per_replica = batch / d
     if p > 1:
         m = max(plan.micro_batches, 1)
-        total = _shard(fwd, per_replica / m, t) / p * (m + p - 1)
+        fixed, per = _split(fwd, per_replica / m)
+        total = (fixed + k3d * per / (t * p)) * (m + p - 1)
         return total, total
     a = max(plan.accumulation, 1)
-    micro = _shard(fwd, per_replica / a, t)
+    micro = _shard(fwd, per_replica / a, t, k3d)
     return micro * a, micro
 
 
@@ -294,7 +330,8 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
       Each TP collective on the critical path costs ``k_tp_lat`` (``4`` per layer per
       micro-batch pass) and each pipeline send ``k_pp_lat`` (``2 (m + p - 1)`` on 1F1B's
       critical path).
-    * 3D plans' forward runs at ``k_3d`` times the profiled DP forward: the artifact's
+    * 3D plans' forward runs at ``k_3d`` times the profiled DP forward's per-sample part
+      (each pipeline stage paying the fixed part: :func:`forward_scale`): the artifact's
       TP/PP runs use another framework's kernels (T5 on one GPU of a 4-stage pipeline
       takes 2.7 s, on one GPU under DP 1.1 s; GPT-2's take 3.1 and 3.6 s), which is why
       the paper feeds each 3D prediction its own measured forward time.
@@ -327,15 +364,16 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     Pg = P / 1e9
     spans = group_spans(plan, nodes)
     cls = link_class(nodes, env)
-    net = inter * rails_fraction(nodes, env) * (k.get("odd_scale", 1.0)
-                                                if cls == "inter-odd" else 1.0)
+    net = inter * rails_fraction(nodes, env)
+    if cls in CLASS_SCALES and not plan.offload:  # the GPUs' own collectives in the class
+        net *= k.get(CLASS_SCALES[cls], 1.0)
     one_nic = inter / max(1, env.nics_per_node)
     b_tp = (one_nic if spans["tp"] else intra) * k.get("tp_scale", 1.0) * 1e9
     b_dp = (net / dp_rings_per_node(plan, nodes) if spans["dp"] else intra) * 1e9
     b_pp = (one_nic if spans["pp"] else intra) * 1e9
-    t_fwd, t_fwd_micro = forward_scale(plan, batch, fwd)
-    if t > 1 or p > 1:  # 3D plans: another framework's kernels than the profiled DP forward
-        t_fwd, t_fwd_micro = t_fwd * k.get("k_3d", 1.0), t_fwd_micro * k.get("k_3d", 1.0)
+    # 3D plans: another framework's kernels than the profiled DP forward (per-sample part)
+    t_fwd, _ = forward_scale(plan, batch, fwd,
+                             k.get("k_3d", 1.0) if t > 1 or p > 1 else 1.0)
     a = max(plan.accumulation, 1) if p == 1 else 1
     m = max(plan.micro_batches, 1) if p > 1 else 1
     zero2 = plan.zero_stage >= 2
@@ -345,7 +383,7 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     v_dp = grad_bytes * P * 2 * (d - 1) / (d * t * p) if d > 1 else 0.0
     sh = arch.seq_hid / max(arch.layers, 1)
     v_tp = 4 * 2 * (t - 1) * batch * arch.seq_hid * act_bytes / (d * t) if t > 1 else 0.0
-    v_pp = 2 * p * batch * sh * act_bytes / (d * t) if p > 1 else 0.0
+    v_pp = 2 * p * batch * sh * act_bytes / d if p > 1 else 0.0
     # one ring collective per gradient bucket, 2 (d - 1) steps each
     bucket = zero_bucket_bytes if plan.zero_stage >= 1 else dp_bucket_bytes
     calls = math.ceil(grad_bytes * P / (t * p) / bucket) if d > 1 else 0
@@ -410,11 +448,19 @@ class AffineForward:
         return self.fixed + self.per_sample * samples / t
 
 
+# the median log residual of the proportional line under which a forward profile has no
+# fixed part (3 %: the profiles' timings are whole milliseconds of 5-400 ms passes)
+PROPORTIONAL_TOLERANCE = 0.03
+
+
 def fit_forward(points: Iterable[tuple[float, float]]) -> AffineForward:
     """:class:`AffineForward` through ``(samples, seconds)`` points, robust to stray ones:
     least squares on log times with a soft-L1 loss (scipy), both parts non-negative. With
-    fewer than three batch sizes the forward is proportional to the batch (the paper's
-    linear scaling): two sizes would set the fixed part from their noise alone."""
+    fewer than three batch sizes, or where the proportional line through the points'
+    median time per sample misses them by a median of at most
+    :data:`PROPORTIONAL_TOLERANCE`, the forward is proportional to the batch (the paper's
+    linear scaling): a fixed part from noise alone would be paid again by every pipeline
+    stage."""
     pts = [(float(x), float(y)) for x, y in points if x > 0 and y > 0]
     if not pts:
         raise ValueError("a forward profile needs at least one positive point")
@@ -422,6 +468,11 @@ def fit_forward(points: Iterable[tuple[float, float]]) -> AffineForward:
     ys = np.array([y for _, y in pts])
     slope0 = float(np.median(ys / xs))
     if len(set(xs.tolist())) < 3:  # two sizes fix a line but cannot check it: proportional
+        return AffineForward(0.0, slope0)
+    if float(np.median(np.abs(np.log(slope0 * xs / ys)))) <= PROPORTIONAL_TOLERANCE:
+        # the proportional line already fits within the timing's resolution: a fixed part
+        # would be noise (LLaMA-7B's 1, 2, 4 samples give 9.5 ms out of 381), and each
+        # pipeline stage would pay it
         return AffineForward(0.0, slope0)
 
     def resid(v: np.ndarray) -> np.ndarray:
@@ -543,40 +594,77 @@ class MorphlingEstimator(ParamsMixin):
         self.forward_ = tables
 
     # -- fitting -----------------------------------------------------------------------
-    def fit(self, samples: Iterable[Sample]) -> MorphlingEstimator:
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None
+            ) -> MorphlingEstimator:
         """Fit the seven k-parameters per architecture by RMSLE (scipy least squares), and
         report each architecture's held-out error (``heldout_error_``: the mean relative
         error of every sample predicted by a fit on the other folds' samples, where those
-        still number ``min_samples``), which ``--estimator auto`` compares."""
+        still number ``min_samples``), which ``--estimator auto`` compares.
+
+        Safe on any mix of samples, as the online refit passes every sample so far: an
+        architecture with fewer than ``min_samples`` keeps what it had (an earlier fit, a
+        cached one, or the priors) and is listed in ``unfitted_``; a sample of a model the
+        catalog cannot build, or without a positive time, is skipped. ``cluster``: where
+        the samples ran; a sample placed on its nodes is fitted against their bandwidths
+        (the ones :meth:`predict` uses), any other against ``env``."""
         by_arch: dict[str, list[tuple[Arch, Sample]]] = {}
         for s in samples:
-            arch = getattr(s, "arch", None) or Arch.from_spec(get_model(s.job.model))
+            if not s.iter_time_s > 0:
+                continue
+            arch = getattr(s, "arch", None)
+            if arch is None:
+                try:
+                    arch = Arch.from_spec(get_model(s.job.model))
+                except (KeyError, ValueError) as exc:  # CatalogError is a KeyError
+                    log.info("morphling: no architecture for %s, sample skipped (%s)",
+                             s.job.model, exc)
+                    continue
             by_arch.setdefault(arch.name, []).append((arch, s))
         fitted = dict(getattr(self, "k_", {}))
         history: dict[str, list[Sample]] = dict(getattr(self, "samples_", {}))
         fit_err: dict[str, float] = dict(getattr(self, "fit_rmsle_", {}))
         heldout: dict[str, float] = dict(getattr(self, "heldout_error_", {}))
-        for name, rows in by_arch.items():
-            if len(rows) < self.min_samples:
-                raise ValueError(f"{name}: {len(rows)} samples; the model needs at least "
-                                 f"{self.min_samples} (Morphling fits 7 parameters)")
-            self._install_forward(rows)
-            k, err = self._fit_one(rows)
-            fitted[name] = k
-            history[name] = [s for _, s in rows]
-            fit_err[name] = err
-            h = self._heldout(rows)
-            if h is not None:
-                heldout[name] = h
-            else:
-                heldout.pop(name, None)
+        unfitted: dict[str, int] = {}
+        done: list[str] = []
+        self._fit_cluster = cluster
+        try:
+            for name, rows in by_arch.items():
+                history[name] = [s for _, s in rows]
+                if len(rows) < self.min_samples:
+                    unfitted[name] = len(rows)  # keeps its prior: Morphling fits 7 parameters
+                    continue
+                self._install_forward(rows)
+                k, err = self._fit_one(rows)
+                fitted[name] = k
+                fit_err[name] = err
+                h = self._heldout(rows)
+                if h is not None:
+                    heldout[name] = h
+                else:
+                    heldout.pop(name, None)
+                done.append(name)
+        finally:  # where this fit's samples ran is no parameter and nothing learned
+            self.__dict__.pop("_fit_cluster", None)
+        if unfitted:
+            log.info("morphling: %s keep their priors (fewer than %d samples)",
+                     ", ".join(f"{n} ({c})" for n, c in sorted(unfitted.items())),
+                     self.min_samples)
         self.k_ = fitted
         self.samples_ = history
         self.fit_rmsle_ = fit_err
         self.heldout_error_ = heldout
-        for name in by_arch:
+        self.unfitted_ = unfitted
+        for name in done:
             self._save_cached(name, fitted[name])
         return self
+
+    def _sample_env(self, s: Sample) -> Env:
+        """The environment a sample ran in: its placement's nodes on the cluster being
+        fitted (as :meth:`predict` reads them), else ``env``."""
+        cluster = getattr(self, "_fit_cluster", None)
+        if cluster is None or not s.placement:
+            return self._env()
+        return self._env_for(s.placement, cluster)
 
     def _heldout(self, rows: list[tuple[Arch, Sample]]) -> float | None:
         """Mean relative error of ``rows`` predicted by fits on the other folds (every
@@ -586,6 +674,7 @@ class MorphlingEstimator(ParamsMixin):
         if k < 2:
             return None
         errs: list[float] = []
+        cluster = getattr(self, "_fit_cluster", None)
         for f in range(k):
             train = [s for i, (_, s) in enumerate(rows) if i % k != f]
             if len(train) < self.min_samples:
@@ -593,11 +682,11 @@ class MorphlingEstimator(ParamsMixin):
             sub = type(self)(**{**self.get_params(), "cache_dir": None, "heldout_folds": 0})
             sub.forward_ = {key: c for key, c in getattr(self, "forward_", {}).items()
                             if not isinstance(c, AffineForward)}  # a profiler's curves only
-            sub.fit(train)
+            sub.fit(train, cluster)
             for arch, s in rows[f::k]:
                 nodes, cpus = self._row(arch, s)
                 pred = sub.predict_config(arch, s.job.global_batch_size, s.plan, nodes, cpus,
-                                          s.gpu_type)["T_iter"]
+                                          s.gpu_type, self._sample_env(s))["T_iter"]
                 errs.append(abs(pred - s.iter_time_s) / s.iter_time_s)
         return float(np.mean(errs)) if errs else None
 
@@ -637,14 +726,14 @@ class MorphlingEstimator(ParamsMixin):
         return best
 
     def _terms_exercised(self, prepared: list[tuple[Arch, Sample, tuple[int, ...], int, Any]],
-                         env: Env) -> list[str]:
+                         env: Env, envs: Mapping[int, Env] | None = None) -> list[str]:
         """The parameters beyond the seven that some sample exercises: a term no sample
         exercises keeps its neutral default (no ZeRO run, no ZeRO partitioning phase)."""
         out: list[str] = []
         plans = [(s.plan, nodes) for _, s, nodes, _, _ in prepared]
         dp_x = [group_spans(pl, nodes)["dp"] for pl, nodes in plans]
-        if any(pl.zero_stage >= 1 and not pl.offload for pl, _ in plans):
-            out.append("k_zero")
+        if any(pl.zero_stage >= 1 and not pl.offload and pl.dp > 1 for pl, _ in plans):
+            out.append("k_zero")  # on one GPU the share has nothing to shard
         # latency and bandwidth part only through how a ring's time grows with its size
         if len({pl.dp for (pl, _), x in zip(plans, dp_x) if pl.dp > 1 and not x}) >= 3:
             out.append("k_lat")
@@ -659,8 +748,12 @@ class MorphlingEstimator(ParamsMixin):
         out.append("log_intra")
         if any(len(nodes) > 1 for _, nodes in plans):
             out.append("log_inter")
-        if any(x and link_class(nodes, env) == "inter-odd" for x, (_, nodes) in zip(dp_x, plans)):
-            out.append("log_odd")
+        classes = [link_class(nodes, (envs or {}).get(id(p[1]), env))
+                   for p, (_, nodes) in zip(prepared, plans)]
+        for cls, scale in CLASS_SCALES.items():  # the GPUs' own collectives in the class
+            if any(x and not pl.offload and c == cls
+                   for x, (pl, _), c in zip(dp_x, plans, classes)):
+                out.append("log_" + scale.removesuffix("_scale"))
         if any(pl.tp > 1 for pl, _ in plans):
             out.append("log_tp")
         if any(pl.offload for pl, _ in plans):
@@ -671,28 +764,31 @@ class MorphlingEstimator(ParamsMixin):
                   ) -> tuple[dict[str, float], float]:
         env = self._env()
         prepared = []
+        envs: dict[int, Env] = {}
         for arch, s in rows:
             nodes, cpus = self._row(arch, s)
             prepared.append((arch, s, nodes, cpus, self._forward(arch, s.gpu_type)))
+            envs[id(s)] = self._sample_env(s)
         init = dict(K_INIT)
         lo_d, hi_d = dict(K_LOWER), dict(K_UPPER)
         if form == "additive":  # k_off, k_swap are latencies in seconds, not exponents
             init.update(k_off=0.01, k_swap=0.01)
             lo_d.update(k_off=0.0, k_swap=0.0)
         names = list(K_NAMES)
-        names += [n for n in self._terms_exercised(prepared, env)
+        names += [n for n in self._terms_exercised(prepared, env, envs)
                   if not n.startswith("k_") or n in self.terms]
         used = {"k_opt_off", "k_off", "k_swap"} if any(s.plan.offload for _, s in rows) else set()
         used |= {"k_bwd", "k_sync", "k_opt", "k_const"} | set(names[len(K_NAMES):])
         for n in names:
             if n.startswith("log_"):  # effective bandwidths: log fractions of the nominal ones
-                init[n], lo_d[n], hi_d[n] = 0.0, -6.0, (0.0 if n == "log_odd" else 1.0)
+                slower_only = n in ("log_odd", "log_single")  # a class never beats the rails
+                init[n], lo_d[n], hi_d[n] = 0.0, -6.0, (0.0 if slower_only else 1.0)
         lo = np.array([lo_d[n] for n in names])
         hi = np.array([hi_d[n] for n in names])
 
         def unpack(x: np.ndarray) -> dict[str, float]:
             k = {n: float(v) for n, v in zip(names, x)}
-            for scale in ("intra", "inter", "odd", "tp", "pcie"):
+            for scale in ("intra", "inter", "single", "odd", "tp", "pcie"):
                 k[f"{scale}_scale"] = math.exp(k.pop(f"log_{scale}", 0.0))
             for n in K_TERMS:
                 k.setdefault(n, K_NEUTRAL[n])
@@ -701,8 +797,8 @@ class MorphlingEstimator(ParamsMixin):
 
         def predict(k: dict[str, float], arch: Arch, s: Sample, nodes: tuple[int, ...],
                     cpus: int, fwd: Any) -> dict[str, float]:
-            return components(k, arch, s.job.global_batch_size, s.plan, nodes, cpus, env, fwd,
-                              self.grad_bytes, self.act_bytes)
+            return components(k, arch, s.job.global_batch_size, s.plan, nodes, cpus,
+                              envs.get(id(s), env), fwd, self.grad_bytes, self.act_bytes)
 
         def resid(x: np.ndarray) -> np.ndarray:
             k = unpack(x)

@@ -52,6 +52,11 @@ On CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set
 before JAX starts; :func:`profile_stage` runs itself in a fresh interpreter
 when the current one has fewer devices. JAX has no automatic sharding search
 any more; choosing among candidate shardings is apportion's job.
+
+:class:`JaxStageProfiler` is the cell estimator's stage profiler from these
+profiles (Crius's cell-guided tuning on an N-device mesh), cached in the profile
+cache under kind ``jax-stage`` (:func:`cached_profile_stage`) exactly as the
+torch profiler caches its layers; ``apportion profile --backend jax`` fills it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from apportion.estimation.cache import cache_key
+from apportion.estimation.models.crius import StageProfile
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,12 @@ class JaxStageProfile:
     fallback_reason: str = ""
     #: collectives the rewrite replaced by local ops, by kind
     replaced_collectives: dict[str, int] = field(default_factory=dict)
+    #: the device the per-device program ran on (``jax.devices()[0].device_kind``)
+    device: str = ""
+    #: of ``memory_bytes_per_device``: the arguments (weights, the micro-batch) and the
+    #: temporaries (activations kept for the backward pass)
+    argument_bytes_per_device: float = 0.0
+    temp_bytes_per_device: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,6 +278,8 @@ def _in_process(model: str, mode: str, devices: int, micro_batch: int, layers: i
     mem_bytes = float(sum(getattr(mem, a, 0) or 0 for a in
                           ("argument_size_in_bytes", "output_size_in_bytes",
                            "temp_size_in_bytes"))) if mem is not None else 0.0
+    arg_bytes = float(getattr(mem, "argument_size_in_bytes", 0) or 0) if mem is not None else 0.0
+    temp_bytes = float(getattr(mem, "temp_size_in_bytes", 0) or 0) if mem is not None else 0.0
     colls = parse_collectives(compiled.as_text())
     reason, replaced = "", dict[str, int]()
     if method == "hlo-rewrite":
@@ -276,10 +292,13 @@ def _in_process(model: str, mode: str, devices: int, micro_batch: int, layers: i
             method = "sharded-shapes"
     if method == "sharded-shapes":
         lflops, ltime = _sharded_shapes_local(sp, mode, devices, micro_batch, repeats)
+    import jax
+
     return JaxStageProfile(model, mode, devices, micro_batch, sp.blocks,
                            float((cost or {}).get("flops", 0.0)),
                            float((cost or {}).get("bytes accessed", 0.0)), mem_bytes, colls,
-                           lflops, ltime, method, reason, replaced)
+                           lflops, ltime, method, reason, replaced,
+                           str(jax.devices()[0].device_kind), arg_bytes, temp_bytes)
 
 
 def device0_equivalence(model: str, mode: str, devices: int = 8, micro_batch: int = 8,
@@ -371,6 +390,82 @@ def profile_stage(model: str, mode: str = "dp", devices: int = 8, micro_batch: i
     if reason:
         data["fallback_reason"] = reason
     return JaxStageProfile(**data)
+
+
+def profile_platform() -> str:
+    """The JAX platform :func:`profile_stage` compiles for when it starts its own process
+    (``JAX_PLATFORMS``' first entry, else ``cpu``): part of every cached profile's key."""
+    return (os.environ.get("JAX_PLATFORMS") or "cpu").split(",")[0].strip() or "cpu"
+
+
+def cached_profile_stage(cache: Any, model: str, mode: str = "dp", devices: int = 8,
+                         micro_batch: int = 8, layers: int | None = None, repeats: int = 3,
+                         method: str = "hlo-rewrite") -> JaxStageProfile:
+    """:func:`profile_stage` through the profile cache (kind ``jax-stage``, keyed by model,
+    platform, layout, mesh width, micro-batch, blocks, repeats and method), as the torch
+    profiler caches its layers: a stage compiled once is never compiled again.
+    ``cache``: a :class:`~apportion.estimation.cache.DiskCache` or None (no caching)."""
+    key = cache_key(model, profile_platform(),
+                    {"mode": mode, "devices": devices, "micro_batch": micro_batch,
+                     "blocks": layers}, repeats=repeats, method=method)
+    if cache is not None:
+        hit = cache.get(KIND, key)
+        if hit is not None:
+            return JaxStageProfile(**hit)
+    prof = profile_stage(model, mode, devices, micro_batch, layers, repeats, method)
+    if cache is not None:
+        cache.put(KIND, key, prof.as_dict())
+    return prof
+
+
+#: the profile cache's kind for JAX stage profiles
+KIND = "jax-stage"
+
+
+class JaxStageProfiler:
+    """Crius stage profiles from JAX, as :class:`~apportion.estimation.profilers.
+    profile_torch.TorchStageProfiler` gives them from torch: plugged into the cell
+    estimator (``CellEstimator(profiler=...)``) and its cell-guided tuning.
+
+    A stage's blocks are compiled for a ``devices``-wide mesh under DP or TP sharding and the
+    per-device program timed on one device (:func:`profile_stage`), through the profile
+    cache (:func:`cached_profile_stage`). Under DP each device gets a whole number of the
+    micro-batch's samples (at least one; the time is scaled to the share it stands for);
+    the compute is the measured per-device step, forward and backward. Memory: the
+    program's per device (weights, gradients, the activations it keeps) with the
+    activations held for ``inflight`` micro-batches, plus two Adam moments of the
+    device's weights. A stage without blocks (the embedding or the head alone) has
+    nothing to compile: its weights' memory and no compute.
+    """
+
+    def __init__(self, repeats: int = 3, cache: Any = None, method: str = "hlo-rewrite") -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}")
+        self.repeats = repeats
+        self.cache = cache
+        self.method = method
+
+    def profile(self, model: Any, rng: tuple[int, int], gpu_type: str, devices: int,
+                mode: str, micro_batch: float, inflight: int) -> StageProfile:
+        a, b = rng
+        blocks = sum(1 for n in model.layers[a:b] if model.graph.nodes[n].get("kind") == "block")
+        params = float(sum(model.attr("params")[a:b]))
+        shard = devices if mode == "tp" else 1
+        if blocks == 0:
+            return StageProfile(mode, devices, 0.0, 16.0 * params / shard)
+        if mode == "dp":
+            per_dev = max(1, round(micro_batch / devices))
+            mb = per_dev * devices
+            scale = max(micro_batch / devices, 1e-9) / per_dev
+        else:
+            mb = max(1, round(micro_batch))
+            scale = max(micro_batch, 1e-9) / mb
+        p = cached_profile_stage(self.cache, model.name, mode, devices, mb, blocks,
+                                 self.repeats, self.method)
+        weights = 4.0 * params / shard
+        mem = p.memory_bytes_per_device + p.temp_bytes_per_device * scale * \
+            (max(inflight, 1) - 1) + 2.0 * weights
+        return StageProfile(mode, devices, p.local_time_s * scale, mem)
 
 
 def _main() -> None:

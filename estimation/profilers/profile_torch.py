@@ -208,9 +208,11 @@ def profile_report(model: str, backend: str = "torch", batch: int = 8, devices: 
             out[mode] = [asdict(p) for p in profile_layers(spec.name, batch, mode, devices,
                                                            repeats, cache)]
         out["device"] = device_name()
-    else:
-        from apportion.estimation.profilers.profile_jax import profile_stage
+    else:  # cached as the torch layers are: the cell estimator's JaxStageProfiler reads them
+        from apportion.estimation.profilers.profile_jax import cached_profile_stage
 
+        cache = DiskCache(cache_dir) if cache_dir else DiskCache()
         for mode in ("dp", "tp"):
-            out[mode] = profile_stage(spec.name, mode, devices, batch, repeats=repeats).as_dict()
+            out[mode] = cached_profile_stage(cache, spec.name, mode, devices, batch,
+                                             repeats=repeats).as_dict()
     return out

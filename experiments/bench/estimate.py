@@ -322,6 +322,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def errors_markdown(result: dict[str, Any]) -> str:
+    """The full error tables of a ``--against morphling`` result (``bench estimate
+    --errors``): every protocol by model x plan family, plan family x placement kind, GPU
+    count x placement kind and model x placement kind, the worst rows overall and per model
+    with where each one's error lives, and the rows excluded as inconsistent data."""
+    if result.get("against") != "morphling":
+        raise ValueError("the full error tables are Morphling's protocols'")
+    return morphling_markdown(result, full=True)
+
+
 def fit_analytic_from_crius(root: Path | None = None) -> Any:
     """An :class:`AnalyticEstimator` whose per-GPU-type efficiency is fitted on all of Crius's
     measured iteration times (the spine's default 0.45 is optimistic by 2-3x on that data)."""
