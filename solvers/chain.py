@@ -73,6 +73,7 @@ from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
 from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
+from apportion.solvers.persistent import HighsSession
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +142,17 @@ def _hint_answer(model: LinearModel) -> SolveResult | None:
 
 
 def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float,
-                gap: float = MIP_REL_GAP, work_s: float | None = None
-                ) -> Iterator[SolveResult]:
+                gap: float = MIP_REL_GAP, work_s: float | None = None,
+                session: HighsSession | None = None) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left (of the work
-    budget ``work_s`` when there is one, else of the time to ``deadline``)."""
+    budget ``work_s`` when there is one, else of the time to ``deadline``); a backend
+    that solves an LP relaxation (LP rounding) solves it in ``session`` when there is one."""
     names = [b.name for b in backends]
     answered: set[str] = set()
     for i, be in enumerate(backends):
         for_chain(be, gap)
+        if hasattr(be, "session"):
+            be.session = session  # type: ignore[attr-defined]
         left = deadline - time.perf_counter()
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
         if work_s is not None and not why:
@@ -180,9 +184,15 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
 def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float,
                 accept: Callable[[SolveResult], bool] | None = None,
                 gap: float = MIP_REL_GAP, child: Any = None,
-                meanwhile: Callable[[], Any] | None = None, work_s: float | None = None
+                meanwhile: Callable[[], Any] | None = None, work_s: float | None = None,
+                session: HighsSession | None = None
                 ) -> tuple[SolveResult | None, list[SolveResult]]:
     """(best accepted result or None, every attempt in order).
+
+    ``session``: an LP kept alive across rounds by the caller (a replay's or ``run``'s
+    policy: :mod:`apportion.solvers.persistent`), for the backends that solve a relaxation;
+    None: every LP is built afresh (a one-off round). In-process backends only: an
+    isolated child starts from nothing each round.
 
     ``work_s``: a deterministic budget (see the module docstring); ``budget_s`` is then a
     safety stop only. Isolated backends cannot take one (their child runs on the clock).
@@ -210,7 +220,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
         if child is not None:
             child.close()
             child = None
-        stream = _in_process(model, backends, deadline, gap, work_s)
+        stream = _in_process(model, backends, deadline, gap, work_s, session)
     try:
         if meanwhile is not None:
             meanwhile()

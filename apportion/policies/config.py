@@ -54,6 +54,10 @@ class RoundConfig:
     # repeats exactly on any machine under any load; ``time_budget_s`` stays a safety stop
     # (DETERMINISTIC_SAFETY times it), and a round it cut short says so in its attempts
     deterministic: bool = False
+    # a policy that lives across rounds (a replay's, ``run``'s, ``serve``'s) keeps its LP
+    # relaxation alive in HiGHS between them and re-solves it from the last basis
+    # (solvers.persistent); an isolated chain's child and a one-off round start afresh
+    persistent: bool = True
 
 
 def answer_reserve(variables: int) -> float:
