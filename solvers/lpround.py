@@ -126,13 +126,19 @@ class LpRoundBackend:
         x = x_lp.copy()
         x[ints] = np.floor(x[ints] + self.tol)
         # a chosen cell (binary at 1) whose placement columns were fractional lost GPUs:
-        # drop every cell whose size row no longer balances
-        for row in model.rows:
-            if row.lb == row.ub == 0.0 and row.coeffs:
-                act = sum(v * x[c] for c, v in row.coeffs.items())
-                if abs(act) > self.tol:
-                    for c in row.coeffs:
-                        x[c] = 0.0
+        # drop every cell whose size row no longer balances (every column of every
+        # homogeneous equality row that does not balance goes to 0, until all balance:
+        # a column only ever goes to 0, so this ends)
+        if model.rows:
+            lens, cols, _ = model.entries()
+            rlb, rub = model.row_bounds()
+            homogeneous = (rlb == 0.0) & (rub == 0.0) & (lens > 0)
+            row_of = np.repeat(np.arange(len(lens)), lens)
+            while True:
+                bad = homogeneous & (np.abs(model.activity(x)) > self.tol)
+                if not bad.any():
+                    break
+                x[cols[bad[row_of]]] = 0.0
         return x if model.is_feasible(x) else None
 
     def _neighbourhood(self, model: LinearModel, x_lp: np.ndarray, ints: np.ndarray,

@@ -123,9 +123,9 @@ def test_rounds_through_a_kept_lp_and_fresh_ones_agree_within_the_tolerance(
     the jobs placed last round run where the fresh path put them. The same queue goes to a
     policy that keeps its LP (persistent) and one that builds it afresh each round."""
     gap = 1e-3
-    kept = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False))
-    fresh = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False,
-                                          persistent=False))
+    kept = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False,
+                                         persistent=True))
+    fresh = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False))
     queue: list = []
     n = 0
     for t, batch in enumerate(arrivals):

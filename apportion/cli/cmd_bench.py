@@ -29,6 +29,9 @@ def bench_sim_cmd(
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+    persistent: bool = typer.Option(False, "--persistent", help="keep the round's LP alive in "
+                                    "HiGHS across rounds and re-solve it from the last basis "
+                                    "(apportion's policies; solvers/persistent.py)"),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
@@ -48,7 +51,7 @@ def bench_sim_cmd(
                              f"{', '.join(INFORMATION_MODES)}")
     with Progress(f"bench sim {policy}", heartbeat=True):
         res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap,
-                             deterministic)
+                             deterministic, persistent)
     emit(res, json_out)
 
 

@@ -612,7 +612,7 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                stage_counts: str | None = None, resolve_every: int | None = 12,
                estimator: Any = None, name: str | None = None,
                mip_gap: float | None = None, deterministic: bool | None = None,
-               **objective: Any) -> FormulationPolicy:
+               persistent: bool | None = None, **objective: Any) -> FormulationPolicy:
     """A formulation policy from a driver's config and the registry's fixed options.
 
     ``objective``: :class:`CandidateOptions` fields (``objective``, ``place_bonus``,
@@ -633,6 +633,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         cfg.mip_gap = mip_gap
     if deterministic is not None:
         cfg.deterministic = deterministic
+    if persistent is not None:
+        cfg.persistent = persistent
     if max_changes is not None:
         cfg.max_changes = max_changes
     if estimator is not None:
