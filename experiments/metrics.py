@@ -206,6 +206,9 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
         out["solver_s_mean"] = _f(rounds["solver_s"].mean())
         out["solver_s_max"] = _f(rounds["solver_s"].max())
         out["policy_s_total"] = _f(rounds["policy_s"].sum())
+        # the solvers' work in nominal seconds (a deterministic budget's count, beside the
+        # seconds: it does not move with the machine's load)
+        out["solver_work_s_total"] = _f(rounds["work_s"].sum()) if "work_s" in rounds else 0.0
         out["fallbacks"] = int(rounds["fallback"].sum())
         # the optimising policies' proven gaps (a bound on each round's model; Gavel's: the
         # LP's optimum over its rounding): how far from optimal the rounds were, where known
@@ -215,7 +218,8 @@ def summarize(jobs: pd.DataFrame, timeline: pd.DataFrame, rounds: pd.DataFrame,
         out["gap_mean"] = _f(gaps.mean()) if len(gaps) else None
         out["gap_max"] = _f(gaps.max()) if len(gaps) else None
     else:
-        out.update(rounds=0, solver_s_mean=0.0, solver_s_max=0.0, policy_s_total=0.0, fallbacks=0)
+        out.update(rounds=0, solver_s_mean=0.0, solver_s_max=0.0, policy_s_total=0.0,
+                   solver_work_s_total=0.0, fallbacks=0)
     return out
 
 

@@ -240,7 +240,10 @@ class Simulator:
                            "chain": "+".join(str(a.get("backend")) for a in ran),
                            "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),
                            "stalled": any("stopped:" in str(a.get("message", "")) for a in ran),
-                           "time_limited": any(bool(a.get("time_limited")) for a in ran)})
+                           "time_limited": any(bool(a.get("time_limited")) for a in ran),
+                           # a deterministic budget's work (nominal seconds, solvers.base):
+                           # what a replay is timed by when the clock is only a safety stop
+                           "work_s": sum(float(a.get("work_s") or 0.0) for a in ran)})
             for jid in finished_recent:
                 js = states[jid]
                 done.append(js)

@@ -212,6 +212,10 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         return int(g.nodes[n]["capacity"]) if reuse else cap_of(n)
 
     class_of = {nn: i for i, members in enumerate(classes) for nn in members}
+    # a class's name in variable keys and row names: the same class keeps it from round to
+    # round while its members come and go (a session kept across rounds matches by name)
+    label = [members[0] if len(members) == 1 else
+             f"{g.nodes[members[0]]['group']}/{cap_of(members[0])}" for members in classes]
     behind: dict[str, list[int]] = {}
     usable_memo: dict[tuple[int, int], int] = {}
 
@@ -261,7 +265,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             for k, cap in sorted(cap_by_class.items()):
                 if min(cap, gpus) // tp <= 0:  # no whole unit fits there: no column
                     continue
-                y = m.add_var(("y", cn, k), 0, min(cap, gpus) // tp, integer=True)
+                y = m.add_var(("y", cn, label[k]), 0, min(cap, gpus) // tp, integer=True)
                 link[y] = float(tp)
                 class_rows.setdefault(k, {})[y] = float(tp)
                 place_cols[cn].append((k, y, tp, 1))
@@ -277,7 +281,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                     row[cell_cols[cn]] = row.get(cell_cols[cn], 0.0) + float(k)
     for k, row in class_rows.items():
         cap = sum(cap_max(nn) if reuse else cap_of(nn) for nn in classes[k])
-        m.add_row(row, ub=float(cap), name=f"cap[class{k}]")
+        m.add_row(row, ub=float(cap), name=f"cap[{label[k]}]")
     if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
         cpu_rows: dict[int, dict[int, float]] = {}
         mem_rows: dict[int, dict[int, float]] = {}

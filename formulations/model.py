@@ -51,6 +51,11 @@ class LinearModel:
     decode: Callable[[np.ndarray], Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     _index: dict[Hashable, int] = field(default_factory=dict, repr=False)
+    # the rows as arrays (row lengths, columns, coefficients), made once per set of rows:
+    # a round reads them many times (each backend's matrix, every answer's row check, LP
+    # rounding's fill), and gathering them from the row dicts is most of that time. Keyed
+    # by what an append changes; rows are never edited in place (add a row, or build anew)
+    _arrays: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- building ---------------------------------------------------------------
     def add_var(
@@ -80,6 +85,12 @@ class LinearModel:
 
     def index(self, key: Hashable) -> int:
         return self._index[key]
+
+    def positions(self, keys: Iterable[Hashable]) -> np.ndarray:
+        """The column of each of ``keys`` (-1 where this model has no such variable): how
+        a solver that kept an earlier model matches its columns to this one's."""
+        at = self._index
+        return np.fromiter((at.get(k, -1) for k in keys), np.int64)
 
     def add_row(
         self,
@@ -121,33 +132,55 @@ class LinearModel:
         """The constraint matrix as CSR (rows x columns, column indices sorted)."""
         from scipy import sparse  # here: a round whose solver runs in a child never loads it
 
-        lens, indices, data = self._entries()
+        lens, indices, data = self.entries()
         indptr = np.zeros(len(self.rows) + 1, np.int64)
         np.cumsum(lens, out=indptr[1:])
-        m = sparse.csr_matrix((data, indices, indptr), shape=(self.num_rows, self.num_vars))
+        m = sparse.csr_matrix((data.copy(), indices.copy(), indptr),
+                              shape=(self.num_rows, self.num_vars))
         m.sort_indices()
         return m
 
     def activity(self, x: np.ndarray) -> np.ndarray:
         """Each row's ``a.x`` (numpy only: checking an answer needs no sparse matrix)."""
         x = np.asarray(x, float)
-        lens, cols, data = self._entries()
+        lens, cols, data = self.entries()
         rows = np.repeat(np.arange(len(self.rows)), lens)
         return np.bincount(rows, weights=data * x[cols], minlength=len(self.rows))
 
-    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Row lengths, column indices and coefficients, row by row."""
+    def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row lengths, column indices and coefficients, row by row (read-only arrays,
+        cached until a row is added: see ``_arrays``): the rows in numpy, for a solver
+        that reads them without building a sparse matrix."""
+        key = self._rows_key()
+        got = self._arrays.get("entries")
+        if got is not None and got[0] == key:
+            return got[1]
         lens = np.fromiter((len(r.coeffs) for r in self.rows), np.int64, len(self.rows))
         nnz = int(lens.sum())
         cols = np.fromiter(chain.from_iterable(r.coeffs for r in self.rows), np.int64, nnz)
         data = np.fromiter(chain.from_iterable(r.coeffs.values() for r in self.rows), float, nnz)
+        for a in (lens, cols, data):
+            a.flags.writeable = False
+        # a copy of the model (copy.copy: LP rounding's relaxation) shares the rows and this
+        # cache: both then hold the same rows, so the arrays stay true for both
+        self._arrays["entries"] = (key, (lens, cols, data))
         return lens, cols, data
 
     def row_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.array([r.lb for r in self.rows], float),
-            np.array([r.ub for r in self.rows], float),
-        )
+        """Each row's lower and upper bound (read-only arrays, cached as ``entries``)."""
+        key = self._rows_key()
+        got = self._arrays.get("bounds")
+        if got is not None and got[0] == key:
+            return got[1]
+        lb = np.fromiter((r.lb for r in self.rows), float, len(self.rows))
+        ub = np.fromiter((r.ub for r in self.rows), float, len(self.rows))
+        lb.flags.writeable = ub.flags.writeable = False
+        self._arrays["bounds"] = (key, (lb, ub))
+        return lb, ub
+
+    def _rows_key(self) -> tuple[int, int, int | None]:
+        """What adding a row changes (rows are never edited in place: see ``_arrays``)."""
+        return (len(self.rows), id(self.rows), id(self.rows[-1]) if self.rows else None)
 
     def objective_value(self, x: np.ndarray) -> float:
         return float(np.dot(np.asarray(self.obj, float), x) + self.obj_constant)

@@ -54,6 +54,14 @@ neither the shares nor when HiGHS stops depend on the clock, and a replay repeat
 on any machine under any load; ``budget_s`` then is only a safety stop, and an answer it
 cut short says so (``extra["time_limited"]``). It runs the backends in this process.
 
+A **session** (:class:`~apportion.solvers.persistent.HighsSession`): a caller that lives
+across rounds (a replay's, ``run``'s or ``serve``'s policy, with
+``RoundConfig.persistent``) may keep its LP relaxation in HiGHS between rounds, and LP
+rounding then re-solves it from the last basis after the round's changes instead of
+building it afresh (:mod:`apportion.solvers.persistent`, which says why it is not the
+default). It runs the backends in this process; a one-off round and an isolated chain
+start afresh.
+
 Isolated backends (:class:`~apportion.solvers.isolation.IsolatedBackend`) run
 in one child process for the whole chain (started early by the caller if it
 likes, so its imports overlap the round's candidates), which streams each
@@ -73,6 +81,7 @@ from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
 from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
+from apportion.solvers.persistent import HighsSession
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +98,15 @@ BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CL
 AUTO_ORDER = ("highs", "lp-round", "highs", "cp-sat")
 # past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
 LARGE_MODEL_COLUMNS = 20000
+# past this many columns an in-process HiGHS runs without presolve. Its presolve is the
+# one part of its work that neither the stall rule nor a deterministic budget sees (the
+# MIP callbacks start after it), and on the replays' busy rounds it is most of HiGHS's
+# time: on the 11 rounds of 8,000-20,000 columns where HiGHS ran after LP rounding in the
+# first 150 rounds of `bench sim --days 1` (captured, re-solved with the chain, work budget
+# 2 s) the same answers came in 0.3-0.5 s of HiGHS instead of 0.7-3.4 s. Below it presolve
+# pays: HiGHS proves or improves more of those rounds with it (3 of 17 rounds of
+# 2,000-7,000 columns ran 3-10x longer without it).
+PRESOLVE_OFF_COLUMNS = 8000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``--mip-gap``)
 LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
@@ -116,7 +134,7 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
                          "scip or greedy")
     if isolate:
         return [IsolatedBackend(n) for n in names]
-    if columns > LARGE_MODEL_COLUMNS and "highs" in names:
+    if columns > PRESOLVE_OFF_COLUMNS and "highs" in names:
         # in this process HiGHS must stop at its limit: its presolve builds a clique partition
         # of the objective that never looks at the clock (28-84 s on an 85,000-column round
         # given 8 s); without presolve it keeps to the limit. An isolated HiGHS keeps its
@@ -141,14 +159,17 @@ def _hint_answer(model: LinearModel) -> SolveResult | None:
 
 
 def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float,
-                gap: float = MIP_REL_GAP, work_s: float | None = None
-                ) -> Iterator[SolveResult]:
+                gap: float = MIP_REL_GAP, work_s: float | None = None,
+                session: HighsSession | None = None) -> Iterator[SolveResult]:
     """Each backend in turn in this process, with its share of what is left (of the work
-    budget ``work_s`` when there is one, else of the time to ``deadline``)."""
+    budget ``work_s`` when there is one, else of the time to ``deadline``); a backend
+    that solves an LP relaxation (LP rounding) solves it in ``session`` when there is one."""
     names = [b.name for b in backends]
     answered: set[str] = set()
     for i, be in enumerate(backends):
         for_chain(be, gap)
+        if hasattr(be, "session"):
+            be.session = session  # type: ignore[attr-defined]
         left = deadline - time.perf_counter()
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
         if work_s is not None and not why:
@@ -180,9 +201,15 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
 def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float,
                 accept: Callable[[SolveResult], bool] | None = None,
                 gap: float = MIP_REL_GAP, child: Any = None,
-                meanwhile: Callable[[], Any] | None = None, work_s: float | None = None
+                meanwhile: Callable[[], Any] | None = None, work_s: float | None = None,
+                session: HighsSession | None = None
                 ) -> tuple[SolveResult | None, list[SolveResult]]:
     """(best accepted result or None, every attempt in order).
+
+    ``session``: an LP kept alive across rounds by the caller (a replay's or ``run``'s
+    policy: :mod:`apportion.solvers.persistent`), for the backends that solve a relaxation;
+    None: every LP is built afresh (a one-off round). In-process backends only: an
+    isolated child starts from nothing each round.
 
     ``work_s``: a deterministic budget (see the module docstring); ``budget_s`` is then a
     safety stop only. Isolated backends cannot take one (their child runs on the clock).
@@ -210,7 +237,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
         if child is not None:
             child.close()
             child = None
-        stream = _in_process(model, backends, deadline, gap, work_s)
+        stream = _in_process(model, backends, deadline, gap, work_s, session)
     try:
         if meanwhile is not None:
             meanwhile()

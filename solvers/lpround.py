@@ -27,6 +27,11 @@ where the restricted MIP took 0.4 s to reach 0.0006 %. In a chain
 filled point within that tolerance is the answer: the chain would stop at it
 anyway, so the restricted MIP is not run.
 
+With a **session** (:class:`~apportion.solvers.persistent.HighsSession`, set by a chain
+whose caller keeps one across rounds: a replay's or ``run``'s policy) the relaxation is
+re-solved from the previous round's LP and basis instead of built afresh; everything after
+it (rounding, filling, the restricted MIP) is the same.
+
 With a deterministic budget (``work_s``, set by a chain that has one) the relaxation runs
 to its optimum and the restricted MIP gets the backend's work (``highs.HighsBackend``), so
 the answer does not depend on the clock; the time limit is only a safety stop.
@@ -45,6 +50,7 @@ import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import SolveResult, Status, proven_gap
 from apportion.solvers.highs import HighsBackend
+from apportion.solvers.persistent import HighsSession
 
 NEIGHBOURS = 3  # columns added to the restricted MIP per support column (at least MIN_EXTRA)
 MIN_EXTRA = 150
@@ -60,16 +66,20 @@ class LpRoundBackend:
         # within this of the LP bound the filled point is final (None: always the MIP)
         self.mip_rel_gap = mip_rel_gap
         self.work_s: float | None = None  # a deterministic budget (see the module docstring)
+        self.session: HighsSession | None = None  # the relaxation kept across rounds
 
     def available(self) -> bool:
         return HighsBackend().available()
 
     def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult:
         start = time.perf_counter()
-        relaxed = copy.copy(model)
-        relaxed.integer = [False] * model.num_vars
-        relaxed.hint = {}
-        lp = HighsBackend(reduced_costs=self.neighbourhood).solve(relaxed, time_limit_s)
+        if self.session is not None:
+            lp = self.session.relaxation(model, time_limit_s, reduced_costs=self.neighbourhood)
+        else:
+            relaxed = copy.copy(model)
+            relaxed.integer = [False] * model.num_vars
+            relaxed.hint = {}
+            lp = HighsBackend(reduced_costs=self.neighbourhood).solve(relaxed, time_limit_s)
         work: dict[str, float | bool] = {} if self.work_s is None else \
             {"work_s": 0.0, "time_limited": lp.message == "Time limit reached"}
         if lp.x is None or lp.status is not Status.OPTIMAL:
@@ -118,13 +128,19 @@ class LpRoundBackend:
         x = x_lp.copy()
         x[ints] = np.floor(x[ints] + self.tol)
         # a chosen cell (binary at 1) whose placement columns were fractional lost GPUs:
-        # drop every cell whose size row no longer balances
-        for row in model.rows:
-            if row.lb == row.ub == 0.0 and row.coeffs:
-                act = sum(v * x[c] for c, v in row.coeffs.items())
-                if abs(act) > self.tol:
-                    for c in row.coeffs:
-                        x[c] = 0.0
+        # drop every cell whose size row no longer balances (every column of every
+        # homogeneous equality row that does not balance goes to 0, until all balance:
+        # a column only ever goes to 0, so this ends)
+        if model.rows:
+            lens, cols, _ = model.entries()
+            rlb, rub = model.row_bounds()
+            homogeneous = (rlb == 0.0) & (rub == 0.0) & (lens > 0)
+            row_of = np.repeat(np.arange(len(lens)), lens)
+            while True:
+                bad = homogeneous & (np.abs(model.activity(x)) > self.tol)
+                if not bad.any():
+                    break
+                x[cols[bad[row_of]]] = 0.0
         return x if model.is_feasible(x) else None
 
     def _neighbourhood(self, model: LinearModel, x_lp: np.ndarray, ints: np.ndarray,

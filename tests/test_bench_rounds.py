@@ -23,4 +23,6 @@ def test_a_small_round_is_timed_and_answered() -> None:
     assert row["exit"] == 0, row
     assert row["status"] in ("optimal", "feasible") and not row["fallback"], row
     assert row["objective"] > 0 and row["wall_s"] > 0 and row["cpu_s"] > 0
+    assert row["peak_rss_mib"] > 10  # the command's own peak (an interpreter at least)
+    assert "peak MiB" in rounds.markdown([row])
     assert row["gap"] is not None and row["gap"] <= 1e-3 + 1e-12  # the default tolerance

@@ -10,6 +10,7 @@ import typer
 from apportion import outputs
 from apportion.cli import complete
 from apportion.cli.common import (
+    DETERMINISTIC_HELP,
     INFORMATION_HELP,
     MIP_GAP_HELP,
     check_finite,
@@ -28,6 +29,10 @@ def bench_sim_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
+    deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+    persistent: bool = typer.Option(False, "--persistent", help="keep the round's LP alive in "
+                                    "HiGHS across rounds and re-solve it from the last basis "
+                                    "(apportion's policies; solvers/persistent.py)"),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
@@ -46,7 +51,8 @@ def bench_sim_cmd(
             raise InputError("--information", "information", f"{information!r} is not one of "
                              f"{', '.join(INFORMATION_MODES)}")
     with Progress(f"bench sim {policy}", heartbeat=True):
-        res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap)
+        res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap,
+                             deterministic, persistent)
     emit(res, json_out)
 
 

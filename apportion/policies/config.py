@@ -54,6 +54,13 @@ class RoundConfig:
     # repeats exactly on any machine under any load; ``time_budget_s`` stays a safety stop
     # (DETERMINISTIC_SAFETY times it), and a round it cut short says so in its attempts
     deterministic: bool = False
+    # a policy that lives across rounds (a replay's, ``run``'s, ``serve``'s) keeps its LP
+    # relaxation alive in HiGHS between them and re-solves it from the last basis
+    # (solvers.persistent); an isolated chain's child and a one-off round start afresh. Off
+    # by default: the hot-started LP is faster (0.65-0.73x on a replay's rounds) but ends
+    # on vertices LP rounding rounds worse (no presolve), so more rounds go on to HiGHS's
+    # branch and bound and a replay gains nothing (experiments/results/bench/speed.md)
+    persistent: bool = False
 
 
 def answer_reserve(variables: int) -> float:

@@ -53,6 +53,7 @@ from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, solve_cha
 from apportion.solvers.chain_rules import tighter
 from apportion.solvers.isolation import ChainChild
 from apportion.solvers.partition import make_engine, solve_partitioned
+from apportion.solvers.persistent import HighsSession
 from apportion.validator import validate
 from apportion.view import JobView, View
 
@@ -189,6 +190,8 @@ class FormulationPolicy:
         self._last_est: Any = None  # the estimator this round's candidates read
         self._child: Any = None  # an isolated chain's child process, started early
         self._engine: Any = None  # a partitioned solve's engine (local processes or Ray)
+        # the round's LP kept alive across rounds (an in-process chain; RoundConfig.persistent)
+        self.session: HighsSession | None = None
 
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
@@ -390,8 +393,16 @@ class FormulationPolicy:
         later = f.greedy_choices is None and cfg.isolate and bool(backends)
         best, attempts = solve_chain(model, backends, left, accept, gap=cfg.mip_gap, child=child,
                                      meanwhile=greedy_meanwhile if later else None,
-                                     work_s=work_s)
+                                     work_s=work_s, session=self._session())
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    def _session(self) -> HighsSession | None:
+        """The LP kept across rounds, where this round's chain runs in this process."""
+        if not self.cfg.persistent or self.cfg.isolate:
+            return None
+        if self.session is None:
+            self.session = HighsSession()
+        return self.session
 
     @property
     def partitioned(self) -> bool:
@@ -417,6 +428,8 @@ class FormulationPolicy:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if self.session is not None:
+            self.session.close()
 
     def decode(self, view: View, g: nx.DiGraph, f: Formulated, s: Solved) -> Decision:
         cfg = self.cfg
@@ -616,7 +629,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                stage_counts: str | None = None, resolve_every: int | None = 12,
                estimator: Any = None, name: str | None = None,
                mip_gap: float | None = None, deterministic: bool | None = None,
-               quotas: dict[str, int] | None = None, **objective: Any) -> FormulationPolicy:
+               quotas: dict[str, int] | None = None, persistent: bool | None = None,
+               **objective: Any) -> FormulationPolicy:
     """A formulation policy from a driver's config and the registry's fixed options.
 
     ``objective``: :class:`CandidateOptions` fields (``objective``, ``place_bonus``,
@@ -637,6 +651,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
         cfg.mip_gap = mip_gap
     if deterministic is not None:
         cfg.deterministic = deterministic
+    if persistent is not None:
+        cfg.persistent = persistent
     if max_changes is not None:
         cfg.max_changes = max_changes
     if estimator is not None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -124,18 +123,24 @@ def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
                "--jobs", str(jobs), "--time-budget", str(budget), "--json", str(out),
                "--partitions", str(partitions), "--engine", engine, *(extra or [])]
         load = os.getloadavg()[0]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              check=False, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        # this command's own usage (its chain child's included): CPU, and the peak resident
+        # memory of the largest of its processes
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.stderr.close()
         wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        cpu = usage.ru_utime + usage.ru_stime
         row: dict[str, Any] = {"budget_s": budget, "partitions": partitions, "engine": engine,
                                "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                               "peak_rss_mib": round(usage.ru_maxrss / 1024.0, 1),
                                "load_before": round(load, 2), "exit": proc.returncode}
         if proc.returncode != 0 or not out.exists():
-            row["error"] = proc.stderr.strip().splitlines()[-3:]
+            row["error"] = err.strip().splitlines()[-3:]
             return row
         rep = json.loads(out.read_text())["solver"]
         row.update({k: rep.get(k) for k in ("backend", "status", "objective", "bound", "gap",
@@ -163,12 +168,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head = (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
             f"{platform.python_version()}; `load` is the 1-minute load average before the run; "
             "`CPU s` is user + system time of the process and its children.\n\n"
-            "| jobs | GPUs | budget s | parts | engine | wall s | CPU s | load | backend | "
-            "status | objective | gap |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "`peak MiB` is the peak resident memory of the largest of its processes.\n\n"
+            "| jobs | GPUs | budget s | parts | engine | wall s | CPU s | peak MiB | load | "
+            "backend | status | objective | gap |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     fmt = lambda v, f: "-" if v is None else format(v, f)
     return head + "".join(
         f"| {r['jobs']} | {r['gpus']} | {r['budget_s']:g} | {r['partitions']} | {r['engine']} | "
-        f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['load_before']} | {r.get('backend', '-')} | "
+        f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {fmt(r.get('peak_rss_mib'), '.0f')} | "
+        f"{r['load_before']} | {r.get('backend', '-')} | "
         f"{r.get('status', r.get('error'))} | {fmt(r.get('objective'), '.6g')} | "
         f"{fmt(r.get('gap'), '.3%')} |\n" for r in rows)
 

@@ -75,6 +75,16 @@ def chain_profile(rounds: Any) -> dict[str, Any]:
             "highs_stalled_s": round(stalled_s, 2)}
 
 
+def peak_rss_mib() -> float | None:
+    """This process's peak resident memory so far (MiB; None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(kib / (1024.0 * 1024.0) if platform.system() == "Darwin" else kib / 1024.0, 1)
+
+
 def check_policy(policy: str) -> None:
     """``bench sim --policy``: a registered policy, checked before the two-week trace is
     loaded (an unknown name surfaced only after it, as a KeyError)."""
@@ -85,16 +95,19 @@ def check_policy(policy: str) -> None:
 
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
          max_rounds: int | None = None, information: str = "estimated",
-         mip_gap: float = MIP_REL_GAP) -> dict[str, Any]:
+         mip_gap: float = MIP_REL_GAP, deterministic: bool = False,
+         persistent: bool = False) -> dict[str, Any]:
     check_policy(policy)
     t0 = time.perf_counter()
     trace, truth = bench_trace(days)
     load_s = time.perf_counter() - t0
-    opts = {"time_budget_s": time_budget, "mip_gap": mip_gap} \
-        if policy.startswith("apportion") else {}
+    opts: dict[str, Any] = {"time_budget_s": time_budget, "mip_gap": mip_gap,
+                            "persistent": persistent} if policy.startswith("apportion") else {}
     cfg = SimConfig(max_sim_s=None if max_rounds is None else max_rounds * 300.0,
-                    information=information, jct_bound=False)  # the replay's speed alone
-    sim = Simulator(crius_cluster(), trace, make_policy(policy, **opts), truth, cfg)
+                    information=information, deterministic=deterministic,
+                    jct_bound=False)  # the replay's speed alone
+    pol = make_policy(policy, **opts)
+    sim = Simulator(crius_cluster(), trace, pol, truth, cfg)
     load0 = os.getloadavg()[0]
     c1 = time.process_time()
     t1 = time.perf_counter()
@@ -107,11 +120,18 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
         "policy": policy, "information": information, "trace_jobs": len(trace),
         "trace_days": days, "cluster_gpus": 1280, "time_budget_s": time_budget,
         "mip_gap": mip_gap if policy.startswith("apportion") else None,
+        "deterministic": deterministic, "persistent": persistent,
         "rounds": s["rounds"], "finished": s["finished"], "sim_wall_s": round(wall, 2),
         "sim_cpu_s": round(cpu, 2), "load_before": round(load0, 2),
         "load_after": round(os.getloadavg()[0], 2),
         "rounds_per_s": round(s["rounds"] / wall, 2) if wall > 0 else None,
         "policy_s_total": s["policy_s_total"], "trace_load_s": round(load_s, 2),
+        # the solvers' work (nominal seconds, solvers.base.WORK_PER_S): with
+        # ``deterministic`` what the replay is timed by, the same on any machine
+        "solver_work_s_total": s.get("solver_work_s_total", 0.0),
+        "rounds_time_limited": s.get("rounds_time_limited", 0),
+        "peak_rss_mib": peak_rss_mib(),
+        **({"session": pol.session.stats.as_dict()} if getattr(pol, "session", None) else {}),
         "fallback_rounds": int(rd["fallback"].sum()) if len(rd) else 0,
         **chain_profile(rd),
         "avg_jct_s": s["avg_jct_s"], "median_jct_s": s.get("median_jct_s"),
