@@ -103,6 +103,37 @@ def test_import_reads_node_names_types_and_counts(cluster) -> None:
         ("h-aaaaaaaa", "H100", 4), ("h-bbbbbbbb", "T4", 2)]
 
 
+def test_cli_imports_the_running_cluster_and_a_round_places_on_it(cluster, tmp_path) -> None:
+    """The documented door: `apportion cluster import --from ray --ray-address ADDR --out
+    FILE` writes a cluster file the round reads, naming both GPU types; a dead address is
+    refused by flag with exit 2 and nothing written."""
+    apportion = str(Path(sys.executable).parent / "apportion")
+    env = cluster["env"]
+    out = tmp_path / "ray-cluster.yaml"
+    r = subprocess.run([apportion, "cluster", "import", "--from", "ray", "--ray-address",
+                        cluster["address"], "--out", str(out)], env=env, capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = yaml.safe_load(out.read_text())
+    types = sorted(g["gpu_type"] for g in data["node_groups"])
+    assert types == sorted([canonical_gpu_name("A10"), canonical_gpu_name("A40")]), data
+    (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
+        {"id": "a", "model": "gpt-tiny", "global_batch_size": 4, "iterations": 10,
+         "requested_gpus": 2}]}))
+    r = subprocess.run([apportion, "solve-round", "--cluster", str(out), "--jobs",
+                        str(tmp_path / "j.yaml"), "--backend", "greedy", "--json",
+                        str(tmp_path / "d.json")], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    placed = json.loads((tmp_path / "d.json").read_text())["allocations"]
+    assert [a["job"] for a in placed] == ["a"] and placed[0]["gpu_type"] in types
+    dead = tmp_path / "dead.yaml"
+    r = subprocess.run([apportion, "cluster", "import", "--from", "ray", "--ray-address",
+                        f"127.0.0.1:{_free_port()}", "--out", str(dead)], env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2 and "--ray-address" in r.stderr and not dead.exists(), r.stderr
+
+
 def _decision(alloc: Allocation) -> Decision:
     return Decision([alloc], [], SolveReport("test", "optimal", 0.0, 0.0, 0.0, 0.0, False))
 
