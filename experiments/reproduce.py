@@ -121,8 +121,8 @@ Sia 2.5 / 12.2 / 18.8, Synergy 3.1 / 13.5 / 21.5; BP — Sia 1.8 / 9 / 16.5, Syn
 2.3 / 10.8 / 20.5; MT — Morphling 1.1 / 11.4 / 17.9, AntMan 1.75 / 13.4 / 19.6.
 JCTs are over finished jobs (the `finished` column). Global batches per model come from the
 artifact's validation scripts; apportion's candidates include every stage-count divisor, as
-Morphling's 3- and 6-stage plans need. apportion runs its cell formulation here, which knows no
-tenants: its MT row equals its base row.""")
+Morphling's 3- and 6-stage plans need. apportion runs its cell formulation here; on MT it keeps
+the guaranteed jobs' SLAs (no quotas are given: every guaranteed job is within its tenant's).""")
 
 
 def ablation(days: float = 1.0, budget: float = 2.0) -> Path:

@@ -48,6 +48,9 @@ JCT estimated, 0.531 oracle); with it 0.369 and 0.331 h, SLAs kept 0.804 and 0.8
 and 0.799 before). Best-effort jobs use what is
 left and carry no keep bonus, so they are preempted first.
 
+The SLA and quota rule is :mod:`apportion.formulations.sla`'s (the cells formulation
+keeps the same one): here it judges each job's plan options as they are built.
+
 Objective: total normalised throughput, each job's throughput divided by that
 of its requested GPUs under its best plan (Morphling's figure-8 normalisation:
 speed-up over the rigid plan on the requested resources).
@@ -79,6 +82,14 @@ from apportion.formulations.objectives import (
     reference_throughput,
 )
 from apportion.formulations.schema import job_node
+from apportion.formulations.sla import (
+    SLA_WEIGHT,
+    QuotaBook,
+    judge,
+    mark,
+    sla_order,
+    sla_reachable,
+)
 
 from apportion.cluster import Cluster
 from apportion.decision import Reason
@@ -324,7 +335,7 @@ class PlanOptions:
     """Knobs of the plans formulation (documented in the module docstring)."""
 
     gpu_counts: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
-    sla_weight: float = 10.0  # see the module docstring (session 8's measurement)
+    sla_weight: float = SLA_WEIGHT  # see the module docstring (session 8's measurement)
     # a guaranteed job's SLA is its promised time (its work at its request's speed) x
     # ``sla_slack`` after its submission, plus ``sla_grace_s`` (None: one round); once it
     # can no longer finish within that, even at its promised speed from now on, it is
@@ -405,8 +416,8 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                    quotas=quotas)
     add_topology(g, cluster)
     caps = cluster.capacity_by_type()
-    used_quota: dict[str, int] = {}
-    for job in sorted(jobs, key=lambda j: (j.running is None, j.submit_time_s, j.id)):
+    book = QuotaBook(quotas)
+    for job in sla_order(jobs):
         jn = job_node(job.id)
         wait = job.wait_s(now_s)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
@@ -438,32 +449,17 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
         opts = fit
-        req_type = job.requested_gpu_type
-        at_req = [o for o in opts if o.gpus == job.requested_gpus
-                  and (req_type is None or o.gpu_type == req_type)]
-        ref, basis = reference_throughput(opt.normalize, job.requested_gpus, req_type,
+        ref, basis = reference_throughput(opt.normalize, job.requested_gpus,
+                                          job.requested_gpu_type,
                                           [(o.gpu_type, o.gpus, o.throughput) for o in opts])
         g.nodes[jn]["ref_throughput"] = ref
         g.nodes[jn]["ref_basis"] = basis + ", best plan"
-        guaranteed = False
-        promised = max((o.throughput for o in at_req), default=0.0)  # the SLA: request's speed
-        if job.guaranteed and promised > 0 and opt.sla_deadline and not sla_reachable(
-                job, now_s, promised, opt):
-            g.nodes[jn]["sla_lost"] = True
-        elif job.guaranteed and promised > 0:
-            sla = promised * (1 - 1e-9)
-            meeting = [o for o in opts if o.throughput >= sla]
-            demand = min(o.gpus for o in meeting)
-            quota = quotas.get(job.tenant)
-            if quota is None or used_quota.get(job.tenant, 0) + demand <= quota:
-                guaranteed = True
-                used_quota[job.tenant] = used_quota.get(job.tenant, 0) + demand
-                opts = meeting
-                g.nodes[jn]["sla_throughput"] = promised
-                g.nodes[jn]["min_demand"] = demand
-            else:
-                g.nodes[jn]["over_quota"] = True
-        g.nodes[jn]["guaranteed"] = guaranteed
+        verdict = judge(job, now_s, [(o.gpu_type, o.gpus, o.throughput) for o in opts],
+                        book, opt)
+        mark(g.nodes[jn], verdict)
+        guaranteed = verdict.guaranteed
+        if guaranteed:
+            opts = [o for o in opts if verdict.meets(o.throughput)]
         bonus = g.nodes[jn]["queue_bonus"] + (opt.sla_weight if guaranteed else 0.0)
         for i, o in enumerate(opts):
             current = (job.running is not None
@@ -506,16 +502,6 @@ def spilled_options(job: JobSpec, cluster: Cluster, source: PlanSource
                  ("; ".join(why) if why else "no GPU type here"))
 
 
-def sla_reachable(job: JobSpec, now_s: float, promised: float, opt: PlanOptions) -> bool:
-    """Whether a guaranteed job can still finish within its SLA if it runs at its promised
-    speed (samples/s) from ``now_s``: its promised time x ``sla_slack`` after submission,
-    plus the grace (one round by default: a job waits for the next round)."""
-    batch = job.global_batch_size
-    grace = opt.round_s if opt.sla_grace_s is None else opt.sla_grace_s
-    deadline = job.submit_time_s + opt.sla_slack * job.iterations * batch / promised + grace
-    return now_s + job.remaining_iterations * batch / promised <= deadline
-
-
 def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, int],
                cluster: Cluster, estimator: AnalyticEstimator | None = None) -> Estimate:
     """Topology feedback: the estimate of a plan on the placement actually chosen."""
@@ -523,6 +509,7 @@ def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, in
     return est.predict(job, replace(option_plan), placement, cluster)
 
 
+# sla_reachable lived here before apportion.formulations.sla: re-exported for compatibility
 __all__ = ["CalibratedPlans", "EstimatedPlans", "MeasuredPlans", "PlanOption", "PlanOptions",
            "PlanSource", "build_plan_candidates", "plan_from_code", "rated_options", "reestimate",
            "sla_reachable"]

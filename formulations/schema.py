@@ -10,8 +10,8 @@ heuristic can read a graph without loading a builder (or its estimators).
 
 A ``networkx.DiGraph`` with graph attributes ``kind="candidates"``, ``now_s``
 (the round's clock), ``options`` (the builder's knobs, as a dict),
-``formulation`` (absent means ``"cells"``), ``quotas`` (tenant -> GPUs, plans
-formulation) and ``objective`` (the objective's weights, written by
+``formulation`` (absent means ``"cells"``), ``quotas`` (tenant -> GPUs, the cells and
+plans formulations) and ``objective`` (the objective's weights, written by
 :func:`apportion.formulations.objectives.apply_objective`), and four kinds of
 vertices, told apart by their ``kind`` attribute:
 
@@ -23,7 +23,8 @@ vertices, told apart by their ``kind`` attribute:
   feasible, else None); optionally ``reason_detail``, ``jct_weight``,
   ``speed_weight``, ``soonest_s``, ``projected_jct_s``, ``tail`` (objective), ``tenant``,
   ``guaranteed``, ``sla_throughput``,
-  ``min_demand``, ``over_quota`` (plans), ``deadline_s``, ``admitted``
+  ``min_demand``, ``over_quota``, ``sla_lost`` (cells and plans:
+  :mod:`apportion.formulations.sla`), ``deadline_s``, ``admitted``
   (deadline).
 * ``cell:...``: attrs ``kind="cell"``, ``job``, ``gpu_type``, ``gpus``,
   ``stages``, ``dp``, ``tp``, ``micro_batches``, ``est_throughput``,
@@ -31,7 +32,8 @@ vertices, told apart by their ``kind`` attribute:
   ``value`` (the objective coefficient), ``current`` (True for a running job's
   present cell: :func:`is_current`), ``single_node`` (its estimate assumed one
   node, so it is placed whole on one); optionally ``plan``, ``family``,
-  ``cpus_per_gpu``, ``host_mem_gib_per_gpu``, ``quota_tenant`` (plans) and
+  ``cpus_per_gpu``, ``host_mem_gib_per_gpu`` (plans), ``quota_tenant`` (cells and
+  plans) and
   ``finish_s`` (deadline). Its key is unique but opaque (the cells builder
   uses :attr:`apportion.plans.Cell.node_id`, the plans builder an option
   index): read a cell's attributes, never parse its key.

@@ -15,6 +15,10 @@ candidate graph:
 2. **split the jobs**: a running job goes with its nodes; the rest, largest
    request first, to the part with the least requested GPUs so far (ties by
    part index): balanced load, deterministic;
+   Tenants' quotas (the ``quota_tenant`` rows) span parts, so each is **split**:
+   a part gets the minimum demands of its guaranteed jobs of that tenant, and what
+   the quota has beyond them goes to the parts in proportion (:func:`split_quotas`);
+   the shares sum to at most the quota, so the union of the parts' answers keeps it;
 3. **solve** each part's sub-graph — the candidate graph restricted to the
    part's nodes and jobs, built into a model by the formulation's own builder
    (passed in, never imported here) — with the solver chain, in parallel: a
@@ -157,10 +161,51 @@ def partition_round(g: nx.DiGraph, k: int) -> list[Part]:
     return parts
 
 
-def subgraph(g: nx.DiGraph, part: Part) -> nx.DiGraph:
-    """The candidate graph restricted to a part: its nodes, its groups' share, its jobs."""
+def split_quotas(g: nx.DiGraph, parts: list[Part]) -> list[dict[str, int]]:
+    """Each part's share of every tenant's quota (the graph's ``quotas``), summing to at
+    most the quota: the parts are solved apart, and their answers together must keep it.
+
+    A part's need is the minimum demand of each of its guaranteed jobs of the tenant (the
+    job's ``min_demand``, else its smallest quota cell); a part gets its need and the
+    quota's slack beyond all needs in proportion to it (the remainder to the largest needs
+    first, then by part index). Needs beyond the quota (a graph edited by hand) are scaled
+    down to it, rounding down."""
+    quotas: dict[str, int] = dict(g.graph.get("quotas") or {})
+    shares: list[dict[str, int]] = [{} for _ in parts]
+    if not quotas:
+        return shares
+    need: dict[str, list[int]] = {t: [0] * len(parts) for t in quotas}
+    for i, p in enumerate(parts):
+        for jid in p.jobs:
+            sizes = [(int(g.nodes[c]["gpus"]), g.nodes[c]["quota_tenant"])
+                     for c in cells_of(g, jid) if g.nodes[c].get("quota_tenant") in quotas]
+            if sizes:
+                t = sizes[0][1]
+                need[t][i] += int(g.nodes[job_node(jid)].get("min_demand")
+                                  or min(n for n, _ in sizes))
+    for t, quota in sorted(quotas.items()):
+        wants, total = need[t], sum(need[t])
+        if not total:  # no guaranteed job of the tenant in any part: nothing to bind
+            got = [0] * len(parts)
+        elif total > quota:  # more than the quota: each part its proportion, rounded down
+            got = [quota * w // total for w in wants]
+        else:  # each its need, and the slack in proportion (the rest: one each, largest first)
+            got = [w + (quota - total) * w // total for w in wants]
+            for i in sorted(range(len(parts)), key=lambda i: (-wants[i], i))[:quota - sum(got)]:
+                got[i] += 1
+        for i, n in enumerate(got):
+            shares[i][t] = n
+    return shares
+
+
+def subgraph(g: nx.DiGraph, part: Part, quotas: dict[str, int] | None = None) -> nx.DiGraph:
+    """The candidate graph restricted to a part: its nodes, its groups' share, its jobs,
+    and ``quotas`` (its share of the tenants' quotas: :func:`split_quotas`) for the
+    graph's."""
     nodes = set(part.nodes)
     keep = {k: v for k, v in g.graph.items() if k not in ("specs", "estimator")}
+    if quotas is not None:
+        keep["quotas"] = dict(quotas)
     sg = nx.DiGraph(**keep)
     for n in part.nodes:
         sg.add_node(n, **g.nodes[n])
@@ -381,8 +426,10 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
         tasks.append((f"{lp_bound.__module__}:lp_bound",
                       (replace(model, decode=None, hint={}), left)))
     order = sorted(range(len(parts)), key=lambda i: -len(parts[i].jobs))
+    shares = split_quotas(g, parts)
     tasks += [(f"{solve_part.__module__}:solve_part",
-               (subgraph(g, parts[i]), build, list(backends), left, gap)) for i in order]
+               (subgraph(g, parts[i], shares[i]), build, list(backends), left, gap))
+              for i in order]
     results = engine.run(tasks, deadline - reserve)
     lp: SolveResult | None = None
     if bound:
@@ -444,4 +491,4 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
 
 __all__ = ["ENGINES", "LocalEngine", "Part", "PartAnswer", "RayEngine", "engine_session",
            "lp_bound", "make_engine", "partition_round", "repair", "solve_part",
-           "solve_partitioned", "subgraph"]
+           "solve_partitioned", "split_quotas", "subgraph"]

@@ -420,7 +420,8 @@ BAD_COUNTS = [
 # flags a command would silently ignore, or nonsense it would count: refused, naming both flags
 BAD_COMBINATIONS = [
     (["solve-round", "--tables", "{tables}"], ("--tables", "--estimator")),
-    (["solve-round", "--tenants", "{tenants}"], ("--tenants", "--formulation")),
+    (["solve-round", "--formulation", "deadline", "--tenants", "{tenants}"],
+     ("--tenants", "--formulation")),
     (["solve-round", "--round-key", "k1"], ("--round-key", "--state")),
     (["solve-round", "--ray-address", "10.0.0.1:6379"], ("--ray-address", "--engine")),
     (["solve-round", "--policy", "fcfs", "--formulation", "plans"], ("--policy", "--formulation")),

@@ -1,7 +1,7 @@
 """Tenants and their quotas through every door: ``--tenants`` on ``simulate``, ``compare``
 and ``run`` (it existed on ``solve-round`` only), given alike to every policy that keeps
-quotas (apportion-plans, Morphling's, AntMan's), and refused by name where the policy
-would ignore them."""
+quotas (apportion, the default, apportion-plans, Morphling's, AntMan's), and refused by
+name where the policy would ignore them."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def tenants(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("policy,option", [("apportion-plans", "quotas"),
+@pytest.mark.parametrize("policy,option", [("apportion", "quotas"), ("apportion-plans", "quotas"),
                                            ("morphling", "quota"), ("antman", "quota")])
 def test_every_policy_that_keeps_quotas_is_given_the_same(policy: str, option: str) -> None:
     opts = quota_options(policy, QUOTAS)
@@ -51,8 +51,9 @@ def test_simulate_and_compare_take_tenants(tenants: Path, tmp_path: Path) -> Non
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["policy"] == "apportion-plans"
     r = runner.invoke(app, ["compare", "--trace", "morphling-mt", "--cluster", "morphling-64",
-                            "--policies", "apportion-plans,morphling,fcfs", "--max-jobs", "4",
-                            "--tenants", str(tenants), "--out", str(tmp_path / "cmp"),
+                            "--policies", "apportion,apportion-plans,morphling,fcfs",
+                            "--max-jobs", "4", "--tenants", str(tenants),
+                            "--out", str(tmp_path / "cmp"),
                             "--workers", "1", "--deterministic"])
     assert r.exit_code == 0, r.output
 
@@ -68,11 +69,13 @@ def test_a_policy_without_quotas_is_refused_by_name(tenants: Path, tmp_path: Pat
     assert runner.invoke(app, ["submit", str(tmp_path / "j.yaml"), "--state", str(db)]
                          ).exit_code == 0
     r = runner.invoke(app, ["run", "--state", str(db), "--cluster", "crius-testbed",
-                            "--tenants", str(tenants), "--timeout", "2", "--interval", "1",
-                            "--workdir", str(tmp_path / "w")])
-    assert r.exit_code == 2 and "--tenants" in r.stderr, r.output
-    r = runner.invoke(app, ["run", "--state", str(db), "--cluster", "crius-testbed",
-                            "--tenants", str(tenants), "--policy", "apportion-plans",
-                            "--timeout", "3", "--interval", "1", "--time-budget", "2",
-                            "--workdir", str(tmp_path / "w")])
-    assert r.exit_code == 0, r.output
+                            "--tenants", str(tenants), "--policy", "fcfs", "--timeout", "2",
+                            "--interval", "1", "--workdir", str(tmp_path / "w")])
+    assert r.exit_code == 2 and "--tenants" in r.stderr and "fcfs" in r.stderr, r.output
+    # the default policy (the cells formulation) keeps quotas, as apportion-plans does
+    for policy in ([], ["--policy", "apportion-plans"]):
+        r = runner.invoke(app, ["run", "--state", str(db), "--cluster", "crius-testbed",
+                                "--tenants", str(tenants), *policy, "--timeout", "3",
+                                "--interval", "1", "--time-budget", "2",
+                                "--workdir", str(tmp_path / "w")])
+        assert r.exit_code == 0, r.output

@@ -50,7 +50,7 @@ TIMEOUT = typer.Option(None, "--timeout", help="stop after this many s")
 TABLES = typer.Option(None, "--tables", help="measured iteration times CSV (model, gpu_type, "
                       "gpus, iter_time_s) for --estimator tables/auto")
 TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per tenant), for "
-                       "--policy apportion-plans")
+                       "--policy apportion (the default) or apportion-plans")
 
 
 

@@ -52,7 +52,8 @@ def solve_round(
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="run each solver backend in a child process"),
     tenants: Optional[Path] = typer.Option(None, "--tenants",
-                                           help="tenants YAML with GPU quotas (plans)"),
+                                           help="tenants YAML with GPU quotas for guaranteed jobs "
+                                           "(cells, plans)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
     state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
                                          "and commit the round to it (instead of --jobs; "

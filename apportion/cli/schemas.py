@@ -52,8 +52,8 @@ FORMATS: tuple[FileFormat, ...] = (
                "compare, export; written by cluster import", ClusterSpec),
     FileFormat("jobs", "input", "--jobs FILE.yaml of solve-round and export, submit FILE, "
                "POST /api/v1/jobs", JobsSpec),
-    FileFormat("tenants", "input", "--tenants FILE.yaml of solve-round and export kueue",
-               TenantsSpec),
+    FileFormat("tenants", "input", "--tenants FILE.yaml of solve-round, run, serve, simulate, "
+               "compare and export kueue", TenantsSpec),
     FileFormat("k8s-config", "input", "--k8s-config FILE.yaml of run, serve and export",
                K8sConfig),
     FileFormat("gpu-map", "input", "cluster import --gpu-map FILE.yaml", schema=GPU_MAP),

@@ -14,6 +14,7 @@ from typing import Any
 
 from apportion.errors import InputError
 from apportion.formulations.candidates import CandidateOptions
+from apportion.formulations.sla import SlaOptions
 from apportion.solvers.chain import MIP_REL_GAP
 
 BACKENDS = ("auto", "cp-sat", "highs", "lp-round", "scip", "greedy")
@@ -38,7 +39,10 @@ class RoundConfig:
     formulation: str = "cells"  # cells | plans | deadline | gavel
     plan_source: Any = None  # a formulations.plans.PlanSource (default: EstimatedPlans)
     plan_options: Any = None  # formulations.plans.PlanOptions
-    quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (plans)
+    quotas: dict[str, int] | None = None  # tenant -> GPUs for guaranteed jobs (cells, plans)
+    # the cells formulation's SLA knobs (formulations.sla; None: SlaOptions at the candidates'
+    # round length); the plans formulation reads its own from ``plan_options``
+    sla_options: SlaOptions | None = None
     isolate: bool = False  # each backend in a child process (operators: a crash costs one answer)
     gavel_variant: str = "max-min-fairness"  # or max-sum-throughput (formulation gavel)
     estimator: Any = "analytic"  # a name (estimation.registry.ESTIMATORS) or an estimator

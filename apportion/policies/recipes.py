@@ -31,6 +31,7 @@ from apportion.formulations.plans import (
     PlanOptions,
     build_plan_candidates,
 )
+from apportion.formulations.sla import SlaOptions, apply_slas
 from apportion.jobs import JobSpec
 from apportion.solvers.greedy import GreedyCells
 from apportion.solvers.slope import SlopeGreedy
@@ -101,6 +102,19 @@ def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
     return ctx.cached_candidates(view, specs, est)
 
 
+def sla_cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                        est: Any) -> nx.DiGraph:
+    """Crius's cells with guaranteed jobs' SLAs and tenants' quotas (the plans formulation's
+    rule, :mod:`apportion.formulations.sla`), judged on the built graph each round: the
+    cells are cached across rounds, a verdict depends on the clock and the other jobs. A
+    round without guaranteed jobs or quotas is exactly the plain cells'."""
+    g = cell_candidates(ctx, view, specs, est)
+    cfg = ctx.cfg
+    apply_slas(g, specs, view.now, cfg.quotas,
+               cfg.sla_options or SlaOptions.of(cfg.candidates))
+    return g
+
+
 def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                     est: Any) -> nx.DiGraph:
     """Morphling's plans; in a replay the view's measured rates set the times, and a job
@@ -149,8 +163,9 @@ def add_recipe(recipe: Recipe) -> None:
     RECIPES[recipe.name] = recipe
 
 
-add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solver chain",
-                  cell_candidates, cells_model, GreedyCells))
+add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solver chain "
+                  "(tenants, quotas, SLAs)", sla_cell_candidates, cells_model, GreedyCells,
+                  quotas=True))
 add_recipe(Recipe("plans", "apportion-plans",
                   "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
                   "SLAs)", plan_candidates, cells_model, _plans_heuristic,
@@ -160,4 +175,4 @@ add_recipe(Recipe("deadline", "apportion-deadline",
                   deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta))
 
 __all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
-           "cells_model", "deadline_candidates", "plan_candidates"]
+           "cells_model", "deadline_candidates", "plan_candidates", "sla_cell_candidates"]

@@ -72,7 +72,8 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
 
     An operator who gives ``--tables`` expects the measured times to count; with
     ``--estimator analytic`` they would not be read at all. Likewise ``--tenants``
-    (quotas) only bind the plans formulation, ``--ray-address`` only ``--engine ray``,
+    (quotas) only bind a formulation whose recipe keeps them (cells and plans, not
+    deadline, gavel or a baseline), ``--ray-address`` only ``--engine ray``,
     ``--round-key`` only a round committed to ``--state``, and ``--formulation`` only
     the formulation's own policy (``--policy fcfs`` runs FCFS whatever it says). A
     flag that changes nothing is a mistake to report, not to guess around.
@@ -94,7 +95,7 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     keeps = [r for r in RECIPES.values() if r.quotas]
     if tenants is not None and (solves not in RECIPES or not RECIPES[solves].quotas):
         raise InputError("--tenants", "tenants", "tenant quotas bind only the "
-                         f"{', '.join(r.name for r in keeps)} formulation (--formulation "
+                         f"{', '.join(r.name for r in keeps)} formulations (--formulation "
                          f"{' | '.join(r.name for r in keeps)} or --policy "
                          f"{' | '.join(r.policy for r in keeps)}); with "
                          f"{'--policy ' + policy if policy else '--formulation ' + formulation} "
