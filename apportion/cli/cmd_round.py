@@ -14,6 +14,7 @@ from apportion.cli.complete import ENV_CLUSTER, ENV_STATE, env_state
 from apportion.cli.common import (
     ESTIMATOR_HELP,
     MIP_GAP_HELP,
+    OBJECTIVE_PRESET_HELP,
     POLICY_HELP,
     cluster_help,
     user_input,
@@ -66,6 +67,8 @@ def solve_round(
                                "local (child processes) | ray (Ray tasks)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
                                               "existing cluster (default: a local one)"),
+    objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
+                                                   help=OBJECTIVE_PRESET_HELP),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     started = time.perf_counter()  # the budget covers the whole command from here
@@ -89,7 +92,7 @@ def solve_round(
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
                        search_depth, max_changes, isolate, tenants, tables, partitions, engine,
-                       ray_address)
+                       ray_address, objective_preset=objective_preset)
     if state is not None:  # the queue and running jobs come from the store
         from apportion.cli.store import solve_round_state
 

@@ -35,6 +35,8 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
                       "tables | auto (every replayed job is profiled, so auto answers from "
                       "its tables)")
+OBJECTIVE_PRESET_HELP = ("apportion's objective by name: crius | sia-like | apportion (the "
+                         "default; docs/objective.md); apportion's policies only")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "
