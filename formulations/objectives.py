@@ -168,12 +168,13 @@ class ObjectiveOptions:
     def __eq__(self, other: object) -> bool:
         # ``CandidateOptions.objective`` was the kind's name before it held these options:
         # code that compares it with a name (``opts.objective == "jct-aware"``) still works
+        if other is self:
+            return True
         if isinstance(other, str):
             return self.kind == other
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(getattr(self, f.name) == getattr(other, f.name)
-                   for f in dataclasses.fields(self))
+        return self.__dict__ == other.__dict__  # (every field; the candidate cache compares)
 
     @property
     def round_s_value(self) -> float:
@@ -191,9 +192,9 @@ class ObjectiveOptions:
         :class:`FromRound`, so the next round sets it again); a figure the user set is kept.
         A None figure leaves the option as it is."""
         change: dict[str, float] = {}
-        if round_s is not None and from_round(self.round_s):
+        if round_s is not None and from_round(self.round_s) and self.round_s != round_s:
             change["round_s"] = FromRound(round_s)
-        if restart_s is not None and from_round(self.restart_s):
+        if restart_s is not None and from_round(self.restart_s) and self.restart_s != restart_s:
             change["restart_s"] = FromRound(restart_s)
         return dataclasses.replace(self, **change) if change else self
 
