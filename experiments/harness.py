@@ -9,7 +9,9 @@ progress bar per run and writes ``results/<run>/``:
   ``summary.json`` (a finished run is recognised by its summary and not redone:
   runs are resumable);
 * ``summary.csv`` and ``summary.md`` (mean over seeds per policy);
-* ``jct_cdf.png``, ``throughput.png``, ``queue.png``, ``utilization.png``.
+* ``jct_cdf.png``, ``throughput.png``, ``queue.png``, ``utilization.png``,
+  ``utilization_by_type.png`` and ``plots.json`` (:mod:`apportion.experiments.plots`:
+  titles, hours, bootstrap bands clipped to what is physical).
 
 Clusters: a YAML file (the spine's format), ``V:P:K`` GPU counts of V100,
 P100 and K80 (Gavel's notation; 4 GPUs per server), or a name:
@@ -33,6 +35,7 @@ import pandas as pd
 from apportion.experiments import groundtruth as gt
 from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
+from apportion.experiments.plots import write_plots, write_summary_markdown
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
 from apportion.cluster import Cluster, NodeGroup
@@ -456,11 +459,7 @@ def write_tables(root: Path, results: list[tuple[str, int, dict[str, Any]]],
     if failures:
         mean["error"] = [_failed_cell(p, failures) for p in mean["policy"]]
     mean.to_csv(root / "summary.csv", index=False)
-    modes = sorted({str(s.get("information", "?")) for _, _, s in results})
-    ests = sorted({str(s.get("estimator", "?")) for _, _, s in results})
-    head = (f"information: {', '.join(modes)}; estimator: {', '.join(ests)}; "
-            f"mean over seeds, ± the 95 % confidence interval (Student's t)\n\n")
-    (root / "summary.md").write_text(head + to_markdown(_with_ci(mean)))
+    write_summary_markdown(root, mean, results)  # hours, ± n/a for one seed, best in bold
     return mean
 
 
@@ -488,87 +487,6 @@ def to_markdown(df: pd.DataFrame) -> str:
     from apportion.tables import frame_markdown
 
     return frame_markdown(df)
-
-
-def _band(ax: Any, curves: list[tuple[Any, Any]], label: str) -> None:
-    """Mean over seeds with a shaded 95 % confidence band (curves on a common grid)."""
-    import numpy as np
-    from scipy import stats
-
-    curves = [(x, y) for x, y in curves if len(x)]
-    if not curves:
-        return
-    grid = np.linspace(0.0, max(float(x[-1]) for x, _ in curves), 400)
-    ys = np.array([np.interp(grid, x, y) for x, y in curves])
-    m = ys.mean(axis=0)
-    line = ax.plot(grid, m, label=f"{label} ({len(curves)} seeds)", lw=0.9)[0]
-    if len(curves) > 1:
-        h = stats.t.ppf(0.975, len(curves) - 1) * ys.std(axis=0, ddof=1) / np.sqrt(len(curves))
-        ax.fill_between(grid, m - h, m + h, color=line.get_color(), alpha=0.2, lw=0)
-
-
-def write_plots(root: Path, policies: list[str], seeds: int) -> None:
-    """JCT CDF, throughput, queue and utilisation: every seed, mean with a 95 % CI band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from apportion.experiments.metrics import jct_cdf
-
-    figs = {k: plt.subplots(figsize=(7, 4)) for k in ("jct_cdf", "throughput", "queue", "utilization")}
-    for p in policies:
-        cdfs, thr, queue, util = [], [], [], []
-        for s in range(seeds):
-            d = root / f"{p}-s{s}"
-            if not (d / "jobs.csv").exists():
-                continue
-            jobs = pd.read_csv(d / "jobs.csv")
-            x, y = jct_cdf(jobs)
-            # the CDF as JCT quantiles: average the JCT at each probability over seeds
-            cdfs.append((y, x / 3600))
-            tl = pd.read_csv(d / "timeline.csv")
-            if len(tl):
-                h = ((tl["t"] - tl["t"].iloc[0]) / 3600).to_numpy()
-                thr.append((h, tl["throughput_samples_s"].to_numpy()))
-                queue.append((h, tl["queued"].to_numpy()))
-                cols = [c for c in tl.columns if c.startswith("util_")]
-                util.append((h, tl[cols].mean(axis=1).to_numpy()))
-        if cdfs:
-            grid = np.linspace(0.0, 1.0, 200)
-            qs = np.array([np.interp(grid, pr, jct) for pr, jct in cdfs])
-            figs["jct_cdf"][1].plot(qs.mean(axis=0), grid, label=f"{p} ({len(cdfs)} seeds)")
-        _band(figs["throughput"][1], thr, p)
-        _band(figs["queue"][1], queue, p)
-        _band(figs["utilization"][1], util, p)
-    labels = {"jct_cdf": ("JCT (h), mean over seeds", "CDF"), "throughput": ("time (h)", "samples/s"),
-              "queue": ("time (h)", "queued jobs"), "utilization": ("time (h)", "mean GPU utilisation")}
-    for k, (fig, ax) in figs.items():
-        ax.set_xlabel(labels[k][0])
-        ax.set_ylabel(labels[k][1])
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(root / f"{k}.png", dpi=110)
-        plt.close(fig)
-    _util_by_type(root, policies, seeds, plt)
-
-
-def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> None:
-    rows = {}
-    for p in policies:
-        per_seed = [json.loads(f.read_text()).get("utilization_by_type", {})
-                    for f in (root / f"{p}-s{s}" / "summary.json" for s in range(seeds))
-                    if f.exists()]
-        if per_seed:
-            rows[p] = pd.DataFrame(per_seed).mean().to_dict()
-    if not rows:
-        return
-    df = pd.DataFrame(rows).T.fillna(0.0)
-    ax = df.plot.bar(figsize=(7, 4))
-    ax.set_ylabel("utilisation by GPU type (mean over seeds)")
-    ax.figure.tight_layout()
-    ax.figure.savefig(root / "utilization_by_type.png", dpi=110)
-    plt.close(ax.figure)
 
 
 # ---------------------------------------------------------------------------

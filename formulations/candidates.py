@@ -38,15 +38,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
+from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.formulations.objectives import (
+    ObjectiveOptions,
+    apply_objective,
+    objective_of_options,
+    reference_throughput,
+)
+from apportion.formulations.schema import (
+    cells_of,
+    group_node,
+    group_vertices,
+    job_node,
+    jobs_in,
+    kind_of,
+    member_nodes,
+    name_of,
+    node_node,
+    node_vertices,
+    pinned_nodes,
+)
 
 from apportion.cluster import Cluster
 from apportion.decision import Reason
-from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.formulations.objectives import (ObjectiveOptions, apply_objective,
-                                               reference_throughput)
-from apportion.formulations.schema import (cells_of, group_node, group_vertices, job_node, jobs_in,
-                                           kind_of, member_nodes, name_of, node_node, node_vertices,
-                                           pinned_nodes)
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model
 from apportion.plans import Cell
@@ -161,19 +175,7 @@ class CandidateOptions:
         self.objective_options()
 
     def objective_options(self) -> ObjectiveOptions:
-        return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
-                                restart_s=self.restart_s, round_s=self.round_s,
-                                place_bonus=self.place_bonus,
-                                remaining_exponent=self.remaining_exponent,
-                                weight_bounds=self.weight_bounds,
-                                speed_bounds=self.speed_bounds,
-                                amortize_s=self.amortize_s,
-                                restart_horizon=self.restart_horizon,
-                                tail_share=self.tail_share, tail_margin=self.tail_margin,
-                                round_excess=self.round_excess,
-                                tail_quantile=self.tail_quantile,
-                                tail_pin=self.tail_pin, tail_pin_top=self.tail_pin_top,
-                                speed_unit=self.speed_unit, speed_scale=self.speed_scale)
+        return objective_of_options(self)
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:

@@ -1,109 +1,54 @@
 r"""Objectives as options, not forks: every formulation's cell ``value`` comes from here.
 
-For a cell c of job j with estimated throughput ``thr_c`` (samples/s),
-normalised throughput ``n_c = thr_c / ref_j``, remaining time at the reference
-``rem_j = remaining_iterations_j * global_batch_j / ref_j`` and wait ``w_j``:
+For a cell c of job j with estimated throughput ``thr_c`` (samples/s), normalised
+throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` and wait
+``w_j``, the term ``term_c`` of each kind:
 
-* ``throughput``:   thr_c / S, with S the mean reference throughput (raw cluster
-  throughput, as Crius's objective; the scale keeps coefficients near 1);
-* ``normalized``:   n_c (default; Morphling's and the spine's objective);
-* ``jct``:          n_c * mean(rem) / rem_j — a weighted-JCT proxy: shortest
-  remaining work gains most per unit of speed (SRTF's rule, as weights);
-* ``fairness``:     n_c * rho_j / mean(rho), rho_j = (w_j + rem_j) / (iterations_j
-  * batch_j / ref_j) — finish-time fairness (Themis): jobs further behind their
-  isolated finish time gain more;
-* ``makespan``:     n_c * rem_j / mean(rem) — longest remaining work first (LPT);
-* ``composite``:    sum_k weight_k * term_k over the above, documented default
-  weights ``{normalized: 1.0, jct: 0.5, fairness: 0.5}``;
-* ``jct-aware``:    n_c * w_j with w_j = clip((median(soon) / soon_j) ** alpha,
-  w_min, w_max), soon_j the job's remaining time on its fastest candidate
-  cell — the ``jct`` weight tempered (``alpha`` = ``remaining_exponent``:
-  1 is SRTF's ratio, apportion's default 0.5 tempers it, 0 is ``normalized``) and bounded, so short
-  jobs come first without starving long ones (whose weight never falls below
-  ``w_min``); used with a ``place_bonus``. Its keep bonus is scaled by w_j
-  too, so a job's stickiness is in the units of its own gains (a long job
-  may still grow when GPUs free up). With ``speed_bounds`` the weight is
-  split at the job's reference rate: ``min(n_c, 1) * w_j + max(0, n_c - 1) *
-  v_j``, v_j the same ratio clipped to ``speed_bounds`` (the keep bonus is
-  scaled by v_j). Running at up to the reference rate (n_c = 1: the job's N
-  GPUs at the per-GPU rate of its least efficient option) is worth w_j, so
-  who runs is ordered by the wide weight, SRTF's; speed beyond it (a faster
-  type, more GPUs) is worth v_j, so whether a short arrival displaces a long
-  running job to a slower cell is decided by the narrow one: a swap held for
-  T seconds saves the short job T (k - 1), costs the long one T (1 - 1/k) and
-  two restarts, and the shortest jobs, whose T is least, are not worth 16
-  times a long one's speed (experiments/results/quality, session 13). With
-  ``tail_share`` the jobs likeliest to set the tail are exempt from that order:
-  the ceil(tail_share x n) jobs with the largest projected JCT (time since
-  submission plus ``soon_j``) take the top speed weight, so the longest jobs
-  are not the ones moved to slower cells whenever a shorter job arrives (the
-  p99 JCT is theirs; session 14). With ``tail_margin`` m a *running* job stays in
-  the tail while its projected JCT is within m of the boundary (at least (1 - m)
-  times the ceil(tail_share x n)-th largest), a hysteresis against two jobs at the
-  boundary trading a fast type (off by default: on Philly day 7 and crius-pai it
-  changed nothing, session 16). With ``round_excess`` a jct-aware job is credited at
-  most the work it has left this round, ``n_c`` capped at ``rem_j / round_s``, and
-  speed beyond that (which only ends it sooner within the round) at that share: short
-  arrivals had displaced two-day jobs from A100 to V100 for the one round they ran,
-  30-40 restarts each where Sia made 2-3 (Philly day 7; session 16). With
-  ``tail_quantile`` q and a policy's memory ``seen`` (every job it has ranked, with its
-  latest projected JCT: a finished job's last), a job is also in the tail when its
-  projected JCT is at least the (1 - q) quantile of the memory's: the trace's tail, not
-  only the round's longest tenth (a day's p99 is its 5th-6th longest job, which may rank
-  7th among a round's 30 jobs; session 17). Without a memory the round's jobs are the
-  memory (one round of ``solve-round``). With ``tail_pin`` q a *running* job whose
-  projected JCT is at least the (1 - q) quantile of that memory is pinned: a cell slower
-  than the one it runs on loses its whole term, so the job is demoted only where it
-  would otherwise not run at all (on Philly day 13 at q = 0.02 alone it cut
-  the p99 3.2 % and cost the average 0.6 %, the shorter jobs' moves shifting onto other
-  long jobs; session 19). With ``tail_pin_top`` q' < q the pin holds a band: a running job
-  at or above the (1 - q') quantile is beyond it. A day's p99 is set by its 5th-6th longest
-  job; holding the two or three far longer ones lowers no p99, and on Philly day 7 it kept
-  the 2nd longest job on a type its estimate rated faster than the one it was moved to (in
-  truth slower), 18,000 s longer. apportion's default is the band q = 0.015, q' = 0.0075
-  (``CandidateOptions``; session 20: day 13's p99 won in both modes). With
-  ``speed_unit="best"`` speed beyond the reference rate is counted in shares of the job's
-  fastest candidate cell, not in multiples of its reference:
-  ``max(0, n_c - 1) * v_j * s / n_best_j``, s the median of ``n_best`` over the round's
-  jobs (``speed_scale`` fixes it). The reference is a slow base (least-efficient GPUs),
-  so a job that its fast type speeds up 9x had its speed counted 9x while a round on a
-  slower type costs it a smaller share of its progress than a 3x job loses there: in
-  multiples it was held on A100 where a round on V100 cost it 17 % of the round and the
-  shorter job demoted instead lost 44 % (crius-pai, session 22). Counted in shares of its
-  best, a cell's speed is the job's own JCT seconds per round (a share of the way from the
-  reference to the best, ``n_best - 1``, inflated the jobs no cell speeds up much and
-  lost crius-venus oracle's average; session 23). ``"best-outside-tail"`` (the
-  default in ``CandidateOptions``, session 23) does this for every job but the tail's
-  (``tail_share``, ``tail_quantile``), whose speed stays in reference multiples: their
-  protection was measured in those units, and counted in shares the long jobs that set
-  a day's p99 were demoted more (Philly day 13).
+* ``throughput``: thr_c / S (raw cluster throughput, Crius's; S keeps coefficients near 1);
+* ``normalized``: n_c (Morphling's);
+* ``jct``: n_c * mean(rem) / rem_j (a weighted-JCT proxy: SRTF's rule as weights);
+* ``fairness``: n_c * rho_j / mean(rho), rho_j the finish-time fairness of Themis;
+* ``makespan``: n_c * rem_j / mean(rem) (longest remaining work first);
+* ``composite``: a weighted sum of the above;
+* ``jct-aware`` (apportion's): ``min(n_c, 1) * w_j + max(0, n_c - 1) * v_j * u_j``.
+  ``w_j = clip((median(soon) / soon_j) ** alpha, w_min, w_max)`` (``soon_j``: the job's
+  remaining time on its fastest cell; ``alpha`` = ``remaining_exponent``) orders *who
+  runs* as SRTF does, tempered and bounded so long jobs are never starved; ``v_j`` is the
+  same ratio clipped narrowly (``speed_bounds``) and weighs *speed beyond the reference
+  rate*, so a short arrival is not worth many times a long running job's fast type;
+  ``u_j`` (``speed_unit``) counts that speed in shares of the job's own best cell (a share
+  of the job's JCT per round) rather than in multiples of a slow reference.
+  Jobs likely to set the tail keep the top speed weight: the ``tail_share`` of a round's
+  jobs with the largest projected JCT, and those at or above the ``1 - tail_quantile``
+  quantile of every job the policy has ranked (its memory ``seen``: a day's p99 is its
+  few longest jobs, not a round's); a running job between the ``1 - tail_pin`` and ``1 -
+  tail_pin_top`` quantiles is never moved to a slower cell while it can keep its own.
+  ``round_excess`` credits a job at most the work it has left this round (``n_c`` capped at
+  ``rem_j / round_s``): a job that ends within the round is not worth a long job's fast
+  type for the whole round.
 
-Every kind may add a **per-placed-job term** ``place_bonus`` (0 here; 1 in apportion's
-default ``CandidateOptions``, as in Sia's ILP): a cell's value then holds a constant for running at all, so the
-optimum places one more job before it scales a placed one up — an extra cell
-of speed buys less than a job that would otherwise wait.
+Every kind may add a per-placed-job term ``place_bonus`` (Sia's ILP has it: one more job
+runs before a placed one scales up). Then ``value_c = term_c + place_bonus + bonus_c +
+keep_bonus [c is the running cell] - reconfig_c``, ``bonus_c`` holding the queue bonus
+and any SLA or deadline priority the formulation set, and a move's restart costs the
+share of its gain the restart takes, ``reconfig_c = term_c * min(1, restart_s /
+horizon_j)``, ``horizon_j`` the time the move pays off: one round (Crius's rule) or, with
+``amortize_s``, the job's remaining time capped at ``amortize_s`` and at least one round;
+``restart_horizon="cell"`` measures it on the new cell (the move's exact break-even).
 
-Then ``value_c = term_c + place_bonus + bonus_c + keep_bonus [c is the running cell]
-- reconfig_c``, where ``bonus_c`` holds the queue bonus and any SLA/deadline
-priority the formulation set, and the reconfiguration cost of moving a running
-job to another cell is the share of its gain lost to the restart,
-``reconfig_c = term_c * min(1, restart_s / horizon_j)`` (restart_s: checkpoint,
-stop, relaunch and resume, default 60 s); ``horizon_j`` is the time the move
-pays off: one round (round_s, default 300 s, Crius's rule) or, with
-``amortize_s``, the job's remaining time capped at ``amortize_s`` and at least
-one round (a move that will last an hour is not charged as if it lasted five
-minutes). With ``restart_horizon="cell"`` the horizon is instead the job's remaining
-time on the cell it moves to, ``rem_j / n_c``, capped the same way but with no floor:
-the move's break-even (it pays iff the time saved there exceeds the restart), so a
-nearly finished job is not moved for a gain it cannot live to collect.
+Why each term and value, and what was measured for each, on which traces and seeds:
+``experiments/results/quality/README.md`` (the current objective and tables) and
+``HISTORY.md`` beside it (the experiments that chose them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from statistics import mean, median
+from typing import Any
 
 import networkx as nx
 from apportion.formulations.schema import job_node
@@ -192,6 +137,16 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return min(n, 1.0) * js["weight"] + max(0.0, n - 1.0) * js["speed_weight"] * \
             js["speed_unit"]
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
+
+
+def objective_of_options(options: Any) -> ObjectiveOptions:
+    """The :class:`ObjectiveOptions` a formulation's options carry: every objective field the
+    options have, by name (``objective`` is the kind), the rest at the objective's
+    defaults. Written once: the cell and the plans formulations declare the knobs their
+    users set, and neither copies them by hand."""
+    names = {f.name for f in dataclasses.fields(ObjectiveOptions)} - {"kind"}
+    given = {n: getattr(options, n) for n in names if hasattr(options, n)}
+    return ObjectiveOptions(kind=options.objective, **given)
 
 
 RESTART_HORIZONS = ("reference", "cell")

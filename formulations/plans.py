@@ -64,16 +64,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import networkx as nx
+from apportion.estimation.base import Estimate
+from apportion.estimation.models.analytic import (
+    AnalyticEstimator,
+    nominal_placement,
+    powers_of_two_dividing,
+)
+from apportion.estimation.rate_estimator import rated_estimate
+from apportion.formulations.candidates import add_topology, attach_cell_edges
+from apportion.formulations.objectives import (
+    ObjectiveOptions,
+    apply_objective,
+    objective_of_options,
+    reference_throughput,
+)
+from apportion.formulations.schema import job_node
 
 from apportion.cluster import Cluster
 from apportion.decision import Reason
 from apportion.errors import InputError
-from apportion.estimation.models.analytic import AnalyticEstimator, nominal_placement, powers_of_two_dividing
-from apportion.estimation.base import Estimate
-from apportion.estimation.rate_estimator import rated_estimate
-from apportion.formulations.candidates import add_topology, attach_cell_edges
-from apportion.formulations.objectives import ObjectiveOptions, apply_objective, reference_throughput
-from apportion.formulations.schema import job_node
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model, get_model
 from apportion.plans import ExecutionPlan
@@ -354,16 +363,7 @@ class PlanOptions:
         return cls(**{**same, **kw})
 
     def objective_options(self) -> ObjectiveOptions:
-        return ObjectiveOptions(kind=self.objective, keep_bonus=self.keep_bonus,
-                                restart_s=self.restart_s, round_s=self.round_s,
-                                place_bonus=self.place_bonus,
-                                remaining_exponent=self.remaining_exponent,
-                                weight_bounds=self.weight_bounds,
-                                speed_bounds=self.speed_bounds,
-                                amortize_s=self.amortize_s,
-                                restart_horizon=self.restart_horizon,
-                                tail_share=self.tail_share, speed_unit=self.speed_unit,
-                                speed_scale=self.speed_scale)
+        return objective_of_options(self)
 
 
 _OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",

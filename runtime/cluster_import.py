@@ -5,13 +5,15 @@ raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.executors.s
 ``runtime.executors.ray_import``, ``runtime.executors.k8s_import``); everything after that is
 written once, here:
 
-* **GPU names** are mapped to catalog names (``apportion gpus``) through a
-  table: the user's ``--gpu-map`` file first (YAML, raw name -> catalog name),
-  then :data:`KNOWN_GPU_NAMES` (the names Slurm sites, Ray and NVIDIA's
-  Kubernetes labels commonly use), then the catalog's own names and aliases,
-  tried on the raw name and on it without a vendor prefix. An unmapped name is
-  an :class:`~apportion.errors.InputError` naming it, a node that has it and
-  the line to add to a ``--gpu-map`` file.
+* **GPU names** are mapped to catalog names (``apportion gpus --aliases``): the
+  user's ``--gpu-map`` file first (YAML, raw name -> catalog name), then every
+  name the catalog accepts (its aliases, GPU Feature Discovery's products, Slurm
+  GRES types, Ray accelerator types), tried as given and normalised (lower case,
+  no vendor prefix). A name several parts share (Ray's ``H100``: SXM, PCIe or
+  NVL) is taken as the catalog says and a warning names the others and the
+  ``--gpu-map`` line that settles it; an unmapped name is an
+  :class:`~apportion.errors.InputError` naming it, a node that has it and the
+  line to add to a ``--gpu-map`` file.
 * **Grouping**: identical nodes (same GPU type and count, CPUs, memory and
   extras) form one node group that lists the real node names (``nodes:``),
   so decisions name nodes the engine knows. Extras and the raw GPU name are
@@ -35,40 +37,16 @@ from apportion import outputs
 from apportion.config import NODE_NAME, cluster_from_data, read_yaml
 from apportion.console import printable
 from apportion.errors import CatalogError, InputError
-from apportion.gpus import canonical_gpu_name, get_gpu
+from apportion.gpus import ambiguity, canonical_gpu_name, get_gpu, normalise_gpu_name
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("slurm", "ray", "k8s")
 CORE_KEYS = ("name", "gpu_type", "gpus", "cpus", "memory_gib")
 
-# raw engine names (normalised: lower case, '_' and ' ' as '-', vendor prefix dropped) -> catalog
-KNOWN_GPU_NAMES: dict[str, str] = {
-    # NVIDIA's Kubernetes labels (nvidia.com/gpu.product) and nvidia-smi names
-    "a100-sxm4-40gb": "A100-40GB", "a100-pcie-40gb": "A100-40GB", "a100-40gb": "A100-40GB",
-    "a100-sxm4-80gb": "A100-80GB", "a100-pcie-80gb": "A100-80GB", "a100-80gb-pcie": "A100-80GB",
-    "a100-sxm-80gb": "A100-80GB", "a100-80g": "A100-80GB", "a100-80gb": "A100-80GB",
-    "a800-sxm4-80gb": "A800-80GB", "a800-80gb-pcie": "A800-80GB",
-    "h100-80gb-hbm3": "H100-80GB", "h100-sxm5-80gb": "H100-80GB", "h100-pcie": "H100-80GB",
-    "h100-nvl": "H100-80GB", "h200-141gb-hbm3e": "H200", "h200-nvl": "H200",
-    "v100-sxm2-32gb": "V100-32GB", "v100-pcie-32gb": "V100-32GB", "v100s-pcie-32gb": "V100-32GB",
-    "v100-sxm2-16gb": "V100-16GB", "v100-pcie-16gb": "V100-16GB",
-    "p100-pcie-16gb": "P100", "p100-sxm2-16gb": "P100",
-    # Slurm GRES types seen on sites (gres.conf Type=)
-    "a100-40g": "A100-40GB", "a100-sxm4": "A100-40GB", "a10080gb": "A100-80GB",
-    "v100-32g": "V100-32GB", "v100-16g": "V100-16GB", "v100s": "V100-32GB",
-}
-_VENDOR = re.compile(r"^(nvidia|tesla|nv)[-_ ]+", re.IGNORECASE)
-
-
 def normalise(raw: str) -> str:
-    """The lookup key of a raw GPU name: lower case, ``_``/space as ``-``, no vendor prefix."""
-    key = re.sub(r"[\s_]+", "-", str(raw).strip().lower())
-    while True:
-        new = _VENDOR.sub("", key)
-        if new == key:
-            return key
-        key = new
+    """The lookup key of a raw GPU name (:func:`apportion.gpus.normalise_gpu_name`)."""
+    return normalise_gpu_name(raw)
 
 
 def load_gpu_map(path: str | Path) -> dict[str, str]:
@@ -102,14 +80,14 @@ class GpuNames:
         key = normalise(raw)
         if key in self.user:
             return self.user[key]
-        if key in KNOWN_GPU_NAMES:
-            return KNOWN_GPU_NAMES[key]
-        for cand in (str(raw).strip(), key, key.upper()):
-            try:
-                return canonical_gpu_name(cand)
-            except CatalogError:
-                continue
-        return None
+        try:
+            return canonical_gpu_name(str(raw).strip())
+        except CatalogError:
+            return None
+
+    def ambiguous(self, raw: str) -> dict[str, object] | None:
+        """The catalog's note on a name several parts share, unless the user mapped it."""
+        return None if normalise(raw) in self.user else ambiguity(str(raw).strip())
 
     def catalog_name(self, raw: str, node: str, source: str) -> str:
         name = self.lookup(raw)
@@ -136,6 +114,7 @@ def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
     """Node groups (cluster YAML dicts) of identical nodes, real names kept, extras as labels."""
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     seen: set[str] = set()
+    warned: set[str] = set()
     for i, n in enumerate(nodes):
         name = n.get("name")
         if not isinstance(name, str) or not name:
@@ -159,6 +138,12 @@ def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
             raise InputError(source, f"{name}.gpu_type", "node has GPUs but no GPU type; map "
                              "the engine's name for them with --gpu-map FILE")
         gpu_type = names.catalog_name(raw, name, source)
+        note = names.ambiguous(raw)
+        if note is not None and raw not in warned:
+            warned.add(raw)
+            log.warning("GPU type %r (node %s) is taken as %s, but %s; it may be %s: if so, "
+                        "add '%s: <catalog name>' to a --gpu-map file", raw, name,
+                        note["taken_as"], note["why"], " or ".join(note["also"]), raw)
         cpus = n.get("cpus")
         if cpus is not None:
             if isinstance(cpus, float) and cpus.is_integer():

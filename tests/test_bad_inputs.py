@@ -110,11 +110,14 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "export k8s --decision": ("decision", lambda f, e: [
         "export", "k8s", "--decision", f, "--cluster", "crius-testbed", "--jobs", e["jobs"],
         "--out", e["results"]]),
+    "export slurm --decision": ("decision", lambda f, e: [
+        "export", "slurm", "--decision", f, "--cluster", "crius-testbed", "--jobs", e["jobs"],
+        "--out", e["results"]]),
 }
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
 NO_INPUT_FILE = {"models", "gpus", "policies", "profile", "bench sim", "bench estimate", "bench solve",
-                 "bench round"}
+                 "bench round", "schema"}
 
 # Known defects in loaders, reported to the lead: they raise instead of exiting 2.
 # strict=True: a marker must go once its defect is fixed. (None open.)

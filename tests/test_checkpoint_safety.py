@@ -94,10 +94,11 @@ import os, sys, json
 from pathlib import Path
 import torch, deepspeed
 from apportion.runtime.workers.checkpoint import force_weights_only
-from apportion.runtime.workers.deepspeed_config import deepspeed_config
+from apportion.runtime.workers.deepspeed_config import build_comm_op, deepspeed_config
 from apportion.plans import ExecutionPlan
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1",
                   LOCAL_RANK="0")
+build_comm_op()
 deepspeed.init_distributed(dist_backend="gloo")
 net = torch.nn.Linear(4, 4)
 engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),

@@ -111,7 +111,8 @@ def test_ci95_and_tables_over_seeds(tmp_path: Path) -> None:
     assert row["avg_jct_s"] == 2.0 and row["seeds"] == 3
     assert row["avg_jct_s_ci95"] == pytest.approx(2.4841, abs=1e-3)
     md = (tmp_path / "summary.md").read_text()
-    assert md.startswith("information: estimated") and "± 2.5" in md
+    # in hours: 2 s is 0.000556 h, its interval 2.48 s is 0.00069 h
+    assert md.startswith("information: estimated") and "0.000556 ± 0.00069" in md
     assert set(pd.read_csv(tmp_path / "summary.csv").columns) >= {"avg_jct_s_ci95", "seeds"}
 
 

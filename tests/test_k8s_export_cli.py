@@ -85,7 +85,7 @@ def test_export_writes_valid_objects(files: Path, api: str) -> None:
             assert validate(d) == [], (job, d["kind"])
             assert d["metadata"]["namespace"] == "training"
         queue = docs[-1]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
-        assert queue == ("apportion-vision" if job == "j2" else "apportion-default")
+        assert queue == ("vision" if job == "j2" else "default")  # export kueue's LocalQueues
 
 
 def test_bad_flags_and_files_exit_2_naming_the_field(files: Path) -> None:
@@ -151,6 +151,7 @@ def test_export_kueue(files: Path) -> None:
     assert total == {"gpu-a100-40gb": 32, "gpu-t4": 8}  # the whole cluster, once
     lqs = [o for o in objs if o["kind"] == "LocalQueue"]
     assert {q["spec"]["clusterQueue"] for q in lqs} == set(cqs) - {"apportion-unreserved"}
+    assert {q["metadata"]["name"] for q in lqs} == {"vision", "nlp", "default"}
     assert all(q["metadata"]["namespace"] == "training" for q in lqs)
     assert (files / "kq" / "label-nodes.sh").read_text().count("kubectl label node") == 2
 

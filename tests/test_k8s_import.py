@@ -48,6 +48,7 @@ def group(records: list[dict]) -> dict:
     """Records with equal hardware become one node group (what `cluster import` writes)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for r in records:
+        assert r["k8s_resources"] == "allocatable"
         groups[(r["gpu_type"], r["gpus"], r["cpus"], r["memory_gib"],
                 r["gpu_product_label"])].append(r["name"])
     return {"name": "imported", "node_groups": [
@@ -68,9 +69,11 @@ def test_import_and_group_into_a_cluster_file(tmp_path: Path) -> None:
              node("zero", "NVIDIA-A10G", "0")]
     recs = import_k8s(write(tmp_path, items))
     assert [r["name"] for r in recs] == ["p4d-1", "p4d-2", "ip-10-0-0-7", "gke-t4-pool-a1"]
+    # the kubelet's allocatable (95 of 96 CPUs here), not the capacity
     assert recs[0] == {"name": "p4d-1", "gpu_type": "NVIDIA-A100-SXM4-40GB", "gpus": 8,
-                       "cpus": 96, "memory_gib": round(1056597072 / 2**20, 1),
-                       "gpu_product_label": "NVIDIA-A100-SXM4-40GB"}
+                       "cpus": 95, "memory_gib": 1007.6,
+                       "gpu_product_label": "NVIDIA-A100-SXM4-40GB",
+                       "k8s_resources": "allocatable"}
     assert recs[3]["gpu_product_label"] == "cloud.google.com/gke-accelerator=nvidia-tesla-t4"
     data = group(recs)
     # through YAML, as the command writes it, and the project's own loader
@@ -89,14 +92,14 @@ def test_single_node_and_errors_name_the_field(tmp_path: Path) -> None:
     p.write_text(json.dumps(node("n1", "NVIDIA-L4", "1", cpu="8", memory="32Gi")))
     assert import_k8s(p)[0]["gpu_type"] == "NVIDIA-L4"
     bad = node("n2", "NVIDIA-L4", "lots")
-    with pytest.raises(InputError, match=r"items\[0\]\.status\.capacity\.nvidia\.com/gpu"):
+    with pytest.raises(InputError, match=r"items\[0\]\.status\.allocatable\.nvidia\.com/gpu"):
         import_k8s(write(tmp_path, [bad]))
     bad = node("n3", None, "2")
     with pytest.raises(InputError, match=r"items\[0\]\.metadata\.labels.*GPU Feature Discovery"):
         import_k8s(write(tmp_path, [bad]))
     bad = node("n4", "NVIDIA-L4", "1")
-    del bad["status"]["capacity"]["memory"]
-    with pytest.raises(InputError, match=r"items\[0\]\.status\.capacity\.memory"):
+    del bad["status"]["allocatable"]["memory"]
+    with pytest.raises(InputError, match=r"items\[0\]\.status\.allocatable\.memory"):
         import_k8s(write(tmp_path, [bad]))
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(InputError, match="malformed JSON"):

@@ -166,9 +166,17 @@ def test_trainjob_pods_every_rank_contract() -> None:
     assert tj["spec"]["runtimeRef"] == {"name": name, "kind": "TrainingRuntime",
                                         "apiGroup": "trainer.kubeflow.org"}
     rjobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
-    assert rjobs[0]["name"] == "trainer-node"  # rank 0 on the 8-GPU node
-    assert tj["spec"]["trainer"]["numNodes"] == runtime["spec"]["mlPolicy"]["numNodes"] == 1
-    master = f"{name}-trainer-node-0-0.{name}:29500"
+    # Kubeflow Trainer v2: the trainer's pods are the replicated job "node" (the group on the
+    # most nodes), marked by the ancestor label; numNodes counts them, as Trainer sets it
+    assert [rj["name"] for rj in rjobs] == ["node", "node-8"]
+    assert rjobs[0]["template"]["metadata"]["labels"] == {
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert "metadata" not in rjobs[1]["template"]
+    assert tj["spec"]["trainer"]["numNodes"] == runtime["spec"]["mlPolicy"]["numNodes"] == 2
+    assert tj["spec"]["trainer"]["numProcPerNode"] == 4
+    assert runtime["spec"]["mlPolicy"]["torch"] == {"numProcPerNode": 4}
+    assert tj["metadata"]["annotations"]["apportion/nodes"] == "3"
+    master = f"{name}-node-0-0.{name}:29500"  # Trainer's PET_MASTER_ADDR and port
     for rj in rjobs:
         c = rj["template"]["spec"]["template"]["spec"]["containers"][0]
         assert c["image"] == cfg.image
@@ -384,9 +392,9 @@ def test_requests_scale_with_the_decision_and_stay_within_allocatable() -> None:
     a = _alloc("r", "A100-40GB", {"a100-0": 2}, cpus=40, host_memory_gib=100.0)
     docs = job_objects(_job("r", 2), a, Target(cluster, cfg, "jobset"))
     req = pods(docs)[0][0]["spec"]["containers"][0]["resources"]["requests"]
-    # 40 CPUs of a 96-CPU node whose allocatable is 95: 40 * 95/96
-    assert req["cpu"] == f"{int(40 * 95 / 96 * 1000)}m"
-    node_mem = 1024 - 2 - 0.05 * 1024
+    # 40 CPUs of a 96-CPU node whose allocatable is 95, of which DaemonSets take 0.5
+    assert req["cpu"] == f"{int(40 * 94.5 / 96 * 1000)}m"
+    node_mem = 1024 - 2 - 0.05 * 1024 - 1
     assert req["memory"] == f"{int(100 * node_mem / 1024 * 1024)}Mi"
     by_node: dict[str, list[str]] = defaultdict(list)
     by_node["a100-0"].append(req["cpu"])

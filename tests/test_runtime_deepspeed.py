@@ -65,6 +65,10 @@ def test_zero2_trains_on_cpu_like_the_torch_worker(tmp_path: Path) -> None:
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR")
                  or Path(tempfile.gettempdir()) / "apportion-torch-extensions")
     env = {**os.environ, **launch_env(cache)}
+    # a build killed midway (a preempted job) leaves torch's baton behind: never a hang
+    stale = cache / "deepspeed_shm_comm" / "lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.touch()
     out = subprocess.run(launch_command(plan, tmp_path / "config.json", tmp_path / "ds.json",
                                         free_port()), env=env, capture_output=True, text=True,
                          timeout=540, check=False)

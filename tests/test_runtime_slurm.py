@@ -346,8 +346,11 @@ def test_heterogeneous_counts_adoption_and_checkpoint_on_shutdown(slurm: LocalSl
     alloc = _alloc("h", {"a40-0": 2, "a10-0": 1})
     ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
     (ev,) = ex.apply(_decision(alloc), [job])
-    assert ev.action == "start" and ":" in ev.spec["sbatch"]
-    assert "--gres=gpu:a40:2" in ev.spec["sbatch"] and "--gres=gpu:a10:1" in ev.spec["sbatch"]
+    script = Path(ev.spec["script"]).read_text()
+    assert ev.action == "start" and ev.spec["sbatch"] == ["sbatch", "--parsable",
+                                                          ev.spec["script"]]
+    assert "#SBATCH hetjob" in script  # what was submitted is the script's own lines
+    assert "#SBATCH --gres=gpu:a40:2" in script and "#SBATCH --gres=gpu:a10:1" in script
     _wait(ex, "h", lambda p: p.health == Health.RUNNING and p.iterations_done >= 3)
     sid = ex.slurm_job("h")
     out = subprocess.run(["squeue", "-h", "-o", "%i %N", "-j", sid], capture_output=True,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from apportion.runtime.executors import slurm_batch as batch
+from apportion.runtime.executors import slurm_submit as submit
 from apportion.runtime.executors.slurm import allocation_from_dict
 from apportion.runtime.executors.slurm_commands import (
     Gres,
@@ -81,9 +82,9 @@ def test_uniform_placement_is_one_component_uneven_is_heterogeneous(tmp_path: Pa
     (comp,) = batch.components(even.placement, {"n1": "a40", "n2": "a40"}, reqs)
     assert comp.options() == ["--nodes=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
                               "--gres=gpu:a40:2", "--cpus-per-task=16", "--mem=131072M"]
-    cmd = batch.sbatch_command([comp], ["--job-name=x"], tmp_path / "s.sh")
-    assert ":" not in cmd and cmd[:3] == ["sbatch", "--parsable", "--job-name=x"]
-    assert "--het-group" not in batch.batch_script([comp], ["python", "-m", "agent"], cmd)
+    lines = submit.directives([comp], ["--job-name=x"])
+    assert lines[0] == "#SBATCH --job-name=x" and "#SBATCH hetjob" not in lines
+    assert "#SBATCH --gres=gpu:a40:2" in lines
 
     uneven = _alloc({"n1": 2, "n2": 1, "n3": 1}, cpus=12, mem=12.0)
     reqs = batch.node_requests(uneven, request_memory=False)
@@ -91,11 +92,10 @@ def test_uniform_placement_is_one_component_uneven_is_heterogeneous(tmp_path: Pa
     assert [(c.nodes, c.gres, c.cpus, c.mem_mib) for c in comps] == [
         (("n1",), "gpu:a40:2", 6, None), (("n2",), "gpu:a40:1", 3, None),
         (("n3",), "gpu:1", 3, None)]
-    cmd = batch.sbatch_command(comps, ["--job-name=x"], tmp_path / "s.sh")
-    assert cmd.count(":") == 2 and cmd.count("--job-name=x") == 1
-    script = batch.batch_script(comps, ["python", "-m", "agent", "/a b/launch.json"], cmd)
-    assert "srun --het-group=0-2 --kill-on-bad-exit=1 --ntasks-per-node=1 python -m agent " \
-           "'/a b/launch.json'" in script
+    lines = submit.directives(comps, ["--job-name=x", "--chdir=/a b/c"])
+    assert lines.count("#SBATCH hetjob") == 2 and lines.count("#SBATCH --job-name=x") == 1
+    assert '#SBATCH --chdir="/a b/c"' in lines  # quoted as Slurm reads a directive
+    assert lines.index("#SBATCH --gres=gpu:a40:1") > lines.index("#SBATCH hetjob")
 
 
 def test_rank_layout_is_contiguous_per_node_in_name_order() -> None:

@@ -125,6 +125,7 @@ app.command("solve-round")(cmd_round.solve_round)
 app.command("policies")(cmd_catalog.policies_cmd)
 app.command("models")(cmd_catalog.models)
 app.command("gpus")(cmd_catalog.gpus)
+app.command("schema")(cmd_catalog.schema_cmd)
 app.command("submit")(cmd_store.submit)
 app.command("cancel")(cmd_store.cancel)
 app.command("status")(cmd_store.status)
@@ -144,6 +145,7 @@ app.command("serve")(cmd_ops.serve_cmd)
 cluster_app.command("import")(cmd_ops.cluster_import_cmd)
 export_app.command("k8s")(cmd_ops.export_k8s_cmd)
 export_app.command("kueue")(cmd_ops.export_kueue_cmd)
+export_app.command("slurm")(cmd_ops.export_slurm_cmd)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
 from apportion.cli.common import (
     INFORMATION_HELP,
     MIP_GAP_HELP,
@@ -20,7 +21,7 @@ from apportion.errors import InputError
 
 
 def bench_sim_cmd(
-    policy: str = typer.Option("fcfs", "--policy"),
+    policy: str = typer.Option("fcfs", "--policy", autocompletion=complete.policies),
     days: float = typer.Option(14.0, "--days", min=0.1),
     time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
     max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
 from apportion.cli.common import (
     ESTIMATOR_HELP,
     POLICY_HELP,
@@ -17,45 +18,68 @@ from apportion.cli.common import (
     user_input,
     verbose_logs,
 )
+from apportion.cli.complete import ENV_CLUSTER, ENV_STATE
 from apportion.console import stderr_console
+from apportion.errors import InputError
+
+# The options `run` and `serve` share (one loop, one set of flags), declared once.
+WORKDIR = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs")
+KUBECONFIG = typer.Option(None, "--kubeconfig", help="apply manifests here (in-cluster: the "
+                          "pod's service account)")
+TIME_BUDGET = typer.Option(10.0, "--time-budget", help="solver budget per round, s")
+POLICY = typer.Option(None, "--policy", help=POLICY_HELP, autocompletion=complete.policies)
+ESTIMATOR = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP,
+                         autocompletion=complete.estimators)
+K8S_CONFIG = typer.Option(None, "--k8s-config", help="kubernetes settings YAML (namespace, "
+                          "image, PVC, queue, priorities)")
+DRAIN = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) every "
+                     "job instead of leaving them running")
+CHECKPOINT_EVERY = typer.Option(None, "--checkpoint-every", help="periodic checkpoints every N "
+                                "iterations (0: off; default off; a job's "
+                                "workload.checkpoint_every wins)")
+CHECKPOINT_INTERVAL = typer.Option(None, "--checkpoint-interval", help="... or every S seconds "
+                                   "(0: off; default 120)")
+MAX_RETRIES = typer.Option(3, "--max-retries", help="relaunches of a failing job without a new "
+                           "checkpoint before it is failed")
+GRACE_PERIOD = typer.Option(120.0, "--grace-period", help="seconds a stopped workload has to "
+                            "checkpoint and exit before SIGKILL")
+ORPHANS = typer.Option("adopt", "--orphans", help="workers a killed run left: adopt | stop")
+RAY_ADDRESS = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                           help="join this Ray cluster (--executor ray)")
+TIMEOUT = typer.Option(None, "--timeout", help="stop after this many s")
+TABLES = typer.Option(None, "--tables", help="measured iteration times CSV (model, gpu_type, "
+                      "gpus, iter_time_s) for --estimator tables/auto")
+TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per tenant), for "
+                       "--policy apportion-plans")
+
 
 
 def run_cmd(
     executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
-                                "name: " + cluster_help()),
-    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)"),
+                                "name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
+    state: Path = typer.Option(..., "--state", help="state DB (apportion submit creates it)",
+                               envvar=ENV_STATE, callback=complete.from_environment),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     until_idle: bool = typer.Option(False, "--until-idle", help="stop once every job is done"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
-    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
-                                             "(in-cluster: the pod's service account)"),
-    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
-    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
-                                              "YAML (namespace, image, PVC, queue, priorities)"),
-    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
-                               "every job instead of leaving them running"),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off; "
-        "default off; a job's workload.checkpoint_every wins)"),
-    checkpoint_interval: Optional[float] = typer.Option(
-        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
-    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
-                                    "without a new checkpoint before it is failed"),
-    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
-                                       "workload has to checkpoint and exit before SIGKILL"),
-    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
-                                "adopt | stop"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
-                                              help="join this Ray cluster (--executor ray)"),
-    tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
-                                          "(model, gpu_type, gpus, iter_time_s) for "
-                                          "--estimator tables/auto"),
-    tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
-                                           "per tenant), for --policy apportion-plans"),
+    timeout: Optional[float] = TIMEOUT,
+    workdir: Path = WORKDIR,
+    kubeconfig: Optional[str] = KUBECONFIG,
+    time_budget: float = TIME_BUDGET,
+    policy: Optional[str] = POLICY,
+    estimator: str = ESTIMATOR,
+    k8s_config: Optional[Path] = K8S_CONFIG,
+    drain: bool = DRAIN,
+    checkpoint_every: Optional[int] = CHECKPOINT_EVERY,
+    checkpoint_interval: Optional[float] = CHECKPOINT_INTERVAL,
+    max_retries: int = MAX_RETRIES,
+    grace_period: float = GRACE_PERIOD,
+    orphans: str = ORPHANS,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    tables: Optional[Path] = TABLES,
+    tenants: Optional[Path] = TENANTS,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -110,7 +134,9 @@ def cluster_import_cmd(
 
 def export_k8s_cmd(
     decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
-    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
@@ -120,6 +146,11 @@ def export_k8s_cmd(
     namespace: Optional[str] = typer.Option(None, "--namespace", help="namespace (default: default)"),
     image: Optional[str] = typer.Option(None, "--image", help="worker image"),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    gang: Optional[str] = typer.Option(None, "--gang", help="none | volcano (a PodGroup per "
+                                       "job) | kai (KAI's queue label): the pods' gang "
+                                       "scheduler"),
+    scheduler_name: Optional[str] = typer.Option(None, "--scheduler-name", help="the pods' "
+                                                 "schedulerName (default: the gang's own)"),
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a plan or placement "
                                                "cannot be expressed"),
@@ -132,33 +163,103 @@ def export_k8s_cmd(
 
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
-                              queue_per_tenant=queue_per_tenant or None)
+                              queue_per_tenant=queue_per_tenant or None, gang=gang,
+                              scheduler_name=scheduler_name)
         index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
     stderr_console().print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
               f"{len(index['refused'])} refused", highlight=False, markup=False)
 
 
 def export_kueue_cmd(
-    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     tenants: Path = typer.Option(..., "--tenants", help="tenants YAML (quota_gpus per tenant)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     namespace: Optional[str] = typer.Option(None, "--namespace", help="LocalQueues' namespace"),
     k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="settings YAML"),
+    kueue_api: Optional[str] = typer.Option(None, "--kueue-api", help="v1beta2 (default; "
+                                            "Kueue 0.15 and later) | v1beta1 (older Kueue)"),
 ) -> None:
-    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues for the cluster's tenants."""
+    """ResourceFlavors, a Topology, ClusterQueues and LocalQueues (named after the tenants)."""
     from apportion.runtime.executors.k8s_config import load_k8s_config
     from apportion.runtime.executors.k8s_export import export_kueue
 
     with user_input():
-        cfg = load_k8s_config(k8s_config, namespace=namespace)
+        cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
         names = export_kueue(cluster, tenants, out_dir, cfg)
     stderr_console().print(f"{len(names)} objects written to {out_dir}", highlight=False, markup=False)
 
 
+def export_slurm_cmd(
+    decision: Path = typer.Option(..., "--decision", help="decision JSON (solve-round --json)"),
+    cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
+                                envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                callback=complete.from_environment),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    out_dir: Path = typer.Option(..., "--out", help="directory for the batch scripts"),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="the shared folder of the "
+                                           "jobs' folders (checkpoints, launch files; default "
+                                           "--out)"),
+    partition: Optional[str] = typer.Option(None, "--partition", envvar="APPORTION_SLURM_"
+                                            "PARTITION", help="Slurm partition"),
+    sbatch_args: Optional[str] = typer.Option(None, "--sbatch-args", envvar="APPORTION_SLURM_"
+                                              "SBATCH_ARGS", help="site options, shell words "
+                                              "(--account=lab --qos=normal)"),
+    time_limit: Optional[str] = typer.Option(None, "--time-limit", envvar="APPORTION_SLURM_"
+                                             "TIME_LIMIT", help="--time for every job (Slurm's "
+                                             "format: MM, HH:MM:SS, D-HH:MM); default: each "
+                                             "job's estimated remaining time + the margin"),
+    time_margin: float = typer.Option(0.25, "--time-margin", envvar="APPORTION_SLURM_TIME_"
+                                      "MARGIN", help="share added to the estimated remaining "
+                                      "time (and 10 min of start-up)"),
+    python: str = typer.Option("python3", "--python", envvar="APPORTION_SLURM_PYTHON",
+                               help="the interpreter on the nodes (apportion installed)"),
+    grace: float = typer.Option(60.0, "--grace", envvar="APPORTION_SLURM_GRACE_S",
+                                help="seconds the workers have to checkpoint when stopped"),
+    slurm_nodes: Optional[Path] = typer.Option(None, "--slurm-nodes", help="saved `scontrol "
+                                               "show node -o`: GRES types and limits as Slurm "
+                                               "says (default: the cluster file's)"),
+    skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
+                                          help="write the others when a job's workload "
+                                               "cannot run its plan"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """One sbatch script per allocation, #SBATCH lines and all: what the Slurm executor
+    submits, to read and resubmit (sbatch DIR/JOB.sbatch)."""
+    verbose_logs(verbose)
+    import shlex
+
+    from apportion.runtime.executors.slurm_export import export_slurm
+    from apportion.runtime.executors.slurm_submit import parse_time
+
+    with user_input():
+        limit_s = parse_time(time_limit) if time_limit else None
+        if not (0.0 <= time_margin <= 100.0):
+            raise InputError("--time-margin", "time_margin", f"must be a share between 0 and "
+                             f"100 (0.25: a quarter more than the estimate), got {time_margin}")
+        check_finite(grace, "--grace")
+        try:
+            args = shlex.split(sbatch_args or "")
+        except ValueError as exc:
+            raise InputError("--sbatch-args", "sbatch_args", f"not shell words: {exc}") from None
+        index = export_slurm(decision, cluster, jobs, out_dir, workdir, partition, args,
+                             limit_s, time_margin, python, grace, slurm_nodes,
+                             skip_unsupported)
+    untimed = sum(1 for j in index["jobs"].values() if j["time"] is None)
+    stderr_console().print(f"{len(index['jobs'])} batch scripts written to {out_dir}"
+                           + (f"; {untimed} without --time (no estimate)" if untimed else "")
+                           + (f"; {len(index['refused'])} refused" if index["refused"] else ""),
+                           highlight=False, markup=False)
+
+
 def serve_cmd(
-    state: Path = typer.Option(..., "--state", help="state DB (created if missing)"),
+    state: Path = typer.Option(..., "--state", help="state DB (created if missing)",
+                               envvar=ENV_STATE, callback=complete.from_environment),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
-                                "name: " + cluster_help()),
+                                "name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
     executor: str = typer.Option("dry-run", "--executor",
                                  help="dry-run | local | slurm | ray | kubernetes"),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
@@ -168,29 +269,22 @@ def serve_cmd(
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a "
                                               "token: writes (POST, DELETE) then need "
                                               "'Authorization: Bearer TOKEN'; reads stay open"),
-    workdir: Path = typer.Option(Path("apportion-runs"), "--workdir", help="checkpoints, logs"),
-    kubeconfig: Optional[str] = typer.Option(None, "--kubeconfig", help="apply manifests here "
-                                             "(in-cluster: the pod's service account)"),
-    time_budget: float = typer.Option(10.0, "--time-budget", help="solver budget per round, s"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
-    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="kubernetes settings "
-                                              "YAML (namespace, image, PVC, queue, priorities)"),
-    drain: bool = typer.Option(False, "--drain", help="kubernetes: on stop, suspend (checkpoint) "
-                               "every job instead of leaving them running"),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", help="periodic checkpoints every N iterations (0: off)"),
-    checkpoint_interval: Optional[float] = typer.Option(
-        None, "--checkpoint-interval", help="... or every S seconds (0: off; default 120)"),
-    max_retries: int = typer.Option(3, "--max-retries", help="relaunches of a failing job "
-                                    "without a new checkpoint before it is failed"),
-    grace_period: float = typer.Option(120.0, "--grace-period", help="seconds a stopped "
-                                       "workload has to checkpoint and exit before SIGKILL"),
-    orphans: str = typer.Option("adopt", "--orphans", help="workers a killed run left: "
-                                "adopt | stop"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
-                                              help="join this Ray cluster (--executor ray)"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many s"),
+    workdir: Path = WORKDIR,
+    kubeconfig: Optional[str] = KUBECONFIG,
+    time_budget: float = TIME_BUDGET,
+    policy: Optional[str] = POLICY,
+    estimator: str = ESTIMATOR,
+    k8s_config: Optional[Path] = K8S_CONFIG,
+    drain: bool = DRAIN,
+    checkpoint_every: Optional[int] = CHECKPOINT_EVERY,
+    checkpoint_interval: Optional[float] = CHECKPOINT_INTERVAL,
+    max_retries: int = MAX_RETRIES,
+    grace_period: float = GRACE_PERIOD,
+    orphans: str = ORPHANS,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    timeout: Optional[float] = TIMEOUT,
+    tables: Optional[Path] = TABLES,
+    tenants: Optional[Path] = TENANTS,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
@@ -204,4 +298,4 @@ def serve_cmd(
         policy=policy, estimator=estimator, checkpoint_every=checkpoint_every,
         checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
         grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
-        timeout_s=timeout))
+        timeout_s=timeout, tables=tables, tenants=tenants))

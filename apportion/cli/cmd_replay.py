@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
+from apportion.cli.complete import ENV_CLUSTER
 from apportion.cli.common import (
     DETERMINISTIC_HELP,
     EXIT_BUG,
@@ -25,10 +27,14 @@ from apportion.errors import InputError
 
 
 def simulate_cmd(
-    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled "
+                              "name", autocompletion=complete.traces),
     cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
-                                "bundled name: " + cluster_help()),
-    policy: str = typer.Option(..., "--policy", help="policy name (see apportion.policies)"),
+                                "bundled name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
+    policy: str = typer.Option(..., "--policy", help="policy name (apportion policies)",
+                               autocompletion=complete.policies),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
@@ -44,7 +50,8 @@ def simulate_cmd(
                                                 help="raw traces: busiest window of this many days"),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1, help="first N jobs only"),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP,
+                                  autocompletion=complete.sim_estimators),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
     truth: str = typer.Option("auto", "--truth", help="ground truth: auto (from the trace's "
                               "detected format) | gavel | crius | morphling | elasticflow | "
@@ -83,10 +90,14 @@ def simulate_cmd(
 
 
 def compare_cmd(
-    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled name"),
+    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled "
+                              "name", autocompletion=complete.traces),
     cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
-                                "bundled name: " + cluster_help()),
-    policies: str = typer.Option(..., "--policies", help="comma-separated policy names"),
+                                "bundled name: " + cluster_help(), envvar=ENV_CLUSTER,
+                                autocompletion=complete.clusters,
+                                callback=complete.from_environment),
+    policies: str = typer.Option(..., "--policies", help="comma-separated policy names",
+                                 autocompletion=complete.policy_list),
     seeds: int = typer.Option(1, "--seeds", min=1),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
     out_dir: Path = typer.Option(Path("results"), "--out", help="results root (a folder)"),
@@ -95,7 +106,8 @@ def compare_cmd(
     window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01),
     max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP),
+    estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP,
+                                  autocompletion=complete.sim_estimators),
     engine: str = typer.Option("local", "--engine", help="local (processes) | ray (a Ray task "
                                "per policy and seed)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
+from apportion.cli.complete import ENV_CLUSTER
 from apportion.cli.common import (
     check_finite,
     cluster_help,
@@ -42,7 +44,9 @@ def estimate_cmd(
     job: str = typer.Option(..., "--job", help="MODEL[:GLOBAL_BATCH], e.g. bert-1.3b:256"),
     cell: str = typer.Option(..., "--cell", help="GPU_TYPE:GPUS[:STAGES], e.g. A40:8:2"),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML or a bundled "
-                                           "name (default testbed): " + cluster_help()),
+                                           "name (default testbed): " + cluster_help(),
+                                           envvar=ENV_CLUSTER, autocompletion=complete.clusters,
+                                           callback=complete.from_environment),
     estimator: str = typer.Option("all", "--estimator", help="crius | analytic | morphling | all"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:

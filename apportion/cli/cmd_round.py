@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from apportion import outputs
+from apportion.cli import complete
+from apportion.cli.complete import ENV_CLUSTER, ENV_STATE, env_state
 from apportion.cli.common import (
     ESTIMATOR_HELP,
     MIP_GAP_HELP,
@@ -23,10 +25,13 @@ from apportion.cli.show import show_decision
 def solve_round(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML or a bundled "
                                            "name (default: Crius's testbed); bundled: "
-                                           + cluster_help()),
+                                           + cluster_help(), envvar=ENV_CLUSTER,
+                                           autocompletion=complete.clusters,
+                                           callback=complete.from_environment),
     jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
-    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | scip | greedy"),
+    backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | "
+                                "scip | greedy", autocompletion=complete.backends),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the decision JSON here "
@@ -38,8 +43,10 @@ def solve_round(
     max_changes: Optional[int] = typer.Option(None, "--max-changes", min=0,
                                               help="at most this many running jobs changed"),
     formulation: str = typer.Option("cells", "--formulation", help="cells | plans | deadline | gavel"),
-    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP),
-    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP),
+    policy: Optional[str] = typer.Option(None, "--policy", help=POLICY_HELP,
+                                         autocompletion=complete.policies),
+    estimator: str = typer.Option("analytic", "--estimator", help=ESTIMATOR_HELP,
+                                  autocompletion=complete.estimators),
     tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
                                           "(model, gpu_type, gpus, iter_time_s) for tables/auto"),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
@@ -48,7 +55,8 @@ def solve_round(
                                            help="tenants YAML with GPU quotas (plans)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
     state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
-                                         "and commit the round to it (instead of --jobs)"),
+                                         "and commit the round to it (instead of --jobs; "
+                                         f"default ${ENV_STATE} unless --jobs is given)"),
     round_key: Optional[str] = typer.Option(None, "--round-key", help="with --state: a round "
                                             "committed under this key is not redone"),
     partitions: int = typer.Option(1, "--partitions", min=1, help="> 1: a POP-style partitioned "
@@ -61,6 +69,8 @@ def solve_round(
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     started = time.perf_counter()  # the budget covers the whole command from here
     verbose_logs(verbose)
+    if state is None and jobs is None and env_state():  # the operator's store; --jobs wins
+        state = Path(env_state() or "")
     from apportion.cli.round_config import RoundFlags, round_config
     from apportion.config import (
         check_running,

@@ -7,9 +7,14 @@ from typing import Optional
 
 import typer
 
+from apportion.cli import complete
+from apportion.cli.complete import ENV_STATE
+
 
 def submit(file: Path = typer.Argument(..., help="jobs YAML (the --jobs format)"),
-           state: Path = typer.Option(..., "--state", help="state DB (created if missing)")) -> None:
+           state: Path = typer.Option(..., "--state", help="state DB (created if missing)",
+                                      envvar=ENV_STATE, callback=complete.from_environment),
+           ) -> None:
     """Add the jobs of a YAML file to the state store, all or nothing."""
     from apportion.cli.store import submit as run
 
@@ -17,14 +22,16 @@ def submit(file: Path = typer.Argument(..., help="jobs YAML (the --jobs format)"
 
 
 def cancel(job: str = typer.Argument(..., help="job id"),
-           state: Path = typer.Option(..., "--state", help="state DB")) -> None:
+           state: Path = typer.Option(..., "--state", help="state DB", envvar=ENV_STATE,
+                                      callback=complete.from_environment)) -> None:
     """Cancel a job: it is dropped and its GPUs are free for the next round."""
     from apportion.cli.store import cancel as run
 
     raise typer.Exit(run(job, state))
 
 
-def status(state: Path = typer.Option(..., "--state", help="state DB"),
+def status(state: Path = typer.Option(..., "--state", help="state DB", envvar=ENV_STATE,
+                                      callback=complete.from_environment),
            as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:
     """Jobs and their lifecycle states (a waiting job with its reason), the queue, cluster use
     and node health. Needs only read access to the store."""
@@ -33,7 +40,8 @@ def status(state: Path = typer.Option(..., "--state", help="state DB"),
     raise typer.Exit(run(state, as_json))
 
 
-def history(state: Path = typer.Option(..., "--state", help="state DB"),
+def history(state: Path = typer.Option(..., "--state", help="state DB", envvar=ENV_STATE,
+                                      callback=complete.from_environment),
             as_json: bool = typer.Option(False, "--json", help="print JSON on stdout"),
             limit: Optional[int] = typer.Option(None, "--limit", min=1, help="last N rounds")) -> None:
     """Committed rounds with their solver reports."""

@@ -21,7 +21,7 @@ from apportion.runtime.executors.k8s_manifests import RESOURCES
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
-WORKLOAD = ("kueue.x-k8s.io", "v1beta1", "workloads")
+WORKLOAD = ("kueue.x-k8s.io", "v1beta2", "workloads")  # v1beta1 with kueue_api: v1beta1
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
@@ -61,6 +61,11 @@ class K8sClient:
         self.namespace = namespace
         self.retry_timeout_s, self.retry_wait_s = retry_timeout_s, retry_wait_s
         self.retries = 0  # calls that needed more than one attempt (for logs and tests)
+        self.workload = WORKLOAD  # Kueue's Workloads, in the version the settings name
+
+    def use_kueue_api(self, version: str) -> None:
+        """Read and patch Kueue's Workloads in ``version`` (``kueue_api`` of the settings)."""
+        self.workload = (WORKLOAD[0], version, WORKLOAD[2])
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, namespace: str, **kw: Any) -> K8sClient:
@@ -116,7 +121,7 @@ class K8sClient:
 
     def patch(self, kind: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch (RFC 7386) of a custom resource."""
-        g, v, p = (WORKLOAD if kind == "Workload" else RESOURCES[kind])
+        g, v, p = (self.workload if kind == "Workload" else RESOURCES[kind])
         return self._call(f"patch {kind}/{name}", lambda: self.custom.patch_namespaced_custom_object(
             g, v, self.namespace, p, name, body))
 
@@ -137,7 +142,7 @@ class K8sClient:
             raise
 
     def list(self, kind: str, selector: str) -> list[dict[str, Any]]:
-        g, v, p = (WORKLOAD if kind == "Workload" else RESOURCES[kind])
+        g, v, p = (self.workload if kind == "Workload" else RESOURCES[kind])
         res = self._call(f"list {kind}", lambda: self.custom.list_namespaced_custom_object(
             g, v, self.namespace, p, label_selector=selector))
         return list(res.get("items", []))

@@ -21,11 +21,23 @@ Example (every field optional)::
     checkpoint_claim: apportion-checkpoints
     checkpoint_mount: /checkpoints # inside the pods
     local_checkpoint_mount: /checkpoints   # where `apportion run` sees the same volume
-    queue: team-queue              # Kueue LocalQueue for every job ...
-    queue_per_tenant: false        # ... or apportion-<tenant> (what `export kueue` writes)
+    queue: team-a                  # Kueue LocalQueue for every job ...
+    queue_per_tenant: false        # ... or the tenant's own (what `export kueue` writes)
+    kueue_api: v1beta2             # v1beta1 for a Kueue older than 0.15
     priority_classes: {guaranteed: apportion-guaranteed, best_effort: apportion-best-effort,
                        tenants: {vision: vision-high}}
-    reserve: {cpus: 1, cpu_fraction: 0.0, memory_gib: 2, memory_fraction: 0.05}
+    reserve: {cpus: 1, cpu_fraction: 0.0, memory_gib: 2, memory_fraction: 0.05,
+              pods_cpus: 0.5, pods_memory_gib: 1}
+    gang: none                     # none | volcano | kai: a gang scheduler binds the pods
+    scheduler_name: null           # the pods' schedulerName (default: the gang's own)
+    gang_queue: default            # the Volcano / KAI queue
+
+A node's pods share ``allocatable - (pods_cpus, pods_memory_gib)``: what the
+kubelet offers less what DaemonSet pods (device plugin, DCGM exporter, CNI,
+log agents) request on every node, so the pods apportion writes on one node
+never take all of it. A cluster imported with ``apportion cluster import
+--from k8s`` already holds the kubelet's allocatable (its node groups say
+``allocatable: true``): only the DaemonSets' share is left off those.
 """
 
 from __future__ import annotations
@@ -54,6 +66,10 @@ class Reserve(_Strict):
     cpu_fraction: float = Field(default=0.0, ge=0, lt=1)
     memory_gib: float = Field(default=2.0, ge=0, le=1e7)
     memory_fraction: float = Field(default=0.05, ge=0, lt=1)
+    # what DaemonSet pods (GPU device plugin, DCGM exporter, CNI, log agents) request on
+    # every node, out of its allocatable: never requested by apportion's pods
+    pods_cpus: float = Field(default=0.5, ge=0, le=1e5)
+    pods_memory_gib: float = Field(default=1.0, ge=0, le=1e7)
 
 
 class PriorityClasses(_Strict):
@@ -92,6 +108,13 @@ class K8sConfig(_Strict):
     local_checkpoint_mount: str | None = Field(default=None, min_length=1, max_length=4096)
     queue: str | None = Field(default=None, max_length=63, pattern=DNS_LABEL)
     queue_per_tenant: bool = False
+    kueue_api: Literal["v1beta2", "v1beta1"] = "v1beta2"
+    # gang scheduling by a scheduler other than the default one: Volcano (a PodGroup per
+    # job, pods annotated with it) or NVIDIA KAI (its pod grouper makes the PodGroup from
+    # the job; apportion sets the queue label); the pods' schedulerName
+    gang: Literal["none", "volcano", "kai"] = "none"
+    scheduler_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
+    gang_queue: str = Field(default="default", max_length=63, pattern=DNS_LABEL)
     priority_classes: PriorityClasses = Field(default_factory=PriorityClasses)
     reserve: Reserve = Field(default_factory=Reserve)
     gpu_resource: str = Field(default="nvidia.com/gpu", pattern=LABEL_KEY, max_length=253)

@@ -20,103 +20,24 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_kueue import kueue_objects, node_label_commands
+from apportion.runtime.executors.k8s_kueue import kueue_objects, local_queues, node_label_commands
 from apportion.runtime.executors.k8s_manifests import (
     PlacementNotExpressible,
     Target,
     job_objects,
     object_name,
 )
-from pydantic import ConfigDict, Field
 
 from apportion import outputs
-from apportion.cluster import Cluster
-from apportion.config import (
-    GpuName,
-    _Strict,
-    _validate,
-    load_jobs,
-    load_tenants,
-    resolve_cluster,
-)
-from apportion.decision import Action, Allocation, Decision, Reason, SolveReport
+from apportion.config import load_jobs, load_tenants, resolve_cluster
+from apportion.decision_file import check_decision, load_decision
 from apportion.errors import InputError
-from apportion.inputs import read_json
-from apportion.jobs import JobSpec
-from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
-
-
-class _PlanEntry(_Strict):
-    dp: int = Field(ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
-    micro_batches: int = Field(default=1, ge=1)
-    zero_stage: int = Field(default=0, ge=0, le=3)
-    offload: bool = False
-    accumulation: int = Field(default=1, ge=1)
-    checkpointing: bool = False
-
-
-class _AllocEntry(_Strict):
-    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True, strict=False)
-    job: str = Field(min_length=1)
-    gpu_type: GpuName
-    gpus: int = Field(gt=0)
-    stages: int = Field(default=1, gt=0)
-    plan: _PlanEntry
-    placement: dict[str, int] = Field(min_length=1)
-    est_throughput: float = 0.0
-    action: Literal["start", "keep", "resize", "migrate"] = "start"
-    cpus: int = Field(default=0, ge=0)
-    host_memory_gib: float = Field(default=0.0, ge=0)
-
-
-class _DecisionFile(_Strict):
-    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True, strict=False)
-    allocations: list[_AllocEntry]
-    pending: list[dict[str, Any]] = Field(default_factory=list)
-    formulation: str = "cells"
-
-
-def load_decision(path: str | Path) -> Decision:
-    """A decision JSON (``solve-round --json``); errors name the file and the field."""
-    src = str(path)
-    data = read_json(path, "decision JSON")
-    spec: _DecisionFile = _validate(_DecisionFile, data, src)
-    allocs = [Allocation(a.job, a.gpu_type, a.gpus, a.stages, ExecutionPlan(**a.plan.model_dump()),
-                         dict(a.placement), a.est_throughput, Action(a.action), cpus=a.cpus,
-                         host_memory_gib=a.host_memory_gib) for a in spec.allocations]
-    from apportion.decision import Pending
-
-    pending = []
-    for i, p in enumerate(spec.pending):
-        try:
-            pending.append(Pending(str(p["job"]), Reason(p["reason"]), str(p.get("detail", ""))))
-        except (KeyError, ValueError) as exc:
-            raise InputError(src, f"pending[{i}]", f"needs job and a known reason ({exc})") \
-                from None
-    return Decision(allocs, pending, SolveReport("file", "feasible", None, None, None, 0.0, False),
-                    spec.formulation)
-
-
-def check_decision(decision: Decision, cluster: Cluster, jobs: list[JobSpec], src: str) -> None:
-    """The independent validator's verdict on a decision read from a file (exit 2 if invalid)."""
-    from apportion.validator import validate
-
-    known = {j.id for j in jobs}
-    for i, a in enumerate(decision.allocations):
-        if a.job not in known:
-            raise InputError(src, f"allocations[{i}].job", f"{a.job!r} is not in the jobs file")
-    res = validate(decision, cluster, jobs)
-    if not res.ok:
-        raise InputError(src, "allocations", "not a valid decision for this cluster and jobs: "
-                         + "; ".join(res.violations[:5]))
 
 
 def _out_dir(out: Path) -> None:
@@ -180,6 +101,11 @@ def export_kueue(cluster_arg: str, tenants_path: Path, out: Path,
     cluster = resolve_cluster(cluster_arg)
     tenants = load_tenants(tenants_path)
     objs = kueue_objects(cluster, tenants, cfg)
+    lqs = local_queues(tenants)
+    if cfg.queue and cfg.queue not in lqs:
+        log.warning("the settings' queue %r is no LocalQueue `export kueue` writes (%s): jobs "
+                    "exported with it are never admitted; name a tenant's queue, or use "
+                    "--queue-per-tenant", cfg.queue, ", ".join(sorted(lqs)))
     names = [f"{i:02d}-{o['kind'].lower()}-{o['metadata']['name']}.yaml"
              for i, o in enumerate(objs)]
     out.mkdir(exist_ok=True)

@@ -6,16 +6,25 @@ dict per node that has GPUs::
 
     {"name": "gpu-node-3",                    # the kubernetes.io/hostname label (else metadata.name)
      "gpu_type": "NVIDIA-A100-SXM4-80GB",     # the raw product string: an alias in the catalog
-     "gpus": 8,                               # capacity of the GPU resource
-     "cpus": 96,                              # capacity (whole CPUs)
-     "memory_gib": 1007.7,                    # capacity
-     "gpu_product_label": "NVIDIA-A100-SXM4-80GB"}  # what the node group selects on
+     "gpus": 8,                               # allocatable GPUs (the device plugin's)
+     "cpus": 95,                              # allocatable (whole CPUs)
+     "memory_gib": 990.2,                     # allocatable
+     "gpu_product_label": "NVIDIA-A100-SXM4-80GB",  # what the node group selects on
+     "k8s_resources": "allocatable"}          # what the figures are (a node-group label)
 
 The product comes from GPU Feature Discovery's ``nvidia.com/gpu.product``
-label, or else GKE's ``cloud.google.com/gke-accelerator`` (then
-``gpu_product_label`` is ``KEY=VALUE``, since the key is not the default one).
-Capacities are the node's, not its allocatable: apportion subtracts its own
-configurable reserve (``--k8s-config`` ``reserve``) when it sizes pods.
+label, or else GKE's ``cloud.google.com/gke-accelerator``, or AMD's node
+labeller's ``amd.com/gpu.product-name`` on nodes whose GPUs are ``amd.com/gpu``
+(then ``gpu_product_label`` is ``KEY=VALUE``, since the key is not the default
+one; manifests for AMD nodes need ``gpu_resource: amd.com/gpu`` in
+``--k8s-config``).
+The figures are the node's **allocatable** (``status.allocatable``: capacity
+less the kubelet's kube-reserved, system-reserved and eviction threshold), what
+the scheduler binds pods against; a node that reports none (an old kubelet, a
+hand-written file) falls back to its capacity, and its record says
+``"k8s_resources": "capacity"``. The label tells the manifests not to take
+the kubelet's reserve off again (``--k8s-config`` ``reserve``: only the
+DaemonSets' share, ``pods_cpus`` and ``pods_memory_gib``, is left off).
 Quantities are parsed with the official client's parser. Nodes without GPUs
 and cordoned nodes are left out (a cordoned node takes no new pods); grouping
 the records into node groups is the caller's (``apportion cluster import``).
@@ -30,8 +39,9 @@ from typing import Any
 from apportion.errors import InputError
 from apportion.inputs import parse_json_text, read_text
 
-GPU_RESOURCES = ("nvidia.com/gpu",)
-PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator")
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+PRODUCT_LABELS = ("nvidia.com/gpu.product", "cloud.google.com/gke-accelerator",
+                  "amd.com/gpu.product-name", "beta.amd.com/gpu.product-name")
 DEFAULT_PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME = "kubernetes.io/hostname"  # what apportion's node affinity matches
 MAX_BYTES = 512 * 2**20  # a node's JSON is ~10-20 kB; 10,000 nodes fit
@@ -91,13 +101,16 @@ def import_k8s(path: str | Path) -> list[dict[str, Any]]:
         name = meta.get("name")
         if not isinstance(name, str) or not name:
             raise InputError(src, f"{at}.metadata.name", "missing")
-        cap = status.get("capacity")
+        cap = status.get("allocatable")
+        where = "allocatable"
+        if not isinstance(cap, dict) or not cap:
+            cap, where = status.get("capacity"), "capacity"
         if not isinstance(cap, dict):
-            raise InputError(src, f"{at}.status.capacity", "missing")
+            raise InputError(src, f"{at}.status.allocatable", "missing (and no capacity)")
         res = next((r for r in GPU_RESOURCES if r in cap), None)
         if res is None or spec.get("unschedulable"):
             continue
-        gpus = _quantity(src, f"{at}.status.capacity.{res}", cap[res])
+        gpus = _quantity(src, f"{at}.status.{where}.{res}", cap[res])
         if gpus < 1:
             continue
         labels = meta.get("labels") or {}
@@ -108,14 +121,16 @@ def import_k8s(path: str | Path) -> list[dict[str, Any]]:
                              "Discovery running?")
         for f in ("cpu", "memory"):
             if f not in cap:
-                raise InputError(src, f"{at}.status.capacity.{f}", "missing")
+                raise InputError(src, f"{at}.status.{where}.{f}", "missing")
         product = str(labels[key])
+        # whole CPUs and GiB rounded down: never more than the kubelet offers
+        mem_gib = _quantity(src, f"{at}.status.{where}.memory", cap["memory"]) / 2**30
         out.append({"name": str(labels.get(HOSTNAME) or name),
                     "gpu_type": product,
                     "gpus": int(gpus),
-                    "cpus": int(_quantity(src, f"{at}.status.capacity.cpu", cap["cpu"])),
-                    "memory_gib": round(_quantity(src, f"{at}.status.capacity.memory",
-                                                  cap["memory"]) / 2**30, 1),
+                    "cpus": int(_quantity(src, f"{at}.status.{where}.cpu", cap["cpu"])),
+                    "memory_gib": math.floor(mem_gib * 10) / 10,
                     "gpu_product_label": product if key == DEFAULT_PRODUCT_LABEL
-                    else f"{key}={product}"})
+                    else f"{key}={product}",
+                    "k8s_resources": where})
     return out

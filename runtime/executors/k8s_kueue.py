@@ -6,17 +6,23 @@
   name for the type) and naming the ``Topology``;
 * a ``Topology`` with two levels, node group (``node_group_label``) then
   host, so Kueue's topology-aware scheduling can keep a job in one group;
-* one ``ClusterQueue`` per tenant in one cohort: the tenant's GPU quota split
-  over the flavors in proportion to their capacity (largest remainders, so the
-  shares add up to the quota), with CPUs and memory in the same proportion of
-  the flavor's allocatable; an ``apportion-unreserved`` queue holds what no
-  tenant is guaranteed, which tenants borrow (apportion's best-effort jobs);
-* a ``LocalQueue`` per tenant in the jobs' namespace (the name
-  ``export k8s --queue-per-tenant`` puts on each job);
+* one ``ClusterQueue`` per tenant (``apportion-<tenant>``) in one cohort: the
+  tenant's GPU quota split over the flavors in proportion to their capacity
+  (largest remainders, so the shares add up to the quota), with CPUs and
+  memory in the same proportion of what training pods may use of the flavor's
+  nodes (:func:`~apportion.runtime.executors.k8s_manifests.node_usable`); an
+  ``apportion-unreserved`` queue holds what no tenant is guaranteed, which
+  tenants borrow (apportion's best-effort jobs);
+* a ``LocalQueue`` per tenant in the jobs' namespace, **named after the
+  tenant** (``team-a``): the name ``export k8s --queue team-a`` and
+  ``--queue-per-tenant`` put on the jobs, so the two exports applied together
+  admit the jobs (a settings ``queue`` that names no tenant is warned about);
 * the two ``PriorityClass`` objects jobs refer to (guaranteed, best-effort).
 
-Kueue's API is ``kueue.x-k8s.io/v1beta1`` (served by every Kueue since 0.9,
-and beside v1beta2 by the newest).
+Kueue's API is ``kueue.x-k8s.io/v1beta2`` by default (Kueue 0.15 and later
+store it; ``spec.cohortName``), or ``v1beta1`` (``spec.cohort``) for an older
+Kueue with ``kueue_api: v1beta1`` in the settings or ``export kueue
+--kueue-api v1beta1``.
 """
 
 from __future__ import annotations
@@ -25,12 +31,21 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from apportion.runtime.executors.k8s_config import K8sConfig, allocatable
-from apportion.runtime.executors.k8s_manifests import MANAGED_BY, _node_label, dns_label, tenant_queue
+from apportion.runtime.executors.k8s_config import K8sConfig
+from apportion.runtime.executors.k8s_manifests import (
+    MANAGED_BY,
+    _node_label,
+    cluster_queue,
+    dns_label,
+    node_usable,
+    tenant_queue,
+)
 
 from apportion.cluster import Cluster
+from apportion.errors import InputError
 
-KUEUE = "kueue.x-k8s.io/v1beta1"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE = f"{KUEUE_GROUP}/v1beta2"  # the default (cfg.kueue_api)
 COHORT = "apportion"
 UNRESERVED = "apportion-unreserved"
 HOSTNAME = "kubernetes.io/hostname"
@@ -52,7 +67,6 @@ def flavors(cluster: Cluster, cfg: K8sConfig) -> dict[str, dict[str, Any]]:
     """Flavor name -> {gpu_type, label (key, value), nodes, gpus, cpu_milli, memory_mib}."""
     out: dict[str, dict[str, Any]] = {}
     by_label: dict[tuple[str, str, str], str] = {}
-    r = cfg.reserve
     for node in cluster.nodes.values():
         label = _node_label(cluster, node, cfg)
         key = (node.gpu_type, *label)
@@ -67,15 +81,17 @@ def flavors(cluster: Cluster, cfg: K8sConfig) -> dict[str, dict[str, Any]]:
         f = out[name]
         f["nodes"].append(node.name)
         f["gpus"] += node.gpus
-        f["cpu_milli"] += int(allocatable(node.cpus, r.cpus, r.cpu_fraction) * 1000)
-        f["memory_mib"] += int(allocatable(node.host_memory_gib, r.memory_gib,
-                                           r.memory_fraction) * 1024)
+        cpu, mem = node_usable(cluster, node, cfg)  # what the training pods may request
+        f["cpu_milli"] += int(cpu * 1000)
+        f["memory_mib"] += int(mem * 1024)
     return out
 
 
 def kueue_objects(cluster: Cluster, tenants: dict[str, int], cfg: K8sConfig) -> list[dict[str, Any]]:
     """PriorityClasses, Topology, ResourceFlavors, ClusterQueues and LocalQueues, in apply order."""
     labels = {MANAGED_BY: "apportion"}
+    kueue = f"{KUEUE_GROUP}/{cfg.kueue_api}"
+    cohort_field = "cohortName" if cfg.kueue_api == "v1beta2" else "cohort"
     fl = flavors(cluster, cfg)
     topology = dns_label(cluster.name.lower(), "apportion")
     objs: list[dict[str, Any]] = []
@@ -87,18 +103,22 @@ def kueue_objects(cluster: Cluster, tenants: dict[str, int], cfg: K8sConfig) -> 
                          "metadata": {"name": name, "labels": dict(labels)}, "value": value,
                          "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority",
                          "description": f"apportion {what} training jobs"})
-    objs.append({"apiVersion": KUEUE, "kind": "Topology",
+    objs.append({"apiVersion": kueue, "kind": "Topology",
                  "metadata": {"name": topology, "labels": dict(labels)},
                  "spec": {"levels": [{"nodeLabel": cfg.node_group_label},
                                      {"nodeLabel": HOSTNAME}]}})
     for name, f in sorted(fl.items()):
         key, value = f["label"]
-        objs.append({"apiVersion": KUEUE, "kind": "ResourceFlavor",
+        objs.append({"apiVersion": kueue, "kind": "ResourceFlavor",
                      "metadata": {"name": name, "labels": dict(labels),
                                   "annotations": {"apportion/gpu-type": f["gpu_type"]}},
                      "spec": {"nodeLabels": {key: value}, "topologyName": topology}})
     queues = dict(tenants)
     queues.setdefault("default", 0)  # jobs without a tenant
+    clash = [t for t in queues if cluster_queue(t) == UNRESERVED]
+    if clash:
+        raise InputError("--tenants", clash[0], f"tenant {clash[0]!r} would share the name "
+                         f"{UNRESERVED} with the queue of unreserved GPUs; rename it")
     gpus_total = {n: f["gpus"] for n, f in fl.items()}
     shares = {t: _split(q, gpus_total) for t, q in queues.items()}
     reserved = {n: sum(s[n] for s in shares.values()) for n in fl}
@@ -106,7 +126,7 @@ def kueue_objects(cluster: Cluster, tenants: dict[str, int], cfg: K8sConfig) -> 
     if any(rest.values()):
         shares[None] = rest  # type: ignore[index]
     for tenant, share in sorted(shares.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
-        cq = UNRESERVED if tenant is None else tenant_queue(tenant)
+        cq = UNRESERVED if tenant is None else cluster_queue(tenant)
         groups = []
         for n, f in sorted(fl.items()):
             frac = share[n] / f["gpus"] if f["gpus"] else 0.0
@@ -117,8 +137,8 @@ def kueue_objects(cluster: Cluster, tenants: dict[str, int], cfg: K8sConfig) -> 
         meta: dict[str, Any] = {"name": cq, "labels": dict(labels)}
         if tenant is not None:
             meta["annotations"] = {"apportion/tenant": tenant}
-        objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": meta,
-                     "spec": {"cohort": COHORT, "namespaceSelector": {},
+        objs.append({"apiVersion": kueue, "kind": "ClusterQueue", "metadata": meta,
+                     "spec": {cohort_field: COHORT, "namespaceSelector": {},
                               "queueingStrategy": "BestEffortFIFO",
                               "preemption": {"reclaimWithinCohort": "Any",
                                              "withinClusterQueue": "LowerPriority"},
@@ -126,12 +146,17 @@ def kueue_objects(cluster: Cluster, tenants: dict[str, int], cfg: K8sConfig) -> 
                                                                        "memory"],
                                                   "flavors": groups}]}})
     for tenant in sorted(queues):
-        objs.append({"apiVersion": KUEUE, "kind": "LocalQueue",
+        objs.append({"apiVersion": kueue, "kind": "LocalQueue",
                      "metadata": {"name": tenant_queue(tenant), "namespace": cfg.namespace,
                                   "labels": dict(labels),
                                   "annotations": {"apportion/tenant": tenant}},
-                     "spec": {"clusterQueue": tenant_queue(tenant)}})
+                     "spec": {"clusterQueue": cluster_queue(tenant)}})
     return objs
+
+
+def local_queues(tenants: dict[str, int]) -> dict[str, str]:
+    """LocalQueue name -> tenant, as :func:`kueue_objects` writes them."""
+    return {tenant_queue(t): t for t in {**tenants, "default": 0}}
 
 
 def node_label_commands(cluster: Cluster, cfg: K8sConfig) -> str:

@@ -67,8 +67,18 @@ JOB_LABEL = "apportion/job"
 JOB_ID_ANNOTATION = "apportion/job-id"
 ALLOC_ANNOTATION = "apportion/allocation"
 CONFIG_DIR = "/etc/apportion"
-TRAINER_NODE = "trainer-node"  # the replicated job Kubeflow Trainer fills from the TrainJob
-TRAINER_CONTAINER = "trainer"
+# Kubeflow Trainer v2's runtime conventions (v2.0 and later): the trainer's replicated job
+# and container are "node", marked as the trainer's by the ancestor label, whose pod count
+# TrainJob.spec.trainer.numNodes sets; the torch policy gives torchrun its PET_* variables
+# (PET_MASTER_ADDR = <name>-node-0-0.<name>, PET_MASTER_PORT 29500)
+TRAINER_NODE = "node"
+TRAINER_CONTAINER = "node"
+TRAINER_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINER_FRAMEWORK = "trainer.kubeflow.org/framework"
+# gang schedulers: Volcano's PodGroup and the pod annotation naming it; KAI's queue label
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+KAI_QUEUE = "kai.scheduler/queue"
+SCHEDULER = {"volcano": "volcano", "kai": "kai-scheduler"}
 
 # group, version, plural per kind (the custom resources apportion writes)
 RESOURCES = {
@@ -76,6 +86,7 @@ RESOURCES = {
     "TrainingRuntime": ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes"),
     "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "PodGroup": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
 }
 JOB_KIND = {"trainjob": "TrainJob", "jobset": "JobSet", "pytorchjob": "PyTorchJob"}
 # the label the controller puts on every pod of a job (the anti-affinity selects on it)
@@ -117,7 +128,16 @@ def dns_label(text: str, prefix: str = "apportion") -> str:
 
 
 def tenant_queue(tenant: str) -> str:
-    """The LocalQueue (and ClusterQueue) name ``export kueue`` gives a tenant."""
+    """The LocalQueue ``export kueue`` gives a tenant, and ``--queue-per-tenant`` puts on its
+    jobs: the tenant's own name where it is a DNS label (``team-a``), so ``export k8s
+    --queue team-a`` names the same queue; else a slug of it with a hash."""
+    if re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", tenant) and len(tenant) <= 63:
+        return tenant
+    return dns_label(tenant)
+
+
+def cluster_queue(tenant: str) -> str:
+    """The ClusterQueue ``export kueue`` gives a tenant (cluster-wide: ``apportion-<tenant>``)."""
     return dns_label(tenant)
 
 
@@ -146,30 +166,53 @@ def _node_label(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[str, str]
     return cfg.gpu_product_label, label or gpu_product(node.gpu_type)
 
 
-def pod_request(node: Node, gpus: int, alloc: Allocation, cfg: K8sConfig) -> tuple[int, int]:
-    """Millicores and MiB for a pod holding ``gpus`` of ``node`` (see module docstring)."""
+ALLOCATABLE_LABEL = "k8s_resources"  # a node group's label: "allocatable" (imported from Kubernetes)
+
+
+def node_usable(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[float, float]:
+    """CPUs and GiB of ``node`` that apportion's pods may request together: the node's
+    allocatable (its figures less the kubelet's reserve, or its figures themselves when
+    they came from the kubelet's allocatable) less what DaemonSet pods take on it."""
     r = cfg.reserve
-    cpu_alloc = allocatable(node.cpus, r.cpus, r.cpu_fraction)
-    mem_alloc = allocatable(node.host_memory_gib, r.memory_gib, r.memory_fraction)
-    if cpu_alloc <= 0:
+    group = next((g for g in cluster.groups if g.prefix == node.group), None)
+    if group is not None and group.label(ALLOCATABLE_LABEL) == "allocatable":
+        cpu, mem = float(node.cpus), float(node.host_memory_gib)
+    else:
+        cpu = allocatable(node.cpus, r.cpus, r.cpu_fraction)
+        mem = allocatable(node.host_memory_gib, r.memory_gib, r.memory_fraction)
+    cpu, mem = cpu - r.pods_cpus, mem - r.pods_memory_gib
+    if cpu <= 0:
         raise InputError("--k8s-config", "reserve.cpus", f"the reserve leaves node {node.name} "
-                         f"({node.cpus} CPUs) no allocatable CPUs")
-    if mem_alloc <= 0:
+                         f"({node.cpus} CPUs) no CPUs for training pods")
+    if mem <= 0:
         raise InputError("--k8s-config", "reserve.memory_gib", f"the reserve leaves node "
-                         f"{node.name} ({node.host_memory_gib:g} GiB) no allocatable memory")
+                         f"{node.name} ({node.host_memory_gib:g} GiB) no memory for training "
+                         "pods")
+    return cpu, mem
+
+
+def pod_request(cluster: Cluster, node: Node, gpus: int, alloc: Allocation,
+                cfg: K8sConfig) -> tuple[int, int]:
+    """Millicores and MiB for a pod holding ``gpus`` of ``node`` (see module docstring):
+    the decision's share of the node's figures, scaled to what pods may use of it
+    (:func:`node_usable`), so the pods of every allocation on a node fit it together."""
+    cpu_use, mem_use = node_usable(cluster, node, cfg)
     share_cpu = alloc.cpus * gpus / alloc.gpus if alloc.cpus else node.cpus * gpus / node.gpus
     share_mem = (alloc.host_memory_gib * gpus / alloc.gpus if alloc.host_memory_gib
                  else node.host_memory_gib * gpus / node.gpus)
     share_cpu, share_mem = min(share_cpu, node.cpus), min(share_mem, node.host_memory_gib)
-    cpu_m = int(share_cpu * cpu_alloc / node.cpus * 1000)
-    mem_mib = int(share_mem * mem_alloc / node.host_memory_gib * 1024)
+    cpu_m = int(share_cpu * cpu_use / node.cpus * 1000)
+    mem_mib = int(share_mem * mem_use / node.host_memory_gib * 1024)
     return max(1, cpu_m), max(1, mem_mib)
 
 
 def pod_groups(alloc: Allocation, cluster: Cluster, cfg: K8sConfig, api: str) -> list[PodGroup]:
-    """The allocation's pods grouped by GPU count; the first group holds rank 0.
+    """The allocation's pods grouped by GPU count; the first group holds the rendezvous.
 
-    Groups are ordered by GPUs per pod, largest first (rank 0 on a full node).
+    Groups are ordered by GPUs per pod, largest first; for a TrainJob the first is
+    the trainer's own replicated job (``node``, whose pod count is the TrainJob's
+    ``numNodes``): the group on the most nodes, so that an uneven placement leaves
+    as few pods as possible to the other replicated jobs (``node-<GPUs per pod>``).
     A group's request is the smallest of its nodes' shares, so it fits each.
     """
     by_count: dict[int, list[str]] = {}
@@ -177,6 +220,8 @@ def pod_groups(alloc: Allocation, cluster: Cluster, cfg: K8sConfig, api: str) ->
         if k > 0:
             by_count.setdefault(k, []).append(node)
     counts = sorted(by_count, reverse=True)
+    if api == "trainjob":
+        counts.sort(key=lambda k: (-len(by_count[k]), -k))
     if api == "pytorchjob":
         names = _pytorch_split(alloc, by_count)
     else:
@@ -184,7 +229,7 @@ def pod_groups(alloc: Allocation, cluster: Cluster, cfg: K8sConfig, api: str) ->
                   else f"node-{k}"): (k, by_count[k]) for i, k in enumerate(counts)}
     groups: list[PodGroup] = []
     for name, (k, nodes) in names.items():
-        reqs = [pod_request(cluster.nodes[n], k, alloc, cfg) for n in nodes]
+        reqs = [pod_request(cluster, cluster.nodes[n], k, alloc, cfg) for n in nodes]
         groups.append(PodGroup(name, k, tuple(nodes), min(c for c, _ in reqs),
                                min(m for _, m in reqs)))
     return groups
@@ -275,40 +320,89 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
                             jobdir)
 
     suspend = queue is not None
+    if cfg.gang == "kai":  # KAI's pod grouper reads the queue from the top owner
+        labels[KAI_QUEUE] = cfg.gang_queue
+    pc = priority_class(job, cfg)
     if api == "pytorchjob":
         specs = {g.name: {"replicas": len(g.nodes), "restartPolicy": "OnFailure",
                           "template": pod(g)} for g in groups}
+        run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "suspend": suspend,
+                                      "backoffLimit": cfg.max_restarts}
+        if cfg.gang == "volcano":  # the Training Operator makes the PodGroup from this
+            sp: dict[str, Any] = {"minAvailable": nnodes, "queue": cfg.gang_queue,
+                                  "minResources": gang_resources(groups, cfg)}
+            if pc:
+                sp["priorityClass"] = pc
+            run_policy["schedulingPolicy"] = sp
         obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
-               "spec": {"nprocPerNode": str(first.gpus),
-                        "runPolicy": {"cleanPodPolicy": "None", "suspend": suspend,
-                                      "backoffLimit": cfg.max_restarts},
+               "spec": {"nprocPerNode": str(first.gpus), "runPolicy": run_policy,
                         "pytorchReplicaSpecs": specs}}
         return [config_map, obj]
+    gang = [volcano_pod_group(name, groups, job, cfg, pc)] if cfg.gang == "volcano" else []
+
+    def replicated(g: PodGroup, trainer: bool) -> dict[str, Any]:
+        tmpl: dict[str, Any] = {"spec": {
+            "parallelism": len(g.nodes), "completions": len(g.nodes),
+            "completionMode": "Indexed", "backoffLimit": 0, "template": pod(g)}}
+        if trainer:  # the pods whose count the TrainJob's numNodes sets
+            tmpl["metadata"] = {"labels": {TRAINER_ANCESTOR: "trainer"}}
+        return {"name": g.name, "replicas": 1, "template": tmpl}
+
     jobset_spec = {
         "network": {"enableDNSHostnames": True},
         "failurePolicy": {"maxRestarts": cfg.max_restarts},
         "successPolicy": {"operator": "All"},
-        "replicatedJobs": [{"name": g.name, "replicas": 1, "template": {"spec": {
-            "parallelism": len(g.nodes), "completions": len(g.nodes),
-            "completionMode": "Indexed", "backoffLimit": 0,
-            "template": pod(g)}}} for g in groups]}
+        "replicatedJobs": [replicated(g, api == "trainjob" and i == 0)
+                           for i, g in enumerate(groups)]}
     if api == "jobset":
-        return [config_map, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                             "metadata": meta, "spec": {"suspend": suspend, **jobset_spec}}]
+        return [config_map, *gang, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                    "metadata": meta, "spec": {"suspend": suspend,
+                                                               **jobset_spec}}]
+    if len(groups) > 1:  # Trainer counts the trainer's pods; the other sizes are extra jobs
+        annotations["apportion/nodes"] = str(nnodes)
+        annotations["apportion/pods"] = ", ".join(
+            f"{g.name}: {len(g.nodes)} x {g.gpus} GPUs" for g in groups)
     runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
                "metadata": {"name": name, "namespace": cfg.namespace,
-                            "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
+                            "labels": {MANAGED_BY: "apportion", JOB_LABEL: name,
+                                       TRAINER_FRAMEWORK: "torch"},
                             "annotations": {JOB_ID_ANNOTATION: job.id}},
-               "spec": {"mlPolicy": {"numNodes": len(first.nodes)},
+               "spec": {"mlPolicy": {"numNodes": len(first.nodes),
+                                     "torch": {"numProcPerNode": first.gpus}},
                         "template": {"spec": jobset_spec}}}
     trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                 "metadata": meta,
                 "spec": {"runtimeRef": {"name": name, "kind": "TrainingRuntime",
                                         "apiGroup": "trainer.kubeflow.org"},
-                         "trainer": {"numNodes": len(first.nodes)},
+                         "trainer": {"numNodes": len(first.nodes),
+                                     "numProcPerNode": first.gpus},
                          "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
                          "suspend": suspend}}
-    return [config_map, runtime, trainjob]
+    return [config_map, runtime, *gang, trainjob]
+
+
+def gang_resources(groups: list[PodGroup], cfg: K8sConfig) -> dict[str, str]:
+    """What the whole gang requests: GPUs, CPUs and memory of every pod."""
+    pods = [(g, len(g.nodes)) for g in groups]
+    return {cfg.gpu_resource: str(sum(g.gpus * n for g, n in pods)),
+            "cpu": f"{sum(g.cpu_milli * n for g, n in pods)}m",
+            "memory": f"{sum(g.memory_mib * n for g, n in pods)}Mi"}
+
+
+def volcano_pod_group(name: str, groups: list[PodGroup], job: JobSpec, cfg: K8sConfig,
+                      pc: str | None) -> dict[str, Any]:
+    """Volcano's PodGroup for a job: every pod, or none (``minMember`` = all of them)."""
+    spec: dict[str, Any] = {"minMember": sum(len(g.nodes) for g in groups),
+                            "minResources": gang_resources(groups, cfg),
+                            "queue": cfg.gang_queue}
+    if pc:
+        spec["priorityClassName"] = pc
+    group, version, _ = RESOURCES["PodGroup"]
+    return {"apiVersion": f"{group}/{version}", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": cfg.namespace,
+                         "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
+                         "annotations": {JOB_ID_ANNOTATION: job.id}},
+            "spec": spec}
 
 
 def config_data(job: JobSpec, alloc: Allocation, jobdir: str, target: Target) -> dict[str, str]:
@@ -385,9 +479,16 @@ def pod_template(job: JobSpec, alloc: Allocation, group: PodGroup, target: Targe
         spec["priorityClassName"] = pc
     if cfg.service_account:
         spec["serviceAccountName"] = cfg.service_account
-    return {"metadata": {"labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
-                         "annotations": {JOB_ID_ANNOTATION: job.id}},
-            "spec": spec}
+    scheduler = cfg.scheduler_name or SCHEDULER.get(cfg.gang)
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    pod_labels = {MANAGED_BY: "apportion", JOB_LABEL: name}
+    pod_annotations = {JOB_ID_ANNOTATION: job.id}
+    if cfg.gang == "volcano" and target.api != "pytorchjob":
+        pod_annotations[VOLCANO_GROUP] = name  # the PodGroup of job_objects
+    if cfg.gang == "kai":
+        pod_labels[KAI_QUEUE] = cfg.gang_queue
+    return {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": spec}
 
 
 def job_object(docs: list[dict[str, Any]]) -> dict[str, Any]:

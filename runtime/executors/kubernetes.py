@@ -162,6 +162,8 @@ class KubernetesExecutor:
         self.kind = JOB_KIND[self.api]
         self.drain = self.cfg.drain if drain is None else drain
         self.client = client
+        if client is not None:
+            client.use_kueue_api(self.cfg.kueue_api)
         self.jobs: dict[str, JobSpec] = {}
         self.tracked: dict[str, Tracked] = {}
         self.round = 0
@@ -352,6 +354,8 @@ class KubernetesExecutor:
         self.client.delete(self.kind, name)
         if self.api == "trainjob":
             self.client.delete("TrainingRuntime", name)
+        if self.cfg.gang == "volcano" and self.api != "pytorchjob":
+            self.client.delete("PodGroup", name)  # its minMember is the old job's
 
     def _suspend(self, job: str) -> None:
         t = self.tracked.get(job)

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.runtime.executors import slurm_batch as batch
+from apportion.runtime.executors import slurm_submit as submit
 from apportion.runtime.executors.executor import (
     Event,
     FailureGate,
@@ -76,12 +77,9 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.executors.slurm_commands import (
     ACTIVE_STATES,
     SlurmError,
-    parse_gres,
     parse_records,
     run,
     sacct_states,
@@ -94,16 +92,18 @@ from apportion.runtime.executors.slurm_nodes import (
     disagreements,
     limits_from_records,
 )
+from apportion.runtime.executors.slurm_submit import gres_type_for
 from apportion.runtime.executors.slurm_task import exit_path, launch_marker
+from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.workload import (
     PROGRESS_FILE_NAME,
-    job_env,
     read_progress,
     read_progress_since,
 )
 
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision
+from apportion.errors import InputError
 from apportion.jobs import JobSpec, job_dirname
 from apportion.plans import ExecutionPlan
 
@@ -111,7 +111,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FILE = "slurm-job.json"
 BUILTIN_PROGRESS = "progress.json"
-AGENT_MODULE = "apportion.runtime.executors.slurm_task"
+AGENT_MODULE = submit.AGENT_MODULE
 STDERR_LINES = 12
 COMMENT_PREFIX = "apportion-launch:"
 BACKSTOP_S = 15.0  # beyond the grace, before apportion cancels a job whose agent did not end it
@@ -182,8 +182,10 @@ class SlurmExecutor:
                  query_interval_s: float = 1.0, seed: int = 0, threads_per_worker: int = 1,
                  lr: float = 1e-3, checkpoint_every: int = 0, adopt: bool = True,
                  launch_log: LaunchLog | None = None,
-                 memory_headroom: float = MEMORY_HEADROOM) -> None:
+                 memory_headroom: float = MEMORY_HEADROOM, time_limit_s: float | None = None,
+                 time_margin: float = submit.TIME_MARGIN) -> None:
         self.workdir = Path(workdir).resolve()
+        self.time_limit_s, self.time_margin = time_limit_s, time_margin
         self.launch_log: LaunchLog = launch_log if launch_log is not None else MemoryLaunchLog()
         self.memory_headroom = memory_headroom
         self.cluster = cluster
@@ -285,23 +287,7 @@ class SlurmExecutor:
 
     def gres_type(self, node: str, gpu_type: str) -> str | None:
         """The node's Slurm GRES type for apportion's GPU type ``gpu_type`` (None: untyped)."""
-        gres = [g for g in parse_gres(self._node_info([node])[node].get("Gres", ""))
-                if g.name == "gpu"]
-        types = sorted({g.type for g in gres if g.type})
-        if len(types) == 1:
-            return types[0]
-        if len(types) > 1:
-            from apportion.runtime.cluster_import import GpuNames
-
-            names = GpuNames()
-            match = [t for t in types if names.lookup(t) == gpu_type]
-            if match:
-                return match[0]
-        if self.cluster is not None:
-            for g in self.cluster.groups:
-                if node in g.node_names() and g.label("gpu_type_raw"):
-                    return g.label("gpu_type_raw")
-        return None if gres else gpu_type.lower()
+        return gres_type_for(node, gpu_type, self._node_info([node])[node], self.cluster)
 
     # -- launching ---------------------------------------------------------------------
     def _requests(self, alloc: Allocation) -> dict[str, tuple[int, int | None]]:
@@ -329,45 +315,26 @@ class SlurmExecutor:
         jobdir = self.workdir / job_dirname(job.id)
         jobdir.mkdir(parents=True, exist_ok=True)
         launch_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        layout = batch.rank_layout(alloc.placement)
-        world = sum(len(n["ranks"]) for n in layout)
-        info = self._node_info([n["name"] for n in layout])
-        master = info[layout[0]["name"]].get("NodeAddr") or layout[0]["name"]
+        nodes = sorted(alloc.placement)
+        info = self._node_info(nodes)
         wl = job.workload
         builtin = wl is None or wl.kind == "builtin"
-        env: dict[str, str] = {"OMP_NUM_THREADS": str(self.threads)}
-        if builtin:
-            spec = launch_spec(job, alloc, action, self.workdir, master_addr=master,
-                               python=self.python, seed=self.seed, threads=self.threads,
-                               lr=self.lr, checkpoint_every=self.checkpoint_every,
-                               launch_id=launch_id)
-            write_json(jobdir / "config.json", spec.config)
+        sub = submit.build(job, alloc, self.workdir, launch_id=launch_id, action=action,
+                           master_addr=info[nodes[0]].get("NodeAddr") or nodes[0],
+                           gres_types={n: self.gres_type(n, alloc.gpu_type) for n in nodes},
+                           requests=self._requests(alloc), partition=self.partition,
+                           options=[f"--comment={COMMENT_PREFIX}{launch_id}",
+                                    *self.sbatch_args],
+                           python=self.python, grace_s=self.grace_s, limit_s=self.time_limit_s,
+                           margin=self.time_margin, seed=self.seed, threads=self.threads,
+                           lr=self.lr, checkpoint_every=self.checkpoint_every)
+        if sub.config is not None:
+            write_json(jobdir / "config.json", sub.config)
             (jobdir / "STOP").unlink(missing_ok=True)
-            command, cwd = spec.command, str(jobdir)
-            env.update({k: v for k, v in spec.env.items() if k not in ("MASTER_PORT",)})
-        else:
-            command = list(wl.command)
-            cwd = str(Path(wl.workdir).resolve()) if wl.workdir else str(jobdir)
-        if wl is not None:
-            env.update(wl.env)
-        env.update(job_env(job.id, alloc.plan, job.iterations, jobdir, world, master, 0))
-        env.pop("MASTER_PORT")  # the first node's agent picks a port free there
-        env.update({"APPORTION_GPU_TYPE": alloc.gpu_type, "APPORTION_LAUNCH_ID": launch_id})
-        launch = {"job": job.id, "launch_id": launch_id, "jobdir": str(jobdir), "command": command,
-                  "cwd": cwd, "env": env, "nodes": layout, "world": world, "master_addr": master,
-                  "kill_grace_s": self.grace_s}
-        launch_file = jobdir / f"slurm-launch-{launch_id}.json"
-        write_json(launch_file, launch)
-        comps = batch.components(alloc.placement,
-                                 {n: self.gres_type(n, alloc.gpu_type) for n in alloc.placement},
-                                 self._requests(alloc))
-        common = batch.common_options(f"{batch.JOB_NAME_PREFIX}{job_dirname(job.id)}", jobdir,
-                                      self.partition,
-                                      [f"--comment={COMMENT_PREFIX}{launch_id}", *self.sbatch_args])
-        script = jobdir / f"slurm-{launch_id}.sh"
-        cmd = batch.sbatch_command(comps, common, script)
-        script.write_text(batch.batch_script(comps, [self.python, "-m", AGENT_MODULE,
-                                                     str(launch_file)], cmd))
+        launch, world = sub.launch, sub.launch["world"]
+        write_json(sub.launch_file, launch)
+        cmd = sub.command
+        sub.script_file.write_text(sub.script)
         start_it = max(self._progress_now(jobdir, builtin), job.iterations_done)
         prev = self.stopped.pop(job.id, None) or self.runs.pop(job.id, None)
         run_ = _Launch(job.id, job.iterations, alloc, "", launch_id, jobdir, builtin, t0,
@@ -401,7 +368,8 @@ class SlurmExecutor:
                  ",".join(sorted(alloc.placement)))
         return Event(job.id, action, world, alloc.gpu_type,
                      f"slurm job {slurm_id}: {alloc.plan.label()}",
-                     spec={**launch, "sbatch": cmd, "slurm_job_id": slurm_id})
+                     spec={**launch, "sbatch": cmd, "script": str(sub.script_file),
+                           "time": sub.time, "slurm_job_id": slurm_id})
 
     def _cancel_by_comment(self, launch_id: str) -> None:
         """Cancel the Slurm job of ``launch_id`` if sbatch queued it after all (best effort:
@@ -741,16 +709,26 @@ def from_environment(workdir: Path, cluster: Cluster,
                      launch_log: LaunchLog | None = None) -> SlurmExecutor:
     """The executor ``apportion run --executor slurm`` builds; site settings from variables:
     ``APPORTION_SLURM_PARTITION``, ``APPORTION_SLURM_SBATCH_ARGS`` (shell words, e.g.
-    ``--account=lab --qos=normal``), ``APPORTION_SLURM_GRACE_S`` (default 60) and
-    ``APPORTION_SLURM_PYTHON`` (the interpreter on the nodes)."""
+    ``--account=lab --qos=normal``), ``APPORTION_SLURM_GRACE_S`` (default 60),
+    ``APPORTION_SLURM_PYTHON`` (the interpreter on the nodes), and the time limit:
+    ``APPORTION_SLURM_TIME_LIMIT`` (a Slurm time for every job) or
+    ``APPORTION_SLURM_TIME_MARGIN`` (the share added to each job's estimated remaining
+    time, default 0.25)."""
     env = os.environ
     try:
         grace = float(env.get("APPORTION_SLURM_GRACE_S", "60"))
     except ValueError:
-        from apportion.errors import InputError
-
         raise InputError("APPORTION_SLURM_GRACE_S", "grace", "not a number of seconds") from None
+    limit = env.get("APPORTION_SLURM_TIME_LIMIT")
+    limit_s = submit.parse_time(limit, "APPORTION_SLURM_TIME_LIMIT") if limit else None
+    try:
+        margin = float(env.get("APPORTION_SLURM_TIME_MARGIN", str(submit.TIME_MARGIN)))
+    except ValueError:
+        margin = -1.0
+    if not (0.0 <= margin <= 100.0):
+        raise InputError("APPORTION_SLURM_TIME_MARGIN", "margin", "not a share between 0 and "
+                         "100 (0.25: a quarter more than the estimate)")
     return SlurmExecutor(workdir, cluster=cluster, partition=env.get("APPORTION_SLURM_PARTITION"),
                          sbatch_args=shlex.split(env.get("APPORTION_SLURM_SBATCH_ARGS", "")),
                          grace_s=grace, python=env.get("APPORTION_SLURM_PYTHON", sys.executable),
-                         launch_log=launch_log)
+                         launch_log=launch_log, time_limit_s=limit_s, time_margin=margin)

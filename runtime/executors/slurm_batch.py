@@ -3,8 +3,8 @@
 An allocation places ``k_n`` GPUs of one type on each chosen node ``n``.
 Slurm's ``--gres=gpu:<type>:<count>`` is *per node* for the whole job, so a
 job asking different counts on different nodes cannot be one ordinary
-allocation. Slurm 22.05 expresses it as a **heterogeneous job**: ``sbatch
-[component 0 options] : [component 1 options] : ... script``, each component
+allocation. Slurm 22.05 expresses it as a **heterogeneous job**: components separated by
+``#SBATCH hetjob`` in the batch script (:mod:`.slurm_submit` writes it), each
 with its own ``--nodelist``, ``--nodes``, ``--gres`` (and CPUs and memory),
 and one ``srun --het-group=0-K`` step in the script spans every component.
 Nodes asking the same thing share one component, so a uniform placement
@@ -17,14 +17,13 @@ LAUNCH.json`` (see that module), which starts the node's ranks with the
 workload contract. Everything a launch needs is written into the job's
 folder (``<workdir>/<job_dirname(id)>``), which must be on storage every
 node sees (it also holds the checkpoints): ``slurm-launch-<L>.json`` and
-``slurm-<L>.sh`` (whose header holds the ``sbatch`` command); Slurm writes
-the batch output to ``slurm-<jobid>.out``.
+``slurm-<L>.sh`` (every option as ``#SBATCH`` lines; ``sbatch --parsable``
+submits it); Slurm writes the batch output to ``slurm-<jobid>.out``.
 """
 
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,25 +98,6 @@ def components(placement: Mapping[str, int], gres_type: Mapping[str, str | None]
         key = (gres_for(gres_type.get(node), int(placement[node])), cpus, mem)
         groups.setdefault(key, []).append(node)
     return [Component(tuple(nodes), g, c, m) for (g, c, m), nodes in groups.items()]
-
-
-def sbatch_command(comps: Sequence[Component], common: Sequence[str], script: Path) -> list[str]:
-    """``sbatch --parsable [common + component 0] : [component 1] : ... SCRIPT``."""
-    cmd = ["sbatch", "--parsable"]
-    for i, c in enumerate(comps):
-        if i:
-            cmd.append(":")
-        cmd += (list(common) if i == 0 else []) + c.options()
-    return cmd + [str(script)]
-
-
-def batch_script(comps: Sequence[Component], step: Sequence[str], sbatch: Sequence[str]) -> str:
-    """The batch script: the ``srun`` step (one task per node, every component)."""
-    het = [f"--het-group=0-{len(comps) - 1}"] if len(comps) > 1 else []
-    srun = ["srun", *het, "--kill-on-bad-exit=1", "--ntasks-per-node=1", *step]
-    return "\n".join(["#!/bin/bash", "# written by apportion (runtime.executors.slurm), submitted as:",
-                      "#   " + " ".join(shlex.quote(a) for a in sbatch), "",
-                      " ".join(shlex.quote(a) for a in srun), ""])
 
 
 def common_options(job_name: str, jobdir: Path, partition: str | None,

@@ -84,6 +84,29 @@ def launch_env(cache_dir: str | Path | None = None) -> dict[str, str]:
     return env
 
 
+def build_comm_op() -> None:
+    """Build (or load) DeepSpeed's JIT-compiled shared-memory collective op safely.
+
+    DeepSpeed's CPU backend compiles that op on first use under torch's ``FileBaton``:
+    a ``lock`` file in the build folder that a build killed midway (a preempted job, a
+    timed-out test) leaves behind, after which every later DeepSpeed start on the
+    machine waits on it forever. Here the build runs under an ``flock`` beside it, which
+    the kernel releases when its holder dies; holding it, no builder started this way is
+    alive, so a leftover baton is stale and is removed before building. Ranks of one job
+    take the lock in turn; after the first build each load is a ninja no-op.
+    """
+    import fcntl
+
+    from deepspeed.comm.torch import build_shm_op
+    from torch.utils.cpp_extension import _get_build_directory
+
+    build = Path(_get_build_directory("deepspeed_shm_comm", verbose=False))
+    with open(build.parent / ".apportion-build.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        (build / "lock").unlink(missing_ok=True)
+        build_shm_op()
+
+
 def _append(path: Path, rec: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec, sort_keys=True) + "\n")
@@ -121,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(wl.device_index(torch.cuda.device_count()))
+    build_comm_op()  # a stale build lock must never hang the job
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if world != plan.gpus:

@@ -16,6 +16,12 @@
   official client's parser), extended resources with requests equal to limits,
   volumes referenced by mounts, and JobSet's 63-character pod host names.
 
+* Volcano's ``PodGroup`` (``scheduling.volcano.sh/v1beta1``), whose CRD is not
+  shipped here, against :data:`VOLCANO_PODGROUP`: a schema written for these
+  tests from Volcano's API types (``PodGroupSpec``: ``minMember`` int32 >= 0,
+  ``minTaskMember``, ``queue``, ``priorityClassName``, ``minResources`` as
+  quantities), unknown fields refused.
+
 ``validate(obj, old=None)`` returns a list of problems (empty: valid).
 """
 
@@ -50,6 +56,20 @@ LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "storage"}
+QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+VOLCANO_PODGROUP = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "scheduling.volcano.sh/v1beta1"},
+        "kind": {"const": "PodGroup"}, "metadata": {"type": "object"},
+        "spec": {"type": "object", "additionalProperties": False, "properties": {
+            "minMember": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+            "minTaskMember": {"type": "object",
+                              "additionalProperties": {"type": "integer", "minimum": 0}},
+            "queue": {"type": "string"},
+            "priorityClassName": {"type": "string"},
+            "minResources": {"type": "object", "additionalProperties": QUANTITY}}}}}
 
 
 @cache
@@ -288,6 +308,17 @@ def validate(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str
     api = obj.get("apiVersion", "")
     kind = obj.get("kind", "")
     group, _, version = api.rpartition("/")
+    if group == "scheduling.volcano.sh":
+        import jsonschema
+
+        errors = [f"PodGroup: {'.'.join(str(p) for p in e.path)}: {e.message}"
+                  for e in jsonschema.Draft7Validator(VOLCANO_PODGROUP).iter_errors(obj)]
+        for r, q in ((obj.get("spec") or {}).get("minResources") or {}).items():
+            try:
+                _quantity(q)
+            except (ValueError, TypeError) as exc:
+                errors.append(f"PodGroup: minResources.{r} = {q!r} is not a quantity ({exc})")
+        return errors + _metadata_errors(obj, False)
     if (group, kind) not in CRD_FILES:
         errors = _core_errors(obj)
         return errors + _metadata_errors(obj, False) + [

@@ -5,7 +5,8 @@ tested with the official Python client talking HTTP to this double, which
 behaves as the API server does for what apportion uses:
 
 * REST paths of ConfigMaps and of the custom resources (TrainJob,
-  TrainingRuntime, JobSet, PyTorchJob, Kueue Workload); create (201), get,
+  TrainingRuntime, JobSet, PyTorchJob, Kueue Workload in v1beta2 and v1beta1,
+  Volcano PodGroup); create (201), get,
   list with label selectors, replace (PUT, ``resourceVersion`` checked: 409
   Conflict when stale), JSON merge patch, delete; errors as ``Status`` objects;
 * every object written is validated against the CRD and core schemas
@@ -49,7 +50,10 @@ KINDS = {"configmaps": ("", "v1", "ConfigMap"),
          "trainingruntimes": ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime"),
          "jobsets": ("jobset.x-k8s.io", "v1alpha2", "JobSet"),
          "pytorchjobs": ("kubeflow.org", "v1", "PyTorchJob"),
-         "workloads": ("kueue.x-k8s.io", "v1beta1", "Workload")}
+         "workloads": ("kueue.x-k8s.io", "v1beta2", "Workload"),
+         "podgroups": ("scheduling.volcano.sh", "v1beta1", "PodGroup")}
+# versions served beside the one above (Kueue serves v1beta1 and stores v1beta2)
+ALSO_SERVED = {"workloads": {"v1beta1"}}
 JOB_KINDS = ("TrainJob", "JobSet", "PyTorchJob")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID = "kueue.x-k8s.io/job-uid"
@@ -250,7 +254,8 @@ class ApiServerDouble:
             if len(rest) < 3 or rest[0] != "namespaces":
                 raise ApiError(404, "NotFound", f"no route {path}")
             ns, plural, name = rest[1], rest[2], (rest[3] if len(rest) > 3 else None)
-            if plural not in KINDS or KINDS[plural][:2] != (group, version):
+            if plural not in KINDS or (KINDS[plural][:2] != (group, version)
+                                       and version not in ALSO_SERVED.get(plural, ())):
                 raise ApiError(404, "NotFound", f"the server could not find the requested "
                                f"resource {group}/{version} {plural}")
             with self.lock:
@@ -351,7 +356,7 @@ class ApiServerDouble:
                 wls = [o for (p, n, _), o in self.objects.items() if p == "workloads"
                        and n == ns and o["metadata"]["labels"].get(JOB_UID) == uid]
                 if not wls:
-                    wl = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                    wl = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
                           "metadata": {"name": f"{kind.lower()}-{name}-{uid[:5]}",
                                        "namespace": ns, "uid": str(uuid.uuid4()),
                                        "labels": {JOB_UID: uid},
