@@ -11,9 +11,10 @@ mechanism then realises it:
   1,920 s by default) have passed since the last reset, or no reset has yet
   happened after time 0; at a reset each job's time on each type restarts at
   half a round (so new jobs are not infinitely favoured) and its deficit grows
-  by (allocated - received) time. A job that arrives between resets has no
-  allocation until the next one: priority 0 on every type (it runs only on GPUs
-  the allocated jobs leave free), its time counters start at half a round;
+  by (allocated - received) time. A job that arrives between resets is outside
+  the allocation until the next one and does not run before it (Gavel's
+  ``_schedule_jobs_on_workers`` assigns workers only to jobs in ``_allocation``);
+  its time counters start at half a round, its deficit at 0;
 * priority of job ``m`` on type ``j`` = ``X[m][j] / fraction``, where
   ``fraction`` = time ``m`` ran on ``j`` / total job time on ``j`` since the
   reset (``X * 1e9`` when ``fraction`` is 0; 0 when ``X`` is 0 or the job
@@ -216,6 +217,10 @@ class GavelRound:
             if self.fifo and p <= 0.0:
                 continue
             if js.spec.requested_gpus > left[t]:
+                continue
+            # a job that arrived since the last reset is outside the allocation: it waits
+            # for the next reset (Gavel assigns no workers to a job not in ``_allocation``)
+            if jid not in self.X:
                 continue
             left[t] -= js.spec.requested_gpus
             picked[jid] = t
