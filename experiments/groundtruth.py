@@ -411,6 +411,27 @@ class NoisyView:
         return r * self.factor(j.job_id, gpu_type, gpus) if r > 0 else 0.0
 
 
+class ConsolidatedRates:
+    """A truth that prices every placement as if the job's GPUs shared one server.
+
+    Gavel's simulator reads only each type's consolidated throughputs (its
+    ``*_unconsolidated`` tables are never looked up), so a multi-GPU job progresses at
+    the same rate wherever its GPUs are; the ``gavel`` profile replays that way
+    (``SimConfig.consolidated_rates``) to compare with Gavel's own figures. Everything
+    but ``rate`` is the wrapped truth's."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    def rate(self, job: Any, gpu_type: str, gpus: int,
+             placement: Mapping[str, int] | None = None, plan: str | None = None,
+             **kw: Any) -> float:
+        return self.base.rate(job, gpu_type, gpus, None, plan, **kw)
+
+
 def truth_for(profile: str, cluster: Any) -> Any:
     """The ground truth matching a profile / trace family name."""
     if profile == "gavel":

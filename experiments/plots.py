@@ -58,6 +58,8 @@ TABLE = {
     "p99_jct_all_s": ("p99 JCT, all jobs (h)", 1 / 3600, "min"),
     "sla_kept": ("SLAs kept", 1.0, "max"),
     "sla_jobs": ("SLA jobs", None, None),
+    "avg_jct_lower_bound_s": ("avg JCT lower bound (h)", 1 / 3600, None),
+    "avg_jct_to_bound": ("avg JCT / lower bound", 1.0, "min"),
 }
 
 
