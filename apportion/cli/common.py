@@ -35,6 +35,9 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
                       "tables | auto (every replayed job is profiled, so auto answers from "
                       "its tables)")
+ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
+                            "gives the same answer on any machine under any load (solved in "
+                            "this process; the clock stays a safety stop at 4x the budget)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "
