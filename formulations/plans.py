@@ -501,8 +501,14 @@ def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
 
 def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, source: PlanSource,
                           quotas: dict[str, int] | None = None,
-                          options: PlanOptions | None = None) -> nx.DiGraph:
-    """The plans problem as a candidate graph for :func:`build_cells_model` (``resources=True``)."""
+                          options: PlanOptions | None = None,
+                          accept: Any = None) -> nx.DiGraph:
+    """The plans problem as a candidate graph for :func:`build_cells_model` (``resources=True``).
+
+    ``accept`` (an executor's plan filter, ``(job, plan) -> None | reason``): the options
+    it refuses are dropped before the dominated ones are pruned, so an option is never
+    pruned for one its workers cannot run (a job whose every option is refused keeps them,
+    for :func:`~apportion.formulations.plan_filter.drop_refused_plans` to say why)."""
     opt = options or PlanOptions()
     quotas = dict(quotas or {})
     g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=opt.__dict__.copy(),
@@ -555,6 +561,8 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         guaranteed = verdict.guaranteed
         if guaranteed:
             opts = [o for o in opts if verdict.meets(o.throughput)]
+        if accept is not None:
+            opts = [o for o in opts if accept(job, o.plan) is None] or opts
         if opt.prune and (job.running is None or opt.restart_horizon != "cell"):
             # a running job's value with the ``cell`` horizon is not monotone in throughput
             opts = prune_dominated(opts, per_node, keep=lambda o: _is_current(job, o))
