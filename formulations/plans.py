@@ -517,6 +517,9 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
     caps = cluster.capacity_by_type()
     shapes = node_shapes(cluster)
     per_node = {t: cluster.max_gpus_per_node(t) for t in caps}
+    # the pruned options of each list of options (the source's memo hands jobs of one model
+    # and batch the same option objects: their front is found once)
+    fronts: dict[tuple[int, ...], tuple[list[PlanOption], list[PlanOption]]] = {}
     book = QuotaBook(quotas)
     for job in sla_order(jobs):
         jn = job_node(job.id)
@@ -563,7 +566,12 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
             opts = [o for o in opts if verdict.meets(o.throughput)]
         if accept is not None:
             opts = [o for o in opts if accept(job, o.plan) is None] or opts
-        if opt.prune and (job.running is None or opt.restart_horizon != "cell"):
+        if opt.prune and job.running is None:  # the same options give the same front
+            key = tuple(map(id, opts))
+            if key not in fronts:  # (the options are held, so no id is reused this round)
+                fronts[key] = (opts, prune_dominated(opts, per_node))
+            opts = list(fronts[key][1])
+        elif opt.prune and opt.restart_horizon != "cell":
             # a running job's value with the ``cell`` horizon is not monotone in throughput
             opts = prune_dominated(opts, per_node, keep=lambda o: _is_current(job, o))
         bonus = g.nodes[jn]["queue_bonus"] + (opt.sla_weight if guaranteed else 0.0)
