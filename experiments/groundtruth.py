@@ -316,10 +316,9 @@ class ElasticFlowTruth:
         for f in sorted(r.glob("*.csv")):
             df = pd.read_csv(f)
             t: dict[int, dict[int, float]] = {}
-            for row in df.itertuples(index=False):
-                d = row._asdict()
+            for d in df.to_dict("records"):  # columns by name: itertuples renamed them _1.._7
                 b = int(d.pop("global_batch_size"))
-                t[b] = {int(k.lstrip("_")): float(v) for k, v in d.items() if float(v) > 0}
+                t[b] = {int(k): float(v) for k, v in d.items() if float(v) > 0}
             self.table[f.stem] = t
         self.interpolated: set[tuple[Any, ...]] = set()
 
