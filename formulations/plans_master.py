@@ -42,11 +42,16 @@ import math
 
 import networkx as nx
 import numpy as np
-from apportion.formulations.cells import CellChoice, build_cells_model, natural_key, node_classes
+from apportion.formulations.cells import (
+    CellChoice,
+    add_quota_and_change_rows,
+    build_cells_model,
+    natural_key,
+    node_classes,
+)
 from apportion.formulations.model import LinearModel
 from apportion.formulations.schema import (
     cells_of,
-    current_cells,
     job_node,
     jobs_in,
     member_nodes,
@@ -151,18 +156,7 @@ def build_master(g: nx.DiGraph, value_attr: str = "value",
             m.add_row(mem_rows[t], ub=mem, name=f"mem[{t}]")
         if t in big_rows:
             m.add_row(big_rows[t], ub=float(len(nodes)), name=f"big[{t}]")
-    quotas: dict[str, int] = g.graph.get("quotas") or {}
-    quota_rows: dict[str, dict[int, float]] = {}
-    for cn, xc in cell_cols.items():
-        tenant = g.nodes[cn].get("quota_tenant")
-        if tenant is not None and tenant in quotas:
-            quota_rows.setdefault(tenant, {})[xc] = float(g.nodes[cn]["gpus"])
-    for tenant, row in sorted(quota_rows.items()):
-        m.add_row(row, ub=float(quotas[tenant]), name=f"quota[{tenant}]")
-    if max_changes is not None:
-        cur = [cell_cols[cn] for cn in current_cells(g) if cn in cell_cols]
-        if cur:
-            m.add_row({c: 1.0 for c in cur}, lb=float(len(cur) - max_changes), name="depth")
+    add_quota_and_change_rows(m, g, cell_cols, max_changes)
 
     def decode(xv: np.ndarray) -> list[CellChoice]:
         return pack(g, [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5], m, cell_cols)
