@@ -142,22 +142,28 @@ def _wait(executor: Any, job: str, cond: Any, what: str, timeout_s: float) -> An
 
 
 def check_executor_behaviour(executor: Any, cluster: Cluster, node: str | None = None,
-                             gpu_type: str | None = None, timeout_s: float = 600.0) -> None:
+                             gpu_type: str | None = None, timeout_s: float = 600.0,
+                             other_node: str | None = None) -> None:
     """An executor does what the protocol promises, by behaviour: a started job runs and
     reports progress; resized to two GPUs it resumes from its checkpoint on two workers;
     preempted it stops with a checkpoint; a job whose command cannot start fails with its
     reason while the other keeps running; shutdown checkpoints what runs. ``node`` (and its
     ``gpu_type``) is where the jobs go: a node with three GPUs or more (every decision the
-    check applies is valid for it)."""
+    check applies is valid for it); or, with ``other_node``, a node of two GPUs for the
+    running job and another for the failing one (a cluster of small nodes, as a test
+    cluster of Slurm's is)."""
     name = node or next(n for n, v in cluster.nodes.items() if v.gpus >= 3)
     t = gpu_type or cluster.nodes[name].gpu_type
+    b_node = other_node or name
+    b_type = cluster.nodes[b_node].gpu_type if other_node else t
     report = SolveReport("check", "optimal", 0.0, 0.0, 0.0, 0.0, False)
     a = JobSpec("conf-a", "gpt-tiny", 8, 100_000, 1)
     b = JobSpec("conf-b", "gpt-tiny", 8, 10, 1,
                 workload=Workload("torchrun", ("/nonexistent/apportion-check-binary",)))
 
     def alloc(job: JobSpec, gpus: int, action: Action) -> Allocation:
-        return Allocation(job.id, t, gpus, 1, ExecutionPlan(dp=gpus), {name: gpus}, 1.0,
+        where, kind = (b_node, b_type) if job is b else (name, t)
+        return Allocation(job.id, kind, gpus, 1, ExecutionPlan(dp=gpus), {where: gpus}, 1.0,
                           action)
 
     d = Decision([alloc(a, 1, Action.START)], [], report)

@@ -316,10 +316,9 @@ class ElasticFlowTruth:
         for f in sorted(r.glob("*.csv")):
             df = pd.read_csv(f)
             t: dict[int, dict[int, float]] = {}
-            for row in df.itertuples(index=False):
-                d = row._asdict()
+            for d in df.to_dict("records"):  # columns by name: itertuples renamed them _1.._7
                 b = int(d.pop("global_batch_size"))
-                t[b] = {int(k.lstrip("_")): float(v) for k, v in d.items() if float(v) > 0}
+                t[b] = {int(k): float(v) for k, v in d.items() if float(v) > 0}
             self.table[f.stem] = t
         self.interpolated: set[tuple[Any, ...]] = set()
 
@@ -409,6 +408,27 @@ class NoisyView:
         j: SimJob = job.trace if hasattr(job, "trace") else job
         r = self.base.rate(j, gpu_type, gpus, placement, plan, **kw)
         return r * self.factor(j.job_id, gpu_type, gpus) if r > 0 else 0.0
+
+
+class ConsolidatedRates:
+    """A truth that prices every placement as if the job's GPUs shared one server.
+
+    Gavel's simulator reads only each type's consolidated throughputs (its
+    ``*_unconsolidated`` tables are never looked up), so a multi-GPU job progresses at
+    the same rate wherever its GPUs are; the ``gavel`` profile replays that way
+    (``SimConfig.consolidated_rates``) to compare with Gavel's own figures. Everything
+    but ``rate`` is the wrapped truth's."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+    def rate(self, job: Any, gpu_type: str, gpus: int,
+             placement: Mapping[str, int] | None = None, plan: str | None = None,
+             **kw: Any) -> float:
+        return self.base.rate(job, gpu_type, gpus, None, plan, **kw)
 
 
 def truth_for(profile: str, cluster: Any) -> Any:

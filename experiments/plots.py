@@ -58,6 +58,9 @@ TABLE = {
     "p99_jct_all_s": ("p99 JCT, all jobs (h)", 1 / 3600, "min"),
     "sla_kept": ("SLAs kept", 1.0, "max"),
     "sla_jobs": ("SLA jobs", None, None),
+    "avg_jct_lower_bound_s": ("avg JCT lower bound (h)", 1 / 3600, None),
+    "avg_jct_to_bound": ("avg JCT / lower bound", 1.0, "min"),
+    "error": ("error", None, None),  # a policy whose runs failed says so (text, as written)
 }
 
 
@@ -294,6 +297,9 @@ def summary_markdown(mean: pd.DataFrame, header: str) -> str:
             v = r[c]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 row.append("")
+                continue
+            if isinstance(v, str):
+                row.append(v)
                 continue
             if scale is None:
                 row.append(str(int(v)) if float(v).is_integer() else fmt(v))

@@ -15,7 +15,8 @@ Restart cost: a job whose allocation changes (start after a preemption,
 resize, migration, new plan) makes no progress for ``restart_cost_s``
 (default 78 s: Morphling section 7.3 measured 78 s per reconfiguration); the
 first start costs ``start_cost_s`` (default 0). The ``gavel`` profile follows
-Gavel: 360 s rounds, no restart cost.
+Gavel's simulator: 360 s rounds, no restart cost, and a multi-GPU job's rate does not
+depend on how its GPUs spread over servers (``consolidated_rates``).
 
 Run modes (fine-tuning, YMIR): a decision's ``meta`` may say *how* a job starts,
 and the ground truth says what that changes. ``meta["transfer"] = {job: source}``
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from apportion.experiments.groundtruth import ConsolidatedRates
 from apportion.experiments.information import rate_source
 from apportion.experiments.lower_bound import cached_jct_lower_bound
 from apportion.experiments.traces import SimJob, Trace
@@ -81,11 +83,15 @@ class SimConfig:
     # report a lower bound on the average JCT any schedule could reach on this trace and
     # cluster (experiments.lower_bound; an LP over the trace: off for speed benchmarks)
     jct_bound: bool = True
+    # every placement progresses at the consolidated (one-server) rate, as in Gavel's
+    # simulator, which never reads its ``*_unconsolidated`` throughputs (gavel profile)
+    consolidated_rates: bool = False
 
 
 PROFILES: dict[str, SimConfig] = {
     "default": SimConfig(),
-    "gavel": SimConfig(interval_s=360.0, restart_cost_s=0.0, start_cost_s=0.0, profile="gavel"),
+    "gavel": SimConfig(interval_s=360.0, restart_cost_s=0.0, start_cost_s=0.0, profile="gavel",
+                       consolidated_rates=True),
     # YMIR's fine-tuning replays: 60-s rounds; every start and restart costs the measured
     # context switch of RoBERTa-base on V100 (30.4 s, titan-finetune fminfo)
     "ymir": SimConfig(interval_s=60.0, restart_cost_s=30.4, start_cost_s=30.4, profile="ymir"),
@@ -152,11 +158,11 @@ class Simulator:
         self.cluster = cluster
         self.trace = trace
         self.policy = policy
-        self.truth = truth
         self.cfg = config or SimConfig()
+        self.truth = ConsolidatedRates(truth) if self.cfg.consolidated_rates else truth
         if self.cfg.deterministic:
             deterministic_policy(policy)
-        self.view = rate_source(self.cfg.information, truth, cluster, self.cfg.seed,
+        self.view = rate_source(self.cfg.information, self.truth, cluster, self.cfg.seed,
                                 self.cfg.noise_sigma, self.cfg.estimator)
         self.progress = progress
         self.types = cluster.gpu_types

@@ -306,18 +306,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                       name=f"cpu[{nn}]")
             m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf))
                       - held_mem.get(name, 0.0), name=f"mem[{nn}]")
-    quotas: dict[str, int] = g.graph.get("quotas") or {}
-    quota_rows: dict[str, dict[int, float]] = {}
-    for cn, xc in cell_cols.items():
-        t = g.nodes[cn].get("quota_tenant")
-        if t is not None and t in quotas:
-            quota_rows.setdefault(t, {})[xc] = float(g.nodes[cn]["gpus"])
-    for t, row in sorted(quota_rows.items()):
-        m.add_row(row, ub=float(quotas[t]), name=f"quota[{t}]")
-    if max_changes is not None:
-        cur = [cell_cols[cn] for cn in current_cells(g) if cn in cell_cols]
-        if cur:  # sum (1 - x_cur) <= D  <=>  sum x_cur >= |cur| - D
-            m.add_row({c: 1.0 for c in cur}, lb=float(len(cur) - max_changes), name="depth")
+    add_quota_and_change_rows(m, g, cell_cols, max_changes)
 
     def decode(xv: np.ndarray) -> list[CellChoice]:
         chosen = [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5]
@@ -406,3 +395,22 @@ def describe(g: nx.DiGraph) -> dict[str, Any]:
     return {"jobs": len(jobs), "cells": sum(len(cells_of(g, j)) for j in jobs),
             "nodes": len(node_vertices(g)),
             "placeable_jobs": sum(1 for j in jobs if g.nodes[job_node(j)]["reason"] is None)}
+
+
+def add_quota_and_change_rows(m: LinearModel, g: nx.DiGraph, cell_cols: dict[str, int],
+                              max_changes: int | None) -> None:
+    """The rows every model over cells shares whatever its resource rows: each tenant's
+    guaranteed GPUs within its quota (``g.graph["quotas"]``, the cells' ``quota_tenant``),
+    and at most ``max_changes`` running jobs moved off their present cell."""
+    quotas: dict[str, int] = g.graph.get("quotas") or {}
+    quota_rows: dict[str, dict[int, float]] = {}
+    for cn, xc in cell_cols.items():
+        t = g.nodes[cn].get("quota_tenant")
+        if t is not None and t in quotas:
+            quota_rows.setdefault(t, {})[xc] = float(g.nodes[cn]["gpus"])
+    for t, row in sorted(quota_rows.items()):
+        m.add_row(row, ub=float(quotas[t]), name=f"quota[{t}]")
+    if max_changes is not None:
+        cur = [cell_cols[cn] for cn in current_cells(g) if cn in cell_cols]
+        if cur:  # sum (1 - x_cur) <= D  <=>  sum x_cur >= |cur| - D
+            m.add_row({c: 1.0 for c in cur}, lb=float(len(cur) - max_changes), name="depth")

@@ -8,9 +8,12 @@ capacities ``cap[j]``:
     X >= 0,   sum_j X[m, j] <= 1,   sum_m sf_m X[m, j] <= cap_j
 
 * max-sum-throughput:   max sum_{m,j} T[m, j] X[m, j]
-* max-min fairness (heterogeneity-aware, Gavel's ``MaxMinFairness_Perf``): with
-  ``X_iso`` the heterogeneity-agnostic max-min allocation (all throughputs 1),
-  max min_m (sf_m / w_m) T[m]·X[m] / (T[m]·X_iso[m]).
+* max-min fairness (heterogeneity-aware, Gavel's ``MaxMinFairnessPolicyWithPerf``):
+  max min_m (sf_m / w_m) T[m]·X[m] / (T[m]·X_eq[m]), where ``X_eq`` is the equal
+  share: every job gets each type in proportion to that type's GPUs,
+  ``X_eq[m, j] = cap_j / sum(cap)`` (Gavel's ``ProportionalPolicy``, whose rows it
+  scales to sum to 1). ``T[m]·X_eq[m]`` is the throughput job m would see on an
+  equal, heterogeneity-blind share of the cluster.
 
 These builders return cvxpy problems (the model); ``apportion.solvers.cvx``
 solves them. The round mechanism that turns X into integral allocations lives
@@ -38,31 +41,31 @@ def max_sum_throughput(T: np.ndarray, sf: np.ndarray, cap: np.ndarray
     return cp.Problem(cp.Maximize(cp.sum(cp.multiply(T, x))), _constraints(x, sf, cap)), x
 
 
-def isolated_max_min(sf: np.ndarray, cap: np.ndarray, w: np.ndarray, shape: tuple[int, int]
-                     ) -> tuple[cp.Problem, cp.Variable]:
-    """The heterogeneity-agnostic max-min allocation (every throughput 1)."""
-    m, n = shape
-    sfa = np.tile(sf.reshape(m, 1), (1, n))
-    inv_w = (1.0 / w).reshape(m, 1)
-    x = cp.Variable(shape)
-    obj = cp.Maximize(cp.min(cp.sum(cp.multiply(sfa * inv_w, x), axis=1)))
-    return cp.Problem(obj, _constraints(x, sf, cap)), x
+def equal_share(cap: np.ndarray, m: int) -> np.ndarray:
+    """``X_eq``: every one of ``m`` jobs gets each type in proportion to its GPUs, rows
+    summing to 1 (Gavel's ``ProportionalPolicy``: ``cap_j / m`` per job, divided by the
+    row sum ``sum(cap) / m``)."""
+    total = float(np.sum(cap))
+    row = cap / total if total > 0 else np.zeros_like(cap, dtype=float)
+    return np.tile(np.asarray(row, dtype=float).reshape(1, -1), (m, 1))
 
 
-def _fairness_coef(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_iso: np.ndarray
+def _fairness_coef(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_norm: np.ndarray
                    ) -> np.ndarray:
-    """``(sf_m / w_m) T[m, j] / (T[m]·X_iso[m])``: job m's normalised share per unit of X."""
+    """``(sf_m / w_m) T[m, j] / (T[m]·X_norm[m])``: job m's normalised share per unit of X."""
     m, n = T.shape
     sfa = np.tile(sf.reshape(m, 1), (1, n))
     inv_w = (1.0 / w).reshape(m, 1)
-    iso = np.sum(T * x_iso, axis=1).reshape(m, 1)
-    iso = np.where(iso > 0, iso, 1.0)
-    return T * inv_w / iso * sfa
+    base = np.sum(T * x_norm, axis=1).reshape(m, 1)
+    base = np.where(base > 0, base, 1.0)
+    return T * inv_w / base * sfa
 
 
 def max_min_fairness(T: np.ndarray, sf: np.ndarray, cap: np.ndarray, w: np.ndarray,
-                     x_iso: np.ndarray) -> tuple[cp.Problem, cp.Variable]:
-    coef = _fairness_coef(T, sf, w, x_iso)
+                     x_norm: np.ndarray) -> tuple[cp.Problem, cp.Variable]:
+    """``x_norm``: the allocation whose throughput normalises each job's (Gavel's: the equal
+    share, :func:`equal_share`)."""
+    coef = _fairness_coef(T, sf, w, x_norm)
     x = cp.Variable(T.shape)
     obj = cp.Maximize(cp.min(cp.sum(cp.multiply(coef, x), axis=1)))
     return cp.Problem(obj, _constraints(x, sf, cap)), x
@@ -77,12 +80,12 @@ def sum_throughput_value(T: np.ndarray, X: np.ndarray) -> float:
     return float(np.sum(T * X))
 
 
-def max_min_value(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_iso: np.ndarray,
+def max_min_value(T: np.ndarray, sf: np.ndarray, w: np.ndarray, x_norm: np.ndarray,
                   X: np.ndarray) -> float:
-    """``min_m (sf_m / w_m) T[m]·X[m] / (T[m]·X_iso[m])`` (max-min fairness's objective)."""
+    """``min_m (sf_m / w_m) T[m]·X[m] / (T[m]·X_norm[m])`` (max-min fairness's objective)."""
     if not len(T):
         return 0.0
-    return float(np.min(np.sum(_fairness_coef(T, sf, w, x_iso) * X, axis=1)))
+    return float(np.min(np.sum(_fairness_coef(T, sf, w, x_norm) * X, axis=1)))
 
 
 def check_allocation(X: np.ndarray, sf: np.ndarray, cap: np.ndarray, tol: float = 1e-6) -> bool:

@@ -104,6 +104,9 @@ from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
 
+# PlanOptions.prune's default: dominated options are pruned on clusters larger than this
+PRUNE_ABOVE_GPUS = 256
+
 GiB = 2**30
 
 
@@ -156,8 +159,26 @@ class EstimatedPlans:
     offload_cpus_per_gpu: tuple[float, ...] = (8.0, 16.0)
     adam_GBps_per_cpu: float = 1.5
     max_pp: int = 8
+    # options per (model, batch, type, count, cluster, estimator state): jobs of one model
+    # and batch share them (a 1,000-job round has a few dozen such pairs), so a round costs
+    # each pair once, not each job (issue 43 item 4: the estimates were most of its time)
+    _memo: dict[tuple[Any, ...], list[PlanOption]] = field(default_factory=dict, repr=False,
+                                                           compare=False)
 
     def options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster) -> list[PlanOption]:
+        key = (job.model, job.global_batch_size, gpu_type, gpus, cluster.fingerprint_hash,
+               _fitted_state(self.estimator), self.base_cpus_per_gpu,
+               self.base_host_mem_gib_per_gpu, self.offload_cpus_per_gpu,
+               self.adam_GBps_per_cpu, self.max_pp)
+        got = self._memo.get(key)
+        if got is None:
+            if len(self._memo) > 200_000:  # a long-lived source: never unbounded
+                self._memo.clear()
+            got = self._memo[key] = self._options(job, gpu_type, gpus, cluster)
+        return list(got)
+
+    def _options(self, job: JobSpec, gpu_type: str, gpus: int, cluster: Cluster
+                 ) -> list[PlanOption]:
         placement = nominal_placement(cluster, gpu_type, gpus)
         if placement is None:
             return []
@@ -196,6 +217,15 @@ class EstimatedPlans:
                 add(ExecutionPlan(dp=gpus, zero_stage=2, offload=True, checkpointing=True),
                     "zero-offload", cpus)
         return out
+
+
+def _fitted_state(estimator: Any) -> tuple[Any, ...]:
+    """An estimator's identity and fitted state (scikit-learn's ``*_`` attributes and its
+    parameters): what an option's estimate depends on besides the job and the cell."""
+    return (id(estimator), repr(sorted((k, v) for k, v in vars(estimator).items()
+                                       if not k.startswith("_")
+                                       and isinstance(v, (dict, float, int, tuple, str,
+                                                          bool, type(None))))))
 
 
 @dataclass
@@ -351,6 +381,12 @@ class PlanOptions:
     sla_slack: float = 1.05
     sla_grace_s: float | None = None
     objective: ObjectiveOptions = field(default_factory=ObjectiveOptions)
+    # options another option of the same type and count dominates are left out of the
+    # model (:func:`prune_dominated`): they can never be chosen by an optimal answer. None:
+    # on clusters of more than PRUNE_ABOVE_GPUS GPUs, where the model's size is what limits
+    # the round; a smaller round keeps every option, so its ties break as they did when
+    # Morphling's quality rows (64 GPUs) were measured
+    prune: bool | None = None
 
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
@@ -375,17 +411,80 @@ class PlanOptions:
         return self.objective
 
 
-def host_fits(o: PlanOption, cluster: Cluster) -> bool:
+def host_fits(o: PlanOption, cluster: Cluster,
+              shapes: dict[str, list[tuple[int, float, float]]] | None = None) -> bool:
     """Whether some node of the option's GPU type can hold its smallest share: the whole cell
     where one node holds it (it is then placed on one node), else one tensor-parallel group,
-    with the CPUs and host memory the option asks per GPU."""
-    nodes = [n for n in cluster.nodes.values() if n.gpu_type == o.gpu_type and n.gpus > 0]
-    for n in nodes:
-        k = o.gpus if o.gpus <= n.gpus else max(1, o.plan.tp)
-        if k <= n.gpus and k * o.cpus_per_gpu <= n.cpus and \
-                k * o.host_mem_gib_per_gpu <= n.host_memory_gib:
+    with the CPUs and host memory the option asks per GPU. ``shapes``: the cluster's
+    :func:`node_shapes`, made once per round (a round asks this of every option)."""
+    for gpus, cpus, mem in (shapes if shapes is not None else node_shapes(cluster)
+                            ).get(o.gpu_type, ()):
+        k = o.gpus if o.gpus <= gpus else max(1, o.plan.tp)
+        if k <= gpus and k * o.cpus_per_gpu <= cpus and k * o.host_mem_gib_per_gpu <= mem:
             return True
     return False
+
+
+def node_shapes(cluster: Cluster) -> dict[str, list[tuple[int, float, float]]]:
+    """The distinct (GPUs, CPUs, host memory) of each GPU type's nodes (with GPUs)."""
+    out: dict[str, set[tuple[int, float, float]]] = {}
+    for n in cluster.nodes.values():
+        if n.gpus > 0:
+            out.setdefault(n.gpu_type, set()).add((n.gpus, float(n.cpus),
+                                                   float(n.host_memory_gib)))
+    return {t: sorted(v) for t, v in out.items()}
+
+
+def dominates(a: PlanOption, b: PlanOption, per_node: int) -> bool:
+    """Whether option ``a`` is at least as good as ``b`` in every way the plans model sees:
+    the same GPU type and count, at least the throughput, at most the CPUs, host memory and
+    GPU memory per GPU, and placed at least as freely (a cell that fits one node is placed
+    whole either way; a larger one in tensor-parallel groups: ``a``'s must divide ``b``'s)."""
+    if (a.gpu_type, a.gpus) != (b.gpu_type, b.gpus):
+        return False
+    return _dominates(_traits(a), _traits(b), a.gpus <= per_node)
+
+
+def _traits(o: PlanOption) -> tuple[float, float, float, float, int]:
+    return (o.throughput, o.cpus_per_gpu, o.host_mem_gib_per_gpu, o.mem_per_gpu,
+            max(1, o.plan.tp))
+
+
+def _dominates(a: tuple[float, float, float, float, int],
+               b: tuple[float, float, float, float, int], whole: bool) -> bool:
+    return (a[0] >= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3]
+            and (whole or b[4] % a[4] == 0))
+
+
+def prune_dominated(opts: list[PlanOption], per_node: dict[str, int],
+                    keep: Any = None) -> list[PlanOption]:
+    """The options no other option of the same GPU type and count dominates
+    (:func:`dominates`), in their order: the Pareto front in (throughput up; CPUs, host
+    memory and GPU memory per GPU down; placement unit). Of options equal in all of them one
+    stays. ``keep(o)``: an option kept whatever dominates it (a running job's present plan,
+    whose keep bonus no other option has). A dominated option is never needed by an optimal
+    answer of the plans model (whose value grows with throughput: the one it is dominated by
+    takes its place at no cost), so the model loses nothing; on Crius's 1,280 GPUs it drops
+    about two thirds of the options.
+
+    Each (type, count) group is scanned best first (throughput down, then resources up), so
+    an option's dominators come before it, and it is compared with the front kept so far
+    only (dominance is transitive)."""
+    by_cell: dict[tuple[str, int], list[int]] = {}
+    for i, o in enumerate(opts):
+        by_cell.setdefault((o.gpu_type, o.gpus), []).append(i)
+    traits = [_traits(o) for o in opts]
+    kept: list[int] = []
+    for (t, gpus), idx in by_cell.items():
+        whole = gpus <= per_node.get(t, 0)
+        front: list[tuple[float, float, float, float, int]] = []
+        for i in sorted(idx, key=lambda i: (-traits[i][0], *traits[i][1:], i)):
+            tr = traits[i]
+            if any(_dominates(f, tr, whole) for f in front) and not (keep and keep(opts[i])):
+                continue
+            front.append(tr)
+            kept.append(i)
+    return [opts[i] for i in sorted(kept)]
 
 
 def _largest(cluster: Cluster, gpu_type: str) -> str:
@@ -400,14 +499,26 @@ def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
 
 def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, source: PlanSource,
                           quotas: dict[str, int] | None = None,
-                          options: PlanOptions | None = None) -> nx.DiGraph:
-    """The plans problem as a candidate graph for :func:`build_cells_model` (``resources=True``)."""
+                          options: PlanOptions | None = None,
+                          accept: Any = None) -> nx.DiGraph:
+    """The plans problem as a candidate graph for :func:`build_cells_model` (``resources=True``).
+
+    ``accept`` (an executor's plan filter, ``(job, plan) -> None | reason``): the options
+    it refuses are dropped before the dominated ones are pruned, so an option is never
+    pruned for one its workers cannot run (a job whose every option is refused keeps them,
+    for :func:`~apportion.formulations.plan_filter.drop_refused_plans` to say why)."""
     opt = options or PlanOptions()
     quotas = dict(quotas or {})
     g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=options_dict(opt),
                    quotas=quotas)
     add_topology(g, cluster)
     caps = cluster.capacity_by_type()
+    shapes = node_shapes(cluster)
+    per_node = {t: cluster.max_gpus_per_node(t) for t in caps}
+    prune = opt.prune if opt.prune is not None else cluster.total_gpus > PRUNE_ABOVE_GPUS
+    # the pruned options of each list of options (the source's memo hands jobs of one model
+    # and batch the same option objects: their front is found once)
+    fronts: dict[tuple[int, ...], tuple[list[PlanOption], list[PlanOption]]] = {}
     book = QuotaBook(quotas)
     for job in sla_order(jobs):
         jn = job_node(job.id)
@@ -430,7 +541,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
             g.nodes[jn]["reason_detail"] = why
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
-        fit = [o for o in opts if host_fits(o, cluster)]
+        fit = [o for o in opts if host_fits(o, cluster, shapes)]
         if not fit:  # GPUs would do, the nodes' CPUs or memory never: say so, not capacity
             o = min(opts, key=lambda o: (o.cpus_per_gpu, o.host_mem_gib_per_gpu))
             g.nodes[jn]["reason"] = Reason.NO_FIT_HOST.value
@@ -452,11 +563,19 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         guaranteed = verdict.guaranteed
         if guaranteed:
             opts = [o for o in opts if verdict.meets(o.throughput)]
+        if accept is not None:
+            opts = [o for o in opts if accept(job, o.plan) is None] or opts
+        if prune and job.running is None:  # the same options give the same front
+            key = tuple(map(id, opts))
+            if key not in fronts:  # (the options are held, so no id is reused this round)
+                fronts[key] = (opts, prune_dominated(opts, per_node))
+            opts = list(fronts[key][1])
+        elif prune and opt.restart_horizon != "cell":
+            # a running job's value with the ``cell`` horizon is not monotone in throughput
+            opts = prune_dominated(opts, per_node, keep=lambda o: _is_current(job, o))
         bonus = g.nodes[jn]["queue_bonus"] + (opt.sla_weight if guaranteed else 0.0)
         for i, o in enumerate(opts):
-            current = (job.running is not None
-                       and job.running.cell_key == (o.gpu_type, o.gpus, o.plan.pp)
-                       and job.running.tp == o.plan.tp)
+            current = _is_current(job, o)
             cn = f"cell:{job.id}:{o.gpu_type}:{o.gpus}:{i}"
             g.add_node(cn, kind="cell", job=job.id, gpu_type=o.gpu_type, gpus=o.gpus,
                        stages=o.plan.pp, dp=o.plan.dp, tp=o.plan.tp,
@@ -476,6 +595,13 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                               else None)
     apply_objective(g, jobs, now_s, opt.objective_options())
     return g
+
+
+def _is_current(job: JobSpec, o: PlanOption) -> bool:
+    """Whether ``o`` is the cell and TP degree the job runs on now."""
+    return (job.running is not None
+            and job.running.cell_key == (o.gpu_type, o.gpus, o.plan.pp)
+            and job.running.tp == o.plan.tp)
 
 
 def spilled_options(job: JobSpec, cluster: Cluster, source: PlanSource
@@ -503,5 +629,6 @@ def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, in
 
 # sla_reachable lived here before apportion.formulations.sla: re-exported for compatibility
 __all__ = ["CalibratedPlans", "EstimatedPlans", "MeasuredPlans", "PlanOption", "PlanOptions",
-           "PlanSource", "build_plan_candidates", "plan_from_code", "rated_options", "reestimate",
+           "PlanSource", "build_plan_candidates", "dominates", "node_shapes", "plan_from_code",
+           "prune_dominated", "rated_options", "reestimate",
            "sla_reachable"]

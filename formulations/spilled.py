@@ -38,7 +38,7 @@ from apportion.estimation.models.spill import spill_estimate
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
-from apportion.models import get_model
+from apportion.models import catalog_model, get_model
 from apportion.plans import Cell, ExecutionPlan
 
 GiB = 2**30
@@ -74,17 +74,24 @@ def spilled_cells(job: JobSpec, cluster: Cluster, estimator: Any
                   ) -> tuple[list[tuple[Cell, Estimate]], list[str]]:
     """One spilled cell per GPU type where the model can be cut and its host state fits,
     and why each other type has none."""
-    model = get_model(job.model)
     cells: list[tuple[Cell, Estimate]] = []
     why: list[str] = []
+    if catalog_model(job.model) is None:  # cut by its layers: a catalog model only
+        return cells, [f"{job.model!r} is not a catalog model (spilling cuts its layers)"]
+    model = get_model(job.model)
     for gpu_type in sorted(cluster.capacity_by_type()):
         placement = nominal_placement(cluster, gpu_type, 1)
         if placement is None:
             continue
         # recomputation: each backward unit re-runs its shard's forward
         whole = estimator.predict(job, ExecutionPlan(checkpointing=True), placement, cluster)
+        budget = device_budget(cluster, gpu_type, estimator)
+        if 0 < whole.mem_per_gpu <= budget:
+            # the model fits one GPU whole: its cells are missing for another reason (no
+            # rate or measurement for them), which spilling would only hide
+            continue
         e = spill_estimate(model, job.global_batch_size, get_gpu(gpu_type), whole.iter_time_s,
-                           device_budget(cluster, gpu_type, estimator))
+                           budget)
         if not e.feasible:
             why.append(f"{gpu_type}: " + ("a single layer at the global batch exceeds its "
                                           "memory" if "layer_too_large" in e.breakdown else
@@ -104,7 +111,7 @@ def spilled_candidates(g: nx.DiGraph, job_vertex: str, job: JobSpec, cluster: Cl
     """The spilled cells of a job no cell fits; where there are none, the job vertex's
     ``reason_detail`` says why (it stays pending ``no-fit-memory``)."""
     cells, why = spilled_cells(job, cluster, estimator)
-    if not cells:
+    if not cells and why:  # (no reason: it fits whole, and its cells lack a time instead)
         g.nodes[job_vertex]["reason_detail"] = (
             "no cell of any GPU type fits its memory, and it cannot be spilled: " +
             ("; ".join(why) if why else "no GPU type here"))

@@ -101,7 +101,8 @@ WORK_PER_S = 2.0e5
 BACKEND_CLASSES = {"highs": "apportion.solvers.highs:HighsBackend",
                    "cp-sat": "apportion.solvers.cpsat:CpSatBackend",
                    "lp-round": "apportion.solvers.lpround:LpRoundBackend",
-                   "scip": "apportion.solvers.scip:ScipBackend"}
+                   "scip": "apportion.solvers.scip:ScipBackend",
+                   "colgen": "apportion.solvers.colgen:ColGenBackend"}
 
 
 class Backend(Protocol):

@@ -114,16 +114,19 @@ AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
 
 
 def backends_for(name: str, isolate: bool = False, columns: int = 0,
-                 gap: float = MIP_REL_GAP) -> list[Backend]:
+                 gap: float = MIP_REL_GAP, first: str | None = None) -> list[Backend]:
     """``auto`` -> ``AUTO_ORDER`` (``AUTO_LARGE_ORDER`` past ``LARGE_MODEL_COLUMNS``
-    columns, ``AUTO_TOLERANT_ORDER`` from a ``gap`` of ``LP_FIRST_GAP``); a single name
-    -> that backend; ``greedy`` -> none.
+    columns, ``AUTO_TOLERANT_ORDER`` from a ``gap`` of ``LP_FIRST_GAP``; ``first``, a
+    model's own first backend (``meta["solve_first"]``: the plans master's column
+    generation), then HiGHS); a single name -> that backend; ``greedy`` -> none.
 
     ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
     """
-    if name == "auto":
-        names: tuple[str, ...] = (AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else
+    if name == "auto" and first is not None:
+        names: tuple[str, ...] = (first, "highs")
+    elif name == "auto":
+        names = (AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else
                                   AUTO_TOLERANT_ORDER if gap >= LP_FIRST_GAP else AUTO_ORDER)
     elif name == "greedy":
         return []
@@ -131,7 +134,7 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
         names = (name,)
     else:
         raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round, "
-                         "scip or greedy")
+                         "colgen, scip or greedy")
     if isolate:
         return [IsolatedBackend(n) for n in names]
     if columns > PRESOLVE_OFF_COLUMNS and "highs" in names:

@@ -13,10 +13,12 @@ log = logging.getLogger(__name__)
 PREFERENCE = ("HIGHS", "CLARABEL", "ECOS", "SCS")
 
 
-def solve_cvxpy(problem: cp.Problem, variable: cp.Variable) -> tuple[np.ndarray, str]:
-    """Solve with the first installed solver that succeeds; returns (clipped value, solver)."""
+def solve_cvxpy(problem: cp.Problem, variable: cp.Variable,
+                preference: tuple[str, ...] = PREFERENCE) -> tuple[np.ndarray, str]:
+    """Solve with the first installed solver of ``preference`` that succeeds; returns
+    (clipped value, solver)."""
     last: Any = None
-    for name in PREFERENCE:
+    for name in preference:
         if name not in cp.installed_solvers():
             continue
         try:

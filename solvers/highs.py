@@ -23,6 +23,31 @@ def _clip(values: list[float] | np.ndarray) -> np.ndarray:
     return np.clip(arr, -_INF, _INF)
 
 
+def highs_lp(model: LinearModel, csc: Any) -> Any:
+    """``model`` (a :class:`~apportion.formulations.model.LinearModel`) as a ``highspy.HighsLp``
+    with its matrix ``csc`` (column-wise), without integrality: what every HiGHS path here
+    passes (the MIP backend adds the integrality, the kept LP does not)."""
+    import highspy
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = model.num_vars
+    lp.num_row_ = model.num_rows
+    lp.col_cost_ = np.asarray(model.obj, float)
+    lp.col_lower_ = _clip(model.lb)
+    lp.col_upper_ = _clip(model.ub)
+    rlb, rub = model.row_bounds()
+    lp.row_lower_ = _clip(rlb)
+    lp.row_upper_ = _clip(rub)
+    lp.offset_ = model.obj_constant
+    lp.sense_ = (highspy.ObjSense.kMaximize if model.sense == "max"
+                 else highspy.ObjSense.kMinimize)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = csc.indices.astype(np.int32)
+    lp.a_matrix_.value_ = csc.data.astype(float)
+    return lp
+
+
 class HighsBackend:
     """Solve with HiGHS; warm-starts from ``model.hint`` when it is complete.
 
@@ -68,23 +93,8 @@ class HighsBackend:
         h.setOptionValue("mip_rel_gap", self.mip_rel_gap)
         h.setOptionValue("threads", self.threads)
         h.setOptionValue("presolve", self.presolve)
-        lp = highspy.HighsLp()
         n = model.num_vars
-        lp.num_col_ = n
-        lp.num_row_ = model.num_rows
-        lp.col_cost_ = np.asarray(model.obj, float)
-        lp.col_lower_ = _clip(model.lb)
-        lp.col_upper_ = _clip(model.ub)
-        rlb, rub = model.row_bounds()
-        lp.row_lower_ = _clip(rlb)
-        lp.row_upper_ = _clip(rub)
-        lp.offset_ = model.obj_constant
-        lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else highspy.ObjSense.kMinimize
-        csc = model.matrix().tocsc()
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
-        lp.a_matrix_.index_ = csc.indices.astype(np.int32)
-        lp.a_matrix_.value_ = csc.data.astype(float)
+        lp = highs_lp(model, model.matrix().tocsc())
         if any(model.integer):
             lp.integrality_ = [
                 highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous

@@ -60,6 +60,7 @@ import numpy as np
 
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import SolveResult, Status, empty_model_result
+from apportion.solvers.highs import highs_lp
 
 _INF = 1e30  # HiGHS's infinity
 # a round that adds and deletes more columns than this share of its own (all of them
@@ -161,23 +162,7 @@ class HighsSession:
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", self.threads)
         csc = model.matrix().tocsc()
-        lp = highspy.HighsLp()
-        lp.num_col_ = model.num_vars
-        lp.num_row_ = model.num_rows
-        lp.col_cost_ = np.asarray(model.obj, float)
-        lp.col_lower_ = _clip(model.lb)
-        lp.col_upper_ = _clip(model.ub)
-        rlb, rub = model.row_bounds()
-        lp.row_lower_ = _clip(rlb)
-        lp.row_upper_ = _clip(rub)
-        lp.offset_ = model.obj_constant
-        lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else \
-            highspy.ObjSense.kMinimize
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = csc.indptr.astype(np.int32)
-        lp.a_matrix_.index_ = csc.indices.astype(np.int32)
-        lp.a_matrix_.value_ = csc.data.astype(float)
-        h.passModel(lp)
+        h.passModel(highs_lp(model, csc))
         self._h, self._a, self._sense = h, csc, model.sense
         self._cols, self._rows = list(model.var_keys), list(names)
         self.stats.builds += 1

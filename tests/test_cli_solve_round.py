@@ -22,7 +22,8 @@ def _run(*args: str):
 
 def test_default_round_writes_contract_json(tmp_path: Path) -> None:
     out, dump = tmp_path / "d.json", tmp_path / "p.json"
-    r = _run("solve-round", "--json", str(out), "--dump-problem", str(dump), "--time-budget", "10")
+    r = _run("solve-round", "--json", str(out), "--dump-problem", str(dump), "--time-budget", "10",
+             "--deterministic")
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     for key in ("backend", "status", "objective", "bound", "gap", "wall_s", "fallback"):
@@ -129,7 +130,7 @@ def test_plans_dump_resolves_independently(tmp_path: Path) -> None:
     out, dump = tmp_path / "d.json", tmp_path / "p.json"
     r = _run("solve-round", "--formulation", "plans", "--cluster", "morphling-64", "--jobs",
              str(jobs), "--tenants", str(tenants), "--json", str(out), "--dump-problem",
-             str(dump), "--time-budget", "20", "--no-isolate", "--mip-gap", "0")
+             str(dump), "--time-budget", "20", "--deterministic", "--mip-gap", "0")
     assert r.exit_code == 0, r.output
     prob, dec = json.loads(dump.read_text()), json.loads(out.read_text())
     assert prob["formulation"] == "plans" and prob["quotas"] == {"a": 16, "b": 24}

@@ -115,3 +115,23 @@ def test_a_deterministic_round_solves_under_its_work_budget() -> None:
     deterministic_policy(pol)
     assert pol.cfg.deterministic is True
     deterministic_policy(make_policy("sia"))  # a baseline without a round config: unchanged
+
+
+def test_solve_round_deterministic_repeats_and_refuses_what_leaves_the_process(
+        tmp_path: Path) -> None:
+    """`solve-round --deterministic`: the same decision twice, byte for byte but the timings,
+    solved in this process; with --isolate, --partitions or --engine it exits 2 naming the
+    flag."""
+    decisions = []
+    for i in range(2):
+        out = tmp_path / f"d{i}.json"
+        r = runner.invoke(app, ["solve-round", "--deterministic", "--time-budget", "5",
+                                "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        d = json.loads(out.read_text())
+        decisions.append((d["allocations"], d["pending"], d["solver"]["objective"]))
+    assert decisions[0] == decisions[1]
+    for extra, flag in ((["--isolate"], "--isolate"), (["--partitions", "2"], "--partitions"),
+                        (["--partitions", "2", "--engine", "ray"], "--partitions")):
+        r = runner.invoke(app, ["solve-round", "--deterministic", *extra])
+        assert r.exit_code == 2 and flag in r.output, r.output

@@ -104,7 +104,8 @@ def test_default_round_optimal_with_both_backends_and_they_agree() -> None:
     cluster, (jobs, now) = default_cluster(), default_jobs()
     objs = {}
     for backend in ("highs", "cp-sat"):
-        r = run_round(cluster, jobs, now, RoundConfig(backend=backend, time_budget_s=10))
+        r = run_round(cluster, jobs, now, RoundConfig(backend=backend, time_budget_s=10,
+                                                      deterministic=True))
         rep = r.decision.report
         assert rep.status == "optimal" and not rep.fallback, rep.as_dict()
         assert validate(r.decision, cluster, jobs).ok

@@ -68,7 +68,8 @@ def test_every_objective_solves_and_validates(objective: str) -> None:
             for i in range(8)]
     jobs.append(JobSpec("run", "bert-336m", 64, 5000, 2,
                         running=RunningState("A100-40GB", 2, 1, {"a-0": 2})))
-    cfg = RoundConfig(backend="highs", candidates=CandidateOptions(objective=objective))
+    cfg = RoundConfig(backend="highs", candidates=CandidateOptions(objective=objective),
+                      deterministic=True)
     r = run_round(cluster, jobs, 5000.0, cfg)
     assert r.decision.report.status == "optimal"
     assert validate(r.decision, cluster, jobs).ok

@@ -55,3 +55,28 @@ def test_lp_allocations_are_feasible() -> None:
         X = pol.allocation(state, jobs, types, T, sf, w)
         assert (X >= -1e-7).all() and (X.sum(axis=1) <= 1 + 1e-6).all()
         assert ((sf[:, None] * X).sum(axis=0) <= 8 + 1e-5).all()
+
+
+@pytest.fixture(scope="module")
+def oracle_results() -> dict:
+    """Gavel's setting: its simulator hands the policy the measured throughputs."""
+    return {p: run_one("gavel-max-min-fairness", "8:8:8", p, profile="gavel",
+                       sim_options={"information": "oracle"}).summary for p in POLICIES}
+
+
+def test_within_ten_percent_of_gavels_own_simulator(oracle_results: dict) -> None:
+    """Against Gavel's own figures (``gavel_reference``): the LP policies within 10 % of
+    Gavel as it is; FIFO and Gandiva within 10 % of Gavel with the deviation that
+    GAVEL_FIDELITY.md measures switched off in Gavel too (its FIFO uses the type it draws;
+    its Gandiva does not co-locate)."""
+    from apportion.experiments.gavel_reference import GAVEL, VARIANTS
+
+    ref = {p: g["avg_jct_s"] for p, g in GAVEL.items()}
+    ref["fifo"] = VARIANTS["fifo-drawn-type"]["avg_jct_s"]
+    ref["gandiva"] = VARIANTS["gandiva-no-packing"]["avg_jct_s"]
+    for p, s in oracle_results.items():
+        assert s["finished"] == 96, p
+        assert 0.9 <= s["avg_jct_s"] / ref[p] <= 1.1, (p, s["avg_jct_s"], ref[p])
+    # the LP policies also end when Gavel's do (makespan within 5 %)
+    for p in ("gavel-max-min-fairness", "gavel-max-sum-throughput"):
+        assert oracle_results[p]["makespan_s"] == pytest.approx(GAVEL[p]["makespan_s"], rel=0.05)

@@ -50,4 +50,6 @@ def test_replays_report_the_bound(tmp_path: Path) -> None:
                             str(tmp_path / "cmp"), "--workers", "1"])
     assert r.exit_code == 0, r.output
     md = next((tmp_path / "cmp").glob("*/summary.md")).read_text()
-    assert "avg_jct_to_bound" in md
+    assert "avg JCT / lower bound" in md and "avg JCT lower bound (h)" in md
+    csv = next((tmp_path / "cmp").glob("*/summary.csv")).read_text()
+    assert "avg_jct_to_bound" in csv.splitlines()[0]

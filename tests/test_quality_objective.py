@@ -110,7 +110,8 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     out = {}
     for bonus in (0.0, default.place_bonus):
         opts = replace(default, place_bonus=bonus)
-        res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, candidates=opts))
+        res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, candidates=opts,
+                                                             deterministic=True))
         assert validate(res.decision, cl, jobs).ok
         assert res.decision.report.status == "optimal"
         out[bonus] = {a.job: (a.gpus, a.action.value) for a in res.decision.allocations}

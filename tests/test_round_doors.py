@@ -57,7 +57,7 @@ def test_the_state_round_honours_partitions(tmp_path: Path) -> None:
     (["--round-key", "k"], "--round-key"),
     (["--policy", "fcfs", "--formulation", "plans"], "--formulation"),
     (["--estimator", "analytic", "--tables", "TABLES"], "--tables"),
-    (["--tenants", "TENANTS"], "--tenants"),
+    (["--formulation", "deadline", "--tenants", "TENANTS"], "--tenants"),
     (["--policy", "sia", "--tenants", "TENANTS"], "--tenants"),
 ])
 def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[str],
@@ -73,10 +73,11 @@ def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[
     assert r.exit_code == 2, r.output
     assert flag in r.stderr, r.stderr
     assert not out.exists()
-    if flag == "--tenants" and "--policy" not in args:  # the formulation that keeps them
-        r = _run("solve-round", "--tenants", tmp_path / "t.yaml", "--formulation", "plans",
-                 "--json", out, "--time-budget", "5", "--no-isolate")
-        assert r.exit_code == 0, r.output
+    if flag == "--tenants" and "--policy" not in args:  # the formulations that keep them
+        for formulation in ("cells", "plans"):
+            r = _run("solve-round", "--tenants", tmp_path / "t.yaml", "--formulation",
+                     formulation, "--json", out, "--time-budget", "5", "--no-isolate")
+            assert r.exit_code == 0, r.output
 
 
 def test_a_plan_the_workload_refuses_never_hides_one_it_runs() -> None:

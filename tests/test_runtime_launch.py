@@ -118,8 +118,9 @@ def test_pytorchjob_manifest_shapes() -> None:
         (c,) = pod["containers"]
         assert c["name"] == "pytorch"
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
-        # the decision's 4 of 8 CPUs (32-CPU nodes) scaled to allocatable; never the whole node
-        assert c["resources"]["requests"]["cpu"] == f"{int(4 * 31 / 32 * 1000)}m"
+        # the decision's 4 of 8 CPUs (32-CPU nodes) scaled to allocatable (31) less what
+        # DaemonSet pods take (reserve.pods_cpus, 0.5); never the whole node
+        assert c["resources"]["requests"]["cpu"] == f"{int(4 * (31 - 0.5) / 32 * 1000)}m"
         mounts = {m["name"] for m in c["volumeMounts"]}
         assert mounts == {v["name"] for v in pod["volumes"]}
     assert yaml.safe_load(yaml.safe_dump(pj)) == pj

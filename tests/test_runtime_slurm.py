@@ -435,6 +435,22 @@ def test_builtin_trainer_across_two_nodes(slurm: LocalSlurm, tmp_path: Path) -> 
     assert worlds == [2, 2, 2, 2]
 
 
+def test_the_slurm_executor_behaves_as_every_executor(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """The executors' behaviour suite (:func:`apportion.testing.check_executor_behaviour`,
+    run on local and Ray in tests/test_conformance.py) on Slurm: start, progress, a resize
+    resumed on two workers, a neighbour whose command cannot start failing alone,
+    preemption to a checkpoint, shutdown. The nodes have two GPUs each, so the failing job
+    goes to the other node."""
+    pytest.importorskip("torch")
+    from apportion.config import cluster_from_data
+    from apportion.testing import check_executor_behaviour
+
+    cluster = cluster_from_data({"name": "slurm", "node_groups": [
+        _node_group("a40-0", "A40", 2, 4, 7), _node_group("a10-0", "A10", 2, 4, 7)]}, "slurm")
+    ex = SlurmExecutor(tmp_path / "runs", query_interval_s=0.2, grace_s=20)
+    check_executor_behaviour(ex, cluster, node="a40-0", other_node="a10-0", timeout_s=300)
+
+
 # -- a launch Slurm refuses is the job's failure; requests fit what the nodes have -------------
 def _node_group(name: str, gpu_type: str, gpus: int, cpus: int, mem_gib: float) -> dict[str, Any]:
     return {"prefix": name.split("-")[0], "nodes": [name], "gpu_type": gpu_type,

@@ -152,6 +152,9 @@ def bench_round_cmd(
     seed: int = typer.Option(1, "--seed", help="the held-out rounds' seed"),
     case: Optional[list[str]] = typer.Option(None, "--case", help="JOBS:GPUS:BUDGET[:PARTS"
                                              "[:ENGINE]] (repeatable; default: the targets)"),
+    formulation: str = typer.Option("cells", "--formulation",
+                                    help="the rounds' formulation (cells | plans | deadline); "
+                                    "plans' targets: --case 1000:1280:10 --case 300:1280:10"),
 ) -> None:
     """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
     from apportion.console import Progress
@@ -160,8 +163,11 @@ def bench_round_cmd(
     with user_input():
         outputs.check_outputs((json_out, "--json"))
         cases = rounds.parse_cases(case)
+        if formulation not in ("cells", "plans", "deadline"):
+            raise InputError("--formulation", "formulation",
+                             f"{formulation!r}: use cells, plans or deadline")
     with Progress("bench round", heartbeat=True):
-        rows = rounds.main(cases, seed, repeat)
+        rows = rounds.main(cases, seed, repeat, formulation)
     if not outputs.is_stdout(json_out):
         stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:

@@ -13,6 +13,7 @@ from apportion.cli import complete
 from apportion.cli.complete import ENV_CLUSTER, ENV_STATE, env_state
 from apportion.cli.common import (
     ESTIMATOR_HELP,
+    ROUND_DETERMINISTIC_HELP,
     MIP_GAP_HELP,
     OBJECTIVE_PRESET_HELP,
     POLICY_HELP,
@@ -50,8 +51,9 @@ def solve_round(
                                   autocompletion=complete.estimators),
     tables: Optional[Path] = typer.Option(None, "--tables", help="measured iteration times CSV "
                                           "(model, gpu_type, gpus, iter_time_s) for tables/auto"),
-    isolate: bool = typer.Option(True, "--isolate/--no-isolate",
-                                 help="run each solver backend in a child process"),
+    isolate: Optional[bool] = typer.Option(None, "--isolate/--no-isolate",
+                                           help="run each solver backend in a child process "
+                                           "(default: yes, unless --deterministic)"),
     tenants: Optional[Path] = typer.Option(None, "--tenants",
                                            help="tenants YAML with GPU quotas for guaranteed jobs "
                                            "(cells, plans)"),
@@ -69,6 +71,8 @@ def solve_round(
                                               "existing cluster (default: a local one)"),
     objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
                                                    help=OBJECTIVE_PRESET_HELP),
+    deterministic: bool = typer.Option(False, "--deterministic",
+                                       help=ROUND_DETERMINISTIC_HELP),
 ) -> None:
     """Solve one scheduling round: read cluster and queue, decide, validate, report."""
     started = time.perf_counter()  # the budget covers the whole command from here
@@ -91,8 +95,9 @@ def solve_round(
                           ray_address=ray_address, state=state, round_key=round_key)
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
-                       search_depth, max_changes, isolate, tenants, tables, partitions, engine,
-                       ray_address, objective_preset=objective_preset)
+                       search_depth, max_changes, not deterministic if isolate is None else
+                       isolate, tenants, tables, partitions, engine, ray_address, deterministic,
+                       objective_preset=objective_preset)
     if state is not None:  # the queue and running jobs come from the store
         from apportion.cli.store import solve_round_state
 

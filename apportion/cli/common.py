@@ -37,6 +37,9 @@ SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | mo
                       "its tables)")
 OBJECTIVE_PRESET_HELP = ("apportion's objective by name: crius | sia-like | apportion (the "
                          "default; docs/objective.md); apportion's policies only")
+ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
+                            "gives the same answer on any machine under any load (solved in "
+                            "this process; the clock stays a safety stop at 4x the budget)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "

@@ -351,6 +351,13 @@ class FormulationPolicy:
             except DecodeError as exc:  # an answer with no placements: the chain moves on
                 log.error("%s answer could not be decoded: %s", res.backend, exc)
                 return False
+            packed = bool(model.meta.get("master")) and "choices" not in res.extra
+            if packed:  # a master's answer is what its packer placed (formulations.plans_master)
+                res.x = choice_vector(model, choices)
+                got = objective_of(g, choices)
+                if res.objective is not None and abs(got - res.objective) > 1e-9:
+                    res.message += f" (placed on nodes: {got:.6g})"
+                res.objective = got
             broken = model.violations(choice_vector(model, choices) if "choices" in res.extra
                                       else res.x)
             if broken:  # the model's own rows: a researcher's constraint holds for every answer
@@ -386,7 +393,8 @@ class FormulationPolicy:
             left = max(left, DETERMINISTIC_SAFETY * cfg.time_budget_s)
         if self.partitioned and self.recipe.partitions:
             return self._solve_partitioned(g, f, left, accept, accepted, t0)
-        backends = backends_for(cfg.backend, cfg.isolate, model.num_vars, cfg.mip_gap)
+        backends = backends_for(cfg.backend, cfg.isolate, model.num_vars, cfg.mip_gap,
+                                first=model.meta.get("solve_first"))
         child, self._child = self._child, None
 
         def greedy_meanwhile() -> None:  # the fallback, made while the child solves

@@ -5,10 +5,16 @@ should spend on GPU type ``j`` (rows sum to at most 1; sum over jobs of
 ``X[m][j] * scale_factor_m`` at most the GPUs of type ``j``). The round-based
 mechanism then realises it:
 
-* the allocation is recomputed, and the time counters are reset, whenever the
-  set of jobs changes (an arrival or a completion); at a reset each job's time
-  on each type restarts at half a round (so new jobs are not infinitely
-  favoured) and its deficit grows by (allocated - received) time;
+* the allocation is recomputed, and the time counters are reset, when the set
+  of jobs has changed (an arrival or a completion) and at least
+  ``reset_interval_s`` (Gavel's ``minimum_time_between_allocation_resets``,
+  1,920 s by default) have passed since the last reset, or no reset has yet
+  happened after time 0; at a reset each job's time on each type restarts at
+  half a round (so new jobs are not infinitely favoured) and its deficit grows
+  by (allocated - received) time. A job that arrives between resets is outside
+  the allocation until the next one and does not run before it (Gavel's
+  ``_schedule_jobs_on_workers`` assigns workers only to jobs in ``_allocation``);
+  its time counters start at half a round, its deficit at 0;
 * priority of job ``m`` on type ``j`` = ``X[m][j] / fraction``, where
   ``fraction`` = time ``m`` ran on ``j`` / total job time on ``j`` since the
   reset (``X * 1e9`` when ``fraction`` is 0; 0 when ``X`` is 0 or the job
@@ -24,8 +30,9 @@ Allocations (one class each):
 * ``gavel-max-sum-throughput``: ``max sum_m sum_j T[m][j] X[m][j]`` (raw
   steps/s, as Gavel's implementation);
 * ``gavel-max-min-fairness`` (heterogeneity-aware, ``MaxMinFairness_Perf``):
-  first the agnostic LP with all throughputs 1 gives each job's isolated
-  allocation; then ``max min_m (1/w_m) sf_m T[m]·X[m] / (T[m]·X_iso[m])``;
+  ``max min_m (1/w_m) sf_m T[m]·X[m] / (T[m]·X_eq[m])``, ``X_eq`` the equal
+  share (each type's fraction of the cluster's GPUs; Gavel's
+  ``ProportionalPolicy``);
 * ``fifo`` (Gavel's FIFO, base mode): jobs in arrival order get 1.0 on a
   random type (seeded) that has ``scale_factor`` free GPUs; they keep it;
 * ``gandiva`` (Gavel's Gandiva allocation without co-location): every job
@@ -33,7 +40,11 @@ Allocations (one class each):
   normalised to at most 1; heterogeneity-blind.
 
 Both LPs are built in ``apportion.formulations.gavel`` and solved by
-``apportion.solvers.cvx`` (HiGHS through cvxpy when available); see
+``apportion.solvers.cvx`` with Gavel's solver first (ECOS, an interior-point
+method, where installed; then Clarabel, also interior-point; then HiGHS): the
+LPs have many optimal allocations, and an interior-point method returns one
+inside the optimal face, as Gavel's does, where a simplex method returns a
+vertex that leaves more jobs at 0 on a type; see
 ``experiments/GAVEL_FIDELITY.md`` for every deviation from Gavel.
 
 Gap and bound (the LP policies): each round's report carries the LP's optimum as its
@@ -55,7 +66,7 @@ import numpy as np
 
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.formulations.gavel import (
-    isolated_max_min,
+    equal_share,
     max_min_fairness,
     max_min_value,
     max_sum_throughput,
@@ -67,6 +78,14 @@ from apportion.view import View
 
 log = logging.getLogger(__name__)
 
+# Gavel's ``Scheduler(minimum_time_between_allocation_resets=1920)``: the default of its
+# simulator (``simulate_scheduler_with_trace.py`` passes none): an allocation is recomputed
+# at most this often after the job set changes
+GAVEL_RESET_INTERVAL_S = 1920.0
+# Gavel solves its LPs with ECOS (``--solver`` default), an interior-point method; Clarabel is
+# the other interior-point solver cvxpy ships; HiGHS (simplex) where neither is installed
+GAVEL_SOLVERS = ("ECOS", "CLARABEL", "HIGHS", "SCS")
+
 
 class GavelRound:
     """The round mechanism; subclasses give ``allocation(state, jobs, types, T, sf, w)``."""
@@ -75,8 +94,12 @@ class GavelRound:
     perf = True  # heterogeneity-aware: visit types fastest first (else shuffled)
     fifo = False
 
-    def __init__(self, time_per_round: float | None = None) -> None:
+    def __init__(self, time_per_round: float | None = None,
+                 reset_interval_s: float = GAVEL_RESET_INTERVAL_S,
+                 solvers: tuple[str, ...] = GAVEL_SOLVERS) -> None:
         self.round_s = time_per_round
+        self.reset_interval_s = float(reset_interval_s)
+        self.solvers = tuple(solvers)
         self.X: dict[str, dict[str, float]] = {}
         self.job_time: dict[str, dict[str, float]] = {}
         self.worker_time: dict[str, float] = {}
@@ -100,9 +123,14 @@ class GavelRound:
         return np.array([[state.rate(js, t, js.spec.requested_gpus) for t in types] for js in jobs])
 
     # -- bookkeeping -------------------------------------------------------------------
-    def _account(self, state: Any, types: list[str]) -> None:
-        """Add last round's run time on each type (read from the simulator's counters)."""
+    def _account(self, state: Any, types: list[str], rs: float) -> None:
+        """Add last round's run time on each type (read from the simulator's counters); a
+        job seen for the first time starts at half a round on every type (Gavel's
+        ``add_job``), its deficit at 0; the types' totals grow only at a reset."""
         for js in state.jobs:
+            if js.id not in self.job_time:
+                self.job_time[js.id] = dict.fromkeys(types, rs / 2.0)
+                self.deficit[js.id] = dict.fromkeys(types, 0.0)
             seen = self.seen_time.setdefault(js.id, {})
             for t, total in js.time_on_type.items():
                 d = total - seen.get(t, 0.0)
@@ -114,6 +142,10 @@ class GavelRound:
     def _reset(self, state: Any, types: list[str], now: float, rs: float) -> None:
         elapsed = now - self.last_reset
         self.worker_time = dict.fromkeys(types, 0.0)
+        ids = {js.id for js in state.jobs}
+        for gone in [k for k in self.job_time if k not in ids]:  # finished since the last reset
+            self.job_time.pop(gone, None)
+            self.deficit.pop(gone, None)
         for js in state.jobs:
             jt = self.job_time.get(js.id)
             de = self.deficit.setdefault(js.id, dict.fromkeys(types, 0.0))
@@ -132,19 +164,18 @@ class GavelRound:
         t0 = time.perf_counter()
         rs = self.round_s or state.interval_s
         types = type_order(state.cluster)
-        self._account(state, types)
-        ids = frozenset(js.id for js in state.jobs)
+        self._account(state, types, rs)
         # Gavel recomputes its allocation when the jobs or their throughputs change: a
         # configuration seen to make no progress (``stalled_on``) or measured off its
-        # estimate (``rate_factor``) is such a change
+        # estimate (``rate_factor``) is such a change. It does so at a reset, and resets no
+        # more often than every ``reset_interval_s`` (a last reset at time 0 does not count:
+        # Gavel's ``_last_reset_time == 0`` test)
         key = frozenset((js.id, frozenset(js.stalled_on), frozenset(js.rate_factor.items()))
                         for js in state.jobs)
-        if key != self.members:
+        due = now - self.last_reset >= self.reset_interval_s or self.last_reset == 0.0
+        if key != self.members and due:
             self._reset(state, types, now, rs)
             self.members = key
-            for gone in [k for k in self.job_time if k not in ids]:
-                self.job_time.pop(gone, None)
-                self.deficit.pop(gone, None)
             tl = time.perf_counter()
             T = self._throughputs(state, state.jobs, types)
             sf = np.array([float(js.spec.requested_gpus) for js in state.jobs])
@@ -174,8 +205,8 @@ class GavelRound:
         by_id = {js.id: js for js in state.jobs}
         queue = []
         for t in order:
-            entries = [(jid, t, p, self.deficit.get(jid, {}).get(t, 0.0), self.X[jid][t])
-                       for jid, p in prio[t].items()]
+            entries = [(jid, t, p, self.deficit.get(jid, {}).get(t, 0.0),
+                        self.X.get(jid, {}).get(t, 0.0)) for jid, p in prio[t].items()]
             queue += sorted(entries, key=lambda e: (e[2], e[3], e[4]), reverse=True)
         left = dict(state.capacity)
         picked: dict[str, str] = {}
@@ -186,6 +217,10 @@ class GavelRound:
             if self.fifo and p <= 0.0:
                 continue
             if js.spec.requested_gpus > left[t]:
+                continue
+            # a job that arrived since the last reset is outside the allocation: it waits
+            # for the next reset (Gavel assigns no workers to a job not in ``_allocation``)
+            if jid not in self.X:
                 continue
             left[t] -= js.spec.requested_gpus
             picked[jid] = t
@@ -245,7 +280,7 @@ class MaxSumThroughput(GavelRound):
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
         cap = np.array([state.capacity[t] for t in types], dtype=float)
-        X, self.lp_solver = solve_cvxpy(*max_sum_throughput(T, sf, cap))
+        X, self.lp_solver = solve_cvxpy(*max_sum_throughput(T, sf, cap), self.solvers)
         self.lp_value = lambda x: sum_throughput_value(T, x)
         return X
 
@@ -256,9 +291,9 @@ class MaxMinFairness(GavelRound):
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
         cap = np.array([state.capacity[t] for t in types], dtype=float)
-        x_iso, _ = solve_cvxpy(*isolated_max_min(sf, cap, w, T.shape))
-        X, self.lp_solver = solve_cvxpy(*max_min_fairness(T, sf, cap, w, x_iso))
-        self.lp_value = lambda x: max_min_value(T, sf, w, x_iso, x)
+        x_eq = equal_share(cap, len(jobs))
+        X, self.lp_solver = solve_cvxpy(*max_min_fairness(T, sf, cap, w, x_eq), self.solvers)
+        self.lp_value = lambda x: max_min_value(T, sf, w, x_eq, x)
         return X
 
 
@@ -269,8 +304,8 @@ class GavelFIFO(GavelRound):
     perf = False
     fifo = True
 
-    def __init__(self, time_per_round: float | None = None) -> None:
-        super().__init__(time_per_round)
+    def __init__(self, time_per_round: float | None = None, **kw: Any) -> None:
+        super().__init__(time_per_round, **kw)
         self.assigned: dict[str, str] = {}
 
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,

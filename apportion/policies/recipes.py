@@ -31,6 +31,7 @@ from apportion.formulations.plans import (
     PlanOptions,
     build_plan_candidates,
 )
+from apportion.formulations.plans_master import plans_model
 from apportion.formulations.sla import SlaOptions, apply_slas
 from apportion.jobs import JobSpec
 from apportion.solvers.greedy import GreedyCells
@@ -132,7 +133,8 @@ def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
         CalibratedPlans(source, ctx.view_rate(), calibrate=not analytic
                         and cfg.plan_source is None)
     return build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
-                                 cfg.plan_options or PlanOptions.like(cfg.candidates))
+                                 cfg.plan_options or PlanOptions.like(cfg.candidates),
+                                 accept=cfg.plan_filter)
 
 
 def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
@@ -148,6 +150,13 @@ def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
 
 def cells_model(g: nx.DiGraph, cfg: Any) -> Any:
     return build_cells_model(g, max_changes=cfg.max_changes)
+
+
+def plans_master_model(g: nx.DiGraph, cfg: Any) -> Any:
+    """The plans round's model by size: the exact cell model, or past
+    ``plans_master.EXACT_PLACEMENT_LIMIT`` placement columns the master over options
+    (GPU types aggregated, placed on nodes after), solved by column generation."""
+    return plans_model(g, max_changes=cfg.max_changes)
 
 
 def deadline_meta(g: nx.DiGraph, placed: set[str]) -> dict[str, Any]:
@@ -170,7 +179,7 @@ add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solve
                   quotas=True))
 add_recipe(Recipe("plans", "apportion-plans",
                   "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
-                  "SLAs)", plan_candidates, cells_model, _plans_heuristic,
+                  "SLAs)", plan_candidates, plans_master_model, _plans_heuristic,
                   partitions=False, trim_scale_up=False, quotas=True))
 add_recipe(Recipe("deadline", "apportion-deadline",
                   "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain",

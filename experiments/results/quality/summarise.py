@@ -1,7 +1,9 @@
 """Condense ``apportion compare`` runs (their ``summary.csv``) into one markdown table per
 run and one JSON: avg and p99 JCT (mean ± 95 % CI over seeds, Student's t, hours),
-average queueing, restarts per job, finished jobs, each policy's rank, and where the
-trace has guaranteed jobs (Morphling's MT) the share that kept their SLA (``sla_kept``).
+average queueing, restarts per job, makespan (h), GPU utilisation, the average JCT over
+the run's lower bound (``avg_jct_to_bound``: runs since compare reports the bound; n/a
+before), finished jobs, each policy's rank, and where the trace has guaranteed jobs
+(Morphling's MT) the share that kept their SLA (``sla_kept``).
 
 The rank is by the average JCT over *every* job (``avg_jct_all_s``: an unfinished job
 counted until the replay's end, a lower bound), so leaving long jobs unstarted does not
@@ -22,6 +24,18 @@ import pandas as pd
 H = 3600.0
 
 
+def _num(r: pd.Series, col: str, scale: float = 1.0) -> float | None:
+    """``r[col] / scale``, or None where the run has no such column (older runs)."""
+    v = r.get(col)
+    return None if v is None or pd.isna(v) else float(v) / scale
+
+
+def _pm(v: float | None, ci: float | None, digits: int) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.{digits}f}" + ("" if ci is None else f" ± {ci:.{digits}f}")
+
+
 def table(run: Path) -> tuple[str, list[dict]]:
     df = pd.read_csv(run / "summary.csv")
     if "avg_jct_all_s" not in df.columns:
@@ -34,15 +48,23 @@ def table(run: Path) -> tuple[str, list[dict]]:
     rows, out = [], []
     out.append(f"### {run.name}\n\n{head}\n")
     out.append("| rank | policy | seeds | finished/jobs | avg JCT, all jobs (h) | avg JCT (h) "
-               "| p99 JCT (h) | avg queue (h) | restarts/job |" + (" SLA kept |" if sla else ""))
-    out.append("|---|---|---|---|---|---|---|---|---|" + ("---|" if sla else ""))
+               "| p99 JCT (h) | avg queue (h) | restarts/job | makespan (h) | utilisation "
+               "| avg JCT / bound |" + (" SLA kept |" if sla else ""))
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sla else ""))
     for i, r in df.iterrows():
         rec = {"run": run.name, "rank": i + 1, "policy": r["policy"], "seeds": int(r["seeds"]),
                "finished": r["finished"], "jobs": r["jobs"],
                "avg_jct_all_h": None if pd.isna(r["avg_jct_all_s"]) else r["avg_jct_all_s"] / H,
                "avg_jct_h": r["avg_jct_s"] / H, "avg_jct_ci95_h": r["avg_jct_s_ci95"] / H,
                "p99_jct_h": r["p99_jct_s"] / H, "p99_jct_ci95_h": r["p99_jct_s_ci95"] / H,
-               "avg_queue_h": r["avg_queue_s"] / H, "avg_restarts": r["avg_restarts"]}
+               "avg_queue_h": r["avg_queue_s"] / H, "avg_restarts": r["avg_restarts"],
+               "makespan_h": _num(r, "makespan_s", H),
+               "makespan_ci95_h": _num(r, "makespan_s_ci95", H),
+               "utilization": _num(r, "utilization"),
+               "utilization_ci95": _num(r, "utilization_ci95"),
+               "avg_jct_lower_bound_h": _num(r, "avg_jct_lower_bound_s", H),
+               "avg_jct_to_bound": _num(r, "avg_jct_to_bound"),
+               "avg_jct_to_bound_ci95": _num(r, "avg_jct_to_bound_ci95")}
         kept = ""
         if sla:
             rec["sla_kept"] = None if pd.isna(r.get("sla_kept")) else float(r["sla_kept"])
@@ -57,7 +79,10 @@ def table(run: Path) -> tuple[str, list[dict]]:
         out.append(f"| {i + 1} | {name} | {rec['seeds']} | {r['finished']:.0f}/{r['jobs']:.0f} | "
                    f"{every} | {rec['avg_jct_h']:.3f} ± {rec['avg_jct_ci95_h']:.3f} | "
                    f"{rec['p99_jct_h']:.2f} ± {rec['p99_jct_ci95_h']:.2f} | "
-                   f"{rec['avg_queue_h']:.3f} | {rec['avg_restarts']:.2f} |{kept}")
+                   f"{rec['avg_queue_h']:.3f} | {rec['avg_restarts']:.2f} | "
+                   f"{_pm(rec['makespan_h'], rec['makespan_ci95_h'], 1)} | "
+                   f"{_pm(rec['utilization'], rec['utilization_ci95'], 3)} | "
+                   f"{_pm(rec['avg_jct_to_bound'], rec['avg_jct_to_bound_ci95'], 2)} |{kept}")
     return "\n".join(out) + "\n", rows
 
 
