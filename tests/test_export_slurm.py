@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from apportion.runtime.executors.slurm import SlurmExecutor
-from apportion.runtime.executors.slurm_local import LocalSlurm, missing_binaries
+from apportion.runtime.executors.slurm_local import LocalSlurm
 from typer.testing import CliRunner
 
 from apportion.cli import app
@@ -203,28 +201,8 @@ def test_the_same_submission_the_executor_makes(files: Path, tmp_path: Path) -> 
 
 
 # -- a real Slurm (a private cluster on this machine) ----------------------------------------------
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    missing = missing_binaries()
-    why = (f"Slurm is not installed (missing {', '.join(missing)})" if missing
-           else "a private Slurm cluster needs root" if os.geteuid() else "")
-    if why:
-        if os.environ.get("APPORTION_REQUIRE_SLURM") == "1":
-            pytest.fail(f"APPORTION_REQUIRE_SLURM=1 but {why}")
-        pytest.skip(why)
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    old = os.environ.get("SLURM_CONF")
-    try:
-        cluster.start()
-        os.environ.update(cluster.env())
-        yield cluster
-    finally:
-        cluster.stop()
-        if old is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old
-
+# the private cluster fixture of tests/test_runtime_slurm.py, one definition
+from tests.test_runtime_slurm import slurm  # noqa: E402,F401
 
 WORKER = textwrap.dedent('''
     import json, os
