@@ -26,6 +26,15 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   ``round_excess`` credits a job at most the work it has left this round (``n_c`` capped at
   ``rem_j / round_s``): a job that ends within the round is not worth a long job's fast
   type for the whole round.
+* ``seconds``: the JCT seconds a job saves by running on the cell this round, in rounds:
+  ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
+  seconds of the job's remaining time on its fastest cell, at most what it has left),
+  weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
+  bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). A move
+  nets its restart: ``restart_s`` of the new cell's work lost (over one round, or over
+  ``amortize_s``). The reference throughput drops out: no normalisation to choose. Speed
+  beyond the remaining time counts at ``round_excess`` (0 when None). The other knobs
+  (bonuses, tail, pin) are the further terms :data:`PRESETS` ``"seconds"`` leaves out.
 
 Every kind may add a per-placed-job term ``place_bonus`` (Sia's ILP has it: one more job
 runs before a placed one scales up). Then ``value_c = term_c + place_bonus + bonus_c +
@@ -55,7 +64,8 @@ from apportion.formulations.schema import job_node
 
 from apportion.jobs import JobSpec
 
-OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware")
+OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware",
+              "seconds")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 SPEED_UNITS = ("reference", "best", "best-outside-tail")
 
@@ -307,6 +317,16 @@ PRESETS: dict[str, ObjectiveOptions] = {
         amortize_s=1800.0, restart_horizon="reference", tail_share=0.1, tail_margin=0.0,
         round_excess=0.25, tail_quantile=0.02, tail_pin=0.015, tail_pin_top=0.0075,
         speed_unit="best-outside-tail", speed_scale=None),
+    # the objective as one quantity (kind ``seconds``): the JCT seconds each job saves on
+    # a cell this round, net of a move's restart seconds, weighed by one fairness exponent
+    # (0.5, apportion's); no bonus, no tail, no pin, weights unbounded in practice
+    # ([1e-3, 1e3]: a ratio of remaining times past a million). What each further term of
+    # ``apportion`` adds to it, by leave-one-out on rows not used to choose it:
+    # experiments/results/quality/ablation.md
+    "seconds": ObjectiveOptions(
+        kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0,
+        remaining_exponent=0.5, weight_bounds=(1e-3, 1e3), speed_bounds=None,
+        amortize_s=None, normalize="requested"),
 }
 
 #: the knobs of the cells formulation alone: the plans formulation takes the rest of a
@@ -315,6 +335,10 @@ PRESETS: dict[str, ObjectiveOptions] = {
 #: experiments/results/quality)
 CELLS_ONLY = ("tail_share", "tail_margin", "round_excess", "tail_quantile", "tail_pin",
               "tail_pin_top")
+
+
+#: the kinds that weigh jobs by their remaining time (the fairness exponent, the tail, the pin)
+WEIGHTED = ("jct-aware", "seconds")
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -329,6 +353,12 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return n * js["rho"] / stats["rho_mean"]
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
+    if kind == "seconds":  # rounds of JCT saved: the cell's share of the job's best speed
+        saved = n / js["n_best"]
+        cap = js["soon_rounds"]
+        if saved > cap:
+            saved = cap + stats["round_excess"] * (saved - cap)
+        return saved * js["speed_weight"]
     if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
         cap = js.get("cap")
         if cap is not None and n > cap:
@@ -583,8 +613,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                  if j.id in per_job}
     tail = tail_jobs(projected, opt.tail_share, opt.tail_margin,
                      [j for j, v in per_job.items() if v["running"]]) \
-        | trace_tail(projected, opt.tail_quantile, seen) if opt.kind == "jct-aware" else set()
-    pinned = trace_tail(projected, opt.tail_pin, seen) if opt.kind == "jct-aware" else set()
+        | trace_tail(projected, opt.tail_quantile, seen) if opt.kind in WEIGHTED else set()
+    pinned = trace_tail(projected, opt.tail_pin, seen) if opt.kind in WEIGHTED else set()
     if pinned and opt.tail_pin_top:  # the band that sets the p99, not the jobs beyond it
         pinned -= trace_tail(projected, opt.tail_pin_top, seen)
     top = (opt.speed_bounds or opt.weight_bounds)[1]
@@ -595,9 +625,11 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         v["weight"] = weights[j]
         v["speed_weight"] = speed[j]
         jd = g.nodes[job_node(j)]  # recorded on the job vertex (explains a decision)
-        jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
-        jd["speed_weight"] = speed[j] if opt.kind == "jct-aware" else 1.0
+        jd["jct_weight"] = weights[j] if opt.kind in WEIGHTED else 1.0
+        jd["speed_weight"] = speed[j] if opt.kind in WEIGHTED else 1.0
         jd["soonest_s"] = soonest[j]
+        v["n_best"] = fastest[j] / v["ref"] if fastest.get(j) else 1.0
+        v["soon_rounds"] = soonest[j] / round_s
         jd["projected_jct_s"] = projected[j]
         jd["tail"] = j in tail
         jd["pinned"] = j in pinned and bool(v["running"])
@@ -650,7 +682,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its speed weight)
-            value += opt.keep_bonus * (js["speed_weight"] if opt.kind == "jct-aware" else 1.0)
+            value += opt.keep_bonus * (js["speed_weight"] if opt.kind in WEIGHTED else 1.0)
         elif js["running"]:  # a running job that moves loses its restart
             n_c = float(d["normalized"])
             if d["job"] in pinned and n_c < current.get(d["job"], 0.0):

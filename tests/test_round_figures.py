@@ -138,7 +138,7 @@ def test_the_deadline_formulation_charges_the_rounds_restart() -> None:
 
 def test_the_presets_construct_and_differ_where_documented() -> None:
     crius, sia, ours = (ObjectiveOptions.preset(n) for n in ("crius", "sia-like", "apportion"))
-    assert set(PRESETS) == {"crius", "sia-like", "apportion"}
+    assert set(PRESETS) == {"crius", "sia-like", "apportion", "seconds"}
     assert crius == ObjectiveOptions()  # Crius's objective is the objective's default
     assert (crius.kind, crius.normalize, crius.place_bonus, crius.keep_bonus,
             crius.amortize_s) == ("normalized", "requested", 0.0, 0.3, None)
@@ -148,7 +148,7 @@ def test_the_presets_construct_and_differ_where_documented() -> None:
     assert (ours.kind, ours.speed_unit, ours.tail_share) == ("jct-aware", "best-outside-tail",
                                                              0.1)
     assert len({crius, sia, ours}) == 3
-    for p in (crius, sia, ours):  # every preset reads its figures from the round
+    for p in PRESETS.values():  # every preset reads its figures from the round
         assert from_round(p.round_s) and from_round(p.restart_s)
     assert ObjectiveOptions.preset("crius", keep_bonus=0.1).keep_bonus == 0.1
     with pytest.raises(ValueError, match="unknown objective preset"):

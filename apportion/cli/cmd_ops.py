@@ -52,7 +52,8 @@ TABLES = typer.Option(None, "--tables", help="measured iteration times CSV (mode
                       "gpus, iter_time_s) for --estimator tables/auto")
 TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per tenant), for "
                        "--policy apportion (the default) or apportion-plans")
-OBJECTIVE_PRESET = typer.Option(None, "--objective-preset", help=OBJECTIVE_PRESET_HELP)
+OBJECTIVE_PRESET = typer.Option(None, "--objective-preset", help=OBJECTIVE_PRESET_HELP,
+                                autocompletion=complete.objective_presets)
 
 
 

@@ -62,7 +62,8 @@ def simulate_cmd(
                                            "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
     objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
-                                                   help=OBJECTIVE_PRESET_HELP),
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
 ) -> None:
     """Replay a trace on a simulated cluster under one policy; print and write the summary.
 
@@ -121,7 +122,8 @@ def compare_cmd(
                                            "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
     objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
-                                                   help=OBJECTIVE_PRESET_HELP),
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""

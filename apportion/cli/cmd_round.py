@@ -70,7 +70,8 @@ def solve_round(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
                                               "existing cluster (default: a local one)"),
     objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
-                                                   help=OBJECTIVE_PRESET_HELP),
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
     deterministic: bool = typer.Option(False, "--deterministic",
                                        help=ROUND_DETERMINISTIC_HELP),
 ) -> None:
