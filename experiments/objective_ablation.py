@@ -63,18 +63,18 @@ LEAVE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: ``seconds`` plus one further term: (what the term is, the knob values that add it)
 ADD_ONE: dict[str, tuple[str, dict[str, Any]]] = {
-    "sec+weight-bounds": ("the weight's bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0)}),
-    "sec+tail": ("the round's tail (10 %) and the trace-memory tail (2 %) at the top weight, "
+    "plus-weight-bounds": ("the weight's bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0)}),
+    "plus-tail": ("the round's tail (10 %) and the trace-memory tail (2 %) at the top weight, "
                  "within bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0), "tail_share": 0.1,
                                             "tail_quantile": 0.02}),
-    "sec+pin": ("the pinned band (1.5 %-0.75 % quantiles)",
+    "plus-pin": ("the pinned band (1.5 %-0.75 % quantiles)",
                 {"tail_pin": 0.015, "tail_pin_top": 0.0075}),
-    "sec+round-excess": ("speed beyond the work left this round counted at 1/4 (0 in seconds)",
+    "plus-round-excess": ("speed beyond the work left this round counted at 1/4 (0 in seconds)",
                          {"round_excess": 0.25}),
-    "sec+amortize": ("a move's restart spread over up to 1,800 s", {"amortize_s": 1800.0}),
-    "sec+keep-bonus": ("a keep bonus of 0.2 rounds", {"keep_bonus": 0.2}),
-    "sec+place-bonus": ("one round per placed job", {"place_bonus": 1.0}),
-    "sec+queue-bonus": ("the queue bonus 0.25 rounds (starvation at 4 h)", {"queue_weight": 0.25}),
+    "plus-amortize": ("a move's restart spread over up to 1,800 s", {"amortize_s": 1800.0}),
+    "plus-keep-bonus": ("a keep bonus of 0.2 rounds", {"keep_bonus": 0.2}),
+    "plus-place-bonus": ("one round per placed job", {"place_bonus": 1.0}),
+    "plus-queue-bonus": ("the queue bonus 0.25 rounds (starvation at 4 h)", {"queue_weight": 0.25}),
 }
 
 
@@ -164,6 +164,8 @@ def _cell(out: Path, row: str, name: str, base: dict[int, dict[str, float]]) -> 
     other = _per_seed(root)
     m, h = _paired(base, other, "avg_jct_s")
     p99, _ = _paired(base, other, "p99_jct_s")
+    if len(set(base) & set(other)) < 2:  # one seed: exact for this replay, no interval
+        return f"{100 * m:+.1f} % (p99 {100 * p99:+.1f} %)"
     mark = "**" if abs(m) > h else ""
     return f"{mark}{100 * m:+.1f} ± {100 * h:.1f} %{mark} (p99 {100 * p99:+.1f} %)"
 

@@ -42,5 +42,5 @@ def test_the_table_pairs_each_variant_with_its_base_seed_by_seed(tmp_path: Path)
     # +10 % on every seed: a zero-width interval, in bold; the p99 unchanged
     assert "| no-keep-bonus | the keep bonus 0.2 | **+10.0 ± 0.0 %** (p99 +0.0 %) |" in text
     assert "| seconds | every further term (the one quantity alone) | +0.0 ± 0.0 %" in text
-    assert "| sec+pin | the pinned band (1.5 %-0.75 % quantiles) | - |" in text
+    assert "| plus-pin | the pinned band (1.5 %-0.75 % quantiles) | - |" in text
     assert ab._paired({0: {"x": 1.0}}, {0: {"x": 1.5}}, "x") == pytest.approx((0.5, 0.0))
