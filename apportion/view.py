@@ -129,8 +129,8 @@ class View:
     # (job, plan) -> None | reason: what the executor's workloads run (None: every plan)
     plan_filter: Any = None
     # seconds a restarted job makes no progress, as the driver charges it (the simulator's
-    # ``restart_cost_s``; ``run``'s median relaunch-to-first-progress from the store's launch
-    # log); None: the driver knows none, and a policy keeps its own figure (apportion's
+    # ``restart_cost_s``; ``run``'s and ``serve``'s median decision-to-first-iteration over
+    # the executor's launches, runtime.loop.RestartMeter); None: the driver knows none, and a policy keeps its own figure (apportion's
     # objective: 60 s). ``interval_s`` and this are the round's figures apportion's
     # objective reads (formulations.objectives.FromRound)
     restart_s: float | None = None

@@ -200,3 +200,20 @@ def test_the_preset_reaches_the_round_config_and_apportions_policies() -> None:
     greedy = make_policy("crius-greedy").cfg.candidates
     assert (greedy.round_s, greedy.restart_s) == (300.0, 60.0)
     assert not from_round(greedy.round_s)
+
+
+def test_runs_loop_charges_the_restart_its_executor_measured() -> None:
+    """``run``/``serve``: the restart the objective charges is the median decision-to-first-
+    iteration of the executor's launches (each launch once), none before one reports."""
+    from apportion.runtime.executors.executor import Health, Progress
+    from apportion.runtime.loop import RestartMeter
+
+    meter = RestartMeter()
+    assert meter.seconds() is None
+    meter.observe([Progress("a", 3, 10, Health.RUNNING, reconfig_overhead_s=4.0, launch_id="1"),
+                   Progress("b", 0, 10, Health.STARTING, launch_id="1")])
+    assert meter.seconds() == 4.0
+    meter.observe([Progress("a", 5, 10, Health.RUNNING, reconfig_overhead_s=4.0, launch_id="1"),
+                   Progress("a", 6, 10, Health.RUNNING, reconfig_overhead_s=10.0, launch_id="2"),
+                   Progress("b", 1, 10, Health.RUNNING, reconfig_overhead_s=6.0, launch_id="1")])
+    assert meter.seconds() == 6.0  # 4, 10, 6: a launch seen twice counts once
