@@ -128,6 +128,12 @@ class View:
     needs_catalog: bool = True
     # (job, plan) -> None | reason: what the executor's workloads run (None: every plan)
     plan_filter: Any = None
+    # seconds a restarted job makes no progress, as the driver charges it (the simulator's
+    # ``restart_cost_s``; ``run``'s and ``serve``'s median decision-to-first-iteration over
+    # the executor's launches, runtime.loop.RestartMeter); None: the driver knows none, and a policy keeps its own figure (apportion's
+    # objective: 60 s). ``interval_s`` and this are the round's figures apportion's
+    # objective reads (formulations.objectives.FromRound)
+    restart_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.capacity:

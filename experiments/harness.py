@@ -42,7 +42,8 @@ from apportion.cluster import Cluster, NodeGroup
 from apportion.config import load_tenants, resolve_cluster
 from apportion.errors import InputError
 from apportion.inputs import check_count, parse_count
-from apportion.policies import policy_names, quota_options
+from apportion.policies import objective_policies, objective_preset_options, policy_names, \
+    quota_options
 
 log = logging.getLogger(__name__)
 
@@ -527,7 +528,8 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                   jobs_csv: Path | None, information: str = "estimated",
                   estimator: str = "analytic", ground_truth: str = "auto",
                   show_progress: bool = True, deterministic: bool = False,
-                  tenants: Path | None = None) -> dict[str, Any]:
+                  tenants: Path | None = None,
+                  objective_preset: str | None = None) -> dict[str, Any]:
     """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
 
     Jobs left unfinished that were neither dropped by the policy nor larger than the
@@ -551,6 +553,7 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
         if popts is None:
             raise InputError(str(tenants), "--tenants", f"policy {policy} keeps no tenant "
                              f"quotas (those that do: {', '.join(quota_policies())})")
+    popts = _with_preset({policy: popts or {}}, [policy], objective_preset).get(policy) or popts
     replay = prepare_one(trace, cluster, policy, profile, seed, popts, sim, window_days,
                          max_jobs, ground_truth)  # bad input fails before anything runs
     with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
@@ -588,7 +591,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                  max_jobs: int | None, information: str = "estimated",
                  estimator: str = "analytic", engine: str = "local",
                  ray_address: str | None = None, deterministic: bool = False,
-                 tenants: Path | None = None) -> Path:
+                 tenants: Path | None = None, objective_preset: str | None = None) -> Path:
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
@@ -614,12 +617,33 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     quotas = load_tenants(tenants) if tenants is not None else None
     popts = {n: o for n in names if quotas is not None
              and (o := quota_options(n, quotas)) is not None}
+    popts = _with_preset(popts, names, objective_preset)
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
                    policy_options=popts or None,
                    sim_options={"information": information, "estimator": estimator,
                                 "deterministic": deterministic},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
                    ray_address=ray_address)
+
+
+def _with_preset(popts: dict[str, dict[str, Any]], names: list[str],
+                 preset: str | None) -> dict[str, dict[str, Any]]:
+    """``popts`` with the named objective (``--objective-preset``) for every policy of
+    ``names`` whose objective is apportion's; refused by name when none of them is."""
+    if preset is None:
+        return popts
+    out = dict(popts)
+    try:
+        for n in names:
+            o = objective_preset_options(n, preset)
+            if o is not None:
+                out[n] = {**out.get(n, {}), **o}
+    except ValueError as exc:
+        raise InputError(preset, "--objective-preset", str(exc)) from None
+    if not any(n in objective_policies() for n in names):
+        raise InputError(preset, "--objective-preset", f"no policy given takes apportion's "
+                         f"objective (those that do: {', '.join(objective_policies())})")
+    return out
 
 
 def quota_policies() -> list[str]:

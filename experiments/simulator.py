@@ -209,7 +209,7 @@ class Simulator:
                 break
             state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
                          cfg.information, list(finished_recent), arrived, dict(self.cap),
-                         needs_catalog=False)
+                         needs_catalog=False, restart_s=cfg.restart_cost_s)
             if feedback is not None:  # what each running job was measured to do
                 feedback.observe(state)
             tp = time.perf_counter()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
@@ -42,7 +42,8 @@ from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.objectives import (
     ObjectiveOptions,
     apply_objective,
-    objective_of_options,
+    nested_objective,
+    options_dict,
     reference_throughput,
 )
 from apportion.formulations.schema import (
@@ -75,108 +76,35 @@ __all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candi
            "prune_dominated", "queue_bonus"]
 
 
+@nested_objective(lambda: ObjectiveOptions.preset("apportion"))
 @dataclass(frozen=True)
 class CandidateOptions:
-    """Knobs of candidate generation and of the documented objective weights."""
+    """Knobs of candidate generation, and the objective (:class:`ObjectiveOptions`, nested
+    as ``objective``: apportion's preset by default; why each of its values,
+    :data:`apportion.formulations.objectives.PRESETS`). Every objective knob is still a
+    keyword of its own and reads as an attribute (``CandidateOptions(keep_bonus=0.3)``,
+    ``opts.keep_bonus``), and ``objective`` may be the kind's name over apportion's other
+    knobs (``CandidateOptions(objective="normalized")``) or a whole objective
+    (``CandidateOptions(objective=ObjectiveOptions.preset("crius"))``). The round length
+    and restart cost (``round_s``, ``restart_s``) are the round's unless set
+    (:class:`~apportion.formulations.objectives.FromRound`)."""
 
     # GPU counts as fractions of the request (Sia's reach one GPU; apportion's smaller
     # counts lost on Philly day 1 by doubling the restarts: experiments/results/quality)
     scales: tuple[float, ...] = (0.5, 1.0, 2.0)
     max_stages: int = 16
-    queue_weight: float = 0.25
-    starvation_s: float = 4 * 3600.0
-    # 0.2 from session 22 (0.1 from session 4): replayed deterministically on every Crius
-    # row, it wins Philly day 4 estimated and keeps every other row's standing; 0.05 was
-    # worse (experiments/results/quality, sessions 21-22)
-    keep_bonus: float = 0.2
-    # apportion's default objective (experiments/results/quality/README.md: tuned on
-    # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
-    # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
-    # freed GPUs only a round later) bounded to [1/4, 4] up to the job's reference rate and
-    # to [0.7, 1.4] on speed beyond it (session 13), one unit per placed job,
-    # and Sia's least-efficient normalisation. Crius's objective is ``objective=
-    # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
-    objective: str = "jct-aware"  # see formulations/objectives.py
-    restart_s: float = 60.0
-    round_s: float = 300.0
     stage_counts: str = "powers"  # or "divisors"
-    place_bonus: float = 1.0  # per placed job (see formulations/objectives.py)
-    remaining_exponent: float = 0.5  # objective "jct-aware": alpha of its weight
-    weight_bounds: tuple[float, float] = (0.25, 4.0)  # objective "jct-aware": w_min, w_max
-    # objective "jct-aware": the bounds of the weight on speed beyond the job's reference
-    # rate (None: ``weight_bounds``; see formulations/objectives.py). [0.7, 1.4] from
-    # session 13: a short arrival's speed is worth at most 2x a long running job's, not
-    # 16x; the shortest jobs displaced long running ones for a few rounds at two restarts
-    # each. [1/2, 2] and [1, 1] were measured too: the narrower the bounds, the better the
-    # busy traces (Philly days 1 and 4, Morphling's) and the worse the long-job ones
-    # (crius-venus, day 10) (experiments/results/quality/README.md, session 13)
-    speed_bounds: tuple[float, float] | None = (0.7, 1.4)
-    # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
-    # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
-    # feasible type, Sia's: independent of a requested type that may be arbitrary), or
-    # ``best`` (N GPUs of its fastest type), or ``least-efficient`` (N x the throughput per
-    # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
-    # their efficient ones higher)
-    normalize: str = "least-efficient"
-    # a running job's move costs ``restart_s`` once but pays off for as long as it keeps its
-    # new cell: the loss is spread over min(its remaining time, ``amortize_s``), at least
-    # one round (None: over one round, Crius's rule). 600 s in sessions 4-11; 1,800 s from
-    # session 12: a long job displaced to a slow type moves back for a 7.6 % gain
-    # (experiments/results/quality/README.md, sessions 11-12)
-    amortize_s: float | None = 1800.0
-    restart_horizon: str = "reference"  # see ObjectiveOptions
-    # objective "jct-aware": the share of jobs, those with the largest projected JCT, whose
-    # speed weight is the top of ``speed_bounds`` (None: none; see formulations/objectives.py).
-    # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
-    # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
-    tail_share: float | None = 0.1
-    # a running job within this share of the tail's boundary keeps the top speed weight
-    # (hysteresis; 0: none). Probed at 0.1 on Philly day 7 and crius-pai: no change
-    tail_margin: float = 0.0
-    # a job is credited at most the work it has left this round (n_c capped at rem_j /
-    # round_s); speed beyond that only ends it sooner within the round and counts at this
-    # share (None: no cap). 0.25 from session 16: short arrivals displaced a two-day job
-    # from its fast type for the one round they ran, 30-40 restarts where Sia made 2-3
-    # (Philly day 7; experiments/results/quality)
-    round_excess: float | None = 0.25
-    # objective "jct-aware": a job is also in the tail when its projected JCT is at least
-    # the (1 - q) quantile of every job the policy has seen (None: the round's tail only;
-    # see formulations/objectives.py). 0.02 from session 17: a day's p99 is its 5th-6th
-    # longest job, which ranked up to 7th among its round's jobs and was out of the
-    # round's tail in 3 of 4 rounds (Philly day 13; experiments/results/quality)
-    tail_quantile: float | None = 0.02
-    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory's
-    # projected JCTs is never moved to a slower cell while it can keep its own (None: none;
-    # see formulations/objectives.py). At 0.02 alone it cut Philly day 13's p99 3.2 % and
-    # cost its average 0.6 % (session 19); 0.015 with ``tail_pin_top`` from session 20
-    # (experiments/results/quality)
-    tail_pin: float | None = 0.015
-    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory is
-    # beyond the pin (None: none; see formulations/objectives.py). 0.0075 from session 20:
-    # holding the few jobs far beyond the p99 lowers no p99 and costs the average
-    tail_pin_top: float | None = 0.0075
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
     # the share that kept its LP from answering in the budget (Philly day 1's burst fell
     # back to the greedy; session 15). True keeps them in every round.
     scale_up_when_full: bool = False
-    # objective "jct-aware": speed beyond the reference rate counted in shares of the
-    # job's fastest cell (its own JCT seconds per round), but the tail's, which keep
-    # reference multiples (see formulations/objectives.py). From session 23: a job its fast
-    # type sped up 9x was held there while one losing 44 % of its round was demoted
-    # (crius-pai oracle's one lost average); replayed on every Crius row
-    # (experiments/results/quality). ``best`` for every job lost day 13's p99
-    speed_unit: str = "best-outside-tail"
-    speed_scale: float | None = None  # None: the round's median n_best (objectives.py)
-
-    def __post_init__(self) -> None:
-        # the objective's knobs are checked where they are configured (ObjectiveOptions'
-        # own checks): a ``tail_pin`` below the default ``tail_pin_top`` needs its own top
-        self.objective_options()
+    objective: ObjectiveOptions = field(default_factory=lambda: ObjectiveOptions.preset(
+        "apportion"))
 
     def objective_options(self) -> ObjectiveOptions:
-        return objective_of_options(self)
+        return self.objective
 
 
 def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
@@ -224,7 +152,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose."""
     est = estimator or AnalyticEstimator()
     opt = options or CandidateOptions()
-    g = nx.DiGraph(kind="candidates", now_s=now_s, options=opt.__dict__.copy())
+    g = nx.DiGraph(kind="candidates", now_s=now_s, options=options_dict(opt))
     caps = cluster.capacity_by_type()
     add_topology(g, cluster)
     for job in jobs:

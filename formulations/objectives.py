@@ -26,6 +26,15 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   ``round_excess`` credits a job at most the work it has left this round (``n_c`` capped at
   ``rem_j / round_s``): a job that ends within the round is not worth a long job's fast
   type for the whole round.
+* ``seconds``: the JCT seconds a job saves by running on the cell this round, in rounds:
+  ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
+  seconds of the job's remaining time on its fastest cell, at most what it has left),
+  weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
+  bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). A move
+  nets its restart: ``restart_s`` of the new cell's work lost (over one round, or over
+  ``amortize_s``). The reference throughput drops out: no normalisation to choose. Speed
+  beyond the remaining time counts at ``round_excess`` (0 when None). The other knobs
+  (bonuses, tail, pin) are the further terms :data:`PRESETS` ``"seconds"`` leaves out.
 
 Every kind may add a per-placed-job term ``place_bonus`` (Sia's ILP has it: one more job
 runs before a placed one scales up). Then ``value_c = term_c + place_bonus + bonus_c +
@@ -45,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Callable, Collection, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from statistics import mean, median
 from typing import Any
@@ -55,18 +64,52 @@ from apportion.formulations.schema import job_node
 
 from apportion.jobs import JobSpec
 
-OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware")
+OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "composite", "jct-aware",
+              "seconds")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 SPEED_UNITS = ("reference", "best", "best-outside-tail")
 
 
+class FromRound(float):
+    """A round figure (``round_s``, ``restart_s``) the user did not set: it reads as the
+    figure a round without its own uses (:data:`ROUND_S`, :data:`RESTART_S`: 300 s and 60 s,
+    what a one-off ``solve-round`` has always charged), and a driver's round replaces it with
+    its own (:meth:`ObjectiveOptions.for_round`: the view's interval and restart cost). A
+    plain number is the user's and wins; None asks for the round's figure explicitly."""
+
+    def __repr__(self) -> str:
+        return f"FromRound({float(self)!r})"
+
+
+#: the round length and restart cost of a round that gives none (a one-off ``solve-round``
+#: with no history): the figures every objective used before they were read from the round
+ROUND_S = FromRound(300.0)
+RESTART_S = FromRound(60.0)
+
+
+def from_round(value: float | None) -> bool:
+    """Whether a round figure is the round's to set (None or a :class:`FromRound`)."""
+    return value is None or isinstance(value, FromRound)
+
+
+def _figure(value: float | None, default: FromRound) -> float:
+    return float(default if value is None else value)
+
+
 @dataclass(frozen=True)
 class ObjectiveOptions:
+    """One objective, in one place: every knob of a cell's ``value`` (see the module
+    docstring). ``ObjectiveOptions()`` is Crius's (``preset("crius")``); the candidate and
+    plan options carry one (``CandidateOptions.objective``, apportion's preset;
+    ``PlanOptions.objective``). ``round_s`` and ``restart_s`` are the round's own figures
+    unless set (:class:`FromRound`): a driver fills them from its view each round."""
+
     kind: str = "normalized"
-    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_COMPOSITE))
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_COMPOSITE),
+                                         hash=False)
     keep_bonus: float = 0.3
-    restart_s: float = 60.0
-    round_s: float = 300.0
+    restart_s: float | None = RESTART_S
+    round_s: float | None = ROUND_S
     place_bonus: float = 0.0
     remaining_exponent: float = 1.0
     weight_bounds: tuple[float, float] = (0.25, 4.0)
@@ -103,19 +146,199 @@ class ObjectiveOptions:
     # the median over the round's jobs of their fastest cell's multiple of the reference)
     speed_unit: str = "reference"
     speed_scale: float | None = None
+    # the reference a cell's throughput is normalised by (NORMALIZATIONS; see
+    # :func:`reference_throughput`), read where the candidates are built
+    normalize: str = "requested"
+    # the queue bonus: ``queue_weight * min(1, wait / starvation_s)`` (long-waiting jobs rise)
+    queue_weight: float = 0.25
+    starvation_s: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.kind!r}; choose {', '.join(OBJECTIVES)}")
         if self.speed_unit not in SPEED_UNITS:
             raise ValueError(f"unknown speed_unit {self.speed_unit!r}; "
                              f"choose {', '.join(SPEED_UNITS)}")
         if self.speed_scale is not None and not self.speed_scale > 0.0:
             raise ValueError(f"speed_scale must be positive (or None), not {self.speed_scale!r}")
+        for name in ("round_s", "restart_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= (0.0 if name == "restart_s"
+                                                                  else 1e-9)):
+                raise ValueError(f"{name} must be a finite number "
+                                 f"{'>= 0' if name == 'restart_s' else '> 0'} (or None: the "
+                                 f"round's), not {v!r}")
         # the pinned band is checked where it is configured, not first in a round
         if self.tail_pin_top is not None and not 0.0 < self.tail_pin_top < (self.tail_pin
                                                                             or 1.0):
             raise ValueError(f"tail_pin_top ({self.tail_pin_top!r}) must lie in (0, tail_pin) "
                              f"with tail_pin = {self.tail_pin!r}: set a tail_pin_top below "
                              "tail_pin, or None")
+
+    def __eq__(self, other: object) -> bool:
+        # ``CandidateOptions.objective`` was the kind's name before it held these options:
+        # code that compares it with a name (``opts.objective == "jct-aware"``) still works
+        if other is self:
+            return True
+        if isinstance(other, str):
+            return self.kind == other
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.__dict__ == other.__dict__  # (every field; the candidate cache compares)
+
+    @property
+    def round_s_value(self) -> float:
+        """The round length the objective charges (the round's, else :data:`ROUND_S`)."""
+        return _figure(self.round_s, ROUND_S)
+
+    @property
+    def restart_s_value(self) -> float:
+        """The restart cost the objective charges (the round's, else :data:`RESTART_S`)."""
+        return _figure(self.restart_s, RESTART_S)
+
+    def for_round(self, round_s: float | None, restart_s: float | None) -> ObjectiveOptions:
+        """These options in a round of ``round_s`` seconds whose restarts cost ``restart_s``
+        (a driver's view): each figure the user did not set is the round's (still marked
+        :class:`FromRound`, so the next round sets it again); a figure the user set is kept.
+        A None figure leaves the option as it is."""
+        change: dict[str, float] = {}
+        if round_s is not None and from_round(self.round_s) and self.round_s != round_s:
+            change["round_s"] = FromRound(round_s)
+        if restart_s is not None and from_round(self.restart_s) and self.restart_s != restart_s:
+            change["restart_s"] = FromRound(restart_s)
+        return dataclasses.replace(self, **change) if change else self
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ObjectiveOptions:
+        """A named objective (:data:`PRESETS`): ``crius`` (Crius's normalised throughput, its
+        one-round restart charge and keep bonus, Gavel's normalisation, no JCT weights),
+        ``sia-like`` (Sia's ILP objective as these knobs give it: normalised throughput over
+        the job's least efficient option, one unit per placed job, a move charged its
+        restart over one round, no keep bonus; no goodput, as apportion never changes a
+        job's batch) or ``apportion`` (apportion's default: ``CandidateOptions()``'s);
+        ``overrides`` over it. Every preset takes its round length and restart cost from
+        the round."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown objective preset {name!r}; choose {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+#: the named objectives (:meth:`ObjectiveOptions.preset`; ``--objective-preset``)
+PRESETS: dict[str, ObjectiveOptions] = {
+    "crius": ObjectiveOptions(),
+    "sia-like": ObjectiveOptions(kind="normalized", normalize="least-efficient",
+                                 place_bonus=1.0, keep_bonus=0.0, amortize_s=None),
+    # apportion's default objective (CandidateOptions'); why each value, and what was
+    # measured for it: experiments/results/quality/README.md and HISTORY.md beside it.
+    # The knobs as they stood flat on CandidateOptions, with each one's history:
+    #   queue_weight = 0.25
+    #   starvation_s = 4 * 3600.0
+    # 0.2 from session 22 (0.1 from session 4): replayed deterministically on every Crius
+    # row, it wins Philly day 4 estimated and keeps every other row's standing; 0.05 was
+    # worse (experiments/results/quality, sessions 21-22)
+    #   keep_bonus = 0.2
+    # apportion's default objective (experiments/results/quality/README.md: tuned on
+    # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
+    # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
+    # freed GPUs only a round later) bounded to [1/4, 4] up to the job's reference rate and
+    # to [0.7, 1.4] on speed beyond it (session 13), one unit per placed job,
+    # and Sia's least-efficient normalisation. Crius's objective is ``objective=
+    # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
+    #   objective (the kind) = "jct-aware"  -- see formulations/objectives.py
+    #   restart_s, round_s: the round's (FromRound; 60 s and 300 s in a round that gives
+    #   none: the literals they were until issue 42; experiments/results/quality/
+    #   round_figures.md measures the change)
+    #   place_bonus = 1.0  -- per placed job (see formulations/objectives.py)
+    #   remaining_exponent = 0.5  -- objective "jct-aware": alpha of its weight
+    #   weight_bounds = (0.25, 4.0)  -- objective "jct-aware": w_min, w_max
+    # objective "jct-aware": the bounds of the weight on speed beyond the job's reference
+    # rate (None: ``weight_bounds``; see formulations/objectives.py). [0.7, 1.4] from
+    # session 13: a short arrival's speed is worth at most 2x a long running job's, not
+    # 16x; the shortest jobs displaced long running ones for a few rounds at two restarts
+    # each. [1/2, 2] and [1, 1] were measured too: the narrower the bounds, the better the
+    # busy traces (Philly days 1 and 4, Morphling's) and the worse the long-job ones
+    # (crius-venus, day 10) (experiments/results/quality/README.md, session 13)
+    #   speed_bounds = (0.7, 1.4)
+    # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
+    # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
+    # feasible type, Sia's: independent of a requested type that may be arbitrary), or
+    # ``best`` (N GPUs of its fastest type), or ``least-efficient`` (N x the throughput per
+    # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
+    # their efficient ones higher)
+    #   normalize = "least-efficient"
+    # a running job's move costs ``restart_s`` once but pays off for as long as it keeps its
+    # new cell: the loss is spread over min(its remaining time, ``amortize_s``), at least
+    # one round (None: over one round, Crius's rule). 600 s in sessions 4-11; 1,800 s from
+    # session 12: a long job displaced to a slow type moves back for a 7.6 % gain
+    # (experiments/results/quality/README.md, sessions 11-12)
+    #   amortize_s = 1800.0
+    #   restart_horizon = "reference"  -- see ObjectiveOptions
+    # objective "jct-aware": the share of jobs, those with the largest projected JCT, whose
+    # speed weight is the top of ``speed_bounds`` (None: none; see formulations/objectives.py).
+    # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
+    # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
+    #   tail_share = 0.1
+    # a running job within this share of the tail's boundary keeps the top speed weight
+    # (hysteresis; 0: none). Probed at 0.1 on Philly day 7 and crius-pai: no change
+    #   tail_margin = 0.0
+    # a job is credited at most the work it has left this round (n_c capped at rem_j /
+    # round_s); speed beyond that only ends it sooner within the round and counts at this
+    # share (None: no cap). 0.25 from session 16: short arrivals displaced a two-day job
+    # from its fast type for the one round they ran, 30-40 restarts where Sia made 2-3
+    # (Philly day 7; experiments/results/quality)
+    #   round_excess = 0.25
+    # objective "jct-aware": a job is also in the tail when its projected JCT is at least
+    # the (1 - q) quantile of every job the policy has seen (None: the round's tail only;
+    # see formulations/objectives.py). 0.02 from session 17: a day's p99 is its 5th-6th
+    # longest job, which ranked up to 7th among its round's jobs and was out of the
+    # round's tail in 3 of 4 rounds (Philly day 13; experiments/results/quality)
+    #   tail_quantile = 0.02
+    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory's
+    # projected JCTs is never moved to a slower cell while it can keep its own (None: none;
+    # see formulations/objectives.py). At 0.02 alone it cut Philly day 13's p99 3.2 % and
+    # cost its average 0.6 % (session 19); 0.015 with ``tail_pin_top`` from session 20
+    # (experiments/results/quality)
+    #   tail_pin = 0.015
+    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory is
+    # beyond the pin (None: none; see formulations/objectives.py). 0.0075 from session 20:
+    # holding the few jobs far beyond the p99 lowers no p99 and costs the average
+    #   tail_pin_top = 0.0075
+    # objective "jct-aware": speed beyond the reference rate counted in shares of the
+    # job's fastest cell (its own JCT seconds per round), but the tail's, which keep
+    # reference multiples (see formulations/objectives.py). From session 23: a job its fast
+    # type sped up 9x was held there while one losing 44 % of its round was demoted
+    # (crius-pai oracle's one lost average); replayed on every Crius row
+    # (experiments/results/quality). ``best`` for every job lost day 13's p99
+    #   speed_unit = "best-outside-tail"
+    #   speed_scale = None  -- None: the round's median n_best (objectives.py)
+    "apportion": ObjectiveOptions(
+        kind="jct-aware", keep_bonus=0.2, place_bonus=1.0, remaining_exponent=0.5,
+        weight_bounds=(0.25, 4.0), speed_bounds=(0.7, 1.4), normalize="least-efficient",
+        amortize_s=1800.0, restart_horizon="reference", tail_share=0.1, tail_margin=0.0,
+        round_excess=0.25, tail_quantile=0.02, tail_pin=0.015, tail_pin_top=0.0075,
+        speed_unit="best-outside-tail", speed_scale=None),
+    # the objective as one quantity (kind ``seconds``): the JCT seconds each job saves on
+    # a cell this round, net of a move's restart seconds, weighed by one fairness exponent
+    # (0.5, apportion's); no bonus, no tail, no pin, weights unbounded in practice
+    # ([1e-3, 1e3]: a ratio of remaining times past a million). What each further term of
+    # ``apportion`` adds to it, by leave-one-out on rows not used to choose it:
+    # experiments/results/quality/ablation.md
+    "seconds": ObjectiveOptions(
+        kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0,
+        remaining_exponent=0.5, weight_bounds=(1e-3, 1e3), speed_bounds=None,
+        amortize_s=None, normalize="requested"),
+}
+
+#: the knobs of the cells formulation alone: the plans formulation takes the rest of a
+#: candidate objective (``PlanOptions.like``) but these at Crius's values (its tail's extra
+#: speed is GPUs a waiting job lacks on Morphling's queue-bound workloads: session 14,
+#: experiments/results/quality)
+CELLS_ONLY = ("tail_share", "tail_margin", "round_excess", "tail_quantile", "tail_pin",
+              "tail_pin_top")
+
+
+#: the kinds that weigh jobs by their remaining time (the fairness exponent, the tail, the pin)
+WEIGHTED = ("jct-aware", "seconds")
 
 
 def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
@@ -130,6 +353,12 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         return n * js["rho"] / stats["rho_mean"]
     if kind == "makespan":
         return n * js["rem"] / stats["rem_mean"]
+    if kind == "seconds":  # rounds of JCT saved: the cell's share of the job's best speed
+        saved = n / js["n_best"]
+        cap = js["soon_rounds"]
+        if saved > cap:
+            saved = cap + stats["round_excess"] * (saved - cap)
+        return saved * js["speed_weight"]
     if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
         cap = js.get("cap")
         if cap is not None and n > cap:
@@ -140,13 +369,101 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
 
 
 def objective_of_options(options: Any) -> ObjectiveOptions:
-    """The :class:`ObjectiveOptions` a formulation's options carry: every objective field the
-    options have, by name (``objective`` is the kind), the rest at the objective's
-    defaults. Written once: the cell and the plans formulations declare the knobs their
-    users set, and neither copies them by hand."""
+    """The :class:`ObjectiveOptions` a formulation's options carry: their nested ``objective``
+    (:class:`CandidateOptions`, :class:`PlanOptions`), or, for options that keep the knobs
+    flat (a researcher's own), every objective field they have by name (``objective`` the
+    kind), the rest at the objective's defaults."""
+    nested = getattr(options, "objective", None)
+    if isinstance(nested, ObjectiveOptions):
+        return nested
     names = {f.name for f in dataclasses.fields(ObjectiveOptions)} - {"kind"}
     given = {n: getattr(options, n) for n in names if hasattr(options, n)}
-    return ObjectiveOptions(kind=options.objective, **given)
+    return ObjectiveOptions(kind=nested if nested is not None else "normalized", **given)
+
+
+#: the keywords an options class nesting an objective (:func:`nested_objective`) accepts for
+#: it: the kind as ``objective``, every other knob by its own name
+OBJECTIVE_KNOBS = tuple(f.name for f in dataclasses.fields(ObjectiveOptions) if f.name != "kind")
+
+
+def nested_objective(default: Callable[[], ObjectiveOptions]) -> Callable[[type], type]:
+    """A frozen options dataclass whose field ``objective`` holds its :class:`ObjectiveOptions`
+    (``default()`` where none is given), and whose constructor still takes every knob flat,
+    as before the nesting: ``objective`` may be the kind's name (over ``default()``'s other
+    knobs) and each knob of :data:`OBJECTIVE_KNOBS` a keyword of its own, over the nested
+    objective; each knob also reads as an attribute (``opts.keep_bonus``).
+    ``dataclasses.replace(opts, keep_bonus=...)`` changes the nested objective."""
+    def wrap(cls: type) -> type:
+        own = [f for f in dataclasses.fields(cls) if f.name != "objective"]
+
+        def __init__(self: Any, *, objective: ObjectiveOptions | str | None = None,  # noqa: N807
+                     **kw: Any) -> None:
+            knobs = {k: kw.pop(k) for k in list(kw) if k in OBJECTIVE_KNOBS}
+            if objective is None:
+                base = default()
+            elif isinstance(objective, str):
+                base = dataclasses.replace(default(), kind=objective)
+            elif isinstance(objective, ObjectiveOptions):
+                base = objective
+            else:
+                raise TypeError(f"objective must be an ObjectiveOptions or a kind's name "
+                                f"({', '.join(OBJECTIVES)}), not {objective!r}")
+            nested = dataclasses.replace(base, **knobs) if knobs else base
+            for f in own:
+                if f.name in kw:
+                    value = kw.pop(f.name)
+                elif f.default is not dataclasses.MISSING:
+                    value = f.default
+                else:
+                    value = f.default_factory()  # type: ignore[misc]
+                object.__setattr__(self, f.name, value)
+            if kw:
+                raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
+                                f"{', '.join(sorted(kw))}")
+            object.__setattr__(self, "objective", nested)
+            post = getattr(self, "__post_init__", None)
+            if post is not None:
+                post()
+
+        def updated(self: Any, **kw: Any) -> Any:
+            """These options with ``kw`` over them, objective knobs over the nested objective
+            (a kind's name as ``objective`` changes the kind and keeps the other knobs; an
+            :class:`ObjectiveOptions` replaces it): ``dataclasses.replace`` with a kind's
+            name starts from the default objective instead."""
+            nested = self.objective
+            given = kw.pop("objective", None)
+            if isinstance(given, str):
+                nested = dataclasses.replace(nested, kind=given)
+            elif given is not None:
+                nested = given
+            knobs = {k: kw.pop(k) for k in list(kw) if k in OBJECTIVE_KNOBS}
+            return dataclasses.replace(self, objective=dataclasses.replace(nested, **knobs),
+                                       **kw)
+
+        cls.__init__ = __init__  # type: ignore[misc]
+        cls.updated = updated  # type: ignore[attr-defined]
+        for name in OBJECTIVE_KNOBS:
+            if name not in cls.__dict__:
+                setattr(cls, name, property(lambda self, n=name: getattr(self.objective, n),
+                                            doc=f"the nested objective's ``{name}``"))
+        cls.OBJECTIVE_KEYWORDS = ("objective", *OBJECTIVE_KNOBS)  # type: ignore[attr-defined]
+        return cls
+    return wrap
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """A formulation's options as one flat dict (what a candidate graph records): its own
+    fields, the nested objective's knobs by name and its kind as ``objective``."""
+    out = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    nested = out.get("objective")
+    if isinstance(nested, ObjectiveOptions):
+        out["objective"] = nested.kind
+        for f in dataclasses.fields(nested):
+            if f.name != "kind":
+                v = getattr(nested, f.name)
+                out[f.name] = float(v) if isinstance(v, FromRound) else (
+                    dict(v) if f.name == "weights" else v)
+    return out
 
 
 RESTART_HORIZONS = ("reference", "cell")
@@ -265,6 +582,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     if opt.restart_horizon not in RESTART_HORIZONS:
         raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
                          f"choose {', '.join(RESTART_HORIZONS)}")
+    round_s, restart_s = opt.round_s_value, opt.restart_s_value
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(job_node(job.id))
@@ -295,21 +613,23 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                  if j.id in per_job}
     tail = tail_jobs(projected, opt.tail_share, opt.tail_margin,
                      [j for j, v in per_job.items() if v["running"]]) \
-        | trace_tail(projected, opt.tail_quantile, seen) if opt.kind == "jct-aware" else set()
-    pinned = trace_tail(projected, opt.tail_pin, seen) if opt.kind == "jct-aware" else set()
+        | trace_tail(projected, opt.tail_quantile, seen) if opt.kind in WEIGHTED else set()
+    pinned = trace_tail(projected, opt.tail_pin, seen) if opt.kind in WEIGHTED else set()
     if pinned and opt.tail_pin_top:  # the band that sets the p99, not the jobs beyond it
         pinned -= trace_tail(projected, opt.tail_pin_top, seen)
     top = (opt.speed_bounds or opt.weight_bounds)[1]
     speed = {j: top if j in tail else v for j, v in speed.items()}
     for j, v in per_job.items():
         if opt.round_excess is not None:
-            v["cap"] = v["rem"] / opt.round_s
+            v["cap"] = v["rem"] / round_s
         v["weight"] = weights[j]
         v["speed_weight"] = speed[j]
         jd = g.nodes[job_node(j)]  # recorded on the job vertex (explains a decision)
-        jd["jct_weight"] = weights[j] if opt.kind == "jct-aware" else 1.0
-        jd["speed_weight"] = speed[j] if opt.kind == "jct-aware" else 1.0
+        jd["jct_weight"] = weights[j] if opt.kind in WEIGHTED else 1.0
+        jd["speed_weight"] = speed[j] if opt.kind in WEIGHTED else 1.0
         jd["soonest_s"] = soonest[j]
+        v["n_best"] = fastest[j] / v["ref"] if fastest.get(j) else 1.0
+        v["soon_rounds"] = soonest[j] / round_s
         jd["projected_jct_s"] = projected[j]
         jd["tail"] = j in tail
         jd["pinned"] = j in pinned and bool(v["running"])
@@ -321,19 +641,23 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values()),
              "round_excess": opt.round_excess or 0.0}
-    cap = opt.round_s if opt.amortize_s is None else max(opt.round_s, opt.amortize_s)
+    cap = round_s if opt.amortize_s is None else max(round_s, opt.amortize_s)
 
     def lost(rem: float, normalized: float) -> float:
         """The share of the gain a move gives up: its restart over the time it pays off."""
         if opt.restart_horizon == "cell":  # remaining time on the new cell: rem_j / n_c
             horizon = min(cap, rem / normalized) if normalized > 0 else 0.0
         else:
-            horizon = opt.round_s if opt.amortize_s is None else min(cap, max(opt.round_s, rem))
-        return min(1.0, opt.restart_s / horizon) if horizon > 0 else 1.0
+            horizon = round_s if opt.amortize_s is None else min(cap, max(round_s, rem))
+        return min(1.0, restart_s / horizon) if horizon > 0 else 1.0
 
     g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
-                            "keep_bonus": opt.keep_bonus, "restart_s": opt.restart_s,
-                            "round_s": opt.round_s, "place_bonus": opt.place_bonus,
+                            "keep_bonus": opt.keep_bonus, "restart_s": restart_s,
+                            "round_s": round_s, "place_bonus": opt.place_bonus,
+                            # where the two figures came from: the round's (or, with no
+                            # round, ROUND_S / RESTART_S) or the user's
+                            "round_s_from": "round" if from_round(opt.round_s) else "user",
+                            "restart_s_from": "round" if from_round(opt.restart_s) else "user",
                             "remaining_exponent": opt.remaining_exponent,
                             "weight_bounds": list(opt.weight_bounds),
                             "speed_bounds": None if opt.speed_bounds is None
@@ -358,7 +682,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its speed weight)
-            value += opt.keep_bonus * (js["speed_weight"] if opt.kind == "jct-aware" else 1.0)
+            value += opt.keep_bonus * (js["speed_weight"] if opt.kind in WEIGHTED else 1.0)
         elif js["running"]:  # a running job that moves loses its restart
             n_c = float(d["normalized"])
             if d["job"] in pinned and n_c < current.get(d["job"], 0.0):

@@ -76,9 +76,12 @@ from apportion.estimation.models.analytic import (
 from apportion.estimation.rate_estimator import rated_estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges
 from apportion.formulations.objectives import (
+    CELLS_ONLY,
     ObjectiveOptions,
     apply_objective,
+    nested_objective,
     objective_of_options,
+    options_dict,
     reference_throughput,
 )
 from apportion.formulations.schema import job_node
@@ -360,9 +363,13 @@ class MeasuredPlans:
 # ---------------------------------------------------------------------------
 # The candidate graph
 # ---------------------------------------------------------------------------
+@nested_objective(ObjectiveOptions)
 @dataclass(frozen=True)
 class PlanOptions:
-    """Knobs of the plans formulation (documented in the module docstring)."""
+    """Knobs of the plans formulation (documented in the module docstring) and its objective
+    (``objective``, an :class:`ObjectiveOptions`: Crius's by default; a driver gives it the
+    cells formulation's through :meth:`like`). As :class:`CandidateOptions`, every objective
+    knob is also a keyword and an attribute of its own."""
 
     gpu_counts: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
     sla_weight: float = SLA_WEIGHT  # see the module docstring (session 8's measurement)
@@ -373,29 +380,7 @@ class PlanOptions:
     sla_deadline: bool = True
     sla_slack: float = 1.05
     sla_grace_s: float | None = None
-    keep_bonus: float = 0.3
-    queue_weight: float = 0.25
-    starvation_s: float = 4 * 3600.0
-    objective: str = "normalized"
-    restart_s: float = 60.0
-    round_s: float = 300.0
-    place_bonus: float = 0.0  # the objective's knobs, as CandidateOptions' (objectives.py)
-    remaining_exponent: float = 1.0
-    weight_bounds: tuple[float, float] = (0.25, 4.0)
-    speed_bounds: tuple[float, float] | None = None
-    normalize: str = "requested"
-    amortize_s: float | None = None
-    restart_horizon: str = "reference"
-    # not taken from CandidateOptions by ``like``: on Morphling's queue-bound workloads the
-    # tail's extra speed is GPUs a waiting job does not get (session 14: MT oracle 0.548 h
-    # against 0.531, SLAs kept 0.796 against 0.799; experiments/results/quality)
-    tail_share: float | None = None
-    # speed beyond the reference rate in shares of each job's fastest plan, as the cells
-    # formulation's (taken by ``like``; session 23: Morphling's base and BP 3.7-6.1 % lower,
-    # MT oracle 5 %, SLAs kept the same; experiments/results/quality). With no tail share,
-    # ``best-outside-tail`` counts every job in shares
-    speed_unit: str = "reference"
-    speed_scale: float | None = None
+    objective: ObjectiveOptions = field(default_factory=ObjectiveOptions)
     # options another option of the same type and count dominates are left out of the
     # model (:func:`prune_dominated`): they can never be chosen by an optimal answer. None:
     # on clusters of more than PRUNE_ABOVE_GPUS GPUs, where the model's size is what limits
@@ -406,17 +391,24 @@ class PlanOptions:
     @classmethod
     def like(cls, candidates: Any, **kw: Any) -> PlanOptions:
         """Plan options with the objective of a :class:`CandidateOptions` (one objective for
-        both formulations: a driver configures it once)."""
-        same = {f: getattr(candidates, f) for f in _OBJECTIVE_FIELDS}
-        return cls(**{**same, **kw})
+        both formulations: a driver configures it once), but the cells formulation's own
+        knobs (:data:`~apportion.formulations.objectives.CELLS_ONLY`: the tail share, the
+        round's work cap, the trace's tail and its pinned band) at Crius's values: on
+        Morphling's queue-bound workloads the tail's extra speed is GPUs a waiting job does
+        not get (session 14: MT oracle 0.548 h against 0.531, SLAs kept 0.796 against
+        0.799; experiments/results/quality). Speed in shares of each job's fastest plan is
+        taken (session 23: Morphling's base and BP 3.7-6.1 % lower, MT oracle 5 %, SLAs
+        kept the same); with no tail share, ``best-outside-tail`` counts every job in
+        shares."""
+        crius = ObjectiveOptions()
+        nested = replace(objective_of_options(candidates),
+                         **{k: getattr(crius, k) for k in CELLS_ONLY})
+        if isinstance(kw.get("objective"), str):  # a kind over the candidates' other knobs
+            nested = replace(nested, kind=kw.pop("objective"))
+        return cls(**{"objective": nested, **kw})
 
     def objective_options(self) -> ObjectiveOptions:
-        return objective_of_options(self)
-
-
-_OBJECTIVE_FIELDS = ("keep_bonus", "queue_weight", "starvation_s", "objective", "restart_s",
-                     "round_s", "place_bonus", "remaining_exponent", "weight_bounds", "speed_bounds",
-                     "normalize", "amortize_s", "restart_horizon", "speed_unit", "speed_scale")
+        return self.objective
 
 
 def host_fits(o: PlanOption, cluster: Cluster,
@@ -517,7 +509,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
     for :func:`~apportion.formulations.plan_filter.drop_refused_plans` to say why)."""
     opt = options or PlanOptions()
     quotas = dict(quotas or {})
-    g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=opt.__dict__.copy(),
+    g = nx.DiGraph(kind="candidates", formulation="plans", now_s=now_s, options=options_dict(opt),
                    quotas=quotas)
     add_topology(g, cluster)
     caps = cluster.capacity_by_type()

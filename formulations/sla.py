@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import networkx as nx
+from apportion.formulations.objectives import ROUND_S
 from apportion.formulations.schema import cells_of, job_node
 
 from apportion.jobs import JobSpec
@@ -62,7 +63,7 @@ class SlaKnobs(Protocol):
     sla_deadline: bool
     sla_slack: float
     sla_grace_s: float | None
-    round_s: float
+    round_s: float | None
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class SlaOptions:
     sla_deadline: bool = True
     sla_slack: float = 1.05
     sla_grace_s: float | None = None
-    round_s: float = 300.0
+    round_s: float | None = ROUND_S  # (None or FromRound: the round's; ROUND_S without one)
 
     @classmethod
     def of(cls, options: Any, **kw: Any) -> SlaOptions:
@@ -89,7 +90,8 @@ def sla_reachable(job: JobSpec, now_s: float, promised: float, opt: SlaKnobs) ->
     speed (samples/s) from ``now_s``: its promised time x ``sla_slack`` after submission,
     plus the grace (one round by default: a job waits for the next round)."""
     batch = job.global_batch_size
-    grace = opt.round_s if opt.sla_grace_s is None else opt.sla_grace_s
+    grace = (ROUND_S if opt.round_s is None else opt.round_s) if opt.sla_grace_s is None \
+        else opt.sla_grace_s
     deadline = job.submit_time_s + opt.sla_slack * job.iterations * batch / promised + grace
     return now_s + job.remaining_iterations * batch / promised <= deadline
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from statistics import median
 from typing import Any, Protocol
 
 from apportion.runtime.executors.executor import Event, Executor, Health, Progress
@@ -141,6 +142,25 @@ class RoundTick:
     events: list[Event]
 
 
+class RestartMeter:
+    """The restart cost this executor's launches have measured: the median, over every
+    launch seen so far, of the time from the round's decision to its first iteration
+    (``Progress.reconfig_overhead_s``: spawn, initialisation, the checkpoint's load).
+    A move costs a job that much, so the objective charges it (``View.restart_s``); None
+    until a launch has reported one (the objective then keeps its own figure)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def observe(self, progress: list[Progress]) -> None:
+        for p in progress:
+            if p.reconfig_overhead_s is not None:
+                self._seen.setdefault((p.job, p.launch_id), float(p.reconfig_overhead_s))
+
+    def seconds(self) -> float | None:
+        return median(self._seen.values()) if self._seen else None
+
+
 def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s: float = 300.0,
              until_idle: bool = False, timeout_s: float | None = None,
              round_config: RoundConfig | None = None, poll_s: float = 0.5,
@@ -176,6 +196,7 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
     # one policy object for the whole run: a policy's memory (Gavel's rounds received, the
     # formulation's re-solve cadence) lasts across rounds
     policy = policy_for(cfg, refit.estimator if refit is not None else None)
+    restart_meter = RestartMeter()
     try:
         while stop["signal"] is None:
             started = time.monotonic()
@@ -194,8 +215,11 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 decision = run_round(cl, jobs, now, cfg,
                                      estimator=refit.estimator if refit is not None else None,
                                      policy=policy,
-                                     history=history(now) if callable(history) else None
-                                     ).decision
+                                     history=history(now) if callable(history) else None,
+                                     # the round's figures: its length is the loop's,
+                                     # its restart cost the executor's, as measured
+                                     interval_s=interval_s,
+                                     restart_s=restart_meter.seconds()).decision
                 round_allocs = {a.job: a for a in decision.allocations}
                 round_jobs = {j.id: j for j in jobs}
                 store.record_round(rounds, now, decision, [])  # the intent, before acting
@@ -216,6 +240,7 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
             while stop["signal"] is None and time.monotonic() < deadline:
                 progress = executor.poll()
                 store.record_progress(progress)
+                restart_meter.observe(progress)
                 if refit is not None:  # measured times recalibrate the next rounds' estimates
                     for p in progress:
                         a = round_allocs.get(p.job)

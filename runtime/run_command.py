@@ -36,7 +36,12 @@ from apportion.errors import InputError
 from apportion.jobs import job_dirname
 from apportion.plans import ExecutionPlan
 from apportion.plugins import call_with, plugins
-from apportion.policies import RoundConfig, check_round_flags, estimator_from
+from apportion.policies import (
+    RoundConfig,
+    check_round_flags,
+    estimator_from,
+    with_objective_preset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +149,7 @@ class RunOptions:
     timeout_s: float | None = None
     tables: Path | None = None  # measured iteration times for --estimator tables/auto
     tenants: Path | None = None  # tenants' GPU quotas (a policy whose formulation keeps them)
+    objective_preset: str | None = None  # apportion's objective by name (ObjectiveOptions)
 
 
 @dataclass
@@ -218,6 +224,7 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
     chosen = checked_config(policy=opts.policy, estimator=opts.estimator)  # bad names exit 2
     cfg.policy, cfg.estimator = chosen.policy, chosen.estimator
     cfg.quotas = load_tenants(opts.tenants) if opts.tenants is not None else None
+    with_objective_preset(cfg, opts.objective_preset, opts.policy)  # solve-round's rule
     if opts.executor == "kubernetes":
         from apportion.runtime.executors.k8s_config import load_k8s_config
 
@@ -235,12 +242,12 @@ def run_command(executor: str, cluster_arg: str, state: Path, interval_s: float,
                 checkpoint_interval_s: float | None = None, max_retries: int = 3,
                 grace_period_s: float = 120.0, orphans: str = "adopt",
                 ray_address: str | None = None, tables: Path | None = None,
-                tenants: Path | None = None) -> int:
+                tenants: Path | None = None, objective_preset: str | None = None) -> int:
     """Exit code: 0 stopped cleanly, 2 bad input, 75 another invocation holds the store."""
     opts = RunOptions(executor, cluster_arg, state, interval_s, workdir, kubeconfig,
                       time_budget_s, k8s_config, drain, policy, estimator, checkpoint_every,
                       checkpoint_interval_s, max_retries, grace_period_s, orphans, ray_address,
-                      until_idle, timeout_s, tables, tenants)
+                      until_idle, timeout_s, tables, tenants, objective_preset)
     return run_rounds(prepare_run(opts))
 
 

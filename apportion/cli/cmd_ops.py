@@ -12,6 +12,7 @@ from apportion import outputs
 from apportion.cli import complete
 from apportion.cli.common import (
     ESTIMATOR_HELP,
+    OBJECTIVE_PRESET_HELP,
     POLICY_HELP,
     check_finite,
     cluster_help,
@@ -51,6 +52,8 @@ TABLES = typer.Option(None, "--tables", help="measured iteration times CSV (mode
                       "gpus, iter_time_s) for --estimator tables/auto")
 TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per tenant), for "
                        "--policy apportion (the default) or apportion-plans")
+OBJECTIVE_PRESET = typer.Option(None, "--objective-preset", help=OBJECTIVE_PRESET_HELP,
+                                autocompletion=complete.objective_presets)
 
 
 
@@ -80,6 +83,7 @@ def run_cmd(
     ray_address: Optional[str] = RAY_ADDRESS,
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
+    objective_preset: Optional[str] = OBJECTIVE_PRESET,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
@@ -97,7 +101,8 @@ def run_cmd(
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
                            ray_address=ray_address if executor == "ray" else None,
-                           tables=tables, tenants=tenants)
+                           tables=tables, tenants=tenants,
+                           objective_preset=objective_preset)
     raise typer.Exit(code)
 
 
@@ -285,6 +290,7 @@ def serve_cmd(
     timeout: Optional[float] = TIMEOUT,
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
+    objective_preset: Optional[str] = OBJECTIVE_PRESET,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
@@ -298,4 +304,5 @@ def serve_cmd(
         policy=policy, estimator=estimator, checkpoint_every=checkpoint_every,
         checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
         grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
-        timeout_s=timeout, tables=tables, tenants=tenants))
+        timeout_s=timeout, tables=tables, tenants=tenants,
+        objective_preset=objective_preset))

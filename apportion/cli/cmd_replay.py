@@ -14,6 +14,7 @@ from apportion.cli.common import (
     DETERMINISTIC_HELP,
     EXIT_BUG,
     INFORMATION_HELP,
+    OBJECTIVE_PRESET_HELP,
     SIM_ESTIMATOR_HELP,
     check_finite,
     cluster_help,
@@ -60,6 +61,9 @@ def simulate_cmd(
                                            "per tenant): the quotas every policy that keeps "
                                            "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+    objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
 ) -> None:
     """Replay a trace on a simulated cluster under one policy; print and write the summary.
 
@@ -75,7 +79,8 @@ def simulate_cmd(
         check_finite(window_days, "--window-days")
         summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
                                 window_days, max_jobs, json_out, jobs_csv, information, estimator,
-                                truth, deterministic=deterministic, tenants=tenants)
+                                truth, deterministic=deterministic, tenants=tenants,
+                                objective_preset=objective_preset)
     except InputError as exc:
         fail(exc)
         return
@@ -116,6 +121,9 @@ def compare_cmd(
                                            "per tenant): the quotas every policy that keeps "
                                            "quotas is given"),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
+    objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -129,7 +137,8 @@ def compare_cmd(
         try:
             root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
                                 workers, window_days, max_jobs, information, estimator, engine,
-                                ray_address, deterministic=deterministic, tenants=tenants)
+                                ray_address, deterministic=deterministic, tenants=tenants,
+                                objective_preset=objective_preset)
         except CompareFailed as exc:  # the other runs' rows are written: show them, exit 1
             failed, root = exc, exc.root
     stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)

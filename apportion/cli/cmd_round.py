@@ -15,6 +15,7 @@ from apportion.cli.common import (
     ESTIMATOR_HELP,
     ROUND_DETERMINISTIC_HELP,
     MIP_GAP_HELP,
+    OBJECTIVE_PRESET_HELP,
     POLICY_HELP,
     cluster_help,
     user_input,
@@ -68,6 +69,9 @@ def solve_round(
                                "local (child processes) | ray (Ray tasks)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--engine ray: an "
                                               "existing cluster (default: a local one)"),
+    objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
+                                                   help=OBJECTIVE_PRESET_HELP,
+                                                   autocompletion=complete.objective_presets),
     deterministic: bool = typer.Option(False, "--deterministic",
                                        help=ROUND_DETERMINISTIC_HELP),
 ) -> None:
@@ -93,7 +97,8 @@ def solve_round(
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
                        search_depth, max_changes, not deterministic if isolate is None else
-                       isolate, tenants, tables, partitions, engine, ray_address, deterministic)
+                       isolate, tenants, tables, partitions, engine, ray_address, deterministic,
+                       objective_preset=objective_preset)
     if state is not None:  # the queue and running jobs come from the store
         from apportion.cli.store import solve_round_state
 

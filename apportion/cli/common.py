@@ -19,6 +19,7 @@ import typer
 from apportion import outputs
 from apportion.console import printable, setup_logging, stderr_console
 from apportion.errors import HostError, InputError
+from apportion.formulations.objectives import PRESETS
 
 EXIT_BAD_INPUT = 2
 EXIT_BUSY = 75
@@ -35,6 +36,8 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
                       "tables | auto (every replayed job is profiled, so auto answers from "
                       "its tables)")
+OBJECTIVE_PRESET_HELP = (f"apportion's objective by name: {' | '.join(PRESETS)} (apportion is "
+                         "the default; docs/objective.md); apportion's policies only")
 ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
                             "gives the same answer on any machine under any load (solved in "
                             "this process; the clock stays a safety stop at 4x the budget)")

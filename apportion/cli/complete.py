@@ -49,6 +49,13 @@ def policy_list(incomplete: str) -> list[tuple[str, str]]:
     return [(prefix + name, why) for name, why in policies(last) if name not in done]
 
 
+def objective_presets(incomplete: str) -> list[tuple[str, str]]:
+    """``--objective-preset``: the named objectives."""
+    from apportion.formulations.objectives import PRESETS
+
+    return _matching(PRESETS, incomplete)
+
+
 def backends(incomplete: str) -> list[tuple[str, str]]:
     from apportion.policies.config import BACKENDS
 

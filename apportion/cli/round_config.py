@@ -16,7 +16,13 @@ from pathlib import Path
 from apportion.cli.common import check_finite
 from apportion.config import load_tenants
 from apportion.errors import InputError
-from apportion.policies import RoundConfig, check_round_flags, checked_config, estimator_from
+from apportion.policies import (
+    RoundConfig,
+    check_round_flags,
+    checked_config,
+    estimator_from,
+    with_objective_preset,
+)
 from apportion.runtime.plan_filter import workload_plan_filter
 
 ENGINES = ("local", "ray")
@@ -41,6 +47,7 @@ class RoundFlags:
     engine: str = "local"
     ray_address: str | None = None
     deterministic: bool = False
+    objective_preset: str | None = None  # ObjectiveOptions.preset: apportion's policies
 
 
 def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> RoundConfig:
@@ -67,6 +74,7 @@ def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> Rou
                          partitions=f.partitions, engine=f.engine, ray_address=f.ray_address,
                          mip_gap=f.mip_gap, deterministic=f.deterministic)
     cfg.estimator = estimator_from(f.estimator, f.tables)
+    with_objective_preset(cfg, f.objective_preset, f.policy)
     cfg.deadline_s = started + f.time_budget
     cfg.plan_filter = workload_plan_filter(device)
     return cfg

@@ -11,7 +11,9 @@ from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, che
 from apportion.policies.formulation import FormulationPolicy, Optimising
 from apportion.policies.recipes import RECIPES, Recipe
 from apportion.policies.registry import (POLICIES, Policy, load_plugins, make_policy,
+                                         objective_policies, objective_preset_options,
                                          policy_names, quota_options, register,
+                                         with_objective_preset,
                                          register_formulation)
 from apportion.policies.rounds import (check_round_flags, checked_config, estimator_from,
                                        formulation_names, policy_for, run_round)
@@ -19,5 +21,6 @@ from apportion.policies.rounds import (check_round_flags, checked_config, estima
 __all__ = ["BACKENDS", "FormulationPolicy", "GAVEL_POLICIES", "Optimising", "POLICIES",
            "Policy", "RECIPES", "Recipe", "RoundConfig", "check_mip_gap", "check_round_flags",
            "checked_config", "estimator_from", "formulation_names", "load_plugins",
-           "make_policy", "policy_for", "policy_names", "quota_options", "register",
+           "make_policy", "objective_policies", "objective_preset_options", "policy_for",
+           "policy_names", "quota_options", "register", "with_objective_preset",
            "register_formulation", "run_round"]

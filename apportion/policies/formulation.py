@@ -36,6 +36,7 @@ from apportion.formulations.cells import (
 )
 from apportion.formulations.decode import to_decision
 from apportion.formulations.incremental import CandidateCache
+from apportion.formulations.objectives import FromRound, ObjectiveOptions, from_round
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells, name_of
 from apportion.jobs import JobSpec, RunningState
@@ -282,6 +283,7 @@ class FormulationPolicy:
         if self.partitioned and self._engine is None and self.recipe.partitions:
             self._engine = make_engine(self.cfg.engine, self.cfg.ray_address)  # starts now
         self.last_solve_round = view.round_index
+        self.cfg = round_figures(self.cfg, view)  # the round's length and restart cost
         est = self._last_est = self._estimator_for(view)
         est.refresh()
         for js in view.jobs:  # runtime feedback: a cell that made no progress is out
@@ -608,6 +610,27 @@ class _ViewRate:
         return f * float(self.rates.rate(js, gpu_type, gpus))
 
 
+def round_figures(cfg: RoundConfig, view: View) -> RoundConfig:
+    """``cfg`` with the objective's round length and restart cost the round's (the view's
+    ``interval_s`` and ``restart_s``) wherever the user did not set them
+    (:class:`~apportion.formulations.objectives.FromRound`): the candidates' objective, the
+    plans' and the SLA rule's grace; ``cfg`` itself when nothing changes. A view that knows
+    no restart cost (``restart_s`` None) leaves the objective's own (60 s)."""
+    rs, rc = view.interval_s, view.restart_s
+    change: dict[str, Any] = {}
+    for name in ("candidates", "plan_options"):
+        opts = getattr(cfg, name)
+        obj = getattr(opts, "objective", None)
+        if isinstance(obj, ObjectiveOptions):
+            now = obj.for_round(rs, rc)
+            if now is not obj:
+                change[name] = replace(opts, objective=now)
+    sla = cfg.sla_options
+    if sla is not None and from_round(sla.round_s) and sla.round_s != rs:
+        change["sla_options"] = replace(sla, round_s=FromRound(rs))
+    return replace(cfg, **change) if change else cfg
+
+
 def _elapsed(g: nx.DiGraph) -> float:
     """Seconds since the round's candidates stage began (the budget's clock)."""
     return time.perf_counter() - float(g.graph["t0"])
@@ -623,11 +646,15 @@ def _placeholder() -> SolveReport:
 
 
 # Crius's objective (normalised throughput, a queue bonus, Gavel's normalisation): what
-# the crius-greedy baseline optimises whatever apportion's defaults become
+# the crius-greedy baseline optimises whatever apportion's defaults become. Its round
+# figures stay the 300 s and 60 s it was measured with (experiments/results/quality): a
+# baseline's behaviour changes only with its own replays; apportion's objective (and the
+# ``crius`` preset, ObjectiveOptions.preset) reads them from the round
 CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
                                    "normalize": "requested", "keep_bonus": 0.3,
                                    "queue_weight": 0.25, "scales": (0.5, 1.0, 2.0),
-                                   "amortize_s": None, "scale_up_when_full": True}
+                                   "amortize_s": None, "scale_up_when_full": True,
+                                   "round_s": 300.0, "restart_s": 60.0}
 
 
 def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  # noqa: N802
@@ -673,12 +700,13 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
     if no_scaling:
         opts = replace(opts, scales=(1.0,))
     opts = opts if isinstance(opts, CandidateOptions) else CandidateOptions()
-    unknown = set(objective) - {f.name for f in fields(CandidateOptions)}
+    unknown = set(objective) - {f.name for f in fields(CandidateOptions)} \
+        - set(CandidateOptions.OBJECTIVE_KEYWORDS)
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")
     if cfg.backend == "greedy" and formulation == "cells":
-        opts = replace(opts, **CRIUS_OBJECTIVE)
-    cfg.candidates = replace(opts, **objective)
+        opts = opts.updated(**CRIUS_OBJECTIVE)
+    cfg.candidates = opts.updated(**objective)
     suffix = "-na" if no_scaling else "-nh" if no_hetero else ""
     base = RECIPES[formulation].policy if formulation in RECIPES else formulation
     if cfg.backend == "greedy" and formulation == "cells":

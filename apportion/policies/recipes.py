@@ -141,7 +141,9 @@ def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                         est: Any) -> nx.DiGraph:
     """Cells, each kept only where it finishes its job by the deadline."""
     g = cell_candidates(ctx, view, specs, est)
-    apply_deadlines(g, specs, view.now, DeadlineOptions(restart_s=ctx.cfg.candidates.restart_s))
+    # the restart a move costs: the objective's (the round's, FormulationPolicy)
+    apply_deadlines(g, specs, view.now,
+                    DeadlineOptions(restart_s=ctx.cfg.candidates.objective.restart_s_value))
     g.graph["formulation"] = "deadline"
     return g
 

@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from apportion.errors import InputError
+from apportion.formulations.objectives import ObjectiveOptions
 from apportion.plugins import plugins, takes
 from apportion.policies.recipes import RECIPES, Recipe, add_recipe
 from apportion.view import Policy
@@ -147,6 +149,39 @@ def quota_options(name: str, quotas: dict[str, int]) -> dict[str, Any] | None:
     return None
 
 
+def objective_policies() -> list[str]:
+    """The registered policies whose objective is apportion's (``--objective-preset``): one
+    per formulation recipe and the ablations; not ``crius-greedy`` (a baseline keeps
+    Crius's objective) nor any other baseline (each has its algorithm's own)."""
+    return sorted({r.policy for r in RECIPES.values()} | {"apportion-na", "apportion-nh"})
+
+
+def objective_preset_options(name: str, preset: str) -> dict[str, Any] | None:
+    """The options that give policy ``name`` the named objective (``ObjectiveOptions.
+    preset``), or None when its objective is not apportion's; a ValueError names an unknown
+    preset."""
+    objective = ObjectiveOptions.preset(preset)
+    return {"objective": objective} if name in objective_policies() else None
+
+
+def with_objective_preset(config: Any, preset: str | None, policy: str | None = None) -> Any:
+    """``config`` (a RoundConfig) with the named objective on its candidates (``--objective-
+    preset`` of solve-round, run and serve: one rule for all three); an InputError naming
+    the flag for an unknown preset or a ``policy`` whose objective is not apportion's."""
+    if preset is None:
+        return config
+    if policy is not None and policy not in objective_policies():
+        raise InputError("--objective-preset", "objective_preset",
+                         f"policy {policy} has its own objective (apportion's policies take "
+                         f"one: {', '.join(objective_policies())})")
+    try:
+        objective = ObjectiveOptions.preset(preset)
+    except ValueError as exc:
+        raise InputError("--objective-preset", "objective_preset", str(exc)) from None
+    config.candidates = config.candidates.updated(objective=objective)
+    return config
+
+
 def make_policy(name: str, config: Any = None, **options: Any) -> Any:
     """Build the policy registered as ``name``; ``config`` is the driver's
     :class:`apportion.policies.config.RoundConfig` (apportion's policies read it),
@@ -163,5 +198,6 @@ def policy_names() -> list[str]:
     return sorted(POLICIES)
 
 
-__all__ = ["POLICIES", "Policy", "QUOTA_OPTIONS", "load_plugins", "make_policy", "policy_names",
-           "quota_options", "register", "register_formulation"]
+__all__ = ["POLICIES", "Policy", "QUOTA_OPTIONS", "load_plugins", "make_policy",
+           "objective_policies", "objective_preset_options", "policy_names", "quota_options",
+           "register", "register_formulation", "with_objective_preset"]

@@ -144,7 +144,9 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               commit: Callable[[Decision], Any] | None = None,
               apply: Callable[[Decision], Any] | None = None,
               history: Mapping[str, Any] | None = None,
-              seen_jct: Mapping[str, float] | None = None) -> RoundResult:
+              seen_jct: Mapping[str, float] | None = None,
+              interval_s: float | None = None,
+              restart_s: float | None = None) -> RoundResult:
     """One round on an operator's queue (the library API): admission, the policy
     ``config`` names (the cell formulation by default), validation, then the caller's
     ``commit`` and ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.
@@ -169,6 +171,9 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         pol.seen_jct.update({j: v for j, v in seen_jct.items() if j not in pol.seen_jct})
     view = view_of(cluster, jobs, now_s, rates)
     view.plan_filter = cfg.plan_filter
+    if interval_s is not None:  # the round's figures (``run``'s loop; a one-off round has
+        view.interval_s = float(interval_s)  # none: 300 s and the objective's 60 s)
+    view.restart_s = restart_s
     for js in view.jobs if history else ():
         h = history.get(js.id)
         if h is not None:

@@ -79,7 +79,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   checkpoint_interval_s: float | None = None, max_retries: int = 3,
                   grace_period_s: float = 120.0, orphans: str = "adopt",
                   ray_address: str | None = None, timeout_s: float | None = None,
-                  tables: Path | None = None, tenants: Path | None = None) -> int:
+                  tables: Path | None = None, tenants: Path | None = None,
+                  objective_preset: str | None = None) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
     until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
     missing = _missing_extra()
@@ -98,7 +99,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
-            ray_address if executor == "ray" else None, False, timeout_s, tables, tenants))
+            ray_address if executor == "ray" else None, False, timeout_s, tables, tenants,
+            objective_preset))
         from apportion.serve.server import bind
 
         sock = bind(host, port)
