@@ -30,10 +30,9 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
-from scipy import stats
-
-from apportion.formulations.objectives import ObjectiveOptions
 from apportion.experiments.harness import compare
+from apportion.formulations.objectives import ObjectiveOptions
+from scipy import stats
 
 #: the full objective less one term: (what the term is, the knob values that remove it)
 LEAVE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
@@ -64,9 +63,9 @@ LEAVE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
 #: ``seconds`` plus one further term: (what the term is, the knob values that add it)
 ADD_ONE: dict[str, tuple[str, dict[str, Any]]] = {
     "plus-weight-bounds": ("the weight's bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0)}),
-    "plus-tail": ("the round's tail (10 %) and the trace-memory tail (2 %) at the top weight, "
-                 "within bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0), "tail_share": 0.1,
-                                            "tail_quantile": 0.02}),
+    "plus-tail": (("the round's tail (10 %) and the trace-memory tail (2 %) at the top "
+                   "weight, within bounds [1/4, 4]"),
+                  {"weight_bounds": (0.25, 4.0), "tail_share": 0.1, "tail_quantile": 0.02}),
     "plus-pin": ("the pinned band (1.5 %-0.75 % quantiles)",
                 {"tail_pin": 0.015, "tail_pin_top": 0.0075}),
     "plus-round-excess": ("speed beyond the work left this round counted at 1/4 (0 in seconds)",

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
-from apportion.cli.app import app
-from apportion.cli.complete import objective_presets
 from apportion.formulations.objectives import PRESETS, ObjectiveOptions, apply_objective
 from apportion.formulations.schema import job_node
-from apportion.jobs import JobSpec, RunningState
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
+
+from apportion.cli.app import app
+from apportion.cli.complete import objective_presets
+from apportion.jobs import JobSpec, RunningState
 
 REF = 64 * 1000 / 3600.0  # one hour of work at the reference rate
 
