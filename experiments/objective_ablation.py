@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,24 +101,16 @@ class Row:
     what: str = ""
 
 
-DATA = "/work/shared/data"
 ROWS: dict[str, Row] = {}
 for mode, seeds in (("estimated", 3), ("oracle", 1)):  # Gavel's oracle: the same every seed
     ROWS[f"gavel-mmf-{mode}"] = Row("gavel-max-min-fairness", "8:8:8", "gavel", mode, seeds,
                                     what="Gavel's max_min_fairness.trace, 96 jobs")
-    ROWS[f"gavel-mk-{mode}"] = Row("gavel/minimize_makespan.trace", "8:8:8", "gavel", mode,
+    ROWS[f"gavel-mk-{mode}"] = Row("gavel-minimize-makespan", "8:8:8", "gavel", mode,
                                    seeds, what="Gavel's minimize_makespan.trace, 100 jobs")
     # a Philly-derived trace draws each job's model from the seed: every mode needs 3
     ROWS[f"philly-d3w-{mode}"] = Row("traces/philly-d3.csv", "crius-1280", "default", mode,
                                      3, window_days=0.1,
                                      what="Philly day 3's busiest 0.1 day, 508 jobs")
-
-
-def _trace_path(trace: str) -> str:
-    """A row's trace as the harness takes it (Gavel's file under the data directory)."""
-    if trace.startswith("gavel/"):
-        return str(Path(os.environ.get("APPORTION_DATA", DATA)) / trace)
-    return trace
 
 
 def run(out: Path, names: list[str], rows: list[str]) -> None:
@@ -131,7 +122,7 @@ def run(out: Path, names: list[str], rows: list[str]) -> None:
             if (root / "summary.csv").exists():
                 continue
             print(f"{row_name} {name}", file=sys.stderr, flush=True)
-            compare(_trace_path(row.trace), row.cluster, ["apportion"], row.seeds,
+            compare(row.trace, row.cluster, ["apportion"], row.seeds,
                     out=out / row_name, run=name, profile=row.profile, workers=1,
                     policy_options={"apportion": {"objective": table[name]}},
                     sim_options={"information": row.information, "deterministic": True},
