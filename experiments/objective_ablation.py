@@ -129,9 +129,12 @@ def run(out: Path, names: list[str], rows: list[str]) -> None:
                     window_days=row.window_days, show_progress=False, plots=False)
 
 
-def _per_seed(root: Path) -> dict[int, dict[str, float]]:
+def _per_seed(root: Path, policy: str = "apportion") -> dict[int, dict[str, float]]:
+    """Each seed's summary of ``policy``'s replays under ``root`` (one compare run)."""
     out = {}
-    for d in sorted(root.glob("apportion-s*")):
+    for d in sorted(root.glob(f"{policy}-s*")):
+        if not d.name[len(policy) + 2:].isdigit():
+            continue
         s = json.loads((d / "summary.json").read_text())
         out[int(d.name.rsplit("-s", 1)[1])] = s
     return out
