@@ -62,6 +62,9 @@ LEAVE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
 #: ``seconds`` plus one further term: (what the term is, the knob values that add it)
 ADD_ONE: dict[str, tuple[str, dict[str, Any]]] = {
     "plus-weight-bounds": ("the weight's bounds [1/4, 4]", {"weight_bounds": (0.25, 4.0)}),
+    "plus-speed-bounds": (("speed beyond the reference rate's share at a narrower weight "
+                           "[0.7, 1.4] (who runs keeps the fairness weight)"),
+                          {"speed_bounds": (0.7, 1.4)}),
     "plus-tail": (("the round's tail (10 %) and the trace-memory tail (2 %) at the top "
                    "weight, within bounds [1/4, 4]"),
                   {"weight_bounds": (0.25, 4.0), "tail_share": 0.1, "tail_quantile": 0.02}),

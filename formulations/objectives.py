@@ -30,7 +30,11 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
   seconds of the job's remaining time on its fastest cell, at most what it has left),
   weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
-  bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). A move
+  bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). With
+  ``speed_bounds`` the seconds beyond the reference rate's share ``1 / n_best_j`` take
+  the narrower speed weight ``v_j`` instead: who runs at all is the fairness exponent's
+  question, how fast a running job goes is each job's own seconds (on an idle cluster
+  the JCT a long job loses on a slow type is its whole remaining time's). A move
   nets its restart: ``restart_s`` of the new cell's work lost (over one round, or over
   ``amortize_s``). The reference throughput drops out: no normalisation to choose. Speed
   beyond the remaining time counts at ``round_excess`` (0 when None). The other knobs
@@ -358,7 +362,10 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
         cap = js["soon_rounds"]
         if saved > cap:
             saved = cap + stats["round_excess"] * (saved - cap)
-        return saved * js["speed_weight"]
+        # running at all (up to the reference rate) by the fairness weight, speed beyond it
+        # by the speed weight (the same one unless ``speed_bounds`` narrows it)
+        first = min(saved, 1.0 / js["n_best"])
+        return first * js["weight"] + (saved - first) * js["speed_weight"]
     if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
         cap = js.get("cap")
         if cap is not None and n > cap:

@@ -57,6 +57,28 @@ def test_a_cell_is_worth_the_share_of_its_best_speed_so_the_job_losing_more_seco
     assert lost["Y"] > lost["X"]
 
 
+def test_with_speed_bounds_speed_beyond_the_reference_takes_the_speed_weight() -> None:
+    """``speed_bounds`` splits a cell's seconds at the reference rate's share: running at
+    all (up to 1 / n_best of a round) by the fairness weight, the rest by the narrower
+    speed weight, so a long job (small fairness weight) still values its fast type's extra
+    speed near its own seconds; without them both parts take the fairness weight."""
+    jobs = [_job("L", iterations=20000), _job("S", iterations=500), _job("T", iterations=500)]
+    cells = {"L": {"fast": 4.0, "ref": 1.0, "slow": 0.5}, "S": {"fast": 4.0, "ref": 1.0},
+             "T": {"fast": 4.0}}
+    g = _graph(cells, jobs)
+    apply_objective(g, jobs, 0.0, ObjectiveOptions.preset("seconds", speed_bounds=(0.7, 1.4)))
+    w = g.nodes[job_node("L")]["jct_weight"]
+    v = g.nodes[job_node("L")]["speed_weight"]
+    assert w < 0.7 == pytest.approx(v)  # the long job: a small weight, the speed floor
+    assert g.nodes["L:fast"]["value"] == pytest.approx(w * 0.25 + v * 0.75)
+    assert g.nodes["L:ref"]["value"] == pytest.approx(w * 0.25)
+    assert g.nodes["L:slow"]["value"] == pytest.approx(w * 0.125)
+    plain = _graph(cells, jobs)
+    apply_objective(plain, jobs, 0.0, ObjectiveOptions.preset("seconds"))
+    wp = plain.nodes[job_node("L")]["jct_weight"]
+    assert plain.nodes["L:fast"]["value"] == pytest.approx(wp)
+
+
 def test_a_job_saves_at_most_the_time_it_has_left() -> None:
     """A job with 60 s left on its best cell saves 60 s of a 300-s round there (0.2 of a
     round), and on a cell half as fast 150 s of its work is still more than it has: also
