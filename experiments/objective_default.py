@@ -84,6 +84,9 @@ VARIANTS: dict[str, ObjectiveOptions] = {
     # speed beyond the reference rate's share at the narrower speed weight: the term the
     # leave-one-out found paying most inside the default (ablation.md)
     "seconds-split": ObjectiveOptions.preset("seconds", speed_bounds=(0.7, 1.4)),
+    # a move's restart seconds against the time it pays off (up to 1,800 s) rather than one
+    # round: what kept crius-pai's 20-h job on its A100s (ablation.md)
+    "seconds-amortized": ObjectiveOptions.preset("seconds", amortize_s=1800.0),
 }
 
 

@@ -15,6 +15,7 @@ from apportion.experiments.finetune_truth import generated_trace
 from apportion.experiments.traces import Trace, data_root, load_any, synthetic
 
 from apportion.errors import InputError
+from apportion.memory_guard import check_trace_fits
 
 # generated jobs a family may ask for: enough for any replay, never a memory exhaustion
 MAX_GENERATED_JOBS = 1_000_000
@@ -68,6 +69,7 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
     or ``fm-generated:N[:backbone]``, YMIR's workload recipe) or a file path."""
     s = str(name_or_path)
     if Path(s).exists():  # a file is the file, whatever its name looks like
+        check_trace_fits(s, s)
         return load_any(Path(s))
     if seed < 0:
         raise InputError("--seed", "seed", f"must be >= 0, got {seed}")
@@ -85,6 +87,7 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
         if not path.exists():
             raise InputError(s, "--trace", f"the bundled trace needs {path}, which is missing: "
                              "set APPORTION_DATA to the folder of the data sets")
+        check_trace_fits(path, s)
         return load_any(path)
     p = Path(s)
     if not p.exists():

@@ -31,10 +31,11 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   seconds of the job's remaining time on its fastest cell, at most what it has left),
   weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
   bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). With
-  ``speed_bounds`` the seconds beyond the reference rate's share ``1 / n_best_j`` take
-  the narrower speed weight ``v_j`` instead: who runs at all is the fairness exponent's
-  question, how fast a running job goes is each job's own seconds (on an idle cluster
-  the JCT a long job loses on a slow type is its whole remaining time's). A move
+  ``speed_bounds`` the seconds beyond the reference rate's share ``1 / n_best_j`` (with
+  ``speed_from="slowest"``, beyond its slowest cell's share) take the narrower speed
+  weight ``v_j`` instead: who runs at all is the fairness exponent's question, how fast a
+  running job goes is each job's own seconds (a long job moved to a slow type loses it
+  for its whole remaining time, which one round's fairness weight does not see). A move
   nets its restart: ``restart_s`` of the new cell's work lost (over one round, or over
   ``amortize_s``). The reference throughput drops out: no normalisation to choose. Speed
   beyond the remaining time counts at ``round_excess`` (0 when None). The other knobs
@@ -72,6 +73,7 @@ OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "compos
               "seconds")
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 SPEED_UNITS = ("reference", "best", "best-outside-tail")
+SPEED_FROM = ("reference", "slowest")
 
 
 class FromRound(float):
@@ -120,6 +122,10 @@ class ObjectiveOptions:
     # jct-aware: the bounds of the weight on speed beyond the job's reference rate (None:
     # the same weight as on running up to it, ``weight_bounds``)
     speed_bounds: tuple[float, float] | None = None
+    # seconds: where speed beyond "running at all" starts (SPEED_FROM): the job's
+    # ``reference`` rate, or its ``slowest`` candidate (every difference between the job's
+    # cells is then speed, at the speed weight; the fairness weight orders only who runs)
+    speed_from: str = "reference"
     amortize_s: float | None = None  # spread a restart over this long (None: one round)
     # the time a move pays off, against which its restart is charged: ``reference`` the
     # job's remaining time at its reference throughput, at least one round; ``cell`` its
@@ -163,6 +169,9 @@ class ObjectiveOptions:
         if self.speed_unit not in SPEED_UNITS:
             raise ValueError(f"unknown speed_unit {self.speed_unit!r}; "
                              f"choose {', '.join(SPEED_UNITS)}")
+        if self.speed_from not in SPEED_FROM:
+            raise ValueError(f"unknown speed_from {self.speed_from!r}; "
+                             f"choose {', '.join(SPEED_FROM)}")
         if self.speed_scale is not None and not self.speed_scale > 0.0:
             raise ValueError(f"speed_scale must be positive (or None), not {self.speed_scale!r}")
         for name in ("round_s", "restart_s"):
@@ -364,7 +373,7 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
             saved = cap + stats["round_excess"] * (saved - cap)
         # running at all (up to the reference rate) by the fairness weight, speed beyond it
         # by the speed weight (the same one unless ``speed_bounds`` narrows it)
-        first = min(saved, 1.0 / js["n_best"])
+        first = min(saved, js["n_floor"] / js["n_best"])
         return first * js["weight"] + (saved - first) * js["speed_weight"]
     if kind == "jct-aware":  # up to the reference rate by the weight, beyond by the speed weight
         cap = js.get("cap")
@@ -603,10 +612,12 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     if not per_job:
         return
     fastest: dict[str, float] = {}  # each job's best candidate throughput
+    slowest: dict[str, float] = {}  # and its slowest
     current: dict[str, float] = {}  # each running job's normalised throughput where it runs
     for _, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d["job"] in per_job:
             fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
+            slowest[d["job"]] = min(slowest.get(d["job"], math.inf), float(d["est_throughput"]))
             if d.get("current"):
                 current[d["job"]] = float(d["normalized"])
     # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
@@ -636,6 +647,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jd["speed_weight"] = speed[j] if opt.kind in WEIGHTED else 1.0
         jd["soonest_s"] = soonest[j]
         v["n_best"] = fastest[j] / v["ref"] if fastest.get(j) else 1.0
+        v["n_floor"] = slowest[j] / v["ref"] if opt.speed_from == "slowest" and \
+            slowest.get(j) else 1.0
         v["soon_rounds"] = soonest[j] / round_s
         jd["projected_jct_s"] = projected[j]
         jd["tail"] = j in tail
@@ -678,6 +691,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "tail_pin": opt.tail_pin,
                             "tail_pin_top": opt.tail_pin_top,
                             "speed_unit": opt.speed_unit,
+                            "speed_from": opt.speed_from,
                             "speed_scale": opt.speed_scale}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:

@@ -88,6 +88,7 @@ def solve_round(
         load_jobs,
         resolve_cluster,
     )
+    from apportion.memory_guard import check_round_fits
     from apportion.policies import check_round_flags, run_round
 
     with user_input():  # flags the round would ignore, refused by name before anything
@@ -112,6 +113,7 @@ def solve_round(
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         jb, now = load_jobs(jobs) if jobs else default_jobs()
         check_running(jb, cl, str(jobs) if jobs else "<embedded default jobs>")
+        check_round_fits(len(jb), cl.total_gpus, str(jobs) if jobs else "<embedded default jobs>")
     result = run_round(cl, jb, now, cfg)
     show_decision(result.decision, data_on_stdout)
     if json_out:

@@ -43,6 +43,7 @@ from apportion.experiments.bench.solve import synthetic_cluster, synthetic_jobs
 
 from apportion.errors import InputError
 from apportion.inputs import parse_count, parse_number
+from apportion.memory_guard import check_round_fits
 
 # (jobs, GPUs, GPU types, budget s, partitions, engine)
 CASES: list[tuple[int, int, int, float, int, str]] = [
@@ -78,6 +79,7 @@ def parse_cases(specs: list[str] | None) -> list[tuple[int, int, int, float, int
                                     maximum=MAX_CASE_BUDGET_S))
         parts = parse_count(f[3], "--case", maximum=MAX_CASE_PARTS, what="PARTS") \
             if len(f) > 3 else 1
+        check_round_fits(jobs, gpus, "--case", "case")
         cases.append((jobs, gpus, 4, budget, parts, f[4] if len(f) > 4 else "local"))
     return cases
 
