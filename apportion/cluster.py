@@ -132,6 +132,12 @@ class Cluster:
         return get_gpu(gpu_type)
 
     def capacity_by_type(self) -> dict[str, int]:
+        return dict(self._capacity)
+
+    @cached_property
+    def _capacity(self) -> dict[str, int]:
+        # read once: the candidates ask per job (1,336 walks over 5,120 nodes: 6 s of a
+        # 10,000-job round)
         c: Counter[str] = Counter()
         for n in self.nodes.values():
             c[n.gpu_type] += n.gpus
@@ -147,9 +153,17 @@ class Cluster:
     def gpu_memory_bytes(self, gpu_type: str) -> float | None:
         """The device memory a job may use on every GPU of ``gpu_type`` here, where a node
         group says less than the catalog (the smallest such node's); None where none does."""
-        said = [n.gpu_memory_gib for n in self._by_type.get(gpu_type, [])
-                if n.gpu_memory_gib is not None]
-        return min(min(said) * 2**30, get_gpu(gpu_type).memory_bytes) if said else None
+        return self._gpu_memory.get(gpu_type)
+
+    @cached_property
+    def _gpu_memory(self) -> dict[str, float | None]:
+        # read once: the candidates ask for every cell (a 10,000-job round on 20,480 GPUs
+        # asked 223,000 times, each a walk over a type's nodes: 36 s of its 60)
+        out: dict[str, float | None] = {}
+        for t, nodes in self._by_type.items():
+            said = [n.gpu_memory_gib for n in nodes if n.gpu_memory_gib is not None]
+            out[t] = min(min(said) * 2**30, get_gpu(t).memory_bytes) if said else None
+        return out
 
     def max_gpus_per_node(self, gpu_type: str) -> int:
         return self._max_per_node.get(gpu_type, 0)

@@ -239,7 +239,7 @@ class AnalyticEstimator(ParamsMixin):
             return None
         per_stage = cell.gpus // cell.stages
         max_tp = cluster.max_gpus_per_node(cell.gpu_type)
-        placement = _nominal_memo(cluster, cell.gpu_type, cell.gpus)
+        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
         if placement is None:
             return None
         model = get_model(job.model)
@@ -298,14 +298,6 @@ def stage_sums(model: ModelSpec, stages: int) -> tuple[StageSums, ...] | None:
     return memo[stages]
 
 
-def _nominal_memo(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
-    """:func:`nominal_placement` memoised on the cluster (treated as immutable once built)."""
-    memo = cluster.__dict__.setdefault("_nominal_memo", {})
-    key = (gpu_type, gpus)
-    if key not in memo:
-        memo[key] = nominal_placement(cluster, gpu_type, gpus)
-    p = memo[key]
-    return None if p is None else dict(p)
 
 
 @lru_cache(maxsize=1)
@@ -321,7 +313,18 @@ def shipped_efficiency(gpu_type: str) -> float:
 
 
 def nominal_placement(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
-    """The most consolidated placement of ``gpus`` GPUs of one type (fullest nodes first)."""
+    """The most consolidated placement of ``gpus`` GPUs of one type (fullest nodes first),
+    memoised on the cluster (treated as immutable once built): the candidates ask for it
+    per job and type, each a sort of the type's nodes (10 s of a 10,000-job round)."""
+    memo = cluster.__dict__.setdefault("_nominal_memo", {})
+    key = (gpu_type, gpus)
+    if key not in memo:
+        memo[key] = _nominal(cluster, gpu_type, gpus)
+    p = memo[key]
+    return None if p is None else dict(p)
+
+
+def _nominal(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | None:
     nodes = sorted(cluster.nodes_of_type(gpu_type), key=lambda n: (-n.gpus, n.name))
     out: dict[str, int] = {}
     left = gpus
