@@ -15,15 +15,26 @@ tensor-parallel groups, so TP groups never straddle nodes.
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Mapping
+from bisect import bisect_left, insort
+from collections.abc import Iterator, Mapping
 
 import networkx as nx
-
-from apportion.formulations.schema import (cells_of, group_vertices, is_current, job_node, jobs_in,
-                                           kind_of, member_nodes, name_of, node_vertices)
-from apportion.placement import consolidate
 from apportion.formulations.cells import CellChoice
+from apportion.formulations.schema import (
+    cells_of,
+    group_vertices,
+    is_current,
+    job_node,
+    jobs_in,
+    kind_of,
+    member_nodes,
+    name_of,
+    node_vertices,
+)
+
+from apportion.placement import consolidate
 
 
 def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
@@ -62,6 +73,67 @@ def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
     return consolidate(opts, need, tp)
 
 
+class FreeIndex:
+    """Each group vertex's nodes by their free GPUs (a sorted list of names per count), so
+    a cell that needs only GPUs is placed by looking at a few counts instead of every node
+    of its groups: :func:`place` walked all of them per trial (19 s of a 10,000-job round
+    on 20,480 GPUs). :meth:`place` answers exactly as :func:`place` does."""
+
+    def __init__(self, g: nx.DiGraph, free: Mapping[str, int]) -> None:
+        self.g = g
+        self.groups_of: dict[str, list[str]] = {}
+        self.buckets: dict[str, dict[int, list[str]]] = {}
+        for gv in group_vertices(g):
+            b: dict[int, list[str]] = {}
+            for nn in g.nodes[gv]["nodes"]:
+                b.setdefault(int(free.get(nn, 0)), []).append(nn)
+                self.groups_of.setdefault(nn, []).append(gv)
+            for names in b.values():
+                names.sort()
+            self.buckets[gv] = b
+
+    def moved(self, nn: str, before: int, after: int) -> None:
+        """Node ``nn``'s free GPUs went from ``before`` to ``after``."""
+        for gv in self.groups_of.get(nn, ()):
+            b = self.buckets[gv]
+            names = b[before]
+            del names[bisect_left(names, nn)]
+            if not names:
+                del b[before]
+            insort(b.setdefault(after, []), nn)
+
+    def place(self, succ: list[str], caps: list[int], need: int, tp: int
+              ) -> dict[str, int] | None:
+        """:func:`apportion.placement.consolidate` over every node of the groups ``succ``
+        (each capped at its edge's ``caps``), in whole ``tp`` groups."""
+        by_k: dict[int, list[list[str]]] = {}
+        for gv, cap in zip(succ, caps):
+            for f, names in self.buckets[gv].items():
+                k = min(cap, f)
+                k -= k % tp
+                if k > 0:
+                    by_k.setdefault(k, []).append(names)
+        fits = [k for k in by_k if k >= need]
+        if fits:  # the one node that holds it all with the fewest GPUs to spare (then name)
+            k = min(fits)
+            return {min(names[0] for names in by_k[k]): need}
+        if need % tp:
+            return None  # whole groups never add up to it
+        out: dict[str, int] = {}
+        for k in sorted(by_k, reverse=True):  # fullest first, then by name
+            merged: Iterator[str] = heapq.merge(*by_k[k]) if len(by_k[k]) > 1 \
+                else iter(by_k[k][0])
+            for nn in merged:
+                take = min(k, need)
+                take -= take % tp
+                if take > 0:
+                    out[nn] = take
+                    need -= take
+                if need == 0:
+                    return out
+        return None
+
+
 class Ledger:
     """Free GPUs, CPUs, host memory and quota while a heuristic places cells one by one."""
 
@@ -74,12 +146,15 @@ class Ledger:
         self.cpu = {n: float(d.get("cpus", float("inf"))) for n, d in nodes}
         self.mem = {n: float(d.get("host_memory_gib", float("inf"))) for n, d in nodes}
         self.quotas: dict[str, float] = dict(g.graph.get("quotas") or {})
+        self.index = FreeIndex(g, self.free)
 
     def take(self, cell: str, placement: dict[str, int], sign: int) -> None:
         """Book (+1) or release (-1) a cell's placement."""
         d = self.g.nodes[cell]
         for nn, k in placement.items():
-            self.free[nn] -= sign * k
+            before = self.free[nn]
+            self.free[nn] = before - sign * k
+            self.index.moved(nn, before, self.free[nn])
             self.gfree[self.group_of[nn]] -= sign * k
             self.cpu[nn] -= sign * k * float(d.get("cpus_per_gpu", 0.0))
             self.mem[nn] -= sign * k * float(d.get("host_mem_gib_per_gpu", 0.0))
@@ -89,10 +164,22 @@ class Ledger:
 
     def fit(self, cell: str) -> dict[str, int] | None:
         """Where the cell would go now (most consolidated), or None."""
-        t = self.g.nodes[cell].get("quota_tenant")
-        if t is not None and t in self.quotas and self.quotas[t] < int(self.g.nodes[cell]["gpus"]):
+        g = self.g
+        d = g.nodes[cell]
+        t = d.get("quota_tenant")
+        if t is not None and t in self.quotas and self.quotas[t] < int(d["gpus"]):
             return None
-        return place(self.g, cell, self.free, self.gfree, self.cpu, self.mem)
+        if float(d.get("cpus_per_gpu", 0.0)) > 0 or float(d.get("host_mem_gib_per_gpu", 0.0)) > 0:
+            return place(g, cell, self.free, self.gfree, self.cpu, self.mem)
+        succ = list(g.successors(cell))
+        if not all(kind_of(g, s) == "group" for s in succ):
+            return place(g, cell, self.free, self.gfree, self.cpu, self.mem)
+        need = int(d["gpus"])
+        if sum(self.gfree.get(s, 0) for s in succ) < need:
+            return None  # hopeless without looking at its nodes
+        tp = need if d.get("single_node") else int(d["tp"])
+        return self.index.place(succ, [int(g.edges[cell, s]["max_gpus"]) for s in succ],
+                                need, max(1, tp))
 
 
 def as_choices(chosen: dict[str, tuple[str, dict[str, int]]]) -> list[CellChoice]:
