@@ -251,6 +251,8 @@ class GreedyCells:
                 take(c0, p0, +1)
             pending = [j for j in jobs if j not in chosen and cells_of(g, j)]
             for jp in pending:  # (b) shrink one job to make room for a pending one
+                if budget[0] <= 0:  # (each pending job would copy every placed one to find it)
+                    break
                 jp_types = {g.nodes[c]["gpu_type"] for c in cells_of(g, jp)}
                 for jid, (c0, p0) in list(chosen.items()):
                     if budget[0] <= 0:
