@@ -25,8 +25,15 @@ def consolidate(options: Iterable[tuple[int, str]], need: int, unit: int = 1,
         single = [(k, n) for k, n in opts if k >= need]
         if single:
             return {min(single)[1]: need}
+    return fill_fullest(sorted(opts, key=lambda t: (-t[0], t[1])), need, unit)
+
+
+def fill_fullest(ordered: Iterable[tuple[int, str]], need: int, unit: int = 1
+                 ) -> dict[str, int] | None:
+    """``need`` GPUs taken in whole ``unit`` groups from ``(usable GPUs, node)`` options
+    already in :func:`consolidate`'s order (most usable first, then by name), or None."""
     out: dict[str, int] = {}
-    for k, n in sorted(opts, key=lambda t: (-t[0], t[1])):
+    for k, n in ordered:
         take = min(k, need)
         take -= take % unit
         if take > 0:

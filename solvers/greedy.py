@@ -34,7 +34,7 @@ from apportion.formulations.schema import (
     node_vertices,
 )
 
-from apportion.placement import consolidate
+from apportion.placement import consolidate, fill_fullest
 
 
 def place(g: nx.DiGraph, cell: str, free: Mapping[str, int],
@@ -119,19 +119,13 @@ class FreeIndex:
             return {min(names[0] for names in by_k[k]): need}
         if need % tp:
             return None  # whole groups never add up to it
-        out: dict[str, int] = {}
-        for k in sorted(by_k, reverse=True):  # fullest first, then by name
-            merged: Iterator[str] = heapq.merge(*by_k[k]) if len(by_k[k]) > 1 \
-                else iter(by_k[k][0])
-            for nn in merged:
-                take = min(k, need)
-                take -= take % tp
-                if take > 0:
-                    out[nn] = take
-                    need -= take
-                if need == 0:
-                    return out
-        return None
+
+        def ordered() -> Iterator[tuple[int, str]]:  # fullest first, then by name
+            for k in sorted(by_k, reverse=True):
+                for nn in heapq.merge(*by_k[k]):
+                    yield k, nn
+
+        return fill_fullest(ordered(), need, tp)
 
 
 class Ledger:
