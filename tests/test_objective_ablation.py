@@ -44,3 +44,24 @@ def test_the_table_pairs_each_variant_with_its_base_seed_by_seed(tmp_path: Path)
     assert "| seconds | every further term (the one quantity alone) | +0.0 ± 0.0 %" in text
     assert "| plus-pin | the pinned band (1.5 %-0.75 % quantiles) | - |" in text
     assert ab._paired({0: {"x": 1.0}}, {0: {"x": 1.5}}, "x") == pytest.approx((0.5, 0.0))
+
+
+def test_the_default_check_pairs_each_policy_of_a_row_seed_by_seed(tmp_path: Path) -> None:
+    """experiments/objective_default.py: every quality row's policies of apportion's, the
+    default against a candidate, per seed; each variant is a real objective."""
+    from apportion.experiments import objective_default as od
+
+    row = "gavel-mmf-oracle"  # apportion, apportion-plans and apportion-na; one seed
+    for variant, scale in (("apportion", 1.0), ("seconds-amortized", 0.9)):
+        for pol in od.ROWS[row].policies:
+            d = tmp_path / row / variant / f"{pol}-s0"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps(
+                {"avg_jct_s": 3600.0 * scale, "p99_jct_s": 7200.0, "avg_restarts": 1.0}))
+        (tmp_path / row / variant / "summary.csv").write_text("policy\n")
+    text = od.table(tmp_path, other="seconds-amortized")
+    for pol in od.ROWS[row].policies:
+        assert f"| {row} | {pol} | 1 | 1.000 | 2.00 | -10.00 % | +0.00 % | 1.00 / 1.00 |" in text
+    assert set(od.VARIANTS) >= {"apportion", "seconds"}
+    assert all(isinstance(v, ObjectiveOptions) for v in od.VARIANTS.values())
+    assert od.VARIANTS["seconds-amortized"].amortize_s == 1800.0

@@ -79,6 +79,24 @@ def test_with_speed_bounds_speed_beyond_the_reference_takes_the_speed_weight() -
     assert plain.nodes["L:fast"]["value"] == pytest.approx(wp)
 
 
+def test_speed_from_the_slowest_cell_weighs_every_difference_between_cells_as_speed() -> None:
+    """``speed_from="slowest"``: only the job's slowest cell's share is running at all (the
+    fairness weight); what any faster cell adds is speed (the speed weight), so a long
+    job's fast type is worth its own seconds below the reference rate too."""
+    jobs = [_job("L", iterations=20000), _job("S", iterations=500), _job("T", iterations=500)]
+    cells = {"L": {"fast": 4.0, "ref": 1.0, "slow": 0.5}, "S": {"fast": 4.0}, "T": {"fast": 4.0}}
+    g = _graph(cells, jobs)
+    apply_objective(g, jobs, 0.0, ObjectiveOptions.preset(
+        "seconds", speed_bounds=(0.7, 1.4), speed_from="slowest"))
+    w = g.nodes[job_node("L")]["jct_weight"]
+    v = g.nodes[job_node("L")]["speed_weight"]
+    assert g.nodes["L:slow"]["value"] == pytest.approx(w * 0.125)
+    assert g.nodes["L:ref"]["value"] == pytest.approx(w * 0.125 + v * 0.125)
+    assert g.nodes["L:fast"]["value"] == pytest.approx(w * 0.125 + v * 0.875)
+    with pytest.raises(ValueError, match="speed_from"):
+        ObjectiveOptions.preset("seconds", speed_from="fastest")
+
+
 def test_a_job_saves_at_most_the_time_it_has_left() -> None:
     """A job with 60 s left on its best cell saves 60 s of a 300-s round there (0.2 of a
     round), and on a cell half as fast 150 s of its work is still more than it has: also
