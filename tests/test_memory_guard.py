@@ -118,3 +118,26 @@ def test_a_bad_limit_is_refused_by_its_name(tmp_path: Path) -> None:
     res = runner.invoke(app, ["simulate", "--trace", str(_trace(tmp_path)), "--cluster",
                               "crius-1280", "--policy", "fcfs"], env={MEMORY_ENV: "lots"})
     assert res.exit_code == 2 and f"{MEMORY_ENV}: 'lots' is not a size" in res.output
+
+
+def test_solve_round_refuses_a_store_queue_it_cannot_hold_and_commits_nothing(
+        tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"name": "t", "node_groups": [
+        {"prefix": "a40", "count": 2, "gpu_type": "A40", "gpus_per_node": 4}]}))
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(yaml.safe_dump({"jobs": [
+        {"id": f"j{i}", "model": "bert-0.76b", "global_batch_size": 128, "iterations": 100,
+         "requested_gpus": 2} for i in range(3)]}))
+    db = tmp_path / "state.db"
+    assert runner.invoke(app, ["submit", str(jobs), "--state", str(db)]).exit_code == 0
+    out = tmp_path / "d.json"
+    _refused(["solve-round", "--state", str(db), "--cluster", str(cluster), "--json", str(out)],
+             "16MiB", str(db), "a round of 3 jobs")
+    assert not out.exists()
+    history = runner.invoke(app, ["history", "--state", str(db), "--json"])
+    assert json.loads(history.stdout)["rounds"] == []

@@ -35,6 +35,7 @@ from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision, Reason
 from apportion.errors import HostError, InputError
 from apportion.lifecycle import IllegalTransition
+from apportion.memory_guard import check_round_fits
 from apportion.store import (
     RoundLock,
     StateStore,
@@ -310,6 +311,8 @@ def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
                           None, store.path)
     now = time.time()
     eff = effective_cluster(store, cl, now)
+    # a queue the machine cannot hold a round of is refused (exit 2) before it is solved
+    check_round_fits(len(snap.jobs), eff.total_gpus, str(store.path), "jobs")
     committed: list[Any] = []
     from apportion.store_history import finished_jcts, job_histories
 
