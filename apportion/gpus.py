@@ -154,8 +154,29 @@ def gpu_product(name: str) -> str:
 
 
 def canonical_gpu_name(name: str) -> str:
-    """Canonical catalog name for a name or alias; raises :class:`CatalogError`."""
-    exact, loose = _alias_map()
+    """Canonical catalog name for a name or alias; raises :class:`CatalogError`.
+
+    Memoised (the catalog is fixed for the process): a round looks names up once per
+    estimate, thousands of times with a handful of names."""
+    global _CANONICAL
+    maps = _alias_map()
+    if _CANONICAL[0] is not maps:  # the catalog was read again (a test's, a plug-in's)
+        _CANONICAL = (maps, {})
+    if not isinstance(name, str):  # a wrong type from a file: the lookup's own message
+        return _canonical(name, maps)
+    memo = _CANONICAL[1]
+    hit = memo.get(name)
+    if hit is None:
+        hit = memo[name] = _canonical(name, maps)
+    return hit
+
+
+#: (the alias maps the memo was made from, name -> canonical name)
+_CANONICAL: tuple[object, dict[str, str]] = (None, {})
+
+
+def _canonical(name: str, maps: tuple[dict[str, str], dict[str, str]]) -> str:
+    exact, loose = maps
     norm = normalise_gpu_name(name)
     key = exact.get(str(name).lower()) or exact.get(norm) or loose.get(norm)
     if key is None:

@@ -165,10 +165,11 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         spec = catalog_model(job.model)
         layers = len(spec.layers) if spec is not None else 1
         cells: list[tuple[Cell, Any]] = []
+        tried, refused = 0, None
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
                 for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
-                    g.nodes[jn]["cells_tried"] = g.nodes[jn].get("cells_tried", 0) + 1
+                    tried += 1
                     cell = Cell(job.id, gpu_type, gpus, stages)
                     e = est.best_in_cell(job, cell, cluster)
                     if e is None or not fits_device(cluster, gpu_type, e):
@@ -176,8 +177,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                     why = accept(job, e.plan) if accept is not None else None
                     if why is None:
                         cells.append((cell, e))
-                    else:
-                        g.nodes[jn].setdefault("refused_plan", why)
+                    elif refused is None:
+                        refused = why
+        attrs = g.nodes[jn]
+        if tried:
+            attrs["cells_tried"] = tried
+        if refused is not None:
+            attrs["refused_plan"] = refused
         if job.running is not None:
             cur = _current_cell(job, cluster, est)
             if cur is not None:
@@ -334,23 +340,20 @@ def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluste
         single = c.gpus <= cluster.max_gpus_per_node(c.gpu_type)
         return c.gpus if single else int(e.plan.tp)
 
-    by_size: dict[tuple[str, int], list[tuple[Cell, Any, int]]] = {}
-    for c, e in cells:
-        if not job.is_current(c):
-            by_size.setdefault((c.gpu_type, c.gpus), []).append((c, e, unit(c, e)))
+    # each cell's facts once: a job has a few dozen cells, compared pairwise within a size
+    rows = [(c, e, job.is_current(c), unit(c, e), e.throughput) for c, e in cells]
+    by_size: dict[tuple[str, int], list[tuple[Cell, int, float]]] = {}
+    for c, _, current, u, tput in rows:
+        if not current:
+            by_size.setdefault((c.gpu_type, c.gpus), []).append((c, u, tput))
     keep: list[tuple[Cell, Any]] = []
-    for c, e in cells:
-        if job.is_current(c):
-            keep.append((c, e))
+    for c, e, current, u, tput in rows:
+        if not current and any(
+                o is not c and u % ou == 0
+                and (ot > tput or (ot == tput and (o.stages, ou) < (c.stages, u)))
+                for o, ou, ot in by_size[(c.gpu_type, c.gpus)]):
             continue
-        u = unit(c, e)
-        dominated = any(
-            o is not c and u % ou == 0
-            and (oe.throughput > e.throughput or (oe.throughput == e.throughput and
-                                                  (o.stages, ou) < (c.stages, u)))
-            for o, oe, ou in by_size[(c.gpu_type, c.gpus)])
-        if not dominated:
-            keep.append((c, e))
+        keep.append((c, e))
     return keep
 
 

@@ -94,7 +94,7 @@ class HighsBackend:
         h.setOptionValue("threads", self.threads)
         h.setOptionValue("presolve", self.presolve)
         n = model.num_vars
-        lp = highs_lp(model, model.matrix().tocsc())
+        lp = highs_lp(model, model.columns())
         if any(model.integer):
             lp.integrality_ = [
                 highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous

@@ -188,7 +188,7 @@ def fill(model: LinearModel, x: np.ndarray, tol: float = 1e-6) -> tuple[np.ndarr
     free = ints & (gain > 0) & (x + 1.0 <= np.asarray(model.ub, float) + tol)
     if not free.any():
         return x, 0
-    csc = model.matrix().tocsc()
+    csc = model.columns()
     act = model.activity(x)
     lo, hi = model.row_bounds()
     new = act[csc.indices] + csc.data

@@ -188,23 +188,25 @@ class AnalyticEstimator(ParamsMixin):
         dp_t = [allreduce_time(st.params / tp * 2.0, dp, dp_link) for st in sums]
         tp_alpha = 4 * 2 * (tp - 1) * intra.alpha_s if tp > 1 else 0.0
         tp_beta = 4 * 2 * (tp - 1) / tp / intra.bytes_per_s if tp > 1 else 0.0
+        # the fewest micro-batches whose activations fit (doubling), then the stages' times
+        # at that count: only the memory depends on the search
+        acts = [st.ckpt_acts if plan.checkpointing else st.acts for st in sums]
+        top_b = max(1, int(per_replica))
         while True:
             mb = per_replica / B
-            stage_t, stage_comm, stage_mem = [], [], []
-            for s, st in enumerate(sums):
-                comp = recompute * st.flops * mb / (tp * peak * eff)
-                # sum over the stage's layers of 4 ring all-reduces of each output (o * mb bytes)
-                tpc = st.out_layers * tp_alpha + tp_beta * st.outs * mb if tp > 1 else 0.0
-                recv = 2 * p2p_time(st.boundary * mb, outer) if s > 0 else 0.0
-                stage_t.append(comp + tpc + recv)
-                stage_comm.append(recv)
-                act = st.acts if not plan.checkpointing else st.ckpt_acts
-                inflight = min(B, S - s)
-                stage_mem.append(st.params / tp * state_bytes + act * mb / tp * inflight)
-            peak_mem = max(stage_mem)
-            if peak_mem <= usable or B >= min(self.max_micro_batches, max(1, int(per_replica))):
+            peak_mem = max(st.params / tp * state_bytes + act * mb / tp * min(B, S - s)
+                           for s, (st, act) in enumerate(zip(sums, acts)))
+            if peak_mem <= usable or B >= min(self.max_micro_batches, top_b):
                 break
-            B = min(B * 2, max(1, int(per_replica)))
+            B = min(B * 2, top_b)
+        stage_t, stage_comm = [], []
+        for s, st in enumerate(sums):
+            comp = recompute * st.flops * mb / (tp * peak * eff)
+            # sum over the stage's layers of 4 ring all-reduces of each output (o * mb bytes)
+            tpc = st.out_layers * tp_alpha + tp_beta * st.outs * mb if tp > 1 else 0.0
+            recv = 2 * p2p_time(st.boundary * mb, outer) if s > 0 else 0.0
+            stage_t.append(comp + tpc + recv)
+            stage_comm.append(recv)
         pipeline = sum(stage_t) + (B - 1) * max(t - c for t, c in zip(stage_t, stage_comm))
         max_params = max(st.params for st in sums) / tp
         opt_step = 16.0 * max_params / (gpu.hbm_GBps * 1e9)
