@@ -53,6 +53,7 @@ leaves out a cell that still does not fit: a valid, slightly worse answer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -319,9 +320,23 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         free = {nn: cap_of(nn) + freed.get(name_of(nn), 0)
                 for members in classes for nn in members}
 
-        def pack(cn: str, tp: int, groups: int, nodes: list[str]) -> int:
-            """First fit of ``groups`` units of ``tp`` GPUs on ``nodes``; the units left."""
-            for nn in nodes:
+        # per (class, unit): the first node that may still take a unit. First fit fills a
+        # class's nodes from the front and, while the classes are packed, free GPUs only
+        # fall, so a node before it never takes one again: skipping them is the same first
+        # fit, without walking a 20,480-GPU cluster's full nodes for every cell
+        first: dict[tuple[int, int], int] = {}
+
+        def pack(cn: str, tp: int, groups: int, nodes: list[str],
+                 key: tuple[int, int] | None = None) -> int:
+            """First fit of ``groups`` units of ``tp`` GPUs on ``nodes``; the units left.
+            ``key`` (class, unit): the nodes only lose free GPUs until the next call with
+            the same key (see ``first``)."""
+            i = first.get(key, 0) if key is not None else 0
+            while i < len(nodes) and free[nodes[i]] < tp:
+                i += 1
+            if key is not None:
+                first[key] = i
+            for nn in itertools.islice(nodes, i, None):
                 if groups == 0:
                     break
                 fit = min(groups, free[nn] // tp)
@@ -338,7 +353,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                       for kk, y, tp, mult in place_cols[cn] if kk == k and round(xv[y]) > 0]
             # first-fit decreasing by TP size, then by cell size: exact for divisible sizes
             for tp, groups, cn in sorted(demand, key=lambda t: (-t[0], -t[1], t[2])):
-                groups = pack(cn, tp, groups, members)
+                groups = pack(cn, tp, groups, members, (k, tp))
                 if groups and not reuse:
                     raise DecodeError(f"class {k} could not pack {cn}: aggregation not exact")
                 if groups:
