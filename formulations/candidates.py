@@ -272,23 +272,30 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
     before = len(cells)
     cells = prune_dominated(job, cells, cluster)
     g.nodes[jn]["pruned_cells"] = before - len(cells)
+    # the job's vertices and edges in one call each (networkx clears its caches per call),
+    # in the order one call per vertex and edge would add them
+    vertices: list[tuple[str, dict[str, Any]]] = []
+    edges: list[tuple[str, str, dict[str, Any]]] = []
     for cell, e in cells:
         current = job.is_current(cell)
         cn = cell.node_id
         norm = e.throughput / ref
-        g.add_node(cn, kind="cell", job=job.id, gpu_type=cell.gpu_type, gpus=cell.gpus,
-                   stages=cell.stages, dp=e.plan.dp, tp=e.plan.tp,
-                   micro_batches=e.plan.micro_batches, est_throughput=e.throughput,
-                   iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
-                   bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
-                   current=current)
+        attrs = dict(kind="cell", job=job.id, gpu_type=cell.gpu_type, gpus=cell.gpus,
+                     stages=cell.stages, dp=e.plan.dp, tp=e.plan.tp,
+                     micro_batches=e.plan.micro_batches, est_throughput=e.throughput,
+                     iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
+                     bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
+                     current=current)
         if e.plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
-            g.nodes[cn]["plan"] = e.plan
-        g.add_edge(jn, cn)
+            attrs["plan"] = e.plan
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
-        g.nodes[cn]["single_node"] = single
-        attach_cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
-                          job.running.placement if (current and job.running) else None)
+        attrs["single_node"] = single
+        vertices.append((cn, attrs))
+        edges.append((jn, cn, {}))
+        edges += cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
+                            job.running.placement if (current and job.running) else None)
+    g.add_nodes_from(vertices)
+    g.add_edges_from(edges)
 
 
 def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
@@ -308,22 +315,34 @@ def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
 def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
                       single: bool, pinned: dict[str, int] | None) -> None:
     """Cell -> group edges (or cell -> node edges for a running job's present placement)."""
+    g.add_edges_from(cell_edges(g, cn, cluster, gpu_type, gpus, tp, single, pinned))
+
+
+def cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
+               single: bool, pinned: dict[str, int] | None
+               ) -> list[tuple[str, str, dict[str, Any]]]:
+    """The edges :func:`attach_cell_edges` adds, in its order."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
     if pinned:
         for name, k in pinned.items():  # keep means: exactly where it runs
             if name in cluster.nodes and cluster.nodes[name].gpu_type == gpu_type:
                 cap = min(k, cluster.nodes[name].gpus, gpus)
                 if cap - cap % tp > 0:
-                    g.add_edge(cn, node_node(name), max_gpus=cap - cap % tp)
-        return
+                    out.append((cn, node_node(name), {"max_gpus": cap - cap % tp}))
+        return out
     unit = gpus if single else tp
     for grp in cluster.groups:
         gv = group_node(grp.prefix)
-        if grp.gpu_type != gpu_type or grp.gpus_per_node < unit or not g.nodes[gv]["nodes"]:
+        if grp.gpu_type != gpu_type or grp.gpus_per_node < unit:
+            continue
+        members = g.nodes[gv]["nodes"]
+        if not members:
             continue
         per_node = grp.gpus_per_node - grp.gpus_per_node % tp
-        cap = min(len(g.nodes[gv]["nodes"]) * per_node, gpus)
+        cap = min(len(members) * per_node, gpus)
         if cap - cap % tp > 0:
-            g.add_edge(cn, gv, max_gpus=cap - cap % tp)
+            out.append((cn, gv, {"max_gpus": cap - cap % tp}))
+    return out
 
 
 def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster

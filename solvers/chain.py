@@ -79,7 +79,7 @@ from typing import Any
 import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
-from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
+from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter, time_share
 from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
 from apportion.solvers.persistent import HighsSession
 
@@ -189,7 +189,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             # with a work budget the clock is a safety stop, but a backend that cannot
             # count its work (SCIP) keeps its share of the time
             counted = work_s is not None and hasattr(be, "work_s")
-            res = be.solve(model, left if counted else share(names, i, left))
+            res = be.solve(model, left if counted else time_share(names, i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
             res = SolveResult(be.name, Status.ERROR, message=f"raised {exc!r}")

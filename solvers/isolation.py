@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
-from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter
+from apportion.solvers.chain_rules import better, for_chain, skipped, tighter, time_share
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def chain_child_main() -> None:
             continue
         _send(answer, ("start", name))
         try:
-            res = for_chain(resolve_backend(spec), gap).solve(model, share(names, i, left))
+            res = for_chain(resolve_backend(spec), gap).solve(model, time_share(names, i, left))
         except BaseException as exc:  # noqa: BLE001 - back to the parent as data
             _send(answer, ("raised", name, repr(exc), traceback.format_exc(limit=8)))
             continue

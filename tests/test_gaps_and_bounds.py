@@ -10,7 +10,9 @@ from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.rates import EstimatorRates
 from apportion.experiments.harness import run_one
 from apportion.solvers.base import SolveResult, Status
-from apportion.solvers.chain_rules import tighter
+from apportion.solvers.chain_rules import LP_ALL_BELOW_S, share, tighter, time_share
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.jobs import JobSpec
@@ -78,3 +80,19 @@ def test_an_lp_relaxations_bound_counts_without_an_answer() -> None:
                          extra={"relaxation": True})
     assert tighter(None, failed, "max") == 7.0
     assert tighter(None, SolveResult("highs", Status.ERROR, None, None, 7.0), "max") is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.0, 30.0, allow_nan=False), st.sampled_from(
+    [("lp-round", "highs"), ("lp-round", "highs", "cp-sat"), ("highs", "lp-round", "highs")]))
+def test_a_short_remainder_goes_to_lp_rounding_on_the_clock(left: float, names: tuple) -> None:
+    """On the clock LP rounding may take all of a remainder under ``LP_ALL_BELOW_S`` (a HiGHS
+    after it could not finish the same relaxation either); otherwise, and always for a work
+    budget, the split is :func:`share`'s."""
+    for i, name in enumerate(names):
+        got = time_share(names, i, left)
+        if name == "lp-round" and left < LP_ALL_BELOW_S:
+            assert got == left
+        else:
+            assert got == share(names, i, left)
+        assert 0.0 <= got <= left
