@@ -38,6 +38,7 @@ from apportion.experiments import traces as tr
 from apportion.experiments.plots import write_plots, write_summary_markdown
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
+from apportion.batch_gc import for_batch_work
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import load_tenants, resolve_cluster
 from apportion.errors import InputError
@@ -363,7 +364,8 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
 
         with Progress(desc, total=total, unit="jobs finished", heartbeat=True,
                       enabled=show_progress) as prog, \
-                ProcessPoolExecutor(nproc, mp_context=ctx) as pool:
+                ProcessPoolExecutor(nproc, mp_context=ctx,
+                                    initializer=for_batch_work) as pool:
             futures = {pool.submit(_worker, (trace, cluster, p, profile, s,
                                              (policy_options or {}).get(p, {}),
                                              sim_options or {}, window_days, max_jobs,

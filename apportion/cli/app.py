@@ -8,7 +8,6 @@ line (exit 1) with the traceback only under ``-v``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import sqlite3
 import sys
@@ -20,6 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from apportion import __version__
+from apportion.batch_gc import for_batch_work
 from apportion.cli import (
     cmd_bench,
     cmd_catalog,
@@ -149,14 +149,6 @@ export_app.command("kueue")(cmd_ops.export_kueue_cmd)
 export_app.command("slurm")(cmd_ops.export_slurm_cmd)
 
 
-#: the cyclic collector's thresholds for a command's run: a round builds a graph of a
-#: hundred thousand vertices (and a replay thousands of them), which the default (700, 10,
-#: 10) scans over and over as it grows: 2.4 s of a 10,000-job round's 13 s, reading its
-#: jobs file included, against 0.5 s with these. Garbage without cycles goes at once
-#: either way; cycles are collected, less often.
-GC_THRESHOLDS = (100_000, 50, 100)
-
-
 def main() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
+    for_batch_work()
     app(prog_name="apportion")

@@ -1,0 +1,26 @@
+"""The cyclic garbage collector's settings for a process that does batch work.
+
+A round builds a graph of a hundred thousand vertices (and a replay thousands of such
+graphs, one per round) out of objects that live until the round ends and hold no cycles.
+Python's default thresholds (700, 10, 10) scan them again and again as they grow: 2.4 s
+of a 10,000-job round's 13 s (reading its jobs file included) and 20 s of 270 CPU-s of a
+150-round replay, against 0.5 s and 3.9 s with :data:`GC_THRESHOLDS`, the same answers.
+Garbage without cycles is freed at once either way; cycles are collected, less often.
+The command line sets it for every command, and ``compare`` for its worker processes;
+a library user's process keeps its own settings.
+"""
+
+from __future__ import annotations
+
+import gc
+
+GC_THRESHOLDS = (100_000, 50, 100)
+
+
+def for_batch_work() -> None:
+    """Collect cycles every 100,000 allocations net (not 700), and the older generations
+    50 and 100 times less often than that."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+__all__ = ["GC_THRESHOLDS", "for_batch_work"]
