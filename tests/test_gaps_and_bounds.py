@@ -96,3 +96,30 @@ def test_a_short_remainder_goes_to_lp_rounding_on_the_clock(left: float, names: 
         else:
             assert got == share(names, i, left)
         assert 0.0 <= got <= left
+
+
+def test_sia_without_an_answer_keeps_the_running_jobs_and_says_so(monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """Sia's ILP that finds nothing in its limit (a real HiGHS given no time: a 10,000-job
+    round under load hit this) keeps every running job where it is and reports a fallback;
+    it never claims an answer, and never stops the running jobs."""
+    import dataclasses
+
+    import apportion.policies.sia as sia_mod
+    from apportion.jobs import RunningState
+
+    first = run_round(CL, _queue(), 100.0, RoundConfig(), policy=make_policy("sia")).decision
+    assert first.allocations and not first.report.fallback
+    where = {a.job: a for a in first.allocations}
+    queue = [dataclasses.replace(j, running=RunningState(
+        where[j.id].gpu_type, where[j.id].gpus, where[j.id].stages,
+        dict(where[j.id].placement), where[j.id].plan.tp)) if j.id in where else j
+        for j in _queue()]
+    real = sia_mod.milp
+    monkeypatch.setattr(sia_mod, "milp", lambda *a, **kw: real(*a, **{**kw, "options": {
+        **kw.get("options", {}), "time_limit": 0.0}}))
+    d = run_round(CL, queue, 400.0, RoundConfig(), policy=make_policy("sia")).decision
+    assert d.report.status == "fallback" and d.report.fallback
+    assert "no answer" in d.report.fallback_reason and d.report.objective is None
+    kept = {a.job: (a.gpu_type, a.gpus, a.placement) for a in d.allocations}
+    assert kept == {j: (a.gpu_type, a.gpus, a.placement) for j, a in where.items()}

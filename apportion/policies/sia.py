@@ -88,10 +88,25 @@ class SiaLike:
         left = max(0.01, self.time_limit_s - (time.perf_counter() - t0))
         res = milp(c, constraints=LinearConstraint(A, -np.inf, ub), integrality=np.ones(n),
                    bounds=Bounds(0, 1), options={"time_limit": left})
-        x = res.x if res.x is not None else np.zeros(n)
-        pick = [(cols[i][0], cols[i][1], cols[i][2], cols[i][4]) for i in range(n) if x[i] > 0.5]
         pk = Packer(state.cluster)
         chosen: dict[str, Choice] = {}
+        if res.x is None:
+            # no answer in the limit (HiGHS's presolve and search on a 10,000-job round under
+            # load): every running job stays where it is and the queue waits a round, said
+            # as a fallback; an empty answer would stop every running job
+            for js in state.jobs:
+                a = js.alloc
+                if a is not None and pk.fits(a.placement):
+                    pk.take(a.placement)
+                    chosen[js.id] = Choice(a.gpu_type, a.gpus, dict(a.placement), js.est_rate,
+                                           a.plan, js.plan_code)
+            rep = SolveReport("highs-milp", "fallback", None, None, None,
+                              time.perf_counter() - t0, True,
+                              fallback_reason=f"the ILP found no answer in {left:.2f} s "
+                              f"({res.message}); the running jobs kept")
+            return build_decision(state, chosen, self.name, t0, reasons, rep)
+        pick = [(cols[i][0], cols[i][1], cols[i][2], cols[i][4]) for i in range(n)
+                if res.x[i] > 0.5]
         for js, t, g, dp in pick:
             a = js.alloc
             if a is not None and a.gpu_type == t and a.gpus == g and pk.fits(a.placement):
