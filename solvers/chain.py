@@ -12,8 +12,9 @@ The budget is split so the chain answers well when time is short:
   with LP relaxation and rounding (``lp-round``): a near-optimal answer and a
   bound in a small share of the budget (the cell model is a multiple-choice
   knapsack whose relaxation is near-integral); it may use at most
-  ``LP_SHARE`` of what is left; then HiGHS's branch and bound from that answer
-  with everything left;
+  ``LP_SHARE`` of what is left (all of a remainder under ``LP_ALL_BELOW_S`` on the
+  clock: a HiGHS after it could not finish the same relaxation either); then HiGHS's
+  branch and bound from that answer with everything left;
 * on smaller models at a tolerance below ``LP_FIRST_GAP`` (``AUTO_ORDER``)
   ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE`` of the budget
   (most rounds are proved optimal well inside it), then LP rounding, then
