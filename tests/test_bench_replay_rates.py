@@ -120,6 +120,9 @@ def test_cli_scores_a_small_trace_and_repeats_exactly(shared_data: Path, tmp_pat
     assert r.exit_code == 0, r.output
     for e in ALL:
         assert f"| gavel-max-min-fairness | {e} |" in r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("|")]
+    assert len(rows) == 3 * (2 + len(ALL))  # three tables, each unwrapped
+    assert all(ln.endswith("|") for ln in rows)
     res = json.loads((tmp_path / "a.json").read_text())
     (row,) = res["traces"]
     assert row["jobs"] == 10 and row["seeds"] == 2 and set(row["estimators"]) == set(ALL)

@@ -231,6 +231,7 @@ def bench_rates_cmd(
         res = rr.run(traces, ests, seeds, max_jobs, profile_noise, cluster, cache,
                      progress=lambda i, n, t: prog.update(i, n))
     if not outputs.is_stdout(json_out):
-        stdout_console().print(rr.markdown(res), markup=False, highlight=False)
+        # soft_wrap: a markdown table's rows are wider than a pipe's 200 columns
+        stdout_console().print(rr.markdown(res), markup=False, highlight=False, soft_wrap=True)
     if json_out:
         outputs.write_json(json_out, res, "--json")
