@@ -68,6 +68,9 @@ COMMANDS: dict[str, tuple[str, Any]] = {
     "compare --cluster": ("cluster", lambda f, e: [
         "compare", "--trace", "philly", "--cluster", f, "--policies", "fcfs", "--out",
         e["results"]]),
+    "bench rates --cluster": ("cluster", lambda f, e: [
+        "bench", "rates", "--trace", "gavel-max-min-fairness", "--cluster", f, "--json",
+        e["out"]]),
     "solve-shards --units": ("units", lambda f, e: [
         "solve-shards", "--units", f, "--json", e["out"]]),
     "solve-finetune --tasks": ("tasks", lambda f, e: [
@@ -254,7 +257,8 @@ def test_every_command_is_classified() -> None:
     """A new command must be added to COMMANDS (it reads input) or NO_INPUT_FILE."""
     names = {c.name for c in app.registered_commands} | \
         {f"bench {c.name}" for c in bench_app.registered_commands}
-    tested = {cmd.split()[0] for cmd in COMMANDS}
+    tested = {" ".join(cmd.split()[:2]) if cmd.startswith("bench ") else cmd.split()[0]
+              for cmd in COMMANDS}
     unclassified = {n for n in names if n not in tested and n not in NO_INPUT_FILE}
     assert not unclassified, f"classify these commands in tests/test_bad_inputs.py: {unclassified}"
 

@@ -57,7 +57,7 @@ def pages_text(root: Path) -> str:
                                  if str(p.relative_to(root)) not in PAGES)
     return "\n".join((root / n).read_text() for n in names if (root / n).exists())
 NEEDS_DATA = ("apportion simulate", "apportion compare", "apportion bench sim",
-              "apportion bench estimate")
+              "apportion bench estimate", "apportion bench rates")
 
 
 _FINDER = '''"""apportion and its areas come from a fresh clone (tests/test_readme_commands.py)."""

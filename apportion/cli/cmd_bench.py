@@ -172,3 +172,66 @@ def bench_round_cmd(
         stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:
         outputs.write_json(json_out, rows, "--json")
+
+
+def bench_rates_cmd(
+    trace: Optional[list[str]] = typer.Option(None, "--trace", autocompletion=complete.traces,
+                                              help="a quality-table family (crius-venus, "
+                                              "crius-pai, philly-d1/4/7/10/13, morphling-base/"
+                                              "bp/mt, gavel-max-min-fairness, "
+                                              "elasticflow-philly, fm-1-roberta-base), "
+                                              "philly-dN, a bundled trace or a file "
+                                              "(repeatable; default: every family)"),
+    estimator: Optional[list[str]] = typer.Option(None, "--estimator",
+                                                  autocompletion=complete.estimators,
+                                                  help="repeatable (default: analytic, crius, "
+                                                  "morphling, tables)"),
+    seeds: int = typer.Option(3, "--seeds", help="profile-noise seeds 0 .. N-1 (each also "
+                              "the replay seed a raw trace is adapted with)"),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs",
+                                           help="the first N jobs of each trace"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", autocompletion=complete.clusters,
+                                          help="every trace on this cluster (default: the "
+                                          "cluster its quality-table row used)"),
+    profile_noise: float = typer.Option(0.1, "--profile-noise",
+                                        help="sigma of the profiles' log-normal noise"),
+    cache: Optional[Path] = typer.Option(None, "--cache", file_okay=False,
+                                         help="keep the scaling models' rates in this folder "
+                                         "between runs (Crius's cell estimator takes minutes "
+                                         "on Crius's cluster); delete it when an estimator "
+                                         "changes"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the result JSON here (- for stdout)"),
+) -> None:
+    """Accuracy of the estimated mode's rates per estimator, on the cells a policy is offered."""
+    import math
+
+    from apportion.console import Progress
+    from apportion.experiments.bench import replay_rates as rr
+    from apportion.experiments.harness import cluster_from_arg
+    from apportion.inputs import check_count
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        check_count(seeds, "--seeds", maximum=rr.MAX_SEEDS)
+        if max_jobs is not None:
+            check_count(max_jobs, "--max-jobs", maximum=10**7)
+        if not (math.isfinite(profile_noise) and 0.0 <= profile_noise <= 2.0):
+            raise InputError("--profile-noise", "profile_noise",
+                             f"must be a number from 0 to 2, got {profile_noise}")
+        if cluster is not None:
+            cluster_from_arg(cluster)
+        if cache is not None and cache.exists() and not cache.is_dir():
+            raise InputError("--cache", "cache", f"{cache} is not a folder")
+        ests = rr.check_estimators(estimator)
+        traces = rr.check_traces(trace)
+        for t in traces:  # a trace the harness cannot replay is named before any work
+            rr.load_setting(t, 0, cluster, 1)
+    with Progress("bench rates", total=len(traces), heartbeat=True) as prog:
+        res = rr.run(traces, ests, seeds, max_jobs, profile_noise, cluster, cache,
+                     progress=lambda i, n, t: prog.update(i, n))
+    if not outputs.is_stdout(json_out):
+        # soft_wrap: a markdown table's rows are wider than a pipe's 200 columns
+        stdout_console().print(rr.markdown(res), markup=False, highlight=False, soft_wrap=True)
+    if json_out:
+        outputs.write_json(json_out, res, "--json")
