@@ -42,6 +42,8 @@ quality tables' traces, the rest of a full run about a minute and a half.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
@@ -281,8 +283,6 @@ class ScalingCache:
 
     @staticmethod
     def cluster_key(cluster: Any) -> str:
-        import hashlib
-
         nodes = sorted((n.name, n.gpu_type, n.gpus, n.intra_link, n.intra_bandwidth_GBps,
                         n.inter_bandwidth_GBps) for n in cluster.nodes.values())
         return hashlib.blake2b(repr(nodes).encode(), digest_size=6).hexdigest()
@@ -292,8 +292,6 @@ class ScalingCache:
             self.folder / f"replay-rates-{key[0]}-{key[1]}.json"
 
     def get(self, estimator: str, cluster: Any) -> Any:
-        import json
-
         from apportion.estimation.rates import EstimatorRates
         from apportion.estimation.registry import make_estimator
 
@@ -318,8 +316,6 @@ class ScalingCache:
         return out
 
     def save(self) -> None:
-        import json
-
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
