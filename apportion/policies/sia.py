@@ -95,11 +95,7 @@ class SiaLike:
             # load): every running job stays where it is and the queue waits a round, said
             # as a fallback; an empty answer would stop every running job
             for js in state.jobs:
-                a = js.alloc
-                if a is not None and pk.fits(a.placement):
-                    pk.take(a.placement)
-                    chosen[js.id] = Choice(a.gpu_type, a.gpus, dict(a.placement), js.est_rate,
-                                           a.plan, js.plan_code)
+                _keep(js, pk, chosen)
             rep = SolveReport("highs-milp", "fallback", None, None, None,
                               time.perf_counter() - t0, True,
                               fallback_reason=f"the ILP found no answer in {left:.2f} s "
@@ -109,9 +105,8 @@ class SiaLike:
                 if res.x[i] > 0.5]
         for js, t, g, dp in pick:
             a = js.alloc
-            if a is not None and a.gpu_type == t and a.gpus == g and pk.fits(a.placement):
-                pk.take(a.placement)
-                chosen[js.id] = Choice(t, g, dict(a.placement), js.est_rate, a.plan, js.plan_code)
+            if a is not None and a.gpu_type == t and a.gpus == g:
+                _keep(js, pk, chosen)
         for js, t, g, dp in sorted(pick, key=lambda p: -p[2]):
             if js.id in chosen:
                 continue
@@ -124,6 +119,15 @@ class SiaLike:
                           float(-res.fun) if res.fun is not None else None, *_ilp_bound(res),
                           time.perf_counter() - t0, False)
         return build_decision(state, chosen, self.name, t0, reasons, rep)
+
+
+def _keep(js: Any, pk: Packer, chosen: dict[str, Choice]) -> None:
+    """``js`` where it runs now, if its placement is still free."""
+    a = js.alloc
+    if a is not None and pk.fits(a.placement):
+        pk.take(a.placement)
+        chosen[js.id] = Choice(a.gpu_type, a.gpus, dict(a.placement), js.est_rate, a.plan,
+                               js.plan_code)
 
 
 def _ilp_bound(res: Any) -> tuple[float | None, float | None]:
