@@ -143,11 +143,16 @@ class ProfiledRates:
             (g1, r1), (g2, r2) = refs[0], refs[-1]
             exp = min(1.0, max(0.0, math.log(r2 / r1) / math.log(g2 / g1)))
             return r2 * (gpus / g2) ** exp
-        g0, r0 = min(refs, key=lambda x: abs(math.log(gpus / x[0])))
-        here, there = self.model_rate(js, gpu_type, gpus), self.model_rate(js, gpu_type, g0)
-        if here <= 0 or there <= 0:
+        here = self.model_rate(js, gpu_type, gpus)
+        if here <= 0:
             return 0.0
-        return r0 * here / there * self._spread_factor(js, gpu_type, gpus, placement)
+        # the nearest profiled count the model also runs: a count measured running that the
+        # model thinks does not fit is no reference for a ratio, but the other point still is
+        for g0, r0 in sorted(refs, key=lambda x: abs(math.log(gpus / x[0]))):
+            there = self.model_rate(js, gpu_type, g0)
+            if there > 0:
+                return r0 * here / there * self._spread_factor(js, gpu_type, gpus, placement)
+        return 0.0
 
 
 def rate_source(information: str, truth: Any, cluster: Cluster, seed: int = 0,

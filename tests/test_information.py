@@ -164,3 +164,31 @@ def test_estimated_mode_takes_every_estimator_auto_as_its_tables() -> None:
     for name in ("analytic", "crius", "morphling"):
         _, pr = _views(truth, cl, sigma=0.1, seed=4, estimator=name)
         assert pr.scaling is not None and pr.rate(jobs[0], cl.gpu_types[0], 3) >= 0
+
+
+class _NoOneGpu(ProfiledRates):
+    """A scaling model that finds no plan on one GPU (Morphling's, for a large model)."""
+
+    def model_rate(self, js, gpu_type, gpus, placement=None):  # type: ignore[override]
+        return 0.0 if gpus == 1 else super().model_rate(js, gpu_type, gpus, placement)
+
+
+@given(st.integers(0, 7), st.sampled_from([2, 3]))
+@settings(max_examples=30, deadline=None)
+def test_a_profiled_point_the_model_cannot_run_is_not_the_reference(i: int, gpus: int) -> None:
+    """A count between the profiled points is scaled from the nearest point the model runs:
+    when the model finds no 1-GPU plan although one GPU was measured running, 2 GPUs are still
+    scaled from the request (it used to be called unrunnable)."""
+    cl = small_cluster()
+    truth = AnalyticTruth(cl)
+    jobs = [JobState(_spec(j), trace=j) for j in _trace().jobs]
+    pr = _NoOneGpu(truth, cl, sigma=0.0, estimator="analytic")
+    js = jobs[i % len(jobs)]
+    for t in cl.gpu_types:
+        req = int(js.spec.requested_gpus)
+        if not (gpus < req <= cl.capacity_by_type()[t]):
+            continue
+        here, there = pr.model_rate(js, t, gpus), pr.model_rate(js, t, req)
+        measured = pr.measured(js, t, req)
+        expected = measured * here / there if here > 0 and there > 0 and measured > 0 else 0.0
+        assert pr.rate(js, t, gpus) == pytest.approx(expected)
