@@ -8,6 +8,7 @@ writes the paired table: each policy's change of the average and p99 JCT, mean o
 of the per-seed relative change with its 95 % half-width.
 
     python experiments/objective_default.py run --out DIR [--rows a,b] [--variants p,q]
+        [--estimator auto]
     python experiments/objective_default.py table --out DIR [--against V] > default_check.md
 
 ``run`` skips a (row, variant) already written, so it resumes; several ``run`` processes
@@ -90,7 +91,7 @@ VARIANTS: dict[str, ObjectiveOptions] = {
 }
 
 
-def run(out: Path, rows: list[str], variants: list[str]) -> None:
+def run(out: Path, rows: list[str], variants: list[str], estimator: str = "analytic") -> None:
     for row_name in rows:
         row = ROWS[row_name]
         for name in variants:
@@ -101,7 +102,8 @@ def run(out: Path, rows: list[str], variants: list[str]) -> None:
             compare(row.trace, row.cluster, list(row.policies), row.seeds,
                     out=out / row_name, run=name, profile=row.profile, workers=1,
                     policy_options={p: {"objective": objective} for p in row.policies},
-                    sim_options={"information": row.information, "deterministic": True},
+                    sim_options={"information": row.information, "estimator": estimator,
+                                 "deterministic": True},
                     max_jobs=row.max_jobs, show_progress=False, plots=False)
 
 
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--rows", default=",".join(ROWS))
     r.add_argument("--variants", default="apportion,seconds")
+    r.add_argument("--estimator", default="analytic",
+                   help="the estimated rows' scaling model (compare's --estimator)")
     t = sub.add_parser("table")
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--against", default="seconds", help="the variant set against the default")
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [x for x in a.rows.split(",") if x not in ROWS]
         if unknown:
             ap.error(f"unknown rows {', '.join(unknown)}; known: {', '.join(ROWS)}")
-        run(a.out, a.rows.split(","), a.variants.split(","))
+        run(a.out, a.rows.split(","), a.variants.split(","), a.estimator)
     else:
         sys.stdout.write(table(a.out, other=a.against))
     return 0
