@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# The estimated rows of the quality tables replayed with `--estimator auto` (issue 45's last
-# item): every policy sees the same profiled points, and between them the scaling model the
-# replay-rate scoring found most accurate near the request (auto, which in a replay is the
-# per-job tables; experiments/results/estimation/replay_rates.md). Rows in cost order; a row
-# whose summary.csv exists is skipped, so the script resumes. Summary:
-#   python experiments/results/quality/summarise.py estimator_auto.md runs_auto/*
+# The estimated rows of the quality tables replayed with another scaling model (issue 45):
+# every policy sees the same profiled points (1 GPU and the request, on every type) and,
+# between and beyond them, ESTIMATOR's scaling (`compare --estimator`). The tables' own rows
+# use `analytic`; experiments/results/estimation/replay_rates.md says which estimator is most
+# accurate on which cells of which family. Rows in cost order; a row whose summary.csv exists
+# is skipped, so the script resumes. Writes runs_ESTIMATOR/ROW-estimated/; the table beside the
+# analytic rows: python experiments/results/quality/estimated_rows.py runs_ESTIMATOR
+#   ESTIMATOR=morphling ROWS="morphling-base morphling-mt" experiments/results/quality/estimated_rows.sh
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-OUT=experiments/results/quality/runs_auto
+EST=${ESTIMATOR:-auto}
+OUT=experiments/results/quality/runs_$EST
 CRIUS=fcfs,fcfs-backfill,srtf,tiresias,gandiva,gavel,gavel-max-min-fairness,sia,elasticflow-ls,crius-greedy,apportion
 MORPH=morphling,sia,synergy,antman,apportion-plans
 ALL=fcfs,fcfs-backfill,srtf,tiresias,fifo,gandiva,gandiva-migrate,gavel-max-min-fairness,gavel-max-sum-throughput,sia,elasticflow,elasticflow-ls,crius-greedy,morphling,synergy,antman,apportion,apportion-plans,apportion-deadline,apportion-na,apportion-nh,ymir-normal
-O="--information estimated --estimator auto --seeds 3 --deterministic --workers ${WORKERS:-1} --out $OUT"
+O="--information estimated --estimator $EST --seeds 3 --deterministic --workers ${WORKERS:-1} --out $OUT"
 row() {  # NAME ARGS...: one compare run unless it is written
     local name=$1; shift
     [ -f "$OUT/$name/summary.csv" ] && return 0
-    echo "== $name $(date +%T)"
+    echo "== $name ($EST) $(date +%T)"
     apportion compare "$@" $O --run "$name"
 }
 for r in ${ROWS:-crius-pai fm-1 morphling-base morphling-mt gavel-mmf crius-venus elasticflow philly-d7 philly-d13 philly-d10 philly-d4 philly-d1}; do
@@ -31,5 +34,6 @@ for r in ${ROWS:-crius-pai fm-1 morphling-base morphling-mt gavel-mmf crius-venu
         philly-d*) d=${r#philly-d}
                    [ -f "traces/philly-d$d.csv" ] || python experiments/results/quality/philly_days.py traces "$d"
                    row "$r-estimated" --trace "traces/philly-d$d.csv" --cluster crius-1280 --policies $CRIUS ;;
+        *) echo "unknown row $r" >&2; exit 2 ;;
     esac
 done
