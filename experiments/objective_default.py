@@ -88,6 +88,10 @@ VARIANTS: dict[str, ObjectiveOptions] = {
     # a move's restart seconds against the time it pays off (up to 1,800 s) rather than one
     # round: what kept crius-pai's 20-h job on its A100s (ablation.md)
     "seconds-amortized": ObjectiveOptions.preset("seconds", amortize_s=1800.0),
+    # ... with the default's queue aging (0.25 at 4 h of waiting): a probe of whether MT's
+    # starved large jobs (ablation.md) are what it loses
+    "seconds-amortized-queue": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
+                                                       queue_weight=0.25),
 }
 
 
