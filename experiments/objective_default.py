@@ -92,6 +92,16 @@ VARIANTS: dict[str, ObjectiveOptions] = {
     # starved large jobs (ablation.md) are what it loses
     "seconds-amortized-queue": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
                                                        queue_weight=0.25),
+    # ... with the fairness weight bounded as the default bounds it ([1/4, 4]): a long job's
+    # round is worth at least a quarter of the median job's, so a large long job is not
+    # starved behind short jobs' scale-ups (MT's LLaMA-30B, ablation.md)
+    "seconds-amortized-bounded": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
+                                                         weight_bounds=(0.25, 4.0)),
+    # ... with a queued job's start worth the wait it would otherwise have until the
+    # running jobs free its GPUs (at most ``amortize_s``), not one round: MT's 40-GPU jobs
+    # waited for a drained cluster behind scale-ups (ablation.md)
+    "seconds-amortized-start": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
+                                                       start_horizon=True),
 }
 
 
