@@ -97,11 +97,6 @@ VARIANTS: dict[str, ObjectiveOptions] = {
     # starved behind short jobs' scale-ups (MT's LLaMA-30B, ablation.md)
     "seconds-amortized-bounded": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
                                                          weight_bounds=(0.25, 4.0)),
-    # ... with a queued job's start worth the wait it would otherwise have until the
-    # running jobs free its GPUs (at most ``amortize_s``), not one round: MT's 40-GPU jobs
-    # waited for a drained cluster behind scale-ups (ablation.md)
-    "seconds-amortized-start": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
-                                                       start_horizon=True),
 }
 
 

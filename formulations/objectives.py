@@ -127,10 +127,6 @@ class ObjectiveOptions:
     # cells is then speed, at the speed weight; the fairness weight orders only who runs)
     speed_from: str = "reference"
     amortize_s: float | None = None  # spread a restart over this long (None: one round)
-    # seconds: a queued job that does not start now waits until the running jobs free its
-    # cell's GPUs, not one round: its cell's saved seconds count that wait (at least one
-    # round, at most ``amortize_s``; see :func:`start_waits`)
-    start_horizon: bool = False
     # the time a move pays off, against which its restart is charged: ``reference`` the
     # job's remaining time at its reference throughput, at least one round; ``cell`` its
     # remaining time on the cell it moves to, no floor (a move's true break-even)
@@ -589,44 +585,6 @@ def speed_units(per_job: Mapping[str, Mapping[str, float]], fastest: Mapping[str
     return {j: scale / v for j, v in best.items() if j not in keep}
 
 
-def start_waits(g: nx.DiGraph, per_job: Mapping[str, Mapping[str, float]],
-                current: Mapping[str, float], round_s: float, cap_s: float
-                ) -> Callable[[str, int], float]:
-    """The rounds a queued job's start on ``gpus`` GPUs of a type is put off if it does not
-    start now: until the running jobs, finishing on the cells they hold (their remaining
-    time at the reference over their normalised rate there), free that many GPUs beyond
-    those free now; at least one round, at most ``cap_s``. Arrivals are ignored, so the wait
-    is a lower bound: a large job in a busy cluster waits until it drains, which one round's
-    saved seconds do not see."""
-    caps: dict[str, int] = {}
-    for _, d in g.nodes(data=True):
-        if d.get("kind") == "group":
-            caps[d["gpu_type"]] = caps.get(d["gpu_type"], 0) + int(d["capacity"])
-    held: dict[str, list[tuple[float, int]]] = {}
-    for _, d in g.nodes(data=True):
-        if d.get("kind") == "cell" and d.get("current") and d["job"] in current:
-            n = max(1e-9, current[d["job"]])
-            held.setdefault(d["gpu_type"], []).append((per_job[d["job"]]["rem"] / n,
-                                                       int(d["gpus"])))
-    for v in held.values():
-        v.sort()
-    memo: dict[tuple[str, int], float] = {}
-
-    def wait(gpu_type: str, gpus: int) -> float:
-        key = (gpu_type, gpus)
-        if key not in memo:
-            free = caps.get(gpu_type, 0) - sum(k for _, k in held.get(gpu_type, ()))
-            tau = 0.0
-            for t, k in held.get(gpu_type, ()):
-                if free >= gpus:
-                    break
-                free += k
-                tau = t
-            memo[key] = min(max(1.0, cap_s / round_s), max(1.0, tau / round_s))
-        return memo[key]
-    return wait
-
-
 def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                     options: ObjectiveOptions | None = None,
                     seen: MutableMapping[str, float] | None = None) -> None:
@@ -734,10 +692,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "tail_pin_top": opt.tail_pin_top,
                             "speed_unit": opt.speed_unit,
                             "speed_from": opt.speed_from,
-                            "speed_scale": opt.speed_scale,
-                            "start_horizon": opt.start_horizon}
-    waits = start_waits(g, per_job, current, round_s, cap) \
-        if opt.start_horizon and opt.kind == "seconds" else None
+                            "speed_scale": opt.speed_scale}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
@@ -746,8 +701,6 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
         else:
             term = _terms(opt.kind, d, js, stats)
-        if waits is not None and not js["running"]:
-            term *= waits(d["gpu_type"], int(d["gpus"]))
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
         if d.get("current"):  # jct-aware: stickiness in the job's own units (its speed weight)
             value += opt.keep_bonus * (js["speed_weight"] if opt.kind in WEIGHTED else 1.0)
