@@ -289,3 +289,103 @@ def test_cell_calibration_ridge_is_chosen_by_models_held_out_of_the_fit():
     assert _choose_ridge([({"x": 1.0}, 0.0)], ["only-one-model"]) == RIDGE_DEFAULT
     with pytest.raises(ValueError, match="ridge"):
         CellEstimator(ridge="magic")
+
+
+def _assemblies_one_by_one(options, recvs, optimizer, B, hbm_Bps):
+    """The assembly search as a loop over every assembly (the definition the scorer keeps)."""
+    import itertools
+
+    out = []
+    for choice in itertools.product(*[range(len(o)) for o in options]):
+        chosen = [options[s][c] for s, c in enumerate(choice)]
+        if any(math.isinf(p.compute_s) for p in chosen):
+            continue
+        times, comms = [], []
+        for s, p in enumerate(chosen):
+            recv = recvs[s][choice[s - 1]][choice[s]] if s > 0 else 0.0
+            times.append(p.compute_s + p.tp_comm_s + recv)
+            comms.append(recv)
+        pipeline = sum(times) + (B - 1) * max(t - c for t, c in zip(times, comms))
+        grad = max(p.grad_sync_s for p in chosen)
+        opt = max(optimizer[s][c] for s, c in enumerate(choice)) / hbm_Bps
+        out.append((choice, pipeline + grad + opt, max(p.mem_bytes for p in chosen)))
+    return out
+
+
+_times = st.floats(1e-6, 10.0, allow_nan=False)
+
+
+@st.composite
+def _search(draw):
+    from apportion.estimation.models.crius import StageProfile
+
+    stages = draw(st.integers(1, 6))
+    options = []
+    for _ in range(stages):
+        opts = [StageProfile("dp", 2, draw(_times), draw(st.floats(1.0, 100.0)), 0.0,
+                             draw(_times))]
+        for mode in draw(st.lists(st.sampled_from(["tp", "hybrid", "inf"]), max_size=2)):
+            if mode == "inf":
+                opts.append(StageProfile("tp", 2, math.inf, math.inf))
+            else:
+                opts.append(StageProfile(mode, 2, draw(_times), draw(st.floats(1.0, 100.0)),
+                                         draw(_times), draw(_times), tp=2))
+        options.append(opts)
+    recvs = [[[0.0] * len(options[0])]] + [
+        [[draw(_times) for _ in options[s]] for _ in options[s - 1]] for s in range(1, stages)]
+    optimizer = [[draw(st.floats(1.0, 1e9)) for _ in o] for o in options]
+    return options, recvs, optimizer, draw(st.integers(1, 64)), draw(st.floats(20.0, 90.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_search())
+def test_scoring_assemblies_at_once_gives_the_loops_floats_and_choice(search):
+    # every assembly's time and memory is the same float the one-by-one loop gives, in the
+    # same order, and the fastest that fits is the loop's (ties: the first)
+    from apportion.estimation.models import crius
+
+    options, recvs, optimizer, B, usable = search
+    want = _assemblies_one_by_one(options, recvs, optimizer, B, 1e12)
+    got = [(tuple(int(c) for c in sc.choice[r]), float(sc.iter_time[r]), float(sc.mem[r]))
+           for sc in crius._score_assemblies(options, recvs, optimizer, B, 1e12, usable)
+           for r in range(len(sc.iter_time))]
+    assert got == want
+    fits = [w for w in want if w[2] <= usable]
+    best = [(tuple(int(c) for c in sc.choice[0]), float(sc.iter_time[0]))
+            for sc in crius._score_assemblies(options, recvs, optimizer, B, 1e12, usable,
+                                              best_only=True)]
+    assert best == ([min(fits, key=lambda w: w[1])[:2]] if fits else [])
+
+
+def test_scoring_spans_blocks(monkeypatch):
+    # past one block (2^S > _BLOCK) the order and the best are the loop's
+    from apportion.estimation.models import crius
+    from apportion.estimation.models.crius import StageProfile
+
+    monkeypatch.setattr(crius, "_BLOCK", 5)
+    options = [[StageProfile("dp", 2, 1.0 + s, 10.0 * s, 0.0, 0.1),
+                StageProfile("tp", 2, 0.5 + s, 20.0, 0.2, 0.0)] for s in range(4)]
+    recvs = [[[0.0, 0.0]]] + [[[0.01, 0.02], [0.03, 0.04]] for _ in range(3)]
+    optimizer = [[4.0, 2.0] for _ in range(4)]
+    want = _assemblies_one_by_one(options, recvs, optimizer, 8, 1e3)
+    got = [(tuple(int(c) for c in sc.choice[r]), float(sc.iter_time[r]), float(sc.mem[r]))
+           for sc in crius._score_assemblies(options, recvs, optimizer, 8, 1e3, 25.0)
+           for r in range(len(sc.iter_time))]
+    assert got == want
+    (best,) = crius._score_assemblies(options, recvs, optimizer, 8, 1e3, 25.0, best_only=True)
+    fits = [w for w in want if w[2] <= 25.0]
+    assert float(best.iter_time[0]) == min(w[1] for w in fits)
+
+
+def test_the_memoised_cell_estimate_is_the_search_and_follows_a_refit():
+    est = CellEstimator()
+    m = get_model("gpt2-1.5b")
+    cl = default_cluster()
+    gpu_type = sorted(cl.capacity_by_type())[0]
+    intra, outer = est.links(cl, gpu_type, 4)
+    args = (m, 64, gpu_type, 4, 2, intra, outer, cl.max_gpus_per_node(gpu_type))
+    first = est.cell_estimate(*args)
+    assert first == est.estimate_cell(*args)[0]
+    assert est.cell_estimate(*args) is first  # memoised
+    est.efficiency_ = {gpu_type: 0.2}  # a refit changes the state: a fresh search
+    assert est.cell_estimate(*args) == est.estimate_cell(*args)[0] != first

@@ -31,13 +31,13 @@ analytic estimator), per type and family, or a regression of the cells' log erro
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import Protocol
 
+import numpy as np
 from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.models.comm import Link
@@ -290,6 +290,84 @@ class AssembledPlan:
     stage_tp: tuple[int, ...] = ()  # TP width per stage
 
 
+@dataclass(frozen=True)
+class _Scores:
+    """A block of assemblies: each row's layout per stage and its terms."""
+
+    choice: np.ndarray  # (rows, stages) option index per stage
+    iter_time: np.ndarray
+    mem: np.ndarray
+    pipeline: np.ndarray
+    grad: np.ndarray
+    opt: np.ndarray
+
+
+#: assemblies scored per block (bounds the arrays: a 16-stage cell has 2^16 of them)
+_BLOCK = 1 << 16
+
+
+def _score_assemblies(options: Sequence[Sequence[StageProfile]],
+                      recvs: Sequence[Sequence[Sequence[float]]],
+                      optimizer: Sequence[Sequence[float]], B: int, hbm_Bps: float,
+                      usable: float, best_only: bool = False) -> Iterable[_Scores]:
+    """Every assembly's iteration time, in ``itertools.product`` order, block by block: a
+    pipeline of its stages' micro-batch times (compute, TP collectives and the activation
+    received, ``recvs[s][prev][cur]``) filled ``B - 1`` times by its slowest stage's
+    non-receive part, plus the slowest stage's gradient sync and optimizer step.
+    Assemblies with an impossible layout (infinite compute) are left out. Each sum runs
+    stage by stage in the order a per-assembly loop adds them, so every figure is the
+    same float that loop gives. ``best_only``: one row, the fastest assembly that fits
+    (ties: the first), or nothing."""
+    S = len(options)
+    sizes = [len(o) for o in options]
+    total = math.prod(sizes)
+    strides = [math.prod(sizes[s + 1:]) for s in range(S)]
+    base = [np.array([p.compute_s + p.tp_comm_s for p in o]) for o in options]
+    grads = [np.array([p.grad_sync_s for p in o]) for o in options]
+    mems = [np.array([p.mem_bytes for p in o]) for o in options]
+    opts = [np.array(o, dtype=float) for o in optimizer]
+    rec = [np.array(r, dtype=float) for r in recvs]
+    best: tuple[float, _Scores] | None = None
+    for lo in range(0, total, _BLOCK):
+        n = np.arange(lo, min(total, lo + _BLOCK))
+        idx = np.stack([(n // strides[s]) % sizes[s] for s in range(S)], axis=1)
+        ok = np.ones(len(n), dtype=bool)
+        for s in range(S):
+            ok &= np.isfinite(base[s][idx[:, s]])
+        idx = idx[ok]
+        if not len(idx):
+            continue
+        pipe = np.zeros(len(idx))
+        slow = np.full(len(idx), -np.inf)
+        grad = np.full(len(idx), -np.inf)
+        opt = np.full(len(idx), -np.inf)
+        mem = np.full(len(idx), -np.inf)
+        for s in range(S):
+            c = idx[:, s]
+            recv = rec[s][idx[:, s - 1], c] if s > 0 else rec[0][0][c]
+            t = base[s][c] + recv
+            pipe = pipe + t
+            slow = np.maximum(slow, t - recv)
+            grad = np.maximum(grad, grads[s][c])
+            opt = np.maximum(opt, opts[s][c])
+            mem = np.maximum(mem, mems[s][c])
+        pipe = pipe + (B - 1) * slow
+        opt = opt / hbm_Bps
+        it = pipe + grad + opt
+        block = _Scores(idx, it, mem, pipe, grad, opt)
+        if not best_only:
+            yield block
+            continue
+        fits = np.flatnonzero(mem <= usable)
+        if len(fits):
+            i = int(fits[np.argmin(it[fits])])
+            if best is None or it[i] < best[0]:
+                best = (float(it[i]), _Scores(idx[i:i + 1], it[i:i + 1], mem[i:i + 1],
+                                              pipe[i:i + 1], grad[i:i + 1], opt[i:i + 1]))
+    if best is not None:
+        yield best[1]
+
+
 class CellEstimator(ParamsMixin):
     """Crius's agile cell estimator behind the fit/predict protocol."""
 
@@ -348,10 +426,13 @@ class CellEstimator(ParamsMixin):
 
     def assemble(self, model: ModelSpec, batch: int, stages: StagePlan, gpu_type: str,
                  intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0,
-                 micro_batches: int | None = None, hybrid: bool = False
-                 ) -> list[AssembledPlan]:
+                 micro_batches: int | None = None, hybrid: bool = False,
+                 feasible_only: bool = False) -> list[AssembledPlan]:
         """All ``2^S`` DP-only/TP-only assemblies of ``stages`` with their scores (with
-        ``hybrid``, a stage neither layout fits may also run DP over TP groups)."""
+        ``hybrid``, a stage neither layout fits may also run DP over TP groups), in
+        ``itertools.product`` order of the stages' layouts; ``feasible_only``: only the
+        fastest of those that fit (none if none fits; ties: the first), which is all an
+        estimate needs."""
         S = len(stages.ranges)
         B = micro_batches or self.micro_batch_factor * S
         B = max(1, min(B, batch))
@@ -392,42 +473,41 @@ class CellEstimator(ParamsMixin):
                     opts.append(StageProfile("hybrid", n, hy.compute_s, hy.mem_bytes, tpc, grad,
                                              tp=tp))
             options.append(opts)
+        # every term of an assembly depends on one stage's layout or on two neighbours':
+        # computed once per layout and per neighbouring pair, then scored for every
+        # assembly at once (:func:`_score_assemblies`)
+        link = outer if nodes_span else intra
+        recvs: list[list[list[float]]] = [[[0.0] * len(options[0])]]
+        for s in range(1, S):
+            nbytes = outs[stages.ranges[s][0] - 1] * mb
+            recvs.append([[2.0 * self._recv(src, dst, nbytes, link, intra, tables)
+                           for dst in options[s]] for src in options[s - 1]])
+        optimizer = [[16.0 * sum(params[a:b]) / p.tp_width for p in options[s]]
+                     for s, (a, b) in enumerate(stages.ranges)]
         plans: list[AssembledPlan] = []
-        for choice in itertools.product(*[range(len(o)) for o in options]):
-            chosen = [options[s][c] for s, c in enumerate(choice)]
-            if any(math.isinf(p.compute_s) for p in chosen):
-                continue
-            times, comms = [], []
-            for s, p in enumerate(chosen):
-                recv = 0.0
-                if s > 0:
-                    a = stages.ranges[s][0]
-                    nbytes = outs[a - 1] * mb
-                    src, dst = chosen[s - 1], p
-                    link = outer if nodes_span else intra
-                    par = min(src.devices, dst.devices)
-                    if src.mode == "dp" and dst.mode == "dp":
-                        recv = tables.time("send_recv", nbytes / par, 2, link)
-                    elif dst.mode == "tp":
-                        recv = tables.time("send_recv", nbytes / max(1, par), 2, link) + \
-                            tables.time("all_gather", nbytes, dst.devices, intra)
-                    else:
-                        recv = tables.time("send_recv", nbytes / dst.devices, 2, link)
-                    recv *= 2  # the gradient travels back in the backward pass
-                times.append(p.compute_s + p.tp_comm_s + recv)
-                comms.append(recv)
-            pipeline = sum(times) + (B - 1) * max(t - c for t, c in zip(times, comms))
-            grad = max(p.grad_sync_s for p in chosen)
-            opt = max(16.0 * sum(params[a:b]) / p.tp_width
-                      for p, (a, b) in zip(chosen, stages.ranges)) / (gpu.hbm_GBps * 1e9)
-            mem = max(p.mem_bytes for p in chosen)
-            modes = tuple(p.mode for p in chosen)
-            plans.append(AssembledPlan(modes, stages.gpus, pipeline + grad + opt, mem,
-                                       mem <= usable, B,
-                                       {"pipeline_s": pipeline, "dp_allreduce_s": grad,
-                                        "optimizer_s": opt, "micro_batches": float(B)},
-                                       tuple(p.tp_width for p in chosen)))
+        for sc in _score_assemblies(options, recvs, optimizer, B, gpu.hbm_GBps * 1e9, usable,
+                                    feasible_only):
+            for row in range(len(sc.iter_time)):
+                chosen = [options[s][c] for s, c in enumerate(sc.choice[row])]
+                plans.append(AssembledPlan(
+                    tuple(p.mode for p in chosen), stages.gpus, float(sc.iter_time[row]),
+                    float(sc.mem[row]), bool(sc.mem[row] <= usable), B,
+                    {"pipeline_s": float(sc.pipeline[row]), "dp_allreduce_s": float(sc.grad[row]),
+                     "optimizer_s": float(sc.opt[row]), "micro_batches": float(B)},
+                    tuple(p.tp_width for p in chosen)))
         return plans
+
+    @staticmethod
+    def _recv(src: StageProfile, dst: StageProfile, nbytes: float, link: Link, intra: Link,
+              tables: CommTables) -> float:
+        """One micro-batch's activation from stage layout ``src`` into ``dst`` (one way)."""
+        par = min(src.devices, dst.devices)
+        if src.mode == "dp" and dst.mode == "dp":
+            return tables.time("send_recv", nbytes / par, 2, link)
+        if dst.mode == "tp":
+            return tables.time("send_recv", nbytes / max(1, par), 2, link) + \
+                tables.time("all_gather", nbytes, dst.devices, intra)
+        return tables.time("send_recv", nbytes / dst.devices, 2, link)
 
     def _to_estimate(self, best: AssembledPlan, batch: int, S: int, gpus: int) -> Estimate:
         widths = best.stage_tp or tuple(g if m == "tp" else 1
@@ -442,8 +522,11 @@ class CellEstimator(ParamsMixin):
         return Estimate(best.iter_time_s, best.mem_per_gpu, best.feasible, plan, batch, bd)
 
     def estimate_cell(self, model: ModelSpec, batch: int, gpu_type: str, gpus: int, stages: int,
-                      intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0
+                      intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0,
+                      keep_plans: bool = True
                       ) -> tuple[Estimate | None, list[AssembledPlan]]:
+        """The cell's estimate (its fastest assembly that fits) and every assembly scored
+        on the way (``keep_plans=False``: only the fastest that fits of each search)."""
         flops = model.attr("flops")
         sp = determine_stages(flops, model.attr("out_bytes")[:-1], gpus, stages)
         if sp is None:
@@ -456,7 +539,7 @@ class CellEstimator(ParamsMixin):
             B = max(1, min(self.micro_batch_factor * stages, batch))
             while True:
                 plans = self.assemble(model, batch, sp, gpu_type, intra, outer, max_tp,
-                                      eff_scale, B, hybrid)
+                                      eff_scale, B, hybrid, feasible_only=not keep_plans)
                 ok = [p for p in plans if p.feasible]
                 if ok or B >= min(batch, self.max_micro_batches):
                     break
@@ -468,6 +551,27 @@ class CellEstimator(ParamsMixin):
         best = min(ok, key=lambda p: p.iter_time_s)
         return self._to_estimate(best, batch, stages, gpus), plans
 
+    def cell_estimate(self, model: ModelSpec, batch: int, gpu_type: str, gpus: int,
+                      stages: int, intra: Link, outer: Link, max_tp: int) -> Estimate | None:
+        """:meth:`estimate_cell`'s estimate, memoised on the estimator's state. The assembly
+        search scores ``2^S`` layouts per micro-batch count and is a pure function of the
+        cell, the links and the fitted efficiencies; a replay asks for the same cell for
+        every placement and every round (a Philly day with this estimator spent 99 % of its
+        time re-assembling). A custom profiler or communication table may change under the
+        estimator, so those are never memoised."""
+        if self.profiler is not None or self.tables is not None:
+            return self.estimate_cell(model, batch, gpu_type, gpus, stages, intra, outer,
+                                      max_tp, keep_plans=False)[0]
+        state = (self.efficiency, tuple(sorted(getattr(self, "efficiency_", {}).items())),
+                 self.tp_penalty, self.usable_memory_fraction, self.micro_batch_factor,
+                 self.max_micro_batches)
+        key = (model, batch, gpu_type, gpus, stages, intra, outer, max_tp, state)
+        memo = self.__dict__.setdefault("_cell_memo", {})
+        if key not in memo:
+            memo[key] = self.estimate_cell(model, batch, gpu_type, gpus, stages, intra, outer,
+                                           max_tp, keep_plans=False)[0]
+        return memo[key]
+
     # -- protocol --------------------------------------------------------------------
     def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
         """The best of the cell's assembled plans, or None (no stage split, all OOM)."""
@@ -478,9 +582,9 @@ class CellEstimator(ParamsMixin):
                 cluster.capacity_by_type().get(cell.gpu_type, 0) < cell.gpus:
             return None
         intra, outer = self.links(cluster, cell.gpu_type, cell.gpus)
-        est, _ = self.estimate_cell(model, job.global_batch_size, cell.gpu_type, cell.gpus,
-                                    cell.stages, intra, outer,
-                                    cluster.max_gpus_per_node(cell.gpu_type))
+        est = self.cell_estimate(model, job.global_batch_size, cell.gpu_type, cell.gpus,
+                                 cell.stages, intra, outer,
+                                 cluster.max_gpus_per_node(cell.gpu_type))
         coef = getattr(self, "coef_", None)
         if est is None or coef is None:
             return est
@@ -572,7 +676,8 @@ class CellEstimator(ParamsMixin):
                     max_tp = s.plan.gpus
                     hosts = 1
                 est, _ = self.estimate_cell(model, s.job.global_batch_size, s.gpu_type,
-                                            s.plan.gpus, s.plan.pp, intra, outer, max_tp)
+                                            s.plan.gpus, s.plan.pp, intra, outer, max_tp,
+                                            keep_plans=False)
                 if est is None:
                     continue
                 ratio = est.iter_time_s / s.iter_time_s
