@@ -81,6 +81,7 @@ import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter, time_share
+from apportion.solvers.highs import HighsBackend
 from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
 from apportion.solvers.persistent import HighsSession
 
@@ -143,8 +144,6 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
         # of the objective that never looks at the clock (28-84 s on an 85,000-column round
         # given 8 s); without presolve it keeps to the limit. An isolated HiGHS keeps its
         # presolve: its child is killed at the deadline.
-        from apportion.solvers.highs import HighsBackend
-
         return [HighsBackend(presolve="off") if n == "highs" else BACKENDS[n]() for n in names]
     return [BACKENDS[n]() for n in names]
 
