@@ -381,7 +381,7 @@ def test_the_memoised_cell_estimate_is_the_search_and_follows_a_refit():
     est = CellEstimator()
     m = get_model("gpt2-1.5b")
     cl = default_cluster()
-    gpu_type = sorted(cl.capacity_by_type())[0]
+    gpu_type = min(cl.capacity_by_type())
     intra, outer = est.links(cl, gpu_type, 4)
     args = (m, 64, gpu_type, 4, 2, intra, outer, cl.max_gpus_per_node(gpu_type))
     first = est.cell_estimate(*args)
