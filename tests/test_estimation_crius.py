@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
+from apportion.estimation.models import crius
 from apportion.estimation.models.crius import (
     CellEstimator,
+    StageProfile,
     determine_stages,
     gpu_shares,
     round_to_powers_of_two,
@@ -293,8 +296,6 @@ def test_cell_calibration_ridge_is_chosen_by_models_held_out_of_the_fit():
 
 def _assemblies_one_by_one(options, recvs, optimizer, B, hbm_Bps):
     """The assembly search as a loop over every assembly (the definition the scorer keeps)."""
-    import itertools
-
     out = []
     for choice in itertools.product(*[range(len(o)) for o in options]):
         chosen = [options[s][c] for s, c in enumerate(choice)]
@@ -317,8 +318,6 @@ _times = st.floats(1e-6, 10.0, allow_nan=False)
 
 @st.composite
 def _search(draw):
-    from apportion.estimation.models.crius import StageProfile
-
     stages = draw(st.integers(1, 6))
     options = []
     for _ in range(stages):
@@ -342,8 +341,6 @@ def _search(draw):
 def test_scoring_assemblies_at_once_gives_the_loops_floats_and_choice(search):
     # every assembly's time and memory is the same float the one-by-one loop gives, in the
     # same order, and the fastest that fits is the loop's (ties: the first)
-    from apportion.estimation.models import crius
-
     options, recvs, optimizer, B, usable = search
     want = _assemblies_one_by_one(options, recvs, optimizer, B, 1e12)
     got = [(tuple(int(c) for c in sc.choice[r]), float(sc.iter_time[r]), float(sc.mem[r]))
@@ -359,9 +356,6 @@ def test_scoring_assemblies_at_once_gives_the_loops_floats_and_choice(search):
 
 def test_scoring_spans_blocks(monkeypatch):
     # past one block (2^S > _BLOCK) the order and the best are the loop's
-    from apportion.estimation.models import crius
-    from apportion.estimation.models.crius import StageProfile
-
     monkeypatch.setattr(crius, "_BLOCK", 5)
     options = [[StageProfile("dp", 2, 1.0 + s, 10.0 * s, 0.0, 0.1),
                 StageProfile("tp", 2, 0.5 + s, 20.0, 0.2, 0.0)] for s in range(4)]
@@ -389,3 +383,4 @@ def test_the_memoised_cell_estimate_is_the_search_and_follows_a_refit():
     assert est.cell_estimate(*args) is first  # memoised
     est.efficiency_ = {gpu_type: 0.2}  # a refit changes the state: a fresh search
     assert est.cell_estimate(*args) == est.estimate_cell(*args)[0] != first
+    assert len(est._cell_memo[1]) == 1  # one state's estimates only: it never grows with fits

@@ -558,15 +558,20 @@ class CellEstimator(ParamsMixin):
         cell, the links and the fitted efficiencies; a replay asks for the same cell for
         every placement and every round (a Philly day with this estimator spent 99 % of its
         time re-assembling). A custom profiler or communication table may change under the
-        estimator, so those are never memoised."""
+        estimator, so those are never memoised. The memo holds one state's estimates: a
+        refit (``run``'s and ``serve``'s online fits) starts it afresh, so it never grows
+        with the number of fits."""
         if self.profiler is not None or self.tables is not None:
             return self.estimate_cell(model, batch, gpu_type, gpus, stages, intra, outer,
                                       max_tp, keep_plans=False)[0]
         state = (self.efficiency, tuple(sorted(getattr(self, "efficiency_", {}).items())),
                  self.tp_penalty, self.usable_memory_fraction, self.micro_batch_factor,
                  self.max_micro_batches)
-        key = (model, batch, gpu_type, gpus, stages, intra, outer, max_tp, state)
-        memo = self.__dict__.setdefault("_cell_memo", {})
+        held = self.__dict__.get("_cell_memo")
+        if held is None or held[0] != state:
+            held = self.__dict__["_cell_memo"] = (state, {})
+        memo = held[1]
+        key = (model, batch, gpu_type, gpus, stages, intra, outer, max_tp)
         if key not in memo:
             memo[key] = self.estimate_cell(model, batch, gpu_type, gpus, stages, intra, outer,
                                            max_tp, keep_plans=False)[0]
