@@ -105,6 +105,14 @@ VARIANTS: dict[str, ObjectiveOptions] = {
     # ... and one unit per placed job (the default's place bonus: +3.6 % on MT alone)
     "seconds-amortized-split-place": ObjectiveOptions.preset(
         "seconds", amortize_s=1800.0, speed_bounds=(0.7, 1.4), place_bonus=1.0),
+    # a job that can end within the round credited the round it would otherwise wait, not
+    # its few seconds of work (``finish_credit="wait"``): MT's LLaMA-30B jobs of 3 s on 40
+    # GPUs were worth 0.2 of a round under ``seconds`` and waited hours (ablation.md)
+    "seconds-wait": ObjectiveOptions.preset("seconds", finish_credit="wait"),
+    "seconds-amortized-wait": ObjectiveOptions.preset("seconds", amortize_s=1800.0,
+                                                      finish_credit="wait"),
+    "seconds-amortized-split-wait": ObjectiveOptions.preset(
+        "seconds", amortize_s=1800.0, speed_bounds=(0.7, 1.4), finish_credit="wait"),
 }
 
 

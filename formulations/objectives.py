@@ -38,7 +38,11 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   for its whole remaining time, which one round's fairness weight does not see). A move
   nets its restart: ``restart_s`` of the new cell's work lost (over one round, or over
   ``amortize_s``). The reference throughput drops out: no normalisation to choose. Speed
-  beyond the remaining time counts at ``round_excess`` (0 when None). The other knobs
+  beyond the remaining time counts at ``round_excess`` (0 when None); with
+  ``finish_credit="wait"`` a job that can end within the round is credited what starting
+  it now saves, the round it would otherwise wait as well: ``1 + R - R / s`` rounds for
+  ``R = soon_j / round_s <= s = thr_c / thr_best_j`` (a whole round on its best cell,
+  however few seconds of work it has left). The other knobs
   (bonuses, tail, pin) are the further terms :data:`PRESETS` ``"seconds"`` leaves out.
 
 Every kind may add a per-placed-job term ``place_bonus`` (Sia's ILP has it: one more job
@@ -74,6 +78,8 @@ OBJECTIVES = ("throughput", "normalized", "jct", "fairness", "makespan", "compos
 DEFAULT_COMPOSITE = {"normalized": 1.0, "jct": 0.5, "fairness": 0.5}
 SPEED_UNITS = ("reference", "best", "best-outside-tail")
 SPEED_FROM = ("reference", "slowest")
+#: seconds: what a job that can end within the round is credited (``finish_credit``)
+FINISH_CREDITS = ("progress", "wait")
 
 
 class FromRound(float):
@@ -126,6 +132,12 @@ class ObjectiveOptions:
     # ``reference`` rate, or its ``slowest`` candidate (every difference between the job's
     # cells is then speed, at the speed weight; the fairness weight orders only who runs)
     speed_from: str = "reference"
+    # seconds: what a job that can end within the round saves by running on the cell:
+    # ``progress`` the time it has left (its work, capped); ``wait`` the round it would
+    # otherwise wait as well, ``1 + R - R / s`` rounds (R its time left in rounds, s the
+    # cell's share of its best speed): a job with seconds of work left saves a whole round
+    # by starting now, not its few seconds (FINISH_CREDITS)
+    finish_credit: str = "progress"
     amortize_s: float | None = None  # spread a restart over this long (None: one round)
     # the time a move pays off, against which its restart is charged: ``reference`` the
     # job's remaining time at its reference throughput, at least one round; ``cell`` its
@@ -172,6 +184,9 @@ class ObjectiveOptions:
         if self.speed_from not in SPEED_FROM:
             raise ValueError(f"unknown speed_from {self.speed_from!r}; "
                              f"choose {', '.join(SPEED_FROM)}")
+        if self.finish_credit not in FINISH_CREDITS:
+            raise ValueError(f"unknown finish_credit {self.finish_credit!r}; "
+                             f"choose {', '.join(FINISH_CREDITS)}")
         if self.speed_scale is not None and not self.speed_scale > 0.0:
             raise ValueError(f"speed_scale must be positive (or None), not {self.speed_scale!r}")
         for name in ("round_s", "restart_s"):
@@ -369,8 +384,11 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     if kind == "seconds":  # rounds of JCT saved: the cell's share of the job's best speed
         saved = n / js["n_best"]
         cap = js["soon_rounds"]
-        if saved > cap:
-            saved = cap + stats["round_excess"] * (saved - cap)
+        if saved > cap:  # the job can end within the round
+            if stats["finish_wait"]:  # ... and saves the round it would wait as well
+                saved = 1.0 + cap - cap / saved
+            else:
+                saved = cap + stats["round_excess"] * (saved - cap)
         # running at all (up to the reference rate) by the fairness weight, speed beyond it
         # by the speed weight (the same one unless ``speed_bounds`` narrows it)
         first = min(saved, js["n_floor"] / js["n_best"])
@@ -660,7 +678,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values()),
-             "round_excess": opt.round_excess or 0.0}
+             "round_excess": opt.round_excess or 0.0,
+             "finish_wait": opt.finish_credit == "wait"}
     cap = round_s if opt.amortize_s is None else max(round_s, opt.amortize_s)
 
     def lost(rem: float, normalized: float) -> float:
@@ -692,6 +711,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                             "tail_pin_top": opt.tail_pin_top,
                             "speed_unit": opt.speed_unit,
                             "speed_from": opt.speed_from,
+                            "finish_credit": opt.finish_credit,
                             "speed_scale": opt.speed_scale}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
-from apportion.formulations.objectives import PRESETS, ObjectiveOptions, apply_objective
+from apportion.formulations.objectives import PRESETS, ObjectiveOptions, _terms, apply_objective
 from apportion.formulations.schema import job_node
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,6 +113,40 @@ def test_a_job_saves_at_most_the_time_it_has_left() -> None:
     assert g.nodes["S:half"]["value"] == pytest.approx(w * 0.2)
     assert g.nodes["S:slow"]["value"] == pytest.approx(w * 0.05)
 
+
+def test_with_the_wait_credit_a_job_ending_within_the_round_saves_the_round_it_would_wait() -> None:
+    """``finish_credit="wait"``: the same job (60 s left at its best, R = 0.2 of a round)
+    ends 300 s sooner by starting now on its best cell (a whole round), 300 - 60 s on the
+    half-speed cell (1 + R - R / s = 0.8 of a round), and on the cell 20x slower, which
+    it cannot finish on this round, its work alone (0.05)."""
+    short = _job("S", iterations=1000, done=1000 - 25)
+    jobs = [short]
+    g = _graph({"S": {"fast": 10.0, "half": 5.0, "slow": 0.5}}, jobs)
+    apply_objective(g, jobs, 0.0, ObjectiveOptions.preset("seconds", round_s=300.0,
+                                                          finish_credit="wait"))
+    w = g.nodes[job_node("S")]["jct_weight"]
+    assert g.nodes["S:fast"]["value"] == pytest.approx(w * 1.0)
+    assert g.nodes["S:half"]["value"] == pytest.approx(w * 0.8)
+    assert g.nodes["S:slow"]["value"] == pytest.approx(w * 0.05)
+    assert g.graph["objective"]["finish_credit"] == "wait"
+    with pytest.raises(ValueError, match="finish_credit"):
+        ObjectiveOptions.preset("seconds", finish_credit="all")
+
+
+@settings(max_examples=60, deadline=None)
+@given(left=st.floats(0.01, 3.0), share=st.floats(0.01, 1.0))
+def test_the_wait_credit_is_continuous_and_never_below_the_work(left: float, share: float) -> None:
+    """Where the job just ends within the round (R = s) both credits are s; below, the wait
+    credit is at least the work credited (R) and at most a round; above, both are s."""
+    js = {"n_best": 1.0, "soon_rounds": left, "n_floor": 1.0, "weight": 1.0,
+          "speed_weight": 1.0}
+    d = {"normalized": share}
+    wait = _terms("seconds", d, js, {"round_excess": 0.0, "finish_wait": True})
+    work = _terms("seconds", d, js, {"round_excess": 0.0, "finish_wait": False})
+    assert work == pytest.approx(min(share, left))
+    assert work - 1e-12 <= wait <= 1.0 + 1e-12
+    if left >= share:
+        assert wait == pytest.approx(share)
 
 @settings(max_examples=40, deadline=None)
 @given(restart=st.floats(0.0, 600.0), round_s=st.floats(60.0, 3600.0),
