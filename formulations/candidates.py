@@ -33,7 +33,7 @@ rule, ``amortize_s=None``: one round).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Hashable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=options_dict(opt))
     caps = cluster.capacity_by_type()
     add_topology(g, cluster)
+    # jobs of one shape (model, batch, request, what the filter reads) that are not running
+    # get the same cells: estimated, filtered and pruned once per shape (a 10,000-job round
+    # holds a few dozen shapes)
+    shapes: dict[Hashable, tuple[int, str | None, list[tuple[str, int, int, Any]],
+                                 list[tuple[str, int, int, Any]]]] = {}
+    spills: dict[Hashable, tuple[list[tuple[str, int, int, Any]], Any]] = {}
+    edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]] = {}
     for job in jobs:
         jn = job_node(job.id)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
@@ -162,23 +169,19 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                    queue_bonus=queue_bonus(job, now_s, opt),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None)
-        spec = catalog_model(job.model)
-        layers = len(spec.layers) if spec is not None else 1
-        cells: list[tuple[Cell, Any]] = []
-        tried, refused = 0, None
-        for gpu_type, cap in sorted(caps.items()):
-            for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
-                for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
-                    tried += 1
-                    cell = Cell(job.id, gpu_type, gpus, stages)
-                    e = est.best_in_cell(job, cell, cluster)
-                    if e is None or not fits_device(cluster, gpu_type, e):
-                        continue
-                    why = accept(job, e.plan) if accept is not None else None
-                    if why is None:
-                        cells.append((cell, e))
-                    elif refused is None:
-                        refused = why
+        key = shape_key(job, est, accept)
+        got = shapes.get(key) if key is not None else None
+        if got is None:
+            cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept)
+            pruned: list[tuple[Cell, Any]] | None = None
+            if key is not None:
+                pruned = prune_dominated(job, cells, cluster)
+                shapes[key] = (tried, refused, [(*c.key, e) for c, e in cells],
+                               [(*c.key, e) for c, e in pruned])
+        else:
+            tried, refused, found, kept = got
+            cells = [(Cell(job.id, t, n, st), e) for t, n, st, e in found]
+            pruned = [(Cell(job.id, t, n, st), e) for t, n, st, e in kept]
         attrs = g.nodes[jn]
         if tried:
             attrs["cells_tried"] = tried
@@ -190,11 +193,65 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                 cells = [(c, e) for c, e in cells if c.key != cur[0].key] + [cur]
         if (not cells and g.nodes[jn].get("cells_tried")
                 and "refused_plan" not in g.nodes[jn]):  # fits no GPU: Hydra's spilling
-            cells = [(c, e) for c, e in spilled_candidates(g, jn, job, cluster, est)
+            spilled = spills.get(key) if key is not None else None
+            if spilled is None:
+                found = spilled_candidates(g, jn, job, cluster, est)
+                spilled = ([(*c.key, e) for c, e in found], g.nodes[jn].get("reason_detail"))
+                if key is not None:
+                    spills[key] = spilled
+            elif spilled[1] is not None:
+                g.nodes[jn]["reason_detail"] = spilled[1]
+            cells = [(Cell(job.id, t, n, st), e) for t, n, st, e in spilled[0]
                      if accept is None or accept(job, e.plan) is None]
-        _attach(g, job, cells, caps, cluster, opt, est)
+            pruned = None
+        _attach(g, job, cells, caps, cluster, opt, est, pruned, edge_memo)
     apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
+
+
+def shape_key(job: JobSpec, est: Any, accept: Callable[[JobSpec, Any], str | None] | None
+              ) -> Hashable | None:
+    """What a job's cells depend on, where jobs of one key get the same cells (None: this
+    job's are its own). Only a job that is not running, under an estimator that says what
+    its estimates read of a job (``shape_of``) and a plan filter that says what it reads
+    (``job_key``; none at all without a filter): a researcher's estimator or filter that
+    says nothing is asked job by job, as before."""
+    if job.running is not None:
+        return None
+    shape_of = getattr(est, "shape_of", None)
+    est_key = shape_of(job) if callable(shape_of) else None
+    if est_key is None:
+        return None
+    if accept is None:
+        return (est_key, job.requested_gpus)
+    job_key = getattr(accept, "job_key", None)
+    filter_key = job_key(job) if callable(job_key) else None
+    return None if filter_key is None else (est_key, job.requested_gpus, filter_key)
+
+
+def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: Any,
+                    opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None
+                    ) -> tuple[list[tuple[Cell, Any]], int, str | None]:
+    """Every cell of ``job`` the estimator says fits and the filter accepts, how many were
+    tried and the first filter's refusal."""
+    spec = catalog_model(job.model)
+    layers = len(spec.layers) if spec is not None else 1
+    cells: list[tuple[Cell, Any]] = []
+    tried, refused = 0, None
+    for gpu_type, cap in sorted(caps.items()):
+        for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
+            for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
+                tried += 1
+                cell = Cell(job.id, gpu_type, gpus, stages)
+                e = est.best_in_cell(job, cell, cluster)
+                if e is None or not fits_device(cluster, gpu_type, e):
+                    continue
+                why = accept(job, e.plan) if accept is not None else None
+                if why is None:
+                    cells.append((cell, e))
+                elif refused is None:
+                    refused = why
+    return cells, tried, refused
 
 
 def trim_scale_up(g: nx.DiGraph) -> int:
@@ -240,7 +297,10 @@ def _has_data(est: Any, job: JobSpec) -> bool:
 
 
 def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: dict[str, int],
-            cluster: Cluster, opt: CandidateOptions, est: Any = None) -> None:
+            cluster: Cluster, opt: CandidateOptions, est: Any = None,
+            pruned: list[tuple[Cell, Any]] | None = None,
+            edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
+            | None = None) -> None:
     jn = job_node(job.id)
     if not cells:
         if job.requested_gpu_type and job.requested_gpu_type not in caps:
@@ -260,17 +320,22 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
         return
     ref, basis = reference_throughput(opt.normalize, job.requested_gpus, job.requested_gpu_type,
                                       [(c.gpu_type, c.gpus, e.throughput) for c, e in cells])
-    _attach_cells(g, job, cells, cluster, opt, ref, basis)
+    _attach_cells(g, job, cells, cluster, opt, ref, basis, pruned, edge_memo)
 
 
 def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster,
-                  opt: CandidateOptions, ref: float, basis: str) -> None:
+                  opt: CandidateOptions, ref: float, basis: str,
+                  pruned: list[tuple[Cell, Any]] | None = None,
+                  edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
+                  | None = None) -> None:
+    """``pruned``: ``cells`` less the dominated ones, when the caller has them already;
+    ``edge_memo``: the group edges of a cell shape, shared over one build's jobs."""
     jn = job_node(job.id)
     g.nodes[jn]["ref_throughput"] = ref
     g.nodes[jn]["ref_basis"] = basis
     bonus = g.nodes[jn]["queue_bonus"]
     before = len(cells)
-    cells = prune_dominated(job, cells, cluster)
+    cells = prune_dominated(job, cells, cluster) if pruned is None else pruned
     g.nodes[jn]["pruned_cells"] = before - len(cells)
     # the job's vertices and edges in one call each (networkx clears its caches per call),
     # in the order one call per vertex and edge would add them
@@ -293,7 +358,8 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
         vertices.append((cn, attrs))
         edges.append((jn, cn, {}))
         edges += cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
-                            job.running.placement if (current and job.running) else None)
+                            job.running.placement if (current and job.running) else None,
+                            edge_memo)
     g.add_nodes_from(vertices)
     g.add_edges_from(edges)
 
@@ -319,9 +385,18 @@ def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, g
 
 
 def cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
-               single: bool, pinned: dict[str, int] | None
-               ) -> list[tuple[str, str, dict[str, Any]]]:
-    """The edges :func:`attach_cell_edges` adds, in its order."""
+               single: bool, pinned: dict[str, int] | None,
+               memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
+               | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """The edges :func:`attach_cell_edges` adds, in its order (``memo``: a cell's group
+    edges depend on its shape alone, so one build computes them once a shape; networkx
+    copies an edge's attributes, so the shared dicts are never edited through the graph)."""
+    if not pinned and memo is not None:
+        key = (gpu_type, gpus, tp, single)
+        if key not in memo:
+            memo[key] = [(v, a) for _, v, a in cell_edges(g, cn, cluster, gpu_type, gpus, tp,
+                                                          single, None)]
+        return [(cn, v, a) for v, a in memo[key]]
     out: list[tuple[str, str, dict[str, Any]]] = []
     if pinned:
         for name, k in pinned.items():  # keep means: exactly where it runs

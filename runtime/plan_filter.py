@@ -31,6 +31,11 @@ def workload_plan_filter(device: str | None = None) -> PlanFilter:
     # it of every option of every job (a 1,000-job plans round: 181,000 times), so once each
     memo: dict[tuple[str, int, ExecutionPlan], str | None] = {}
 
+    def job_key(job: JobSpec) -> tuple[str, int]:
+        """What a verdict reads of a job: jobs of one key get the same verdicts (the
+        candidate builder shares their cells)."""
+        return (job.workload.kind if job.workload else "builtin", job.global_batch_size)
+
     def accept(job: JobSpec, plan: ExecutionPlan) -> str | None:
         kind = job.workload.kind if job.workload else "builtin"
         try:
@@ -56,4 +61,5 @@ def workload_plan_filter(device: str | None = None) -> PlanFilter:
             return "the per-rank batch does not split into the pipeline's micro-batches"
         return None
 
+    accept.job_key = job_key  # type: ignore[attr-defined]
     return accept

@@ -23,10 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cluster import Cluster, NodeGroup
+from apportion.jobs import JobSpec, RunningState
 from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 from apportion.policies import FormulationPolicy
 from apportion.policies.formulation import _Memo
+from apportion.runtime.plan_filter import workload_plan_filter
 
 
 def small_cluster() -> Cluster:
@@ -140,3 +142,45 @@ def test_stage_sums_give_the_per_layer_estimate(model: str, gbs: int, stages: in
     assert math.isclose(e.iter_time_s, t, rel_tol=1e-9)
     assert math.isclose(e.mem_per_gpu, mem, rel_tol=1e-9)
     assert stage_sums(get_model(model), stages) is stage_sums(get_model(model), stages)
+
+
+class _NoShape:
+    """An estimator that does not say what it reads of a job: every job is asked alone."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name == "shape_of":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+SHAPES = [("bert-336m", 64, 2), ("bert-336m", 64, 4), ("bert-336m", 128, 2),
+          ("bert-1.3b", 32, 4), ("llama-30b", 8, 1), ("bert-6.7b", 8, 1), ("gpt2-1.5b", 16, 1)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.booleans()),
+                      min_size=1, max_size=12),
+       filtered=st.booleans())
+def test_jobs_of_one_shape_share_their_cells_and_the_graph_is_the_one_asked_job_by_job(
+        picks: list[tuple[int, bool]], filtered: bool) -> None:
+    """The builder estimates, filters and prunes once per shape (model, batch, request,
+    what the filter reads) and computes each cell shape's edges once; the graph equals the
+    one an estimator that says nothing of what it reads gives (every job asked alone), with
+    running jobs, spilled jobs (BERT-6.7B on one GPU), jobs that cannot spill either
+    (LLaMA-30B on one GPU: their reason) and the workload filter among them."""
+    cluster = small_cluster()
+    jobs = []
+    for i, (k, running) in enumerate(picks):
+        model, batch, gpus = SHAPES[k]
+        state = RunningState("A100-40GB", 4, 1, {"a100-0": 4}) if running and gpus == 4 \
+            and model == "bert-336m" else None
+        jobs.append(JobSpec(f"j{i}", model, batch, 1000, gpus, submit_time_s=0.0,
+                            running=state))
+    accept = workload_plan_filter("cpu") if filtered else None
+    inner = AnalyticEstimator()
+    shared = build_candidates(cluster, jobs, 600.0, _Memo(inner), accept=accept)
+    alone = build_candidates(cluster, jobs, 600.0, _NoShape(_Memo(inner)), accept=accept)
+    same_graph(shared, alone)

@@ -119,6 +119,15 @@ class _Memo:
             self.memo.clear()
             self.fitted = now
 
+    def shape_of(self, job: JobSpec) -> tuple[str, int] | None:
+        """What this memo's answers read of a job (its model and batch), or None where they
+        are the job's own: rates measured per job, a blacklisted cell or a pinned type."""
+        if self.per_job or job.id in self.only_type:
+            return None
+        if self.blacklist and any(b[0] == job.id for b in self.blacklist):
+            return None
+        return (job.model, job.global_batch_size)
+
     def best_in_cell(self, job: JobSpec, cell: Any, cluster: Cluster) -> Any:
         if (job.id, cell.gpu_type, cell.gpus) in self.blacklist:
             return None

@@ -222,6 +222,10 @@ class AnalyticEstimator(ParamsMixin):
         return Estimate(total, peak_mem, feasible, used_plan, gbs, breakdown)
 
     # -- cells ---------------------------------------------------------------------
+    def shape_of(self, job: JobSpec) -> tuple[str, int]:
+        """What :meth:`best_in_cell` reads of a job: jobs of one shape get the same cells."""
+        return (job.model, job.global_batch_size)
+
     def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
         """Best feasible uniform DP/TP split inside ``cell`` (TP within a node), or None.
 
