@@ -213,10 +213,17 @@ class _UniqueKeys:
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)  # type: ignore[misc]
 
+    #: whether the text may hold an alias (a ``*``): without one the node graph is a tree,
+    #: whose size is the file's and which can hold no cycle, so only its depth is measured
+    may_alias = True
+
     def get_single_node(self) -> Any:
         node = super().get_single_node()  # type: ignore[misc]
         if node is not None:
-            _measure(node)
+            if self.may_alias:
+                _measure(node)
+            else:
+                _measure_depth(node)
         return node
 
 
@@ -265,6 +272,24 @@ def _measure(root: yaml.Node, alias_budget: int = MAX_YAML_ALIAS_NODES,
                        f"file's own {len(started)} (an alias bomb?); write the values out")
 
 
+def _measure_depth(root: yaml.Node, max_depth: int = MAX_YAML_DEPTH) -> None:
+    """Refuse a node tree deeper than ``max_depth`` (a tree: no node is shared, so each is
+    visited once, level by level, as :func:`_measure` would count it)."""
+    level, depth = [root], 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise _Refused(f"nesting too deep (more than {max_depth} levels)")
+        below: list[yaml.Node] = []
+        for node in level:
+            if isinstance(node, yaml.SequenceNode):
+                below.extend(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                for pair in node.value:
+                    below.extend(pair)
+        level = below
+
+
 class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
     """SafeLoader refusing duplicate keys and alias bombs."""
 
@@ -275,6 +300,18 @@ class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLo
     loader, so error messages are the same either way."""
 
 
+class _TreeUniqueKeyLoader(_UniqueKeyLoader):
+    """The pure-Python loader for a text with no ``*`` (no alias: a tree)."""
+
+    may_alias = False
+
+
+class _FastTreeUniqueKeyLoader(_FastUniqueKeyLoader):
+    """libyaml's loader for a text with no ``*`` (no alias: a tree)."""
+
+    may_alias = False
+
+
 #: Texts longer than this are parsed by libyaml first (when PyYAML has it).
 _FAST_PATH_CHARS = 16384
 
@@ -282,10 +319,12 @@ _FAST_PATH_CHARS = 16384
 def parse_yaml_text(text: str, source: str) -> Any:
     """YAML text to data (safe tags only); every failure is an :class:`InputError`."""
     try:
+        tree = "*" not in text  # an alias needs one; without it no node is shared
         if len(text) > _FAST_PATH_CHARS and _FastUniqueKeyLoader is not _UniqueKeyLoader:
             with contextlib.suppress(yaml.YAMLError):
-                return yaml.load(text, Loader=_FastUniqueKeyLoader)
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+                return yaml.load(text, Loader=_FastTreeUniqueKeyLoader if tree
+                                 else _FastUniqueKeyLoader)
+        return yaml.load(text, Loader=_TreeUniqueKeyLoader if tree else _UniqueKeyLoader)
     except _Refused as exc:
         raise InputError(source, "(file)", f"YAML refused: {exc}") from None
     except RecursionError:

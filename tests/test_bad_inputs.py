@@ -35,6 +35,7 @@ from apportion.cli import app, bench_app
 from apportion.cluster import Cluster
 from apportion.config import MAX_FILE_BYTES, cluster_from_data, jobs_from_data
 from apportion.errors import InputError
+from apportion.inputs import MAX_YAML_DEPTH, parse_yaml_text
 from apportion.jobs import JobSpec
 
 BAD = Path(__file__).parent / "bad_inputs"
@@ -655,3 +656,19 @@ def test_every_reader_takes_random_yaml(name: str, content: bytes,
     """Random YAML (documents, plausible inputs, alias bombs up to 12^12 nodes, recursive
     aliases, spliced bytes) through every reader, YAML or not: the same guarantees."""
     _read_once(name, content, tmp_path_factory.getbasetemp())
+
+
+@pytest.mark.parametrize("pad", [0, 20000])  # the pure-Python loader and libyaml's
+@pytest.mark.parametrize("alias", [False, True])  # a text with no "*" is measured as a tree
+def test_the_depth_limit_is_the_same_with_and_without_an_alias_in_the_text(pad: int,
+                                                                            alias: bool) -> None:
+    """A text without ``*`` can hold no alias, so only its depth is measured: the limit is
+    the same one, at the same level, as the full measure's (a text with an alias)."""
+    def text(levels: int) -> str:  # ``levels`` nodes deep: the root mapping, lists, a scalar
+        head = "a: &x 1\nb: *x\n" if alias else "a: 1\nb: 1\n"
+        return head + "c: " + "[" * (levels - 2) + "0" + "]" * (levels - 2) + "\n" + \
+            "#" + "-" * pad + "\n"
+
+    assert parse_yaml_text(text(MAX_YAML_DEPTH), "t.yaml")["a"] == 1
+    with pytest.raises(InputError, match="nesting too deep"):
+        parse_yaml_text(text(MAX_YAML_DEPTH + 1), "t.yaml")
