@@ -1,6 +1,7 @@
 """Leave-one-out ablation of apportion's objective, on rows not used to choose its terms.
 
-apportion's objective (``ObjectiveOptions.preset("apportion")``) is JCT-aware weighted
+The tuned objective (``ObjectiveOptions.preset("jct-aware")``, apportion's default before
+the objective in seconds, called ``apportion`` in these tables) is JCT-aware weighted
 throughput with further terms on top, each chosen on some trace and seed
 (experiments/results/quality/HISTORY.md). ``seconds`` states the objective as one
 quantity (the JCT seconds a job saves on a cell this round, net of a move's restart, one
@@ -79,15 +80,39 @@ ADD_ONE: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: apportion's default (``preset("apportion")``), the tables' ``candidate``: ``seconds``
+#: with a job ending within the round credited the round it would wait
+#: (``finish_credit="wait"``), a move's restart set against up to 1,800 s and speed beyond
+#: the reference rate's share at the narrower speed weight
+CANDIDATE: dict[str, Any] = {"finish_credit": "wait", "amortize_s": 1800.0,
+                             "speed_bounds": (0.7, 1.4)}
+
+#: the candidate less one term: (what the term is, the knob values that remove it)
+CANDIDATE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
+    "candidate-no-wait": (("the wait credit (a job ending within the round credited its "
+                           "work only)"), {"finish_credit": "progress"}),
+    "candidate-no-amortize": ("a move's restart against up to 1,800 s (one round instead)",
+                              {"amortize_s": None}),
+    "candidate-no-speed-bounds": ("speed beyond the reference share at the narrower weight",
+                                  {"speed_bounds": None}),
+    "candidate-no-srtf-weight": ("the fairness exponent (0.5 -> 0)",
+                                 {"remaining_exponent": 0.0}),
+}
+
+
 def variants() -> dict[str, ObjectiveOptions]:
     """Every variant replayed: the full objective, ``seconds``, each leave-one-out of the
-    full objective and ``seconds`` with each further term."""
-    out = {"apportion": ObjectiveOptions.preset("apportion"),
-           "seconds": ObjectiveOptions.preset("seconds")}
+    full objective, ``seconds`` with each further term, and the candidate default with
+    each of its terms left out."""
+    out = {"apportion": ObjectiveOptions.preset("jct-aware"),
+           "seconds": ObjectiveOptions.preset("seconds"),
+           "candidate": ObjectiveOptions.preset("seconds", **CANDIDATE)}
     for name, (_, knobs) in LEAVE_OUT.items():
-        out[name] = ObjectiveOptions.preset("apportion", **knobs)
+        out[name] = ObjectiveOptions.preset("jct-aware", **knobs)
     for name, (_, knobs) in ADD_ONE.items():
         out[name] = ObjectiveOptions.preset("seconds", **knobs)
+    for name, (_, knobs) in CANDIDATE_OUT.items():
+        out[name] = ObjectiveOptions.preset("seconds", **{**CANDIDATE, **knobs})
     return out
 
 
@@ -114,6 +139,11 @@ for mode, seeds in (("estimated", 3), ("oracle", 1)):  # Gavel's oracle: the sam
     ROWS[f"philly-d3w-{mode}"] = Row("traces/philly-d3.csv", "crius-1280", "default", mode,
                                      3, window_days=0.1,
                                      what="Philly day 3's busiest 0.1 day, 508 jobs")
+    # two more days no objective was ever replayed on: the candidate's leave-one-out
+    for day in (5, 12):
+        ROWS[f"philly-d{day}w-{mode}"] = Row(f"traces/philly-d{day}.csv", "crius-1280",
+                                             "default", mode, 3, window_days=0.1,
+                                             what=f"Philly day {day}'s busiest 0.1 day")
 
 
 def run(out: Path, names: list[str], rows: list[str]) -> None:
@@ -193,7 +223,12 @@ def table(out: Path) -> str:
                      **LEAVE_OUT}, "left out of the full objective")
     sec = [r for r in rows if (out / r / "seconds" / "summary.csv").exists()]
     added = _section(out, sec, "seconds", ADD_ONE, "added to seconds")
-    return "\n".join(full + [""] + added) + "\n"
+    cand = [r for r in rows if (out / r / "candidate" / "summary.csv").exists()]
+    less = _section(out, cand, "candidate",
+                    {"apportion": ("the tuned jct-aware objective instead", {}),
+                     **CANDIDATE_OUT},
+                    "left out of the candidate") if cand else []
+    return "\n".join(full + [""] + added + ([""] + less if less else [])) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

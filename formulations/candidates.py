@@ -10,24 +10,14 @@ their ``max_gpus``) and the accessors that read it live in
 :mod:`apportion.formulations.schema`: readers import them from there, never from
 this builder.
 
-Objective coefficient of a cell (the default objective, ``jct-aware``, weighs the
-normalised throughput by the job's bounded remaining-time weight and adds a
-per-placed-job bonus: see :mod:`apportion.formulations.objectives`; Crius's
-plain ``normalized`` objective is):
-``value = est_throughput / ref_throughput + queue_bonus + keep_bonus
-- reconfig``, where
-``ref_throughput`` is the job's reference throughput under the ``normalize``
-option (:func:`apportion.formulations.objectives.reference_throughput`; default
-``least-efficient``, Sia's; ``requested`` is its best estimated throughput with
-its requested N GPUs of its requested type, Gavel's and Crius's);
-``queue_bonus = queue_weight * min(1, wait_s / starvation_s)`` so long-waiting
-jobs rise (default 0.25 after 4 hours); ``keep_bonus`` (default 0.2; Crius's
-0.3 in crius-greedy) is added to a running job's present cell: changing or
-preempting a running job costs that much normalised throughput; moving it to
-another cell also loses the restart time, spread over the time the move pays
-off, ``reconfig = normalized * min(1, restart_s / horizon)``, ``horizon`` its
-remaining time capped at ``amortize_s`` and at least ``round_s`` (Crius's
-rule, ``amortize_s=None``: one round).
+Each cell carries its estimate (``est_throughput``), its normalised throughput
+(``normalized = est_throughput / ref_throughput``, ``ref_throughput`` the job's reference
+under the objective's ``normalize``:
+:func:`apportion.formulations.objectives.reference_throughput`) and the job's queue bonus;
+its ``value``, the objective's coefficient, is set by
+:func:`apportion.formulations.objectives.apply_objective` (apportion's default: the JCT
+seconds the job saves on the cell this round; Crius's: the normalised throughput plus a
+keep bonus, less a move's restart; ``docs/objective.md``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
 * ``fairness``: n_c * rho_j / mean(rho), rho_j the finish-time fairness of Themis;
 * ``makespan``: n_c * rem_j / mean(rem) (longest remaining work first);
 * ``composite``: a weighted sum of the above;
-* ``jct-aware`` (apportion's): ``min(n_c, 1) * w_j + max(0, n_c - 1) * v_j * u_j``.
+* ``jct-aware`` (the preset of that name, apportion's default before the one in seconds):
+  ``min(n_c, 1) * w_j + max(0, n_c - 1) * v_j * u_j``.
   ``w_j = clip((median(soon) / soon_j) ** alpha, w_min, w_max)`` (``soon_j``: the job's
   remaining time on its fastest cell; ``alpha`` = ``remaining_exponent``) orders *who
   runs* as SRTF does, tempered and bounded so long jobs are never starved; ``v_j`` is the
@@ -26,7 +27,9 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   ``round_excess`` credits a job at most the work it has left this round (``n_c`` capped at
   ``rem_j / round_s``): a job that ends within the round is not worth a long job's fast
   type for the whole round.
-* ``seconds``: the JCT seconds a job saves by running on the cell this round, in rounds:
+* ``seconds`` (apportion's default, preset ``apportion``, with ``finish_credit="wait"``,
+  ``speed_bounds`` and ``amortize_s``): the JCT seconds a job saves by running on the cell
+  this round, in rounds:
   ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
   seconds of the job's remaining time on its fastest cell, at most what it has left),
   weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
@@ -243,7 +246,9 @@ class ObjectiveOptions:
         ``sia-like`` (Sia's ILP objective as these knobs give it: normalised throughput over
         the job's least efficient option, one unit per placed job, a move charged its
         restart over one round, no keep bonus; no goodput, as apportion never changes a
-        job's batch) or ``apportion`` (apportion's default: ``CandidateOptions()``'s);
+        job's batch), ``apportion`` (apportion's default: ``CandidateOptions()``'s, the JCT
+        seconds saved), ``jct-aware`` (the tuned default before it) or ``seconds`` (the one
+        quantity alone);
         ``overrides`` over it. Every preset takes its round length and restart cost from
         the round."""
         if name not in PRESETS:
@@ -256,90 +261,24 @@ PRESETS: dict[str, ObjectiveOptions] = {
     "crius": ObjectiveOptions(),
     "sia-like": ObjectiveOptions(kind="normalized", normalize="least-efficient",
                                  place_bonus=1.0, keep_bonus=0.0, amortize_s=None),
-    # apportion's default objective (CandidateOptions'); why each value, and what was
-    # measured for it: experiments/results/quality/README.md and HISTORY.md beside it.
-    # The knobs as they stood flat on CandidateOptions, with each one's history:
-    #   queue_weight = 0.25
-    #   starvation_s = 4 * 3600.0
-    # 0.2 from session 22 (0.1 from session 4): replayed deterministically on every Crius
-    # row, it wins Philly day 4 estimated and keeps every other row's standing; 0.05 was
-    # worse (experiments/results/quality, sessions 21-22)
-    #   keep_bonus = 0.2
-    # apportion's default objective (experiments/results/quality/README.md: tuned on
-    # crius-venus and philly day 7, seed 0, then reported on every trace): JCT-aware
-    # weights with SRTF's ratio tempered (exponent 1/2; 1 before session 6, when moves
-    # freed GPUs only a round later) bounded to [1/4, 4] up to the job's reference rate and
-    # to [0.7, 1.4] on speed beyond it (session 13), one unit per placed job,
-    # and Sia's least-efficient normalisation. Crius's objective is ``objective=
-    # "normalized", place_bonus=0, normalize="requested"`` (the crius-greedy baseline).
-    #   objective (the kind) = "jct-aware"  -- see formulations/objectives.py
-    #   restart_s, round_s: the round's (FromRound; 60 s and 300 s in a round that gives
-    #   none: the literals they were until issue 42; experiments/results/quality/
-    #   round_figures.md measures the change)
-    #   place_bonus = 1.0  -- per placed job (see formulations/objectives.py)
-    #   remaining_exponent = 0.5  -- objective "jct-aware": alpha of its weight
-    #   weight_bounds = (0.25, 4.0)  -- objective "jct-aware": w_min, w_max
-    # objective "jct-aware": the bounds of the weight on speed beyond the job's reference
-    # rate (None: ``weight_bounds``; see formulations/objectives.py). [0.7, 1.4] from
-    # session 13: a short arrival's speed is worth at most 2x a long running job's, not
-    # 16x; the shortest jobs displaced long running ones for a few rounds at two restarts
-    # each. [1/2, 2] and [1, 1] were measured too: the narrower the bounds, the better the
-    # busy traces (Philly days 1 and 4, Morphling's) and the worse the long-job ones
-    # (crius-venus, day 10) (experiments/results/quality/README.md, session 13)
-    #   speed_bounds = (0.7, 1.4)
-    # the normalisation of a cell's throughput (``ref_throughput``): ``requested`` (its
-    # requested N of its requested type, Gavel's), ``slowest`` (N GPUs of its slowest
-    # feasible type, Sia's: independent of a requested type that may be arbitrary), or
-    # ``best`` (N GPUs of its fastest type), or ``least-efficient`` (N x the throughput per
-    # GPU of its least efficient cell, Sia's base: jobs whose slow options waste GPUs rate
-    # their efficient ones higher)
-    #   normalize = "least-efficient"
-    # a running job's move costs ``restart_s`` once but pays off for as long as it keeps its
-    # new cell: the loss is spread over min(its remaining time, ``amortize_s``), at least
-    # one round (None: over one round, Crius's rule). 600 s in sessions 4-11; 1,800 s from
-    # session 12: a long job displaced to a slow type moves back for a 7.6 % gain
-    # (experiments/results/quality/README.md, sessions 11-12)
-    #   amortize_s = 1800.0
-    #   restart_horizon = "reference"  -- see ObjectiveOptions
-    # objective "jct-aware": the share of jobs, those with the largest projected JCT, whose
-    # speed weight is the top of ``speed_bounds`` (None: none; see formulations/objectives.py).
-    # 0.1 from session 14: the longest jobs set the p99 and lost the fast types to shorter
-    # arrivals (Philly day 10: 88.6 h against Sia's 80.2; experiments/results/quality)
-    #   tail_share = 0.1
-    # a running job within this share of the tail's boundary keeps the top speed weight
-    # (hysteresis; 0: none). Probed at 0.1 on Philly day 7 and crius-pai: no change
-    #   tail_margin = 0.0
-    # a job is credited at most the work it has left this round (n_c capped at rem_j /
-    # round_s); speed beyond that only ends it sooner within the round and counts at this
-    # share (None: no cap). 0.25 from session 16: short arrivals displaced a two-day job
-    # from its fast type for the one round they ran, 30-40 restarts where Sia made 2-3
-    # (Philly day 7; experiments/results/quality)
-    #   round_excess = 0.25
-    # objective "jct-aware": a job is also in the tail when its projected JCT is at least
-    # the (1 - q) quantile of every job the policy has seen (None: the round's tail only;
-    # see formulations/objectives.py). 0.02 from session 17: a day's p99 is its 5th-6th
-    # longest job, which ranked up to 7th among its round's jobs and was out of the
-    # round's tail in 3 of 4 rounds (Philly day 13; experiments/results/quality)
-    #   tail_quantile = 0.02
-    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory's
-    # projected JCTs is never moved to a slower cell while it can keep its own (None: none;
-    # see formulations/objectives.py). At 0.02 alone it cut Philly day 13's p99 3.2 % and
-    # cost its average 0.6 % (session 19); 0.015 with ``tail_pin_top`` from session 20
-    # (experiments/results/quality)
-    #   tail_pin = 0.015
-    # objective "jct-aware": a running job at or above the (1 - q) quantile of the memory is
-    # beyond the pin (None: none; see formulations/objectives.py). 0.0075 from session 20:
-    # holding the few jobs far beyond the p99 lowers no p99 and costs the average
-    #   tail_pin_top = 0.0075
-    # objective "jct-aware": speed beyond the reference rate counted in shares of the
-    # job's fastest cell (its own JCT seconds per round), but the tail's, which keep
-    # reference multiples (see formulations/objectives.py). From session 23: a job its fast
-    # type sped up 9x was held there while one losing 44 % of its round was demoted
-    # (crius-pai oracle's one lost average); replayed on every Crius row
-    # (experiments/results/quality). ``best`` for every job lost day 13's p99
-    #   speed_unit = "best-outside-tail"
-    #   speed_scale = None  -- None: the round's median n_best (objectives.py)
+    # apportion's default (CandidateOptions'): the objective as one quantity, the JCT seconds
+    # each job saves on a cell this round (kind ``seconds``, a job that can end within the
+    # round credited the round it would otherwise wait: ``finish_credit="wait"``), net of a
+    # move's restart, weighed by one fairness exponent (0.5), with the two further terms the
+    # quality rows need: a move's restart set against the time it pays off, up to 1,800 s,
+    # not one round (a long job displaced to a slow type moves back: crius-pai), and speed
+    # beyond the reference rate's share at the narrower weight [0.7, 1.4] (a short job's
+    # scale-up is worth at most twice a long job's: Morphling's rows, Philly day 3). What
+    # each term adds, on rows not used to choose it, and every quality row against the
+    # tuned objective before it: experiments/results/quality/ablation.md
     "apportion": ObjectiveOptions(
+        kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0,
+        remaining_exponent=0.5, weight_bounds=(1e-3, 1e3), speed_bounds=(0.7, 1.4),
+        amortize_s=1800.0, finish_credit="wait", normalize="requested"),
+    # apportion's default until the objective in seconds: JCT-weighted normalised
+    # throughput with the stack of further terms tuned on the quality rows (each knob's
+    # value and the experiment that chose it: experiments/results/quality/HISTORY.md)
+    "jct-aware": ObjectiveOptions(
         kind="jct-aware", keep_bonus=0.2, place_bonus=1.0, remaining_exponent=0.5,
         weight_bounds=(0.25, 4.0), speed_bounds=(0.7, 1.4), normalize="least-efficient",
         amortize_s=1800.0, restart_horizon="reference", tail_share=0.1, tail_margin=0.0,

@@ -15,13 +15,17 @@ from apportion.formulations.objectives import ObjectiveOptions
 def test_every_variant_changes_only_the_knobs_it_names() -> None:
     table = ab.variants()
     fields = {f.name for f in dataclasses.fields(ObjectiveOptions)}
-    for terms, base in ((ab.LEAVE_OUT, "apportion"), (ab.ADD_ONE, "seconds")):
+    for terms, base in ((ab.LEAVE_OUT, "apportion"), (ab.ADD_ONE, "seconds"),
+                        (ab.CANDIDATE_OUT, "candidate")):
         for name, (_, knobs) in terms.items():
             assert set(knobs) <= fields, name
             changed = {f for f in fields
                        if getattr(table[name], f) != getattr(table[base], f)}
             assert changed and changed <= set(knobs), name
-    assert table["apportion"] == ObjectiveOptions.preset("apportion")
+    # the tables' ``apportion`` is the tuned objective they ablate; their ``candidate`` is
+    # apportion's default now
+    assert table["apportion"] == ObjectiveOptions.preset("jct-aware")
+    assert table["candidate"] == ObjectiveOptions.preset("apportion")
     assert table["seconds"].kind == "seconds"
 
 

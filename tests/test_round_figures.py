@@ -138,16 +138,22 @@ def test_the_deadline_formulation_charges_the_rounds_restart() -> None:
 
 def test_the_presets_construct_and_differ_where_documented() -> None:
     crius, sia, ours = (ObjectiveOptions.preset(n) for n in ("crius", "sia-like", "apportion"))
-    assert set(PRESETS) == {"crius", "sia-like", "apportion", "seconds"}
+    assert set(PRESETS) == {"crius", "sia-like", "apportion", "jct-aware", "seconds"}
     assert crius == ObjectiveOptions()  # Crius's objective is the objective's default
     assert (crius.kind, crius.normalize, crius.place_bonus, crius.keep_bonus,
             crius.amortize_s) == ("normalized", "requested", 0.0, 0.3, None)
     assert (sia.kind, sia.normalize, sia.place_bonus, sia.keep_bonus, sia.amortize_s) == (
         "normalized", "least-efficient", 1.0, 0.0, None)
     assert ours == CandidateOptions().objective  # apportion's default
-    assert (ours.kind, ours.speed_unit, ours.tail_share) == ("jct-aware", "best-outside-tail",
-                                                             0.1)
-    assert len({crius, sia, ours}) == 3
+    # one quantity in seconds, a finishing job credited its wait, and two further terms
+    assert (ours.kind, ours.finish_credit, ours.amortize_s, ours.speed_bounds) == (
+        "seconds", "wait", 1800.0, (0.7, 1.4))
+    assert (ours.place_bonus, ours.keep_bonus, ours.queue_weight, ours.tail_share) == (
+        0.0, 0.0, 0.0, None)
+    tuned = ObjectiveOptions.preset("jct-aware")  # the default before it, kept by name
+    assert (tuned.kind, tuned.speed_unit, tuned.tail_share) == ("jct-aware",
+                                                                "best-outside-tail", 0.1)
+    assert len({crius, sia, ours, tuned}) == 4
     for p in PRESETS.values():  # every preset reads its figures from the round
         assert from_round(p.round_s) and from_round(p.restart_s)
     assert ObjectiveOptions.preset("crius", keep_bonus=0.1).keep_bonus == 0.1
@@ -157,18 +163,21 @@ def test_the_presets_construct_and_differ_where_documented() -> None:
 
 def test_the_objective_is_nested_and_every_flat_keyword_still_works() -> None:
     default = CandidateOptions()
+    tuned = CandidateOptions(objective=ObjectiveOptions.preset("jct-aware"))
     assert isinstance(default.objective, ObjectiveOptions)
-    assert default.objective == "jct-aware"  # compares with its kind's name, as it did
+    assert default.objective == "seconds"  # compares with its kind's name, as it did
+    assert tuned.objective == "jct-aware"
     flat = CandidateOptions(objective="normalized", keep_bonus=0.3, normalize="requested",
                             place_bonus=0.0, amortize_s=None)
     assert flat.objective.kind == "normalized" and flat.keep_bonus == 0.3
-    assert flat.tail_share == 0.1  # the kind over apportion's other knobs
+    assert flat.speed_bounds == (0.7, 1.4)  # the kind over apportion's other knobs
     nested = CandidateOptions(objective=ObjectiveOptions.preset("crius"), scales=(1.0,))
     assert nested.normalize == "requested" and nested.scales == (1.0,)
     assert replace(default, keep_bonus=0.5).keep_bonus == 0.5
     assert replace(default, keep_bonus=0.5).objective.keep_bonus == 0.5
     assert default.updated(objective="jct", keep_bonus=0.1).objective.kind == "jct"
-    assert default.updated(objective="jct").tail_share == 0.1
+    assert default.updated(objective="jct").speed_bounds == (0.7, 1.4)
+    assert tuned.updated(objective="jct").tail_share == 0.1
     assert hash(default) == hash(CandidateOptions())  # the candidate cache keys on it
     assert pickle.loads(pickle.dumps(default)) == default  # isolated chains, workers
     assert isinstance(pickle.loads(pickle.dumps(ROUND_S)), FromRound)
@@ -178,11 +187,12 @@ def test_the_objective_is_nested_and_every_flat_keyword_still_works() -> None:
     with pytest.raises(ValueError, match="round_s"):
         CandidateOptions(round_s=0.0)
     # the plans take the candidates' objective but the cells formulation's own knobs
-    plans = PlanOptions.like(default)
+    assert PlanOptions.like(default).objective.kind == "seconds"
+    plans = PlanOptions.like(tuned)
     assert plans.objective.kind == "jct-aware" and plans.speed_unit == "best-outside-tail"
     assert all(getattr(plans, k) == getattr(ObjectiveOptions(), k) for k in CELLS_ONLY)
     assert PlanOptions().objective == ObjectiveOptions()
-    assert PlanOptions.like(default, objective="jct").normalize == "least-efficient"
+    assert PlanOptions.like(tuned, objective="jct").normalize == "least-efficient"
 
 
 def test_the_preset_reaches_the_round_config_and_apportions_policies() -> None:
