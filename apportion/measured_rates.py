@@ -7,11 +7,11 @@ the profiles' noise is about 10 %), the job's rate on that GPU type and count is
 source's times the measured factor from then on (``JobView.rate_factor``, applied by
 :meth:`View.rate`). Every policy reads rates through the view, so every policy gets the
 same correction — as Sia and Gavel refine their throughput estimates online, and as
-apportion's formulations did alone before (experiments/results/quality, session 18).
+apportion's formulations did alone before (experiments/results/quality/HISTORY.md).
 
 Why: in ``estimated`` mode a count that was not profiled is predicted from the nearest
 profile, and one such prediction had a job run at a seventh of its estimate for 7 hours
-(Philly day 1; experiments/results/quality, session 17). In ``oracle`` mode the
+(Philly day 1; experiments/results/quality/HISTORY.md). In ``oracle`` mode the
 measurement is the source's rate and nothing changes.
 
 The driver owns one :class:`RateFeedback` per run and calls :meth:`RateFeedback.observe`

@@ -88,7 +88,7 @@ class CandidateOptions:
     # than it asked for (its running cell aside): every GPU beyond a request is one a
     # waiting job asked for, and the scale-up cells were 40 % of a 700-job round's columns,
     # the share that kept its LP from answering in the budget (Philly day 1's burst fell
-    # back to the greedy; session 15). True keeps them in every round.
+    # back to the greedy). True keeps them in every round.
     scale_up_when_full: bool = False
     objective: ObjectiveOptions = field(default_factory=lambda: ObjectiveOptions.preset(
         "apportion"))

@@ -298,8 +298,8 @@ PRESETS: dict[str, ObjectiveOptions] = {
 
 #: the knobs of the cells formulation alone: the plans formulation takes the rest of a
 #: candidate objective (``PlanOptions.like``) but these at Crius's values (its tail's extra
-#: speed is GPUs a waiting job lacks on Morphling's queue-bound workloads: session 14,
-#: experiments/results/quality)
+#: speed is GPUs a waiting job lacks on Morphling's queue-bound workloads:
+#: experiments/results/quality/HISTORY.md)
 CELLS_ONLY = ("tail_share", "tail_margin", "round_excess", "tail_quantile", "tail_pin",
               "tail_pin_top")
 

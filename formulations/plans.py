@@ -22,8 +22,8 @@ the smallest option that does: found by the search over options), and placing
 it earns ``sla_weight``: more than any one job's value can be (a term is at most
 about its speed-up, 2, times the largest JCT weight, 4, plus the place bonus),
 so the solver places a guaranteed job before any single best-effort one (a soft
-priority: the model is never infeasible). Session 8 measured the weight on
-Morphling's MT workload, 3 seeds (experiments/results/quality/README.md): at
+priority: the model is never infeasible). The weight was measured on
+Morphling's MT workload, 3 seeds (experiments/results/quality/HISTORY.md): at
 100 the average JCT was 0.658 h and 0.796 of the SLAs were kept, at 10 0.596 h
 and 0.818 (fewer restarts of both kinds of job, best-effort jobs queued 0.54-0.59 h
 against 0.65-0.68 h), at 3 0.43 h but 0.78 of the SLAs (2 seeds). How 100 costs is not
@@ -42,7 +42,7 @@ for the next round). A guaranteed job that can no longer finish within it, even 
 promised speed from now on (it waited past its window, or ran slower), is best-effort
 from then on (``sla_deadline``, the job vertex's ``sla_lost``): its priority could not
 keep its SLA any more and only delays other jobs. Measured on Morphling's MT workload,
-seed 0 (session 18, experiments/results/quality): without it the jobs that had lost
+seed 0 (experiments/results/quality/HISTORY.md): without it the jobs that had lost
 their SLA kept the priority, and best-effort jobs queued behind them (0.600 h average
 JCT estimated, 0.531 oracle); with it 0.369 and 0.331 h, SLAs kept 0.804 and 0.814 (0.814
 and 0.799 before). Best-effort jobs use what is
@@ -372,7 +372,7 @@ class PlanOptions:
     knob is also a keyword and an attribute of its own."""
 
     gpu_counts: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
-    sla_weight: float = SLA_WEIGHT  # see the module docstring (session 8's measurement)
+    sla_weight: float = SLA_WEIGHT  # see the module docstring (its measurement)
     # a guaranteed job's SLA is its promised time (its work at its request's speed) x
     # ``sla_slack`` after its submission, plus ``sla_grace_s`` (None: one round); once it
     # can no longer finish within that, even at its promised speed from now on, it is
@@ -395,10 +395,10 @@ class PlanOptions:
         knobs (:data:`~apportion.formulations.objectives.CELLS_ONLY`: the tail share, the
         round's work cap, the trace's tail and its pinned band) at Crius's values: on
         Morphling's queue-bound workloads the tail's extra speed is GPUs a waiting job does
-        not get (session 14: MT oracle 0.548 h against 0.531, SLAs kept 0.796 against
-        0.799; experiments/results/quality). Speed in shares of each job's fastest plan is
-        taken (session 23: Morphling's base and BP 3.7-6.1 % lower, MT oracle 5 %, SLAs
-        kept the same); with no tail share, ``best-outside-tail`` counts every job in
+        not get (MT oracle 0.548 h against 0.531, SLAs kept 0.796 against 0.799;
+        experiments/results/quality/HISTORY.md). Speed in shares of each job's fastest plan
+        is taken (Morphling's base and BP 3.7-6.1 % lower, MT oracle 5 %, SLAs kept the
+        same); with no tail share, ``best-outside-tail`` counts every job in
         shares."""
         crius = ObjectiveOptions()
         nested = replace(objective_of_options(candidates),

@@ -28,7 +28,7 @@ requested GPU count (of its requested type, when it names one). Then, in the ord
 
 Jobs not marked guaranteed are untouched, and so is a graph with none: the rule changes
 nothing for best-effort work. ``sla_weight`` (10) was measured on the plans formulation
-(Morphling's MT workload, session 8: experiments/results/quality/README.md); the cells
+(Morphling's MT workload: experiments/results/quality/HISTORY.md); the cells
 formulation uses the same value, not separately tuned.
 """
 

@@ -25,7 +25,7 @@ The budget is split so the chain answers well when time is short:
   on the 1,280-GPU cluster, average JCT 3,754 s with LP rounding first vs
   3,241 s with HiGHS first, the same code otherwise (main before: 3,289 s;
   experiments/results/bench/speed.md; measured at the 0.01 % tolerance with
-  session 4's objective; see the default below). LP rounding *second* is for the busy
+  the objective of that time; see the default below). LP rounding *second* is for the busy
   rounds HiGHS cannot finish: there its branch and bound, given a second or
   two, often has not moved from its greedy start (20-50 % below the LP bound
   on the Philly replay's backlog rounds), while the rounded LP's restricted

@@ -195,7 +195,7 @@ def partition(layers: Sequence[torch.nn.Module], sample: torch.Tensor, budget_by
     ``double_buffer``: the spilled trainer will promote the next shard's parameters
     into the reserve while this shard computes, so a shard's parameters must also fit
     the reserve (``budget_bytes * buffer_fraction``); without this cut a 1 GiB budget
-    peaked at 1.22 GB double-buffered on an H200 (session 15).
+    peaked at 1.22 GB double-buffered on an H200.
     """
 
     optim = optim or OptimSpec()

@@ -224,7 +224,7 @@ def _to_cpu(obj: Any, pin: bool = False) -> Any:
     """Host copies of the tensors in ``obj``. With ``pin`` a CUDA tensor lands in pinned
     memory, copied without blocking (the caller synchronises before reading it): the next
     promotion of that state copies from pinned memory, which pageable memory made the
-    spilled run's bottleneck (session 15: 20 s against 0.1 s whole on an H200). Freed
+    spilled run's bottleneck (20 s against 0.1 s whole on an H200). Freed
     pinned blocks are reused by torch's caching host allocator."""
     import torch
 
@@ -470,7 +470,7 @@ class SpillTrainer:
         two with double buffering (the running shard's and the prefetched one's), the least
         recently used dropped first. A buffer per shard kept for the whole run would hold
         every shard's parameters on the device at once: on an H200 a 0.8 GB model spilled
-        under a 1 GiB budget peaked at 2.2 GB that way (session 15)."""
+        under a 1 GiB budget peaked at 2.2 GB that way."""
         cache = self._buffers.setdefault(p, OrderedDict())
         if key in cache:
             cache.move_to_end(key)

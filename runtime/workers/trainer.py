@@ -488,7 +488,7 @@ def leave(code: int) -> None:
     of a two-rank gloo group, done (its final checkpoint saved, its process group destroyed),
     hung in the teardown of the trainer's frame as ``main`` returned — its stack, dumped on
     ``STACKS_SIGNAL``, was the caller's line and a native thread with no Python frame (the
-    local executor's resize test under load, 2 of about 100 runs; session 18). Everything a
+    local executor's resize test under load, 2 of about 100 runs). Everything a
     worker leaves is already on disk (the checkpoint, the status, the progress lines)."""
     sys.stdout.flush()
     sys.stderr.flush()

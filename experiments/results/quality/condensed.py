@@ -38,6 +38,13 @@ def _ci(r: dict) -> str:
     return f"{r['avg_jct_h']:.3f} ± {r['avg_jct_ci95_h']:.3f}"
 
 
+def _ratio(r: dict) -> str:
+    """The average JCT over the run's lower bound (``≈``: the run's bound, see summarise.py)."""
+    if r.get("avg_jct_to_bound") is None:
+        return "n/a"
+    return f"{'≈' if r.get('bound_from_another_policy') else ''}{r['avg_jct_to_bound']:.2f}"
+
+
 def _bold(text: str, first: bool) -> str:
     return f"**{text}**" if first else text
 
@@ -56,25 +63,27 @@ def _runs(rows: list[dict], traces: list[str], mine: str
 
 
 def crius_table(rows: list[dict]) -> str:
-    out = [("| trace, mode | apportion avg | p99 (rank of 11) | queue | rank | best other avg "
-            "(p99, queue, finished) | crius-greedy | gavel |"),
-           "|---|---|---|---|---|---|---|---|"]
+    out = [("| trace, mode | apportion avg | p99 (rank of 11) | queue | avg / bound | rank "
+            "| best other avg (p99, queue, finished; avg / bound) | crius-greedy | gavel |"),
+           "|---|---|---|---|---|---|---|---|---|"]
     for trace, mode, run, by, me, rank, first in _runs(rows, CRIUS, "apportion"):
         p99_rank = 1 + sum(r["p99_jct_h"] < me["p99_jct_h"] for r in run)
         other = min((r for r in run if r["policy"] != "apportion"), key=_avg)
         out.append(
             f"| {trace}, {mode} | {_bold(_ci(me), first)} | {me['p99_jct_h']:.1f} ± "
             f"{me['p99_jct_ci95_h']:.1f} ({p99_rank}) | {me['avg_queue_h']:.2f} | "
-            f"{_bold(rank, first)} | {other['policy']} "
+            f"{_ratio(me)} | {_bold(rank, first)} | {other['policy']} "
             f"{_ci(other)} ({other['p99_jct_h']:.1f}, {other['avg_queue_h']:.2f}, "
-            f"{other['finished']:.0f}/{other['jobs']:.0f}) | {_ci(by['crius-greedy'])} | "
+            f"{other['finished']:.0f}/{other['jobs']:.0f}; {_ratio(other)}) | "
+            f"{_ci(by['crius-greedy'])} | "
             f"{_ci(by['gavel'])} |")
     return "\n".join(out)
 
 
 def morphling_table(rows: list[dict]) -> str:
-    out = [("| workload, mode | apportion-plans (p99, queue; SLA kept) | morphling | sia | "
-            "synergy | antman | apportion-plans' rank |"), "|---|---|---|---|---|---|---|"]
+    out = [("| workload, mode | apportion-plans (p99, queue; SLA kept) | avg / bound | "
+            "morphling | sia | synergy | antman | apportion-plans' rank |"),
+           "|---|---|---|---|---|---|---|---|"]
     for trace, mode, _, by, me, rank, first in _runs(rows, MORPHLING, "apportion-plans"):
         sla = "" if me.get("sla_kept") is None else f"; SLA kept {me['sla_kept']:.3f}"
         others = " | ".join(
@@ -83,7 +92,7 @@ def morphling_table(rows: list[dict]) -> str:
             for p in ("morphling", "sia", "synergy", "antman"))
         out.append(f"| {trace.removeprefix('morphling-')}, {mode} | "
                    f"{_bold(_ci(me), first)} ({me['p99_jct_h']:.1f}, "
-                   f"{me['avg_queue_h']:.2f}{sla}) | {others} | "
+                   f"{me['avg_queue_h']:.2f}{sla}) | {_ratio(me)} | {others} | "
                    f"{_bold(rank, first)} |")
     return "\n".join(out)
 
@@ -97,7 +106,7 @@ def _mode_cells(r: dict | None, rank: int | None) -> str:
     first = rank == 1
     part = "" if r["finished"] >= r["jobs"] else \
         f" ({r['finished']:.0f}/{r['jobs']:.0f}; all jobs {_avg(r):.3f})"
-    ratio = "n/a" if r.get("avg_jct_to_bound") is None else f"{r['avg_jct_to_bound']:.2f}"
+    ratio = _ratio(r)
     util = "n/a" if r.get("utilization") is None else f"{100 * r['utilization']:.1f} %"
     span = "n/a" if r.get("makespan_h") is None else f"{r['makespan_h']:.1f}"
     return (f"{_bold(_ci(r), first)}{part} | {r['p99_jct_h']:.2f} | {span} | {util} | "
