@@ -20,37 +20,46 @@ from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlanFilter", "cell_plan", "drop_refused_plans", "workload_plan_filter"]
+__all__ = ["PlanFilter", "WorkloadPlanFilter", "cell_plan", "drop_refused_plans",
+           "workload_plan_filter"]
 
 
-def workload_plan_filter(device: str | None = None) -> PlanFilter:
-    """The predicate for real workers: a job gets only plans its ``workload.kind`` runs;
-    ``device`` (cpu | cuda) defaults to this host's."""
-    dev = device or ("cuda" if cuda_present() else "cpu")
-    # a verdict reads only the workload's kind, the global batch and the plan: a round asks
-    # it of every option of every job (a 1,000-job plans round: 181,000 times), so once each
-    memo: dict[tuple[str, int, ExecutionPlan], str | None] = {}
+class WorkloadPlanFilter:
+    """The predicate for real workers (a :data:`PlanFilter`): ``filter(job, plan)`` is None
+    where the job's ``workload.kind`` runs the plan on ``device``, else the reason.
 
+    :meth:`job_key` says what a verdict reads of a job, so the candidate builder shares
+    cells between jobs of one key (``formulations.candidates.shape_key``); a filter
+    without one is asked job by job."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        # a verdict reads only the workload's kind, the global batch and the plan: a round
+        # asks it of every option of every job (a 1,000-job plans round: 181,000 times), so
+        # once each
+        self._memo: dict[tuple[str, int, ExecutionPlan], str | None] = {}
+
+    @staticmethod
     def job_key(job: JobSpec) -> tuple[str, int]:
-        """What a verdict reads of a job: jobs of one key get the same verdicts (the
-        candidate builder shares their cells)."""
+        """What a verdict reads of a job: jobs of one key get the same verdicts."""
         return (job.workload.kind if job.workload else "builtin", job.global_batch_size)
 
-    def accept(job: JobSpec, plan: ExecutionPlan) -> str | None:
+    def __call__(self, job: JobSpec, plan: ExecutionPlan) -> str | None:
         kind = job.workload.kind if job.workload else "builtin"
+        memo = self._memo
         try:
             key = (kind, job.global_batch_size, plan)
             if key in memo:
                 return memo[key]
         except TypeError:  # an unhashable plan: judged afresh
-            return _verdict(kind, job, plan)
+            return self._verdict(kind, job, plan)
         if len(memo) > 100_000:
             memo.clear()
-        memo[key] = got = _verdict(kind, job, plan)
+        memo[key] = got = self._verdict(kind, job, plan)
         return got
 
-    def _verdict(kind: str, job: JobSpec, plan: ExecutionPlan) -> str | None:
-        why = plan_supported(kind, plan, dev)
+    def _verdict(self, kind: str, job: JobSpec, plan: ExecutionPlan) -> str | None:
+        why = plan_supported(kind, plan, self.device)
         if why is not None:
             return why
         parts = plan.dp * plan.accumulation  # the global batch never changes: it must split
@@ -61,5 +70,7 @@ def workload_plan_filter(device: str | None = None) -> PlanFilter:
             return "the per-rank batch does not split into the pipeline's micro-batches"
         return None
 
-    accept.job_key = job_key  # type: ignore[attr-defined]
-    return accept
+
+def workload_plan_filter(device: str | None = None) -> WorkloadPlanFilter:
+    """The predicate for real workers; ``device`` (cpu | cuda) defaults to this host's."""
+    return WorkloadPlanFilter(device or ("cuda" if cuda_present() else "cpu"))
