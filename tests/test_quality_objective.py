@@ -107,7 +107,7 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     around, so the queued job starts and the running job keeps its place. Both answers
     are the exact optimum of their graph's values. (apportion's default stickiness is
     lower: there the short job grows, finishes sooner, and hands the long one all 8.) One
-    weight in [1/4, 4] on all of a job's speed here (the default before session 13), so
+    weight in [1/4, 4] on all of a job's speed here (an earlier default), so
     the short job's growth outweighs the long one 16 to 1; with the default's speed weight
     in [0.7, 1.4] beyond the reference rate the long job starts even without the bonus (the
     next test). No tail share or quantile either (the long queued job would be the tail:
@@ -462,7 +462,7 @@ def test_speed_in_shares_of_the_best_cell_demotes_the_job_that_loses_less_of_its
     """In multiples of a slow reference, X's slow type costs it more (1.5 against 1.3: the
     fast type goes to X); in shares of each job's best (``speed_unit="best"``), the slow
     type costs X 0.17 of its round and Y 0.43, so Y keeps the fast type (the
-    crius-pai burst of session 22). Under ``best-outside-tail`` a tail job keeps reference
+    crius-pai burst in the quality HISTORY.md). Under ``best-outside-tail`` a tail job keeps reference
     multiples."""
     ref = _two_speedups("reference")
     assert ref["X"] == pytest.approx(1.5 * 1.4) and ref["Y"] == pytest.approx(1.3 * 1.4)

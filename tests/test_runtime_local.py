@@ -40,7 +40,7 @@ def wait_for(ex: LocalExecutor, job: str, cond, timeout: float = 120.0) -> Progr
 
 
 def _diagnosis(ex: LocalExecutor, job: str) -> str:
-    """What a hung group's ranks last wrote (the teardown hang seen once in session 17 could
+    """What a hung group's ranks last wrote (the teardown hang seen once could
     not be read: the test's folder was gone): each rank's stderr tail, exit code, status."""
     from apportion.runtime.executors.local import stderr_tail
 
