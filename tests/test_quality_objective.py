@@ -462,8 +462,8 @@ def test_speed_in_shares_of_the_best_cell_demotes_the_job_that_loses_less_of_its
     """In multiples of a slow reference, X's slow type costs it more (1.5 against 1.3: the
     fast type goes to X); in shares of each job's best (``speed_unit="best"``), the slow
     type costs X 0.17 of its round and Y 0.43, so Y keeps the fast type (the
-    crius-pai burst in the quality HISTORY.md). Under ``best-outside-tail`` a tail job keeps reference
-    multiples."""
+    crius-pai burst in the quality HISTORY.md). Under ``best-outside-tail`` a tail job keeps
+    reference multiples."""
     ref = _two_speedups("reference")
     assert ref["X"] == pytest.approx(1.5 * 1.4) and ref["Y"] == pytest.approx(1.3 * 1.4)
     best = _two_speedups("best")

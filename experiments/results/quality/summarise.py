@@ -1,8 +1,9 @@
 """Condense ``apportion compare`` runs (their ``summary.csv``) into one markdown table per
 run and one JSON: avg and p99 JCT (mean ± 95 % CI over seeds, Student's t, hours),
 average queueing, restarts per job, makespan (h), GPU utilisation, the average JCT over
-the run's lower bound (``avg_jct_to_bound``), finished jobs, each policy's rank, and where the trace has guaranteed jobs
-(Morphling's MT) the share that kept their SLA (``sla_kept``).
+the run's lower bound (``avg_jct_to_bound``), finished jobs, each policy's rank, and
+where the trace has guaranteed jobs (Morphling's MT) the share that kept their SLA
+(``sla_kept``).
 
 The rank is by the average JCT over *every* job (``avg_jct_all_s``: an unfinished job
 counted until the replay's end, a lower bound), so leaving long jobs unstarted does not
