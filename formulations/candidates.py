@@ -152,6 +152,9 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                                  list[tuple[str, int, int, Any]]]] = {}
     spills: dict[Hashable, tuple[list[tuple[str, int, int, Any]], Any]] = {}
     edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]] = {}
+    # a shape's reference throughput per requested type: the jobs sharing a shape share
+    # the cells it is read from, so it is computed once, not from fresh cell objects each
+    refs: dict[tuple[Hashable, str | None], tuple[float, str]] = {}
     for job in jobs:
         jn = job_node(job.id)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
@@ -161,6 +164,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                    reason=None, ref_throughput=None, ref_basis=None)
         key = shape_key(job, est, accept)
         got = shapes.get(key) if key is not None else None
+        ref: tuple[float, str] | None = None
+        found_n: int | None = None  # the cells before pruning, where only their count is read
         if got is None:
             cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept)
             pruned: list[tuple[Cell, Any]] | None = None
@@ -170,8 +175,17 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                                [(*c.key, e) for c, e in pruned])
         else:
             tried, refused, found, kept = got
-            cells = [(Cell(job.id, t, n, st), e) for t, n, st, e in found]
+            # the pruned cells stand for the found ones (empty exactly when they are: pruning
+            # keeps every undominated cell); the found ones give only their count and ref
             pruned = [(Cell(job.id, t, n, st), e) for t, n, st, e in kept]
+            cells, found_n = pruned, len(found)
+            if found:
+                rkey = (key, job.requested_gpu_type)
+                ref = refs.get(rkey)
+                if ref is None:
+                    ref = refs[rkey] = reference_throughput(
+                        opt.normalize, job.requested_gpus, job.requested_gpu_type,
+                        [(t, n, e.throughput) for t, n, _, e in found])
         attrs = g.nodes[jn]
         if tried:
             attrs["cells_tried"] = tried
@@ -193,8 +207,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                 g.nodes[jn]["reason_detail"] = spilled[1]
             cells = [(Cell(job.id, t, n, st), e) for t, n, st, e in spilled[0]
                      if accept is None or accept(job, e.plan) is None]
-            pruned = None
-        _attach(g, job, cells, caps, cluster, opt, est, pruned, edge_memo)
+            pruned, ref, found_n = None, None, None
+        _attach(g, job, cells, caps, cluster, opt, est, pruned, edge_memo, ref, found_n)
     apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
 
@@ -290,7 +304,11 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             cluster: Cluster, opt: CandidateOptions, est: Any = None,
             pruned: list[tuple[Cell, Any]] | None = None,
             edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
-            | None = None) -> None:
+            | None = None, ref: tuple[float, str] | None = None,
+            found_n: int | None = None) -> None:
+    """``ref``: the job's reference throughput and basis when the caller has them (a shared
+    shape's); ``found_n``: how many cells were found before ``pruned`` (then ``cells`` may
+    be ``pruned`` itself)."""
     jn = job_node(job.id)
     if not cells:
         if job.requested_gpu_type and job.requested_gpu_type not in caps:
@@ -308,23 +326,25 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0
         return
-    ref, basis = reference_throughput(opt.normalize, job.requested_gpus, job.requested_gpu_type,
-                                      [(c.gpu_type, c.gpus, e.throughput) for c, e in cells])
-    _attach_cells(g, job, cells, cluster, opt, ref, basis, pruned, edge_memo)
+    if ref is None:
+        ref = reference_throughput(opt.normalize, job.requested_gpus, job.requested_gpu_type,
+                                   [(c.gpu_type, c.gpus, e.throughput) for c, e in cells])
+    _attach_cells(g, job, cells, cluster, opt, ref[0], ref[1], pruned, edge_memo, found_n)
 
 
 def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster,
                   opt: CandidateOptions, ref: float, basis: str,
                   pruned: list[tuple[Cell, Any]] | None = None,
                   edge_memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
-                  | None = None) -> None:
+                  | None = None, found_n: int | None = None) -> None:
     """``pruned``: ``cells`` less the dominated ones, when the caller has them already;
-    ``edge_memo``: the group edges of a cell shape, shared over one build's jobs."""
+    ``edge_memo``: the group edges of a cell shape, shared over one build's jobs;
+    ``found_n``: how many cells there were before pruning (default ``len(cells)``)."""
     jn = job_node(job.id)
     g.nodes[jn]["ref_throughput"] = ref
     g.nodes[jn]["ref_basis"] = basis
     bonus = g.nodes[jn]["queue_bonus"]
-    before = len(cells)
+    before = len(cells) if found_n is None else found_n
     cells = prune_dominated(job, cells, cluster) if pruned is None else pruned
     g.nodes[jn]["pruned_cells"] = before - len(cells)
     # the job's vertices and edges in one call each (networkx clears its caches per call),
