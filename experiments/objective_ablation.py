@@ -80,14 +80,7 @@ ADD_ONE: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-#: apportion's default (``preset("apportion")``), the tables' ``candidate``: ``seconds``
-#: with a job ending within the round credited the round it would wait
-#: (``finish_credit="wait"``), a move's restart set against up to 1,800 s and speed beyond
-#: the reference rate's share at the narrower speed weight
-CANDIDATE: dict[str, Any] = {"finish_credit": "wait", "amortize_s": 1800.0,
-                             "speed_bounds": (0.7, 1.4)}
-
-#: the candidate less one term: (what the term is, the knob values that remove it)
+#: apportion's default (``preset("apportion")``, the tables' ``candidate``) less one term: (what the term is, the knob values that remove it)
 CANDIDATE_OUT: dict[str, tuple[str, dict[str, Any]]] = {
     "candidate-no-wait": (("the wait credit (a job ending within the round credited its "
                            "work only)"), {"finish_credit": "progress"}),
@@ -106,13 +99,13 @@ def variants() -> dict[str, ObjectiveOptions]:
     each of its terms left out."""
     out = {"apportion": ObjectiveOptions.preset("jct-aware"),
            "seconds": ObjectiveOptions.preset("seconds"),
-           "candidate": ObjectiveOptions.preset("seconds", **CANDIDATE)}
+           "candidate": ObjectiveOptions.preset("apportion")}
     for name, (_, knobs) in LEAVE_OUT.items():
         out[name] = ObjectiveOptions.preset("jct-aware", **knobs)
     for name, (_, knobs) in ADD_ONE.items():
         out[name] = ObjectiveOptions.preset("seconds", **knobs)
     for name, (_, knobs) in CANDIDATE_OUT.items():
-        out[name] = ObjectiveOptions.preset("seconds", **{**CANDIDATE, **knobs})
+        out[name] = ObjectiveOptions.preset("apportion", **knobs)
     return out
 
 

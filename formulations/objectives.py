@@ -256,6 +256,16 @@ class ObjectiveOptions:
         return dataclasses.replace(PRESETS[name], **overrides)
 
 
+#: the objective as one quantity (kind ``seconds``): the JCT seconds each job saves on
+#: a cell this round, net of a move's restart seconds, weighed by one fairness exponent
+#: (0.5, apportion's); no bonus, no tail, no pin, weights unbounded in practice
+#: ([1e-3, 1e3]: a ratio of remaining times past a million). What each further term of
+#: ``apportion`` adds to it, by leave-one-out on rows not used to choose it:
+#: experiments/results/quality/ablation.md
+_SECONDS = ObjectiveOptions(
+    kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0, remaining_exponent=0.5,
+    weight_bounds=(1e-3, 1e3), speed_bounds=None, amortize_s=None, normalize="requested")
+
 #: the named objectives (:meth:`ObjectiveOptions.preset`; ``--objective-preset``)
 PRESETS: dict[str, ObjectiveOptions] = {
     "crius": ObjectiveOptions(),
@@ -271,10 +281,8 @@ PRESETS: dict[str, ObjectiveOptions] = {
     # scale-up is worth at most twice a long job's: Morphling's rows, Philly day 3). What
     # each term adds, on rows not used to choose it, and every quality row against the
     # tuned objective before it: experiments/results/quality/ablation.md
-    "apportion": ObjectiveOptions(
-        kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0,
-        remaining_exponent=0.5, weight_bounds=(1e-3, 1e3), speed_bounds=(0.7, 1.4),
-        amortize_s=1800.0, finish_credit="wait", normalize="requested"),
+    "apportion": dataclasses.replace(_SECONDS, finish_credit="wait", amortize_s=1800.0,
+                                     speed_bounds=(0.7, 1.4)),
     # apportion's default until the objective in seconds: JCT-weighted normalised
     # throughput with the stack of further terms tuned on the quality rows (each knob's
     # value and the experiment that chose it: experiments/results/quality/HISTORY.md)
@@ -284,16 +292,7 @@ PRESETS: dict[str, ObjectiveOptions] = {
         amortize_s=1800.0, restart_horizon="reference", tail_share=0.1, tail_margin=0.0,
         round_excess=0.25, tail_quantile=0.02, tail_pin=0.015, tail_pin_top=0.0075,
         speed_unit="best-outside-tail", speed_scale=None),
-    # the objective as one quantity (kind ``seconds``): the JCT seconds each job saves on
-    # a cell this round, net of a move's restart seconds, weighed by one fairness exponent
-    # (0.5, apportion's); no bonus, no tail, no pin, weights unbounded in practice
-    # ([1e-3, 1e3]: a ratio of remaining times past a million). What each further term of
-    # ``apportion`` adds to it, by leave-one-out on rows not used to choose it:
-    # experiments/results/quality/ablation.md
-    "seconds": ObjectiveOptions(
-        kind="seconds", keep_bonus=0.0, place_bonus=0.0, queue_weight=0.0,
-        remaining_exponent=0.5, weight_bounds=(1e-3, 1e3), speed_bounds=None,
-        amortize_s=None, normalize="requested"),
+    "seconds": _SECONDS,
 }
 
 #: the knobs of the cells formulation alone: the plans formulation takes the rest of a
