@@ -12,7 +12,7 @@ the runtime's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion.formulations.schema import job_node
@@ -35,11 +35,16 @@ def cell_plan(d: dict[str, Any]) -> ExecutionPlan:
                          micro_batches=int(d.get("micro_batches", 1)))
 
 
-def drop_refused_plans(g: Any, jobs: list[JobSpec], accept: PlanFilter) -> int:
-    """Remove the candidates of ``g`` whose plan ``accept`` refuses; returns how many."""
+def drop_refused_plans(g: Any, jobs: list[JobSpec], accept: PlanFilter,
+                       cells: Iterable[str] | None = None) -> int:
+    """Remove the candidates of ``g`` whose plan ``accept`` refuses; returns how many.
+
+    ``cells``: judge only these vertices, where the builder has judged the others already
+    (the cell builder filters every cell but a running job's present one)."""
     by_id = {j.id: j for j in jobs}
     refused: dict[str, list[str]] = {}
-    for n, d in list(g.nodes(data=True)):
+    todo = list(g.nodes(data=True)) if cells is None else [(n, g.nodes[n]) for n in cells]
+    for n, d in todo:
         if d.get("kind") != "cell" or d.get("job") not in by_id:
             continue
         why = accept(by_id[d["job"]], cell_plan(d))

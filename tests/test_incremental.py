@@ -184,3 +184,40 @@ def test_jobs_of_one_shape_share_their_cells_and_the_graph_is_the_one_asked_job_
     shared = build_candidates(cluster, jobs, 600.0, _Memo(inner), accept=accept)
     alone = build_candidates(cluster, jobs, 600.0, _NoShape(_Memo(inner)), accept=accept)
     same_graph(shared, alone)
+
+
+def _refuses_dp_above_one(job: JobSpec, plan: ExecutionPlan) -> str | None:
+    """A filter a running job's present plan may fail (data parallelism refused)."""
+    return "no data parallelism" if plan.dp > 1 else None
+
+
+@settings(max_examples=15, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.booleans()),
+                      min_size=1, max_size=10),
+       strict=st.booleans())
+def test_the_cell_builder_judged_every_cell_but_the_running_ones(
+        picks: list[tuple[int, bool]], strict: bool) -> None:
+    """The cells recipe says its builder judged every cell but a running job's present one
+    (``Recipe.judges_plans``), so the round's filter pass judges only those: the graph it
+    leaves is the one a pass over every cell leaves, reasons included."""
+    from apportion.formulations.plan_filter import drop_refused_plans
+    from apportion.formulations.schema import current_cells
+    from apportion.policies.recipes import RECIPES
+
+    assert RECIPES["cells"].judges_plans and RECIPES["deadline"].judges_plans
+    assert not RECIPES["plans"].judges_plans  # its builder keeps refused plans to say why
+    cluster = small_cluster()
+    jobs = []
+    for i, (k, running) in enumerate(picks):
+        model, batch, gpus = SHAPES[k]
+        state = RunningState("A100-40GB", 4, 1, {"a100-0": 4}) if running and gpus == 4 \
+            and model == "bert-336m" else None
+        jobs.append(JobSpec(f"j{i}", model, batch, 1000, gpus, submit_time_s=0.0,
+                            running=state))
+    accept = _refuses_dp_above_one if strict else workload_plan_filter("cpu")
+    every = build_candidates(cluster, jobs, 600.0, _Memo(AnalyticEstimator()), accept=accept)
+    some = every.copy()
+    n_every = drop_refused_plans(every, jobs, accept)
+    n_some = drop_refused_plans(some, jobs, accept, current_cells(some))
+    assert n_every == n_some
+    same_graph(every, some)

@@ -310,7 +310,8 @@ class FormulationPolicy:
         if self.recipe.trim_scale_up and not cfg.candidates.scale_up_when_full:
             trim_scale_up(g)  # a full round: no job is offered more than it asked for
         if cfg.plan_filter is not None:  # an executor's workloads run only some plans
-            drop_refused_plans(g, specs, cfg.plan_filter)
+            drop_refused_plans(g, specs, cfg.plan_filter,
+                               current_cells(g) if self.recipe.judges_plans else None)
         g.graph.update(specs=specs, estimator=est, t0=t0,
                        candidates_s=round(time.perf_counter() - t0, 4))
         return g

@@ -78,7 +78,10 @@ class Recipe:
     ``partitions``: a POP-partitioned solve applies, each part's model built by
     ``part_model`` (a module-level function: the parts run in other processes);
     ``trim_scale_up``: a full round offers no job more than it asked for; ``quotas``: the
-    formulation keeps tenants' quotas and guaranteed jobs' SLAs (``--tenants``)."""
+    formulation keeps tenants' quotas and guaranteed jobs' SLAs (``--tenants``);
+    ``judges_plans``: the candidate builder applies the executor's plan filter to every cell
+    but a running job's present one (the cell builder does), so the round judges only
+    those again (a recipe that does not say so has every candidate judged after it)."""
 
     name: str
     policy: str  # the registry name of the policy that solves it with apportion's defaults
@@ -92,6 +95,7 @@ class Recipe:
     trim_scale_up: bool = True
     quotas: bool = False
     problem: Callable[[nx.DiGraph], dict[str, Any]] = problem_dump
+    judges_plans: bool = False
 
 
 def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
@@ -176,14 +180,15 @@ def add_recipe(recipe: Recipe) -> None:
 
 add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solver chain "
                   "(tenants, quotas, SLAs)", sla_cell_candidates, cells_model, GreedyCells,
-                  quotas=True))
+                  quotas=True, judges_plans=True))
 add_recipe(Recipe("plans", "apportion-plans",
                   "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
                   "SLAs)", plan_candidates, plans_master_model, _plans_heuristic,
                   partitions=False, trim_scale_up=False, quotas=True))
 add_recipe(Recipe("deadline", "apportion-deadline",
                   "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain",
-                  deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta))
+                  deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta,
+                  judges_plans=True))
 
 __all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
            "cells_model", "deadline_candidates", "plan_candidates", "sla_cell_candidates"]
