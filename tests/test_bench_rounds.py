@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
 from apportion.experiments.bench import rounds
+from typer.testing import CliRunner
+
+from apportion.cli import app
 
 
 def test_installed_env_allows_bytecode_even_where_the_shell_forbids_it(
@@ -26,3 +31,31 @@ def test_a_small_round_is_timed_and_answered() -> None:
     assert row["peak_rss_mib"] > 10  # the command's own peak (an interpreter at least)
     assert "peak MiB" in rounds.markdown([row])
     assert row["gap"] is not None and row["gap"] <= 1e-3 + 1e-12  # the default tolerance
+
+
+def test_side_by_side_against_another_install_through_the_command(tmp_path: Path) -> None:
+    """``bench round --against PYTHON --deterministic``: every case run by both
+    interpreters alternately (this, other, other, this), the ratios reported, and a work
+    budget makes both answer alike (here the other install is this one)."""
+    out = tmp_path / "rows.json"
+    r = CliRunner().invoke(app, ["bench", "round", "--case", "30:64:10", "--repeat", "2",
+                                 "--deterministic", "--against", sys.executable,
+                                 "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    assert [row["code"] for row in rows] == ["this", "against", "against", "this"]
+    assert all(row["exit"] == 0 and row["deterministic"] for row in rows), rows
+    (side,) = rounds.ratios(rows)
+    assert side["answers_agree"] and side["runs"] == 2
+    assert side["ratio_wall"] > 0 and side["ratio_cpu"] > 0
+    assert "answers agree" in r.output and "| this |" in r.output
+
+
+@pytest.mark.parametrize("against", ["/nonexistent/python", "/bin/true", "/bin/sh"])
+def test_an_interpreter_without_apportion_is_refused_before_any_round(
+        tmp_path: Path, against: str) -> None:
+    out = tmp_path / "rows.json"
+    r = CliRunner().invoke(app, ["bench", "round", "--case", "30:64:10", "--against", against,
+                                 "--json", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "--against" in r.output and not out.exists()

@@ -155,6 +155,13 @@ def bench_round_cmd(
     formulation: str = typer.Option("cells", "--formulation",
                                     help="the rounds' formulation (cells | plans | deadline); "
                                     "plans' targets: --case 1000:1280:10 --case 300:1280:10"),
+    against: Optional[Path] = typer.Option(None, "--against", help="the Python interpreter of "
+                                           "another apportion install (the previous release, "
+                                           "a commit in a second venv): every case also run by "
+                                           "it, alternately, and the ratios reported"),
+    deterministic: bool = typer.Option(False, "--deterministic", help="the rounds' solver "
+                                       "budgets counted in work: the same answer on any "
+                                       "machine, so only the times differ"),
 ) -> None:
     """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
     from apportion.console import Progress
@@ -166,8 +173,9 @@ def bench_round_cmd(
         if formulation not in ("cells", "plans", "deadline"):
             raise InputError("--formulation", "formulation",
                              f"{formulation!r}: use cells, plans or deadline")
+        other = rounds.check_against(against) if against is not None else None
     with Progress("bench round", heartbeat=True):
-        rows = rounds.main(cases, seed, repeat, formulation)
+        rows = rounds.main(cases, seed, repeat, formulation, other, deterministic)
     if not outputs.is_stdout(json_out):
         stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:

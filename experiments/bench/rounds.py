@@ -17,7 +17,16 @@ bound and gap. The targets (issue 16):
 On a loaded machine the wall time is the CPU time stretched by the load: the CPU
 time is the figure that carries over to a quiet machine.
 
-The command runs as installed: from compiled bytecode. A shell that sets
+**Side by side** (``--against PYTHON``): an interpreter whose environment holds another
+apportion (the previous release, or a commit installed into a second virtual environment)
+runs every case too, alternating with this one run by run (this, other, other, this, ...),
+so both see the same load; :func:`ratios` gives each case's median wall and CPU time of
+this code over the other's and whether their answers (objective, bound, backend) agree.
+With ``--deterministic`` each solver's budget is counted in work, so both answer the same
+round the same way on any machine and the times are the only difference.
+
+The command runs as installed (in a scratch folder, so a checkout in the caller's folder
+never shadows an interpreter's install), from compiled bytecode. A shell that sets
 ``PYTHONDONTWRITEBYTECODE`` (this project's sandbox does) would otherwise make every
 run compile apportion's modules from source, about 0.1 s more than an operator's
 install, where pip compiled them; the children run without it, after one untimed
@@ -31,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,31 +113,55 @@ def write_instance(jobs: int, gpus: int, types: int, seed: int, folder: Path) ->
     return cpath, jpath
 
 
-def installed_env(folder: Path) -> dict[str, str]:
+def installed_env(folder: Path, pythons: tuple[str, ...] = ()) -> dict[str, str]:
     """The children's environment, bytecode allowed, after one untimed small round (in
-    ``folder``) has compiled what the command imports, the solvers' child included."""
+    ``folder``) by each interpreter (this one and ``pythons``) has compiled what the
+    command imports, the solvers' child included."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     c, j = write_instance(40, 64, 2, 0, folder)
-    for parts in ("1", "2"):
-        subprocess.run([sys.executable, "-m", "apportion.cli", "solve-round", "--cluster", str(c),
-                        "--jobs", str(j), "--time-budget", "1", "--partitions", parts],
-                       env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for python in (sys.executable, *pythons):
+        for parts in ("1", "2"):
+            subprocess.run([python, "-m", "apportion.cli", "solve-round", "--cluster", str(c),
+                            "--jobs", str(j), "--time-budget", "1", "--partitions", parts],
+                           env=env, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, cwd=folder)
     return env
+
+
+def check_against(python: str | Path) -> str:
+    """``--against``: an interpreter that runs ``apportion.cli`` (another install of it),
+    checked before any round is timed; its path, or :class:`InputError`."""
+    path = Path(python).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise InputError(str(python), "--against", "not an executable file: give the Python "
+                         "interpreter of an environment where another apportion is installed")
+    with tempfile.TemporaryDirectory(prefix="ap-against-") as tmp:  # no checkout shadows it
+        probe = subprocess.run([str(path), "-c", "import apportion.cli.app; print('ok')"],
+                               capture_output=True, text=True, check=False, timeout=300,
+                               cwd=tmp)
+    if probe.returncode != 0 or probe.stdout.strip() != "ok":
+        last = (probe.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise InputError(str(python), "--against", f"this interpreter cannot import "
+                         f"apportion's command line: {last}")
+    return str(path)
 
 
 def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
                engine: str = "local", extra: list[str] | None = None,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run the command once; its wall and CPU time and what it decided."""
+               env: dict[str, str] | None = None, python: str | None = None) -> dict[str, Any]:
+    """Run the command once (by ``python``, default this interpreter); its wall and CPU
+    time and what it decided."""
     with tempfile.TemporaryDirectory(prefix="ap-bench-") as tmp:
         out = Path(tmp) / "decision.json"
-        cmd = [sys.executable, "-m", "apportion.cli", "solve-round", "--cluster", str(cluster),
+        cmd = [python or sys.executable, "-m", "apportion.cli", "solve-round",
+               "--cluster", str(cluster),
                "--jobs", str(jobs), "--time-budget", str(budget), "--json", str(out),
                "--partitions", str(partitions), "--engine", engine, *(extra or [])]
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
+        # run where no checkout's ``apportion`` folder shadows the interpreter's install
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, env=env)
+                                text=True, env=env, cwd=tmp)
         assert proc.stderr is not None
         err = proc.stderr.read()
         # this command's own usage (its chain child's included): CPU, and the peak resident
@@ -154,39 +188,105 @@ def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
 
 
 def main(cases: list[tuple[int, int, int, float, int, str]] | None = None, seed: int = 1,
-         repeat: int = 1, formulation: str = "cells") -> list[dict[str, Any]]:
+         repeat: int = 1, formulation: str = "cells", against: str | None = None,
+         deterministic: bool = False) -> list[dict[str, Any]]:
     """Each case's round timed ``repeat`` times; ``formulation`` (cells, plans, ...) is the
     command's ``--formulation`` (plans: Morphling's plans x GPUs, CPUs and memory, whose
-    targets are issue 43 item 4's: 1,000 jobs on 1,280 GPUs within 10 s, within 1 %)."""
+    targets are issue 43 item 4's: 1,000 jobs on 1,280 GPUs within 10 s, within 1 %);
+    ``against``: another install's interpreter, run alternately with this one (each row's
+    ``code`` says which: ``this`` or ``against``); ``deterministic``: the command's
+    ``--deterministic`` (budgets counted in work)."""
     rows = []
     extra = [] if formulation == "cells" else ["--formulation", formulation]
+    if deterministic:
+        extra.append("--deterministic")
     with tempfile.TemporaryDirectory(prefix="ap-rounds-") as tmp:
-        env = installed_env(Path(tmp))
+        env = installed_env(Path(tmp), (against,) if against else ())
         for jobs, gpus, types, budget, parts, engine in cases or CASES:
             c, j = write_instance(jobs, gpus, types, seed, Path(tmp))
-            for _ in range(repeat):
-                row = time_round(c, j, budget, parts, engine, extra, env=env)
-                row.update({"jobs": jobs, "gpus": gpus, "types": types, "seed": seed,
-                            "formulation": formulation})
-                rows.append(row)
+            for k in range(repeat):
+                order = [("this", None)] if against is None else \
+                    [("this", None), ("against", against)][::1 if k % 2 == 0 else -1]
+                for code, python in order:
+                    row = time_round(c, j, budget, parts, engine, extra, env=env, python=python)
+                    row.update({"jobs": jobs, "gpus": gpus, "types": types, "seed": seed,
+                                "formulation": formulation, "deterministic": deterministic})
+                    if against is not None:
+                        row.update({"code": code, "python": python or sys.executable})
+                    rows.append(row)
     return rows
 
 
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case of a side-by-side run: the median wall and CPU time of each code, this
+    code's over the other's, the load around them, and whether every run of both answered
+    alike (same backend, objective and bound: a deterministic run's answers repeat)."""
+    out = []
+    by_case: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "code" in r:
+            key = (r["jobs"], r["gpus"], r["budget_s"], r["partitions"], r["engine"])
+            by_case.setdefault(key, []).append(r)
+    for (jobs, gpus, budget, parts, engine), rs in by_case.items():
+        med = {}
+        for code in ("this", "against"):
+            mine = [r for r in rs if r["code"] == code and r["exit"] == 0]
+            med[code] = ({k: statistics.median(r[k] for r in mine) for k in ("wall_s", "cpu_s")}
+                         if mine else None)
+        answers = {(r.get("backend"), r.get("objective"), r.get("bound")) for r in rs}
+        row: dict[str, Any] = {"jobs": jobs, "gpus": gpus, "budget_s": budget,
+                               "partitions": parts, "engine": engine,
+                               "runs": len(rs) // 2, "answers_agree": len(answers) == 1,
+                               "load": [min(r["load_before"] for r in rs),
+                                        max(r["load_before"] for r in rs)]}
+        for code in ("this", "against"):
+            for k in ("wall_s", "cpu_s"):
+                row[f"{code}_{k}"] = None if med[code] is None else round(med[code][k], 3)
+        for k in ("wall_s", "cpu_s"):
+            a, b = row[f"this_{k}"], row[f"against_{k}"]
+            row[f"ratio_{k.split('_')[0]}"] = round(a / b, 3) if a and b else None
+        out.append(row)
+    return out
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
+    side = ratios(rows)
+    return _rows_markdown(rows) + ("" if not side else "\n" + ratios_markdown(side))
+
+
+def ratios_markdown(side: list[dict[str, Any]]) -> str:
+    """:func:`ratios` as a table: this code's median time over the other's, per case."""
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    return ("This code against `--against` (medians; a ratio below 1: this code is faster):\n\n"
+            "| jobs | GPUs | budget s | runs each | wall s (this / against) | ratio | "
+            "CPU s (this / against) | ratio | load | answers agree |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n" + "".join(
+                f"| {r['jobs']} | {r['gpus']} | {r['budget_s']:g} | {r['runs']} | "
+                f"{fmt(r['this_wall_s'])} / {fmt(r['against_wall_s'])} | {fmt(r['ratio_wall'])} | "
+                f"{fmt(r['this_cpu_s'])} / {fmt(r['against_cpu_s'])} | {fmt(r['ratio_cpu'])} | "
+                f"{r['load'][0]}-{r['load'][1]} | {'yes' if r['answers_agree'] else 'no'} |\n"
+                for r in side))
+
+
+def _rows_markdown(rows: list[dict[str, Any]]) -> str:
+    coded = any("code" in r for r in rows)
     head = (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
             f"{platform.python_version()}; `load` is the 1-minute load average before the run; "
             "`CPU s` is user + system time of the process and its children.\n\n"
             "`peak MiB` is the peak resident memory of the largest of its processes.\n\n"
-            "| jobs | GPUs | budget s | parts | engine | wall s | CPU s | peak MiB | load | "
-            "backend | status | objective | bound | gap |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| jobs | GPUs | budget s | parts | engine | " + ("code | " if coded else "")
+            + "wall s | CPU s | peak MiB | load | backend | status | objective | bound | gap |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if coded else "")
+            + "\n")
     fmt = lambda v, f: "-" if v is None else format(v, f)
     return head + "".join(
         f"| {r['jobs']} | {r['gpus']} | {r['budget_s']:g} | {r['partitions']} | {r['engine']} | "
+        + (f"{r.get('code', '-')} | " if coded else "") +
         f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {fmt(r.get('peak_rss_mib'), '.0f')} | "
         f"{r['load_before']} | {r.get('backend', '-')} | "
         f"{r.get('status', r.get('error'))} | {fmt(r.get('objective'), '.6g')} | "
         f"{fmt(r.get('bound'), '.6g')} | {fmt(r.get('gap'), '.3%')} |\n" for r in rows)
 
 
-__all__ = ["CASES", "installed_env", "main", "markdown", "time_round", "write_instance"]
+__all__ = ["CASES", "check_against", "installed_env", "main", "markdown", "ratios",
+           "ratios_markdown", "time_round", "write_instance"]
