@@ -28,3 +28,36 @@ def test_a_policy_without_a_chain_reports_no_profile(shared_data: Path) -> None:
     import pandas as pd
 
     assert chain_profile(pd.DataFrame()) == {}
+
+
+def test_side_by_side_replays_against_another_install(shared_data: Path, tmp_path: Path) -> None:
+    """``bench sim --against PYTHON``: the same replay by both installs at once (here the
+    other is this one), each one's result kept, this over the other as ratios, and an
+    unchanged deterministic replay the same schedule."""
+    import json
+    import sys
+
+    from typer.testing import CliRunner
+
+    from apportion.cli import app
+
+    out = tmp_path / "side.json"
+    r = CliRunner().invoke(app, ["bench", "sim", "--policy", "fcfs", "--days", "0.1",
+                                 "--max-rounds", "3", "--deterministic", "--against",
+                                 sys.executable, "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    side = json.loads(out.read_text())
+    assert side["this"]["rounds"] == side["against"]["rounds"] == 3
+    assert side["same_schedule"] and side["avg_jct_change"] == 0.0
+    assert side["ratios"]["sim_cpu_s"] is not None and side["ratios"]["peak_rss_mib"] > 0
+
+
+def test_side_by_side_refuses_an_interpreter_without_apportion(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from apportion.cli import app
+
+    out = tmp_path / "side.json"
+    r = CliRunner().invoke(app, ["bench", "sim", "--days", "0.1", "--against", "/bin/sh",
+                                 "--json", str(out)])
+    assert r.exit_code == 2 and "--against" in r.output and not out.exists(), r.output

@@ -33,10 +33,14 @@ def bench_sim_cmd(
     persistent: bool = typer.Option(False, "--persistent", help="keep the round's LP alive in "
                                     "HiGHS across rounds and re-solve it from the last basis "
                                     "(apportion's policies; solvers/persistent.py)"),
+    against: Optional[Path] = typer.Option(None, "--against", help="the Python interpreter of "
+                                           "another apportion install: the same replay run by "
+                                           "it at the same time, and the ratios reported"),
 ) -> None:
     """Replay speed: a two-week Philly window (10,000+ jobs) on Crius's 1,280-GPU cluster."""
     from apportion.console import Progress
-    from apportion.experiments.bench.sim import check_policy
+    from apportion.experiments.bench.against import check_against
+    from apportion.experiments.bench.sim import check_policy, side_by_side
     from apportion.experiments.bench.sim import main as bench_sim_main
     from apportion.policies import check_mip_gap
     from apportion.view import INFORMATION_MODES
@@ -50,9 +54,14 @@ def bench_sim_cmd(
         if information not in INFORMATION_MODES:
             raise InputError("--information", "information", f"{information!r} is not one of "
                              f"{', '.join(INFORMATION_MODES)}")
+        other = check_against(against) if against is not None else None
     with Progress(f"bench sim {policy}", heartbeat=True):
-        res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap,
-                             deterministic, persistent)
+        if other is not None:
+            res = side_by_side(other, policy, days, time_budget, max_rounds, information,
+                               mip_gap, deterministic, persistent)
+        else:
+            res = bench_sim_main(policy, days, time_budget, max_rounds, information, mip_gap,
+                                 deterministic, persistent)
     emit(res, json_out)
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from apportion.experiments.bench.against import check_against, child_env, ratio
 from apportion.experiments.bench.solve import synthetic_cluster, synthetic_jobs
 
 from apportion.errors import InputError
@@ -117,7 +118,7 @@ def installed_env(folder: Path, pythons: tuple[str, ...] = ()) -> dict[str, str]
     """The children's environment, bytecode allowed, after one untimed small round (in
     ``folder``) by each interpreter (this one and ``pythons``) has compiled what the
     command imports, the solvers' child included."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = child_env()
     c, j = write_instance(40, 64, 2, 0, folder)
     for python in (sys.executable, *pythons):
         for parts in ("1", "2"):
@@ -126,24 +127,6 @@ def installed_env(folder: Path, pythons: tuple[str, ...] = ()) -> dict[str, str]
                            env=env, check=False, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, cwd=folder)
     return env
-
-
-def check_against(python: str | Path) -> str:
-    """``--against``: an interpreter that runs ``apportion.cli`` (another install of it),
-    checked before any round is timed; its path, or :class:`InputError`."""
-    path = Path(python).expanduser()
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise InputError(str(python), "--against", "not an executable file: give the Python "
-                         "interpreter of an environment where another apportion is installed")
-    with tempfile.TemporaryDirectory(prefix="ap-against-") as tmp:  # no checkout shadows it
-        probe = subprocess.run([str(path), "-c", "import apportion.cli.app; print('ok')"],
-                               capture_output=True, text=True, check=False, timeout=300,
-                               cwd=tmp)
-    if probe.returncode != 0 or probe.stdout.strip() != "ok":
-        last = (probe.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise InputError(str(python), "--against", f"this interpreter cannot import "
-                         f"apportion's command line: {last}")
-    return str(path)
 
 
 def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
@@ -243,8 +226,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for k in ("wall_s", "cpu_s"):
                 row[f"{code}_{k}"] = None if med[code] is None else round(med[code][k], 3)
         for k in ("wall_s", "cpu_s"):
-            a, b = row[f"this_{k}"], row[f"against_{k}"]
-            row[f"ratio_{k.split('_')[0]}"] = round(a / b, 3) if a and b else None
+            row[f"ratio_{k.split('_')[0]}"] = ratio(row[f"this_{k}"], row[f"against_{k}"])
         out.append(row)
     return out
 

@@ -19,15 +19,21 @@ HiGHS runs stopped because their incumbent stalled.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from apportion.experiments import groundtruth as gt
 from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
+from apportion.experiments.bench.against import child_env, ratio
 from apportion.experiments.harness import crius_cluster
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.solvers.chain import MIP_REL_GAP
@@ -138,3 +144,46 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
         "utilization": s["utilization"],
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
     }
+
+
+def side_by_side(against: str, policy: str = "fcfs", days: float = 14.0,
+                 time_budget: float = 2.0, max_rounds: int | None = None,
+                 information: str = "estimated", mip_gap: float = MIP_REL_GAP,
+                 deterministic: bool = False, persistent: bool = False) -> dict[str, Any]:
+    """The same replay by this install and by ``against`` (another install's interpreter,
+    :func:`apportion.experiments.bench.against.check_against`), each a ``bench sim``
+    process, both started together so they share the machine's minutes: ``this`` and
+    ``against`` (each one's :func:`main` result, or its exit code and last error lines),
+    ``ratios`` (this over against: CPU, wall, solver work, peak memory),
+    ``avg_jct_change`` (relative) and ``same_schedule`` (the same rounds, finished jobs and
+    average JCT: a deterministic replay of unchanged scheduling repeats exactly)."""
+    args = ["bench", "sim", "--policy", policy, "--days", repr(days), "--time-budget",
+            repr(time_budget), "--information", information, "--mip-gap", repr(mip_gap)]
+    args += ["--max-rounds", str(max_rounds)] if max_rounds is not None else []
+    args += ["--deterministic"] if deterministic else []
+    args += ["--persistent"] if persistent else []
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ap-sim-") as tmp:
+        procs = {}
+        for code, python in (("this", sys.executable), ("against", against)):
+            err = open(Path(tmp) / f"{code}.err", "w")  # a file: an hour's progress lines
+            procs[code] = (subprocess.Popen(
+                [python, "-m", "apportion.cli", *args, "--json", str(Path(tmp) / f"{code}.json")],
+                cwd=tmp, env=child_env(), stdout=subprocess.DEVNULL, stderr=err), err)
+        for code, (proc, err) in procs.items():
+            rc = proc.wait()
+            err.close()
+            got = Path(tmp) / f"{code}.json"
+            if rc == 0 and got.exists():
+                out[code] = json.loads(got.read_text())
+            else:
+                lines = (Path(tmp) / f"{code}.err").read_text().strip().splitlines()
+                out[code] = {"exit": rc, "error": lines[-3:]}
+    a, b = out["this"], out["against"]
+    out["ratios"] = {k: ratio(a.get(k), b.get(k)) for k in
+                     ("sim_cpu_s", "sim_wall_s", "solver_work_s_total", "peak_rss_mib")}
+    ja, jb = a.get("avg_jct_s"), b.get("avg_jct_s")
+    out["avg_jct_change"] = round((ja - jb) / jb, 6) if ja is not None and jb else None
+    out["same_schedule"] = all(k in a and a.get(k) == b.get(k)
+                               for k in ("rounds", "finished", "avg_jct_s", "median_jct_s"))
+    return out
