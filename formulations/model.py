@@ -210,8 +210,24 @@ class LinearModel:
         """What adding a row changes (rows are never edited in place: see ``_arrays``)."""
         return (len(self.rows), id(self.rows), id(self.rows[-1]) if self.rows else None)
 
+    def vector(self, name: str) -> np.ndarray:
+        """``obj``, ``lb`` or ``ub`` as a read-only float array, cached until a variable is
+        added (a round reads the objective for every answer it compares: converting the
+        list each time was about 3 % of a replay). Variables are only appended, never edited
+        in place (as rows: see ``_arrays``)."""
+        values = getattr(self, name)
+        got = self._arrays.get(name)
+        # the list itself is kept with its array (not its id, which a freed list's
+        # successor could reuse: a copy of the model shares this cache)
+        if got is not None and got[0] is values and got[1] == len(values):
+            return got[2]
+        arr = np.asarray(values, float)
+        arr.flags.writeable = False
+        self._arrays[name] = (values, len(values), arr)
+        return arr
+
     def objective_value(self, x: np.ndarray) -> float:
-        return float(np.dot(np.asarray(self.obj, float), x) + self.obj_constant)
+        return float(np.dot(self.vector("obj"), x) + self.obj_constant)
 
     def is_feasible(self, x: np.ndarray, tol: float = 1e-6) -> bool:
         """Check bounds, integrality and rows of ``x`` against this model."""

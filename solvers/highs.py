@@ -32,9 +32,9 @@ def highs_lp(model: LinearModel, csc: Any) -> Any:
     lp = highspy.HighsLp()
     lp.num_col_ = model.num_vars
     lp.num_row_ = model.num_rows
-    lp.col_cost_ = np.asarray(model.obj, float)
-    lp.col_lower_ = _clip(model.lb)
-    lp.col_upper_ = _clip(model.ub)
+    lp.col_cost_ = model.vector("obj")
+    lp.col_lower_ = _clip(model.vector("lb"))
+    lp.col_upper_ = _clip(model.vector("ub"))
     rlb, rub = model.row_bounds()
     lp.row_lower_ = _clip(rlb)
     lp.row_upper_ = _clip(rub)
