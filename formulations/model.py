@@ -211,17 +211,17 @@ class LinearModel:
         return (len(self.rows), id(self.rows), id(self.rows[-1]) if self.rows else None)
 
     def vector(self, name: str) -> np.ndarray:
-        """``obj``, ``lb`` or ``ub`` as a read-only float array, cached until a variable is
-        added (a round reads the objective for every answer it compares: converting the
-        list each time was about 3 % of a replay). Variables are only appended, never edited
-        in place (as rows: see ``_arrays``)."""
+        """``obj``, ``lb``, ``ub`` (floats) or ``integer`` (booleans) as a read-only array,
+        cached until a variable is added (a round reads them for every answer it compares
+        and checks: converting the lists each time was about 3 % of a replay). Variables
+        are only appended, never edited in place (as rows: see ``_arrays``)."""
         values = getattr(self, name)
         got = self._arrays.get(name)
         # the list itself is kept with its array (not its id, which a freed list's
         # successor could reuse: a copy of the model shares this cache)
         if got is not None and got[0] is values and got[1] == len(values):
             return got[2]
-        arr = np.asarray(values, float)
+        arr = np.asarray(values, bool if name == "integer" else float)
         arr.flags.writeable = False
         self._arrays[name] = (values, len(values), arr)
         return arr
@@ -242,10 +242,10 @@ class LinearModel:
         if x.shape != (self.num_vars,):
             return [f"an answer of {x.size} values for {self.num_vars} variables"]
         out: list[str] = []
-        lb, ub = np.asarray(self.lb), np.asarray(self.ub)
+        lb, ub = self.vector("lb"), self.vector("ub")
         for i in np.flatnonzero((x < lb - tol) | (x > ub + tol))[:limit]:
             out.append(f"bounds of {self.var_keys[i]!r}: {x[i]:g} not in [{lb[i]:g}, {ub[i]:g}]")
-        ints = np.asarray(self.integer, bool)
+        ints = self.vector("integer")
         for i in np.flatnonzero(ints & (np.abs(x - np.round(x)) > tol))[:limit - len(out)]:
             out.append(f"integrality of {self.var_keys[i]!r}: {x[i]:g}")
         if self.rows and len(out) < limit:

@@ -249,8 +249,11 @@ class FormulationPolicy:
         changed = self._view_rate.observe(view)
         for jid, t, g in changed:  # measured rates: re-estimate there
             self._viewed.inner.forget(jid, t, g)
-            for k in [k for k in self._viewed.memo if k[0] == jid and k[2:4] == (t, g)]:
-                del self._viewed.memo[k]
+        if changed:  # one pass over the memo for all of them (not one per measured cell)
+            moved = {(jid, t, g) for jid, t, g in changed}
+            memo = self._viewed.memo
+            for k in [k for k in memo if (k[0], k[2], k[3]) in moved]:
+                del memo[k]
         self._rates_moved = bool(changed)
         return self._viewed
 
