@@ -59,11 +59,12 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from collections.abc import Hashable
 from typing import Any
 
 import networkx as nx
 import numpy as np
-from apportion.formulations.model import LinearModel
+from apportion.formulations.model import INF, LinearModel
 from apportion.formulations.schema import (
     cell_vertices,
     cells_of,
@@ -237,42 +238,72 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     # per cell: (class, column, unit, units per column value): y columns count units (1),
     # a cell that fits one class wholly uses its x column (gpus / unit units when chosen)
     place_cols: dict[str, list[tuple[int, int, int, int]]] = {}
+    # The loop below visits every cell: it reads the graph's own attribute and successor
+    # dicts (networkx's views build an object per lookup), collects the columns and rows in
+    # the order one call each would add them, and adds them in bulk after it (a replay
+    # builds this model every round: one call per column was a fifth of its Python).
+    attrs = dict(g.nodes(data=True))
+    succ_of = dict(g.adjacency())
+    base = m.num_vars
+    new_cols: list[tuple[Hashable, float, float, bool, float]] = []
+    new_rows: list[tuple[dict[int, float], float, float, str]] = []
+    # where a cell may go depends only on its size, unit and edges: per build, each such
+    # shape's one class (a cell it holds whole) or its unit columns' (class, bound, label)
+    shapes: dict[tuple[Any, ...], tuple[int | None, list[tuple[int, float, str]]]] = {}
     for jid in jobs_in(g):
         cols = []
         for cn in cells_of(g, jid):
-            d = g.nodes[cn]
-            x = m.binary(("x", cn), obj=float(d[value_attr]))
+            d = attrs[cn]
+            x = base + len(new_cols)
+            new_cols.append((("x", cn), 0.0, 1.0, True, float(d[value_attr])))
             cell_cols[cn] = x
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
+            edges = succ_of[cn]
             if residual and d.get("current"):
-                fixed[cn] = {name_of(nn): int(ea["max_gpus"])
-                             for nn, ea in g.succ[cn].items()}
+                fixed[cn] = {name_of(nn): int(ea["max_gpus"]) for nn, ea in edges.items()}
                 place_cols[cn] = []
                 continue
-            cap_by_class: dict[int, int] = {}
-            for succ, ea in g.succ[cn].items():
-                edge_cap = int(ea["max_gpus"])
-                for k in classes_behind(succ):
-                    cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
-            if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
+            if len(edges) == 1:  # the usual cell: one group's edge
+                ((v, ea),) = edges.items()
+                key: tuple[Any, ...] = (tp, gpus, v, ea["max_gpus"])
+            else:
+                key = (tp, gpus, *[(v, ea["max_gpus"]) for v, ea in edges.items()])
+            shape = shapes.get(key)
+            if shape is None:
+                cap_by_class: dict[int, int] = {}
+                for succ, ea in edges.items():
+                    edge_cap = int(ea["max_gpus"])
+                    for k in classes_behind(succ):
+                        cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
+                if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
+                    shape = shapes[key] = (next(iter(cap_by_class)), [])
+                else:  # a column per class where a whole unit fits
+                    shape = shapes[key] = (None, [
+                        (k, float(min(cap, gpus) // tp), label[k])
+                        for k, cap in sorted(cap_by_class.items()) if min(cap, gpus) // tp > 0])
+            whole, units = shape
+            if whole is not None:
                 # one class can hold the whole cell: its units there are x * gpus/unit, no y
-                (k,) = cap_by_class
-                class_rows.setdefault(k, {})[x] = float(gpus)
-                place_cols[cn] = [(k, x, tp, gpus // tp)]
+                class_rows.setdefault(whole, {})[x] = float(gpus)
+                place_cols[cn] = [(whole, x, tp, gpus // tp)]
                 continue
             link = {x: -float(gpus)}
-            place_cols[cn] = []
-            for k, cap in sorted(cap_by_class.items()):
-                if min(cap, gpus) // tp <= 0:  # no whole unit fits there: no column
-                    continue
-                y = m.add_var(("y", cn, label[k]), 0, min(cap, gpus) // tp, integer=True)
-                link[y] = float(tp)
-                class_rows.setdefault(k, {})[y] = float(tp)
-                place_cols[cn].append((k, y, tp, 1))
-            m.add_row(link, 0.0, 0.0, name=f"size[{cn}]")
+            placed: list[tuple[int, int, int, int]] = []
+            place_cols[cn] = placed
+            unit = float(tp)
+            for k, bound, lab in units:
+                y = base + len(new_cols)
+                new_cols.append((("y", cn, lab), 0.0, bound, True, 0.0))
+                link[y] = unit
+                class_rows.setdefault(k, {})[y] = unit
+                placed.append((k, y, tp, 1))
+            new_rows.append((link, 0.0, 0.0, f"size[{cn}]"))
         if cols:
-            m.add_row({c: 1.0 for c in cols}, ub=1.0, name=f"one[{jid}]")
+            new_rows.append(({c: 1.0 for c in cols}, -INF, 1.0, f"one[{jid}]"))
+    m.add_vars(new_cols)
+    for coeffs, lo, hi, name in new_rows:
+        m.add_row(coeffs, lo, hi, name=name)
     if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
         for cn, place in fixed.items():
             for name, k in place.items():

@@ -88,6 +88,30 @@ class LinearModel:
         self.obj.append(float(obj))
         return idx
 
+    def add_vars(self, columns: Iterable[tuple[Hashable, float, float, bool, float]]) -> range:
+        """Add variables ``(key, lb, ub, integer, obj)`` in order, as many :meth:`add_var`
+        calls would (the same checks; nothing is added when one fails), and return their
+        column indices: a builder that makes tens of thousands of columns a round."""
+        cols = list(columns)
+        start = len(self.var_keys)
+        fresh = {key: i for i, (key, *_) in enumerate(cols, start)}
+        if len(fresh) != len(cols) or any(key in self._index for key in fresh):
+            seen: set[Hashable] = set()
+            for key, *_ in cols:
+                if key in self._index or key in seen:
+                    raise ValueError(f"duplicate variable key {key!r}")
+                seen.add(key)
+        for key, lb, ub, _, _ in cols:
+            if lb > ub:
+                raise ValueError(f"variable {key!r}: lb {lb} > ub {ub}")
+        self._index.update(fresh)
+        self.var_keys.extend(fresh)
+        self.lb.extend(float(c[1]) for c in cols)
+        self.ub.extend(float(c[2]) for c in cols)
+        self.integer.extend(bool(c[3]) for c in cols)
+        self.obj.extend(float(c[4]) for c in cols)
+        return range(start, start + len(cols))
+
     def binary(self, key: Hashable, obj: float = 0.0) -> int:
         return self.add_var(key, 0.0, 1.0, True, obj)
 

@@ -4,6 +4,7 @@ matrix."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from apportion.formulations.model import LinearModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,3 +57,36 @@ def test_a_nan_coefficient_shows_in_the_activity() -> None:
     m.add_var("a")
     m.add_row({0: float("nan")})
     assert not np.isfinite(m.activity(np.array([1.0]))).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.floats(-5, 5), st.floats(0, 5), st.booleans(),
+                          st.floats(-10, 10)), max_size=25),
+       st.integers(0, 3))
+def test_add_vars_is_add_var_in_order_and_all_or_nothing(
+        specs: list[tuple[int, float, float, bool, float]], before: int) -> None:
+    """``add_vars`` adds what the same ``add_var`` calls add, in their order; where one of
+    them would fail (a repeated key, lb > ub) it adds nothing and says why."""
+    bulk, one = LinearModel("bulk"), LinearModel("one")
+    for m in (bulk, one):
+        for i in range(before):
+            m.add_var(("pre", i))
+    cols = [(("k", k), lb, lb + span, integer, obj) for k, lb, span, integer, obj in specs]
+    try:
+        for key, lb, ub, integer, obj in cols:
+            one.add_var(key, lb, ub, integer, obj)
+        failed = None
+    except ValueError as exc:
+        failed = exc
+    if failed is None:
+        assert list(bulk.add_vars(cols)) == list(range(before, before + len(cols)))
+        for attr in ("var_keys", "lb", "ub", "integer", "obj"):
+            assert getattr(bulk, attr) == getattr(one, attr)
+        assert all(bulk.index(k) == one.index(k) for k in one.var_keys)
+    else:
+        with pytest.raises(ValueError, match="duplicate"):
+            bulk.add_vars(cols)
+        assert bulk.num_vars == before and len(bulk._index) == before
+    with pytest.raises(ValueError, match="lb"):
+        bulk.add_vars([(("bad",), 2.0, 1.0, False, 0.0)])
+    assert ("bad",) not in bulk._index
