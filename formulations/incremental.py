@@ -58,18 +58,22 @@ def fragment_of(g: nx.DiGraph, job_id: str) -> Fragment:
 
 
 def add_fragment(g: nx.DiGraph, job_id: str, frag: Fragment, bonus: float | None = None) -> None:
-    """Copy a fragment into ``g`` (its attribute dicts are copied, never shared)."""
+    """Copy a fragment into ``g`` (its attribute dicts are copied, never shared): the job's
+    vertex, then its cell vertices and their edges in one call each, in the order the
+    builder adds them (``candidates._attach_cells``)."""
     attrs, cells = frag
     jn = job_node(job_id)
     g.add_node(jn, **attrs)
     if bonus is not None:
         g.nodes[jn]["queue_bonus"] = bonus
-    for cn, cattrs, edges in cells:
-        g.add_node(cn, **cattrs)
-        if bonus is not None:
-            g.nodes[cn]["bonus"] = bonus
-        g.add_edge(jn, cn)
-        g.add_edges_from((cn, s, a) for s, a in edges)
+    vertices: list[tuple[str, dict[str, Any]]] = []
+    edges: list[tuple[str, str, dict[str, Any]]] = []
+    for cn, cattrs, out in cells:
+        vertices.append((cn, cattrs if bonus is None else {**cattrs, "bonus": bonus}))
+        edges.append((jn, cn, {}))
+        edges += [(cn, s, a) for s, a in out]
+    g.add_nodes_from(vertices)
+    g.add_edges_from(edges)
 
 
 class CandidateCache:
