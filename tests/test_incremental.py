@@ -19,6 +19,8 @@ from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import build_candidates, trim_scale_up
+from apportion.formulations.plan_filter import drop_refused_plans
+from apportion.formulations.schema import current_cells
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +30,7 @@ from apportion.models import get_model
 from apportion.plans import ExecutionPlan
 from apportion.policies import FormulationPolicy
 from apportion.policies.formulation import _Memo
+from apportion.policies.recipes import RECIPES
 from apportion.runtime.plan_filter import workload_plan_filter
 
 
@@ -160,10 +163,25 @@ SHAPES = [("bert-336m", 64, 2), ("bert-336m", 64, 4), ("bert-336m", 128, 2),
           ("bert-1.3b", 32, 4), ("llama-30b", 8, 1), ("bert-6.7b", 8, 1), ("gpt2-1.5b", 16, 1)]
 
 
+def _jobs(picks: list[tuple[int, bool]]) -> list[JobSpec]:
+    """Jobs of ``SHAPES`` (index, running): a running one is BERT-336M on four A100s."""
+    jobs = []
+    for i, (k, running) in enumerate(picks):
+        model, batch, gpus = SHAPES[k]
+        state = RunningState("A100-40GB", 4, 1, {"a100-0": 4}) if running and gpus == 4 \
+            and model == "bert-336m" else None
+        jobs.append(JobSpec(f"j{i}", model, batch, 1000, gpus, submit_time_s=0.0,
+                            running=state))
+    return jobs
+
+
+#: job picks of ``_jobs``: shapes, each running or not
+PICKS = st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.booleans()), min_size=1,
+                 max_size=12)
+
+
 @settings(max_examples=15, deadline=None)
-@given(picks=st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.booleans()),
-                      min_size=1, max_size=12),
-       filtered=st.booleans())
+@given(picks=PICKS, filtered=st.booleans())
 def test_jobs_of_one_shape_share_their_cells_and_the_graph_is_the_one_asked_job_by_job(
         picks: list[tuple[int, bool]], filtered: bool) -> None:
     """The builder estimates, filters and prunes once per shape (model, batch, request,
@@ -172,13 +190,7 @@ def test_jobs_of_one_shape_share_their_cells_and_the_graph_is_the_one_asked_job_
     running jobs, spilled jobs (BERT-6.7B on one GPU), jobs that cannot spill either
     (LLaMA-30B on one GPU: their reason) and the workload filter among them."""
     cluster = small_cluster()
-    jobs = []
-    for i, (k, running) in enumerate(picks):
-        model, batch, gpus = SHAPES[k]
-        state = RunningState("A100-40GB", 4, 1, {"a100-0": 4}) if running and gpus == 4 \
-            and model == "bert-336m" else None
-        jobs.append(JobSpec(f"j{i}", model, batch, 1000, gpus, submit_time_s=0.0,
-                            running=state))
+    jobs = _jobs(picks)
     accept = workload_plan_filter("cpu") if filtered else None
     inner = AnalyticEstimator()
     shared = build_candidates(cluster, jobs, 600.0, _Memo(inner), accept=accept)
@@ -192,28 +204,16 @@ def _refuses_dp_above_one(job: JobSpec, plan: ExecutionPlan) -> str | None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(picks=st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.booleans()),
-                      min_size=1, max_size=10),
-       strict=st.booleans())
+@given(picks=PICKS, strict=st.booleans())
 def test_the_cell_builder_judged_every_cell_but_the_running_ones(
         picks: list[tuple[int, bool]], strict: bool) -> None:
     """The cells recipe says its builder judged every cell but a running job's present one
     (``Recipe.judges_plans``), so the round's filter pass judges only those: the graph it
     leaves is the one a pass over every cell leaves, reasons included."""
-    from apportion.formulations.plan_filter import drop_refused_plans
-    from apportion.formulations.schema import current_cells
-    from apportion.policies.recipes import RECIPES
-
     assert RECIPES["cells"].judges_plans and RECIPES["deadline"].judges_plans
     assert not RECIPES["plans"].judges_plans  # its builder keeps refused plans to say why
     cluster = small_cluster()
-    jobs = []
-    for i, (k, running) in enumerate(picks):
-        model, batch, gpus = SHAPES[k]
-        state = RunningState("A100-40GB", 4, 1, {"a100-0": 4}) if running and gpus == 4 \
-            and model == "bert-336m" else None
-        jobs.append(JobSpec(f"j{i}", model, batch, 1000, gpus, submit_time_s=0.0,
-                            running=state))
+    jobs = _jobs(picks)
     accept = _refuses_dp_above_one if strict else workload_plan_filter("cpu")
     every = build_candidates(cluster, jobs, 600.0, _Memo(AnalyticEstimator()), accept=accept)
     some = every.copy()
