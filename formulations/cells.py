@@ -410,8 +410,12 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         return [CellChoice(g.nodes[cn]["job"], cn, placements[cn]) for cn in chosen]
 
     m.decode = decode
+    # the relaxation of cells over GPUs alone is near-integral: the solver chain takes its
+    # rounded answer as final (solvers.chain_rules.lp_rounding_final, measured on replays);
+    # CPU and memory rows (the plans formulation) are not covered by that measurement
     m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes,
-                  node_classes=len(classes), residual_mode=residual)
+                  node_classes=len(classes), residual_mode=residual,
+                  lp_rounding_final=not resources)
     return m
 
 

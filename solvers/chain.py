@@ -15,6 +15,11 @@ The budget is split so the chain answers well when time is short:
   ``LP_SHARE`` of what is left (all of a remainder under ``LP_ALL_BELOW_S`` on the
   clock: a HiGHS after it could not finish the same relaxation either); then HiGHS's
   branch and bound from that answer with everything left;
+* on a model whose meta says ``lp_rounding_final`` (the cell model over GPUs) at a
+  tolerance from ``LP_FIRST_GAP`` (the default), an answer of LP rounding ends the
+  chain: HiGHS's branch and bound after it bettered the schedules of no held-out
+  replay for more than half of a replay's CPU (``chain_rules.lp_rounding_final``);
+  HiGHS still runs where LP rounding did not answer;
 * on smaller models at a tolerance below ``LP_FIRST_GAP`` (``AUTO_ORDER``)
   ``auto`` starts with HiGHS for at most ``HIGHS_FIRST_SHARE`` of the budget
   (most rounds are proved optimal well inside it), then LP rounding, then
@@ -80,7 +85,15 @@ from typing import Any
 import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
-from apportion.solvers.chain_rules import better, for_chain, share, skipped, tighter, time_share
+from apportion.solvers.chain_rules import (
+    LP_FIRST_GAP,
+    better,
+    for_chain,
+    share,
+    skipped,
+    tighter,
+    time_share,
+)
 from apportion.solvers.highs import HighsBackend
 from apportion.solvers.isolation import ChainChild, IsolatedBackend, resolve_backend
 from apportion.solvers.persistent import HighsSession
@@ -111,7 +124,6 @@ LARGE_MODEL_COLUMNS = 20000
 PRESOLVE_OFF_COLUMNS = 8000
 AUTO_LARGE_ORDER = ("lp-round", "highs")
 MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``--mip-gap``)
-LP_FIRST_GAP = 1e-3  # from this tolerance on, ``auto`` tries LP rounding first
 AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
 
 
@@ -169,12 +181,14 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
     that solves an LP relaxation (LP rounding) solves it in ``session`` when there is one."""
     names = [b.name for b in backends]
     answered: set[str] = set()
+    rounding_final = bool(model.meta.get("lp_rounding_final"))
     for i, be in enumerate(backends):
         for_chain(be, gap)
         if hasattr(be, "session"):
             be.session = session  # type: ignore[attr-defined]
         left = deadline - time.perf_counter()
-        why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
+        why = "no budget left" if left <= 0.01 else skipped(names, i, answered, gap,
+                                                                 rounding_final)
         if work_s is not None and not why:
             why = "no work budget left" if work_s <= 0.01 else None
             if hasattr(be, "work_s"):

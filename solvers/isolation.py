@@ -229,10 +229,12 @@ def chain_child_main() -> None:
     bound: float | None = None
     names = [_backend_name(spec) for spec in specs]
     answered: set[str] = set()
+    rounding_final = bool(model.meta.get("lp_rounding_final"))
     for i, spec in enumerate(specs):
         name = names[i]
         left = budget - (time.perf_counter() - start)
-        why = "no budget left" if left <= 0.01 else skipped(names, i, answered)
+        why = "no budget left" if left <= 0.01 else skipped(names, i, answered, gap,
+                                                                 rounding_final)
         if why:
             _send(answer, ("result", SolveResult(name, Status.ERROR, message=why), False))
             continue

@@ -30,7 +30,11 @@ def test_a_small_round_is_timed_and_answered() -> None:
     assert row["objective"] > 0 and row["wall_s"] > 0 and row["cpu_s"] > 0
     assert row["peak_rss_mib"] > 10  # the command's own peak (an interpreter at least)
     assert "peak MiB" in rounds.markdown([row])
-    assert row["gap"] is not None and row["gap"] <= 1e-3 + 1e-12  # the default tolerance
+    # within the default tolerance, or the rounded LP's answer taken as final (the cell
+    # model), which the attempts say
+    assert row["gap"] is not None
+    assert row["gap"] <= 1e-3 + 1e-12 or (row["backend"] == "lp-round" and any(
+        a[1] == "error" and a[0] == "highs" for a in row["attempts"])), row
 
 
 def test_side_by_side_against_another_install_through_the_command(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def test_the_window_has_a_floor() -> None:
 def test_in_a_chain_cp_sat_runs_only_if_highs_failed() -> None:
     names = ["lp-round", "highs", "cp-sat"]
     assert skipped(names, 2, {"highs"}) == "skipped: HiGHS answered"
-    assert skipped(names, 2, {"lp-round"}) is None
+    assert skipped(names, 2, {"lp-round"}) is None  # a model that does not say so
     assert skipped(names, 1, {"lp-round"}) is None
     model = markshare(5, 40, 7)
     best, attempts = solve_chain(model, backends_for("auto", gap=1e-3), 12.0)
@@ -81,3 +81,41 @@ def test_in_a_chain_cp_sat_runs_only_if_highs_failed() -> None:
     assert "stopped: no better answer" in by_name["highs"].message or \
         "limit" in by_name["highs"].message.lower()
     assert by_name["cp-sat"].message in ("skipped: HiGHS answered", "no budget left")
+
+
+def _knapsack(final: bool) -> LinearModel:
+    """A 0-1 knapsack whose rounded relaxation is far from its bound; ``final``:
+    its meta says LP rounding's answer ends the chain (as the cell model's does)."""
+    m = LinearModel("knapsack", sense="max")
+    for i in range(3):  # room for one item and two thirds of another: bound 16.7, best 10
+        m.binary(("x", i), obj=10.0)
+    m.add_row({i: 6.0 for i in range(3)}, ub=10.0)
+    m.meta["lp_rounding_final"] = final
+    return m
+
+
+def test_an_answer_of_lp_rounding_ends_the_chain_where_the_model_says_so() -> None:
+    """At the tolerant gap a cell-like model (``meta["lp_rounding_final"]``) takes LP
+    rounding's answer as final: HiGHS and CP-SAT are skipped and say why; a model that does
+    not say so, or a tolerance below ``LP_FIRST_GAP``, still gets HiGHS's branch and bound."""
+    names = ["lp-round", "highs", "cp-sat"]
+    assert skipped(names, 1, {"lp-round"}, 1e-3, True) == "skipped: LP rounding answered"
+    assert skipped(names, 2, {"lp-round"}, 1e-3, True) == "skipped: LP rounding answered"
+    assert skipped(names, 1, set(), 1e-3, True) is None  # LP rounding failed: HiGHS rescues
+    assert skipped(["highs", "lp-round", "highs", "cp-sat"], 2, {"lp-round"}, 1e-4, True) is None
+    for final in (True, False):
+        model = _knapsack(final)
+        best, attempts = solve_chain(model, backends_for("auto", gap=1e-3), 10.0,
+                                     work_s=2.0)
+        assert best is not None and model.is_feasible(best.x)
+        by_name = {a.backend: a for a in attempts}
+        lp = by_name["lp-round"]
+        assert lp.x is not None and lp.bound is not None
+        assert lp.bound - lp.objective > 1e-3 * abs(lp.bound)  # not final by the gap alone
+        if final:
+            assert by_name["highs"].message == "skipped: LP rounding answered"
+            assert by_name["cp-sat"].message == "skipped: LP rounding answered"
+            assert best.backend == "lp-round"
+        else:
+            assert by_name["highs"].x is not None  # it ran, from LP rounding's answer
+            assert best.objective >= lp.objective - 1e-9

@@ -19,6 +19,7 @@ from apportion.experiments.groundtruth import AnalyticTruth
 from apportion.policies import make_policy
 from apportion.experiments.simulator import SimConfig, Simulator
 from apportion.formulations.candidates import build_candidates, trim_scale_up
+from apportion.formulations.cells import build_cells_model
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells
 from hypothesis import given, settings
@@ -221,3 +222,12 @@ def test_the_cell_builder_judged_every_cell_but_the_running_ones(
     n_some = drop_refused_plans(some, jobs, accept, current_cells(some))
     assert n_every == n_some
     same_graph(every, some)
+
+
+def test_the_cell_model_says_its_rounded_relaxation_ends_the_chain() -> None:
+    """The cell model over GPUs alone marks LP rounding's answer final for the solver chain
+    (``solvers.chain_rules.lp_rounding_final``); with CPU and memory rows it does not."""
+    g = build_candidates(small_cluster(), _jobs([(0, False), (1, True), (2, False)]), 600.0,
+                         _Memo(AnalyticEstimator()))
+    assert build_cells_model(g).meta["lp_rounding_final"] is True
+    assert build_cells_model(g, resources=True).meta["lp_rounding_final"] is False
