@@ -121,8 +121,10 @@ def test_the_place_bonus_places_a_queued_job_before_scaling_a_running_one() -> N
     out = {}
     for bonus in (0.0, default.place_bonus):
         opts = replace(default, place_bonus=bonus)
+        # a tolerance below the default: HiGHS proves the optimum (at the default LP
+        # rounding's answer is final on the cell model, unproven)
         res = run_round(cl, jobs, 600.0, RoundConfig(time_budget_s=5.0, candidates=opts,
-                                                             deterministic=True))
+                                                             deterministic=True, mip_gap=1e-4))
         assert validate(res.decision, cl, jobs).ok
         assert res.decision.report.status == "optimal"
         out[bonus] = {a.job: (a.gpus, a.action.value) for a in res.decision.allocations}
@@ -309,7 +311,7 @@ def test_apportion_defaults_in_a_replay_validate_every_round() -> None:
     pol = make_policy("apportion", time_budget_s=1.0)
     res = Simulator(cl, trace(), pol, AnalyticTruth(cl), SimConfig(seed=0)).run()  # validates
     assert res.summary["finished"] == 10
-    assert set(res.rounds["backend"]) & {"highs", "cp-sat"}
+    assert set(res.rounds["backend"]) & {"lp-round", "highs", "cp-sat"}  # not the fallback
 
 
 @pytest.mark.parametrize("normalize", ["requested", "slowest", "best", "least-efficient"])

@@ -43,6 +43,9 @@ LONG: dict[str, tuple[str, object]] = {
                                           "tables (~30 s); tests/test_estimation_* cover it")),
     "apportion profile": ("skip", ("times every layer of a torch model (~30 s on a loaded "
                                    "machine); tests/test_estimation_profilers.py covers it")),
+    "apportion bench round --case 1000:1280:30": ("help", (
+        "times a 1,000-job round against a second install the reader makes first "
+        "(docs/evaluation.md says how); tests/test_bench_rounds.py runs --against")),
 }
 #: the pages, in the order a newcomer follows them (later pages use files earlier ones wrote)
 PAGES = ("README.md", "docs/cli.md", "docs/formats.md", "docs/policies.md",
