@@ -57,9 +57,9 @@ import itertools
 import logging
 import math
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import lru_cache
-from collections.abc import Hashable
 from typing import Any
 
 import networkx as nx

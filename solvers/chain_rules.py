@@ -48,12 +48,11 @@ def time_share(names: Sequence[str], i: int, left: float) -> float:
 LP_FIRST_GAP = 1e-3
 
 
-def lp_rounding_final(names: Sequence[str], i: int, answered: set[str], gap: float,
-                      model_final: bool) -> bool:
-    """Whether an answer of LP rounding before ``names[i]`` ends the chain: on a model whose
-    meta says ``lp_rounding_final`` (the cell model: its relaxation is near-integral), at a
-    tolerance from ``LP_FIRST_GAP``, HiGHS's branch and bound is not started after it (nor
-    CP-SAT).
+def lp_rounding_final(answered: set[str], gap: float, model_final: bool) -> bool:
+    """Whether an answer of LP rounding (among the backends that ``answered`` so far) ends
+    the chain: on a model whose meta says ``lp_rounding_final`` (the cell model: its
+    relaxation is near-integral), at a tolerance from ``LP_FIRST_GAP``, HiGHS's branch and
+    bound is not started after it (nor CP-SAT).
 
     Measured on deterministic Philly replays (experiments/results/bench/speed.md): on six
     one-day windows no earlier choice used, the chain without it took 0.45x the CPU at an
@@ -61,11 +60,11 @@ def lp_rounding_final(names: Sequence[str], i: int, answered: set[str], gap: flo
     the quality tables' cell rows within their intervals (-0.2 % to +0.5 %). The branch
     and bound bettered LP rounding's answer in 33 of 143 rounds of the densest day, by
     0.04-3.4 % of the objective, late in its run, and no stopping rule kept those answers
-    while saving its time. A tolerance below ``LP_FIRST_GAP`` (``--mip-gap 1e-4``) asks for HiGHS's proof and
-    gets it, and so does any other model (a researcher's, the plans formulation's CPU and
-    memory rows), where the rounded relaxation may be far from the optimum."""
-    return model_final and gap >= LP_FIRST_GAP and "lp-round" in answered \
-        and "lp-round" in names[:i]
+    while saving its time. A tolerance below ``LP_FIRST_GAP`` (``--mip-gap 1e-4``) asks for
+    HiGHS's proof and gets it, and so does any other model (a researcher's, the plans
+    formulation's CPU and memory rows), where the rounded relaxation may be far from the
+    optimum."""
+    return model_final and gap >= LP_FIRST_GAP and "lp-round" in answered
 
 
 def skipped(names: Sequence[str], i: int, answered: set[str], gap: float = LP_FIRST_GAP,
@@ -74,8 +73,7 @@ def skipped(names: Sequence[str], i: int, answered: set[str], gap: float = LP_FI
     that answered where that ends the chain (:func:`lp_rounding_final`); CP-SAT only if
     HiGHS failed, since a HiGHS that answered and stopped (its incumbent stalled) would
     otherwise hand CP-SAT the rest of a budget CP-SAT rarely uses better on these models."""
-    if names[i] in ("highs", "cp-sat") and lp_rounding_final(names, i, answered, gap,
-                                                               model_final):
+    if names[i] in ("highs", "cp-sat") and lp_rounding_final(answered, gap, model_final):
         return "skipped: LP rounding answered"
     if names[i] == "cp-sat" and "highs" in answered:
         return "skipped: HiGHS answered"

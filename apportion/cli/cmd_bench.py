@@ -175,6 +175,7 @@ def bench_round_cmd(
     """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
     from apportion.console import Progress
     from apportion.experiments.bench import rounds
+    from apportion.experiments.bench.against import check_against
 
     with user_input():
         outputs.check_outputs((json_out, "--json"))
@@ -182,7 +183,7 @@ def bench_round_cmd(
         if formulation not in ("cells", "plans", "deadline"):
             raise InputError("--formulation", "formulation",
                              f"{formulation!r}: use cells, plans or deadline")
-        other = rounds.check_against(against) if against is not None else None
+        other = check_against(against) if against is not None else None
     with Progress("bench round", heartbeat=True):
         rows = rounds.main(cases, seed, repeat, formulation, other, deterministic)
     if not outputs.is_stdout(json_out):

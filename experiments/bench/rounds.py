@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apportion.experiments.bench.against import check_against, child_env, ratio
+from apportion.experiments.bench.against import child_env, ratio
 from apportion.experiments.bench.solve import synthetic_cluster, synthetic_jobs
 
 from apportion.errors import InputError
@@ -270,5 +270,5 @@ def _rows_markdown(rows: list[dict[str, Any]]) -> str:
         f"{fmt(r.get('bound'), '.6g')} | {fmt(r.get('gap'), '.3%')} |\n" for r in rows)
 
 
-__all__ = ["CASES", "check_against", "installed_env", "main", "markdown", "ratios",
+__all__ = ["CASES", "installed_env", "main", "markdown", "ratios",
            "ratios_markdown", "time_round", "write_instance"]
