@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from apportion.admission import admit
 from apportion.assembly import left_out
+from apportion.blas_threads import one_blas_thread
 from apportion.decision import Decision, Reason
 from apportion.jobs import JobSpec
 from apportion.validator import InvalidDecision, validate
@@ -93,7 +94,15 @@ class RoundResult:
 def run_pipeline(view: View, policy: Policy | StagedPolicy,
                  commit: Callable[[Decision], Any] | None = None,
                  apply: Callable[[Decision], Any] | None = None) -> RoundResult:
-    """One round of ``policy`` on ``view`` through every stage, in order."""
+    """One round of ``policy`` on ``view`` through every stage, in order, with one BLAS
+    thread (:mod:`apportion.blas_threads`: a round's vectors are too short to share)."""
+    with one_blas_thread():
+        return _stages(view, policy, commit, apply)
+
+
+def _stages(view: View, policy: Policy | StagedPolicy,
+            commit: Callable[[Decision], Any] | None,
+            apply: Callable[[Decision], Any] | None) -> RoundResult:
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
 

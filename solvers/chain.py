@@ -86,6 +86,7 @@ import numpy as np
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import (
+    LARGE_MODEL_COLUMNS,
     LP_FIRST_GAP,
     better,
     for_chain,
@@ -111,8 +112,6 @@ BACKENDS: dict[str, Callable[[], Backend]] = {n: _factory(n) for n in BACKEND_CL
 # see the module docstring: HiGHS first schedules better; LP rounding rescues the rounds it
 # cannot finish; HiGHS again from the best; CP-SAT only if HiGHS failed
 AUTO_ORDER = ("highs", "lp-round", "highs", "cp-sat")
-# past this many columns CP-SAT rarely beats its hint in seconds: LP rounding, then HiGHS
-LARGE_MODEL_COLUMNS = 20000
 # past this many columns an in-process HiGHS runs without presolve. Its presolve is the
 # one part of its work that neither the stall rule nor a deterministic budget sees (the
 # MIP callbacks start after it), and on the replays' busy rounds it is most of HiGHS's

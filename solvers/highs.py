@@ -60,7 +60,9 @@ class HighsBackend:
     stops after this much work (``base.WORK_PER_S`` units a second) and its stall is
     measured in work too, so the same model gets the same answer on every run; the time
     limit is then only a safety stop (a run that reaches it says so). An LP has no such
-    limit: its simplex runs to its optimum (or the time limit).
+    limit: its simplex runs to its optimum (or the time limit). Each of HiGHS's interrupt
+    callbacks counts as the model's columns of work, or as ``work_columns`` when set: a
+    restricted MIP is charged as the whole model it restricts (``solvers.lpround``).
     """
 
     name = "highs"
@@ -73,6 +75,7 @@ class HighsBackend:
         self.reduced_costs = reduced_costs  # an LP's column duals in ``extra["reduced_costs"]``
         self.stall_share = stall_share
         self.work_s: float | None = None
+        self.work_columns: int | None = None
 
     def available(self) -> bool:
         try:
@@ -108,7 +111,7 @@ class HighsBackend:
             h.setSolution(sol)
         # the limit counts from the call: building the model above spent part of it
         h.setOptionValue("time_limit", max(0.01, float(time_limit_s) - (time.perf_counter() - start)))
-        watch = self._watch(h, time_limit_s, n)
+        watch = self._watch(h, time_limit_s, self.work_columns or n)
         try:
             h.run()
         except Exception as exc:  # a backend fault must not take the round down

@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from apportion.blas_threads import one_blas_thread
 from apportion.formulations.model import LinearModel
 from apportion.solvers.base import BACKEND_CLASSES, Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import better, for_chain, skipped, tighter, time_share
@@ -86,7 +87,8 @@ def child_main() -> None:
         spec, model, limit, hard = pickle.load(stdin)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(max(1, math.ceil(hard)))
-        msg: tuple[Any, ...] = ("ok", resolve_backend(spec).solve(model, limit))
+        with one_blas_thread():  # a solver-only process: its vectors are too short to share
+            msg: tuple[Any, ...] = ("ok", resolve_backend(spec).solve(model, limit))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as data
         msg = ("raised", repr(exc), traceback.format_exc(limit=8))
     try:
@@ -240,7 +242,9 @@ def chain_child_main() -> None:
             continue
         _send(answer, ("start", name))
         try:
-            res = for_chain(resolve_backend(spec), gap).solve(model, time_share(names, i, left))
+            with one_blas_thread():
+                res = for_chain(resolve_backend(spec), gap).solve(model,
+                                                                  time_share(names, i, left))
         except BaseException as exc:  # noqa: BLE001 - back to the parent as data
             _send(answer, ("raised", name, repr(exc), traceback.format_exc(limit=8)))
             continue

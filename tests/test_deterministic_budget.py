@@ -135,3 +135,22 @@ def test_solve_round_deterministic_repeats_and_refuses_what_leaves_the_process(
                         (["--partitions", "2", "--engine", "ray"], "--partitions")):
         r = runner.invoke(app, ["solve-round", "--deterministic", *extra])
         assert r.exit_code == 2 and flag in r.output, r.output
+
+
+def test_work_columns_charge_each_callback_as_that_many_columns() -> None:
+    """A restricted MIP is charged as the model it restricts (``work_columns``): the same
+    work budget then stops it after the same number of HiGHS's callbacks."""
+    model = markshare(5, 40, 3)
+    runs = {}
+    for width in (None, 50 * model.num_vars):
+        be = HighsBackend()
+        be.work_s = 0.05
+        be.work_columns = width
+        res = be.solve(model, 30.0)
+        if res.status is Status.OPTIMAL:  # a perfect split found at once (rare)
+            return
+        runs[width] = res.extra["work_s"]
+        assert "its work budget of 0.05 s was spent" in res.message
+        # every callback charged as `width` columns: the budget spent within a few of them
+        assert res.extra["work_s"] <= 0.05 + SLACK_CALLS * (width or model.num_vars) / WORK_PER_S
+    assert len(runs) == 2

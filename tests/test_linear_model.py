@@ -90,3 +90,43 @@ def test_add_vars_is_add_var_in_order_and_all_or_nothing(
     with pytest.raises(ValueError, match="lb"):
         bulk.add_vars([(("bad",), 2.0, 1.0, False, 0.0)])
     assert ("bad",) not in bulk._index
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.dictionaries(st.integers(0, n - 1), st.floats(-4, 4).filter(bool), max_size=n),
+             min_size=0, max_size=6),
+    st.lists(st.booleans(), min_size=n, max_size=n),
+    st.lists(st.integers(0, 3), min_size=n, max_size=n))))
+def test_restricted_is_the_model_with_the_other_columns_at_zero(
+        case: tuple[int, list, list, list]) -> None:
+    n, rows, kept, values = case
+    m = LinearModel("m", "max")
+    for j in range(n):
+        m.add_var(("v", j), 0.0, 3.0, integer=j % 2 == 0, obj=float(j) - 2.5)
+    for i, coeffs in enumerate(rows):
+        m.add_row(coeffs, -1.0 - i, 2.0 + i, name=f"row{i}")
+    m.set_hint({j: float(values[j]) for j in range(n)})
+    keep = np.flatnonzero(kept)
+    sub = m.restricted(keep)
+    assert sub.var_keys == [("v", int(j)) for j in keep]
+    assert sub.num_rows == m.num_rows and [r.name for r in sub.rows] == [r.name for r in m.rows]
+    assert sub.integer == [m.integer[j] for j in keep]
+    assert sub.hint == {i: float(values[j]) for i, j in enumerate(keep)}
+    x_sub = np.asarray([values[j] for j in keep], float)
+    x = np.zeros(n)
+    x[keep] = x_sub
+    # the same point, read by either model: the same objective, activity and verdict
+    assert sub.objective_value(x_sub) == pytest.approx(m.objective_value(x))
+    np.testing.assert_allclose(sub.activity(x_sub), m.activity(x))
+    assert sub.is_feasible(x_sub) == m.is_feasible(x)
+
+
+def test_restricted_refuses_a_column_zero_cannot_take() -> None:
+    m = LinearModel("m", "max")
+    m.add_var("a", 1.0, 2.0)
+    m.add_var("b", 0.0, 2.0)
+    assert m.restricted(np.array([0])).var_keys == ["a"]
+    with pytest.raises(ValueError, match="'a' cannot be taken at zero"):
+        m.restricted(np.array([1]))
