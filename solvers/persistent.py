@@ -32,21 +32,20 @@ many optimal vertices, and a hot start may end on another one than a fresh solve
 rounded answers then differ, each within the chain's tolerance of the bound the chain
 proves (``tests/test_persistent.py`` checks both paths on random sequences of rounds).
 
-**Measured, and why it is off by default** (``RoundConfig.persistent``): on 148
+**Measured, and why it is on by default** (``RoundConfig.persistent``): on 148
 consecutive solved rounds of the densest Philly day (1,000-26,000 columns) the kept LP
 solved the relaxations in 0.65-0.73x a fresh solve's time (same optima), but the cell
 model's LP is highly degenerate and HiGHS's presolve is what steers a fresh solve to a
 near-integral vertex: without it (a hot start never presolves, and neither does a fresh
 solve with presolve off) the vertices had 678 fractional columns against 501, and LP
-rounding's filled point missed the 0.1 % tolerance in 71 rounds against 48. Those rounds
-go on to the restricted MIP and HiGHS's branch and bound, which cost far more than the
-LP saved: a whole day's replay used about the same CPU (0.96x, one run under load) with
-more rounds in HiGHS. Re-solving the hot start's optimal face afresh (the columns of
-nonzero reduced cost fixed, presolve on) gives vertices as good as a fresh solve's (461
-fractional columns, 43 rounds over the tolerance) but costs as much as the fresh solve it
-replaces, since most columns of this LP have zero reduced cost. The session stays for
-callers whose LP, not its rounding, is the cost (an LP-only formulation, a researcher's
-warm-started sweep).
+rounding's filled point missed the 0.1 % tolerance in 71 rounds against 48. While HiGHS's
+branch and bound followed LP rounding, those rounds cost more than the LP saved. Since LP
+rounding's answer is final on the cell model (``chain_rules.lp_rounding_final``) and its
+restricted MIP is handed only its own columns, a missed tolerance costs a restricted MIP
+of a few hundred columns, and the LP is the replay's largest solver cost: the 14-day
+replay took 343 CPU-s kept against 411 afresh (0.84x) at the same average JCT (7,541.7
+against 7,540.7 s), and six held-out one-day windows 0.91x at -0.07 % to +0.13 %
+(experiments/results/bench/speed.md).
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ def test_rounds_through_a_kept_lp_and_fresh_ones_agree_within_the_tolerance(
     gap = 1e-3
     kept = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False,
                                          persistent=True))
-    fresh = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False))
+    fresh = FormulationPolicy(RoundConfig(time_budget_s=20.0, mip_gap=gap, isolate=False,
+                                          persistent=False))
     queue: list = []
     n = 0
     for t, batch in enumerate(arrivals):
@@ -156,3 +157,20 @@ def test_rounds_through_a_kept_lp_and_fresh_ones_agree_within_the_tolerance(
                  if j.id in placed else replace(j, running=None) for j in queue]
     assert kept.session is not None and kept.session.stats.solves >= 1
     assert fresh.session is None
+
+
+def test_a_policy_keeps_its_lp_by_default_and_a_one_off_round_answers_as_afresh() -> None:
+    """``RoundConfig.persistent`` is on: a replay's, ``run``'s or ``serve``'s policy keeps
+    its LP; a one-off round's first LP is built afresh, so its answer is the fresh path's."""
+    assert RoundConfig().persistent is True
+    jobs, _ = jobs_from_data({"jobs": [
+        {"id": f"j{i}", "model": MODELS[i % len(MODELS)], "global_batch_size": 128,
+         "iterations": 5000, "requested_gpus": 2 ** (i % 3)} for i in range(8)]}, "t")
+    answers = []
+    for persistent in (True, False):
+        cfg = RoundConfig(time_budget_s=20.0, isolate=False, deterministic=True,
+                          persistent=persistent)
+        d = run_round(CLUSTER, jobs, 1.0, cfg).decision
+        answers.append((sorted((a.job, a.gpu_type, a.gpus) for a in d.allocations),
+                        d.report.objective, d.report.backend))
+    assert answers[0] == answers[1]

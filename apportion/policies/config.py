@@ -60,11 +60,12 @@ class RoundConfig:
     deterministic: bool = False
     # a policy that lives across rounds (a replay's, ``run``'s, ``serve``'s) keeps its LP
     # relaxation alive in HiGHS between them and re-solves it from the last basis
-    # (solvers.persistent); an isolated chain's child and a one-off round start afresh. Off
-    # by default: the hot-started LP is faster (0.65-0.73x on a replay's rounds) but ends
-    # on vertices LP rounding rounds worse (no presolve), so more rounds go on to HiGHS's
-    # branch and bound and a replay gains nothing (experiments/results/bench/speed.md)
-    persistent: bool = False
+    # (solvers.persistent); an isolated chain's child starts afresh, and a one-off round's
+    # first LP is built afresh either way (the same answer). On by default: with LP
+    # rounding's answer final on the cell model the LP is a replay's largest solver cost,
+    # and the 14-day replay takes 0.84x the CPU at the same average JCT (-0.01 %; held-out
+    # days -0.1 % to +0.1 %: experiments/results/bench/speed.md)
+    persistent: bool = True
 
 
 def answer_reserve(variables: int) -> float:

@@ -102,7 +102,7 @@ def check_policy(policy: str) -> None:
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
          max_rounds: int | None = None, information: str = "estimated",
          mip_gap: float = MIP_REL_GAP, deterministic: bool = False,
-         persistent: bool = False) -> dict[str, Any]:
+         persistent: bool = True) -> dict[str, Any]:
     check_policy(policy)
     t0 = time.perf_counter()
     trace, truth = bench_trace(days)
@@ -149,7 +149,7 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
 def side_by_side(against: str, policy: str = "fcfs", days: float = 14.0,
                  time_budget: float = 2.0, max_rounds: int | None = None,
                  information: str = "estimated", mip_gap: float = MIP_REL_GAP,
-                 deterministic: bool = False, persistent: bool = False) -> dict[str, Any]:
+                 deterministic: bool = False, persistent: bool = True) -> dict[str, Any]:
     """The same replay by this install and by ``against`` (another install's interpreter,
     :func:`apportion.experiments.bench.against.check_against`), each a ``bench sim``
     process, both started together so they share the machine's minutes: ``this`` and
@@ -161,7 +161,8 @@ def side_by_side(against: str, policy: str = "fcfs", days: float = 14.0,
             repr(time_budget), "--information", information, "--mip-gap", repr(mip_gap)]
     args += ["--max-rounds", str(max_rounds)] if max_rounds is not None else []
     args += ["--deterministic"] if deterministic else []
-    args += ["--persistent"] if persistent else []
+    # (an install from before --fresh existed builds every LP afresh by default)
+    args += ["--persistent"] if persistent else ["--fresh"]
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ap-sim-") as tmp:
         procs = {}
