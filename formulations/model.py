@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -121,8 +121,9 @@ class LinearModel:
     def positions(self, keys: Iterable[Hashable]) -> np.ndarray:
         """The column of each of ``keys`` (-1 where this model has no such variable): how
         a solver that kept an earlier model matches its columns to this one's."""
-        at = self._index
-        return np.fromiter((at.get(k, -1) for k in keys), np.int64)
+        # map over the dict's own get: no Python frame per key (a replay's round matches
+        # tens of thousands)
+        return np.fromiter(map(self._index.get, keys, repeat(-1)), np.int64)
 
     def add_row(
         self,
@@ -303,14 +304,19 @@ class LinearModel:
                          self.vector("obj")[keep].tolist(), strict=True))
         lens, cols, data = self.entries()
         at = new[cols]
-        ends = np.cumsum(lens)
-        for r, end, n in zip(self.rows, ends.tolist(), lens.tolist(), strict=True):
-            start = end - n
-            c, d = at[start:end], data[start:end]
-            mine = c >= 0
-            out.rows.append(Row(r.name, dict(zip(c[mine].tolist(), d[mine].tolist(),
-                                                 strict=True)), r.lb, r.ub))
-        out.hint = {int(new[j]): v for j, v in self.hint.items() if new[j] >= 0}
+        mine = at >= 0
+        # each row's kept entries, in order (most rows of a restricted MIP keep none)
+        counts = np.bincount(np.repeat(np.arange(len(lens)), lens)[mine], minlength=len(lens))
+        kept_cols, kept_data = at[mine].tolist(), data[mine].tolist()
+        end = 0
+        for r, n in zip(self.rows, counts.tolist(), strict=True):
+            start, end = end, end + n
+            out.rows.append(Row(r.name, dict(zip(kept_cols[start:end], kept_data[start:end]))
+                                if n else {}, r.lb, r.ub))
+        if self.hint:
+            at = new[np.fromiter(self.hint, np.int64, len(self.hint))]
+            values = np.fromiter(self.hint.values(), float, len(self.hint))
+            out.hint = dict(zip(at[at >= 0].tolist(), values[at >= 0].tolist()))
         return out
 
     def is_pure_integer(self) -> bool:

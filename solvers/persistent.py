@@ -160,8 +160,8 @@ class HighsSession:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", self.threads)
-        csc = model.matrix().tocsc()
-        h.passModel(highs_lp(model, csc))
+        csc = _csc(model)
+        h.passModel(highs_lp(model, model.columns()))
         self._h, self._a, self._sense = h, csc, model.sense
         self._cols, self._rows = list(model.var_keys), list(names)
         self.stats.builds += 1
@@ -190,12 +190,13 @@ class HighsSession:
         seen_r[rowpos_kept] = True
         new_rows = np.flatnonzero(~seen_r)
         rowpos = np.concatenate([rowpos_kept, new_rows])
-        a_new = model.matrix().tocsc()
+        a_new = _csc(model)
+        a_rows = a_new[rowpos]  # this round's matrix, its rows in the order HiGHS will hold
         # the kept columns' coefficients as HiGHS will hold them after the deletions and
         # the new (empty) rows, against what this round's model says
         old = self._a[np.flatnonzero(keep_r)][:, np.flatnonzero(keep_c)]
         old = sparse.vstack([old, sparse.csc_matrix((len(new_rows), len(colpos_kept)))]).tocsc()
-        want = a_new[rowpos][:, colpos_kept].tocsc()
+        want = a_rows[:, colpos_kept].tocsc()
         diff = (want - old).tocoo()
         moved = np.flatnonzero(diff.data != 0.0)
         if len(moved) > REBUILD_SHARE * max(1, want.nnz):
@@ -212,7 +213,7 @@ class HighsSession:
             nr = new_rows
             h.addRows(len(nr), _clip(rlb[nr]), _clip(rub[nr]), 0, np.zeros(len(nr), np.int32),
                       np.zeros(0, np.int32), np.zeros(0))
-        obj, lb, ub = (np.asarray(v, float) for v in (model.obj, model.lb, model.ub))
+        obj, lb, ub = (model.vector(v) for v in ("obj", "lb", "ub"))
         if len(new_cols):
             nc = new_cols
             inv = np.empty(model.num_rows, np.int64)
@@ -235,7 +236,7 @@ class HighsSession:
         h.changeObjectiveOffset(float(model.obj_constant))
         self._cols = list(map(model.var_keys.__getitem__, colpos.tolist()))
         self._rows = list(map(names.__getitem__, rowpos.tolist()))
-        self._a = a_new[rowpos][:, colpos].tocsc()
+        self._a = a_rows[:, colpos].tocsc()
         self.stats.hot_starts += 1
         self.stats.added_cols += len(new_cols)
         self.stats.deleted_cols += gone
@@ -280,6 +281,19 @@ class HighsSession:
         obj = model.objective_value(x)
         return SolveResult("highs", Status.OPTIMAL, x, obj, obj, time.perf_counter() - start,
                            message=message, extra=extra)
+
+
+def _csc(model: LinearModel) -> Any:
+    """The model's matrix as scipy CSC over its cached columns (:meth:`LinearModel.columns`:
+    what HiGHS is handed, and what LP rounding's fill reads next), not a CSR built and
+    converted again each round."""
+    from scipy import sparse
+
+    cols = model.columns()
+    a = sparse.csc_matrix((cols.data, cols.indices, cols.indptr),
+                          shape=(model.num_rows, model.num_vars), copy=True)
+    a.has_sorted_indices = True  # columns() sorts each column's rows
+    return a
 
 
 __all__ = ["REBUILD_SHARE", "HighsSession", "SessionStats"]
