@@ -54,6 +54,7 @@ leaves out a cell that still does not fit: a valid, slightly worse answer.
 from __future__ import annotations
 
 import itertools
+from collections import defaultdict
 import logging
 import math
 import re
@@ -233,7 +234,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             usable_memo[k, unit] = sum(cap_max(n) // unit * unit for n in classes[k])
         return usable_memo[k, unit]
 
-    class_rows: dict[int, dict[int, float]] = {}
+    # a class's capacity row, made when a column first uses the class (the rows' order)
+    class_rows: defaultdict[int, dict[int, float]] = defaultdict(dict)
     cell_cols: dict[str, int] = {}
     # per cell: (class, column, unit, units per column value): y columns count units (1),
     # a cell that fits one class wholly uses its x column (gpus / unit units when chosen)
@@ -285,25 +287,23 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             whole, units = shape
             if whole is not None:
                 # one class can hold the whole cell: its units there are x * gpus/unit, no y
-                class_rows.setdefault(whole, {})[x] = float(gpus)
+                class_rows[whole][x] = float(gpus)
                 place_cols[cn] = [(whole, x, tp, gpus // tp)]
                 continue
-            link = {x: -float(gpus)}
-            placed: list[tuple[int, int, int, int]] = []
-            place_cols[cn] = placed
             unit = float(tp)
-            for k, bound, lab in units:
-                y = base + len(new_cols)
-                new_cols.append((("y", cn, lab), 0.0, bound, True, 0.0))
-                link[y] = unit
-                class_rows.setdefault(k, {})[y] = unit
-                placed.append((k, y, tp, 1))
+            y0 = base + len(new_cols)
+            ys = range(y0, y0 + len(units))
+            new_cols += [(("y", cn, lab), 0.0, bound, True, 0.0) for _, bound, lab in units]
+            link = {x: -float(gpus)}
+            link.update(zip(ys, itertools.repeat(unit)))
+            for (k, _, _), y in zip(units, ys):
+                class_rows[k][y] = unit
+            place_cols[cn] = [(k, y, tp, 1) for (k, _, _), y in zip(units, ys)]
             new_rows.append((link, 0.0, 0.0, f"size[{cn}]"))
         if cols:
             new_rows.append(({c: 1.0 for c in cols}, -INF, 1.0, f"one[{jid}]"))
     m.add_vars(new_cols)
-    for coeffs, lo, hi, name in new_rows:
-        m.add_row(coeffs, lo, hi, name=name)
+    m.add_rows(new_rows)
     if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
         for cn, place in fixed.items():
             for name, k in place.items():

@@ -148,6 +148,25 @@ class LinearModel:
         self.rows.append(Row(name or f"r{len(self.rows)}", merged, float(lb), float(ub)))
         return len(self.rows) - 1
 
+    def add_rows(self, rows: Iterable[tuple[dict[int, float], float, float, str]]) -> range:
+        """Add rows ``(coeffs, lb, ub, name)`` in order, as many :meth:`add_row` calls with
+        a mapping would (the same checks; nothing is added when one fails), and return
+        their indices: a builder that makes thousands of rows a round. The ``coeffs``
+        dicts become the rows' own (not copied): the caller hands them over."""
+        given = list(rows)
+        n = len(self.var_keys)
+        start = len(self.rows)
+        made = []
+        for coeffs, lb, ub, name in given:
+            if coeffs and not (0 <= min(coeffs) and max(coeffs) < n):
+                bad = next(c for c in coeffs if not 0 <= c < n)
+                raise IndexError(f"row {name!r}: no column {bad}")
+            if 0.0 in coeffs.values():
+                coeffs = {c: v for c, v in coeffs.items() if v != 0.0}
+            made.append(Row(name or f"r{start + len(made)}", coeffs, float(lb), float(ub)))
+        self.rows.extend(made)
+        return range(start, start + len(made))
+
     def set_hint(self, values: Mapping[int, float]) -> None:
         """A (possibly partial) starting solution handed to backends that take one."""
         self.hint = {int(k): float(v) for k, v in values.items()}

@@ -130,3 +130,26 @@ def test_restricted_refuses_a_column_zero_cannot_take() -> None:
     assert m.restricted(np.array([0])).var_keys == ["a"]
     with pytest.raises(ValueError, match="'a' cannot be taken at zero"):
         m.restricted(np.array([1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.dictionaries(st.integers(0, n + 1), st.floats(-3, 3), max_size=n),
+                       st.floats(-5, 0), st.floats(0, 5), st.sampled_from(["", "r"])),
+             max_size=5))))
+def test_add_rows_is_add_row_in_order_and_all_or_nothing(case: tuple[int, list]) -> None:
+    n, rows = case
+    one, bulk = LinearModel("a"), LinearModel("b")
+    for m in (one, bulk):
+        m.add_vars((("v", j), 0.0, 1.0, False, 0.0) for j in range(n))
+    try:
+        want = [one.add_row(dict(c), lb, ub, name=name) for c, lb, ub, name in rows]
+    except IndexError as exc:
+        with pytest.raises(IndexError, match=str(exc).split(":")[0]):
+            bulk.add_rows([(dict(c), lb, ub, name) for c, lb, ub, name in rows])
+        assert bulk.rows == []  # nothing added when one fails
+        return
+    got = bulk.add_rows([(dict(c), lb, ub, name) for c, lb, ub, name in rows])
+    assert list(got) == want
+    assert bulk.rows == one.rows

@@ -30,10 +30,12 @@ def bench_sim_cmd(
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
     deterministic: bool = typer.Option(False, "--deterministic", help=DETERMINISTIC_HELP),
-    persistent: bool = typer.Option(True, "--persistent/--fresh", help="keep the round's LP "
-                                    "alive in HiGHS across rounds and re-solve it from the "
-                                    "last basis (apportion's policies, the default: "
-                                    "solvers/persistent.py), or build it afresh every round"),
+    persistent: Optional[bool] = typer.Option(None, "--persistent/--fresh",
+                                              help="keep the round's LP alive in HiGHS across "
+                                              "rounds and re-solve it from the last basis "
+                                              "(apportion's policies; the default: "
+                                              "solvers/persistent.py), or build it afresh "
+                                              "every round"),
     against: Optional[Path] = typer.Option(None, "--against", help="the Python interpreter of "
                                            "another apportion install: the same replay run by "
                                            "it at the same time, and the ratios reported"),

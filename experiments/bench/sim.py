@@ -102,13 +102,17 @@ def check_policy(policy: str) -> None:
 def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
          max_rounds: int | None = None, information: str = "estimated",
          mip_gap: float = MIP_REL_GAP, deterministic: bool = False,
-         persistent: bool = True) -> dict[str, Any]:
+         persistent: bool | None = None) -> dict[str, Any]:
+    """One replay of the bench window; ``persistent`` None: the policy's default (the kept
+    LP, ``RoundConfig.persistent``)."""
     check_policy(policy)
     t0 = time.perf_counter()
     trace, truth = bench_trace(days)
     load_s = time.perf_counter() - t0
-    opts: dict[str, Any] = {"time_budget_s": time_budget, "mip_gap": mip_gap,
-                            "persistent": persistent} if policy.startswith("apportion") else {}
+    opts: dict[str, Any] = {"time_budget_s": time_budget, "mip_gap": mip_gap} \
+        if policy.startswith("apportion") else {}
+    if persistent is not None and opts:
+        opts["persistent"] = persistent
     cfg = SimConfig(max_sim_s=None if max_rounds is None else max_rounds * 300.0,
                     information=information, deterministic=deterministic,
                     jct_bound=False)  # the replay's speed alone
@@ -126,7 +130,8 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
         "policy": policy, "information": information, "trace_jobs": len(trace),
         "trace_days": days, "cluster_gpus": 1280, "time_budget_s": time_budget,
         "mip_gap": mip_gap if policy.startswith("apportion") else None,
-        "deterministic": deterministic, "persistent": persistent,
+        "deterministic": deterministic,
+        "persistent": bool(getattr(getattr(pol, "cfg", None), "persistent", False)),
         "rounds": s["rounds"], "finished": s["finished"], "sim_wall_s": round(wall, 2),
         "sim_cpu_s": round(cpu, 2), "load_before": round(load0, 2),
         "load_after": round(os.getloadavg()[0], 2),
@@ -149,7 +154,8 @@ def main(policy: str = "fcfs", days: float = 14.0, time_budget: float = 2.0,
 def side_by_side(against: str, policy: str = "fcfs", days: float = 14.0,
                  time_budget: float = 2.0, max_rounds: int | None = None,
                  information: str = "estimated", mip_gap: float = MIP_REL_GAP,
-                 deterministic: bool = False, persistent: bool = True) -> dict[str, Any]:
+                 deterministic: bool = False, persistent: bool | None = None
+                 ) -> dict[str, Any]:
     """The same replay by this install and by ``against`` (another install's interpreter,
     :func:`apportion.experiments.bench.against.check_against`), each a ``bench sim``
     process, both started together so they share the machine's minutes: ``this`` and
@@ -161,8 +167,9 @@ def side_by_side(against: str, policy: str = "fcfs", days: float = 14.0,
             repr(time_budget), "--information", information, "--mip-gap", repr(mip_gap)]
     args += ["--max-rounds", str(max_rounds)] if max_rounds is not None else []
     args += ["--deterministic"] if deterministic else []
-    # (an install from before --fresh existed builds every LP afresh by default)
-    args += ["--persistent"] if persistent else ["--fresh"]
+    # None: each install's own default (one from before the kept LP was the default builds
+    # every LP afresh, and knows no --fresh)
+    args += [] if persistent is None else ["--persistent"] if persistent else ["--fresh"]
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ap-sim-") as tmp:
         procs = {}
