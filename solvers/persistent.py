@@ -107,12 +107,16 @@ class HighsSession:
         self._cols: list[Hashable] = []  # HiGHS column j holds the model variable keyed so
         self._rows: list[str] = []  # HiGHS row i is the model row of this name
         self._a: Any = None  # the matrix HiGHS holds, in its order (scipy CSC)
+        # the costs, column bounds and row bounds HiGHS holds, in its order: a round passes
+        # only those that moved (most do not: a waiting job's cost moves with the clock)
+        self._held: dict[str, np.ndarray] = {}
         self._sense: str | None = None
 
     def close(self) -> None:
         """Forget the kept LP (the next round is built afresh)."""
         self._h = None
         self._cols, self._rows, self._a, self._sense = [], [], None, None
+        self._held = {}
 
     # -- the round's LP ------------------------------------------------------------------
     def relaxation(self, model: LinearModel, time_limit_s: float,
@@ -164,6 +168,9 @@ class HighsSession:
         h.passModel(highs_lp(model, model.columns()))
         self._h, self._a, self._sense = h, csc, model.sense
         self._cols, self._rows = list(model.var_keys), list(names)
+        rlb, rub = model.row_bounds()
+        self._held = {"obj": model.vector("obj"), "lb": model.vector("lb"),
+                      "ub": model.vector("ub"), "rlb": rlb, "rub": rub}
         self.stats.builds += 1
         self.stats.why_built[why] = self.stats.why_built.get(why, 0) + 1
         return np.arange(model.num_vars)
@@ -227,13 +234,26 @@ class HighsSession:
         for r, c, v in zip(rs.tolist(), cs.tolist(), values.tolist()):
             h.changeCoeff(r, c, v)
         colpos = np.concatenate([colpos_kept, new_cols])
-        cols = np.arange(len(colpos), dtype=np.int32)
-        h.changeColsCost(len(cols), cols, obj[colpos])
-        h.changeColsBounds(len(cols), cols, _clip(lb[colpos]), _clip(ub[colpos]))
-        rows = np.arange(len(rowpos), dtype=np.int32)
-        if len(rows):
-            h.changeRowsBounds(len(rows), rows, _clip(rlb[rowpos]), _clip(rub[rowpos]))
+        held = self._held
+        # the kept columns and rows whose cost or bounds moved (new ones came with theirs)
+        kept_c = np.arange(len(colpos_kept), dtype=np.int32)
+        moved_c = kept_c[obj[colpos_kept] != held["obj"][keep_c]]
+        if len(moved_c):
+            h.changeColsCost(len(moved_c), moved_c, obj[colpos[moved_c]])
+        moved_c = kept_c[(lb[colpos_kept] != held["lb"][keep_c]) |
+                         (ub[colpos_kept] != held["ub"][keep_c])]
+        if len(moved_c):
+            h.changeColsBounds(len(moved_c), moved_c, _clip(lb[colpos[moved_c]]),
+                               _clip(ub[colpos[moved_c]]))
+        kept_r = np.arange(len(rowpos_kept), dtype=np.int32)
+        moved_r = kept_r[(rlb[rowpos_kept] != held["rlb"][keep_r]) |
+                         (rub[rowpos_kept] != held["rub"][keep_r])]
+        if len(moved_r):
+            h.changeRowsBounds(len(moved_r), moved_r, _clip(rlb[rowpos[moved_r]]),
+                               _clip(rub[rowpos[moved_r]]))
         h.changeObjectiveOffset(float(model.obj_constant))
+        self._held = {"obj": obj[colpos], "lb": lb[colpos], "ub": ub[colpos],
+                      "rlb": rlb[rowpos], "rub": rub[rowpos]}
         self._cols = list(map(model.var_keys.__getitem__, colpos.tolist()))
         self._rows = list(map(names.__getitem__, rowpos.tolist()))
         self._a = a_rows[:, colpos].tocsc()

@@ -13,6 +13,7 @@ import copy
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -174,3 +175,33 @@ def test_a_policy_keeps_its_lp_by_default_and_a_one_off_round_answers_as_afresh(
         answers.append((sorted((a.job, a.gpu_type, a.gpus) for a in d.allocations),
                         d.report.objective, d.report.backend))
     assert answers[0] == answers[1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(0.5, 4.0), st.floats(-2.0, 3.0)),
+                min_size=1, max_size=6),
+       st.floats(1.0, 6.0))
+def test_a_kept_lp_follows_the_costs_and_bounds_that_moved(
+        moves: list[tuple[int, float, float]], cap: float) -> None:
+    """The session hands HiGHS only the costs and bounds that moved since the last round:
+    one that moved is always the LP's next round's, whichever others stayed."""
+    def model(ub: list[float], obj: list[float], row_ub: float) -> LinearModel:
+        m = LinearModel("m", "max")
+        for j in range(6):
+            m.add_var(("v", j), 0.0, ub[j], obj=obj[j])
+        m.add_row({j: 1.0 + j % 3 for j in range(6)}, ub=row_ub, name="cap")
+        m.add_row({0: 1.0, 1: 1.0}, ub=3.0, name="pair")
+        return m
+
+    ub, obj = [2.0] * 6, [1.0, 2.0, 0.5, 1.5, 3.0, 1.0]
+    session = HighsSession()
+    session.relaxation(model(ub, obj, 5.0), 10.0)
+    for j, bound, cost in moves:
+        ub[j], obj[j] = bound, cost
+        m = model(ub, obj, cap)
+        kept = session.relaxation(m, 10.0)
+        relaxed = copy.copy(m)
+        fresh = HighsBackend().solve(relaxed, 10.0)
+        assert kept.status is Status.OPTIMAL and fresh.status is Status.OPTIMAL
+        assert kept.objective == pytest.approx(fresh.objective, abs=1e-7)
+    assert session.stats.hot_starts == len(moves)
