@@ -268,7 +268,7 @@ class HighsSession:
         import highspy
 
         h = self._h
-        h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
+        h.setOptionValue("time_limit", run_limit(h, time_limit_s))
         t = time.perf_counter()
         try:
             h.run()
@@ -303,6 +303,15 @@ class HighsSession:
                            message=message, extra=extra)
 
 
+def run_limit(h: Any, seconds: float) -> float:
+    """HiGHS's ``time_limit`` for a run of ``h`` that may take ``seconds`` more. HiGHS reads
+    its limit against the Highs object's run clock, which adds up over every run of a kept
+    LP: a limit set as is cut a round short once the session's LPs had taken that long
+    together, and a replay then rebuilt its LP at a moment that depended on the machine's
+    speed, and did not repeat."""
+    return float(h.getRunTime()) + max(0.01, float(seconds))
+
+
 def _csc(model: LinearModel) -> Any:
     """The model's matrix as scipy CSC over its cached columns (:meth:`LinearModel.columns`:
     what HiGHS is handed, and what LP rounding's fill reads next), not a CSR built and
@@ -316,4 +325,4 @@ def _csc(model: LinearModel) -> Any:
     return a
 
 
-__all__ = ["REBUILD_SHARE", "HighsSession", "SessionStats"]
+__all__ = ["REBUILD_SHARE", "HighsSession", "SessionStats", "run_limit"]

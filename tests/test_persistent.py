@@ -23,7 +23,7 @@ from apportion.jobs import RunningState
 from apportion.policies import FormulationPolicy, RoundConfig, run_round
 from apportion.solvers.base import Status
 from apportion.solvers.highs import HighsBackend
-from apportion.solvers.persistent import HighsSession
+from apportion.solvers.persistent import HighsSession, run_limit
 from apportion.validator import validate
 
 KEYS = 24  # the variables a sequence draws its rounds' columns from
@@ -205,3 +205,23 @@ def test_a_kept_lp_follows_the_costs_and_bounds_that_moved(
         assert kept.status is Status.OPTIMAL and fresh.status is Status.OPTIMAL
         assert kept.objective == pytest.approx(fresh.objective, abs=1e-7)
     assert session.stats.hot_starts == len(moves)
+
+
+def test_each_round_of_a_kept_lp_gets_its_whole_time_limit() -> None:
+    """HiGHS reads its time limit against the Highs object's run clock, which adds up over
+    the kept LP's runs: each round's limit counts from where that clock stands
+    (``run_limit``), so a long replay's LP is never cut short by the rounds before it (which
+    made replays not repeat)."""
+    m = LinearModel("m", "max")
+    for j in range(4):
+        m.add_var(("v", j), 0.0, 1.0, obj=1.0 + j)
+    m.add_row({j: 1.0 for j in range(4)}, ub=2.0, name="cap")
+    session = HighsSession()
+    for _ in range(3):
+        assert session.relaxation(m, 30.0).status is Status.OPTIMAL
+    h = session._h
+    assert h.getRunTime() > 0.0  # the clock has run: a limit set as is would lag it
+    assert run_limit(h, 5.0) == pytest.approx(h.getRunTime() + 5.0)
+    assert run_limit(h, 0.0) == pytest.approx(h.getRunTime() + 0.01)
+    # and the session sets it so: its last round's limit lies past the clock as it stood
+    assert h.getOptionValue("time_limit")[1] > h.getRunTime() + 29.0
