@@ -155,7 +155,9 @@ class LpRoundBackend:
         if reduced is not None and len(rest):
             extra = max(MIN_EXTRA, NEIGHBOURS * int(keep.sum()))
             keep[rest[np.argsort(np.abs(reduced[rest]), kind="stable")[:extra]]] = True
-        cols = np.flatnonzero(keep | ~ints)
+        # every continuous column stays, and any a researcher's bounds keep off zero
+        lb, ub = model.vector("lb"), model.vector("ub")
+        cols = np.flatnonzero(keep | ~ints | (lb > 0.0) | (ub < 0.0))
         sub = model.restricted(cols)
         sub.hint = {} if start_x is None else dict(enumerate(start_x[cols].tolist()))
         # HiGHS's presolve does not watch the clock on very large models (solvers.chain)

@@ -153,3 +153,20 @@ def test_add_rows_is_add_row_in_order_and_all_or_nothing(case: tuple[int, list])
     got = bulk.add_rows([(dict(c), lb, ub, name) for c, lb, ub, name in rows])
     assert list(got) == want
     assert bulk.rows == one.rows
+
+
+def test_lp_roundings_restricted_mip_keeps_a_column_its_bounds_keep_off_zero() -> None:
+    """A researcher's model may force an integer column off zero: the restricted MIP keeps
+    it (a model over the other columns would have to take it at zero)."""
+    from apportion.solvers.lpround import LpRoundBackend
+
+    m = LinearModel("m", "max")
+    n = 600  # past the restricted MIP's nearest columns (solvers.lpround.MIN_EXTRA)
+    for j in range(n):
+        m.add_var(("x", j), 0.0, 1.0, integer=True, obj=1.0 + (j % 7) / 10)
+    # below zero: the LP's support (its columns above zero) never holds it
+    forced = m.add_var("forced", -2.0, -1.0, integer=True, obj=50.0)
+    m.add_row({j: 2.0 + j % 3 for j in range(n)} | {forced: 1.0}, ub=17.5, name="cap")
+    res = LpRoundBackend(mip_rel_gap=None).solve(m, 10.0)
+    assert res.x is not None and m.is_feasible(res.x)
+    assert res.x[forced] in (-1.0, -2.0)
