@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from apportion.formulations.model import LinearModel
+from apportion.formulations.model import Columns, LinearModel
 from apportion.solvers.base import SolveResult, Status, empty_model_result
 from apportion.solvers.highs import highs_lp
 
@@ -106,7 +106,9 @@ class HighsSession:
         self._h: Any = None
         self._cols: list[Hashable] = []  # HiGHS column j holds the model variable keyed so
         self._rows: list[str] = []  # HiGHS row i is the model row of this name
-        self._a: Any = None  # the matrix HiGHS holds, in its order (scipy CSC)
+        # the matrix HiGHS holds, in its order: scipy CSC, or the model's columns and shape
+        # until a next round needs it (a one-off round never imports scipy)
+        self._a: Any = None
         # the costs, column bounds and row bounds HiGHS holds, in its order: a round passes
         # only those that moved (most do not: a waiting job's cost moves with the clock)
         self._held: dict[str, np.ndarray] = {}
@@ -164,9 +166,9 @@ class HighsSession:
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("threads", self.threads)
-        csc = _csc(model)
         h.passModel(highs_lp(model, model.columns()))
-        self._h, self._a, self._sense = h, csc, model.sense
+        self._h, self._sense = h, model.sense
+        self._a = (model.columns(), (model.num_rows, model.num_vars))
         self._cols, self._rows = list(model.var_keys), list(names)
         rlb, rub = model.row_bounds()
         self._held = {"obj": model.vector("obj"), "lb": model.vector("lb"),
@@ -201,6 +203,8 @@ class HighsSession:
         a_rows = a_new[rowpos]  # this round's matrix, its rows in the order HiGHS will hold
         # the kept columns' coefficients as HiGHS will hold them after the deletions and
         # the new (empty) rows, against what this round's model says
+        if isinstance(self._a, tuple):
+            self._a = _as_csc(*self._a)
         old = self._a[np.flatnonzero(keep_r)][:, np.flatnonzero(keep_c)]
         old = sparse.vstack([old, sparse.csc_matrix((len(new_rows), len(colpos_kept)))]).tocsc()
         want = a_rows[:, colpos_kept].tocsc()
@@ -316,11 +320,15 @@ def _csc(model: LinearModel) -> Any:
     """The model's matrix as scipy CSC over its cached columns (:meth:`LinearModel.columns`:
     what HiGHS is handed, and what LP rounding's fill reads next), not a CSR built and
     converted again each round."""
+    return _as_csc(model.columns(), (model.num_rows, model.num_vars))
+
+
+def _as_csc(cols: Columns, shape: tuple[int, int]) -> Any:
+    """Columns as a scipy CSC matrix of ``shape`` (scipy imported here: its sparse module
+    costs a one-off round more than its LP, and only a kept LP's next round needs it)."""
     from scipy import sparse
 
-    cols = model.columns()
-    a = sparse.csc_matrix((cols.data, cols.indices, cols.indptr),
-                          shape=(model.num_rows, model.num_vars), copy=True)
+    a = sparse.csc_matrix((cols.data, cols.indices, cols.indptr), shape=shape, copy=True)
     a.has_sorted_indices = True  # columns() sorts each column's rows
     return a
 

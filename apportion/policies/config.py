@@ -63,8 +63,8 @@ class RoundConfig:
     # (solvers.persistent); an isolated chain's child starts afresh, and a one-off round's
     # first LP is built afresh either way (the same answer). On by default: with LP
     # rounding's answer final on the cell model the LP is a replay's largest solver cost,
-    # and the 14-day replay takes 0.84x the CPU at the same average JCT (-0.01 %; held-out
-    # days -0.1 % to +0.1 %: experiments/results/bench/speed.md)
+    # and the 14-day replay takes 0.84x the CPU at the same average JCT (+0.01 %; six
+    # held-out days -0.07 % to +0.13 %: experiments/results/bench/speed.md)
     persistent: bool = True
 
 
