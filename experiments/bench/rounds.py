@@ -203,7 +203,9 @@ def main(cases: list[tuple[int, int, int, float, int, str]] | None = None, seed:
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case of a side-by-side run: the median wall and CPU time of each code, this
     code's over the other's, the load around them, and whether every run of both answered
-    alike (same backend, objective and bound: a deterministic run's answers repeat)."""
+    alike (same backend, objective and bound to ten significant digits: a deterministic
+    run's answers repeat, and the same LP solved by another path may differ in its last
+    bits)."""
     out = []
     by_case: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
@@ -216,7 +218,8 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mine = [r for r in rs if r["code"] == code and r["exit"] == 0]
             med[code] = ({k: statistics.median(r[k] for r in mine) for k in ("wall_s", "cpu_s")}
                          if mine else None)
-        answers = {(r.get("backend"), r.get("objective"), r.get("bound")) for r in rs}
+        answers = {(r.get("backend"), _digits(r.get("objective")), _digits(r.get("bound")))
+                   for r in rs}
         row: dict[str, Any] = {"jobs": jobs, "gpus": gpus, "budget_s": budget,
                                "partitions": parts, "engine": engine,
                                "runs": len(rs) // 2, "answers_agree": len(answers) == 1,
@@ -268,6 +271,11 @@ def _rows_markdown(rows: list[dict[str, Any]]) -> str:
         f"{r['load_before']} | {r.get('backend', '-')} | "
         f"{r.get('status', r.get('error'))} | {fmt(r.get('objective'), '.6g')} | "
         f"{fmt(r.get('bound'), '.6g')} | {fmt(r.get('gap'), '.3%')} |\n" for r in rows)
+
+
+def _digits(value: float | None) -> float | None:
+    """``value`` to ten significant digits (None stays None): what two answers must share."""
+    return None if value is None else float(f"{value:.10g}")
 
 
 __all__ = ["CASES", "installed_env", "main", "markdown", "ratios",
