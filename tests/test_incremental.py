@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.jobs import JobSpec, RunningState
 from apportion.models import get_model
-from apportion.plans import ExecutionPlan
+from apportion.plans import Cell, ExecutionPlan
 from apportion.policies import FormulationPolicy
 from apportion.policies.formulation import _Memo
 from apportion.policies.recipes import RECIPES
@@ -231,3 +231,44 @@ def test_the_cell_model_says_its_rounded_relaxation_ends_the_chain() -> None:
                          _Memo(AnalyticEstimator()))
     assert build_cells_model(g).meta["lp_rounding_final"] is True
     assert build_cells_model(g, resources=True).meta["lp_rounding_final"] is False
+
+
+class _Counting:
+    """An estimator that counts its calls and answers the cell's size."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def best_in_cell(self, job: JobSpec, cell, cluster):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return (job.id, cell.gpu_type, cell.gpus, cell.stages)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(["A40", "A100-40GB"]),
+                          st.sampled_from([1, 2, 4])), max_size=6),
+       st.lists(st.sampled_from("abc"), max_size=2))
+def test_per_job_memo_forgets_exactly_the_measured_cells_and_the_jobs_gone(
+        measured: list[tuple[str, str, int]], gone: list[str]) -> None:
+    """A per-job memo asked again after ``forget``/``forget_jobs`` re-estimates exactly the
+    forgotten (job, type, count) cells and the gone jobs' cells, and nothing else."""
+    cluster = small_cluster()
+    inner = _Counting()
+    memo = _Memo(inner, per_job=True)
+    jobs = {j: JobSpec(j, "gpt2-small", 8, 100, 1.0, 0.0) for j in "abc"}
+    cells = [(j, t, n, s) for j in "abc" for t in ("A40", "A100-40GB") for n in (1, 2, 4)
+             for s in (1, 2)]
+
+    def ask() -> None:
+        for j, t, n, s in cells:
+            assert memo.best_in_cell(jobs[j], Cell(j, t, n, s), cluster) == (j, t, n, s)
+
+    ask()
+    assert inner.calls == len(cells)
+    memo.forget(set(measured))
+    memo.forget_jobs(sorted(set(gone)))
+    inner.calls = 0
+    ask()
+    again = {(j, t, n) for j, t, n, _ in cells if (j, t, n) in set(measured) or j in gone}
+    assert inner.calls == 2 * len(again)  # two stage counts per (job, type, count)
+    assert sum(len(v) for v in memo.keys_of.values()) == len(memo.memo)
