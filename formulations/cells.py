@@ -247,17 +247,24 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     attrs = dict(g.nodes(data=True))
     succ_of = dict(g.adjacency())
     base = m.num_vars
-    new_cols: list[tuple[Hashable, float, float, bool, float]] = []
+    # the new columns' keys, upper bounds and costs (every one is integer from 0)
+    keys: list[Hashable] = []
+    ubs: list[float] = []
+    objs: list[float] = []
     new_rows: list[tuple[dict[int, float], float, float, str]] = []
     # where a cell may go depends only on its size, unit and edges: per build, each such
-    # shape's one class (a cell it holds whole) or its unit columns' (class, bound, label)
-    shapes: dict[tuple[Any, ...], tuple[int | None, list[tuple[int, float, str]]]] = {}
+    # shape's one class (a cell it holds whole) or its unit columns' classes, bounds and
+    # labels
+    shapes: dict[tuple[Any, ...], tuple[int | None, tuple[int, ...], tuple[float, ...],
+                                        tuple[str, ...]]] = {}
     for jid in jobs_in(g):
         cols = []
         for cn in cells_of(g, jid):
             d = attrs[cn]
-            x = base + len(new_cols)
-            new_cols.append((("x", cn), 0.0, 1.0, True, float(d[value_attr])))
+            x = base + len(keys)
+            keys.append(("x", cn))
+            ubs.append(1.0)
+            objs.append(float(d[value_attr]))
             cell_cols[cn] = x
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
@@ -279,30 +286,33 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                     for k in classes_behind(succ):
                         cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
                 if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
-                    shape = shapes[key] = (next(iter(cap_by_class)), [])
+                    shape = shapes[key] = (next(iter(cap_by_class)), (), (), ())
                 else:  # a column per class where a whole unit fits
-                    shape = shapes[key] = (None, [
-                        (k, float(min(cap, gpus) // tp), label[k])
-                        for k, cap in sorted(cap_by_class.items()) if min(cap, gpus) // tp > 0])
-            whole, units = shape
+                    fit = [(k, float(min(cap, gpus) // tp), label[k])
+                           for k, cap in sorted(cap_by_class.items()) if min(cap, gpus) // tp > 0]
+                    shape = shapes[key] = (None, tuple(f[0] for f in fit),
+                                           tuple(f[1] for f in fit), tuple(f[2] for f in fit))
+            whole, ks, bounds, labs = shape
             if whole is not None:
                 # one class can hold the whole cell: its units there are x * gpus/unit, no y
                 class_rows[whole][x] = float(gpus)
                 place_cols[cn] = [(whole, x, tp, gpus // tp)]
                 continue
             unit = float(tp)
-            y0 = base + len(new_cols)
-            ys = range(y0, y0 + len(units))
-            new_cols += [(("y", cn, lab), 0.0, bound, True, 0.0) for _, bound, lab in units]
+            y0 = base + len(keys)
+            ys = range(y0, y0 + len(ks))
+            keys += zip(itertools.repeat("y"), itertools.repeat(cn), labs)  # ("y", cn, label)
+            ubs += bounds
+            objs += itertools.repeat(0.0, len(ks))
             link = {x: -float(gpus)}
             link.update(zip(ys, itertools.repeat(unit)))
-            for (k, _, _), y in zip(units, ys):
+            for k, y in zip(ks, ys):
                 class_rows[k][y] = unit
-            place_cols[cn] = [(k, y, tp, 1) for (k, _, _), y in zip(units, ys)]
+            place_cols[cn] = list(zip(ks, ys, itertools.repeat(tp), itertools.repeat(1)))
             new_rows.append((link, 0.0, 0.0, f"size[{cn}]"))
         if cols:
             new_rows.append(({c: 1.0 for c in cols}, -INF, 1.0, f"one[{jid}]"))
-    m.add_vars(new_cols)
+    m.add_columns(keys, itertools.repeat(0.0), ubs, itertools.repeat(True), objs)
     m.add_rows(new_rows)
     if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
         for cn, place in fixed.items():

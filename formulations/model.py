@@ -11,9 +11,10 @@ researcher inspect, edit or export a problem before choosing a backend, and lets
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping
+import operator
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -93,24 +94,40 @@ class LinearModel:
         calls would (the same checks; nothing is added when one fails), and return their
         column indices: a builder that makes tens of thousands of columns a round."""
         cols = list(columns)
+        if not cols:
+            return range(len(self.var_keys), len(self.var_keys))
+        keys, lb, ub, integer, obj = zip(*cols)
+        return self.add_columns(keys, lb, ub, integer, obj)
+
+    def add_columns(self, keys: Sequence[Hashable], lb: Iterable[float], ub: Iterable[float],
+                    integer: Iterable[bool], obj: Iterable[float]) -> range:
+        """:meth:`add_vars` with each field in a sequence of its own (equally long): a
+        builder whose columns share bounds and costs hands them as ``itertools.repeat``
+        and makes one tuple per column, its key (the cell model's placement columns)."""
         start = len(self.var_keys)
-        fresh = {key: i for i, (key, *_) in enumerate(cols, start)}
-        if len(fresh) != len(cols) or any(key in self._index for key in fresh):
+        fresh = dict(zip(keys, range(start, start + len(keys))))
+        if len(fresh) != len(keys) or not self._index.keys().isdisjoint(fresh):
             seen: set[Hashable] = set()
-            for key, *_ in cols:
+            for key in keys:
                 if key in self._index or key in seen:
                     raise ValueError(f"duplicate variable key {key!r}")
                 seen.add(key)
-        for key, lb, ub, _, _ in cols:
-            if lb > ub:
-                raise ValueError(f"variable {key!r}: lb {lb} > ub {ub}")
+        n = len(keys)
+        lbs, ubs = list(map(float, islice(lb, n))), list(map(float, islice(ub, n)))
+        ints, objs = list(map(bool, islice(integer, n))), list(map(float, islice(obj, n)))
+        if not len(lbs) == len(ubs) == len(ints) == len(objs) == n:
+            raise ValueError(f"{n} keys, {len(lbs)} lower bounds, {len(ubs)} upper bounds, "
+                             f"{len(ints)} integralities and {len(objs)} costs")
+        if any(map(operator.gt, lbs, ubs)):
+            i = next(i for i, (a, b) in enumerate(zip(lbs, ubs)) if a > b)
+            raise ValueError(f"variable {keys[i]!r}: lb {lbs[i]} > ub {ubs[i]}")
         self._index.update(fresh)
-        self.var_keys.extend(fresh)
-        self.lb.extend(float(c[1]) for c in cols)
-        self.ub.extend(float(c[2]) for c in cols)
-        self.integer.extend(bool(c[3]) for c in cols)
-        self.obj.extend(float(c[4]) for c in cols)
-        return range(start, start + len(cols))
+        self.var_keys.extend(keys)
+        self.lb.extend(lbs)
+        self.ub.extend(ubs)
+        self.integer.extend(ints)
+        self.obj.extend(objs)
+        return range(start, start + len(keys))
 
     def binary(self, key: Hashable, obj: float = 0.0) -> int:
         return self.add_var(key, 0.0, 1.0, True, obj)

@@ -52,6 +52,7 @@ def same_graph(a: nx.DiGraph, b: nx.DiGraph) -> None:
             else:
                 assert va == vb, (n, k, va, vb)
         assert list(a.adj[n].items()) == list(b.adj[n].items()), n
+        assert list(a.pred[n].items()) == list(b.pred[n].items()), n
     assert a.graph == b.graph
 
 
@@ -80,6 +81,8 @@ def test_cached_candidates_equal_a_fresh_build_every_round(information: str, est
         for k in ("specs", "estimator", "t0", "candidates_s"):
             mine.graph.pop(k)
         same_graph(mine, fresh)
+        for n in g:  # the graph itself, not a copy: a copy re-derives the predecessor order
+            assert list(g.pred[n].items()) == list(fresh.pred[n].items()), n
         checked.append(len(g.graph["specs"]))
         return g
 

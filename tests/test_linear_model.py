@@ -3,6 +3,8 @@ matrix."""
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 import pytest
 from apportion.formulations.model import LinearModel
@@ -10,6 +12,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 coef = st.floats(-1e3, 1e3, allow_nan=False)
+
+
+def test_add_columns_takes_each_field_apart_and_refuses_unequal_lengths() -> None:
+    """``add_columns`` is ``add_vars`` with each field its own sequence (shared ones as
+    ``repeat``); fields shorter than the keys add nothing."""
+    m, ref = LinearModel("cols"), LinearModel("ref")
+    keys = [("y", c) for c in "abc"]
+    assert list(m.add_columns(keys, repeat(0.0), [1.0, 2.0, 3.0], repeat(True), repeat(0.0))) \
+        == [0, 1, 2]
+    ref.add_vars((k, 0.0, ub, True, 0.0) for k, ub in zip(keys, (1.0, 2.0, 3.0)))
+    for attr in ("var_keys", "lb", "ub", "integer", "obj"):
+        assert getattr(m, attr) == getattr(ref, attr)
+    with pytest.raises(ValueError, match="2 upper bounds"):
+        m.add_columns([("z", 1), ("z", 2), ("z", 3)], repeat(0.0), [1.0, 2.0], repeat(True),
+                      repeat(0.0))
+    assert m.num_vars == 3 and ("z", 1) not in m._index
 
 
 @settings(max_examples=60, deadline=None)
