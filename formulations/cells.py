@@ -58,7 +58,7 @@ from collections import defaultdict
 import logging
 import math
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -67,7 +67,6 @@ import networkx as nx
 import numpy as np
 from apportion.formulations.model import INF, LinearModel
 from apportion.formulations.schema import (
-    cell_vertices,
     cells_of,
     current_cells,
     group_vertices,
@@ -107,16 +106,22 @@ def unit_of(d: dict[str, Any]) -> int:
     return int(d["gpus"]) if d.get("single_node") else int(d["tp"])
 
 
-def _resources_never_bind(users: list[dict[str, Any]], node: dict[str, Any], node_gpus: int) -> bool:
-    """True when no cell could run out of a node's CPUs or memory before its GPUs.
+def _most_per_gpu(users: list[dict[str, Any]]) -> tuple[float, float]:
+    """The most CPUs and host memory per GPU any of the cells ``users`` asks for."""
+    return (max((float(u.get("cpus_per_gpu", 0.0)) for u in users), default=0.0),
+            max((float(u.get("host_mem_gib_per_gpu", 0.0)) for u in users), default=0.0))
+
+
+def _resources_never_bind(most: tuple[float, float], node: dict[str, Any], node_gpus: int) -> bool:
+    """True when no cell could run out of a node's CPUs or memory before its GPUs (``most``:
+    the most CPUs and memory per GPU a cell asks for, :func:`_most_per_gpu`; a product with
+    the non-negative ``node_gpus`` keeps the order, so the largest decides for every cell).
 
     Then the per-node CPU and memory rows are redundant and nodes stay
     interchangeable; otherwise the group keeps one class per node.
     """
     cpus, mem = float(node.get("cpus", math.inf)), float(node.get("host_memory_gib", math.inf))
-    return all(float(u.get("cpus_per_gpu", 0.0)) * node_gpus <= cpus + 1e-9
-               and float(u.get("host_mem_gib_per_gpu", 0.0)) * node_gpus <= mem + 1e-9
-               for u in users)
+    return most[0] * node_gpus <= cpus + 1e-9 and most[1] * node_gpus <= mem + 1e-9
 
 
 def _divisible_chain(sizes: set[int], capacity: int) -> bool:
@@ -124,17 +129,20 @@ def _divisible_chain(sizes: set[int], capacity: int) -> bool:
     return all(b % a == 0 for a, b in zip(ordered, ordered[1:])) and capacity % ordered[-1] == 0
 
 
-def held_by_running(g: nx.DiGraph) -> dict[str, int]:
-    """GPUs each node gives to running jobs' present placements (their keep cells)."""
+def held_by_running(g: nx.DiGraph, current: list[str] | None = None) -> dict[str, int]:
+    """GPUs each node gives to running jobs' present placements (their keep cells;
+    ``current``: :func:`current_cells` of ``g`` where the caller has them)."""
     held: dict[str, int] = {}
-    for cn in current_cells(g):
+    for cn in current_cells(g) if current is None else current:
         for nn in pinned_nodes(g, cn):
             held[nn] = held.get(nn, 0) + int(g.edges[cn, nn]["max_gpus"])
     return held
 
 
 def node_classes(g: nx.DiGraph, aggregate: bool = True,
-                 held: dict[str, int] | None = None) -> list[list[str]]:
+                 held: dict[str, int] | None = None,
+                 current: list[str] | None = None,
+                 attrs: Mapping[str, dict[str, Any]] | None = None) -> list[list[str]]:
     """Node vertices grouped into interchangeable classes (see the module docstring).
 
     Per node group: the nodes holding no running job's present placement form
@@ -144,16 +152,22 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
 
     With ``held`` (residual mode), nodes holding running jobs are grouped too,
     by the GPUs they have left when every running job stays (nodes with none
-    left drop out): other cells then use only what is left.
+    left drop out): other cells then use only what is left. ``current``:
+    :func:`current_cells` of ``g`` and ``attrs``, its vertices' attribute dicts by vertex,
+    where the caller has them.
     """
-    pinned = {nn for cn in current_cells(g) for nn in pinned_nodes(g, cn)}
+    if attrs is None:
+        attrs = dict(g.nodes(data=True))
+    pinned = {nn for cn in (current_cells(g) if current is None else current)
+              for nn in pinned_nodes(g, cn)}
     classes: list[list[str]] = []
     groups = sorted(group_vertices(g), key=natural_key)
     for gv in groups:
         d = g.nodes[gv]
         members = sorted(d["nodes"], key=natural_key)
-        users = [g.nodes[cn] for cn in g.predecessors(gv)]
+        users = [attrs[cn] for cn in g.pred[gv]]
         tps = {unit_of(u) for u in users}
+        most = _most_per_gpu(users)
         buckets: dict[int, list[str]] = {}
         if held is None:
             classes.extend([m] for m in members if m in pinned)
@@ -165,7 +179,7 @@ def node_classes(g: nx.DiGraph, aggregate: bool = True,
                     buckets.setdefault(left, []).append(m)
         for size, nodes in sorted(buckets.items()):
             if aggregate and len(nodes) > 1 and (not tps or _divisible_chain(tps, size)) \
-                    and _resources_never_bind(users, g.nodes[nodes[0]], size):
+                    and _resources_never_bind(most, g.nodes[nodes[0]], size):
                 classes.append(nodes)
             else:
                 classes.extend([m] for m in nodes)
@@ -196,13 +210,16 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     argument covers GPUs only).
     Cells with a ``quota_tenant`` count against ``g.graph["quotas"]``.
     """
+    # the vertices' attribute dicts, read once (networkx's views build an object per lookup)
+    attrs = dict(g.nodes(data=True))
     if resources is None:
-        resources = any("cpus_per_gpu" in g.nodes[cn] for cn in cell_vertices(g))
+        resources = any(d.get("kind") == "cell" and "cpus_per_gpu" in d for d in attrs.values())
     m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
-    held_all = held_by_running(g)
+    current = current_cells(g)
+    held_all = held_by_running(g, current)
     residual = aggregate and len(held_all) > PINNED_EXACT_LIMIT
     held = held_all if residual else {}
-    classes = node_classes(g, aggregate, held if residual else None)
+    classes = node_classes(g, aggregate, held if residual else None, current, attrs)
     fixed: dict[str, dict[str, int]] = {}  # residual mode: keep cells stay where they are
 
     reuse = residual and REUSE_FREED
@@ -244,7 +261,6 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     # dicts (networkx's views build an object per lookup), collects the columns and rows in
     # the order one call each would add them, and adds them in bulk after it (a replay
     # builds this model every round: one call per column was a fifth of its Python).
-    attrs = dict(g.nodes(data=True))
     succ_of = dict(g.adjacency())
     base = m.num_vars
     # the new columns' keys, upper bounds and costs (every one is integer from 0)
@@ -470,7 +486,7 @@ def add_quota_and_change_rows(m: LinearModel, g: nx.DiGraph, cell_cols: dict[str
     and at most ``max_changes`` running jobs moved off their present cell."""
     quotas: dict[str, int] = g.graph.get("quotas") or {}
     quota_rows: dict[str, dict[int, float]] = {}
-    for cn, xc in cell_cols.items():
+    for cn, xc in cell_cols.items() if quotas else ():
         t = g.nodes[cn].get("quota_tenant")
         if t is not None and t in quotas:
             quota_rows.setdefault(t, {})[xc] = float(g.nodes[cn]["gpus"])

@@ -184,9 +184,14 @@ class LinearModel:
         self.rows.extend(made)
         return range(start, start + len(made))
 
-    def set_hint(self, values: Mapping[int, float]) -> None:
-        """A (possibly partial) starting solution handed to backends that take one."""
-        self.hint = {int(k): float(v) for k, v in values.items()}
+    def set_hint(self, values: Mapping[int, float] | np.ndarray) -> None:
+        """A (possibly partial) starting solution handed to backends that take one: a
+        mapping of columns to values, or a whole solution vector (converted in numpy: a
+        chain sets every answer as the next backend's start)."""
+        if isinstance(values, np.ndarray):
+            self.hint = dict(enumerate(values.astype(float).ravel().tolist()))
+        else:
+            self.hint = {int(k): float(v) for k, v in values.items()}
 
     # -- reading ----------------------------------------------------------------
     @property

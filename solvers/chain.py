@@ -126,28 +126,36 @@ MIP_REL_GAP = 1e-3  # an answer this close to the best proven bound is final (``
 AUTO_TOLERANT_ORDER = ("lp-round", "highs", "cp-sat")
 
 
+def chain_names(name: str, columns: int = 0, gap: float = MIP_REL_GAP,
+                first: str | None = None) -> tuple[str, ...]:
+    """The backends' names, in order: ``auto`` -> ``AUTO_ORDER`` (``AUTO_LARGE_ORDER`` past
+    ``LARGE_MODEL_COLUMNS`` columns, ``AUTO_TOLERANT_ORDER`` from a ``gap`` of
+    ``LP_FIRST_GAP``; ``first``, a model's own first backend (``meta["solve_first"]``: the
+    plans master's column generation), then HiGHS); a single name -> that backend;
+    ``greedy`` -> none."""
+    if name == "auto" and first is not None:
+        return (first, "highs")
+    if name == "auto":
+        return (AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else
+                AUTO_TOLERANT_ORDER if gap >= LP_FIRST_GAP else AUTO_ORDER)
+    if name == "greedy":
+        return ()
+    if name in BACKENDS:
+        return (name,)
+    raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round, "
+                     "colgen, scip or greedy")
+
+
 def backends_for(name: str, isolate: bool = False, columns: int = 0,
                  gap: float = MIP_REL_GAP, first: str | None = None) -> list[Backend]:
-    """``auto`` -> ``AUTO_ORDER`` (``AUTO_LARGE_ORDER`` past ``LARGE_MODEL_COLUMNS``
-    columns, ``AUTO_TOLERANT_ORDER`` from a ``gap`` of ``LP_FIRST_GAP``; ``first``, a
-    model's own first backend (``meta["solve_first"]``: the plans master's column
-    generation), then HiGHS); a single name -> that backend; ``greedy`` -> none.
+    """The chain's backends (their names: :func:`chain_names`).
 
     ``isolate`` runs the backends in a child process (:mod:`apportion.solvers.isolation`):
     a segfault, abort or hang in a solver then costs only that backend's answer.
     """
-    if name == "auto" and first is not None:
-        names: tuple[str, ...] = (first, "highs")
-    elif name == "auto":
-        names = (AUTO_LARGE_ORDER if columns > LARGE_MODEL_COLUMNS else
-                                  AUTO_TOLERANT_ORDER if gap >= LP_FIRST_GAP else AUTO_ORDER)
-    elif name == "greedy":
+    names = chain_names(name, columns, gap, first)
+    if not names:
         return []
-    elif name in BACKENDS:
-        names = (name,)
-    else:
-        raise ValueError(f"unknown backend {name!r}; choose auto, cp-sat, highs, lp-round, "
-                         "colgen, scip or greedy")
     if isolate:
         return [IsolatedBackend(n) for n in names]
     if columns > PRESOLVE_OFF_COLUMNS and "highs" in names:
@@ -273,7 +281,7 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
                 best = res
                 if floor is None or better(res, floor, model.sense):
                     floor = None  # the next backend starts from the best
-                    model.set_hint(dict(enumerate(res.x)))
+                    model.set_hint(np.asarray(res.x, float))
             g = proven_gap(best, bound, model.sense)
             if res.status is Status.OPTIMAL or (g is not None and g <= gap):
                 break

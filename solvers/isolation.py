@@ -254,7 +254,7 @@ def chain_child_main() -> None:
             bound = tighter(bound, res, model.sense)
             if better(res, best, model.sense):
                 best = res
-                model.set_hint(dict(enumerate(res.x)))  # the next backend starts from the best
+                model.set_hint(np.asarray(res.x, float))  # the next backend starts from the best
         g = proven_gap(best, bound, model.sense)
         final = sound and (res.status is Status.OPTIMAL or (g is not None and g <= gap))
         _send(answer, ("result", res, final))
