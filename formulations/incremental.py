@@ -26,7 +26,7 @@ drift silently).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, MutableMapping
-from dataclasses import replace
+from dataclasses import fields
 from typing import Any
 
 import networkx as nx
@@ -42,9 +42,15 @@ from apportion.jobs import JobSpec
 Fragment = tuple[dict[str, Any], list[tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]]]]]
 
 
-def job_key(job: JobSpec) -> str:
-    """Everything of a job its candidates depend on: the spec but its progress."""
-    return repr(replace(job, iterations_done=0))
+# every field of a job spec but its progress, in declaration order
+_KEY_FIELDS = tuple(f.name for f in fields(JobSpec) if f.name != "iterations_done")
+
+
+def job_key(job: JobSpec) -> tuple[Any, ...]:
+    """Everything of a job its candidates depend on: the spec but its progress, compared
+    field by field (a tuple of the fields, not a copy's ``repr``: every job's key is made
+    every round)."""
+    return tuple(map(job.__getattribute__, _KEY_FIELDS))
 
 
 def fragment_of(g: nx.DiGraph, job_id: str) -> Fragment:
