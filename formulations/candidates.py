@@ -36,6 +36,7 @@ from apportion.formulations.objectives import (
     options_dict,
     reference_throughput,
 )
+from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
 from apportion.formulations.schema import (
     cells_of,
     group_node,
@@ -367,25 +368,39 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
         attrs["single_node"] = single
         vertices.append((cn, attrs))
         edges.append((jn, cn, {}))
-        edges += cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
-                            job.running.placement if (current and job.running) else None,
-                            edge_memo)
-    g.add_nodes_from(vertices)
-    g.add_edges_from(edges)
+        edges += [(u, v, dict(a)) for u, v, a in  # (a memo's attribute dicts are shared)
+                  cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
+                             job.running.placement if (current and job.running) else None,
+                             edge_memo)]
+    add_new_vertices(g, vertices)
+    add_new_edges(g, edges)
 
 
 def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
-    """Node and node-group vertices (a group lists the nodes it really has: some may be down)."""
-    members: dict[str, list[str]] = {}
-    for n in cluster.nodes.values():
-        g.add_node(node_node(n.name), kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
-                   cpus=n.cpus, host_memory_gib=n.host_memory_gib, group=group_node(n.group))
-        members.setdefault(n.group, []).append(node_node(n.name))
-    for grp in cluster.groups:
-        nodes = members.get(grp.prefix, [])
-        g.add_node(group_node(grp.prefix), kind="group", gpu_type=grp.gpu_type,
-                   node_gpus=grp.gpus_per_node, nodes=nodes,
-                   capacity=sum(int(g.nodes[n]["capacity"]) for n in nodes))
+    """Node and node-group vertices (a group lists the nodes it really has: some may be
+    down), from their attributes made once per cluster (memoised on it: a Cluster is
+    treated as immutable once built) and copied into each graph (a replay builds one a
+    round)."""
+    memo = cluster.__dict__.get("_topology_vertices")
+    if memo is None:
+        members: dict[str, list[str]] = {}
+        capacity: dict[str, int] = {}
+        memo = []
+        for n in cluster.nodes.values():
+            nn = node_node(n.name)
+            memo.append((nn, dict(kind="node", gpu_type=n.gpu_type, capacity=n.gpus,
+                                  cpus=n.cpus, host_memory_gib=n.host_memory_gib,
+                                  group=group_node(n.group))))
+            members.setdefault(n.group, []).append(nn)
+            capacity[n.group] = capacity.get(n.group, 0) + int(n.gpus)
+        memo += [(group_node(grp.prefix),
+                  dict(kind="group", gpu_type=grp.gpu_type, node_gpus=grp.gpus_per_node,
+                       nodes=members.get(grp.prefix, []),
+                       capacity=capacity.get(grp.prefix, 0)))
+                 for grp in cluster.groups]
+        cluster.__dict__["_topology_vertices"] = memo
+    add_new_vertices(g, [(v, {**a, "nodes": list(a["nodes"])} if "nodes" in a else dict(a))
+                         for v, a in memo])
 
 
 def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,

@@ -31,6 +31,7 @@ from typing import Any
 
 import networkx as nx
 from apportion.formulations.candidates import CandidateOptions, build_candidates, queue_bonus
+from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
 from apportion.formulations.objectives import apply_objective
 from apportion.formulations.schema import job_node
 
@@ -66,32 +67,21 @@ def fragment_of(g: nx.DiGraph, job_id: str) -> Fragment:
 def add_fragment(g: nx.DiGraph, job_id: str, frag: Fragment, bonus: float | None = None) -> None:
     """Copy a fragment into ``g`` (its attribute dicts are copied, never shared): the job's
     vertex, then its cell vertices and their edges, in the order the builder adds them
-    (``candidates._attach_cells``), so the graph equals a fresh build's.
-
-    The fragment's vertices are new to ``g`` and its edges end at vertices already there
-    (the topology), so it is written straight into the graph's adjacency dicts (networkx's
-    documented dict-of-dicts, which its own ``add_nodes_from``/``add_edges_from`` fill the
-    same way, less their per-item checks: 44 % of this copy's time, which a replay pays for
-    every waiting job every round)."""
+    (``candidates._attach_cells``), so the graph equals a fresh build's. The vertices are
+    new and the edges end at the topology's, so they go in through
+    :mod:`~apportion.formulations.graph_bulk` (a replay copies every waiting job's fragment
+    every round)."""
     attrs, cells = frag
     jn = job_node(job_id)
-    node, succ, pred = g._node, g._succ, g._pred
-    if jn in node:
-        raise ValueError(f"{jn} is in the graph already")
-    node[jn] = {**attrs, "queue_bonus": bonus} if bonus is not None else dict(attrs)
-    out_of_job: dict[str, dict[str, Any]] = {}
-    succ[jn], pred[jn] = out_of_job, {}
+    vertices: list[tuple[str, dict[str, Any]]] = [
+        (jn, {**attrs, "queue_bonus": bonus} if bonus is not None else dict(attrs))]
+    edges: list[tuple[str, str, dict[str, Any]]] = []
     for cn, cattrs, out in cells:
-        node[cn] = {**cattrs, "bonus": bonus} if bonus is not None else dict(cattrs)
-        edge: dict[str, Any] = {}
-        out_of_job[cn] = edge
-        pred[cn] = {jn: edge}
-        out_of_cell: dict[str, dict[str, Any]] = {}
-        succ[cn] = out_of_cell
-        for s, a in out:
-            d = out_of_cell[s] = dict(a)
-            pred[s][cn] = d
-    nx._clear_cache(g)
+        vertices.append((cn, {**cattrs, "bonus": bonus} if bonus is not None else dict(cattrs)))
+        edges.append((jn, cn, {}))
+        edges += [(cn, s, dict(a)) for s, a in out]
+    add_new_vertices(g, vertices)
+    add_new_edges(g, edges)
 
 
 class CandidateCache:
