@@ -131,9 +131,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      estimator: AnalyticEstimator | None = None,
                      options: CandidateOptions | None = None,
                      seen: MutableMapping[str, float] | None = None,
-                     accept: Callable[[JobSpec, Any], str | None] | None = None) -> nx.DiGraph:
+                     accept: Callable[[JobSpec, Any], str | None] | None = None,
+                     objective: bool = True) -> nx.DiGraph:
     """Estimate every job's cells and return the candidate graph (``seen``: the policy's
-    memory of projected JCTs, for ``tail_quantile``). ``accept`` (the executor's plan
+    memory of projected JCTs, for ``tail_quantile``; ``objective=False`` leaves the
+    objective's weights to the caller, who applies them over more jobs: the incremental
+    cache, :func:`~apportion.formulations.objectives.apply_objective` sets every weight it
+    reads). ``accept`` (the executor's plan
     filter, ``(job, plan) -> None | reason``) refuses a cell's plan before dominated cells
     are pruned: a cell kept only because it beat a refused one is still there, so a job
     whose workload runs one plan of a size is offered it.
@@ -210,7 +214,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      if accept is None or accept(job, e.plan) is None]
             pruned, ref, found_n = None, None, None
         _attach(g, job, cells, caps, cluster, opt, est, pruned, edge_memo, ref, found_n)
-    apply_objective(g, jobs, now_s, opt.objective_options(), seen)
+    if objective:
+        apply_objective(g, jobs, now_s, opt.objective_options(), seen)
     return g
 
 

@@ -113,14 +113,17 @@ class CandidateCache:
         keys = {j.id: (base, job_key(j), extra(j) if extra else None) for j in jobs}
         stale = [j for j in jobs if self.frags.get(j.id, (None,))[0] != keys[j.id]]
         if stale:
-            fresh = build_candidates(cluster, stale, now_s, estimator, opt, accept=accept)
+            # the objective is applied below, over every job
+            fresh = build_candidates(cluster, stale, now_s, estimator, opt, accept=accept,
+                                     objective=False)
             for j in stale:
                 self.frags[j.id] = (keys[j.id], fragment_of(fresh, j.id))
         self.misses += len(stale)
         self.hits += len(jobs) - len(stale)
         for jid in [k for k in self.frags if k not in keys]:  # jobs gone: forget them
             del self.frags[jid]
-        g = build_candidates(cluster, [], now_s, estimator, opt)  # topology, graph attributes
+        g = build_candidates(cluster, [], now_s, estimator, opt,  # topology, graph attributes
+                             objective=False)
         for j in jobs:
             add_fragment(g, j.id, self.frags[j.id][1], queue_bonus(j, now_s, opt))
         apply_objective(g, jobs, now_s, opt.objective_options(), seen)
