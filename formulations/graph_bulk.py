@@ -23,6 +23,14 @@ from typing import Any
 import networkx as nx
 
 
+def _forget_cached(g: nx.DiGraph) -> None:
+    """What networkx's own adds do last: clear the graph's cache of converted graphs and
+    computed results (``__networkx_cache__``, networkx 3.3 and later; none before)."""
+    cache = getattr(g, "__networkx_cache__", None)
+    if cache:
+        cache.clear()
+
+
 def add_new_vertices(g: nx.DiGraph, vertices: Iterable[tuple[Hashable, dict[str, Any]]]) -> None:
     """Add vertices new to ``g``, each with its attribute dict (taken, not copied), in
     order, as ``g.add_nodes_from(vertices)`` would. A vertex already in ``g`` is refused
@@ -36,7 +44,7 @@ def add_new_vertices(g: nx.DiGraph, vertices: Iterable[tuple[Hashable, dict[str,
         node[v] = attrs
         succ[v] = {}
         pred[v] = {}
-    nx._clear_cache(g)
+    _forget_cached(g)
 
 
 def add_new_edges(g: nx.DiGraph, edges: Iterable[tuple[Hashable, Hashable, dict[str, Any]]]
@@ -53,7 +61,7 @@ def add_new_edges(g: nx.DiGraph, edges: Iterable[tuple[Hashable, Hashable, dict[
     for u, v, attrs in items:
         succ[u][v] = attrs
         pred[v][u] = attrs
-    nx._clear_cache(g)
+    _forget_cached(g)
 
 
 __all__ = ["add_new_edges", "add_new_vertices"]

@@ -51,3 +51,17 @@ def test_bulk_adds_refuse_what_exists_or_is_missing_and_add_nothing() -> None:
     with pytest.raises(ValueError, match="'z'"):
         add_new_edges(g, [("a", "z", {})])
     assert list(g.edges(data=True)) == [("a", "b", {"x": 1})]
+
+
+def test_bulk_adds_clear_the_graphs_cache_as_networkx_adds_do() -> None:
+    """networkx (3.3 on) keeps converted graphs and results in ``__networkx_cache__`` and
+    clears it on every structural change: so do the bulk adds."""
+    g = nx.DiGraph()
+    if not hasattr(g, "__networkx_cache__"):
+        pytest.skip("this networkx keeps no cache")
+    g.__networkx_cache__["stale"] = 1
+    add_new_vertices(g, [("a", {}), ("b", {})])
+    assert not g.__networkx_cache__
+    g.__networkx_cache__["stale"] = 1
+    add_new_edges(g, [("a", "b", {})])
+    assert not g.__networkx_cache__
