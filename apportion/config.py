@@ -14,7 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -33,6 +32,7 @@ from apportion.gpus import canonical_gpu_name
 from apportion.inputs import (  # noqa: F401 (the one reader, re-exported for its callers)
     MAX_FILE_BYTES,
     check_input_file,
+    parse_shipped_yaml,
     parse_yaml_text,
     read_text,
     read_yaml,
@@ -562,7 +562,7 @@ def resolve_cluster(arg: str | Path) -> Cluster:
     name = canonical_cluster_name(str(arg))
     if name is not None and not p.exists():
         text = resources.files("apportion").joinpath(f"data/clusters/{name}.yaml").read_text()
-        return cluster_from_data(yaml.safe_load(text), f"<bundled cluster {name}>")
+        return cluster_from_data(parse_shipped_yaml(text), f"<bundled cluster {name}>")
     if p.exists() or str(arg).endswith((".yaml", ".yml")) or "/" in str(arg):
         return load_cluster(p)
     raise InputError(str(arg), "--cluster", "neither a file nor a bundled cluster; bundled: "
@@ -572,10 +572,10 @@ def resolve_cluster(arg: str | Path) -> Cluster:
 def default_cluster() -> Cluster:
     """Crius's physical testbed: 16 x 2 A40 and 16 x 2 A10 nodes on InfiniBand."""
     text = resources.files("apportion").joinpath("data/default_cluster.yaml").read_text()
-    return cluster_from_data(yaml.safe_load(text), "<embedded default cluster>")
+    return cluster_from_data(parse_shipped_yaml(text), "<embedded default cluster>")
 
 
 def default_jobs() -> tuple[list[JobSpec], float]:
     """A dozen queued jobs drawn from Crius's table-2 models."""
     text = resources.files("apportion").joinpath("data/default_jobs.yaml").read_text()
-    return jobs_from_data(yaml.safe_load(text), "<embedded default jobs>")
+    return jobs_from_data(parse_shipped_yaml(text), "<embedded default jobs>")

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-import yaml
-
 from apportion.errors import CatalogError
+from apportion.inputs import parse_shipped_yaml
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,8 @@ def normalise_gpu_name(raw: str) -> str:
 
 
 def _read() -> dict:
-    return yaml.safe_load(resources.files("apportion").joinpath("data/gpus.yaml").read_text())
+    return parse_shipped_yaml(
+        resources.files("apportion").joinpath("data/gpus.yaml").read_text())
 
 
 @lru_cache(maxsize=1)

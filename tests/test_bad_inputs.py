@@ -22,6 +22,7 @@ import sqlite3
 import sys
 import tempfile
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from apportion.cli import app, bench_app
 from apportion.cluster import Cluster
 from apportion.config import MAX_FILE_BYTES, cluster_from_data, jobs_from_data
 from apportion.errors import InputError
-from apportion.inputs import MAX_YAML_DEPTH, parse_yaml_text
+from apportion.inputs import MAX_YAML_DEPTH, parse_shipped_yaml, parse_yaml_text
 from apportion.jobs import JobSpec
 
 BAD = Path(__file__).parent / "bad_inputs"
@@ -672,3 +673,13 @@ def test_the_depth_limit_is_the_same_with_and_without_an_alias_in_the_text(pad: 
     assert parse_yaml_text(text(MAX_YAML_DEPTH), "t.yaml")["a"] == 1
     with pytest.raises(InputError, match="nesting too deep"):
         parse_yaml_text(text(MAX_YAML_DEPTH + 1), "t.yaml")
+
+
+def test_every_shipped_yaml_reads_the_same_on_the_shipped_loader() -> None:
+    """The package's own data files are read on libyaml's parser where there is one
+    (``inputs.parse_shipped_yaml``): each gives what PyYAML's pure-Python safe loader gives."""
+    files = [f for f in resources.files("apportion").joinpath("data").rglob("*.yaml")]
+    assert len(files) >= 4
+    for f in files:
+        text = f.read_text()
+        assert parse_shipped_yaml(text) == yaml.safe_load(text), f.name

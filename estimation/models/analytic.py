@@ -40,10 +40,10 @@ from importlib import resources
 from statistics import median
 from typing import Any, NamedTuple
 
-import yaml
 
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
+from apportion.inputs import parse_shipped_yaml
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
@@ -309,7 +309,7 @@ def stage_sums(model: ModelSpec, stages: int) -> tuple[StageSums, ...] | None:
 @lru_cache(maxsize=1)
 def _shipped_table() -> dict[str, Any]:
     text = resources.files("apportion").joinpath("data/efficiency.yaml").read_text()
-    return yaml.safe_load(text)
+    return parse_shipped_yaml(text)
 
 
 def shipped_efficiency(gpu_type: str) -> float:
