@@ -96,3 +96,31 @@ def test_a_large_round_without_a_hint_still_never_answers_worse_than_the_greedy(
     assert rep.backend == "greedy" and "worse than the greedy" in rep.fallback_reason, rep
     assert len(res.decision.allocations) > 0
     assert validate(res.decision, cl, jobs).ok
+
+
+@pytest.mark.parametrize(("gap", "before"), [(1e-3, False), (1e-4, True)])
+def test_the_greedy_waits_for_the_chain_where_lp_rounding_goes_first_and_is_final(
+        gap: float, before: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default tolerance the cell model's chain starts with LP rounding, whose answer
+    ends it: the greedy is made only after the chain, when the answer is not proved within
+    the tolerance, so a round answered within it lists no greedy attempt. Below it HiGHS
+    goes first, warm-started from the greedy's answer made before the chain."""
+    cl, jobs, now = _round()
+    made: list[bool] = []
+    real_formulate = round_mod.FormulationPolicy.formulate
+
+    def formulate(self, view, g, full=False):  # type: ignore[no-untyped-def]
+        f = real_formulate(self, view, g, full)
+        made.append(f.greedy_choices is not None)
+        return f
+
+    monkeypatch.setattr(round_mod.FormulationPolicy, "formulate", formulate)
+    res = run_round(cl, jobs, now, RoundConfig(time_budget_s=10.0, isolate=False, mip_gap=gap,
+                                               deterministic=True))
+    assert made == [before]
+    rep = res.decision.report
+    assert rep.gap is not None and rep.gap <= gap, rep
+    assert (rep.backend == "lp-round") is not before, rep
+    greedy = [a for a in rep.attempts if a["backend"] == "greedy"]
+    assert bool(greedy) is before, rep.attempts
+    assert validate(res.decision, cl, jobs).ok
