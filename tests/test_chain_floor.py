@@ -43,6 +43,21 @@ def _round() -> tuple:
     return cl, jobs, now
 
 
+def _greedy_made_before_the_chain(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, for each round formulated, whether the greedy's answer was made before the
+    chain (its hint) or left for after it."""
+    made: list[bool] = []
+    real_formulate = round_mod.FormulationPolicy.formulate
+
+    def formulate(self, view, g, full=False):  # type: ignore[no-untyped-def]
+        f = real_formulate(self, view, g, full)
+        made.append(f.greedy_choices is not None)
+        return f
+
+    monkeypatch.setattr(round_mod.FormulationPolicy, "formulate", formulate)
+    return made
+
+
 def test_a_worse_answer_does_not_replace_the_greedy_hint() -> None:
     cl, jobs, now = _round()
     g = build_candidates(cl, jobs, now)
@@ -78,15 +93,7 @@ def test_a_large_round_without_a_hint_still_never_answers_worse_than_the_greedy(
     (Philly day 1's burst under load), the greedy is made after the chain and must win."""
     cl, jobs, now = _round()
     monkeypatch.setattr(round_mod, "LARGE_MODEL_COLUMNS", 0)  # every model is "large"
-    made: list[bool] = []
-    real_formulate = round_mod.FormulationPolicy.formulate
-
-    def formulate(self, view, g, full=False):  # type: ignore[no-untyped-def]
-        f = real_formulate(self, view, g, full)
-        made.append(f.greedy_choices is not None)
-        return f
-
-    monkeypatch.setattr(round_mod.FormulationPolicy, "formulate", formulate)
+    made = _greedy_made_before_the_chain(monkeypatch)
     real = round_mod.solve_chain
     monkeypatch.setattr(round_mod, "solve_chain",
                         lambda model, backends, *a, **kw: real(model, [ZeroBackend()], *a, **kw))
@@ -106,15 +113,7 @@ def test_the_greedy_waits_for_the_chain_where_lp_rounding_goes_first_and_is_fina
     the tolerance, so a round answered within it lists no greedy attempt. Below it HiGHS
     goes first, warm-started from the greedy's answer made before the chain."""
     cl, jobs, now = _round()
-    made: list[bool] = []
-    real_formulate = round_mod.FormulationPolicy.formulate
-
-    def formulate(self, view, g, full=False):  # type: ignore[no-untyped-def]
-        f = real_formulate(self, view, g, full)
-        made.append(f.greedy_choices is not None)
-        return f
-
-    monkeypatch.setattr(round_mod.FormulationPolicy, "formulate", formulate)
+    made = _greedy_made_before_the_chain(monkeypatch)
     res = run_round(cl, jobs, now, RoundConfig(time_budget_s=10.0, isolate=False, mip_gap=gap,
                                                deterministic=True))
     assert made == [before]
