@@ -8,6 +8,11 @@ of a 10,000-job round's 13 s (reading its jobs file included) and 20 s of 270 CP
 Garbage without cycles is freed at once either way; cycles are collected, less often.
 The command line sets it for every command, and ``compare`` for its worker processes;
 a library user's process keeps its own settings.
+
+When a command ends, what is still alive is frozen (:func:`before_exit`): the
+interpreter's shutdown would otherwise collect the whole heap (the modules' objects and
+the round's) while tearing the modules down, a tenth of a second after a 1,000-job
+``solve-round`` (0.12 of its 1.0 s) for memory the process's exit returns anyway.
 """
 
 from __future__ import annotations
@@ -23,4 +28,13 @@ def for_batch_work() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-__all__ = ["GC_THRESHOLDS", "for_batch_work"]
+def before_exit() -> None:
+    """Move every object alive now out of the collector's reach, for a process about to
+    exit. Objects are still freed by their reference counts at shutdown (their finalizers
+    run, and ``atexit`` handlers run as ever); only the cycles among them are left to
+    the exit, as Python already leaves whatever outlives the interpreter's own last
+    collection."""
+    gc.freeze()
+
+
+__all__ = ["GC_THRESHOLDS", "before_exit", "for_batch_work"]

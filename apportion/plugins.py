@@ -1,5 +1,9 @@
 """What installed packages offer apportion through entry points, read once per group.
 
+The installed packages' metadata is read once for the four groups: each pass opens every
+package's ``entry_points.txt`` (10 ms in an environment of 150 packages, and a round
+asks for two groups).
+
 Four groups, each a name -> object: ``apportion.policies`` (a policy factory or class),
 ``apportion.formulations`` (a recipe), ``apportion.estimators`` (an estimator class or
 factory) and ``apportion.executors`` (an executor factory). A plug-in that fails to load is
@@ -19,13 +23,25 @@ log = logging.getLogger(__name__)
 GROUPS = ("apportion.policies", "apportion.formulations", "apportion.estimators",
           "apportion.executors")
 _LOADED: dict[str, dict[str, Any]] = {}
+_DECLARED: dict[str, list[Any]] = {}
+
+
+def _declared(group: str) -> list[Any]:
+    """The entry points of ``group``, from one pass over the metadata for all of
+    :data:`GROUPS` (another group: a pass of its own)."""
+    if group not in GROUPS:
+        return list(entry_points(group=group))
+    if not _DECLARED:
+        every = entry_points()
+        _DECLARED.update({g: list(every.select(group=g)) for g in GROUPS})
+    return _DECLARED[group]
 
 
 def plugins(group: str) -> dict[str, Any]:
     """The objects the installed packages register under ``group`` (loaded once)."""
     if group not in _LOADED:
         found: dict[str, Any] = {}
-        for ep in entry_points(group=group):
+        for ep in _declared(group):
             try:
                 found[ep.name] = ep.load()
             except Exception as exc:  # noqa: BLE001 - a broken plug-in must not break the CLI

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import networkx as nx
@@ -153,6 +154,52 @@ def test_balanced_cuts_are_contiguous_and_near_optimal(flops: list[float], stage
         for cuts in itertools.combinations(range(1, len(flops)), stages - 1)
     )
     assert max(sum(flops[a:b]) for a, b in ranges) <= best * 1.1 + 1e-9
+
+
+def _scalar_cuts(flops: list[float], cut_bytes: list[float], stages: int,
+                 tolerance: float) -> list[tuple[int, int]]:
+    """The stage DP one pair of cut positions at a time: the oracle of the array form."""
+    n = len(flops)
+    prefix = [0.0]
+    for f in flops:
+        prefix.append(prefix[-1] + float(f))
+    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for j in range(s, n + 1):
+            best[s][j] = min(max(best[s - 1][i], prefix[j] - prefix[i]) for i in range(s - 1, j))
+    limit = best[stages][n] * (1 + tolerance) + 1e-12
+    cost = [[math.inf] * (n + 1) for _ in range(stages + 1)]
+    back = [[-1] * (n + 1) for _ in range(stages + 1)]
+    cost[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for j in range(s, n + 1):
+            for i in range(s - 1, j):
+                if cost[s - 1][i] == math.inf or prefix[j] - prefix[i] > limit:
+                    continue
+                c = cost[s - 1][i] + (float(cut_bytes[i - 1]) if i > 0 else 0.0)
+                if c < cost[s][j]:
+                    cost[s][j], back[s][j] = c, i
+    ranges, j = [], n
+    for s in range(stages, 0, -1):
+        ranges.append((back[s][j], j))
+        j = back[s][j]
+    return ranges[::-1]
+
+
+@settings(max_examples=300)
+@given(flops=st.lists(st.one_of(st.sampled_from([0.0, 1.0, 2.0]), st.floats(0.0, 50.0)),
+                      min_size=1, max_size=24),
+       data=st.data(), tolerance=st.sampled_from([0.0, 0.1, 0.5]))
+def test_balanced_cuts_are_the_scalar_dps(flops: list[float], data: st.DataObject,
+                                         tolerance: float) -> None:
+    """The array DP makes the same floating-point steps as the scalar one, so it cuts in the
+    same places, ties (equal layers, free cuts) included."""
+    stages = data.draw(st.integers(1, len(flops)))
+    cut_bytes = data.draw(st.lists(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 10.0)),
+                                   min_size=len(flops), max_size=len(flops)))
+    assert balanced_cuts(flops, cut_bytes, stages, tolerance) == \
+        _scalar_cuts(flops, cut_bytes, stages, tolerance)
 
 
 def test_compute_calibration_recovers_efficiency_where_communication_dominates():

@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from apportion import __version__
-from apportion.batch_gc import for_batch_work
+from apportion.batch_gc import before_exit, for_batch_work
 from apportion.cli import (
     cmd_bench,
     cmd_catalog,
@@ -152,4 +152,7 @@ export_app.command("slurm")(cmd_ops.export_slurm_cmd)
 
 def main() -> None:
     for_batch_work()
-    app(prog_name="apportion")
+    try:
+        app(prog_name="apportion")
+    finally:  # the command is over, whatever it raised (SystemExit included)
+        before_exit()

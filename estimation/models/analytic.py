@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 
 from apportion.cluster import Cluster
-from apportion.gpus import get_gpu
+from apportion.gpus import get_gpu, gpu_catalog
 from apportion.inputs import parse_shipped_yaml
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
@@ -80,7 +80,7 @@ class AnalyticEstimator(ParamsMixin):
 
     # -- sklearn-style plumbing -------------------------------------------------
 
-    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> "AnalyticEstimator":
+    def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> AnalyticEstimator:
         """Calibrate the sustained efficiency per GPU type from measured samples.
 
         ``calibrate="total"`` (the default, and how the shipped table was made):
@@ -162,64 +162,98 @@ class AnalyticEstimator(ParamsMixin):
                   intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
         """One plan's estimate. The per-layer sums of a stage (FLOPs, parameters,
         activations, the TP all-reduces of its layers' outputs) are taken once per model and
-        stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers)."""
-        gpu = get_gpu(gpu_type)
+        stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers); what it
+        reads of the GPU is looked up once per type (:meth:`_device`)."""
         S, tp, dp = plan.pp, plan.tp, plan.dp
         sums = stage_sums(model, S)
         if sums is None:
             return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
-        peak = gpu.peak_flops("half" if model.dtype_bytes <= 2 else "tf32")
-        eff = eff_override if eff_override is not None else self._eff(gpu_type, tp)
-        if eff_override is not None:
+        peak_half, peak_tf32, usable, hbm_bytes_per_s = self._device(gpu_type)
+        peak = peak_half if model.dtype_bytes <= 2 else peak_tf32
+        if eff_override is None:
+            eff = self._eff(gpu_type, tp)
+        else:
             eff = eff_override * max(0.2, 1.0 - self.tp_penalty * math.log2(tp))
         per_replica = gbs / dp
-        usable = gpu.memory_bytes * self.usable_memory_fraction - self.memory_reserve_gib * GiB
         recompute = 4.0 if plan.checkpointing else 3.0
         B = max(plan.micro_batches, 4 * S if S > 1 else 1)
-        B = min(B, max(1, int(per_replica)))
-        opt_bytes = 12.0 / (dp if plan.zero_stage >= 1 else 1)
-        grad_bytes = 2.0 / (dp if plan.zero_stage >= 2 else 1)
-        weight_bytes = 2.0 / (dp if plan.zero_stage >= 3 else 1)
+        top_b = max(1, int(per_replica))
+        B = min(B, top_b)
+        zero = plan.zero_stage
+        opt_bytes = 12.0 / (dp if zero >= 1 else 1)
+        grad_bytes = 2.0 / (dp if zero >= 2 else 1)
+        weight_bytes = 2.0 / (dp if zero >= 3 else 1)
         if plan.offload:
             opt_bytes = 0.0
         state_bytes = weight_bytes + grad_bytes + opt_bytes
-        dp_link = intra if dp * tp <= 1 else outer
-        # the data-parallel all-reduce and the per-layer TP message count do not depend on B
-        dp_t = [allreduce_time(st.params / tp * 2.0, dp, dp_link) for st in sums]
-        tp_alpha = 4 * 2 * (tp - 1) * intra.alpha_s if tp > 1 else 0.0
-        tp_beta = 4 * 2 * (tp - 1) / tp / intra.bytes_per_s if tp > 1 else 0.0
+        # the data-parallel all-reduce and the per-layer TP message count do not depend on
+        # B; the all-reduce grows with its bytes, so the largest stage's is the slowest
+        max_params = max(st.params for st in sums) / tp
+        dp_s = allreduce_time(max_params * 2.0, dp, intra if dp * tp <= 1 else outer)
         # the fewest micro-batches whose activations fit (doubling), then the stages' times
         # at that count: only the memory depends on the search
+        states = [st.params / tp * state_bytes for st in sums]
         acts = [st.ckpt_acts if plan.checkpointing else st.acts for st in sums]
-        top_b = max(1, int(per_replica))
+        cap = min(self.max_micro_batches, top_b)
         while True:
             mb = per_replica / B
-            peak_mem = max(st.params / tp * state_bytes + act * mb / tp * min(B, S - s)
-                           for s, (st, act) in enumerate(zip(sums, acts)))
-            if peak_mem <= usable or B >= min(self.max_micro_batches, top_b):
+            if S == 1:
+                peak_mem = states[0] + acts[0] * mb / tp * min(B, 1)
+            else:
+                # a stage holds the activations of min(B, S - s) micro-batches in flight
+                peak_mem = max(state + act * mb / tp * min(B, S - s)
+                               for s, (state, act) in enumerate(zip(states, acts)))
+            if peak_mem <= usable or B >= cap:
                 break
             B = min(B * 2, top_b)
-        stage_t, stage_comm = [], []
-        for s, st in enumerate(sums):
-            comp = recompute * st.flops * mb / (tp * peak * eff)
-            # sum over the stage's layers of 4 ring all-reduces of each output (o * mb bytes)
+        comp_scale = tp * peak * eff
+        tp_alpha = 4 * 2 * (tp - 1) * intra.alpha_s if tp > 1 else 0.0
+        tp_beta = 4 * 2 * (tp - 1) / tp / intra.bytes_per_s if tp > 1 else 0.0
+        first = sums[0]
+        slowest = longest = recompute * first.flops * mb / comp_scale + (
+            first.out_layers * tp_alpha + tp_beta * first.outs * mb if tp > 1 else 0.0)
+        pipeline = slowest
+        # each later stage also receives its boundary activations (twice: forward and back)
+        for st in sums[1:]:
+            comp = recompute * st.flops * mb / comp_scale
             tpc = st.out_layers * tp_alpha + tp_beta * st.outs * mb if tp > 1 else 0.0
-            recv = 2 * p2p_time(st.boundary * mb, outer) if s > 0 else 0.0
-            stage_t.append(comp + tpc + recv)
-            stage_comm.append(recv)
-        pipeline = sum(stage_t) + (B - 1) * max(t - c for t, c in zip(stage_t, stage_comm))
-        max_params = max(st.params for st in sums) / tp
-        opt_step = 16.0 * max_params / (gpu.hbm_GBps * 1e9)
+            recv = 2 * p2p_time(st.boundary * mb, outer)
+            t = comp + tpc + recv
+            pipeline += t
+            slowest = max(slowest, t)
+            longest = max(longest, t - recv)
+        pipeline += (B - 1) * longest
+        opt_step = 16.0 * max_params / hbm_bytes_per_s
         if plan.offload:  # optimizer step on the CPU, gradients and weights over PCIe
             opt_step = 16.0 * max_params / 10e9 + 4.0 * max_params / 16e9
-        total = pipeline + max(dp_t) + opt_step
-        feasible = peak_mem <= usable
-        breakdown = {"pipeline_s": pipeline, "dp_allreduce_s": max(dp_t), "optimizer_s": opt_step,
-                     "micro_batches": float(B), "slowest_stage_s": max(stage_t)}
-        used_plan = ExecutionPlan(dp=dp, tp=tp, pp=S, micro_batches=B, zero_stage=plan.zero_stage,
-                                  offload=plan.offload, accumulation=plan.accumulation,
-                                  checkpointing=plan.checkpointing)
-        return Estimate(total, peak_mem, feasible, used_plan, gbs, breakdown)
+        total = pipeline + dp_s + opt_step
+        breakdown = {"pipeline_s": pipeline, "dp_allreduce_s": dp_s, "optimizer_s": opt_step,
+                     "micro_batches": float(B), "slowest_stage_s": slowest}
+        if B == plan.micro_batches and not plan.spill_shards and not plan.spill_budget_mib:
+            used_plan = plan  # frozen: the plan as it runs is the plan asked about
+        else:
+            used_plan = ExecutionPlan(dp=dp, tp=tp, pp=S, micro_batches=B, zero_stage=zero,
+                                      offload=plan.offload, accumulation=plan.accumulation,
+                                      checkpointing=plan.checkpointing)
+        return Estimate(total, peak_mem, peak_mem <= usable, used_plan, gbs, breakdown)
+
+    def _device(self, gpu_type: str) -> tuple[float, float, float, float]:
+        """What a plan's estimate reads of a GPU type: peak FLOP/s in half precision and in
+        TF32, the memory a job may use, and HBM bytes/s; memoised per type for the process's
+        catalog (a round estimates thousands of plans over a few types)."""
+        memo = self.__dict__.get("_device_memo")
+        catalog = gpu_catalog()
+        memory = (self.usable_memory_fraction, self.memory_reserve_gib)
+        if memo is None or memo[0] is not catalog or memo[1] != memory:
+            memo = (catalog, memory, {})
+            self.__dict__["_device_memo"] = memo
+        found = memo[2].get(gpu_type)
+        if found is None:
+            gpu = get_gpu(gpu_type)
+            usable = gpu.memory_bytes * self.usable_memory_fraction - self.memory_reserve_gib * GiB
+            found = memo[2][gpu_type] = (gpu.peak_flops("half"), gpu.peak_flops("tf32"), usable,
+                                         gpu.hbm_GBps * 1e9)
+        return found
 
     # -- cells ---------------------------------------------------------------------
     def shape_of(self, job: JobSpec) -> tuple[str, int]:
@@ -251,7 +285,11 @@ class AnalyticEstimator(ParamsMixin):
         model = get_model(job.model)
         if cell.stages > len(model.layers):
             return None
-        intra, outer = self._links(placement, cell.gpu_type, cluster)
+        links = self.__dict__.setdefault("_nominal_links", {})
+        key = (cluster.fingerprint_hash, cell.gpu_type, cell.gpus)
+        if key not in links:  # the cell's placement is the nominal one: its links are too
+            links[key] = self._links(placement, cell.gpu_type, cluster)
+        intra, outer = links[key]
         return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
 
     def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
