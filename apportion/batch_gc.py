@@ -6,8 +6,9 @@ Python's default thresholds (700, 10, 10) scan them again and again as they grow
 of a 10,000-job round's 13 s (reading its jobs file included) and 20 s of 270 CPU-s of a
 150-round replay, against 0.5 s and 3.9 s with :data:`GC_THRESHOLDS`, the same answers.
 Garbage without cycles is freed at once either way; cycles are collected, less often.
-The command line sets it for every command, and ``compare`` for its worker processes;
-a library user's process keeps its own settings.
+The command line sets it for every command (from the moment its package is imported, so
+its imports run under it too), and ``compare`` for its worker processes; a library user's
+process keeps its own settings.
 
 When a command ends, what is still alive is frozen (:func:`before_exit`): the
 interpreter's shutdown would otherwise collect the whole heap (the modules' objects and

@@ -300,6 +300,7 @@ class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLo
     loader, so error messages are the same either way."""
 
 
+_SCALAR_NODE = yaml.ScalarNode
 _STR_TAG = "tag:yaml.org,2002:str"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MAP_TAG = "tag:yaml.org,2002:map"
@@ -324,11 +325,15 @@ class _TreeConstruct:
     distinct scalar once (per document) saves most of the resolver's time."""
 
     may_alias = False
+    #: each distinct scalar's tag (the loader's own, made at its first scalar)
+    _resolved: dict[tuple[Any, Any], Any] | None = None
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
-        if kind is not yaml.ScalarNode:
+        if kind is not _SCALAR_NODE:
             return super().resolve(kind, value, implicit)  # type: ignore[misc]
-        memo = self.__dict__.setdefault("_resolved", {})
+        memo = self._resolved
+        if memo is None:
+            memo = self._resolved = {}
         key = (value, implicit)
         tag = memo.get(key)
         if tag is None:

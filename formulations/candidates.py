@@ -360,21 +360,24 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
     for cell, e in cells:
         current = job.is_current(cell)
         cn = cell.node_id
-        norm = e.throughput / ref
-        attrs = dict(kind="cell", job=job.id, gpu_type=cell.gpu_type, gpus=cell.gpus,
-                     stages=cell.stages, dp=e.plan.dp, tp=e.plan.tp,
-                     micro_batches=e.plan.micro_batches, est_throughput=e.throughput,
-                     iter_time_s=e.iter_time_s, mem_per_gpu=e.mem_per_gpu, normalized=norm,
-                     bonus=bonus, value=norm + bonus + (opt.keep_bonus if current else 0.0),
-                     current=current)
-        if e.plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
-            attrs["plan"] = e.plan
+        plan = e.plan
+        throughput = e.throughput
+        norm = throughput / ref
         single = not current and cell.gpus <= cluster.max_gpus_per_node(cell.gpu_type)
+        attrs = {"kind": "cell", "job": job.id, "gpu_type": cell.gpu_type, "gpus": cell.gpus,
+                 "stages": cell.stages, "dp": plan.dp, "tp": plan.tp,
+                 "micro_batches": plan.micro_batches, "est_throughput": throughput,
+                 "iter_time_s": e.iter_time_s, "mem_per_gpu": e.mem_per_gpu,
+                 "normalized": norm, "bonus": bonus,
+                 "value": norm + bonus + (opt.keep_bonus if current else 0.0),
+                 "current": current}
+        if plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
+            attrs["plan"] = plan
         attrs["single_node"] = single
         vertices.append((cn, attrs))
         edges.append((jn, cn, {}))
         edges += [(u, v, dict(a)) for u, v, a in  # (a memo's attribute dicts are shared)
-                  cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, e.plan.tp, single,
+                  cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, plan.tp, single,
                              job.running.placement if (current and job.running) else None,
                              edge_memo)]
     add_new_vertices(g, vertices)

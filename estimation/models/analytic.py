@@ -160,14 +160,24 @@ class AnalyticEstimator(ParamsMixin):
 
     def _evaluate(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
                   intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
-        """One plan's estimate. The per-layer sums of a stage (FLOPs, parameters,
+        """One plan's estimate (:meth:`_plan_time`)."""
+        t = self._plan_time(model, gbs, plan, gpu_type, intra, outer, eff_override)
+        if t is None:
+            return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
+        return _estimate(plan, gbs, t)
+
+    def _plan_time(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
+                   intra: Link, outer: Link, eff_override: float | None = None
+                   ) -> PlanTime | None:
+        """One plan's iteration time and memory, or None where the model has fewer layers
+        than the plan has stages. The per-layer sums of a stage (FLOPs, parameters,
         activations, the TP all-reduces of its layers' outputs) are taken once per model and
         stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers); what it
         reads of the GPU is looked up once per type (:meth:`_device`)."""
         S, tp, dp = plan.pp, plan.tp, plan.dp
         sums = stage_sums(model, S)
         if sums is None:
-            return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
+            return None
         peak_half, peak_tf32, usable, hbm_bytes_per_s = self._device(gpu_type)
         peak = peak_half if model.dtype_bytes <= 2 else peak_tf32
         if eff_override is None:
@@ -195,14 +205,16 @@ class AnalyticEstimator(ParamsMixin):
         states = [st.params / tp * state_bytes for st in sums]
         acts = [st.ckpt_acts if plan.checkpointing else st.acts for st in sums]
         cap = min(self.max_micro_batches, top_b)
+        later = list(zip(states[1:], acts[1:], range(S - 1, 0, -1)))
         while True:
             mb = per_replica / B
-            if S == 1:
-                peak_mem = states[0] + acts[0] * mb / tp * min(B, 1)
-            else:
-                # a stage holds the activations of min(B, S - s) micro-batches in flight
-                peak_mem = max(state + act * mb / tp * min(B, S - s)
-                               for s, (state, act) in enumerate(zip(states, acts)))
+            # stage s holds the activations of min(B, S - s) micro-batches in flight; the
+            # largest stage's memory is the peak (first of equals, as max() takes it)
+            peak_mem = states[0] + acts[0] * mb / tp * (B if B < S else S)
+            for state, act, k in later:
+                m = state + act * mb / tp * (B if B < k else k)
+                if m > peak_mem:  # noqa: PLR1730 - a max() call per stage is slower
+                    peak_mem = m
             if peak_mem <= usable or B >= cap:
                 break
             B = min(B * 2, top_b)
@@ -220,22 +232,16 @@ class AnalyticEstimator(ParamsMixin):
             recv = 2 * p2p_time(st.boundary * mb, outer)
             t = comp + tpc + recv
             pipeline += t
-            slowest = max(slowest, t)
-            longest = max(longest, t - recv)
+            if t > slowest:  # noqa: PLR1730 - as max() would take it, without its call
+                slowest = t
+            if t - recv > longest:  # noqa: PLR1730
+                longest = t - recv
         pipeline += (B - 1) * longest
         opt_step = 16.0 * max_params / hbm_bytes_per_s
         if plan.offload:  # optimizer step on the CPU, gradients and weights over PCIe
             opt_step = 16.0 * max_params / 10e9 + 4.0 * max_params / 16e9
-        total = pipeline + dp_s + opt_step
-        breakdown = {"pipeline_s": pipeline, "dp_allreduce_s": dp_s, "optimizer_s": opt_step,
-                     "micro_batches": float(B), "slowest_stage_s": slowest}
-        if B == plan.micro_batches and not plan.spill_shards and not plan.spill_budget_mib:
-            used_plan = plan  # frozen: the plan as it runs is the plan asked about
-        else:
-            used_plan = ExecutionPlan(dp=dp, tp=tp, pp=S, micro_batches=B, zero_stage=zero,
-                                      offload=plan.offload, accumulation=plan.accumulation,
-                                      checkpointing=plan.checkpointing)
-        return Estimate(total, peak_mem, peak_mem <= usable, used_plan, gbs, breakdown)
+        return PlanTime(pipeline + dp_s + opt_step, peak_mem, peak_mem <= usable, B, pipeline,
+                        dp_s, opt_step, slowest)
 
     def _device(self, gpu_type: str) -> tuple[float, float, float, float]:
         """What a plan's estimate reads of a GPU type: peak FLOP/s in half precision and in
@@ -279,30 +285,63 @@ class AnalyticEstimator(ParamsMixin):
             return None
         per_stage = cell.gpus // cell.stages
         max_tp = cluster.max_gpus_per_node(cell.gpu_type)
-        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
-        if placement is None:
+        # the cell's placement is the nominal one, so its links are too (None: no placement)
+        links = self.__dict__.setdefault("_nominal_links", {})
+        key = (cluster.fingerprint_hash, cell.gpu_type, cell.gpus)
+        found = links.get(key, links)
+        if found is links:
+            placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
+            found = links[key] = (None if placement is None
+                                  else self._links(placement, cell.gpu_type, cluster))
+        if found is None:
             return None
         model = get_model(job.model)
         if cell.stages > len(model.layers):
             return None
-        links = self.__dict__.setdefault("_nominal_links", {})
-        key = (cluster.fingerprint_hash, cell.gpu_type, cell.gpus)
-        if key not in links:  # the cell's placement is the nominal one: its links are too
-            links[key] = self._links(placement, cell.gpu_type, cluster)
-        intra, outer = links[key]
+        intra, outer = found
         return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
 
     def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
                     intra: Link, outer: Link) -> Estimate | None:
-        best: Estimate | None = None
+        best: tuple[ExecutionPlan, PlanTime] | None = None
+        gbs = job.global_batch_size
         for tp in powers_of_two_dividing(per_stage, max_tp):
             plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
-            if job.global_batch_size < plan.dp:
+            if gbs < plan.dp:
                 continue
-            est = self._evaluate(model, job.global_batch_size, plan, cell.gpu_type, intra, outer)
-            if est.feasible and (best is None or est.iter_time_s < best.iter_time_s):
-                best = est
-        return best
+            t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer)
+            if t is not None and t.feasible and (best is None or t.total < best[1].total):
+                best = (plan, t)
+        return None if best is None else _estimate(best[0], gbs, best[1])  # the winner's only
+
+
+class PlanTime(NamedTuple):
+    """A plan's estimate before it is an :class:`Estimate`: a cell's search builds the
+    winner's only."""
+
+    total: float
+    peak_mem: float
+    feasible: bool
+    micro_batches: int
+    pipeline: float
+    dp_allreduce: float
+    optimizer: float
+    slowest_stage: float
+
+
+def _estimate(plan: ExecutionPlan, gbs: int, t: PlanTime) -> Estimate:
+    """The estimate of ``plan`` at its time ``t``, the plan at the micro-batches it runs."""
+    B = t.micro_batches
+    breakdown = {"pipeline_s": t.pipeline, "dp_allreduce_s": t.dp_allreduce,
+                 "optimizer_s": t.optimizer, "micro_batches": float(B),
+                 "slowest_stage_s": t.slowest_stage}
+    if B == plan.micro_batches and not plan.spill_shards and not plan.spill_budget_mib:
+        used = plan  # frozen: the plan as it runs is the plan asked about
+    else:
+        used = ExecutionPlan(dp=plan.dp, tp=plan.tp, pp=plan.pp, micro_batches=B,
+                             zero_stage=plan.zero_stage, offload=plan.offload,
+                             accumulation=plan.accumulation, checkpointing=plan.checkpointing)
+    return Estimate(t.total, t.peak_mem, t.feasible, used, gbs, breakdown)
 
 
 class StageSums(NamedTuple):
