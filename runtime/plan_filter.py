@@ -11,6 +11,9 @@ pipeline and tensor parallelism, a user's torchrun script runs one stage, ...).
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
+from operator import attrgetter
+from typing import Any
 
 from apportion.formulations.plan_filter import PlanFilter, cell_plan, drop_refused_plans
 from apportion.runtime.workload import cuda_present, plan_supported
@@ -19,6 +22,10 @@ from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
+
+#: an execution plan's fields as one tuple (read in C): a memo key that hashes and compares
+#: as a plain tuple, where the frozen dataclass builds a tuple per hash and two per compare
+_plan_fields = attrgetter(*(f.name for f in fields(ExecutionPlan)))
 
 __all__ = ["PlanFilter", "WorkloadPlanFilter", "cell_plan", "drop_refused_plans",
            "workload_plan_filter"]
@@ -37,7 +44,7 @@ class WorkloadPlanFilter:
         # a verdict reads only the workload's kind, the global batch and the plan: a round
         # asks it of every option of every job (a 1,000-job plans round: 181,000 times), so
         # once each
-        self._memo: dict[tuple[str, int, ExecutionPlan], str | None] = {}
+        self._memo: dict[tuple[str, int, Any], str | None] = {}
 
     @staticmethod
     def job_key(job: JobSpec) -> tuple[str, int]:
@@ -48,7 +55,8 @@ class WorkloadPlanFilter:
         kind = job.workload.kind if job.workload else "builtin"
         memo = self._memo
         try:
-            key = (kind, job.global_batch_size, plan)
+            key = (kind, job.global_batch_size,
+                   _plan_fields(plan) if type(plan) is ExecutionPlan else plan)
             if key in memo:
                 return memo[key]
         except TypeError:  # an unhashable plan: judged afresh

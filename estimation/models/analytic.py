@@ -48,7 +48,7 @@ from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
 from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
-from apportion.estimation.models.comm import Link, allreduce_time, p2p_time
+from apportion.estimation.models.comm import Link, allreduce_time, p2p_seconds
 from apportion.estimation.models.partition import cached_cuts
 
 GiB = 2**30
@@ -175,9 +175,10 @@ class AnalyticEstimator(ParamsMixin):
         stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers); what it
         reads of the GPU is looked up once per type (:meth:`_device`)."""
         S, tp, dp = plan.pp, plan.tp, plan.dp
-        sums = stage_sums(model, S)
-        if sums is None:
+        cut = model_stages(model, S)
+        if cut is None:
             return None
+        sums = cut.sums
         peak_half, peak_tf32, usable, hbm_bytes_per_s = self._device(gpu_type)
         peak = peak_half if model.dtype_bytes <= 2 else peak_tf32
         if eff_override is None:
@@ -198,12 +199,12 @@ class AnalyticEstimator(ParamsMixin):
         state_bytes = weight_bytes + grad_bytes + opt_bytes
         # the data-parallel all-reduce and the per-layer TP message count do not depend on
         # B; the all-reduce grows with its bytes, so the largest stage's is the slowest
-        max_params = max(st.params for st in sums) / tp
+        max_params = cut.max_params / tp
         dp_s = allreduce_time(max_params * 2.0, dp, intra if dp * tp <= 1 else outer)
         # the fewest micro-batches whose activations fit (doubling), then the stages' times
         # at that count: only the memory depends on the search
-        states = [st.params / tp * state_bytes for st in sums]
-        acts = [st.ckpt_acts if plan.checkpointing else st.acts for st in sums]
+        states = [p / tp * state_bytes for p in cut.params]
+        acts = cut.ckpt_acts if plan.checkpointing else cut.acts
         cap = min(self.max_micro_batches, top_b)
         later = list(zip(states[1:], acts[1:], range(S - 1, 0, -1)))
         while True:
@@ -226,10 +227,11 @@ class AnalyticEstimator(ParamsMixin):
             first.out_layers * tp_alpha + tp_beta * first.outs * mb if tp > 1 else 0.0)
         pipeline = slowest
         # each later stage also receives its boundary activations (twice: forward and back)
+        outer_alpha, outer_bytes_per_s = outer.alpha_s, outer.bytes_per_s
         for st in sums[1:]:
             comp = recompute * st.flops * mb / comp_scale
             tpc = st.out_layers * tp_alpha + tp_beta * st.outs * mb if tp > 1 else 0.0
-            recv = 2 * p2p_time(st.boundary * mb, outer)
+            recv = 2 * p2p_seconds(st.boundary * mb, outer_alpha, outer_bytes_per_s)
             t = comp + tpc + recv
             pipeline += t
             if t > slowest:  # noqa: PLR1730 - as max() would take it, without its call
@@ -359,26 +361,49 @@ class StageSums(NamedTuple):
     boundary: float
 
 
+class Stages(NamedTuple):
+    """A model cut into balanced stages: each stage's sums, and the columns a plan's
+    memory search reads of them (the largest stage's parameters, each stage's parameters
+    and activations), taken once per model and stage count."""
+
+    sums: tuple[StageSums, ...]
+    max_params: float
+    params: tuple[float, ...]
+    acts: tuple[float, ...]
+    ckpt_acts: tuple[float, ...]
+
+
 def stage_sums(model: ModelSpec, stages: int) -> tuple[StageSums, ...] | None:
     """Per-stage sums of ``model`` cut into ``stages`` balanced stages (memoised on the
+    model; None when it has fewer layers than stages)."""
+    cut = model_stages(model, stages)
+    return None if cut is None else cut.sums
+
+
+def model_stages(model: ModelSpec, stages: int) -> Stages | None:
+    """``model`` cut into ``stages`` balanced stages (:class:`Stages`, memoised on the
     model; None when it has fewer layers than stages)."""
     memo = model.__dict__.get("_stage_sums")
     if memo is None:
         memo = {}
         object.__setattr__(model, "_stage_sums", memo)
-    if stages not in memo:
+    found = memo.get(stages, memo)
+    if found is memo:
         flops, params = model.attr("flops"), model.attr("params")
         acts, outs = model.attr("act_bytes"), model.attr("out_bytes")
         if stages > len(flops):
-            memo[stages] = None
+            found = None
         else:
             ranges = cached_cuts(tuple(flops), tuple(outs), stages)
-            memo[stages] = tuple(StageSums(
+            sums = tuple(StageSums(
                 math.fsum(flops[a:b]), math.fsum(params[a:b]), math.fsum(acts[a:b]),
                 math.fsum(outs[a:b]) + max(acts[a:b]), math.fsum(o for o in outs[a:b] if o > 0),
                 sum(1 for o in outs[a:b] if o > 0), outs[a - 1] if a > 0 else 0.0)
                 for a, b in ranges)
-    return memo[stages]
+            found = Stages(sums, max(st.params for st in sums), tuple(st.params for st in sums),
+                           tuple(st.acts for st in sums), tuple(st.ckpt_acts for st in sums))
+        memo[stages] = found
+    return found
 
 
 

@@ -43,6 +43,12 @@ def allgather_time(nbytes: float, n: int, link: Link) -> float:
 
 
 def p2p_time(nbytes: float, link: Link) -> float:
+    return p2p_seconds(nbytes, link.alpha_s, link.bytes_per_s)
+
+
+def p2p_seconds(nbytes: float, alpha_s: float, bytes_per_s: float) -> float:
+    """:func:`p2p_time` over a link given by its latency and bytes per second (a caller
+    sending many messages over one link reads them once)."""
     if nbytes <= 0:
         return 0.0
-    return link.alpha_s + nbytes / link.bytes_per_s
+    return alpha_s + nbytes / bytes_per_s
