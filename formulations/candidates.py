@@ -376,10 +376,14 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
         attrs["single_node"] = single
         vertices.append((cn, attrs))
         edges.append((jn, cn, {}))
-        edges += [(u, v, dict(a)) for u, v, a in  # (a memo's attribute dicts are shared)
-                  cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, plan.tp, single,
-                             job.running.placement if (current and job.running) else None,
-                             edge_memo)]
+        pinned = job.running.placement if (current and job.running) else None
+        if pinned or edge_memo is None:
+            edges += cell_edges(g, cn, cluster, cell.gpu_type, cell.gpus, plan.tp, single,
+                                pinned)
+        else:  # the shape's memoised edges, each attribute dict a copy (they are shared)
+            edges += [(cn, v, dict(a)) for v, a in group_edges(g, cluster, cell.gpu_type,
+                                                               cell.gpus, plan.tp, single,
+                                                               edge_memo)]
     add_new_vertices(g, vertices)
     add_new_edges(g, edges)
 
@@ -421,15 +425,10 @@ def cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: in
                single: bool, pinned: dict[str, int] | None,
                memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
                | None = None) -> list[tuple[str, str, dict[str, Any]]]:
-    """The edges :func:`attach_cell_edges` adds, in its order (``memo``: a cell's group
-    edges depend on its shape alone, so one build computes them once a shape; networkx
-    copies an edge's attributes, so the shared dicts are never edited through the graph)."""
+    """The edges :func:`attach_cell_edges` adds, in its order (``memo``: see
+    :func:`group_edges`)."""
     if not pinned and memo is not None:
-        key = (gpu_type, gpus, tp, single)
-        if key not in memo:
-            memo[key] = [(v, a) for _, v, a in cell_edges(g, cn, cluster, gpu_type, gpus, tp,
-                                                          single, None)]
-        return [(cn, v, a) for v, a in memo[key]]
+        return [(cn, v, a) for v, a in group_edges(g, cluster, gpu_type, gpus, tp, single, memo)]
     out: list[tuple[str, str, dict[str, Any]]] = []
     if pinned:
         for name, k in pinned.items():  # keep means: exactly where it runs
@@ -451,6 +450,21 @@ def cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: in
         if cap - cap % tp > 0:
             out.append((cn, gv, {"max_gpus": cap - cap % tp}))
     return out
+
+
+def group_edges(g: nx.DiGraph, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
+                single: bool,
+                memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
+                ) -> list[tuple[str, dict[str, Any]]]:
+    """A cell's group edges as (group vertex, attributes), which depend on its shape alone:
+    one build computes them once a shape in ``memo``. The attribute dicts are shared: a
+    caller adding them to a graph copies each (networkx would keep the dict itself)."""
+    key = (gpu_type, gpus, tp, single)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = [(v, a) for _, v, a in cell_edges(g, "", cluster, gpu_type, gpus,
+                                                               tp, single, None)]
+    return found
 
 
 def prune_dominated(job: JobSpec, cells: list[tuple[Cell, Any]], cluster: Cluster

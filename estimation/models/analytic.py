@@ -308,13 +308,20 @@ class AnalyticEstimator(ParamsMixin):
         best: tuple[ExecutionPlan, PlanTime] | None = None
         gbs = job.global_batch_size
         for tp in powers_of_two_dividing(per_stage, max_tp):
-            plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
-            if gbs < plan.dp:
+            if gbs < per_stage // tp:
                 continue
+            plan = _uniform_plan(per_stage // tp, tp, cell.stages)
             t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer)
             if t is not None and t.feasible and (best is None or t.total < best[1].total):
                 best = (plan, t)
         return None if best is None else _estimate(best[0], gbs, best[1])  # the winner's only
+
+
+@lru_cache(maxsize=4096)
+def _uniform_plan(dp: int, tp: int, pp: int) -> ExecutionPlan:
+    """The plan of a uniform split, one object per split: plans are frozen, and a round
+    asks for the same few splits in thousands of cells."""
+    return ExecutionPlan(dp=dp, tp=tp, pp=pp)
 
 
 class PlanTime(NamedTuple):
