@@ -5,13 +5,11 @@ Data goes to files and stdout; progress and logs go to stderr. ``apportion.cli:m
 the console script; ``python -m apportion.cli`` runs the same.
 """
 
-from apportion.batch_gc import for_batch_work
+from apportion.batch_gc import collector_paused
 
-# before the command line's modules load: importing them (about 700 modules, the libraries'
-# included) is batch work too, and under the default thresholds the collector scans the
-# growing heap again and again (25 ms of a 1,000-job solve-round's 0.75 s)
-for_batch_work()
-
-from apportion.cli.app import app, bench_app, cluster_app, export_app, main  # noqa: E402
+# the command line's modules (about 700 with the libraries') load with the collector off,
+# and what they made is frozen after: it lives as long as the process (apportion.batch_gc)
+with collector_paused(freeze_after=True):
+    from apportion.cli.app import app, bench_app, cluster_app, export_app, main
 
 __all__ = ["app", "bench_app", "cluster_app", "export_app", "main"]
