@@ -1,4 +1,5 @@
-"""Adding many new vertices and edges to a ``networkx.DiGraph`` at once.
+"""A round's candidate graph on networkx: many new vertices and edges added at once, and
+the graph's cached views dropped when its round is done (:func:`drop_cached_views`).
 
 A replay builds a candidate graph every round: the cluster's nodes and groups, then each
 job's vertex, cells and edges (fresh, or copied from the incremental cache). networkx's
@@ -18,6 +19,7 @@ would make, in the same order, predecessors included (``tests/test_graph_bulk.py
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from functools import cache, cached_property
 from typing import Any
 
 import networkx as nx
@@ -65,3 +67,24 @@ def add_new_edges(g: nx.DiGraph, edges: Iterable[tuple[Hashable, Hashable, dict[
 
 
 __all__ = ["add_new_edges", "add_new_vertices"]
+
+
+@cache
+def _cached_views(cls: type) -> tuple[str, ...]:
+    """The attributes a graph class caches on its instances (``nodes``, ``succ``, ``pred``,
+    ``edges``, ...: networkx's views, each holding the graph)."""
+    return tuple(sorted({name for klass in cls.__mro__ for name, value in vars(klass).items()
+                         if isinstance(value, cached_property)}))
+
+
+def drop_cached_views(g: nx.Graph) -> None:
+    """Forget the views ``g`` caches on itself (made again on their next use).
+
+    Each view holds the graph and the graph holds the view: a cycle, so a round's graph
+    (a hundred thousand attribute dicts) outlived the round until the cyclic collector
+    found it, and every collection until then scanned it. A replay collected 1.3 million
+    such objects in a half day (3.6 of its 52 CPU-s) and peaked at 491 MiB; without the
+    cycle the graph is freed when its round lets go of it (0.8 s, 292 MiB)."""
+    state = g.__dict__
+    for name in _cached_views(type(g)):
+        state.pop(name, None)

@@ -3,9 +3,12 @@ what those calls would quietly merge (a vertex or edge already there, an edge to
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import networkx as nx
 import pytest
-from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
+from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices, drop_cached_views
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,3 +68,23 @@ def test_bulk_adds_clear_the_graphs_cache_as_networkx_adds_do() -> None:
     g.__networkx_cache__["stale"] = 1
     add_new_edges(g, [("a", "b", {})])
     assert not g.__networkx_cache__
+
+
+def test_dropped_views_free_the_graph_without_the_cyclic_collector() -> None:
+    """A graph whose views were used is freed by reference counting once its views are
+    dropped (they are made again on their next use)."""
+    g = nx.DiGraph()
+    g.add_edge("a", "b", w=1)
+    assert list(g.nodes) == ["a", "b"] and g.succ["a"] and list(g.edges) and g.pred["b"]
+    drop_cached_views(g)
+    assert list(g.nodes) == ["a", "b"] and g.edges["a", "b"]["w"] == 1  # made again
+    drop_cached_views(g)
+    gone = weakref.ref(g)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del g
+        assert gone() is None
+    finally:
+        if was:
+            gc.enable()

@@ -35,6 +35,7 @@ from apportion.formulations.cells import (
     objective_of,
 )
 from apportion.formulations.decode import to_decision
+from apportion.formulations.graph_bulk import drop_cached_views
 from apportion.formulations.incremental import CandidateCache
 from apportion.formulations.objectives import FromRound, ObjectiveOptions, from_round
 from apportion.formulations.plan_filter import drop_refused_plans
@@ -562,6 +563,9 @@ class FormulationPolicy:
         decision.report = report
         self._annotate(decision, g, choices, f)
         decision.meta["validated"] = validated
+        # the graph's views hold it in a cycle: without them the round's graph is freed
+        # when the round lets go of it, not when the cyclic collector finds it
+        drop_cached_views(g)
         return decision
 
     def fallback(self, view: View, g: nx.DiGraph | None, reason: str) -> Decision:
