@@ -211,9 +211,9 @@ class AnalyticEstimator(ParamsMixin):
             mb = per_replica / B
             # stage s holds the activations of min(B, S - s) micro-batches in flight; the
             # largest stage's memory is the peak (first of equals, as max() takes it)
-            peak_mem = states[0] + acts[0] * mb / tp * (B if B < S else S)
-            for state, act, k in later:
-                m = state + act * mb / tp * (B if B < k else k)
+            peak_mem = states[0] + acts[0] * mb / tp * (B if B < S else S)  # noqa: FURB136
+            for state, act, k in later:  # (no min() call per stage: this loop is hot)
+                m = state + act * mb / tp * (B if B < k else k)  # noqa: FURB136
                 if m > peak_mem:  # noqa: PLR1730 - a max() call per stage is slower
                     peak_mem = m
             if peak_mem <= usable or B >= cap:
