@@ -422,13 +422,10 @@ def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, g
 
 
 def cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
-               single: bool, pinned: dict[str, int] | None,
-               memo: dict[tuple[str, int, int, bool], list[tuple[str, dict[str, Any]]]]
-               | None = None) -> list[tuple[str, str, dict[str, Any]]]:
-    """The edges :func:`attach_cell_edges` adds, in its order (``memo``: see
-    :func:`group_edges`)."""
-    if not pinned and memo is not None:
-        return [(cn, v, a) for v, a in group_edges(g, cluster, gpu_type, gpus, tp, single, memo)]
+               single: bool, pinned: dict[str, int] | None
+               ) -> list[tuple[str, str, dict[str, Any]]]:
+    """The edges :func:`attach_cell_edges` adds, in its order, each with its own attribute
+    dict (a build shares a shape's group edges through :func:`group_edges`)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     if pinned:
         for name, k in pinned.items():  # keep means: exactly where it runs
