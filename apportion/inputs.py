@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from apportion import protected
 from apportion.errors import InputError
 
 if TYPE_CHECKING:
@@ -134,9 +135,11 @@ def read_bytes(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FI
     except OSError as exc:
         raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
-        mode = os.fstat(fd).st_mode
+        fst = os.fstat(fd)
+        mode = fst.st_mode
         if not stat.S_ISREG(mode):
             raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
+        protected.protect(path, f"a {kind} input", st=fst)
         chunks: list[bytes] = []
         left = max_bytes + 1
         while left > 0:
@@ -166,9 +169,11 @@ def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> byt
     except OSError as exc:
         raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
     try:
-        mode = os.fstat(fd).st_mode
+        fst = os.fstat(fd)
+        mode = fst.st_mode
         if not stat.S_ISREG(mode):
             raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
+        protected.protect(path, f"a {kind} input", st=fst)
         return os.read(fd, size)
     except OSError as exc:
         raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None

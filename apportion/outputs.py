@@ -20,6 +20,10 @@ a shared folder with a group-writable umask. The rules, and why:
   replaced atomically and the link is kept.
 * Every output path is checked before any work is done (:func:`check_outputs`),
   so a bad path costs nothing and, with ``--state``, commits nothing.
+* An output is never one of the command's own inputs or its store (nor the store's
+  ``-wal``/``-shm``/``.lock`` files): :mod:`apportion.protected` remembers what the
+  command reads, and the check refuses such an output by name, at check time and again
+  at write time.
 * What was checked is what is written: the folder a file is replaced in is opened
   once and every step goes through that descriptor (``openat``-style), and a
   device or FIFO is opened without following links and compared with the file
@@ -51,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
 
+from apportion import protected
 from apportion.errors import HostError, InputError
 
 STDOUT = "-"
@@ -191,6 +196,10 @@ def _check_output(path: str | Path | None, option: str) -> OutputTarget | None:
     except OSError as exc:  # a symlink loop, a path through a file, ...
         raise InputError(given, option, f"cannot use as an output: "
                          f"{exc.strerror or exc}") from None
+    hit = protected.claimed(real, st)
+    if hit is not None:
+        raise InputError(given, option, f"is {hit.what} of this command ({hit.given}); an "
+                         "output never replaces an input or the store: choose another file")
     if st is None:  # new file (or a dangling symlink: its target is created)
         folder = _writable_dir(real.parent, given, option)
         return OutputTarget(option, given, "new", real, folder=folder)
@@ -218,9 +227,13 @@ def _is_descriptor_link(p: Path, real: Path) -> bool:
             or given in ("/dev/stdout", "/dev/stderr"))
 
 
-def check_outputs(*pairs: tuple[str | Path | None, str]) -> list[OutputTarget | None]:
+def check_outputs(*pairs: tuple[str | Path | None, str],
+                  inputs: tuple[tuple[str | Path | None, str], ...] = ()
+                  ) -> list[OutputTarget | None]:
     """Check several ``(path, option)`` outputs of one command: each one, then that no two
-    name the same file and at most one is stdout."""
+    name the same file and at most one is stdout. ``inputs``: the command's input options
+    ``(path, option)``, refused as outputs here, before any work."""
+    protected.protect_paths(*inputs)
     targets = [check_output(p, opt) for p, opt in pairs]
     _distinct(targets)
     return targets

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Self
 
+from apportion import protected
 from apportion.cluster import Cluster
 from apportion.console import printable
 from apportion.decision import Action, Decision, Pending, Reason
@@ -141,11 +142,32 @@ class CommitResult:
     skipped: list[str] = field(default_factory=list)  # changed while the round solved
 
 
+def state_path(given: str | Path) -> Path:
+    """``--state`` as the filesystem path it names; a SQLite URI spelling is refused.
+
+    SQLite reads a name that starts with ``file:`` (any case) as a URI when the library
+    was built with URI names on (Python's usually is), and ``:memory:`` as no file at all.
+    The round lock and every check here work on the literal path, so ``file:y.db`` would
+    lock and check one file while SQLite wrote ``y.db``, and ``file:m.db?mode=memory``
+    would acknowledge a submit and keep nothing. A store is a file: its path is what is
+    locked, checked and opened (always as an absolute path, which SQLite never reads as
+    a URI).
+    """
+    text = str(given)
+    if not text or "\0" in text:
+        raise InputError(repr(text), "--state", "not a usable path")
+    if text.lower().startswith("file:") or text.startswith(":memory:"):
+        raise InputError(text, "--state", "a SQLite URI or in-memory name, not a file path: "
+                         "the store must be a file, locked and checked by its path (for a "
+                         f"file really named so, give its absolute path {os.path.abspath(text)})")
+    return Path(text)
+
+
 class RoundLock:
     """An exclusive, non-blocking ``flock`` on ``<db>.lock``, released when its holder dies."""
 
     def __init__(self, db_path: str | Path, command: str = "solve-round") -> None:
-        self.path = Path(str(db_path) + ".lock")
+        self.path = Path(str(state_path(db_path)) + ".lock")
         self.command = command
         self._fd: int | None = None
 
@@ -325,7 +347,8 @@ def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 1
     ``readonly``: for commands that only read (``status``, ``history``); a user who
     may not write the file or its folder still gets a consistent read.
     """
-    p = Path(path)
+    p = state_path(path)
+    protected.protect(p, "the --state store", sidecars=protected.STORE_SIDECARS)
     _check_db_path(p, create)
     if not _writable(p):
         if readonly and p.exists():
@@ -336,7 +359,7 @@ def open_store(path: str | Path, create: bool = False, busy_timeout_s: float = 1
                          "(read-only users can run `apportion status` and `history`)")
     if create and not p.exists():
         _create(p, busy_timeout_s)
-    conn = sqlite3.connect(str(p), isolation_level=None, timeout=busy_timeout_s)
+    conn = sqlite3.connect(os.path.abspath(p), isolation_level=None, timeout=busy_timeout_s)
     try:
         conn.execute("PRAGMA foreign_keys = ON")
         current_version(conn)  # a foreign database is refused here, before any write
@@ -362,7 +385,8 @@ def _create(p: Path, busy_timeout_s: float) -> None:
     tmp = p.with_name(f".{p.name}.{os.getpid()}.{time.monotonic_ns()}.new")
     sidecars = [Path(str(tmp) + s) for s in ("-wal", "-shm", "-journal")]
     try:
-        conn = sqlite3.connect(str(tmp), isolation_level=None, timeout=busy_timeout_s)
+        conn = sqlite3.connect(os.path.abspath(tmp), isolation_level=None,
+                               timeout=busy_timeout_s)
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")

@@ -14,6 +14,7 @@ return a valid object or raise :class:`InputError`, never anything else.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -469,6 +470,87 @@ def test_bad_option_values_are_refused(argv: list[str], names: tuple[str, ...],
     for n in names:  # the option once, never doubled as "--seeds: seeds: ..."
         assert f"{n}: {n.lstrip('-').replace('-', '_')}: " not in msg, msg
     assert _dump(env["db"]) == before_db and _files(env["work"]) == before_files
+
+
+# -- outputs aimed at the command's own inputs or store, and stores that are not files -----------
+# Each once replaced what it named: the store by the decision (every job and round gone), the
+# jobs or cluster file by the answer to it; a URI store split the store from its lock.
+BAD_TARGETS = [
+    (["solve-round", "--state", "{db}", "--json", "{db}"], ("--json", "--state store")),
+    (["solve-round", "--state", "{db}", "--dump-problem", "{db}"],
+     ("--dump-problem", "--state store")),
+    (["solve-round", "--state", "{db}", "--json", "{db}-wal"], ("--json", "--state store")),
+    (["solve-round", "--state", "{db}", "--json", "{db}.lock"], ("--json", "--state store")),
+    (["solve-round", "--state", "{db}", "--json", "{dblink}"], ("--json", "--state store")),
+    (["solve-round", "--state", "{db}", "--cluster", "{cluster}", "--json", "{cluster}"],
+     ("--json", "--cluster input")),
+    (["solve-round", "--jobs", "{jobs}", "--json", "{jobs}"], ("--json", "--jobs input")),
+    (["solve-round", "--jobs", "{jobs}", "--dump-problem", "{jobshard}"],
+     ("--dump-problem", "--jobs input")),
+    (["solve-round", "--cluster", "{cluster}", "--json", "{cluster}"],
+     ("--json", "--cluster input")),
+    (["solve-round", "--estimator", "tables", "--tables", "{tables}", "--json", "{tables}"],
+     ("--json", "tables.csv", "input of this command")),
+    (["simulate", "--trace", "{trace}", "--cluster", "crius-testbed", "--policy", "fcfs",
+      "--jobs-csv", "{trace}"], ("--jobs-csv", "--trace input")),
+    (["estimate", "--job", "bert-1.3b:256", "--cell", "A40:8", "--cluster", "{cluster}",
+      "--json", "{cluster}"], ("--json", "--cluster input")),
+    (["solve-round", "--state", "file:{db}"], ("--state", "SQLite URI")),
+    (["solve-round", "--state", "file:{db}?mode=rw"], ("--state", "SQLite URI")),
+    (["submit", "{jobs}", "--state", "file:{newdb}"], ("--state", "SQLite URI")),
+    (["submit", "{jobs}", "--state", "file:m.db?mode=memory"], ("--state", "SQLite URI")),
+    (["submit", "{jobs}", "--state", ":memory:"], ("--state", "in-memory")),
+    (["status", "--state", "FILE:{db}"], ("--state", "SQLite URI")),
+    (["history", "--state", "file:{db}"], ("--state", "SQLite URI")),
+    (["run", "--executor", "dry-run", "--cluster", "crius-testbed", "--state", "file:{db}",
+      "--until-idle", "--timeout", "5"], ("--state", "SQLite URI")),
+]
+
+
+def _digest(paths: list[Path]) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in paths if p.exists()}
+
+
+@pytest.mark.parametrize("argv, names", BAD_TARGETS,
+                         ids=[" ".join(a)[:70] for a, _ in BAD_TARGETS])
+def test_outputs_never_replace_inputs_and_stores_are_files(
+        argv: list[str], names: tuple[str, ...], env: dict[str, Any]) -> None:
+    """Exit 2 naming the option and what the path is to the command; the store, the inputs
+    and the work folder exactly as they were; no round committed, no store created."""
+    work = env["work"]
+    link, hard = work / "store_link.db", work / "jobs_hard.yaml"
+    if not link.is_symlink():
+        link.symlink_to(env["db"])
+    if not hard.exists():
+        os.link(env["jobs"], hard)
+    fill = {"db": env["db"], "newdb": env["newdb"], "dblink": link, "jobs": env["jobs"],
+            "jobshard": hard, "cluster": work / "cluster.yaml", "tables": env["tables"],
+            "trace": env["trace"]}
+    argv = [a.format(**fill) for a in argv]
+    watched = [env["jobs"], work / "cluster.yaml", env["tables"], env["trace"]]
+    before = (_dump(env["db"]), _files(work), _digest(watched),
+              {p.name for p in work.iterdir()})
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    msg = " ".join(r.stderr.split())
+    assert all(n in msg for n in names) and "Traceback" not in r.output, r.stderr
+    assert (_dump(env["db"]), _files(work), _digest(watched),
+            {p.name for p in work.iterdir()}) == before
+    assert not env["newdb"].exists() and not Path("m.db").exists()
+
+
+def test_an_input_of_one_command_is_an_output_of_the_next(env: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """The refusal is per command: a test runner (or `serve`) that runs many commands in one
+    process does not carry one command's inputs into the next."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_bytes(env["jobs"].read_bytes())
+    out = tmp_path / "out.json"
+    assert runner.invoke(app, ["solve-round", "--jobs", str(jobs), "--json", str(out),
+                               "--backend", "greedy"]).exit_code == 0
+    r = runner.invoke(app, ["solve-round", "--json", str(jobs), "--backend", "greedy"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(jobs.read_text())["allocations"] is not None
 
 
 # -- the top-level handler: one line, the traceback only with -v --------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from apportion import __version__
+from apportion import __version__, protected
 from apportion.batch_gc import before_exit, for_batch_work
 from apportion.cli import (
     cmd_bench,
@@ -75,8 +75,9 @@ class _Commands(TyperGroup):
              **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         try:
-            return super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=standalone_mode, **extra)
+            with protected.command_scope():  # one command's inputs, never the last one's
+                return super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                                    standalone_mode=standalone_mode, **extra)
         except Exception as exc:
             if not standalone_mode:
                 raise

@@ -72,7 +72,9 @@ def simulate_cmd(
     from apportion.experiments.harness import StalledReplay, simulate_main
 
     try:
-        outputs.check_outputs((json_out, "--json"), (jobs_csv, "--jobs-csv"))
+        outputs.check_outputs((json_out, "--json"), (jobs_csv, "--jobs-csv"),
+                              inputs=((trace, "--trace"), (cluster, "--cluster"),
+                                      (tenants, "--tenants")))
         check_finite(interval, "--interval")
         check_finite(restart_cost, "--restart-cost", -1e-300)
         check_finite(noise, "--noise", -1e-300)

@@ -55,7 +55,7 @@ def estimate_cmd(
     from apportion.estimation.models.tuning import estimate_report, parse_job_cell
 
     with user_input():
-        outputs.check_outputs((json_out, "--json"))
+        outputs.check_outputs((json_out, "--json"), inputs=((cluster, "--cluster"),))
         spec, c = parse_job_cell(job, cell)
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         res = estimate_report(spec, c, cl, estimator)
@@ -76,7 +76,7 @@ def solve_shards_cmd(
     from apportion.solvers.shards import solve_shards_file
 
     with user_input():
-        outputs.check_outputs((json_out, "--json"))
+        outputs.check_outputs((json_out, "--json"), inputs=((units, "--units"),))
         result = solve_shards_file(str(units), method, time_budget)
     stderr_console().print(f"makespan {result['makespan']:.6g}  lower bound "
                            f"{result['lower_bound']:.6g}  status {result['status']}",
@@ -103,7 +103,7 @@ def solve_finetune_cmd(
         if capacity < 1:
             raise InputError("--capacity", "capacity", f"must be at least 1, got {capacity}")
         check_finite(time_budget, "--time-budget")
-        outputs.check_outputs((json_out, "--json"))
+        outputs.check_outputs((json_out, "--json"), inputs=((tasks, "--tasks"),))
         result = solve_finetune_file(str(tasks), capacity, time_budget, gains)
     err = stderr_console()
     for tid, why in result.get("gains_auto", {}).get("unavailable", {}).items():

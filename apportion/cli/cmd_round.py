@@ -110,7 +110,9 @@ def solve_round(
 
     with user_input():
         cfg = round_config(flags, started)
-        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
+        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"),
+                              inputs=((cluster, "--cluster"), (jobs, "--jobs"),
+                                      (tables, "--tables"), (tenants, "--tenants")))
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         jb, now = load_jobs(jobs) if jobs else default_jobs()
         check_running(jb, cl, str(jobs) if jobs else "<embedded default jobs>")

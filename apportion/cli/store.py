@@ -245,7 +245,9 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flag
                              "`apportion submit FILE --state DB`)")
         if round_key is not None and not round_key.strip():
             raise InputError("--round-key", "round_key", "must not be empty")
-        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"))
+        outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"),
+                              inputs=((cluster, "--cluster"), (flags.tables, "--tables"),
+                                      (flags.tenants, "--tenants")))
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         store = open_store(state)
     except _HANDLED as exc:

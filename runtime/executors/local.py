@@ -32,6 +32,7 @@ finished by the relaunched group.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import multiprocessing
@@ -46,8 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apportion.errors import InputError
 from apportion.formulations.candidates import CandidateOptions
+from apportion.runtime.executors.confined import (
+    UnsafeFolder,
+    confine,
+    open_in,
+    replace_in,
+    touch_in,
+    unlink_in,
+)
 from apportion.runtime.executors.executor import (
     Event,
     FailureGate,
@@ -61,9 +69,7 @@ from apportion.runtime.executors.executor import (
     steps_to_launch,
 )
 from apportion.runtime.executors.launch import LaunchSpec, launch_spec
-from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
-from apportion.runtime.plan_filter import workload_plan_filter
 from apportion.runtime.executors.procs import (
     EXIT_UNKNOWN,
     Proc,
@@ -73,6 +79,8 @@ from apportion.runtime.executors.procs import (
     try_lock,
     wait_all,
 )
+from apportion.runtime.plan_filter import workload_plan_filter
+from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.workload import (
     CHECKPOINT_DIR_NAME,
     PROGRESS_FILE_NAME,
@@ -83,7 +91,8 @@ from apportion.runtime.workload import (
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Action, Allocation, Decision
-from apportion.jobs import JobSpec, job_dirname
+from apportion.errors import InputError
+from apportion.jobs import JobSpec, Workload, job_dirname
 from apportion.plans import ExecutionPlan
 from apportion.policies import RoundConfig
 
@@ -205,8 +214,8 @@ def _worker_entry(config: str, env: dict[str, str], log_path: str, err_path: str
     trainer's main."""
     os.setsid()  # the executor signals the rank's whole group
     os.environ.update(env)
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = open_in(Path(log_path).parent, Path(log_path).name)  # never through a link
+    err = open_in(Path(err_path).parent, Path(err_path).name)
     os.dup2(out, 1)
     os.dup2(err, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives with the process
@@ -220,16 +229,12 @@ def _worker_entry(config: str, env: dict[str, str], log_path: str, err_path: str
 
 def prepare(spec: LaunchSpec) -> Path:
     """Write the launch's files (config, DeepSpeed JSON) and owner; clear a stale STOP."""
-    jobdir = Path(spec.workdir)
-    jobdir.mkdir(parents=True, exist_ok=True)
-    (jobdir / CHECKPOINT_DIR_NAME).mkdir(exist_ok=True)
+    jobdir = confine(spec.workdir, (CHECKPOINT_DIR_NAME,))  # no links, this user's only
     for name, content in spec.files.items():
-        write_json(jobdir / name, content)
+        replace_in(jobdir, name, json.dumps(content, sort_keys=True).encode())
     if spec.launch_id:
-        tmp = jobdir / f".{OWNER_FILE}.tmp"
-        tmp.write_text(spec.launch_id)
-        os.replace(tmp, jobdir / OWNER_FILE)
-    (jobdir / STOP_FILE).unlink(missing_ok=True)
+        replace_in(jobdir, OWNER_FILE, spec.launch_id.encode())
+    unlink_in(jobdir, STOP_FILE)
     return jobdir
 
 
@@ -274,7 +279,8 @@ def _spawn_ranks(spec: LaunchSpec, jobdir: Path, base: dict[str, str], method: s
             pr.start()
             procs.append(Proc(pr))
             continue
-        with open(log_path, "ab") as out, open(err_path, "ab") as err:
+        with os.fdopen(open_in(jobdir, log_path.name), "ab") as out, \
+                os.fdopen(open_in(jobdir, err_path.name), "ab") as err:
             procs.append(Proc(subprocess.Popen(
                 spec.command, env={**base, **env, "PATH": base["PATH"]},
                 cwd=spec.cwd or str(jobdir), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
@@ -289,7 +295,7 @@ def stop(jobdir: Path, procs: list[Proc], timeout_s: float) -> bool:
 
 
 def request_stop(jobdir: Path, procs: list[Proc]) -> None:
-    (jobdir / STOP_FILE).touch()
+    touch_in(jobdir, STOP_FILE)
     for p in procs:
         p.terminate()
 
@@ -490,9 +496,28 @@ class LocalExecutor:
                             "it", jobdir.name, pids)
             time.sleep(0.5)  # a lock file in flight to a forkserver shows up in a moment
 
+    def _refused(self, job: JobSpec, alloc: Allocation, action: str, t0: float, jobdir: Path,
+                 why: str) -> Event:
+        """A launch refused before any worker started (an unsafe job folder): recorded in
+        the launch log and reported by the next poll as this job's failure."""
+        prev = self.stopped.pop(job.id, None)
+        lid = self.launch_log.begin(job.id, self.name, action, alloc.plan.as_dict(),
+                                    dict(alloc.placement), str(jobdir), 0)
+        self.launch_log.ended(lid, "failed", why, 0)
+        log.error("job %s: %s", job.id, why)
+        self.stopped[job.id] = _Run(job, alloc, [], jobdir, t0, time.time(), launch_id=str(lid),
+                                    health=Health.FAILED, error=why, action=action,
+                                    kind=(job.workload or Workload()).kind, closed=True,
+                                    history=prev.history if prev else [])
+        return Event(job.id, "failed", 0, alloc.gpu_type, why)
+
     def _launch(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
         jobdir = self.jobdir(job.id)
-        fd = self._take_folder(jobdir)
+        try:  # the folder made or checked (no links, this user's) before its lock is taken
+            confine(jobdir, (CHECKPOINT_DIR_NAME,))
+            fd = self._take_folder(jobdir)
+        except UnsafeFolder as exc:
+            return self._refused(job, alloc, action, t0, jobdir, f"launch refused: {exc}"[:2000])
         try:
             prev = self.stopped.pop(job.id, None)
             progress = jobdir / PROGRESS_FILE_NAME
@@ -734,7 +759,7 @@ class LocalExecutor:
             if live or found:
                 for p in live:
                     p.terminate()
-                (jobdir / STOP_FILE).touch()
+                touch_in(jobdir, STOP_FILE)
                 wait_all(live, self.stop_timeout_s)
                 stop_holders(jobdir, self.stop_timeout_s)
             view = read_progress_since(jobdir / PROGRESS_FILE_NAME, 0)

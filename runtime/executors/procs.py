@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from apportion.runtime.executors.confined import open_in
+
 from apportion.procinfo import alive, start_ticks
 
 log = logging.getLogger(__name__)
@@ -138,8 +140,7 @@ def wait_all(procs: Iterable[Proc], timeout_s: float) -> bool:
 # -- the job folder lock ---------------------------------------------------------------------
 def try_lock(jobdir: Path) -> int | None:
     """An fd holding the exclusive lock on ``jobdir/.lock``, or None when a group holds it."""
-    jobdir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(jobdir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_in(jobdir, LOCK_FILE, os.O_RDWR)  # the folder made and checked, no links
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

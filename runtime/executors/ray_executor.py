@@ -58,6 +58,7 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
+from apportion.runtime.executors.confined import touch_in
 from apportion.runtime.executors.launch import launch_spec
 from apportion.runtime.executors.ray_import import describe_nodes
 from apportion.runtime.workers.train_config import read_json_file
@@ -126,6 +127,7 @@ class _WorkerActor:
         import subprocess
         import sys
 
+        from apportion.runtime.executors.confined import open_in
         from apportion.runtime.executors.local import stderr_tail
         d = Path(jobdir)
         # `python` in a workload's command is the interpreter of apportion's workers, whatever
@@ -133,8 +135,8 @@ class _WorkerActor:
         path = os.pathsep.join([os.path.dirname(sys.executable),
                                 env.get("PATH", os.environ.get("PATH", ""))])
         try:
-            with open(d / f"rank{rank}.log", "ab") as out, \
-                    open(d / f"rank{rank}.err", "ab") as err:
+            with os.fdopen(open_in(d, f"rank{rank}.log"), "ab") as out, \
+                    os.fdopen(open_in(d, f"rank{rank}.err"), "ab") as err:
                 p = subprocess.Popen(command, env={**os.environ, **env, "PATH": path},
                                      cwd=cwd or jobdir, stdout=out, stderr=err,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -486,7 +488,7 @@ class RayExecutor:
             g = self.groups[s.job]
             self.launch_log.stopping(int(g.launch_id), s.action.value)
             g.stopping = True
-            (g.dir / STOP_FILE).touch()
+            touch_in(g.dir, STOP_FILE)
         for s in stopping:
             g = self.groups.pop(s.job)
             clean = self._collect(g, self.stop_timeout_s)
@@ -510,7 +512,7 @@ class RayExecutor:
                 ready, _ = ray.wait(g.refs, num_returns=len(g.refs), timeout=0)
                 if len(ready) == len(g.refs) or any(_failed(ray, r) for r in ready):
                     if len(ready) < len(g.refs):  # a rank failed: its siblings would wait
-                        (g.dir / STOP_FILE).touch()  # for it; their commands get SIGTERM
+                        touch_in(g.dir, STOP_FILE)  # for it; their commands get SIGTERM
                     clean = self._collect(g, 5.0)
                     self._close(g, self._settle(g, clean))
                     self.stopped[job_id] = self.groups.pop(job_id)
@@ -532,7 +534,7 @@ class RayExecutor:
                     g.launch_id, self.linger.linger_s)
         self.launch_log.stopping(int(g.launch_id), "linger")
         g.stopping = True
-        (g.dir / STOP_FILE).touch()
+        touch_in(g.dir, STOP_FILE)
         clean = self._collect(g, 5.0)
         self._close(g, self._settle(g, clean))
         self.stopped[g.job.id] = self.groups.pop(g.job.id)
@@ -542,7 +544,7 @@ class RayExecutor:
         for g in self.groups.values():
             self.launch_log.stopping(int(g.launch_id), "shutdown")
             g.stopping = True
-            (g.dir / STOP_FILE).touch()
+            touch_in(g.dir, STOP_FILE)
         for job_id in list(self.groups):
             g = self.groups.pop(job_id)
             clean = self._collect(g, self.stop_timeout_s if checkpoint else 1.0)

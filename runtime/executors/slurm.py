@@ -92,10 +92,12 @@ from apportion.runtime.executors.slurm_nodes import (
     disagreements,
     limits_from_records,
 )
+from apportion.runtime.executors.confined import UnsafeFolder, confine
 from apportion.runtime.executors.slurm_submit import gres_type_for
 from apportion.runtime.executors.slurm_task import exit_path, launch_marker
 from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.workload import (
+    CHECKPOINT_DIR_NAME,
     PROGRESS_FILE_NAME,
     read_progress,
     read_progress_since,
@@ -313,12 +315,18 @@ class SlurmExecutor:
 
     def _submit(self, job: JobSpec, alloc: Allocation, action: str, t0: float) -> Event:
         jobdir = self.workdir / job_dirname(job.id)
-        jobdir.mkdir(parents=True, exist_ok=True)
         launch_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        nodes = sorted(alloc.placement)
-        info = self._node_info(nodes)
         wl = job.workload
         builtin = wl is None or wl.kind == "builtin"
+        try:  # made or checked (no links, this user's, nobody else may write it) first
+            confine(jobdir, (CHECKPOINT_DIR_NAME,))
+        except UnsafeFolder as exc:
+            return self._failed(_Launch(job.id, job.iterations, alloc, "", launch_id, jobdir,
+                                        builtin, t0, job.iterations_done, action,
+                                        iterations_done=job.iterations_done),
+                                f"launch refused: {exc}")
+        nodes = sorted(alloc.placement)
+        info = self._node_info(nodes)
         sub = submit.build(job, alloc, self.workdir, launch_id=launch_id, action=action,
                            master_addr=info[nodes[0]].get("NodeAddr") or nodes[0],
                            gres_types={n: self.gres_type(n, alloc.gpu_type) for n in nodes},
