@@ -51,11 +51,12 @@ def printable(text: object, keep_newlines: bool = True) -> str:
 
 def stdout_console() -> Console:
     """A console on the current stdout (CliRunner and pipes swap it, so never cached)."""
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200)
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 200, emoji=False)
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, stderr=True, width=None if sys.stderr.isatty() else 200)
+    return Console(file=sys.stderr, stderr=True, width=None if sys.stderr.isatty() else 200,
+                   emoji=False)
 
 
 def err_line(text: str) -> None:

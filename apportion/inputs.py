@@ -305,6 +305,46 @@ class _FastUniqueKeyLoader(_UniqueKeys, getattr(yaml, "CSafeLoader", yaml.SafeLo
     loader, so error messages are the same either way."""
 
 
+# -- numbers as YAML 1.2 and a person read them --------------------------------------------
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+class _NoSexagesimal:
+    """A resolver pattern that is YAML 1.1's, except that a scalar with a ``:`` is never a
+    number: YAML 1.1 reads ``1:30`` as 90 (base 60, for times), which nobody writing
+    ``requested_gpus: 1:30`` means; YAML 1.2 dropped it. Such a scalar stays a string, and
+    the schema refuses it by name."""
+
+    def __init__(self, pattern: Any) -> None:
+        self.pattern = pattern
+
+    def match(self, value: str) -> Any:
+        return None if ":" in value else self.pattern.match(value)
+
+
+def _yaml12_resolvers(resolvers: dict[Any, list[tuple[str, Any]]]
+                      ) -> dict[Any, list[tuple[str, Any]]]:
+    return {first: [(tag, _NoSexagesimal(rx) if tag in (_INT_TAG, _FLOAT_TAG) else rx)
+                    for tag, rx in entries] for first, entries in resolvers.items()}
+
+
+def _bounded_number(kind: str) -> Any:
+    """The safe constructor of ``kind`` numbers, except that a scalar of more than
+    :data:`MAX_NUMBER_CHARS` characters stays its text: Python's ``int`` refuses 4,300
+    digits with a ValueError (a long one costs quadratic time before that), and as text the
+    schema refuses it naming its field ("jobs[0].iterations: a valid integer")."""
+    tag = _INT_TAG if kind == "int" else _FLOAT_TAG
+    base = yaml.SafeLoader.yaml_constructors[tag]
+
+    def construct(loader: Any, node: Any) -> Any:
+        if len(node.value) > MAX_NUMBER_CHARS:
+            return node.value
+        return base(loader, node)
+
+    return construct
+
+
 _SCALAR_NODE = yaml.ScalarNode
 _STR_TAG = "tag:yaml.org,2002:str"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
@@ -375,6 +415,12 @@ class _TreeConstruct:
                     seen.add(key)
             return {key: self._tree(v) for key, (_, v) in zip(keys, node.value)}
         return self.construct_object(node, deep=True)  # type: ignore[attr-defined]
+
+
+for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
+    _loader.yaml_implicit_resolvers = _yaml12_resolvers(_loader.yaml_implicit_resolvers)
+    _loader.add_constructor(_INT_TAG, _bounded_number("int"))
+    _loader.add_constructor(_FLOAT_TAG, _bounded_number("float"))
 
 
 class _TreeUniqueKeyLoader(_TreeConstruct, _UniqueKeyLoader):
@@ -467,11 +513,18 @@ def _json_depth_ok(data: Any, max_depth: int) -> bool:
     return True
 
 
+def _bounded_json_int(text: str) -> int | str:
+    """A JSON integer; one of more than :data:`MAX_NUMBER_CHARS` characters stays its text,
+    as in the YAML reader, so the schema refuses it naming its field (Python's own limit
+    of 4,300 digits comes with a message about ``sys``)."""
+    return text if len(text) > MAX_NUMBER_CHARS else int(text)
+
+
 def parse_json_text(text: str, source: str) -> Any:
     """JSON text to data; ``NaN``/``Infinity``, malformed text, too deep nesting and numbers
     too long to convert are an :class:`InputError` naming the line and column."""
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=_no_constant, parse_int=_bounded_json_int)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"line {exc.lineno}, column {exc.colno}",
                          f"malformed JSON: {exc.msg}") from None

@@ -398,6 +398,12 @@ BAD_OPTIONS = [
     (["solve-finetune", "--tasks", str(BAD / "tasks_huge_work.yaml"), "--capacity", "2",
       "--time-budget", "-5"], "--time-budget"),
     (["bench", "solve", "--time-budget", "nan"], "--time-budget"),
+    # a budget past a week once overflowed the clock's arithmetic in the solver chain
+    (["solve-round", "--time-budget", "1e308"], "--time-budget"),
+    (["run", "--time-budget", "1e308"], "--time-budget"),
+    (["bench", "solve", "--time-budget", "1e308"], "--time-budget"),
+    (["solve-finetune", "--tasks", str(BAD / "tasks_huge_work.yaml"), "--capacity", "2",
+      "--time-budget", "1e308"], "--time-budget"),
 ]
 SYN = ["--trace", "synthetic:3", "--cluster", "crius-testbed"]
 # count arguments: bounded where they are parsed, before anything is allocated for them; the
@@ -423,6 +429,9 @@ BAD_COUNTS = [
     (["profile", "gpt-tiny", "--devices", "3"], ("--devices", "divisor of 4")),
     (["profile", "custom:x"], ("custom:x", "not a custom model name")),
     (["bench", "sim", "--policy", "bogus"], ("--policy", "'bogus' is not a policy")),
+    # rich once turned ":abc:" in this message into an emoji
+    (["simulate", "--trace", "synthetic:abc", "--cluster", "crius-testbed", "--policy",
+      "fcfs"], ("--trace", "synthetic:abc", "'abc' is not a whole number")),
 ]
 # flags a command would silently ignore, or nonsense it would count: refused, naming both flags
 BAD_COMBINATIONS = [

@@ -36,9 +36,31 @@ from apportion.errors import HostError, InputError
 log = logging.getLogger("apportion")
 
 
+#: the optional packages a command may need, by import name, and the extra that brings each
+EXTRAS = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "ray": "ray",
+          "deepspeed": "deepspeed", "kubernetes": "k8s", "kubernetes_validate": "dev",
+          "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve"}
+
+
+def _missing_extra(exc: BaseException) -> str | None:
+    """The extra to install when ``exc`` is a missing optional package, else None."""
+    if not isinstance(exc, ImportError):
+        return None
+    root = (getattr(exc, "name", None) or "").split(".")[0]
+    return EXTRAS.get(root)
+
+
 def _uncaught(exc: BaseException) -> int:
     """One line for an error no command handled; the exit code."""
     from apportion.store import StoreBusy, store_error
+
+    extra = _missing_extra(exc)
+    if extra is not None:  # a command whose optional part is not installed: say which
+        root = (getattr(exc, "name", None) or "").split(".")[0]
+        stderr_console().print(f"error: this command needs {root}, which is not installed "
+                               f"here: pip install 'apportion[{extra}]'", highlight=False,
+                               markup=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
 
     if isinstance(exc, sqlite3.Error):
         exc = store_error(exc, getattr(exc, "path", "the state database"))

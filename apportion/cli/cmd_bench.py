@@ -13,6 +13,7 @@ from apportion.cli.common import (
     DETERMINISTIC_HELP,
     INFORMATION_HELP,
     MIP_GAP_HELP,
+    check_budget,
     check_finite,
     emit,
     user_input,
@@ -51,7 +52,7 @@ def bench_sim_cmd(
     with user_input():
         outputs.check_outputs((json_out, "--json"))
         check_finite(days, "--days")
-        check_finite(time_budget, "--time-budget")
+        check_budget(time_budget)
         check_mip_gap(mip_gap)
         check_policy(policy)
         if information not in INFORMATION_MODES:
@@ -132,7 +133,7 @@ def bench_solve_cmd(
 
         with user_input():
             outputs.check_outputs((json_out, "--json"))
-            check_finite(budget, "--time-budget")
+            check_budget(budget)
             ns = pb.parse_sizes(sizes, quick)
         with Progress("bench solve --peers", heartbeat=True):
             rows = pb.bench_peers(ns, budget_s=budget, seed=seed if seed else 1)
@@ -143,7 +144,7 @@ def bench_solve_cmd(
         return
     with user_input():
         outputs.check_outputs((json_out, "--json"))
-        check_finite(budget, "--time-budget")
+        check_budget(budget)
         names = [b.strip() for b in backends.split(",") if b.strip()]
         bad = [b for b in names if b not in ("highs", "cp-sat", "chain")]
         if bad or not names:

@@ -14,6 +14,7 @@ from apportion.cli.common import (
     ESTIMATOR_HELP,
     OBJECTIVE_PRESET_HELP,
     POLICY_HELP,
+    check_budget,
     check_finite,
     cluster_help,
     user_input,
@@ -93,7 +94,7 @@ def run_cmd(
     with user_input():
         check_finite(interval, "--interval")
         check_finite(timeout, "--timeout")
-        check_finite(time_budget, "--time-budget")
+        check_budget(time_budget)
         outputs.check_output_dir(workdir, "--workdir")
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
                            kubeconfig, time_budget, k8s_config, drain, policy=policy,

@@ -11,7 +11,7 @@ from apportion import outputs
 from apportion.cli import complete
 from apportion.cli.complete import ENV_CLUSTER
 from apportion.cli.common import (
-    check_finite,
+    check_budget,
     cluster_help,
     emit,
     user_input,
@@ -76,6 +76,7 @@ def solve_shards_cmd(
     from apportion.solvers.shards import solve_shards_file
 
     with user_input():
+        check_budget(time_budget)
         outputs.check_outputs((json_out, "--json"), inputs=((units, "--units"),))
         result = solve_shards_file(str(units), method, time_budget)
     stderr_console().print(f"makespan {result['makespan']:.6g}  lower bound "
@@ -102,7 +103,7 @@ def solve_finetune_cmd(
     with user_input():
         if capacity < 1:
             raise InputError("--capacity", "capacity", f"must be at least 1, got {capacity}")
-        check_finite(time_budget, "--time-budget")
+        check_budget(time_budget)
         outputs.check_outputs((json_out, "--json"), inputs=((tasks, "--tasks"),))
         result = solve_finetune_file(str(tasks), capacity, time_budget, gains)
     err = stderr_console()

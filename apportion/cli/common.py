@@ -84,6 +84,19 @@ def check_finite(value: float | None, option: str, minimum: float = 0.0) -> None
                          f"must be a finite number > {minimum:g}, got {value}")
 
 
+#: the longest solver budget any command takes: a week. A round that may think longer is a
+#: typo (1e308 once overflowed the clock's arithmetic deep inside the solver chain)
+MAX_TIME_BUDGET_S = 7 * 86400.0
+
+
+def check_budget(value: float | None, option: str = "--time-budget") -> None:
+    """A solver budget: finite, positive and at most :data:`MAX_TIME_BUDGET_S`."""
+    check_finite(value, option)
+    if value is not None and value > MAX_TIME_BUDGET_S:
+        raise InputError(option, option.lstrip("-").replace("-", "_"),
+                         f"at most {MAX_TIME_BUDGET_S:.0f} s (a week), got {value:g}")
+
+
 def print_json(data: Any) -> None:
     """JSON on stdout, for commands whose result is the JSON (escaped like every output)."""
     outputs.write_json(outputs.STDOUT, data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from apportion.cli.common import check_finite
+from apportion.cli.common import check_budget
 from apportion.config import load_tenants
 from apportion.errors import InputError
 from apportion.policies import (
@@ -55,7 +55,7 @@ def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> Rou
     a bad value or a combination that cannot apply. ``device``: where the workers run (the
     plan filter's)."""
     f = flags
-    check_finite(f.time_budget, "--time-budget")
+    check_budget(f.time_budget)
     if f.engine not in ENGINES:
         raise InputError("--engine", "engine", f"{f.engine!r} is not one of {', '.join(ENGINES)}")
     check_round_flags(formulation=f.formulation, policy=f.policy, estimator=f.estimator,

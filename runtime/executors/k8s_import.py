@@ -78,6 +78,18 @@ def _quantity(src: str, field: str, value: Any) -> float:
     return q
 
 
+def _mapping(src: str, where: str, parent: dict[str, Any]) -> dict[str, Any]:
+    """``parent``'s field named by ``where``'s last part: an object (or absent: empty), as
+    the Kubernetes API gives it; anything else is refused by its path."""
+    value = parent.get(where.rsplit(".", 1)[-1])
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(src, where, f"expected an object, got {type(value).__name__} "
+                         f"{str(value)[:40]!r}")
+    return value
+
+
 def import_k8s(path: str | Path) -> list[dict[str, Any]]:
     """One record per schedulable GPU node (see the module docstring); errors name the field."""
     src = str(path)
@@ -96,8 +108,8 @@ def import_k8s(path: str | Path) -> list[dict[str, Any]]:
         at = f"{prefix}[{i}]" if prefix else "(node)"
         if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
             raise InputError(src, at, "is not a Node")
-        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
-        status = node.get("status") or {}
+        meta, spec = _mapping(src, f"{at}.metadata", node), _mapping(src, f"{at}.spec", node)
+        status = _mapping(src, f"{at}.status", node)
         name = meta.get("name")
         if not isinstance(name, str) or not name:
             raise InputError(src, f"{at}.metadata.name", "missing")
@@ -113,7 +125,7 @@ def import_k8s(path: str | Path) -> list[dict[str, Any]]:
         gpus = _quantity(src, f"{at}.status.{where}.{res}", cap[res])
         if gpus < 1:
             continue
-        labels = meta.get("labels") or {}
+        labels = _mapping(src, f"{at}.metadata.labels", meta)
         key = next((k for k in PRODUCT_LABELS if labels.get(k)), None)
         if key is None:
             raise InputError(src, f"{at}.metadata.labels", f"node {name} has {int(gpus)} GPUs but "
