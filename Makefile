@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip 'setuptools>=77' wheel
 
 $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
