@@ -162,6 +162,10 @@ class JobStatusOut(_Open):
     pending_reason: str | None = Field(default=None, description="a waiting job's typed reason "
                                        "from its last round")
     pending_detail: str | None = None
+    pending_stage: str | None = Field(default=None, description="the stage that held a "
+                                      "waiting job (admit, solve, ...)")
+    can_ever_fit: bool | None = Field(default=None, description="whether a waiting job can "
+                                      "ever fit this cluster")
 
 
 class StatusOut(_Open):

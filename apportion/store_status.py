@@ -14,9 +14,11 @@ from apportion.lifecycle import JobState
 from apportion.store import StateStore
 
 
-def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, str]]:
-    """Why each waiting job is waiting: the reason and detail of its last round's decision."""
-    out: dict[str, dict[str, str]] = {}
+def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, Any]]:
+    """Why each waiting job is waiting, from its last round's decision: the reason, the
+    detail, the stage that held it (``admit``, ``solve``, ...) and whether it can ever fit
+    this cluster (a job that never can waits for a change, not for a round)."""
+    out: dict[str, dict[str, Any]] = {}
     decisions: dict[int, dict[str, dict[str, str]]] = {}
     for j in jobs:
         if j.state not in (JobState.SUBMITTED, JobState.QUEUED, JobState.CHECKPOINTED) \
@@ -31,15 +33,18 @@ def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, s
                                        if isinstance(p, dict)}
         p = decisions[j.last_round].get(j.id)
         if p is not None:
-            out[j.id] = {"reason": str(p.get("reason", "")), "detail": str(p.get("detail", ""))}
+            fit = p.get("can_ever_fit")
+            out[j.id] = {"reason": str(p.get("reason", "")), "detail": str(p.get("detail", "")),
+                         "stage": str(p["stage"]) if p.get("stage") is not None else None,
+                         "can_ever_fit": fit if isinstance(fit, bool) else None}
     return out
 
 
 def status_data(store: StateStore) -> dict[str, Any]:
     """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
 
-    A waiting job also carries ``pending_reason`` and ``pending_detail`` (from its last
-    round's decision) when a round has considered it.
+    A waiting job also carries ``pending_reason``, ``pending_detail``, ``pending_stage``
+    and ``can_ever_fit`` (from its last round's decision) when a round has considered it.
     """
     from apportion.store_faults import node_states
 
@@ -58,6 +63,8 @@ def status_data(store: StateStore) -> dict[str, Any]:
         if j.id in pending:
             row["pending_reason"] = pending[j.id]["reason"]
             row["pending_detail"] = pending[j.id]["detail"]
+            row["pending_stage"] = pending[j.id]["stage"]
+            row["can_ever_fit"] = pending[j.id]["can_ever_fit"]
         rows.append(row)
     return {
         "state_db": str(store.path),

@@ -98,6 +98,8 @@ def test_status_says_why_a_job_waits(tmp_path: Path) -> None:
     data = json.loads(runner.invoke(app, ["status", "--state", str(db), "--json"]).stdout)
     big = next(j for j in data["jobs"] if j["id"] == "too-big")
     assert big["pending_reason"] == "no-fit-memory" and "memory" in big["pending_detail"], big
+    # where it was held and whether it ever can run here, as the round said
+    assert big["pending_stage"] and big["can_ever_fit"] is False, big
     table = " ".join(runner.invoke(app, ["status", "--state", str(db)]).stdout.split())
     assert f"pending: {big['pending_reason']}" in table
     assert big["pending_detail"].split()[0] in table

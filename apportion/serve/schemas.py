@@ -58,6 +58,10 @@ class JobRow(_Open):
     pending_reason: str | None = Field(default=None, description="the typed reason a waiting "
                                        "job was left out by its last round")
     pending_detail: str | None = None
+    pending_stage: str | None = Field(default=None, description="the stage that held it "
+                                      "(admit, solve, ...)")
+    can_ever_fit: bool | None = Field(default=None, description="whether it can ever fit "
+                                      "this cluster")
 
 
 class JobList(BaseModel):

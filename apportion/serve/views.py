@@ -30,6 +30,8 @@ def _row(rec: JobRecord, pending: dict[str, dict[str, str]]) -> dict[str, Any]:
     why = pending.get(rec.id)
     row["pending_reason"] = why["reason"] if why else None
     row["pending_detail"] = why["detail"] if why else None
+    row["pending_stage"] = why["stage"] if why else None
+    row["can_ever_fit"] = why["can_ever_fit"] if why else None
     return row
 
 
