@@ -16,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,15 +56,57 @@ def probe(address: str, timeout_s: float = 3.0, flag: str = "--ray-address") -> 
                          "running Ray cluster (ray start --head prints it)") from None
 
 
-def owned_temp_dir(prefix: str = "") -> str:
+def owned_temp_dir(prefix: str = "", watched: bool = True) -> str:
     """A fresh folder for a Ray instance of this process, after removing what killed owners
-    left (:func:`sweep`)."""
+    left (:func:`sweep`); with ``watched``, a watcher removes it (and stops its processes)
+    once this process ends however it ends (:func:`watch`)."""
     top = root()
     top.mkdir(mode=0o700, exist_ok=True)
     sweep()
     d = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=top))
     (d / OWNER_FILE).write_text(f"{os.getpid()} {start_ticks(os.getpid())}\n")
+    if watched:
+        watch(str(d))
     return str(d)
+
+
+def watch(folder: str) -> None:
+    """Start a watcher of this process for ``folder``: a process of its own session (a kill
+    of this process's group spares it) that waits for this process to end, then removes
+    the folder and stops every process still naming it. A SIGKILL cannot be caught, so
+    without it a killed owner's Ray (raylet, GCS, workers, agents) ran on until the next
+    start's sweep. A normal close (:func:`remove`) stops the watcher with the rest: its
+    command line names the folder too."""
+    subprocess.Popen([sys.executable, "-m", "apportion.ray_home", "watch", str(os.getpid()),
+                      str(start_ticks(os.getpid())), folder],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def _wait_for_end(pid: int, ticks: int | None) -> None:
+    """Block until ``pid`` (started at ``ticks``) has ended: on its pidfd where the kernel
+    has them (an event, no polling), else by looking once a second."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            if alive(pid, ticks):  # the pid is still the owner's, not a recycled one
+                select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        return
+    while alive(pid, ticks):
+        time.sleep(1.0)
+
+
+def _watch_main(argv: list[str]) -> int:
+    pid, ticks, folder = int(argv[0]), None if argv[1] == "None" else int(argv[1]), argv[2]
+    _wait_for_end(pid, ticks)
+    if Path(folder).exists():
+        remove(folder)
+    return 0
 
 
 def remove(folder: str | os.PathLike[str]) -> None:
@@ -121,3 +166,9 @@ def _stop_users(folder: Path) -> None:
             time.sleep(0.05)
         if not pids:
             return
+
+
+if __name__ == "__main__":  # the watcher of :func:`watch`
+    if len(sys.argv) == 5 and sys.argv[1] == "watch":
+        raise SystemExit(_watch_main(sys.argv[2:]))
+    raise SystemExit("usage: python -m apportion.ray_home watch PID TICKS FOLDER")

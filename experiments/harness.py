@@ -396,7 +396,7 @@ def _run_on_ray(args: list[tuple[Any, ...]], address: str | None, show_progress:
     or on a local Ray instance of its own; a run whose summary exists is not redone (the
     results folder must be visible to the workers: a shared filesystem). A task that
     fails (its worker died) fails its run."""
-    from apportion.solvers.partition import RayEngine
+    from apportion.solvers.ray_engine import RayEngine
 
     from apportion.console import Progress
 

@@ -66,8 +66,7 @@ from apportion.formulations.schema import (
 )
 from apportion.solvers.base import SolveResult, Status
 from apportion.solvers.greedy import Ledger
-
-from apportion.ray_home import owned_temp_dir, probe, remove
+from apportion.solvers.ray_engine import EngineUnavailable, RayEngine, RayProcessEngine
 
 log = logging.getLogger(__name__)
 
@@ -282,92 +281,20 @@ class LocalEngine:
         self.pool.close()
 
 
-class RayEngine:
-    """Tasks as Ray tasks (``num_cpus=1``) on the cluster at ``address``, or on a local
-    Ray instance started here (its own temporary directory, ports Ray picks free, no
-    dashboard; never another engineer's cluster) and shut down by :meth:`close`; tasks
-    still running at the deadline are cancelled."""
-
-    name = "ray"
-
-    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
-        import ray
-
-        self.ray = ray
-        self.owned = False
-        self._tmp: str | None = None
-        if not ray.is_initialized():
-            if address:
-                probe(address)  # a dead address: refused now, not retried past the budget
-                ray.init(address=address, log_to_driver=False)
-            else:
-                self._tmp = owned_temp_dir("engine-")  # removed by close, or the next start
-                ray.init(address="local", _temp_dir=self._tmp, include_dashboard=False,
-                         log_to_driver=False, num_cpus=num_cpus or os.cpu_count() or 1)
-                self.owned = True
-        self._task = ray.remote(num_cpus=1, max_retries=0)(_ray_call)
-        # warm the workers: each imports the solvers once, while the round is being built
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        self._warm = [self._task.remote(f"{_warm_up.__module__}:_warm_up", ())
-                      for _ in range(max(1, cpus))]
-
-    def start(self) -> RayEngine:
-        return self
-
-    def run(self, tasks: list[tuple[str, tuple[Any, ...]]], until: float
-            ) -> list[tuple[bool, Any]]:
-        refs = [self._task.remote(ref, args) for ref, args in tasks]
-        done: set[Any] = set()
-        pending = list(refs)
-        while pending:
-            wait = until - time.perf_counter()
-            if wait <= 0:
-                break
-            ready, pending = self.ray.wait(pending, num_returns=1, timeout=wait)
-            done.update(ready)
-        out: list[tuple[bool, Any]] = []
-        for r in refs:
-            if r not in done:
-                self.ray.cancel(r, force=True)
-                out.append((False, "timed out: cancelled at the deadline"))
-                continue
-            try:
-                out.append((True, self.ray.get(r)))
-            except Exception as exc:  # noqa: BLE001 - a failed task is an answer missing
-                out.append((False, f"raised {exc!r}"[:500]))
-        return out
-
-    def close(self) -> None:
-        if self.owned:
-            self.ray.shutdown()
-            self.owned = False
-        if self._tmp:  # and any of its processes that outlived the shutdown
-            remove(self._tmp)
-            self._tmp = None
-
-
-def _warm_up() -> bool:
-    import apportion.formulations.cells  # noqa: F401
-    import highspy  # noqa: F401
-    return True
-
-
-def _ray_call(ref: str, args: tuple[Any, ...]) -> Any:
-    from apportion.solvers.isolation import resolve_ref
-
-    return resolve_ref(ref)(*args)
-
-
-def make_engine(name: str, address: str | None = None) -> LocalEngine | RayEngine:
+def make_engine(name: str, address: str | None = None,
+                ready_timeout_s: float | None = None) -> LocalEngine | RayProcessEngine:
+    """The engine ``name``; Ray's through a process of its own, so that its start and its
+    answers keep the caller's budget (:mod:`apportion.solvers.ray_engine`)."""
     if name == "local":
         return LocalEngine().start()
     if name == "ray":
-        return RayEngine(address)
+        return RayProcessEngine(address, ready_timeout_s=ready_timeout_s)
     raise ValueError(f"unknown engine {name!r}; choose {', '.join(ENGINES)}")
 
 
 @contextmanager
-def engine_session(name: str, address: str | None = None) -> Iterator[LocalEngine | RayEngine]:
+def engine_session(name: str, address: str | None = None
+                   ) -> Iterator[LocalEngine | RayProcessEngine]:
     eng = make_engine(name, address)
     try:
         yield eng
@@ -413,7 +340,7 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
     the whole round's LP optimum) and, with ``bound``, the whole round's rounded LP.
     ``build`` turns a sub-graph into its model (the formulation's builder, importable by
     reference so a worker can call it); ``engine`` is a :class:`LocalEngine` or
-    :class:`RayEngine`.
+    :class:`RayProcessEngine`.
     """
     start = time.perf_counter()
     deadline = start + budget_s
@@ -489,6 +416,21 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
     return best, attempts
 
 
-__all__ = ["ENGINES", "LocalEngine", "Part", "PartAnswer", "RayEngine", "engine_session",
-           "lp_bound", "make_engine", "partition_round", "repair", "solve_part",
-           "solve_partitioned", "split_quotas", "subgraph"]
+__all__ = [
+    "ENGINES",
+    "EngineUnavailable",
+    "LocalEngine",
+    "Part",
+    "PartAnswer",
+    "RayEngine",
+    "RayProcessEngine",
+    "engine_session",
+    "lp_bound",
+    "make_engine",
+    "partition_round",
+    "repair",
+    "solve_part",
+    "solve_partitioned",
+    "split_quotas",
+    "subgraph",
+]

@@ -165,7 +165,7 @@ def local_ray(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
 
 
 def test_pop_on_a_real_local_ray_cluster(local_ray) -> None:  # type: ignore[no-untyped-def]
-    from apportion.solvers.partition import RayEngine
+    from apportion.solvers.ray_engine import RayEngine
 
     cl, js = cluster(), jobs()
     g = build_candidates(cl, js, 100.0)

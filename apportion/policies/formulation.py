@@ -54,7 +54,7 @@ from apportion.solvers.base import SolveResult, Status, objective_gap, proven_ga
 from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, chain_names, solve_chain
 from apportion.solvers.chain_rules import tighter
 from apportion.solvers.isolation import ChainChild
-from apportion.solvers.partition import make_engine, solve_partitioned
+from apportion.solvers.partition import EngineUnavailable, make_engine, solve_partitioned
 from apportion.solvers.persistent import HighsSession
 from apportion.validator import validate
 from apportion.view import JobView, View
@@ -225,6 +225,7 @@ class FormulationPolicy:
         self._last_est: Any = None  # the estimator this round's candidates read
         self._child: Any = None  # an isolated chain's child process, started early
         self._engine: Any = None  # a partitioned solve's engine (local processes or Ray)
+        self._engine_note = ""  # why the engine asked for is not the one in use
         # the round's LP kept alive across rounds (an in-process chain; RoundConfig.persistent)
         self.session: HighsSession | None = None
 
@@ -315,7 +316,7 @@ class FormulationPolicy:
                 and not self.partitioned:
             self._child = ChainChild().start()  # its imports overlap the candidates
         if self.partitioned and self._engine is None and self.recipe.partitions:
-            self._engine = make_engine(self.cfg.engine, self.cfg.ray_address)  # starts now
+            self._engine = self._start_engine()  # starts now
         self.last_solve_round = view.round_index
         self.cfg = round_figures(self.cfg, view)  # the round's length and restart cost
         est = self._last_est = self._estimator_for(view)
@@ -469,10 +470,28 @@ class FormulationPolicy:
         """POP-k (:mod:`apportion.solvers.partition`) on the round, its parts on the engine."""
         cfg = self.cfg
         if self._engine is None:
-            self._engine = make_engine(cfg.engine, cfg.ray_address)
+            self._engine = self._start_engine()
         best, attempts = solve_partitioned(g, f.model, cfg.partitions, self.recipe.part_model,
                                            self._engine, left, accept, gap=cfg.mip_gap)
+        if self._engine_note:  # the engine asked for is not the one that solved: say so
+            attempts.insert(0, SolveResult(f"{cfg.engine}-engine", Status.ERROR,
+                                           message=self._engine_note))
         return Solved(best, attempts, time.perf_counter() - t0, accepted)
+
+    def _start_engine(self) -> Any:
+        """The partitioned solve's engine. Ray's workers get half the round's budget
+        to take their first task; a cluster whose workers cannot start is left for the local
+        engine (the round then solves within its budget, and its report says why)."""
+        cfg = self.cfg
+        self._engine_note = ""
+        try:
+            return make_engine(cfg.engine, cfg.ray_address,
+                               ready_timeout_s=max(1.0, 0.5 * cfg.time_budget_s))
+        except EngineUnavailable as exc:
+            self._engine_note = f"not used: {exc}; the parts ran on the local engine"
+            log.warning("the %s engine is unavailable (%s): the parts run on the local engine",
+                        cfg.engine, exc)
+            return make_engine("local")
 
     def close(self) -> None:
         """Stop what the policy started (an early child, a Ray instance of its own)."""

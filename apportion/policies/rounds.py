@@ -64,16 +64,23 @@ def _own_policies(formulation: str) -> set[str]:
     return {recipe.policy} if recipe is not None else set()
 
 
+#: the least budget a round that starts its own Ray instance is given: the start counts
+#: against the budget, and a solve left with less than the rest is no solve
+LOCAL_RAY_MIN_BUDGET_S = 30.0
+
+
 def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
                       estimator: str = "analytic", tables: Any = None, tenants: Any = None,
                       engine: str = "local", ray_address: str | None = None,
-                      state: Any = None, round_key: str | None = None) -> None:
+                      state: Any = None, round_key: str | None = None,
+                      time_budget: float | None = None) -> None:
     """Refuse flags a round would silently ignore, naming both flags.
 
     An operator who gives ``--tables`` expects the measured times to count; with
     ``--estimator analytic`` they would not be read at all. Likewise ``--tenants``
     (quotas) only bind a formulation whose recipe keeps them (cells and plans, not
-    deadline, gavel or a baseline), ``--ray-address`` only ``--engine ray``,
+    deadline, gavel or a baseline), ``--ray-address`` only ``--engine ray``, a Ray
+    instance of its own only a budget it can start within (:data:`LOCAL_RAY_MIN_BUDGET_S`),
     ``--round-key`` only a round committed to ``--state``, and ``--formulation`` only
     the formulation's own policy (``--policy fcfs`` runs FCFS whatever it says). A
     flag that changes nothing is a mistake to report, not to guess around.
@@ -103,6 +110,13 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if ray_address is not None and engine != "ray":
         raise InputError("--ray-address", "ray_address", f"is used only with --engine ray "
                          f"(--engine is {engine}); give --engine ray or leave --ray-address out")
+    if engine == "ray" and ray_address is None and time_budget is not None \
+            and time_budget < LOCAL_RAY_MIN_BUDGET_S:
+        raise InputError("--engine", "engine", f"--engine ray without --ray-address starts a "
+                         "Ray instance of its own, which takes seconds (3-20 s measured on a "
+                         f"2-core machine), more than --time-budget {time_budget:g} leaves "
+                         "the solve: give --ray-address of a running cluster, a budget of at "
+                         f"least {LOCAL_RAY_MIN_BUDGET_S:g} s, or --engine local")
     if round_key is not None and state is None:
         raise InputError("--round-key", "round_key", "keys a round committed to a state "
                          "database: it needs --state (without it nothing is committed)")
