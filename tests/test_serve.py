@@ -195,6 +195,23 @@ def test_metrics_after_a_round(served: Served) -> None:
         assert alloc >= 1 and alloc + free == t["capacity"]
 
 
+def test_rounds_page_back_in_time(served: Served) -> None:
+    """`next` of /api/v1/rounds links to the rounds before the page."""
+    with served.client() as c:
+        doc = {"jobs": [{"id": "rounds", "model": "gpt-tiny", "global_batch_size": 8,
+                         "iterations": 100, "requested_gpus": 1}]}
+        assert c.post("/api/v1/jobs", json=doc).status_code == 201  # a round every second
+        wait_for("three rounds", lambda: len(c.get("/api/v1/rounds").json()["rounds"]) >= 3)
+        every = c.get("/api/v1/rounds?limit=10000").json()["rounds"]
+        newest = c.get("/api/v1/rounds?limit=2").json()
+        assert [r["id"] for r in newest["rounds"]] == [r["id"] for r in every[-2:]]
+        older = c.get(newest["next"]).json()
+        assert older["rounds"] and older["rounds"][-1]["id"] < newest["rounds"][0]["id"]
+        assert [r["id"] for r in older["rounds"]] == sorted(r["id"] for r in older["rounds"])
+        first = c.get(f"/api/v1/rounds?limit=1&cursor={every[0]['id']}").json()
+        assert first["rounds"] == [] and first["next"] is None
+
+
 def _generation(cwd: Path) -> int:
     return int(status(cwd)["generation"])
 
