@@ -233,8 +233,16 @@ def test_idle_and_slow_clients_cannot_hold_the_server(tmp_path: Path) -> None:
             assert json.loads(rest)["field"] == "(body)"
             assert c.get("/api/v1/jobs").status_code == 200
             assert "j" not in {j["id"] for j in c.get("/api/v1/jobs").json()["jobs"]}
+            # garbage instead of requests: a 400 each, and the log keeps quiet about it
+            for _ in range(30):
+                with socket.create_connection(addr, timeout=30) as junk:
+                    junk.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                    assert wait_for("the 400", lambda junk=junk: _closed_by_server(junk),
+                                    60).startswith(b"HTTP/1.1 400")
+            assert c.get("/healthz").status_code == 200
         for sk in (*idle, loris, slow):
             sk.close()
+        assert s.stderr().count("Invalid HTTP request") <= 1, s.stderr()[-3000:]
         # the log says so in a line or two, not a line (or a traceback) per connection
         assert "Traceback" not in s.stderr() and len(s.stderr()) < 20_000, s.stderr()[-3000:]
 

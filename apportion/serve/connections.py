@@ -72,6 +72,27 @@ class _Tally:
             self.logged_at = now
 
 
+class OncePerInterval(logging.Filter):
+    """Lets each distinct warning of a logger through at most once every
+    :data:`LOG_EVERY_S` (uvicorn's "Invalid HTTP request received." comes once per bad
+    request: a client sending garbage in a loop would otherwise fill the log)."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        key = str(record.msg)
+        now = time.monotonic()
+        if now - self.last.get(key, -self.every_s) < self.every_s:
+            return False
+        self.last[key] = now
+        return True
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and a connection cap (see the module's
     docstring). Made for one server by :func:`guarded_protocol`."""

@@ -24,7 +24,7 @@ from typing import Any, Self
 import uvicorn
 
 from apportion.errors import HostError, InputError
-from apportion.serve.connections import guarded_protocol
+from apportion.serve.connections import OncePerInterval, guarded_protocol
 from apportion.serve.observer import LoopObserver
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ class HttpServer:
             timeout_graceful_shutdown=int(GRACE_S), server_header=False,
             http=guarded_protocol(read_timeout_s, max_connections), ws="none",
             h11_max_incomplete_event_size=MAX_HEAD_BYTES))
+        self._quiet = OncePerInterval()
+        logging.getLogger("uvicorn.error").addFilter(self._quiet)
         self.thread = threading.Thread(target=self._run, name="apportion-http", daemon=True)
         self._leaving = False
         self.error: BaseException | None = None
@@ -137,5 +139,6 @@ class HttpServer:
         self._leaving = True
         self.server.should_exit = True
         self.thread.join(GRACE_S + 5.0)
+        logging.getLogger("uvicorn.error").removeFilter(self._quiet)
         if self.thread.is_alive():
             log.warning("the HTTP server did not stop within %.0f s", GRACE_S + 5.0)
