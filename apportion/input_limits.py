@@ -196,9 +196,9 @@ def check_yaml_limits(text: str, source: str, limits: TreeLimits) -> None:
 
 
 def check_data_limits(data: Any, source: str, limits: TreeLimits) -> None:
-    """Refuse parsed data (JSON's) over ``limits``: the same budgets as
-    :func:`check_yaml_limits`, and a :class:`LongNumber` anywhere is refused naming its
-    field."""
+    """Refuse parsed data (JSON's) over ``limits``: the same budgets, counted as
+    :func:`check_yaml_limits` counts them (a mapping's keys are nodes too), and a
+    :class:`LongNumber` anywhere is refused naming its field."""
     nodes = 0
     stack: list[tuple[Any, list[str]]] = [(data, [])]
     while stack:
@@ -221,6 +221,11 @@ def check_data_limits(data: Any, source: str, limits: TreeLimits) -> None:
                                    f"{limits.max_items:,} entries; {limits.what} may hold "
                                    f"{limits.max_items:,} in one")
             if isinstance(value, dict):
+                nodes += len(value)  # its keys, as YAML counts them
+                if nodes > limits.max_nodes:
+                    raise limits.too_big(source, _where(where), f"{limits.what} may hold at "
+                                         f"most {limits.max_nodes:,} nodes; this one holds "
+                                         "more")
                 stack.extend((v, [*where, _key(k)]) for k, v in reversed(value.items()))
             else:
                 stack.extend((v, [*where, f"[{i}]"]) for i, v in reversed(list(enumerate(value))))

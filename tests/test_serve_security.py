@@ -22,6 +22,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.errors import InputError
+from apportion.input_limits import TreeLimits, check_data_limits, check_yaml_limits
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -306,6 +311,12 @@ def _nested(kind: str) -> tuple[bytes, str]:
     return f'{{"jobs": [{items}]}}'.encode(), "application/json"
 
 
+#: six levels of ten aliases: 1.1 million nodes from 300 bytes
+_ALIAS_BOMB = b"a: &a [1,1,1,1,1,1,1,1,1,1]\n" + b"".join(
+    f"{n}: &{n} [{','.join(['*' + p] * 10)}]\n".encode() for p, n in zip("abcde", "bcdef")
+) + b"jobs: [*f]\n"
+
+
 def test_bodies_over_their_budget_are_refused_before_they_are_built(served: Served) -> None:
     before = _generation(served.cwd)
     cases = [
@@ -315,10 +326,7 @@ def test_bodies_over_their_budget_are_refused_before_they_are_built(served: Serv
          "jobs", "more than 20,000 entries"),
         (('{"jobs": [' + ",".join(["{}"] * 1_300_000) + "]}").encode(), "application/json",
          "jobs", "more than 20,000 entries"),
-        (b"a: &a [1,1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
-         b"c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
-         b"e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
-         b"jobs: [*f]\n", "application/yaml", "f[", "nodes (aliases expanded)"),
+        (_ALIAS_BOMB, "application/yaml", "f[", "nodes (aliases expanded)"),
         # a number no int() reads: 422 naming its field, never a 500
         (yaml.safe_dump({"jobs": [JOB]}).replace("iterations: 100", "iterations: "
                                                  + "9" * 5000).encode(),
@@ -356,6 +364,49 @@ def test_the_bad_input_corpus_through_the_api(served: Served) -> None:
             if e["field"] != "(file)":
                 assert r.json()["field"] == e["field"], (e["file"], r.json())
     assert _generation(served.cwd) == before
+
+
+def _measure(tree: object, level: int = 0) -> tuple[int, int, int]:
+    """Nodes (a mapping's keys too), nesting and the most entries of one collection."""
+    if isinstance(tree, dict):
+        kids = [_measure(v, level + 1) for v in tree.values()]
+        return (1 + len(tree) + sum(k[0] for k in kids), max([level + 1, *(k[1] for k in kids)]),
+                max([len(tree), *(k[2] for k in kids)]))
+    if isinstance(tree, list):
+        kids = [_measure(v, level + 1) for v in tree]
+        return (1 + sum(k[0] for k in kids), max([level + 1, *(k[1] for k in kids)]),
+                max([len(tree), *(k[2] for k in kids)]))
+    return 1, level, 0
+
+
+_SCALARS = st.integers(-10**6, 10**6) | st.text("abc", max_size=4) | st.booleans() | st.none()
+_TREES = st.recursive(_SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+    st.text("abc", min_size=1, max_size=3), kids, max_size=4), max_leaves=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_TREES)
+def test_the_budget_is_the_documents_own_measure(tree: object) -> None:
+    """A document exactly at its own nodes, nesting and entries passes, in YAML (measured on
+    the parser's events) and in JSON (measured on the data); one less of any is refused."""
+    nodes, depth, items = _measure(tree)
+    texts = (yaml.safe_dump(tree), json.dumps(tree))
+
+    def check(limits: TreeLimits) -> None:
+        check_yaml_limits(texts[0], "t", limits)
+        check_data_limits(json.loads(texts[1]), "t", limits)
+
+    check(TreeLimits(nodes, depth, items))
+    for tighter in (TreeLimits(nodes - 1, depth, items), TreeLimits(nodes, depth - 1, items),
+                    TreeLimits(nodes, depth, items - 1)):
+        if min(tighter.max_nodes, tighter.max_depth, tighter.max_items) < 0 or (
+                tighter.max_depth == depth - 1 and depth == 0) or (
+                tighter.max_items == items - 1 and items == 0):
+            continue
+        with pytest.raises(InputError):
+            check_yaml_limits(texts[0], "t", tighter)
+        with pytest.raises(InputError):
+            check_data_limits(json.loads(texts[1]), "t", tighter)
 
 
 # -- 5. clashes ---------------------------------------------------------------------------
