@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import sqlite3
 import time
@@ -187,6 +188,30 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: _ERRORS[c] for c in (*codes, *_GUARDED)}
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity as None (JSON has neither), as the response
+    models' serialisation writes them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class ListJSON(JSONResponse):
+    """A list's JSON, written without the response model's per-field validation (20,000
+    job rows cost seconds there); a non-finite float is written as null, as the model
+    would have written it."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # NaN or infinity somewhere: rare, so only then walked
+            return super().render(_finite(content))
+
+
 def _etag_matches(header: str | None, tag: str) -> bool:
     """Whether ``If-None-Match`` names ``tag`` (weak or strong) or is ``*``."""
     if not header:
@@ -210,7 +235,7 @@ def _listing(request: Request, tag: str, build: Callable[[], dict[str, Any]],
     body["next"] = link
     if link is not None:
         headers["Link"] = f'<{link}>; rel="next"'
-    return JSONResponse(body, headers=headers)
+    return ListJSON(body, headers=headers)
 
 
 def _same_job(stored: JobSpec, new: JobSpec, timed: bool) -> bool:
