@@ -465,3 +465,16 @@ def test_a_job_larger_than_the_cluster_is_refused_at_submit(served: Served) -> N
         assert r.status_code == 422 and r.json()["field"] == "jobs[1].requested_gpus", r.text
         assert _generation(served.cwd) == before
         assert c.post("/api/v1/jobs", json={"jobs": [ok]}).status_code == 201
+
+
+def test_a_list_with_a_float_json_lacks_is_written_with_null() -> None:
+    """The lists skip the response models' validation (seconds at 20,000 rows); a NaN or
+    infinity (a gap of a round without a bound) is still written as those models wrote
+    it: null, never invalid JSON or a 500."""
+    from apportion.serve.app import ListJSON
+
+    body = {"rounds": [{"gap": float("nan"), "bound": float("inf"), "objective": 1.5,
+                        "solver": {"attempts": [{"gap": float("-inf")}]}}]}
+    assert json.loads(ListJSON(body).body) == {"rounds": [{
+        "gap": None, "bound": None, "objective": 1.5,
+        "solver": {"attempts": [{"gap": None}]}}]}
