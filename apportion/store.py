@@ -531,6 +531,26 @@ class StateStore:
         recs = [self._record(r) for r in rows]
         return [r for r in recs if states is None or r.state in states]
 
+    def jobs_page(self, after_seq: int = 0, limit: int | None = None
+                  ) -> tuple[list[JobRecord], int | None]:
+        """Jobs in submission order after the one numbered ``after_seq`` (0: from the
+        first), at most ``limit``; and the number of the last one returned when more follow
+        (a cursor for the next page), else None."""
+        q = f"SELECT seq, {self._JOB_COLS} FROM jobs WHERE seq > ? ORDER BY seq"
+        args: tuple[int, ...] = (after_seq,)
+        if limit is not None:
+            q += " LIMIT ?"
+            args = (after_seq, min(int(limit), 2**62) + 1)
+        rows = self.conn.execute(q, args).fetchall()
+        more = limit is not None and len(rows) > limit
+        rows = rows[:limit] if limit is not None else rows
+        return [self._record(r[1:]) for r in rows], (int(rows[-1][0]) if more else None)
+
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (states with none are left out)."""
+        return {str(k): int(n) for k, n in self.conn.execute(
+            "SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")}
+
     def job(self, job_id: str) -> JobRecord:
         row = self.conn.execute(f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?",
                                 (job_id,)).fetchone()
@@ -716,15 +736,17 @@ class StateStore:
             self.conn.execute("UPDATE jobs SET reason = ?, last_round = ?, version = version + 1 "
                               "WHERE id = ?", (f"pending: {why}", rid, rec.id))
 
-    def rounds(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The last ``limit`` rounds (all without one), oldest first. A limit past SQLite's
-        64-bit integers means all of them: it once overflowed into a datatype mismatch
-        that read as a damaged store."""
+    def rounds(self, limit: int | None = None, before: int | None = None
+               ) -> list[dict[str, Any]]:
+        """The last ``limit`` rounds (all without one), oldest first; with ``before``, the
+        last of those numbered below it. A limit past SQLite's 64-bit integers means all of
+        them: it once overflowed into a datatype mismatch that read as a damaged store."""
         if limit is not None and limit < 1:
             raise InputError("--limit", "limit", f"must be at least 1, got {limit}")
-        q = "SELECT id FROM rounds ORDER BY id DESC" + (
-            f" LIMIT {min(int(limit), 2**62)}" if limit else "")
-        return [self.round(r[0]) for r in reversed(self.conn.execute(q).fetchall())]
+        q = "SELECT id FROM rounds" + (" WHERE id < ?" if before is not None else "") + \
+            " ORDER BY id DESC" + (f" LIMIT {min(int(limit), 2**62)}" if limit else "")
+        args = (min(int(before), 2**62),) if before is not None else ()
+        return [self.round(r[0]) for r in reversed(self.conn.execute(q, args).fetchall())]
 
     def round(self, round_id: int) -> dict[str, Any]:
         cols = ("id", "round_key", "now_s", "committed_at", "base_generation", "cluster_json",

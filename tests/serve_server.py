@@ -57,21 +57,27 @@ def wait_for(what: str, check: Callable[[], T | None], deadline_s: float = DEADL
 
 class Served:
     """``apportion serve`` on a free port over ``cwd/s.db`` (dry-run on this host's cluster
-    unless told otherwise)."""
+    unless told otherwise). Without ``--token-file`` or ``--no-token`` the server generates
+    its token into ``s.db.token``, as it does for a user; :attr:`auth` is its header and
+    :meth:`client` sends it."""
 
-    def __init__(self, cwd: Path, *extra: str, executor: str = "dry-run") -> None:
+    def __init__(self, cwd: Path, *extra: str, executor: str = "dry-run",
+                 env: dict[str, str] | None = None) -> None:
         self.cwd = cwd
         self.log = cwd / "serve.log"
         self.args = ["serve", "--state", "s.db", "--executor", executor, "--cluster", "local",
                      "--interval", "1", "--port", "0", "--workdir", "runs", *extra]
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.token: str | None = None
 
     def __enter__(self) -> Served:
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "apportion.cli", *self.args],
                                          cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=err,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                              **self.env})
 
         def started() -> str | None:
             assert self.proc is not None
@@ -81,13 +87,24 @@ class Served:
             return m.group(1) if m else None
 
         self.url = wait_for("the server's URL", started, START_S)
+        generated = self.cwd / "s.db.token"
+        if "--no-token" not in self.args and not any(a.startswith("--token-file")
+                                                     for a in self.args):
+            self.token = generated.read_text().strip()
         return self
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header a write needs (none with --no-token or --token-file)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30.0, **kw)
+        """A client of the server, sending the generated token (``headers`` adds to it)."""
+        headers = {**self.auth, **kw.pop("headers", {})}
+        return httpx.Client(base_url=self.url, timeout=30.0, headers=headers, **kw)
 
     def stop(self) -> int:
         """SIGTERM, as Kubernetes stops a pod; the exit code."""

@@ -52,7 +52,18 @@ def test_openapi_lists_every_route(served: Served) -> None:
         "/api/v1/rounds": {"get"}, "/api/v1/cluster": {"get"}}
     post = doc["paths"]["/api/v1/jobs"]["post"]
     assert {"application/json", "application/yaml"} <= set(post["requestBody"]["content"])
-    assert {"201", "401", "422"} <= set(post["responses"])
+    # none a browser may send cross-site without a preflight
+    assert not {"text/plain", "application/x-www-form-urlencoded",
+                "multipart/form-data"} & set(post["requestBody"]["content"])
+    assert {"200", "201", "401", "403", "408", "409", "415", "421", "422"} <= set(
+        post["responses"])
+    for path, ops in doc["paths"].items():  # the Host and Origin checks answer everywhere
+        for op in ops.values():
+            assert {"403", "421"} <= set(op["responses"]), path
+    for path in ("/api/v1/jobs", "/api/v1/rounds"):
+        get = doc["paths"][path]["get"]
+        assert "304" in get["responses"] and {"limit", "cursor"} <= {
+            p["name"] for p in get["parameters"]}, path
     detail = doc["components"]["schemas"]["JobDetail"]["properties"]
     assert {"state", "allocation", "plan", "progress", "pending_reason",
             "pending_detail"} <= set(detail)
@@ -104,11 +115,16 @@ def test_submit_yaml_and_json_reach_the_store(served: Served) -> None:
     cluster = httpx.get(f"{served.url}/api/v1/cluster", timeout=30).json()
     slots = [s for t in cluster["gpu_types"] for n in t["nodes"] for s in n["slots"]]
     assert "y1" in slots
-    # the local cluster has 4 slots: a job asking for more waits with a typed reason
+    # the local cluster has a few GPUs: the API refuses a job asking for more, naming the
+    # field; one stored by `submit` (which knows no cluster) waits with a typed reason
     with served.client() as c:
         big = {"jobs": [{"id": "huge", "model": "gpt-tiny", "global_batch_size": 8,
                          "iterations": 10, "requested_gpus": 4096}]}
-        assert c.post("/api/v1/jobs", json=big).status_code == 201
+        r = c.post("/api/v1/jobs", json=big)
+        assert r.status_code == 422 and r.json()["field"] == "jobs[0].requested_gpus", r.text
+        assert "4096" in r.json()["detail"]
+    (served.cwd / "big.json").write_text(json.dumps(big))
+    assert cli("submit", "big.json", "--state", "s.db", cwd=served.cwd).returncode == 0
     waiting = wait_for("huge's reason", lambda: (
         j := httpx.get(f"{served.url}/api/v1/jobs/huge", timeout=30).json())["pending_reason"]
         and j)
@@ -179,6 +195,23 @@ def test_metrics_after_a_round(served: Served) -> None:
         assert alloc >= 1 and alloc + free == t["capacity"]
 
 
+def test_rounds_page_back_in_time(served: Served) -> None:
+    """`next` of /api/v1/rounds links to the rounds before the page."""
+    with served.client() as c:
+        doc = {"jobs": [{"id": "rounds", "model": "gpt-tiny", "global_batch_size": 8,
+                         "iterations": 100, "requested_gpus": 1}]}
+        assert c.post("/api/v1/jobs", json=doc).status_code == 201  # a round every second
+        wait_for("three rounds", lambda: len(c.get("/api/v1/rounds").json()["rounds"]) >= 3)
+        every = c.get("/api/v1/rounds?limit=10000").json()["rounds"]
+        newest = c.get("/api/v1/rounds?limit=2").json()
+        assert [r["id"] for r in newest["rounds"]] == [r["id"] for r in every[-2:]]
+        older = c.get(newest["next"]).json()
+        assert older["rounds"] and older["rounds"][-1]["id"] < newest["rounds"][0]["id"]
+        assert [r["id"] for r in older["rounds"]] == sorted(r["id"] for r in older["rounds"])
+        first = c.get(f"/api/v1/rounds?limit=1&cursor={every[0]['id']}").json()
+        assert first["rounds"] == [] and first["next"] is None
+
+
 def _generation(cwd: Path) -> int:
     return int(status(cwd)["generation"])
 
@@ -220,7 +253,7 @@ def test_bad_bodies_are_422_naming_the_field_and_write_nothing(tmp_path: Path) -
         # all or nothing against the store: an id it already holds refuses the whole body
         assert c.post("/api/v1/jobs", json={"jobs": [good]}).status_code == 201
         r = c.post("/api/v1/jobs", json={"jobs": [{**good, "id": "new"}, good]})
-        assert r.status_code == 422 and r.json()["field"] == "jobs[1].id", r.text
+        assert r.status_code == 409 and r.json()["field"] == "jobs[1].id", r.text
         assert [j["id"] for j in status(tmp_path)["jobs"]] == ["ok"]
         assert c.get("/healthz").status_code == 200  # the server is unharmed
 
@@ -263,7 +296,19 @@ def test_bad_flags_exit_2_naming_the_flag(tmp_path: Path) -> None:
                  (["--token-file", "missing"], "--token-file"),
                  (["--interval", "0"], "--interval"), (["--executor", "warp"], "--executor"),
                  (["--host", "no.such.host.invalid"], "--host"),
-                 (["--cluster", "nowhere.yaml"], "nowhere.yaml")]
+                 (["--cluster", "nowhere.yaml"], "nowhere.yaml"),
+                 # writes without a token only on loopback, and never with a token file
+                 (["--no-token", "--host", "0.0.0.0"], "--no-token"),
+                 (["--no-token", "--host", "10.0.0.1"], "--no-token"),
+                 (["--no-token", "--token-file", "empty"], "--no-token"),
+                 (["--allowed-host", "http://a.example"], "--allowed-host"),
+                 (["--allowed-host", "a.example:80"], "--allowed-host"),
+                 (["--allowed-origin", "a.example"], "--allowed-origin"),
+                 (["--allowed-origin", "https://a.example/path"], "--allowed-origin"),
+                 (["--read-timeout", "0"], "--read-timeout"),
+                 (["--read-timeout", "nan"], "--read-timeout"),
+                 (["--max-connections", "0"], "--max-connections"),
+                 (["--max-connections", str(2**40)], "--max-connections")]
         for extra, flag in cases:
             r = cli(*base, *extra, cwd=tmp_path)
             assert r.returncode == 2 and flag in r.stderr, (extra, r.returncode, r.stderr)
@@ -287,6 +332,8 @@ def test_a_second_scheduler_on_the_store_exits_75(served: Served) -> None:
     assert r.returncode == 75, r.stderr
     assert "serve" in r.stderr  # who holds the lock
     assert httpx.get(f"{served.url}/healthz", timeout=30).status_code == 200
+    # the refused one never replaced the first's generated token
+    assert (served.cwd / "s.db.token").read_text().strip() == served.token
 
 
 def test_readiness_follows_the_loop() -> None:

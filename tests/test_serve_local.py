@@ -18,7 +18,7 @@ def test_a_job_submitted_through_the_api_trains_and_finishes(tmp_path: Path) -> 
     with Served(tmp_path, executor="local") as served:
         doc = {"jobs": [{"id": "tiny", "model": "bert-tiny", "global_batch_size": 8,
                          "iterations": 8, "requested_gpus": 1}]}
-        r = httpx.post(f"{served.url}/api/v1/jobs", json=doc, timeout=30)
+        r = httpx.post(f"{served.url}/api/v1/jobs", json=doc, headers=served.auth, timeout=30)
         assert r.status_code == 201, r.text
         job = wait_for("tiny finished", lambda: (j := httpx.get(
             f"{served.url}/api/v1/jobs/tiny", timeout=30).json())["state"] == "finished" and j,

@@ -274,7 +274,24 @@ def serve_cmd(
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free port)"),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a "
                                               "token: writes (POST, DELETE) then need "
-                                              "'Authorization: Bearer TOKEN'; reads stay open"),
+                                              "'Authorization: Bearer TOKEN'; reads stay open. "
+                                              "Without it a token is generated into "
+                                              "STATE.token (0600)"),
+    no_token: bool = typer.Option(False, "--no-token", help="writes need no token (only on "
+                                  "a loopback --host)"),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", envvar="APPORTION_ALLOWED_HOSTS",
+        help="a Host name the server answers besides addresses and localhost (repeatable; "
+        ".example.org for every name below it; * for any)"),
+    allowed_origin: Optional[list[str]] = typer.Option(
+        None, "--allowed-origin", envvar="APPORTION_ALLOWED_ORIGINS",
+        help="a page origin (scheme://host[:port]) allowed to call the API besides the "
+        "server's own (repeatable)"),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", help="seconds a request's "
+                                       "head, and then its body, may take to arrive"),
+    max_connections: int = typer.Option(512, "--max-connections", help="open HTTP "
+                                        "connections at most (the longest idle gives way "
+                                        "to a new one)"),
     workdir: Path = WORKDIR,
     kubeconfig: Optional[str] = KUBECONFIG,
     time_budget: float = TIME_BUDGET,
@@ -306,4 +323,6 @@ def serve_cmd(
         checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
         grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
         timeout_s=timeout, tables=tables, tenants=tenants,
-        objective_preset=objective_preset))
+        objective_preset=objective_preset, no_token=no_token,
+        allowed_hosts=tuple(allowed_host or ()), allowed_origins=tuple(allowed_origin or ()),
+        read_timeout_s=read_timeout, max_connections=max_connections))

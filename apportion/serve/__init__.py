@@ -8,8 +8,10 @@ the store's own transactional calls (``submit``, ``cancel``), as the commands do
 Modules: :mod:`.command` (the command, its flags and its wiring), :mod:`.app` (the
 routes), :mod:`.views` (what the routes read from the store), :mod:`.schemas` (the
 response shapes the OpenAPI document publishes), :mod:`.body` (a submitted body as
-jobs), :mod:`.auth` (the bearer token), :mod:`.metrics` (Prometheus), :mod:`.observer`
-(what the loop tells the server), :mod:`.server` (uvicorn on a thread), and ``static/``
-(the dashboard). The web framework is an optional extra (``apportion[serve]``); only
+jobs, its content types and its budget), :mod:`.auth` (the bearer token: given, generated
+or waived), :mod:`.origins` (the ``Host`` and ``Origin`` checks), :mod:`.metrics`
+(Prometheus), :mod:`.observer` (what the loop tells the server), :mod:`.server` (uvicorn
+on a thread), :mod:`.connections` (its read deadlines and connection cap), and
+``static/`` (the dashboard). The web framework is an optional extra (``apportion[serve]``); only
 :mod:`.command` may be imported without it.
 """

@@ -7,24 +7,42 @@ nothing, ``cancel``), exactly as the ``submit`` and ``cancel`` commands write; a
 parsed and validated before the store is opened, so a bad one writes nothing.
 
 Errors are one JSON shape, :class:`~apportion.serve.schemas.Problem` (``detail`` and
-``field``): 401 a write without the token, 404 no such job, 409 a move the job's
-lifecycle forbids, 413 too large, 415 neither YAML nor JSON, 422 a bad body or
-parameter (naming the field, as ``submit`` exits 2 naming it), 503 the store cannot be
-read or is busy (with ``Retry-After``).
+``field``): 401 a write without the token, 403 a request from another site's page
+(``Origin``), 404 no such job, 408 a body that did not arrive in time, 409 a job id the
+store already holds with another spec, or a move the job's lifecycle forbids, 413 too
+large, 415 neither YAML nor JSON (or a type a browser sends cross-site unasked), 421 a
+``Host`` this server does not answer for, 422 a bad body or parameter (naming the field,
+as ``submit`` exits 2 naming it), 503 the store cannot be read or is busy (with
+``Retry-After``).
+
+**Lists** (``/api/v1/jobs``, ``/api/v1/rounds``) carry an ``ETag`` made of the store's
+generation (every write bumps it) and this server's start: a client that sends it back
+in ``If-None-Match`` gets 304 and no body until something changed, which costs one read
+of one row. ``limit`` and ``cursor`` page them, with ``next`` (a link) and
+``next_cursor``.
+
+**A retried submission** (its answer lost, say, to a crash after the store had committed
+it) is answered 200 with the stored ids when every job of the body is already stored with
+the same spec; 201 says they were stored now, and any other clash with a stored id is 409.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
+import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
-from fastapi import Depends, FastAPI, Query, Request
+import anyio
+from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -32,17 +50,30 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from apportion import __version__
+from apportion.admission import admit
 from apportion.cluster import Cluster
 from apportion.config import JobsSpec
 from apportion.console import printable
+from apportion.decision import Reason
 from apportion.errors import HostError, InputError
+from apportion.jobs import JobSpec
 from apportion.lifecycle import IllegalTransition
 from apportion.serve import schemas, views
 from apportion.serve.auth import authorized
-from apportion.serve.body import MAX_BODY_BYTES, UnsupportedMediaType, jobs_from_body
+from apportion.serve.body import (
+    JSON_TYPES,
+    MAX_BODY_BYTES,
+    YAML_TYPES,
+    Submission,
+    UnsupportedMediaType,
+    check_media_type,
+    submission_from_body,
+)
 from apportion.serve.observer import LoopObserver
+from apportion.serve.origins import HostOriginGuard, HostPolicy
 from apportion.store import (
     StateStore,
     StoreBusy,
@@ -72,6 +103,13 @@ class ServeState:
     observer: LoopObserver
     registry: CollectorRegistry
     token: str | None = None
+    #: how long a request body may take to arrive (``--read-timeout``)
+    read_timeout_s: float = 30.0
+    #: where a generated token was written (named in a 401's detail)
+    token_hint: Path | None = None
+    #: this server's start, in every ETag: a store replaced between two starts never
+    #: answers 304 to a tag of the old one
+    instance: str = field(default_factory=lambda: secrets.token_hex(4))
 
 
 class ApiError(Exception):
@@ -117,43 +155,120 @@ _BODY_DOC = {
     "requestBody": {
         "required": True,
         "description": "the `apportion submit` jobs-YAML format, as YAML or JSON; all or "
-                       "nothing",
+                       "nothing. text/plain, form types and a body without a content type "
+                       "are refused (415): a browser sends those from other sites unasked",
         "content": {
-            "application/json": {"schema": JobsSpec.model_json_schema(
-                ref_template="#/components/schemas/{model}")},
-            "application/yaml": {"schema": {"type": "string"}},
+            **{t: {"schema": JobsSpec.model_json_schema(
+                ref_template="#/components/schemas/{model}")} for t in JSON_TYPES},
+            **{t: {"schema": {"type": "string"}} for t in YAML_TYPES},
         },
     }
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.Problem, "description": what}
-    for code, what in ((401, "a write without the bearer token (with --token-file)"),
-                       (404, "no such job"), (409, "the job's lifecycle forbids it"),
-                       (413, "body too large"), (415, "neither YAML nor JSON"),
+    for code, what in ((401, "a write without the bearer token"),
+                       (403, "a request from another site's page (Origin)"),
+                       (404, "no such job"),
+                       (408, "the body did not arrive within --read-timeout"),
+                       (409, ("a job id the store already holds with another spec, or a "
+                              "move the job's lifecycle forbids")),
+                       (413, "body too large"),
+                       (415, ("neither YAML nor JSON, or a type a browser sends "
+                              "cross-site without a preflight (text/plain, forms, none)")),
+                       (421, "a Host this server does not answer for (DNS rebinding)"),
                        (422, "a bad body or parameter, naming the field"),
                        (503, "the state store cannot be read, or is busy"))}
+#: every route answers these before it runs (origins.HostOriginGuard)
+_GUARDED = (403, 421)
+_NOT_MODIFIED: dict[int | str, dict[str, Any]] = {304: {"description": "the list is unchanged since the ETag given in "
+                       "If-None-Match"}}
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {c: _ERRORS[c] for c in codes}
+    return {c: _ERRORS[c] for c in (*codes, *_GUARDED)}
 
 
-def create_app(s: ServeState) -> FastAPI:
-    """The application over one store and one loop."""
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity as None (JSON has neither), as the response
+    models' serialisation writes them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class ListJSON(JSONResponse):
+    """A list's JSON, written without the response model's per-field validation (20,000
+    job rows cost seconds there); a non-finite float is written as null, as the model
+    would have written it."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # NaN or infinity somewhere: rare, so only then walked
+            return super().render(_finite(content))
+
+
+def _etag_matches(header: str | None, tag: str) -> bool:
+    """Whether ``If-None-Match`` names ``tag`` (weak or strong) or is ``*``."""
+    if not header:
+        return False
+    for part in header.split(","):
+        part = part.strip()
+        if part == "*" or part.removeprefix("W/") == tag:
+            return True
+    return False
+
+
+def _listing(request: Request, tag: str, build: Callable[[], dict[str, Any]],
+             next_link: Callable[[Any], str | None]) -> Response:
+    """A list answer with its ETag: 304 when the client has it, else the JSON of
+    ``build()`` with ``next`` made from its ``next_cursor``."""
+    headers = {"ETag": tag, "Cache-Control": "no-cache"}
+    if _etag_matches(request.headers.get("if-none-match"), tag):
+        return Response(status_code=304, headers=headers)
+    body = build()
+    link = next_link(body.get("next_cursor"))
+    body["next"] = link
+    if link is not None:
+        headers["Link"] = f'<{link}>; rel="next"'
+    return ListJSON(body, headers=headers)
+
+
+def _same_job(stored: JobSpec, new: JobSpec, timed: bool) -> bool:
+    """Whether a stored job is the one ``new`` submits again: every field but the progress
+    the store advances, and the submission time where the body left it to the server."""
+    again = dataclasses.replace(stored, iterations_done=new.iterations_done, running=None)
+    if not timed:
+        again = dataclasses.replace(again, submit_time_s=new.submit_time_s)
+    return again == new
+
+
+def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
+    """The application over one store and one loop; ``hosts`` says which ``Host`` and
+    ``Origin`` headers it answers (by default those of a server on loopback)."""
     app = FastAPI(title="apportion", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",
                   description="apportion's scheduler as a service: jobs, rounds and the "
                               "cluster from its state store. Writes need `Authorization: "
-                              "Bearer <token>` when the server was started with "
-                              "--token-file; reads are open.")
+                              "Bearer <token>` (the token of --token-file, or the one the "
+                              "server generated beside its store) unless it was started "
+                              "with --no-token; reads are open. Every request's Host and "
+                              "Origin are checked (421, 403).")
+    app.add_middleware(HostOriginGuard, policy=hosts or HostPolicy.for_listener("127.0.0.1"))
     # the definitions the JSON body's schema refers to
     defs = JobsSpec.model_json_schema(ref_template="#/components/schemas/{model}").get(
         "$defs", {})
 
     def writer(request: Request, _: Credentials) -> None:
         if not authorized(s.token, request.headers.get("authorization")):
-            raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for writes",
-                           "Authorization", {"WWW-Authenticate": "Bearer"})
+            where = (f"; the token is in {s.token_hint} on the server's machine"
+                     if s.token_hint is not None else "")
+            raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for writes"
+                           + where, "Authorization", {"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -176,13 +291,15 @@ def create_app(s: ServeState) -> FastAPI:
         return _problem(500, f"internal error ({type(exc).__name__}); the server's log has "
                         "the traceback", None)
 
-    @app.get("/healthz", response_model=schemas.Health, tags=["probes"])
+    @app.get("/healthz", response_model=schemas.Health, tags=["probes"],
+             responses=_errors())
     def healthz() -> dict[str, str]:
         """The process is alive and answers."""
         return {"status": "ok"}
 
     @app.get("/readyz", response_model=schemas.Ready, tags=["probes"],
-             responses={503: {"model": schemas.Ready, "description": "not ready"}})
+             responses={**_errors(),
+                        503: {"model": schemas.Ready, "description": "not ready"}})
     def readyz() -> JSONResponse:
         """Ready: the store can be read and the loop finished a pass lately."""
         store_ok = "ok"
@@ -197,48 +314,128 @@ def create_app(s: ServeState) -> FastAPI:
                 "limit_s": s.observer.limit_s}
         return JSONResponse(body, 200 if ready else 503)
 
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["probes"])
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["probes"],
+             responses=_errors())
     def metrics() -> PlainTextResponse:
         """Prometheus' text exposition format."""
         return PlainTextResponse(generate_latest(s.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(f"{API}/jobs", response_model=schemas.JobList, tags=["jobs"],
-             responses=_errors(503))
-    def list_jobs() -> dict[str, Any]:
-        """Every job, in submission order, a waiting one with its typed reason."""
+             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+    def list_jobs(request: Request,
+                  limit: int | None = Query(None, ge=1, le=10000, description="at most N "
+                                            "jobs (a page); without it, every job"),
+                  cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
+                                             description="the page after this one: a "
+                                             "`next_cursor` of the page before")) -> Response:
+        """The jobs in submission order, a waiting one with its typed reason, and the count
+        per state of every job. Without `limit` every job, as before paging came; with it
+        one page, and `next` the link to the following one (null on the last). The ETag
+        changes with every write to the store: send it back in If-None-Match for a 304."""
+        after = int(cursor) if cursor is not None else 0
         with _store(s.state, readonly=True) as store:
-            return views.jobs_view(store)
+            params = urlencode({k: v for k, v in (("limit", limit), ("cursor", cursor))
+                                if v is not None})
+            tag = f'"{s.instance}.{store.generation()}.jobs.{params}"'
+            return _listing(request, tag, lambda: views.jobs_view(store, after, limit),
+                            lambda c: None if c is None else
+                            f"{request.url.path}?{urlencode({'limit': limit, 'cursor': c})}")
 
     @app.post(f"{API}/jobs", response_model=schemas.Submitted, status_code=201,
               tags=["jobs"], openapi_extra=_BODY_DOC,
-              responses=_errors(401, 413, 415, 422, 503), dependencies=[Depends(writer)])
-    async def submit_jobs(request: Request) -> dict[str, Any]:
+              responses={200: {"model": schemas.Submitted, "description":
+                               "a retry: every job of the body was already stored with the "
+                               "same spec; nothing was written"},
+                         **_errors(401, 408, 409, 413, 415, 422, 503)},
+              dependencies=[Depends(writer)])
+    async def submit_jobs(request: Request) -> Any:
         """Submit the jobs of a jobs document (YAML or JSON), all or nothing."""
+        content_type = request.headers.get("content-type", "")
+        try:
+            check_media_type(content_type)
+        except UnsupportedMediaType as exc:
+            raise ApiError(415, str(exc), "Content-Type") from None
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(413, f"bodies are limited to {MAX_BODY_BYTES} bytes", "(body)")
-        return await run_in_threadpool(_submit, bytes(raw),
-                                       request.headers.get("content-type", ""))
+        try:
+            with anyio.fail_after(s.read_timeout_s):
+                async for chunk in request.stream():
+                    raw += chunk
+                    if len(raw) > MAX_BODY_BYTES:
+                        raise ApiError(413, f"bodies are limited to {MAX_BODY_BYTES} bytes",
+                                       "(body)", {"Connection": "close"})
+        except TimeoutError:
+            raise ApiError(408, f"the body did not arrive within {s.read_timeout_s:g} s",
+                           "(body)", {"Connection": "close"}) from None
+        except ClientDisconnect:
+            raise ApiError(400, "the client went away before its body arrived",
+                           "(body)") from None
+        status, answer = await run_in_threadpool(_submit, bytes(raw), content_type)
+        return JSONResponse(answer, status)
 
-    def _submit(raw: bytes, content_type: str) -> dict[str, Any]:
+    def _too_large(sub: Submission) -> None:
+        """A job no round could ever place on this cluster is refused now, by the rule the
+        rounds' admission would refuse it with (never queued for ever)."""
+        refused = {p.job: p for p in admit(s.cluster, sub.jobs, catalog=False).refused
+                   if p.reason is Reason.TOO_LARGE}
+        for i, j in enumerate(sub.jobs):
+            if j.id in refused:
+                raise ApiError(422, f"jobs[{i}].requested_gpus: {refused[j.id].detail}: it "
+                               "could never run here", f"jobs[{i}].requested_gpus")
+
+    def _submit(raw: bytes, content_type: str) -> tuple[int, dict[str, Any]]:
         now = time.time()
         try:
-            jobs = jobs_from_body(raw, content_type, now)
+            sub = submission_from_body(raw, content_type, now)
         except UnsupportedMediaType as exc:
             raise ApiError(415, str(exc), "Content-Type") from None
         except InputError as exc:
             raise ApiError(422, str(exc), exc.field) from None
+        _too_large(sub)
+        jobs = sub.jobs
         with _store(s.state, readonly=False) as store:
+            retry = _stored_already(store, sub)
+            if retry is not None:
+                log.info("a retried submission of %d stored jobs through the API", len(retry))
+                return 200, {"submitted": retry}
             try:
                 ids = store.submit(jobs, source="request body", at=now)
             except StoreDamaged:
                 raise
-            except InputError as exc:  # an id the store already holds
+            except InputError as exc:
+                clash = _clash(store, sub, exc)
+                if clash is not None:
+                    raise clash from None
                 raise ApiError(422, str(exc), exc.field) from None
         log.info("submitted %d jobs through the API: %s", len(ids), ", ".join(ids))
-        return {"submitted": ids}
+        return 201, {"submitted": ids}
+
+    def _stored_already(store: StateStore, sub: Submission) -> list[str] | None:
+        """The ids, when every job of ``sub`` is stored with the same spec (a retry)."""
+        if not sub.jobs:
+            return None
+        for i, j in enumerate(sub.jobs):
+            try:
+                rec = store.job(j.id)
+            except UnknownJob:
+                return None
+            if not _same_job(rec.to_jobspec(), j, i in sub.timed):
+                return None
+        return [j.id for j in sub.jobs]
+
+    def _clash(store: StateStore, sub: Submission, exc: InputError) -> ApiError | None:
+        """409 when ``exc`` is the store refusing an id it holds (the first such job)."""
+        for i, j in enumerate(sub.jobs):
+            if exc.field != f"jobs[{i}].id":
+                continue
+            try:
+                rec = store.job(j.id)
+            except UnknownJob:
+                return None
+            return ApiError(409, f"jobs[{i}].id: job id {j.id!r} is already in the state "
+                            f"store (state {rec.state.value}) with another spec, or beside "
+                            "jobs it does not hold; ids are never reused (the same body "
+                            "sent again is answered 200)", f"jobs[{i}].id")
+        return None
 
     @app.get(API + "/jobs/{id:path}", response_model=schemas.JobDetail, tags=["jobs"],
              responses=_errors(404, 503))
@@ -265,12 +462,23 @@ def create_app(s: ServeState) -> FastAPI:
         return {"id": rec.id, "state": rec.state.value}
 
     @app.get(f"{API}/rounds", response_model=schemas.Rounds, tags=["rounds"],
-             responses=_errors(422, 503))
-    def list_rounds(limit: int = Query(100, ge=1, le=10000,
-                                       description="the last N rounds")) -> dict[str, Any]:
-        """The last rounds, oldest first, each with its solver report and actions."""
+             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+    def list_rounds(request: Request,
+                    limit: int = Query(100, ge=1, le=10000, description="the last N rounds"),
+                    cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
+                                               description="rounds before this one: a "
+                                               "`next_cursor` of the page after")) -> Response:
+        """The last rounds, oldest first, each with its solver report and actions; `next`
+        links to the page of the rounds before them (null when there are none). The ETag
+        changes with every write to the store."""
+        before = int(cursor) if cursor is not None else None
         with _store(s.state, readonly=True) as store:
-            return views.rounds_view(store, limit)
+            params = urlencode({k: v for k, v in (("limit", limit), ("cursor", cursor))
+                                if v is not None})
+            tag = f'"{s.instance}.{store.generation()}.rounds.{params}"'
+            return _listing(request, tag, lambda: views.rounds_view(store, limit, before),
+                            lambda c: None if c is None else
+                            f"{request.url.path}?{urlencode({'limit': limit, 'cursor': c})}")
 
     @app.get(f"{API}/cluster", response_model=schemas.ClusterView, tags=["cluster"],
              responses=_errors(503))
@@ -281,7 +489,7 @@ def create_app(s: ServeState) -> FastAPI:
         return {**view, "executor": s.executor, "interval_s": s.interval_s,
                 "writes_need_token": s.token is not None}
 
-    @app.get("/", response_class=HTMLResponse, tags=["dashboard"])
+    @app.get("/", response_class=HTMLResponse, tags=["dashboard"], responses=_errors())
     def dashboard() -> HTMLResponse:
         """The dashboard: cluster, queue, rounds, plots; it refreshes itself."""
         return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"))

@@ -11,6 +11,8 @@ it creates a missing store (an operator submits through the API) and has no
 Order, so that a bad flag writes nothing: the web framework is imported (missing: exit
 2 naming the extra), every flag is checked (exit 2 naming it), the token read, the
 port bound (in use: exit 2 naming ``--port``); only then is the store opened and locked.
+A generated token (neither ``--token-file`` nor ``--no-token``) is written once the
+store is locked, so a second server refused the store never replaces the first's.
 Exit codes: 0 stopped cleanly (SIGTERM/SIGINT: every job checkpointed), 2 bad input,
 75 another scheduler holds the store.
 """
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import ipaddress
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rich.markup import escape
@@ -36,7 +38,13 @@ from apportion.runtime.run_command import (
     prepare_run,
     run_rounds,
 )
-from apportion.serve.auth import read_token
+from apportion.serve.auth import read_token, remove_generated_token, write_generated_token
+from apportion.serve.origins import (
+    HostPolicy,
+    check_allowed_hosts,
+    check_allowed_origins,
+    is_loopback,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +68,6 @@ def _error(message: str, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run",
                   interval_s: float = 300.0, host: str = "127.0.0.1", port: int = 8080,
                   token_file: Path | None = None, *, workdir: Path = Path("apportion-runs"),
@@ -80,7 +79,9 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   grace_period_s: float = 120.0, orphans: str = "adopt",
                   ray_address: str | None = None, timeout_s: float | None = None,
                   tables: Path | None = None, tenants: Path | None = None,
-                  objective_preset: str | None = None) -> int:
+                  objective_preset: str | None = None, no_token: bool = False,
+                  allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = (),
+                  read_timeout_s: float = 30.0, max_connections: int = 512) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
     until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
     missing = _missing_extra()
@@ -93,7 +94,23 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                              "127.0.0.1 or 0.0.0.0")
         if not 0 <= port <= 65535:
             raise InputError("--port", "port", f"must be 0..65535 (0: any free port), got {port}")
+        if no_token and token_file is not None:
+            raise InputError("--no-token", "no_token", "give --token-file or --no-token, "
+                             "not both")
+        if no_token and not is_loopback(host):
+            raise InputError("--no-token", "no_token", f"writes without a token are allowed "
+                             f"only on a loopback address (127.0.0.1, ::1, localhost), not "
+                             f"--host {host}: anyone who reaches it could run commands "
+                             "through the executor; give --token-file instead")
         token = read_token(token_file) if token_file is not None else None
+        hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
+                                         check_allowed_origins(allowed_origins))
+        if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
+            raise InputError("--read-timeout", "read_timeout",
+                             f"must be a positive number of seconds, got {read_timeout_s}")
+        from apportion.serve.server import bind, check_descriptors
+
+        check_descriptors(max_connections)
         outputs.check_output_dir(workdir, "--workdir")
         prep = prepare_run(RunOptions(
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
@@ -101,14 +118,9 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
             max_retries, grace_period_s, orphans,
             ray_address if executor == "ray" else None, False, timeout_s, tables, tenants,
             objective_preset))
-        from apportion.serve.server import bind
-
         sock = bind(host, port)
     except InputError as exc:
         return _error(str(exc))
-    if token is None and not _loopback(host):
-        log.warning("no --token-file: anyone who reaches %s:%d can submit and cancel jobs",
-                    host, port)
 
     @contextlib.contextmanager
     def beside(ctx: LoopContext) -> Iterator[LoopHooks]:
@@ -123,16 +135,27 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         registry = CollectorRegistry()
         observer = LoopObserver(interval_s, time_budget_s, ServeMetrics(registry, executor))
         registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits)))
+        needed, generated = token, None
+        if token is None and not no_token:
+            needed, generated = write_generated_token(state)
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
-                                    registry, token))
-        with HttpServer(app, sock, observer):
-            url = url_of(sock)
-            stderr_console().print(
-                f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), {url}/metrics; "
-                f"state {state}, executor {executor}, cluster {prep.cluster.name}, "
-                f"writes {'need the token' if token else 'open'}",
-                highlight=False, markup=False, soft_wrap=True)
-            yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
+                                    registry, needed, read_timeout_s=read_timeout_s,
+                                    token_hint=generated), hosts)
+        try:
+            with HttpServer(app, sock, observer, read_timeout_s, max_connections):
+                url = url_of(sock)
+                writes = ("open (--no-token)" if needed is None else
+                          f"need the token in {generated} (Authorization: Bearer TOKEN)"
+                          if generated is not None else "need the token of --token-file")
+                stderr_console().print(
+                    f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
+                    f"{url}/metrics; state {state}, executor {executor}, cluster "
+                    f"{prep.cluster.name}, writes {writes}",
+                    highlight=False, markup=False, soft_wrap=True)
+                yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
+        finally:
+            if generated is not None and needed is not None:
+                remove_generated_token(generated, needed)
 
     try:
         return run_rounds(prep, create_store=True, lock_command="serve", companion=beside)

@@ -66,7 +66,12 @@ class JobRow(_Open):
 
 class JobList(BaseModel):
     jobs: list[JobRow]
-    counts: dict[str, int]
+    counts: dict[str, int] = Field(description="jobs per state, of every job (not only "
+                                   "this page's)")
+    next: str | None = Field(default=None, description="the link to the next page (with "
+                             "`limit`); null on the last page and without `limit`")
+    next_cursor: str | None = Field(default=None, description="the `cursor` of the "
+                                          "next page (null on the last)")
 
 
 class JobDetail(JobRow):
@@ -107,6 +112,10 @@ class RoundRow(_Open):
 
 class Rounds(BaseModel):
     rounds: list[RoundRow]
+    next: str | None = Field(default=None, description="the link to the page of the "
+                             "rounds before these (null when there are none)")
+    next_cursor: str | None = Field(default=None, description="the `cursor` of that "
+                                          "page")
 
 
 class NodeView(BaseModel):

@@ -35,12 +35,14 @@ def _row(rec: JobRecord, pending: dict[str, dict[str, str]]) -> dict[str, Any]:
     return row
 
 
-def jobs_view(store: StateStore) -> dict[str, Any]:
-    """Every job (submission order) with its waiting reason, and the count per state."""
-    recs = store.jobs()
+def jobs_view(store: StateStore, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """The jobs (submission order) with their waiting reasons, and the count per state of
+    every job. With ``limit``, one page: the jobs after the one numbered ``after``, and in
+    ``next_cursor`` the number to ask the next page after (None on the last page)."""
+    recs, cursor = store.jobs_page(after, limit)
     pending = pending_details(store, recs)
-    return {"jobs": [_row(r, pending) for r in recs],
-            "counts": dict(sorted(Counter(r.state.value for r in recs).items()))}
+    return {"jobs": [_row(r, pending) for r in recs], "counts": store.job_counts(),
+            "next_cursor": None if cursor is None else str(cursor)}
 
 
 def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
@@ -67,10 +69,11 @@ def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
     return row
 
 
-def rounds_view(store: StateStore, limit: int) -> dict[str, Any]:
-    """The last ``limit`` rounds, oldest first, each with its solver report and actions
-    (what ``history --json`` prints)."""
-    rounds = store.rounds(limit)
+def rounds_view(store: StateStore, limit: int, before: int | None = None) -> dict[str, Any]:
+    """The last ``limit`` rounds (numbered below ``before``, if given), oldest first, each
+    with its solver report and actions (what ``history --json`` prints); ``next_cursor`` is
+    the number to ask older rounds before (None when there are none)."""
+    rounds = store.rounds(limit, before)
     for r in rounds:
         try:
             r["solver"] = store.decision(r["id"])["solver"]
@@ -78,7 +81,8 @@ def rounds_view(store: StateStore, limit: int) -> dict[str, Any]:
             r["solver"] = {}
         r["actions"] = store.actions(r["id"])
         r.pop("cluster", None)  # the capacity the round saw: /api/v1/cluster has it now
-    return {"rounds": rounds}
+    older = bool(rounds) and bool(store.rounds(1, rounds[0]["id"]))
+    return {"rounds": rounds, "next_cursor": str(rounds[0]["id"]) if older else None}
 
 
 def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:

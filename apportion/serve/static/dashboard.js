@@ -2,12 +2,23 @@
 // the jobs with their typed reasons, the rounds' solver reports and two plots over time.
 // Plain JS, no build step. Every value from the store is written with textContent (job ids
 // and reasons are user input, never markup).
+//
+// The lists are polled with If-None-Match: an unchanged list is a 304 without a body, and
+// only what changed is drawn again. Writes (cancel) send the API token in the
+// Authorization header, never in a cookie: the operator pastes it once and it stays in
+// this tab's sessionStorage, so no other site's page can make the browser send it.
 "use strict";
 
 const REFRESH_MS = 2000;
 const TERMINAL = new Set(["finished", "failed", "dropped"]);
 const $ = (sel) => document.querySelector(sel);
 let busy = false;
+// path -> {etag, body}: the last answer of each list, sent back as If-None-Match
+const lists = new Map();
+// what the polling did (for whoever looks: polls made, 304s among them, sections drawn)
+const stats = { polls: 0, unchanged: 0, drawn: { cluster: 0, jobs: 0, rounds: 0 } };
+window.apportionStats = stats;
+let lastCluster = "";
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -43,11 +54,21 @@ function token() {
   return sessionStorage.getItem("apportion-token") || "";
 }
 
+// {body, changed}: a list's answer, or the last one when the server says it is unchanged
 async function getJSON(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const last = lists.get(path);
+  const headers = last ? { "If-None-Match": last.etag } : {};
+  const r = await fetch(path, { cache: "no-store", headers });
+  stats.polls++;
+  if (r.status === 304 && last) {
+    stats.unchanged++;
+    return { body: last.body, changed: false };
+  }
   const body = await r.json().catch(() => ({}));
   if (!r.ok && path !== "readyz") throw new Error(`${path}: ${r.status} ${body.detail || ""}`);
-  return body;
+  const etag = r.headers.get("ETag");
+  if (r.ok && etag) lists.set(path, { etag, body });
+  return { body, changed: true };
 }
 
 function showError(msg) {
@@ -182,13 +203,25 @@ async function refresh() {
   if (busy) return;
   busy = true;
   try {
-    const [cluster, jobs, rounds, ready] = await Promise.all([
+    const [cluster, jobs, rounds, readyAnswer] = await Promise.all([
       getJSON("api/v1/cluster"), getJSON("api/v1/jobs"), getJSON("api/v1/rounds?limit=500"),
       getJSON("readyz")]);
-    drawCluster(cluster);
-    drawJobs(jobs);
-    drawRounds(rounds);
-    drawPlots(jobs, rounds);
+    const ready = readyAnswer.body;
+    const clusterText = JSON.stringify(cluster.body);
+    if (clusterText !== lastCluster) {  // the cluster has no ETag: its health ages with time
+      drawCluster(cluster.body);
+      lastCluster = clusterText;
+      stats.drawn.cluster++;
+    }
+    if (jobs.changed) {
+      drawJobs(jobs.body);
+      stats.drawn.jobs++;
+    }
+    if (rounds.changed) {
+      drawRounds(rounds.body);
+      stats.drawn.rounds++;
+    }
+    if (jobs.changed || rounds.changed) drawPlots(jobs.body, rounds.body);
     const badge = $("#ready");
     badge.textContent = ready.ready ? "ready" : `not ready (${ready.store === "ok" ? "no recent round" : ready.store})`;
     badge.className = "badge " + (ready.ready ? "ok" : "bad");
@@ -205,17 +238,27 @@ async function cancel(id) {
   if (!window.confirm(`Cancel job ${id}? It is dropped and its GPUs go to the next round.`)) return;
   const headers = {};
   if (token()) headers.Authorization = `Bearer ${token()}`;
-  const r = await fetch(`api/v1/jobs/${encodeURIComponent(id)}`, { method: "DELETE", headers });
+  const r = await fetch(`api/v1/jobs/${encodeURIComponent(id)}`,
+                        { method: "DELETE", headers, credentials: "omit" });
   if (!r.ok) {
     const body = await r.json().catch(() => ({}));
-    showError(`cancel ${id}: ${r.status} ${body.detail || ""}`);
+    const hint = r.status === 401 ? " Paste the API token in the box above." : "";
+    showError(`cancel ${id}: ${r.status} ${body.detail || ""}${hint}`);
     return;
   }
   await refresh();
 }
 
+function keepToken(e) {
+  sessionStorage.setItem("apportion-token", e.target.value.trim());
+}
+
 $("#token").value = token();
-$("#token").addEventListener("change", (e) => sessionStorage.setItem("apportion-token", e.target.value.trim()));
-$("#show-done").addEventListener("change", refresh);
+$("#token").addEventListener("input", keepToken);
+$("#token").addEventListener("change", keepToken);
+$("#show-done").addEventListener("change", () => {
+  const jobs = lists.get("api/v1/jobs");
+  if (jobs) drawJobs(jobs.body);
+});
 refresh();
 setInterval(refresh, REFRESH_MS);
