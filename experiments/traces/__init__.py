@@ -21,16 +21,23 @@ type renamed, jobs drawn by a paper's adaptation). The built-in formats:
 
 A file is detected by its content, never its path (:func:`detect`); a file no format
 detects is refused by name. Plug-ins add formats through the ``apportion.trace_formats``
-entry-point group. Only paths are stored; large files are read from ``data_root()``
-(``$APPORTION_DATA`` or ``../shared/data`` next to the repository).
+entry-point group: a :class:`TraceFormat` whose loader reads its files with
+:func:`read_trace_csv` (the bounded reader: every number checked, ids unique) and the
+bounds ``SECONDS``, ``POSITIVE_COUNT``, ``ITERATIONS``, ``ANY_SECONDS``. Only paths are
+stored; large files are read from ``data_root()`` (``$APPORTION_DATA`` or
+``../shared/data`` next to the repository).
 """
 
 from __future__ import annotations
 
 from apportion.experiments.traces.base import (
+    ANY_SECONDS,
+    ITERATIONS,
     MAX_TRACE_GPUS,
     MAX_TRACE_ITERATIONS,
     MAX_TRACE_SECONDS,
+    POSITIVE_COUNT,
+    SECONDS,
     FinetuneInfo,
     SimJob,
     Substitution,
@@ -38,6 +45,8 @@ from apportion.experiments.traces.base import (
     Trace,
     busiest_window,
     data_root,
+    read_trace_csv,
+    sorted_jobs,
     with_iterations,
 )
 from apportion.experiments.traces.crius import (
@@ -66,6 +75,7 @@ from apportion.experiments.traces.morphling import (
 from apportion.experiments.traces.normalised import REQUIRED, load_normalised_csv
 from apportion.experiments.traces.raw import RAW
 from apportion.experiments.traces.registry import (
+    COVERAGE,
     ENTRY_POINT_GROUP,
     Preparation,
     Sniff,
@@ -87,13 +97,55 @@ FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", RAW.name, 
            "finetune", "workload")
 
 __all__ = [
-    "CRIUS_GPU_MIX", "CRIUS_TABLE2", "CRIUS_TYPES", "CRIUS_TYPE_MIX", "ELASTICFLOW_MODELS",
-    "ENTRY_POINT_GROUP", "FINETUNE_COLUMNS", "FINETUNE_GPU", "FORMATS", "MAX_TRACE_GPUS",
-    "MAX_TRACE_ITERATIONS", "MAX_TRACE_SECONDS", "MORPHLING_FEASIBLE_GPUS", "MORPHLING_MODELS",
-    "REQUIRED", "FinetuneInfo", "Preparation", "SimJob", "Sniff", "Substitution",
-    "SubstitutionLog", "Trace", "TraceFormat", "adapt_crius", "busiest_window",
-    "crius_catalog_name", "crius_key", "data_root", "detect", "detect_format", "formats",
-    "load_any", "load_crius_trace", "load_finetune_workload", "load_gavel_trace",
-    "load_morphling_workload", "load_normalised_csv", "load_plugins", "load_workload",
-    "morphling_downsample", "register", "synthetic", "trace_format", "with_iterations",
+    "ANY_SECONDS",
+    "COVERAGE",
+    "CRIUS_GPU_MIX",
+    "CRIUS_TABLE2",
+    "CRIUS_TYPES",
+    "CRIUS_TYPE_MIX",
+    "ELASTICFLOW_MODELS",
+    "ENTRY_POINT_GROUP",
+    "FINETUNE_COLUMNS",
+    "FINETUNE_GPU",
+    "FORMATS",
+    "ITERATIONS",
+    "MAX_TRACE_GPUS",
+    "MAX_TRACE_ITERATIONS",
+    "MAX_TRACE_SECONDS",
+    "MORPHLING_FEASIBLE_GPUS",
+    "MORPHLING_MODELS",
+    "POSITIVE_COUNT",
+    "REQUIRED",
+    "SECONDS",
+    "FinetuneInfo",
+    "Preparation",
+    "SimJob",
+    "Sniff",
+    "Substitution",
+    "SubstitutionLog",
+    "Trace",
+    "TraceFormat",
+    "adapt_crius",
+    "busiest_window",
+    "crius_catalog_name",
+    "crius_key",
+    "data_root",
+    "detect",
+    "detect_format",
+    "formats",
+    "load_any",
+    "load_crius_trace",
+    "load_finetune_workload",
+    "load_gavel_trace",
+    "load_morphling_workload",
+    "load_normalised_csv",
+    "load_plugins",
+    "load_workload",
+    "morphling_downsample",
+    "read_trace_csv",
+    "register",
+    "sorted_jobs",
+    "synthetic",
+    "trace_format",
+    "with_iterations",
 ]

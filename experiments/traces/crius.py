@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from apportion.experiments.traces.base import (
     ANY_SECONDS,
     ITERATIONS,
@@ -147,8 +146,8 @@ def adapt_crius(trace: Trace, truth: Any, seed: int = 0, max_iterations: float =
 def example(folder: Path) -> str:
     """Three jobs of Crius's measured models."""
     f = folder / "crius-jobs.csv"
-    f.write_text(",".join(("job_id", "submission_time", "num_iteration", "model_name",
-                           "deadline", "batch_size", "num_gpu", "gpu_type")) + "\n"
+    f.write_text("job_id,submission_time,num_iteration,model_name,deadline,batch_size,"
+                 "num_gpu,gpu_type\n"
                  "a,100,300,bert__760M,5000,128,1,a40\n"
                  "b,160,200,wide_resnet__500M,9000,256,2,a10\n"
                  "c,220,100,moe__690M,9000,256,4,a40\n")

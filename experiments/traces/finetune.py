@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apportion.errors import InputError
 from apportion.experiments.traces.base import (
     POSITIVE_COUNT,
     SECONDS,
@@ -24,6 +23,8 @@ from apportion.experiments.traces.base import (
     sorted_jobs,
 )
 from apportion.experiments.traces.registry import TraceFormat, register
+
+from apportion.errors import InputError
 
 FINETUNE_COLUMNS = ("name", "submission_time", "application", "num_gpus", "target_batch_size",
                     "target_lr", "target_gradient_steps", "target_metric")

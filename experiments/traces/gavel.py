@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from apportion.errors import InputError
 from apportion.experiments.traces.base import (
     MAX_TRACE_GPUS,
     MAX_TRACE_ITERATIONS,
@@ -23,6 +22,8 @@ from apportion.experiments.traces.base import (
 )
 from apportion.experiments.traces.normalised import REQUIRED, load_normalised_csv
 from apportion.experiments.traces.registry import Sniff, TraceFormat, register
+
+from apportion.errors import InputError
 from apportion.inputs import MAX_FIELD_CHARS, MAX_TRACE_BYTES, parse_number, read_text
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from apportion.experiments.traces.base import (
     ANY_SECONDS,
     ITERATIONS,
@@ -112,22 +111,22 @@ def morphling_downsample(trace: Trace, cluster_gpus: int = 64, source_gpus: int 
         dur = (j.duration_s or 0.0) * j.gpus / gpus
         out.append(replace(j, gpus=gpus, duration_s=dur, job_type=app,
                            model=MORPHLING_MODELS[app], gpu_type=MORPHLING_GPU))
-    drawn = Substitution(
-        "model, num_gpus, gpu_type, duration_s", "(none: a cluster trace)",
-        f"drawn by Morphling's down-sampling (section 7.3, seed {seed})",
-        "the trace carries no models; a Table-1 model, the nearest count it can use, the "
-        "GPU-hours kept", tuple(j.job_id for j in out))
+    why = ("the trace carries no models; a Table-1 model, the nearest count it can use, "
+           "the GPU-hours kept")
+    drawn = Substitution("model, num_gpus, gpu_type, duration_s", "(none: a cluster trace)",
+                         f"drawn by Morphling's down-sampling (section 7.3, seed {seed})", why,
+                         tuple(j.job_id for j in out))
     return replace(trace, name=f"{trace.name}-morphling-s{seed}", jobs=out,
-                   notes=trace.notes + [f"busiest {hours} h from {s:.0f} s, sampled "
-                                        f"{cluster_gpus}/{source_gpus}"],
+                   notes=[*trace.notes, (f"busiest {hours} h from {s:.0f} s, sampled "
+                                         f"{cluster_gpus}/{source_gpus}")],
                    format="morphling", substitutions=trace.substitutions + [drawn])
 
 
 def example(folder: Path) -> str:
     """Two jobs of Morphling's base workload."""
     f = folder / "morphling-jobs.csv"
-    f.write_text(",".join(("name", "submission_time", "duration", "application", "num_gpus",
-                           "num_cpus", "bandwidth", "exec_plan", "steps", "is_sla")) + "\n"
+    f.write_text("name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,"
+                 "exec_plan,steps,is_sla\n"
                  "vit-0,0,3163.091667,vit,2,16,0,zero-dp,37239,0\n"
                  "bert-1,60,1200,bert,4,32,0,zero-dp,8000,1\n")
     return str(f)

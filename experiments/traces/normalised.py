@@ -16,8 +16,6 @@ import logging
 from pathlib import Path
 
 import pandas as pd
-
-from apportion.errors import InputError
 from apportion.experiments.traces.base import (
     ANY_SECONDS,
     GPUS,
@@ -30,6 +28,8 @@ from apportion.experiments.traces.base import (
     read_trace_csv,
     sorted_jobs,
 )
+
+from apportion.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def load_normalised_csv(path: str | Path, limit: int | None = None, fmt: str = "
             gpu_type=str(d["gpu_type"]) if "gpu_type" in has and isinstance(d["gpu_type"], str)
             else None,
             tenant=str(d.get("tenant", d.get("cluster", "default"))),
-            deadline_s=None if is_missing(dl) else float(dl),
+            deadline_s=None if dl is None or is_missing(dl) else float(dl),
             duration_s=dur))
     notes = []
     if dropped:

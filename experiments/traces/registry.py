@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from apportion.errors import InputError
 from apportion.experiments.traces.base import Trace, check_trace_file
+
+from apportion.errors import InputError
 from apportion.inputs import MAX_TRACE_BYTES, parse_csv_text, read_head, read_text
 from apportion.plugins import plugins
 
@@ -243,8 +244,8 @@ def _no_format(sniff: Sniff, every: list[TraceFormat]) -> str:
              cols[:_SHOWN_COLUMNS]]
     more = f" and {len(cols) - _SHOWN_COLUMNS} more" if len(cols) > _SHOWN_COLUMNS else ""
     what = f"its columns ({', '.join(shown)}{more})" if any(cols) else "its first line"
-    near = sorted(((len(f.lacks(sniff.columns)), f.name, f.lacks(sniff.columns))
-                   for f in every if not f.generated and (f.columns or f.any_of)))
+    near = sorted((len(f.lacks(sniff.columns)), f.name, f.lacks(sniff.columns))
+                   for f in every if not f.generated and (f.columns or f.any_of))
     close = "; ".join(f"{name} (needs {', '.join(lacks)})" if lacks else
                       f"{name} (the columns fit but not the content: {_fmt(name).described()})"
                       for _, name, lacks in near[:3])

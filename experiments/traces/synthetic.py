@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-
 from apportion.experiments.traces.base import SimJob, Trace
 from apportion.experiments.traces.registry import TraceFormat, register
 

@@ -26,7 +26,6 @@ import itertools
 from dataclasses import replace
 from pathlib import Path
 
-from apportion.errors import CatalogError, InputError
 from apportion.experiments.traces.base import (
     ANY_SECONDS,
     ITERATIONS,
@@ -41,6 +40,8 @@ from apportion.experiments.traces.base import (
     sorted_jobs,
 )
 from apportion.experiments.traces.registry import Preparation, TraceFormat, register
+
+from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
 from apportion.jobs import control_characters
 
@@ -119,8 +120,9 @@ def iterations_from_durations(trace: Trace, prep: Preparation) -> Trace:
         derived.append(j.job_id)
     if not derived:
         return trace
-    sub = Substitution("iterations", "(none)", "duration_s x the truth's rate at the job's "
-                       "gpu_type and num_gpus", f"{prep.truth_name} rates", tuple(derived))
+    sub = Substitution("iterations", "(none)", "duration_s x the rate at its gpu_type and "
+                       "num_gpus", f"the job gives a duration, not iterations: its work is "
+                       f"that duration at the {prep.truth_name} truth's rate", tuple(derived))
     return trace.derived(out, note="iterations from duration", substitutions=[sub])
 
 
