@@ -54,11 +54,6 @@ def crius_cluster() -> Cluster:
     return resolve_cluster("crius-sim")
 
 
-def morphling_cluster() -> Cluster:
-    """Morphling 7: 8 servers x 8 A800 (80 GB), 96 vCPUs, 1,600 GB, NVLink 400 GB/s."""
-    return resolve_cluster("morphling-64")
-
-
 def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
     groups = []
     for prefix, t, n in (("v100", "V100-32GB", v), ("p100", "P100", p), ("k80", "K80", k)):

@@ -36,9 +36,13 @@ class TruthInputs:
 
 @dataclass(frozen=True)
 class TruthKind:
+    """A ground truth by name: ``make`` builds it (a :class:`~apportion.experiments.
+    groundtruth.GroundTruth`), ``prepare`` readies a trace for it, ``general`` says it rates
+    any trace's jobs, ``hint`` what would rate jobs it rates nowhere."""
+
     name: str
     doc: str
-    make: Callable[[TruthInputs], Any]
+    make: Callable[[TruthInputs], gt.GroundTruth]
     prepare: Callable[[Trace, Any], Trace] | None = None
     general: bool = True
     hint: Callable[[Any, Sequence[SimJob]], str] | None = None
@@ -61,7 +65,7 @@ def general_truths() -> tuple[str, ...]:
     return tuple(n for n, k in TRUTHS.items() if k.general)
 
 
-def make_truth(name: str, inputs: TruthInputs) -> Any:
+def make_truth(name: str, inputs: TruthInputs) -> gt.GroundTruth:
     kind = TRUTHS.get(name)
     if kind is None:
         raise InputError(name, "--truth", f"unknown ground truth; choose "
