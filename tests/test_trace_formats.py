@@ -232,3 +232,64 @@ def test_traces_lists_every_format_and_the_bundled_traces() -> None:
     assert "crius-philly" in listed["bundled"] and "synthetic[:N]" in listed["generated"]
     r = runner.invoke(app, ["traces"])
     assert r.exit_code == 0 and "workload" in r.stdout
+
+
+class _PerGpu:
+    """A ground truth of its own: one iteration a second per GPU, on any type."""
+
+    name = "per-gpu"
+    interpolated: set = set()
+
+    def rate(self, job: object, gpu_type: str, gpus: int, placement: object = None,
+             plan: object = None) -> float:
+        return float(gpus)
+
+
+def test_a_format_is_its_columns_and_its_rates(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """What a later format needs (Pollux's ``name,time,application,num_replicas,
+    batch_size``): detected by its columns, loaded by its loader, replayed on the rates of
+    a truth registered beside it — no harness change."""
+    from apportion.experiments import truths
+    from apportion.experiments.harness import prepare_one
+
+    def load(path: Path) -> tr.Trace:
+        _, rows = tr.read_trace_csv(path, ("name", "time", "application", "num_replicas",
+                                           "batch_size"), "name",
+                                    {"time": tr.SECONDS, "num_replicas": tr.POSITIVE_COUNT})
+        return tr.Trace(path.stem, tr.sorted_jobs([
+            tr.SimJob(r["name"], float(rows.number(i, "time")),
+                      int(rows.number(i, "num_replicas")), 600.0, r["application"],
+                      batch=int(r["batch_size"])) for i, r in rows.iter()]), str(path))
+
+    monkeypatch.setitem(truths.TRUTHS, "per-gpu",
+                        truths.TruthKind("per-gpu", "one iteration/s per GPU",
+                                         lambda inputs: _PerGpu()))
+    fmt = tr.TraceFormat(name="replicas", doc="name,time,application,num_replicas,batch_size",
+                         load=load, columns=("name", "time", "application", "num_replicas",
+                                             "batch_size"), truth="per-gpu")
+    monkeypatch.setitem(registry._FORMATS, fmt.name, fmt)
+    f = tmp_path / "workload-1.csv"
+    f.write_text("name,time,application,num_replicas,batch_size\n"
+                 "cifar10-0,0,cifar10,2,2048\ndeepspeech2-1,10,deepspeech2,4,320\n")
+    replay = prepare_one(str(f), "crius-testbed", "fcfs", ground_truth="per-gpu",
+                         sim_options={"restart_cost_s": 0.0})
+    res = replay()
+    assert res.summary["trace_format"] == "replicas" and res.summary["truth"] == "per-gpu"
+    assert res.summary["finished"] == 2
+    assert res.jobs.set_index("job_id")["jct_s"]["cifar10-0"] == pytest.approx(300.0)
+
+
+def test_the_check_names_what_a_format_gets_wrong(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    shadowed = tr.TraceFormat(name="shadowed", doc="any CSV with a job_id",
+                              load=tr.trace_format("workload").load, columns=("job_id",),
+                              priority=0)
+    monkeypatch.setitem(registry._FORMATS, shadowed.name, shadowed)
+    sample = tr.trace_format("workload").example(tmp_path)  # type: ignore[misc]
+    with pytest.raises(AssertionError, match="shadowed: .* is detected as 'workload'"):
+        check_trace_format("shadowed", sample=sample, replay=False, folder=str(tmp_path))
+    with pytest.raises(AssertionError, match="not a registered trace format"):
+        check_trace_format("no-such-format")
+    with pytest.raises(AssertionError, match="no example to check"):
+        check_trace_format("shadowed", folder=str(tmp_path))

@@ -21,6 +21,7 @@ detect. Nothing is ever read as a format it does not match.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from typing import Any
 from apportion.experiments.traces.base import Trace, check_trace_file
 
 from apportion.errors import InputError
-from apportion.inputs import MAX_TRACE_BYTES, parse_csv_text, read_head, read_text
+from apportion.inputs import MAX_TRACE_BYTES, read_head, read_text
 from apportion.plugins import plugins
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Sniff:
     path: Path
     first_line: str
     columns: frozenset[str]
-    _table: Any = field(default=None, repr=False)
+    _values: dict[str, frozenset[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, path: str | Path) -> Sniff:
@@ -62,14 +63,25 @@ class Sniff:
         return cls(p, first, frozenset(c.strip().lstrip("\ufeff") for c in header))
 
     def values(self, column: str) -> frozenset[str]:
-        """The non-empty values of ``column`` (stripped); empty when there is no such
-        column. The file is read once for all columns asked."""
+        """The distinct non-empty values of ``column`` (stripped); empty when there is no
+        such column. The file is read by the bounded reader and streamed (only the distinct
+        values are kept); a malformed row ends the scan, the loader then names it."""
         if column not in self.columns:
             return frozenset()
-        if self._table is None:
+        if column not in self._values:
             text = read_text(self.path, "trace", max_bytes=MAX_TRACE_BYTES)
-            self._table = parse_csv_text(text, str(self.path))
-        return frozenset(v for r in self._table.rows if (v := (r.get(column) or "").strip()))
+            reader = csv.reader(io.StringIO(text, newline=""))
+            header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
+            at = header.index(column)
+            found: set[str] = set()
+            try:
+                for row in reader:
+                    if len(row) > at and (v := row[at].strip()):
+                        found.add(v)
+            except csv.Error:
+                pass
+            self._values[column] = frozenset(found)
+        return self._values[column]
 
 
 @dataclass(frozen=True)
