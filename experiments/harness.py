@@ -343,7 +343,7 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
             sim_options: dict[str, Any] | None = None, window_days: float | None = None,
             max_jobs: int | None = None, show_progress: bool = True, plots: bool = True,
             engine: str = "local", ray_address: str | None = None,
-            tables: str | Path | None = None) -> Path:
+            tables: str | Path | None = None, per_run_jobs: int | None = None) -> Path:
     """Run every policy x seed (parallel processes, or Ray tasks with ``engine="ray"``),
     then write tables and plots.
 
@@ -352,7 +352,9 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     (:class:`apportion.console.Progress`). A run that fails fails its row (``error`` in
     ``summary.csv`` and ``summary.md``); the others are written, then
     :class:`CompareFailed` names the failed runs. A worker process that dies (killed, out
-    of memory) fails the runs it had: nothing waits on it."""
+    of memory) fails the runs it had: nothing waits on it. ``tables``: measured iteration
+    times, the runs' truth; ``per_run_jobs``: the jobs one run replays, where the caller
+    resolved the trace already (the progress total; else it is resolved here)."""
     check_run_name(run)
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
@@ -366,7 +368,8 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
         outcomes = _run_on_ray(args, ray_address, show_progress)
     else:
         outcomes = _run_local(trace, cluster, runs, profile, policy_options, sim_options,
-                              window_days, max_jobs, root, workers, show_progress, tables)
+                              window_days, max_jobs, root, workers, show_progress, tables,
+                              per_run_jobs)
     results = [(p, s, summ) for p, s, summ, _ in outcomes if summ is not None]
     failures = {(p, s): err or "failed" for p, s, summ, err in outcomes if summ is None}
     write_tables(root, results, failures)
@@ -385,7 +388,8 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
                policy_options: dict[str, dict[str, Any]] | None,
                sim_options: dict[str, Any] | None, window_days: float | None,
                max_jobs: int | None, root: Path, workers: int | None,
-               show_progress: bool, tables: str | Path | None = None) -> list[Outcome]:
+               show_progress: bool, tables: str | Path | None = None,
+               per_run_jobs: int | None = None) -> list[Outcome]:
     """Every run in a pool of spawned processes (:class:`ProcessPoolExecutor`: a worker that
     dies breaks the pool, and every run it had fails, where ``multiprocessing.Pool`` would
     wait for it forever); the parent sleeps between progress reports."""
@@ -394,7 +398,8 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
 
     from apportion.console import Progress
 
-    per_run = trace_jobs(trace, cluster, window_days, max_jobs, tables)
+    per_run = per_run_jobs if per_run_jobs is not None else \
+        trace_jobs(trace, cluster, window_days, max_jobs, tables)
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     outcomes: list[Outcome] = []
@@ -700,8 +705,10 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     cl = cluster_from_arg(cluster)
     resolved, _ = resolve(trace, cl, 0, window_days, tables=tables)  # fails before any worker
+    if max_jobs:
+        resolved = resolved.head(max_jobs)
     if notify is not None:
-        for line in substitution_notes(resolved.head(max_jobs) if max_jobs else resolved):
+        for line in substitution_notes(resolved):
             notify(line)
     # the same quotas to every policy that keeps quotas; the others have none to keep
     quotas = load_tenants(tenants) if tenants is not None else None
@@ -713,7 +720,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                    sim_options={"information": information, "estimator": estimator,
                                 "deterministic": deterministic},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
-                   ray_address=ray_address, tables=tables)
+                   ray_address=ray_address, tables=tables, per_run_jobs=len(resolved))
 
 
 def _with_preset(popts: dict[str, dict[str, Any]], names: list[str],
