@@ -151,6 +151,13 @@ class SimulateSummary(_Open):
     sla_jobs: int | None
     solver_s_mean: float | None
     fallbacks: int
+    trace_format: str | None = Field(default=None, description="the registered trace format "
+                                     "the file was detected as (apportion traces)")
+    substitutions: list[dict[str, Any]] = Field(
+        default_factory=list, description="what the replay uses that the trace file did not "
+        "say, each {field, from, to, why, jobs (how many of the replayed jobs), first_jobs}: "
+        "a model mapped, a GPU type renamed or assigned, iterations derived, jobs drawn by a "
+        "paper's adaptation")
 
 
 # -- status --json, history --json ----------------------------------------------------------------------

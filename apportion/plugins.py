@@ -1,12 +1,13 @@
 """What installed packages offer apportion through entry points, read once per group.
 
-The installed packages' metadata is read once for the four groups: each pass opens every
+The installed packages' metadata is read once for the five groups: each pass opens every
 package's ``entry_points.txt`` (10 ms in an environment of 150 packages, and a round
 asks for two groups).
 
-Four groups, each a name -> object: ``apportion.policies`` (a policy factory or class),
+Five groups, each a name -> object: ``apportion.policies`` (a policy factory or class),
 ``apportion.formulations`` (a recipe), ``apportion.estimators`` (an estimator class or
-factory) and ``apportion.executors`` (an executor factory). A plug-in that fails to load is
+factory), ``apportion.executors`` (an executor factory) and ``apportion.trace_formats``
+(a trace format, :class:`apportion.experiments.traces.TraceFormat`, or a factory of one). A plug-in that fails to load is
 logged, named, and left out: a broken package never breaks a command.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 GROUPS = ("apportion.policies", "apportion.formulations", "apportion.estimators",
-          "apportion.executors")
+          "apportion.executors", "apportion.trace_formats")
 _LOADED: dict[str, dict[str, Any]] = {}
 _DECLARED: dict[str, list[Any]] = {}
 

@@ -215,7 +215,7 @@ class FinetuneTruth:
             notes.append(f"dropped {len(trace.jobs) - len(out)} jobs of tasks without a "
                          f"samples-to-target figure: {', '.join(sorted(missing))}")
             log.warning("%s: %s", trace.name, notes[-1])
-        return Trace(trace.name, out, trace.source, notes, trace.format)
+        return replace(trace, jobs=out, notes=notes)  # its format and substitutions kept
 
     # -- speed -----------------------------------------------------------------------
     def iteration_time(self, backbone: str, gpus: int, batch: int) -> float | None:

@@ -13,8 +13,12 @@ iterations per second (0.0 = cannot run there: out of memory, unknown type).
   execution plan and placement (A800).
 * :class:`ElasticFlowTruth` — ElasticFlow's A100/T4 iterations/s by global
   batch and GPU count.
+* :class:`TablesTruth` — a user's own measured iteration times (``--tables FILE``).
 * :class:`AnalyticTruth` — apportion's analytic estimator, for synthetic
   traces of catalog models (not measured: say so when you use it).
+
+Which truth a replay uses is the trace format's to say (:mod:`apportion.experiments.
+truths` names them; :mod:`apportion.experiments.traces` registers the formats).
 
 Missing configurations are interpolated (log-log between the two nearest
 measured GPU counts of the same type, scaling exponent clipped to [0, 1]; a
@@ -34,15 +38,18 @@ import logging
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any, Protocol
 
 import pandas as pd
-from apportion.experiments.traces import SimJob, data_root
+from apportion.estimation.models.measured import TableEstimator
+from apportion.experiments.traces.base import SimJob, data_root
 
 from apportion.gpus import canonical_gpu_name, get_gpu
+from apportion.jobs import JobSpec
+from apportion.models import catalog_model
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +347,70 @@ class ElasticFlowTruth:
 
 
 # ---------------------------------------------------------------------------
+# A user's own measured iteration times
+# ---------------------------------------------------------------------------
+class TablesTruth:
+    """Measured iteration times as the truth: a user's own (``--tables FILE``, the CSV
+    ``solve-round --tables`` reads, read by the same reader: model, gpu_type, gpus,
+    iter_time_s and optionally global_batch_size).
+
+    A job is looked up by its model (its job type where it has no model) and batch; a GPU
+    count between two measured ones is interpolated log-log, one outside them
+    extrapolated with the measured scaling exponent (at most linear), each recorded in
+    ``interpolated`` (:class:`apportion.estimation.models.measured.TableEstimator`, the one
+    interpolation). A model or GPU type without rows rates 0: it does not run there. The
+    name carries a digest of the rows, so two tables are two truths (the lower bound's
+    cache keys on it)."""
+
+    def __init__(self, table: TableEstimator, source: str = "") -> None:
+        self.table = table
+        self.source = source
+        digest = hashlib.sha256(json.dumps(sorted(map(list, table.rows)), default=str)
+                                .encode()).hexdigest()
+        self.name = f"tables:{digest[:12]}"
+        self.interpolated: set[tuple[Any, ...]] = set()
+        self._cache: dict[tuple[Any, ...], float] = {}
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> TablesTruth:
+        return cls(TableEstimator.from_csv(path), str(path))
+
+    @staticmethod
+    def _model(job: SimJob) -> str:
+        return job.model or job.job_type
+
+    def rate(self, job: SimJob, gpu_type: str, gpus: int,
+             placement: Mapping[str, int] | None = None, plan: str | None = None) -> float:
+        model, batch = self._model(job), max(1, job.batch)
+        ck = (model, batch, gpu_type, gpus)
+        if ck in self._cache:
+            return self._cache[ck]
+        t = (self.table.iter_time(JobSpec(job.job_id, model, batch, 1, max(1, gpus)), gpu_type,
+                                  gpus) if gpus > 0 else None)
+        v = 1.0 / t if t else 0.0
+        if v > 0 and not any(m == model and g_t == gpu_type and g == gpus and b in (None, batch)
+                             for m, b, g_t, g, _ in self.table.rows):
+            self.interpolated.add(ck)
+        self._cache[ck] = v
+        return v
+
+    def explain(self, jobs: Sequence[SimJob]) -> str:
+        """What the table holds for the models of ``jobs`` (why it rates them nowhere)."""
+        parts = []
+        for model in sorted({self._model(j) for j in jobs})[:4]:
+            rows = [(t, g, b) for m, b, t, g, _ in self.table.rows if m == model]
+            if not rows:
+                parts.append(f"no row for model {model}")
+                continue
+            types = sorted({t for t, _, _ in rows})
+            batches = sorted({b for _, _, b in rows if b is not None})
+            parts.append(f"model {model} has rows on {', '.join(types)}"
+                         + (f" at batch {', '.join(map(str, batches))}" if batches else ""))
+        return "; ".join(parts) + (" (a table's gpu_type must be the cluster's type name; "
+                                   "its global_batch_size, when given, the job's batch_size)")
+
+
+# ---------------------------------------------------------------------------
 # Analytic (not measured) and noise
 # ---------------------------------------------------------------------------
 class AnalyticTruth:
@@ -357,7 +428,6 @@ class AnalyticTruth:
 
     def rate(self, job: SimJob, gpu_type: str, gpus: int,
              placement: Mapping[str, int] | None = None, plan: str | None = None) -> float:
-        from apportion.jobs import JobSpec
         from apportion.plans import Cell
 
         if not job.model:
@@ -365,6 +435,9 @@ class AnalyticTruth:
         ck = (job.model, job.batch, gpu_type, gpus)
         if ck in self._cache:
             return self._cache[ck]
+        if catalog_model(job.model) is None:  # it knows catalog models only
+            self._cache[ck] = 0.0
+            return 0.0
         spec = JobSpec(job.job_id, job.model, job.batch, 1, job.gpus)
         best = 0.0
         s = 1
@@ -429,16 +502,3 @@ class ConsolidatedRates:
              placement: Mapping[str, int] | None = None, plan: str | None = None,
              **kw: Any) -> float:
         return self.base.rate(job, gpu_type, gpus, None, plan, **kw)
-
-
-def truth_for(profile: str, cluster: Any) -> Any:
-    """The ground truth matching a profile / trace family name."""
-    if profile == "gavel":
-        return GavelTruth()
-    if profile == "crius":
-        return CriusTruth()
-    if profile == "morphling":
-        return MorphlingTruth()
-    if profile == "elasticflow":
-        return ElasticFlowTruth()
-    return AnalyticTruth(cluster)

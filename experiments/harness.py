@@ -27,14 +27,14 @@ import multiprocessing as mp
 import os
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from apportion.experiments import groundtruth as gt
 from apportion.experiments import trace_catalog as catalog
 from apportion.experiments import traces as tr
+from apportion.experiments import truths
 from apportion.experiments.plots import write_plots, write_summary_markdown
 from apportion.experiments.simulator import PROFILES, SimResult, Simulator
 
@@ -52,11 +52,6 @@ log = logging.getLogger(__name__)
 def crius_cluster() -> Cluster:
     """Crius table 1: 1,280 GPUs (A100 80x4 NVLink, A40 160x2, A10 160x2, V100 20x16 NVLink)."""
     return resolve_cluster("crius-sim")
-
-
-def morphling_cluster() -> Cluster:
-    """Morphling 7: 8 servers x 8 A800 (80 GB), 96 vCPUs, 1,600 GB, NVLink 400 GB/s."""
-    return resolve_cluster("morphling-64")
 
 
 def gavel_cluster(v: int, p: int, k: int, per_server: int = 4) -> Cluster:
@@ -99,106 +94,163 @@ def cluster_from_arg(arg: str) -> Cluster:
                      "name: " + cluster_names_help())
 
 
-#: ``--truth`` values: ``auto`` follows the trace format detected from the file's content.
-TRUTHS = ("auto", "gavel", "crius", "morphling", "elasticflow", "analytic", "finetune")
-_TRUTH_OF_FORMAT = {"gavel": "gavel", "gavel-csv": "gavel", "crius": "crius",
-                    "morphling": "morphling", "elasticflow": "elasticflow",
-                    "synthetic": "analytic", "raw": "crius", "finetune": "finetune"}
+def truth_choices() -> tuple[str, ...]:
+    """``--truth`` values: ``auto`` (the trace format's own truth, or ``tables`` where
+    ``--tables`` gives the rates) and every registered ground truth."""
+    return ("auto", *truths.truth_names())
 
 
-def _make_truth(kind: str, cluster: Cluster) -> Any:
-    return {"gavel": gt.GavelTruth, "crius": gt.CriusTruth, "morphling": gt.MorphlingTruth,
-            "elasticflow": gt.ElasticFlowTruth}[kind]() if kind != "analytic" \
-        else gt.AnalyticTruth(cluster)
-
-
-def _check_truth_covers(t: tr.Trace, truth: Any, cluster: Cluster, kind: str) -> None:
-    """A ground truth that gives none of the trace's jobs a rate on this cluster would replay
-    nothing and report it as a result: refuse it before the replay, naming the choice."""
-    sample = t.jobs[:50]
-    if not sample:
+def _check_truth_covers(t: tr.Trace, truth: Any, cluster: Cluster, kind: str,
+                        coverage: str = "sample") -> None:
+    """A ground truth that rates none of the trace's jobs on this cluster would replay
+    nothing and report it as a result; where the format is a user's own (``every``), one
+    job it cannot rate would stall the replay. Refuse either before the replay, naming
+    the choice, the jobs and what would rate them."""
+    if coverage == "none" or not t.jobs:
         return
-    for j in sample:
+
+    def rated(j: tr.SimJob) -> bool:
         for g in cluster.gpu_types:
             try:
                 if float(truth.rate(j, g, j.gpus)) > 0:
-                    return
+                    return True
             except (KeyError, ValueError, ZeroDivisionError):
                 continue
+        return False
+
+    where = f"on cluster {cluster.name} ({', '.join(cluster.gpu_types)})"
+    if coverage == "every":
+        unrated = [j for j in t.jobs if not rated(j)]
+        if not unrated:
+            return
+        groups: dict[tuple[str, int, int], list[str]] = {}
+        for j in unrated:
+            groups.setdefault((j.model or j.job_type, j.batch, j.gpus), []).append(j.job_id)
+        shown = "; ".join(f"model {m} at batch {b} on {g} GPU{'s' if g != 1 else ''} (job"
+                          f"{'s' if len(ids) > 1 else ''} {', '.join(ids[:3])}"
+                          f"{' ...' if len(ids) > 3 else ''})"
+                          for (m, b, g), ids in list(groups.items())[:4])
+        more = f" and {len(groups) - 4} more" if len(groups) > 4 else ""
+        why = truths.hint(kind, truth, unrated)
+        raise InputError(t.source or t.name, "column model",
+                         f"the {kind} ground truth has no rate {where} for {len(unrated)} of "
+                         f"the trace's {len(t.jobs)} jobs: {shown}{more}"
+                         + (f"; {why}" if why else ""))
+    sample = t.jobs[:50]
+    if any(rated(j) for j in sample):
+        return
+    why = truths.hint(kind, truth, sample)
     raise InputError(t.source or t.name, "--truth",
                      f"the {kind} ground truth knows none of the first {len(sample)} jobs of "
-                     f"this {t.format or 'unknown'}-format trace on cluster {cluster.name} "
-                     f"({', '.join(cluster.gpu_types)}): every job would stall; give --truth "
-                     f"(one of {', '.join(TRUTHS[1:])}) or a cluster of the trace's GPU types")
+                     f"this {t.format or 'unknown'}-format trace {where}: every job would "
+                     f"stall; give --truth (one of {', '.join(truth_choices()[1:])}) or a "
+                     "cluster of the trace's GPU types" + (f"; {why}" if why else ""))
+
+
+def _truth_of(fmt: tr.TraceFormat, truth: str, tables: Path | None) -> str:
+    """The registered truth a replay of ``fmt`` uses: ``--truth`` when given, ``tables``
+    where ``--tables`` gives the rates, else the format's own; refused, saying why, where
+    it cannot apply to the format's jobs."""
+    if truth not in truth_choices():
+        raise InputError(truth, "--truth", f"unknown ground truth; choose "
+                         f"{', '.join(truth_choices())}")
+    if tables is not None and truth not in ("auto", "tables"):
+        raise InputError(truth, "--truth", "--tables gives the replay's rates (the tables "
+                         "truth): leave --truth out, or give --truth tables")
+    if truth == "tables" and tables is None:
+        raise InputError(truth, "--truth", "the tables truth is your measured iteration "
+                         "times: give them with --tables FILE")
+    kind = truth if truth != "auto" else "tables" if tables is not None else fmt.truth_name()
+    allowed = fmt.truths if fmt.truths is not None else truths.general_truths()
+    if truth == "auto" and tables is None:
+        return kind  # the format's own (a plug-in's factory included)
+    if kind not in allowed:
+        flag = "--tables" if truth == "auto" else "--truth"
+        why = fmt.why or ("its jobs carry no fine-tuning targets" if kind == "finetune"
+                          else "its jobs are not keyed for it")
+        raise InputError(str(tables) if flag == "--tables" else kind, flag,
+                         f"a {fmt.name}-format trace replays on "
+                         f"{' or '.join(allowed)} rates, not {kind}: {why}")
+    return kind
 
 
 def resolve(trace_arg: str, cluster: Cluster, seed: int = 0,
-            window_days: float | None = None, truth: str = "auto") -> tuple[tr.Trace, Any]:
-    """The trace (adapted where the papers adapt it) and the ground truth that fits it.
+            window_days: float | None = None, truth: str = "auto",
+            tables: str | Path | None = None) -> tuple[tr.Trace, Any]:
+    """The trace (prepared as its format and truth prepare it) and the ground truth.
 
-    The truth follows the format detected from the trace's content
-    (:data:`apportion.experiments.traces.FORMATS`), never its path, unless ``truth``
-    names one. A raw cluster trace (no models) gets Crius's adaptation onto Crius's
-    measured models.
+    The format is detected from the trace's content, never its path, and registered
+    with how its truth is given (:mod:`apportion.experiments.traces`); ``truth`` names
+    another truth, ``tables`` (a measured iteration-times CSV) makes the user's own
+    measurements the truth. A raw cluster trace gets Crius's adaptation onto Crius's
+    measured models (``window_days``: its busiest days first). Everything prepared into
+    the trace is in its ``substitutions``.
     """
-    if truth not in TRUTHS:
-        raise InputError(truth, "--truth", f"unknown ground truth; choose {', '.join(TRUTHS)}")
+    tables_path = Path(tables) if tables is not None else None
     t = catalog.load_trace(trace_arg, seed=seed)
-    kind = _TRUTH_OF_FORMAT.get(t.format, "crius") if truth == "auto" else truth
-    if kind == "finetune":  # YMIR's fine-tuning workloads: work to target is the truth's
-        from apportion.experiments.finetune_truth import FinetuneTruth
+    fmt = tr.trace_format(t.format)
+    kind = _truth_of(fmt, truth, tables_path)
+    if isinstance(fmt.truth, str) or kind != fmt.truth_name():
+        gtruth = truths.make_truth(kind, truths.TruthInputs(cluster, tables_path))
+    else:
+        gtruth = fmt.truth(cluster)  # a plug-in format's own truth
+    if fmt.prepare is not None:
+        t = fmt.prepare(t, tr.Preparation(cluster, seed, window_days, kind, gtruth))
+    t = truths.prepare_for(kind, t, gtruth)
+    _check_truth_covers(t, gtruth, cluster, kind, fmt.coverage)
+    return (t if t.format == fmt.name else replace(t, format=fmt.name)), gtruth
 
-        ft = FinetuneTruth()
-        t = ft.with_iterations(t)
-        _check_truth_covers(t, ft, cluster, kind)  # its profiles are V100's: say so, exit 2
-        return t, ft
-    if t.format == "raw":
-        if kind != "crius":
-            raise InputError(trace_arg, "--truth", f"a raw cluster trace carries no models; "
-                             f"only crius (Crius's adaptation) applies, not {kind}")
-        gtruth: Any = gt.CriusTruth()
-        if window_days:
-            s, e = tr.busiest_window(t, window_days * 24)
-            t = t.window(s, e)
-        t = tr.adapt_crius(t, gtruth, seed=seed)
-        return t, gtruth
-    gtruth = _make_truth(kind, cluster)
-    if kind == "elasticflow":
-        t = tr.Trace(t.name, [replace(j, gpu_type="A100-40GB") for j in t.jobs], t.source,
-                     t.notes, t.format)
-    _check_truth_covers(t, gtruth, cluster, kind)
-    return t, gtruth
+
+@dataclass
+class Replay:
+    """One replay, read and checked, not yet run: call it (with a progress callback) to
+    run it. ``trace`` is what it replays, as prepared (its ``substitutions`` say what was
+    read into the file), ``truth`` the ground truth."""
+
+    cluster: Cluster
+    trace: tr.Trace
+    policy: Any
+    truth: Any
+    config: Any
+
+    def __call__(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
+        res = Simulator(self.cluster, self.trace, self.policy, self.truth, self.config,
+                        progress=progress).run()
+        res.summary["trace_format"] = self.trace.format
+        res.summary["substitutions"] = self.trace.substitution_report()
+        return res
 
 
 def prepare_one(trace: str, cluster: str, policy: str, profile: str = "default",
                 seed: int = 0, policy_options: dict[str, Any] | None = None,
                 sim_options: dict[str, Any] | None = None, window_days: float | None = None,
-                max_jobs: int | None = None,
-                ground_truth: str = "auto") -> Callable[[Any], SimResult]:
+                max_jobs: int | None = None, ground_truth: str = "auto",
+                tables: str | Path | None = None) -> Replay:
     """Everything a replay reads, read and checked (profile, cluster, trace, truth, policy):
     a bad input raises here, before any progress is shown; the result runs the replay
-    (given a progress callback)."""
+    (given a progress callback). ``tables``: the user's measured iteration times, the
+    replay's truth."""
     from apportion.policies import make_policy
 
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
     check_count(seed, "--seed", minimum=0, maximum=2**63 - 1)  # numpy's seeds are unsigned
     cl = cluster_from_arg(cluster)
-    t, truth = resolve(trace, cl, seed, window_days, ground_truth)
+    t, truth = resolve(trace, cl, seed, window_days, ground_truth, tables)
     if max_jobs:
         t = t.head(max_jobs)
     cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
     pol = make_policy(policy, **(policy_options or {}))
-    return lambda progress=None: Simulator(cl, t, pol, truth, cfg, progress=progress).run()
+    return Replay(cl, t, pol, truth, cfg)
 
 
 def run_one(trace: str, cluster: str, policy: str, profile: str = "default", seed: int = 0,
             policy_options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
             window_days: float | None = None, max_jobs: int | None = None,
-            progress: Any = None,
-            ground_truth: str = "auto") -> SimResult:
+            progress: Any = None, ground_truth: str = "auto",
+            tables: str | Path | None = None) -> SimResult:
     return prepare_one(trace, cluster, policy, profile, seed, policy_options, sim_options,
-                       window_days, max_jobs, ground_truth)(progress)
+                       window_days, max_jobs, ground_truth, tables)(progress)
 
 
 def write_run(res: SimResult, out: Path) -> None:
@@ -214,7 +266,8 @@ def write_run(res: SimResult, out: Path) -> None:
 def _run_worker(args: tuple[Any, ...]) -> dict[str, Any]:
     """One (policy, seed) run of :func:`compare`: its summary (read back when a finished run
     left one: runs are resumable)."""
-    (trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, out, queue) = args
+    (trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, out, queue,
+     tables) = args
     run_dir = Path(out) / f"{policy}-s{seed}"
     if (run_dir / "summary.json").exists():
         summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
@@ -224,7 +277,8 @@ def _run_worker(args: tuple[Any, ...]) -> dict[str, Any]:
         if queue is not None:
             queue.put((policy, seed, done, total))
 
-    res = run_one(trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, tick)
+    res = run_one(trace, cluster, policy, profile, seed, popts, sopts, window, max_jobs, tick,
+                  tables=tables)
     write_run(res, run_dir)
     if queue is not None:
         queue.put((policy, seed, res.summary["jobs"], res.summary["jobs"]))
@@ -274,12 +328,12 @@ SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_
 
 
 def trace_jobs(trace: str, cluster: str, window_days: float | None = None,
-               max_jobs: int | None = None) -> int:
+               max_jobs: int | None = None, tables: str | Path | None = None) -> int:
     """How many jobs one run of ``trace`` replays (seed 0; the generated families draw the
     same count for every seed): a comparison's progress total, known before any run
     starts. Resolving the trace here also refuses a trace the cluster cannot replay
     (:class:`InputError`) before any worker is spawned."""
-    t, _ = resolve(trace, cluster_from_arg(cluster), 0, window_days)
+    t, _ = resolve(trace, cluster_from_arg(cluster), 0, window_days, tables=tables)
     return len(t.head(max_jobs)) if max_jobs else len(t)
 
 
@@ -288,7 +342,8 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
             policy_options: dict[str, dict[str, Any]] | None = None,
             sim_options: dict[str, Any] | None = None, window_days: float | None = None,
             max_jobs: int | None = None, show_progress: bool = True, plots: bool = True,
-            engine: str = "local", ray_address: str | None = None) -> Path:
+            engine: str = "local", ray_address: str | None = None,
+            tables: str | Path | None = None, per_run_jobs: int | None = None) -> Path:
     """Run every policy x seed (parallel processes, or Ray tasks with ``engine="ray"``),
     then write tables and plots.
 
@@ -297,7 +352,9 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     (:class:`apportion.console.Progress`). A run that fails fails its row (``error`` in
     ``summary.csv`` and ``summary.md``); the others are written, then
     :class:`CompareFailed` names the failed runs. A worker process that dies (killed, out
-    of memory) fails the runs it had: nothing waits on it."""
+    of memory) fails the runs it had: nothing waits on it. ``tables``: measured iteration
+    times, the runs' truth; ``per_run_jobs``: the jobs one run replays, where the caller
+    resolved the trace already (the progress total; else it is resolved here)."""
     check_run_name(run)
     mode = (sim_options or {}).get("information", "estimated")
     name = run or re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{Path(trace).stem}-{cluster}-{mode}")
@@ -306,11 +363,13 @@ def compare(trace: str, cluster: str, policies: list[str], seeds: int = 1, out: 
     runs = [(p, s) for p in policies for s in range(seeds)]
     if engine == "ray":
         args = [(trace, cluster, p, profile, s, (policy_options or {}).get(p, {}),
-                 sim_options or {}, window_days, max_jobs, str(root), None) for p, s in runs]
+                 sim_options or {}, window_days, max_jobs, str(root), None,
+                 None if tables is None else str(tables)) for p, s in runs]
         outcomes = _run_on_ray(args, ray_address, show_progress)
     else:
         outcomes = _run_local(trace, cluster, runs, profile, policy_options, sim_options,
-                              window_days, max_jobs, root, workers, show_progress)
+                              window_days, max_jobs, root, workers, show_progress, tables,
+                              per_run_jobs)
     results = [(p, s, summ) for p, s, summ, _ in outcomes if summ is not None]
     failures = {(p, s): err or "failed" for p, s, summ, err in outcomes if summ is None}
     write_tables(root, results, failures)
@@ -329,7 +388,8 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
                policy_options: dict[str, dict[str, Any]] | None,
                sim_options: dict[str, Any] | None, window_days: float | None,
                max_jobs: int | None, root: Path, workers: int | None,
-               show_progress: bool) -> list[Outcome]:
+               show_progress: bool, tables: str | Path | None = None,
+               per_run_jobs: int | None = None) -> list[Outcome]:
     """Every run in a pool of spawned processes (:class:`ProcessPoolExecutor`: a worker that
     dies breaks the pool, and every run it had fails, where ``multiprocessing.Pool`` would
     wait for it forever); the parent sleeps between progress reports."""
@@ -338,7 +398,8 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
 
     from apportion.console import Progress
 
-    per_run = trace_jobs(trace, cluster, window_days, max_jobs)
+    per_run = per_run_jobs if per_run_jobs is not None else \
+        trace_jobs(trace, cluster, window_days, max_jobs, tables)
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     outcomes: list[Outcome] = []
@@ -369,7 +430,9 @@ def _run_local(trace: str, cluster: str, runs: list[tuple[str, int]], profile: s
             futures = {pool.submit(_worker, (trace, cluster, p, profile, s,
                                              (policy_options or {}).get(p, {}),
                                              sim_options or {}, window_days, max_jobs,
-                                             str(root), q)): (p, s) for p, s in runs}
+                                             str(root), q,
+                                             None if tables is None else str(tables))): (p, s)
+                       for p, s in runs}
             pending = set(futures)
             while pending:  # the parent sleeps in ``wait``: no spinning
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -531,12 +594,15 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                   estimator: str = "analytic", ground_truth: str = "auto",
                   show_progress: bool = True, deterministic: bool = False,
                   tenants: Path | None = None,
-                  objective_preset: str | None = None) -> dict[str, Any]:
+                  objective_preset: str | None = None, tables: Path | None = None,
+                  notify: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``apportion simulate``: replay, write the outputs, and fail loudly on a stalled replay.
 
     Jobs left unfinished that were neither dropped by the policy nor larger than the
     cluster stopped progressing: the outputs are written (they show the state) and
-    :class:`StalledReplay` names them, so the command exits non-zero.
+    :class:`StalledReplay` names them, so the command exits non-zero. ``tables``: the
+    user's measured iteration times, the replay's truth. ``notify`` is given one line per
+    substitution the trace's loading and preparation made, before the replay runs.
     """
     from apportion import outputs
     from apportion.console import Progress
@@ -557,7 +623,10 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
                              f"quotas (those that do: {', '.join(quota_policies())})")
     popts = _with_preset({policy: popts or {}}, [policy], objective_preset).get(policy) or popts
     replay = prepare_one(trace, cluster, policy, profile, seed, popts, sim, window_days,
-                         max_jobs, ground_truth)  # bad input fails before anything runs
+                         max_jobs, ground_truth, tables)  # bad input fails before anything runs
+    if notify is not None:
+        for line in substitution_notes(replay.trace):
+            notify(line)
     with Progress(f"simulate {policy}", unit="jobs finished", enabled=show_progress) as prog:
         res = replay(lambda _t, done, total: prog.update(done, total))
         prog.update(res.summary["finished"], res.summary["jobs"])
@@ -572,6 +641,22 @@ def simulate_main(trace: str, cluster: str, policy: str, profile: str, seed: int
         if len(stuck):
             raise StalledReplay(list(stuck["job_id"].astype(str)), res.summary)
     return res.summary
+
+
+#: substitution lines shown on stderr; the summary JSON keeps every one
+MAX_NOTES = 10
+
+
+def substitution_notes(trace: tr.Trace) -> list[str]:
+    """What the trace's loading and preparation read into it, one line each (at most
+    :data:`MAX_NOTES`, then how many more the summary's ``substitutions`` holds)."""
+    lines = trace.substitution_lines()
+    head = f"trace {trace.name} ({trace.format} format): "
+    out = [head + line for line in lines[:MAX_NOTES]]
+    if len(lines) > MAX_NOTES:
+        out.append(head + f"{len(lines) - MAX_NOTES} more substitutions (the summary JSON's "
+                   "substitutions lists every one)")
+    return out
 
 
 class StalledReplay(RuntimeError):
@@ -593,7 +678,12 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                  max_jobs: int | None, information: str = "estimated",
                  estimator: str = "analytic", engine: str = "local",
                  ray_address: str | None = None, deterministic: bool = False,
-                 tenants: Path | None = None, objective_preset: str | None = None) -> Path:
+                 tenants: Path | None = None, objective_preset: str | None = None,
+                 tables: Path | None = None,
+                 notify: Callable[[str], None] | None = None) -> Path:
+    """``apportion compare``: every input checked before any worker starts (the trace
+    resolved as its runs will resolve it: ``notify`` gets its substitutions), then
+    :func:`compare`."""
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
@@ -613,8 +703,13 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                          "is one run per seed (its results would be counted twice)")
     if profile not in PROFILES:
         raise InputError(profile, "--profile", f"unknown profile; choose {', '.join(PROFILES)}")
-    cluster_from_arg(cluster)
-    catalog.load_trace(trace)  # fail on a bad trace before spawning workers
+    cl = cluster_from_arg(cluster)
+    resolved, _ = resolve(trace, cl, 0, window_days, tables=tables)  # fails before any worker
+    if max_jobs:
+        resolved = resolved.head(max_jobs)
+    if notify is not None:
+        for line in substitution_notes(resolved):
+            notify(line)
     # the same quotas to every policy that keeps quotas; the others have none to keep
     quotas = load_tenants(tenants) if tenants is not None else None
     popts = {n: o for n in names if quotas is not None
@@ -625,7 +720,7 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                    sim_options={"information": information, "estimator": estimator,
                                 "deterministic": deterministic},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
-                   ray_address=ray_address)
+                   ray_address=ray_address, tables=tables, per_run_jobs=len(resolved))
 
 
 def _with_preset(popts: dict[str, dict[str, Any]], names: list[str],

@@ -4,7 +4,9 @@
 read: a bundled name (:data:`BUNDLED`, files under ``APPORTION_DATA``), a generated
 family (``synthetic[:N]``, ``fm-generated[:N[:backbone]]``, YMIR's workload recipe) or
 a path. A file that exists is always the file: a generated family's name never shadows
-it (``synthetic_mine.csv`` is read, not generated). Bad counts exit 2 naming the flag.
+it (``synthetic_mine.csv`` is read, not generated), and its format is detected from its
+content by the registered formats (:func:`apportion.experiments.traces.load_any`): a
+file none detects is refused. Bad counts exit 2 naming the flag.
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ BUNDLED = {
     **{f"fm-{load}-{fm}": f"titan-finetune/traces/FM-{load}-{fm}/workload-0.csv"
        for load in ("1", "1.5", "2") for fm in ("roberta-base", "roberta-large")},
 }
+
+
+#: the generated families a ``--trace`` name may ask for, and what each makes
+GENERATED = {"synthetic[:N]": "generated: Poisson arrivals of catalog models (synthetic "
+             "format; --seed)",
+             "fm-generated[:N[:backbone]]": "generated: YMIR's fine-tuning workload recipe "
+             "(finetune format; --seed)"}
 
 
 def _count(spec: str, part: str, default: int) -> int:
@@ -92,5 +101,5 @@ def load_trace(name_or_path: str | Path, seed: int = 0) -> Trace:
     p = Path(s)
     if not p.exists():
         raise InputError(s, "--trace", "neither a file nor a bundled trace name; names: "
-                         + ", ".join(sorted(BUNDLED) + ["synthetic[:N]", "fm-generated[:N]"]))
+                         + ", ".join(sorted(BUNDLED) + list(GENERATED)))
     return load_any(p)

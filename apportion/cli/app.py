@@ -147,6 +147,7 @@ app.add_typer(export_app, name="export")
 
 app.command("solve-round")(cmd_round.solve_round)
 app.command("policies")(cmd_catalog.policies_cmd)
+app.command("traces")(cmd_catalog.traces_cmd)
 app.command("models")(cmd_catalog.models)
 app.command("gpus")(cmd_catalog.gpus)
 app.command("schema")(cmd_catalog.schema_cmd)

@@ -1,4 +1,4 @@
-"""The catalogs a user picks names from: policies, models, GPU types."""
+"""The catalogs a user picks names from: policies, models, GPU types, trace formats."""
 
 from __future__ import annotations
 
@@ -32,6 +32,39 @@ def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON 
     for name, doc in sorted(POLICIES.items()):
         t.add_row(name, doc)
     stdout_console().print(t)
+
+
+def traces_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")
+               ) -> None:
+    """List the trace formats simulate and compare read (plug-ins' too) and the bundled traces."""
+    from apportion.experiments.trace_catalog import BUNDLED, GENERATED
+    from apportion.experiments.traces import formats
+    from apportion.experiments.traces.base import data_root
+
+    fmts = {f.name: {"what": f.doc, "detected_by": f.described(), "truth": f.truth_name(),
+                     "truths": list(f.truths) if f.truths is not None else None,
+                     "priority": f.priority, "generated": f.generated}
+            for f in sorted(formats().values(), key=lambda f: (-f.priority, f.name))}
+    root = data_root()
+    bundled = {n: {"path": str(root / rel), "present": (root / rel).exists()}
+               for n, rel in BUNDLED.items()}
+    if as_json:
+        print_json({"formats": fmts, "bundled": bundled, "generated": dict(GENERATED)})
+        return
+    t = Table(title="trace formats (a file is detected by its content; most specific first)")
+    for col in ("name", "recognised by", "ground truth", "what it is"):
+        t.add_column(col)
+    for name, f in fmts.items():
+        t.add_row(name, f["detected_by"], f["truth"], f["what"])
+    stdout_console().print(t)
+    b = Table(title=f"bundled traces (files under {root}; APPORTION_DATA moves it)")
+    for col in ("name", "file"):
+        b.add_column(col)
+    for name, info in bundled.items():
+        b.add_row(name, info["path"] + ("" if info["present"] else " (missing)"))
+    for name, what in GENERATED.items():
+        b.add_row(name, what)
+    stdout_console().print(b)
 
 
 def models(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")) -> None:

@@ -27,9 +27,22 @@ from apportion.console import printable, stderr_console, stdout_console
 from apportion.errors import InputError
 
 
+TRACE_HELP = ("a trace file (its format detected from its content: `apportion traces` "
+              "lists the formats) or a bundled name")
+TABLES_HELP = ("your measured iteration times CSV (model, gpu_type, gpus, iter_time_s"
+               "[, global_batch_size], as solve-round --tables reads): the replay's ground "
+               "truth, so models the catalog lacks replay at your rates")
+
+
+def _note(line: str) -> None:
+    """A substitution the trace's loading made, on stderr before the replay."""
+    stderr_console().print(f"note: {printable(line)}", highlight=False, markup=False,
+                           soft_wrap=True)
+
+
 def simulate_cmd(
-    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled "
-                              "name", autocompletion=complete.traces),
+    trace: str = typer.Option(..., "--trace", help=TRACE_HELP,
+                              autocompletion=complete.traces),
     cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
                                 "bundled name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
@@ -54,9 +67,10 @@ def simulate_cmd(
     estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP,
                                   autocompletion=complete.sim_estimators),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
-    truth: str = typer.Option("auto", "--truth", help="ground truth: auto (from the trace's "
-                              "detected format) | gavel | crius | morphling | elasticflow | "
-                              "analytic"),
+    truth: str = typer.Option("auto", "--truth", help="ground truth: auto (the detected "
+                              "format's own; tables with --tables) | gavel | crius | morphling "
+                              "| elasticflow | analytic | tables | finetune"),
+    tables: Optional[Path] = typer.Option(None, "--tables", help=TABLES_HELP),
     tenants: Optional[Path] = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus "
                                            "per tenant): the quotas every policy that keeps "
                                            "quotas is given"),
@@ -82,7 +96,8 @@ def simulate_cmd(
         summary = simulate_main(trace, cluster, policy, profile, seed, interval, restart_cost, noise,
                                 window_days, max_jobs, json_out, jobs_csv, information, estimator,
                                 truth, deterministic=deterministic, tenants=tenants,
-                                objective_preset=objective_preset)
+                                objective_preset=objective_preset, tables=tables,
+                                notify=_note)
     except InputError as exc:
         fail(exc)
         return
@@ -97,8 +112,8 @@ def simulate_cmd(
 
 
 def compare_cmd(
-    trace: str = typer.Option(..., "--trace", help="normalised CSV, Gavel .trace, or a bundled "
-                              "name", autocompletion=complete.traces),
+    trace: str = typer.Option(..., "--trace", help=TRACE_HELP,
+                              autocompletion=complete.traces),
     cluster: str = typer.Option(..., "--cluster", help="FILE.yaml, V100:P100:K80 counts, or a "
                                 "bundled name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
@@ -126,6 +141,7 @@ def compare_cmd(
     objective_preset: Optional[str] = typer.Option(None, "--objective-preset",
                                                    help=OBJECTIVE_PRESET_HELP,
                                                    autocompletion=complete.objective_presets),
+    tables: Optional[Path] = typer.Option(None, "--tables", help=TABLES_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
@@ -140,7 +156,8 @@ def compare_cmd(
             root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
                                 workers, window_days, max_jobs, information, estimator, engine,
                                 ray_address, deterministic=deterministic, tenants=tenants,
-                                objective_preset=objective_preset)
+                                objective_preset=objective_preset, tables=tables,
+                                notify=_note)
         except CompareFailed as exc:  # the other runs' rows are written: show them, exit 1
             failed, root = exc, exc.root
     stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)
