@@ -262,7 +262,7 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
     """
     from apportion.runtime.loop import run_loop
     from apportion.runtime.refit import OnlineRefit
-    from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteLoopStore
+    from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteRoundStore
 
     from apportion.store import RoundLock, StoreBusy, open_store
 
@@ -302,7 +302,7 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
                   else contextlib.nullcontext(LoopHooks()))
         with beside as hooks:
-            res = run_loop(cluster, SqliteLoopStore(store, cluster,
+            res = run_loop(cluster, SqliteRoundStore(store, cluster,
                                                     FaultPolicy(int(opts.max_retries))),
                            ex, interval_s=opts.interval_s, until_idle=opts.until_idle,
                            timeout_s=opts.timeout_s, round_config=cfg, refit=refit,
