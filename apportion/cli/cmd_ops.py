@@ -88,7 +88,7 @@ def run_cmd(
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
     verbose_logs(verbose)
-    from apportion.runtime.run_command import run_command
+    from apportion.cli.run_command import run_command
 
     with user_input():
         check_finite(interval, "--interval")
@@ -296,6 +296,7 @@ def serve_cmd(
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
     /healthz and /readyz, Prometheus /metrics, and a dashboard at /."""
     verbose_logs(verbose)
+    from apportion.cli.run_command import prepare_run
     from apportion.serve.command import serve_command
 
     raise typer.Exit(serve_command(
@@ -305,4 +306,4 @@ def serve_cmd(
         checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
         grace_period_s=grace_period, orphans=orphans, ray_address=ray_address,
         timeout_s=timeout, tables=tables, tenants=tenants,
-        objective_preset=objective_preset))
+        objective_preset=objective_preset, prepare=prepare_run))

@@ -1,9 +1,10 @@
 """The policy registry: every policy by one name, built by ``make_policy(name, config)``.
 
 Baselines are built on first use (their modules import what their algorithm needs:
-cvxpy for Gavel, scipy's MILP for Sia); apportion's own policies are one per
-formulation recipe (:mod:`apportion.policies.recipes`) plus the ablations and Crius's
-greedy. Plug-ins installed with pip register through the ``apportion.policies``
+cvxpy for Gavel, scipy's MILP for Sia), with the driver's config: each reads the fields
+its algorithm has (Sia's integer program: the round's budget); apportion's own policies
+are one per formulation recipe (:mod:`apportion.policies.recipes`) plus the ablations and
+Crius's greedy, and read all of it. Plug-ins installed with pip register through the ``apportion.policies``
 entry-point group (a factory ``(config=None, **options) -> policy`` or a class) and the
 ``apportion.formulations`` group (a :class:`~apportion.policies.recipes.Recipe`); both
 are read on first listing, so a plug-in appears in ``apportion policies``, ``--policy``

@@ -1,8 +1,8 @@
 """``apportion serve``: the command's whole logic and validation, behind one function.
 
 ``serve`` is ``run`` with an HTTP server beside its loop. It shares ``run``'s options
-(:class:`~apportion.runtime.run_command.RunOptions`) and its one setup path
-(:func:`~apportion.runtime.run_command.run_rounds`: lock, executor, reconciliation,
+(:class:`~apportion.runtime.session.RunOptions`) and its one setup path
+(:func:`~apportion.runtime.session.run_rounds`: lock, executor, reconciliation,
 loop); the server is the loop's *companion*, started once the store is locked and the
 executor reconciled, stopped once the loop has checkpointed and stopped. Unlike ``run``
 it creates a missing store (an operator submits through the API) and has no
@@ -21,7 +21,7 @@ import contextlib
 import importlib
 import ipaddress
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.markup import escape
@@ -29,11 +29,11 @@ from rich.markup import escape
 from apportion import outputs
 from apportion.console import printable, stderr_console
 from apportion.errors import HostError, InputError
-from apportion.runtime.run_command import (
+from apportion.runtime.session import (
     LoopContext,
     LoopHooks,
+    PreparedRun,
     RunOptions,
-    prepare_run,
     run_rounds,
 )
 from apportion.serve.auth import read_token
@@ -80,9 +80,12 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   grace_period_s: float = 120.0, orphans: str = "adopt",
                   ray_address: str | None = None, timeout_s: float | None = None,
                   tables: Path | None = None, tenants: Path | None = None,
-                  objective_preset: str | None = None) -> int:
+                  objective_preset: str | None = None,
+                  prepare: Callable[[RunOptions], PreparedRun]) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
-    until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
+    until SIGTERM/SIGINT (or ``timeout_s``). ``prepare`` checks the loop's options and
+    builds its round config (``apportion.cli.run_command.prepare_run``: ``run``'s and
+    ``solve-round``'s builder). Returns the exit code; errors are printed."""
     missing = _missing_extra()
     if missing is not None:
         return _error(f"apportion serve needs the 'serve' extra ({missing} is not "
@@ -95,7 +98,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
             raise InputError("--port", "port", f"must be 0..65535 (0: any free port), got {port}")
         token = read_token(token_file) if token_file is not None else None
         outputs.check_output_dir(workdir, "--workdir")
-        prep = prepare_run(RunOptions(
+        prep = prepare(RunOptions(
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
