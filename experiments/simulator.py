@@ -277,7 +277,8 @@ class Simulator:
         ran = [a for a in rep.attempts if not _not_run(a)]
         rp.rounds.append({
             "round": rp.round, "t": rp.t,
-            "active": sum(1 for js in rp.active if js.id not in gone),
+            "active": len(rp.active) - (sum(1 for js in rp.active if js.id in gone)
+                                        if gone else 0),
             "policy_s": policy_s, "solver_s": rep.wall_s, "backend": rep.backend,
             "status": rep.status, "fallback": bool(rep.fallback), "objective": rep.objective,
             "bound": rep.bound, "gap": rep.gap, "placed": len(decision.allocations),
