@@ -76,7 +76,7 @@ class MemoryStore:
         return cluster  # no node faults are kept in memory
 
     def history(self, now_s: float) -> Mapping[str, Any]:
-        return {}  # a long-lived policy keeps what it saw itself
+        return {}  # no attained service is kept in memory: each round starts a job afresh
 
     def finished_jcts(self) -> Mapping[str, float]:
         return {}

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 EXIT_BUSY = 75
 
-__all__ = ["Companion", "EXIT_BUSY", "LoopContext", "LoopHooks", "PreparedRun", "RunOptions",
+__all__ = ["EXIT_BUSY", "Companion", "LoopContext", "LoopHooks", "PreparedRun", "RunOptions",
            "chosen_estimator", "run_rounds", "store_samples"]
 
 

@@ -25,8 +25,8 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from apportion.runtime.executors.executor import Event, Health, Progress

@@ -12,24 +12,25 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from apportion.experiments.harness import cluster_from_arg, resolve
+from apportion.experiments.simulator import Simulator
+from apportion.runtime.executors.launch import DryRunExecutor
+from apportion.runtime.loop import MemoryStore, run_loop
+from apportion.runtime.store_adapter import SqliteRoundStore
 from typer.testing import CliRunner
 
 import apportion
 from apportion.cli import app
 from apportion.config import cluster_from_data, default_cluster, default_jobs
-from apportion.experiments.harness import cluster_from_arg, resolve
-from apportion.experiments.simulator import Simulator
 from apportion.jobs import JobSpec
 from apportion.policies import RoundConfig, Scheduler, make_policy, policy_names
 from apportion.round_store import RoundStore
-from apportion.runtime.executors.launch import DryRunExecutor
-from apportion.runtime.loop import MemoryStore, run_loop
-from apportion.runtime.store_adapter import SqliteRoundStore
 from apportion.store import open_store
 from apportion.store_faults import node_fault
 
@@ -151,7 +152,7 @@ def test_run_commits_the_cluster_it_planned_on_and_applies_through_the_hooks(
         store.submit([JobSpec("a", "bert-336m", 32, 100, 4)], source="test")
         node_fault(store, "a40-0", time.time(), detail="lost in a test")
         seen, on_round = _stop_after_first_round()
-        ex = DryRunExecutor(tmp_path / "runs", out=open(tmp_path / "events", "w"))
+        ex = DryRunExecutor(tmp_path / "runs", out=io.StringIO())
         res = run_loop(cl, SqliteRoundStore(store, cl), ex, interval_s=3600.0,
                        round_config=RoundConfig(backend="greedy"), on_round=on_round,
                        should_stop=seen.is_set)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Self
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision
@@ -122,7 +122,7 @@ class Scheduler:
             view.interval_s = float(interval_s)
         view.restart_s = restart_s
         for js in view.jobs if history else ():
-            h = history.get(js.id)
+            h = history.get(js.id) if history else None
             if h is not None:
                 js.gpu_seconds, js.run_seconds = h.gpu_seconds, h.run_seconds
                 js.time_on_type = dict(h.time_on_type)
@@ -170,7 +170,7 @@ class Scheduler:
         if self._owned and isinstance(self.policy, FormulationPolicy):
             self.policy.close()
 
-    def __enter__(self) -> Scheduler:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
