@@ -136,7 +136,7 @@ def test_every_policy_honours_the_executors_plans(name: str) -> None:
 
 # -- executors ------------------------------------------------------------------------------
 def _executors() -> list[str]:
-    from apportion.runtime.run_command import EXECUTORS
+    from apportion.runtime.executors.choice import EXECUTORS
 
     return list(EXECUTORS)
 
@@ -145,7 +145,7 @@ def _executors() -> list[str]:
 def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
     """Each executor ``run --executor`` names exposes apply/poll/shutdown with the protocol's
     signatures (constructed without touching a cluster)."""
-    from apportion.runtime.run_command import make_executor
+    from apportion.runtime.executors.choice import make_executor
 
     if name == "ray":
         pytest.importorskip("ray")

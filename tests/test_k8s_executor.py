@@ -261,7 +261,7 @@ def _workers(srv: ApiServerDouble, mount: Path, stop: threading.Event, kind: str
 
 
 def test_apportion_run_until_idle(tmp_path: Path) -> None:
-    from apportion.runtime.run_command import run_command
+    from apportion.cli.run_command import run_command
 
     from apportion.store import open_store
 

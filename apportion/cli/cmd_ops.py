@@ -89,7 +89,7 @@ def run_cmd(
 ) -> None:
     """Run rounds every interval: solve, apply through an executor, poll progress back."""
     verbose_logs(verbose)
-    from apportion.runtime.run_command import run_command
+    from apportion.cli.run_command import run_command
 
     with user_input():
         check_finite(interval, "--interval")
@@ -314,6 +314,7 @@ def serve_cmd(
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
     /healthz and /readyz, Prometheus /metrics, and a dashboard at /."""
     verbose_logs(verbose)
+    from apportion.cli.run_command import prepare_run
     from apportion.serve.command import serve_command
 
     raise typer.Exit(serve_command(
@@ -325,4 +326,4 @@ def serve_cmd(
         timeout_s=timeout, tables=tables, tenants=tenants,
         objective_preset=objective_preset, no_token=no_token,
         allowed_hosts=tuple(allowed_host or ()), allowed_origins=tuple(allowed_origin or ()),
-        read_timeout_s=read_timeout, max_connections=max_connections))
+        read_timeout_s=read_timeout, max_connections=max_connections, prepare=prepare_run))

@@ -3,7 +3,7 @@ that refuse a bad choice by the flag that made it.
 
 :class:`RoundConfig` is what every driver hands a policy (``solve-round``'s flags,
 ``run``'s, the simulator's); apportion's formulation policies read all of it, a baseline
-what its algorithm has (the budget, the MIP gap).
+what its algorithm has (Sia's integer program: the budget; :mod:`apportion.policies.registry`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``apportion serve``: the round loop of ``apportion run`` with an HTTP server beside it.
 
 One process: the loop holds the store's round lock and schedules exactly as ``run``
-does (:func:`apportion.runtime.run_command.run_rounds`); the server answers from the
+does (:func:`apportion.runtime.session.run_rounds`); the server answers from the
 store (the single source of truth) through its own connections, and writes only through
 the store's own transactional calls (``submit``, ``cancel``), as the commands do.
 

@@ -1,8 +1,8 @@
 """``apportion serve``: the command's whole logic and validation, behind one function.
 
 ``serve`` is ``run`` with an HTTP server beside its loop. It shares ``run``'s options
-(:class:`~apportion.runtime.run_command.RunOptions`) and its one setup path
-(:func:`~apportion.runtime.run_command.run_rounds`: lock, executor, reconciliation,
+(:class:`~apportion.runtime.session.RunOptions`) and its one setup path
+(:func:`~apportion.runtime.session.run_rounds`: lock, executor, reconciliation,
 loop); the server is the loop's *companion*, started once the store is locked and the
 executor reconciled, stopped once the loop has checkpointed and stopped. Unlike ``run``
 it creates a missing store (an operator submits through the API) and has no
@@ -23,7 +23,7 @@ import contextlib
 import importlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rich.markup import escape
@@ -31,11 +31,11 @@ from rich.markup import escape
 from apportion import outputs
 from apportion.console import printable, stderr_console
 from apportion.errors import HostError, InputError
-from apportion.runtime.run_command import (
+from apportion.runtime.session import (
     LoopContext,
     LoopHooks,
+    PreparedRun,
     RunOptions,
-    prepare_run,
     run_rounds,
 )
 from apportion.serve.auth import read_token, remove_generated_token, write_generated_token
@@ -81,9 +81,12 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   tables: Path | None = None, tenants: Path | None = None,
                   objective_preset: str | None = None, no_token: bool = False,
                   allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = (),
-                  read_timeout_s: float = 30.0, max_connections: int = 512) -> int:
+                  read_timeout_s: float = 30.0, max_connections: int = 512,
+                  prepare: Callable[[RunOptions], PreparedRun]) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
-    until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
+    until SIGTERM/SIGINT (or ``timeout_s``). ``prepare`` checks the loop's options and
+    builds its round config (``apportion.cli.run_command.prepare_run``: ``run``'s and
+    ``solve-round``'s builder). Returns the exit code; errors are printed."""
     missing = _missing_extra()
     if missing is not None:
         return _error(f"apportion serve needs the 'serve' extra ({missing} is not "
@@ -112,7 +115,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
 
         check_descriptors(max_connections)
         outputs.check_output_dir(workdir, "--workdir")
-        prep = prepare_run(RunOptions(
+        prep = prepare(RunOptions(
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
