@@ -254,7 +254,7 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
                 tried += 1
                 cell = Cell(job.id, gpu_type, gpus, stages)
                 e = est.best_in_cell(job, cell, cluster)
-                if e is None or not fits_device(cluster, gpu_type, e):
+                if e is None or not fits_device(cluster, gpu_type, e, job):
                     continue
                 why = accept(job, e.plan) if accept is not None else None
                 if why is None:
@@ -294,7 +294,7 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     assert r is not None
     cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
     e = est.best_in_cell(job, cell, cluster)
-    if e is None or not fits_device(cluster, cell.gpu_type, e):
+    if e is None or not fits_device(cluster, cell.gpu_type, e, job):
         return None
     return cell, e
 

@@ -100,6 +100,7 @@ from apportion.errors import InputError
 from apportion.formulations.spilled import spilled_cells
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model, get_model
+from apportion.plan_memory import fits_memory, type_memory_bytes
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -185,10 +186,12 @@ class EstimatedPlans:
         model = get_model(job.model)
         intra, outer = self.estimator._links(placement, gpu_type, cluster)
         max_tp = cluster.max_gpus_per_node(gpu_type)
+        limit = cluster.gpu_memory_bytes(gpu_type)  # the node group's, where it says one
         out: list[PlanOption] = []
 
         def add(plan: ExecutionPlan, family: str, cpus: float | None = None) -> None:
-            e = self.estimator._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer)
+            e = self.estimator._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
+                                         limit=limit)
             if not e.feasible:
                 return
             t = e.iter_time_s
@@ -425,6 +428,18 @@ def host_fits(o: PlanOption, cluster: Cluster,
     return False
 
 
+def fits_gpu(job: JobSpec, o: PlanOption, cluster: Cluster) -> bool:
+    """Whether an option fits each GPU of its type: its estimate within what the node group
+    lets a job use (``gpu_memory_gib``, where it says), and its plan within the GPU by the
+    validator's own ledger (:mod:`apportion.plan_memory`). Every source's options pass here:
+    a measured table's plan (Morphling's, measured on 80 GB GPUs) names no memory of its own,
+    and a cluster's smaller GPUs must still refuse it."""
+    said = cluster.gpu_memory_bytes(o.gpu_type)
+    if said is not None and o.mem_per_gpu > said:
+        return False
+    return fits_memory(job, o.plan, type_memory_bytes(cluster, o.gpu_type))
+
+
 def node_shapes(cluster: Cluster) -> dict[str, list[tuple[int, float, float]]]:
     """The distinct (GPUs, CPUs, host memory) of each GPU type's nodes (with GPUs)."""
     out: dict[str, set[tuple[int, float, float]]] = {}
@@ -532,7 +547,8 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         opts: list[PlanOption] = []
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
-                opts.extend(source.options(job, gpu_type, gpus, cluster))
+                opts.extend(o for o in source.options(job, gpu_type, gpus, cluster)
+                            if fits_gpu(job, o, cluster))
         why = None
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)

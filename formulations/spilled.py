@@ -22,7 +22,11 @@ optimizer state there.
 
 :func:`fits_device` is the other half of the same idea for every cell: where a
 node group says a job may use less device memory than the catalog's GPU has
-(``NodeGroup.gpu_memory_gib``), a cell that needs more is no cell.
+(``NodeGroup.gpu_memory_gib``), a cell that needs more is no cell; and a cell whose
+plan the validator's own ledger (:mod:`apportion.plan_memory`, a lower bound on each
+GPU's bytes) finds larger than the GPU is no cell either, whatever its estimator says
+(a rate source that only knows the job runs there lends the cell an inner model's plan,
+which must still fit).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model, get_model
+from apportion.plan_memory import fits_memory, type_memory_bytes
 from apportion.plans import Cell, ExecutionPlan
 
 GiB = 2**30
@@ -58,10 +63,14 @@ def device_budget(cluster: Cluster, gpu_type: str, estimator: Any) -> float:
     return get_gpu(gpu_type).memory_bytes * fraction - reserve * GiB
 
 
-def fits_device(cluster: Cluster, gpu_type: str, est: Estimate) -> bool:
-    """Whether a cell's memory per GPU fits what the cluster lets a job use on that type."""
+def fits_device(cluster: Cluster, gpu_type: str, est: Estimate, job: JobSpec | None = None
+                ) -> bool:
+    """Whether a cell's memory per GPU fits what the cluster lets a job use on that type:
+    its estimate, and (given the ``job``) its plan by the validator's ledger."""
     said = cluster.gpu_memory_bytes(gpu_type)
-    return said is None or est.mem_per_gpu <= said
+    if said is not None and est.mem_per_gpu > said:
+        return False
+    return job is None or fits_memory(job, est.plan, type_memory_bytes(cluster, gpu_type))
 
 
 def host_share_bytes(cluster: Cluster, gpu_type: str) -> float:
