@@ -300,6 +300,26 @@ def plan_from_code(code: str, gpus: int) -> tuple[ExecutionPlan, str] | None:
     return table.get(code)
 
 
+def sized_to_fit(job: JobSpec, plan: ExecutionPlan, limit_bytes: float) -> ExecutionPlan | None:
+    """A measured plan completed with the micro-batching its code does not record, so that
+    it fits ``limit_bytes`` per GPU by the validator's ledger (:mod:`apportion.plan_memory`):
+    ``plan`` itself where it fits, else its accumulation steps (one stage) or its pipeline
+    micro-batches doubled, the fewest that fit; None where none does. A measured run went
+    through *some* micro-batch size (Morphling's ``zero-offload`` of LLaMA-2-7B on one
+    80 GB GPU cannot hold its 32 samples at once); the largest that fits is taken."""
+    if fits_memory(job, plan, limit_bytes):
+        return plan
+    per_replica = max(1, job.global_batch_size // max(1, plan.dp))
+    k = 2
+    while k <= per_replica:
+        grown = (replace(plan, accumulation=plan.accumulation * k) if plan.pp == 1
+                 else replace(plan, micro_batches=plan.micro_batches * k))
+        if fits_memory(job, grown, limit_bytes):
+            return grown
+        k *= 2
+    return None
+
+
 @dataclass
 class MeasuredPlans:
     """Iteration times per plan and placement from Morphling's ``placements.csv`` tables.
@@ -308,7 +328,9 @@ class MeasuredPlans:
     digit string of GPUs per node (``22``: two nodes with two GPUs); an option
     at G GPUs uses the most consolidated measured placement of that plan that
     the cluster can host (no node given more GPUs than it has).
-    Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU.
+    Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU. A plan code records
+    no micro-batch size: a plan that would not fit as written gets the fewest extra
+    accumulation steps (pipeline micro-batches) that fit (:func:`sized_to_fit`).
     """
 
     tables: dict[str, Path]
@@ -354,7 +376,11 @@ class MeasuredPlans:
             if cur is None or (len(placement), t) < (cur[0], cur[1]):
                 best[code] = (len(placement), t, plan, family)
         out = []
-        for code, (_, t, plan, family) in sorted(best.items()):
+        limit = type_memory_bytes(cluster, gpu_type)
+        for code, (_, t, measured, family) in sorted(best.items()):
+            plan = sized_to_fit(job, measured, limit)
+            if plan is None:
+                continue
             off = plan.offload
             out.append(PlanOption(gpu_type, gpus, plan, family, t, job.global_batch_size,
                                   self.offload_cpus_per_gpu if off else self.base_cpus_per_gpu,
@@ -645,6 +671,6 @@ def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, in
 
 # sla_reachable lived here before apportion.formulations.sla: re-exported for compatibility
 __all__ = ["CalibratedPlans", "EstimatedPlans", "MeasuredPlans", "PlanOption", "PlanOptions",
-           "PlanSource", "build_plan_candidates", "dominates", "node_shapes", "plan_from_code",
-           "prune_dominated", "rated_options", "reestimate",
+           "PlanSource", "build_plan_candidates", "dominates", "fits_gpu", "node_shapes",
+           "plan_from_code", "prune_dominated", "rated_options", "reestimate", "sized_to_fit",
            "sla_reachable"]

@@ -15,7 +15,8 @@ baseline's decision goes through :func:`build_decision` here, which gives each
 placed job a plan before the core assembles it (:func:`fitting_plan`): the plan
 it keeps, else plain data parallelism where that fits (every baseline's plan
 before memory was checked, so a round where memory never binds is unchanged),
-else the plan its measured table names (Morphling's code), else the fastest of
+else the plan its measured table names (Morphling's code, with the micro-batching a
+code does not record: :func:`~apportion.formulations.plans.sized_to_fit`), else the fastest of
 the plan families the analytic model sizes (3D splits, recomputation, ZeRO-DP,
 ZeRO-Offload: :class:`~apportion.formulations.plans.EstimatedPlans`, the plans
 formulation's source) that fits the placement's GPUs by the estimate, by what
@@ -38,7 +39,7 @@ from typing import Any
 from apportion import assembly
 from apportion.assembly import Choice
 from apportion.decision import Decision, Reason, SolveReport
-from apportion.formulations.plans import EstimatedPlans, plan_from_code
+from apportion.formulations.plans import EstimatedPlans, plan_from_code, sized_to_fit
 from apportion.models import catalog_model
 from apportion.placement import Packer, type_order
 from apportion.plan_memory import GiB, device_memory_bytes, fits_memory, type_memory_bytes
@@ -96,8 +97,9 @@ def _choose(view: Any, js: Any, c: Choice) -> ExecutionPlan | None:
     if e is not None and e.feasible and e.plan == plain and ok(plain):
         return plain
     parsed = plan_from_code(c.code, c.gpus) if c.code else None
-    if parsed is not None and ok(parsed[0]):
-        return parsed[0]
+    measured = sized_to_fit(spec, parsed[0], limit) if parsed is not None else None
+    if measured is not None and ok(measured):
+        return measured
     said = cluster.gpu_memory_bytes(c.gpu_type)
     opts = [o for o in _PLANS.options(spec, c.gpu_type, c.gpus, cluster)
             if ok(o.plan) and (said is None or o.mem_per_gpu <= said)]
