@@ -188,6 +188,7 @@ class Simulator:
         finished_recent: list[str] = []
         total_gpus = self.cluster.total_gpus
         too_large: list[str] = []
+        no_fit_memory: list[str] = []
         wall0 = time.perf_counter()
         feedback = RateFeedback() if cfg.rate_feedback else None
         while True:
@@ -225,6 +226,11 @@ class Simulator:
                        and not p.can_ever_fit}
             too_large += sorted(p.job for p in decision.pending if p.stage == "admit"
                                 and p.reason is Reason.TOO_LARGE)
+            # ... and so does a job no plan fits in any GPU's memory (issue 61 item 12)
+            never_fit = sorted(p.job for p in decision.pending if not p.can_ever_fit
+                               and p.reason is Reason.NO_FIT_MEMORY)
+            no_fit_memory += never_fit
+            refused.update(never_fit)
             dropped_now = refused | {p.job for p in decision.pending if p.action is not None
                                      and p.action.value == "drop"}
             if dropped_now:
@@ -271,6 +277,10 @@ class Simulator:
                         len(too_large), total_gpus, ", ".join(too_large[:5]))
         res = self._result(done, unfinished, timeline, rounds, t0, time.perf_counter() - wall0)
         res.summary["refused_larger_than_cluster"] = len(too_large)
+        if no_fit_memory:
+            log.warning("%d jobs fit no GPU's memory on this cluster; refused: %s",
+                        len(no_fit_memory), ", ".join(no_fit_memory[:5]))
+        res.summary["refused_no_fit_memory"] = len(no_fit_memory)
         res.summary["trace_notes"] = list(getattr(self.trace, "notes", []) or [])
         return res
 

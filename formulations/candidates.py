@@ -328,6 +328,10 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
             g.nodes[jn]["reason_detail"] = (f"no measured iteration time for {job.model} at "
                                             f"batch {job.global_batch_size} in the tables")
+        elif catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
+            g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
+            g.nodes[jn]["reason_detail"] = (f"no rate for it on any GPU type ({job.model!r} "
+                                            "has no layer graph, so its memory is unknown)")
         else:
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0

@@ -579,8 +579,13 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)
         if not opts:
-            g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
-            g.nodes[jn]["reason_detail"] = why
+            if catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
+                g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
+                g.nodes[jn]["reason_detail"] = (f"no rate for it on any GPU type ({job.model!r} "
+                                                "has no layer graph, so its memory is unknown)")
+            else:
+                g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
+                g.nodes[jn]["reason_detail"] = why
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
         fit = [o for o in opts if host_fits(o, cluster, shapes)]

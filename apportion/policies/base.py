@@ -38,7 +38,7 @@ from typing import Any
 
 from apportion import assembly
 from apportion.assembly import Choice
-from apportion.decision import Decision, Reason, SolveReport
+from apportion.decision import Decision, Pending, Reason, SolveReport
 from apportion.formulations.plans import EstimatedPlans, plan_from_code, sized_to_fit
 from apportion.models import catalog_model
 from apportion.placement import Packer, type_order
@@ -148,9 +148,18 @@ def build_decision(view: Any, chosen: dict[str, Choice], name: str, t0: float | 
     why = dict(reasons or {})
     why.update((jid, (Reason.NO_FIT_MEMORY, detail)) for jid, detail in unfit.items())
     dec = assembly.build_decision(view, fitted, name, t0, why, report, formulation)
-    for p in dec.pending:
-        if p.job in unfit and p.reason is Reason.NO_FIT_MEMORY:
+    for i, p in enumerate(dec.pending):
+        if p.reason is not Reason.NO_FIT_MEMORY:
+            continue
+        if p.job in unfit:
             p.can_ever_fit = fits_somewhere(view, by_id[p.job])
+        elif catalog_model(by_id[p.job].spec.model) is None:
+            # a rate of 0 everywhere says nothing of memory where the model has no layers
+            # (a trace's own job type its measurements never saw): no estimate, not memory
+            dec.pending[i] = Pending(p.job, Reason.NO_ESTIMATE,
+                                     f"{p.detail}: no rate for it on any GPU type "
+                                     f"({by_id[p.job].spec.model!r} has no layer graph, so "
+                                     "its memory is unknown)", p.action, p.stage)
     return dec
 
 

@@ -239,8 +239,8 @@ class GavelRound:
             p = pk.place(t, js.spec.requested_gpus)
             if p is not None:
                 chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
-        reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
-                   for jid in by_id if jid not in chosen}
+        reasons = {jid: self._why_not(state, by_id[jid], types) for jid in by_id
+                   if jid not in chosen}
         objective, bound, gap = self._rounding(types, {j: c.gpu_type for j, c in chosen.items()},
                                                now, rs)
         status = "feasible" if not self.lp_solver or (gap or 0.0) > 1e-9 else "optimal"
@@ -250,6 +250,25 @@ class GavelRound:
         if bound is not None:
             dec.meta.update(lp_optimum=bound, rounding_loss=gap)
         return dec
+
+    def _why_not(self, state: Any, js: Any, types: list[str]) -> tuple[Reason, str]:
+        """Why a job has no GPUs this round: it runs on no type that has its scale factor
+        of GPUs (a rate of 0 on each: its memory fits none, or it made no progress on each
+        it tried; no later round changes that, :data:`~apportion.decision.UNRESOLVABLE`),
+        it arrived after the allocation was computed (it waits for the next reset), or
+        its priority was lower this round."""
+        sf = js.spec.requested_gpus
+        room = [t for t in types if state.capacity.get(t, 0) >= sf]
+        if not room:
+            return (Reason.TOO_LARGE, f"asks for {sf} GPUs of one type; the largest type here "
+                    f"has {max((state.capacity.get(t, 0) for t in types), default=0)}")
+        if not any(state.rate(js, t, sf) > 0 for t in room):
+            return (Reason.NO_FIT_MEMORY, f"runs on no GPU type at its {sf} GPUs (a rate of 0 "
+                    f"on each of {', '.join(room)})")
+        if js.id not in self.X:
+            return (Reason.NO_CAPACITY, "Gavel round: arrived after the allocation was "
+                    "computed; it waits for the next reset")
+        return (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
 
     def _rounding(self, types: list[str], placed: dict[str, str], now: float, rs: float
                   ) -> tuple[float | None, float | None, float | None]:
