@@ -56,6 +56,7 @@ from apportion.decision import Reason
 from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model
+from apportion.plan_memory import device_memory_bytes, type_memory_bytes
 from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ log = logging.getLogger(__name__)
 # cells_of, group_node, job_node, jobs_in, member_nodes and node_node lived here before
 # apportion.formulations.schema: re-exported for compatibility (readers import the schema)
 __all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candidates", "cells_of",
-           "group_node", "job_node", "jobs_in", "member_nodes", "node_node", "problem_dump",
+           "gpu_memory_limits", "group_node", "job_node", "jobs_in", "member_nodes", "node_node",
+           "problem_dump",
            "prune_dominated", "queue_bonus"]
 
 
@@ -417,6 +419,21 @@ def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
         cluster.__dict__["_topology_vertices"] = memo
     add_new_vertices(g, [(v, {**a, "nodes": list(a["nodes"])} if "nodes" in a else dict(a))
                          for v, a in memo])
+    g.graph["gpu_memory"] = gpu_memory_limits(cluster)
+
+
+def gpu_memory_limits(cluster: Cluster) -> dict[str, Any]:
+    """What a job may use on each GPU, per type and per node, as the validator checks it
+    (:mod:`apportion.plan_memory`): the node group's ``gpu_memory_gib`` where it says, else
+    the catalog's memory; for the problem dump (memoised on the cluster)."""
+    memo = cluster.__dict__.get("_gpu_memory_limits")
+    if memo is None:
+        types = {t: {"memory_gib": type_memory_bytes(cluster, t) / 2**30,
+                     "from": "catalog" if cluster.gpu_memory_bytes(t) is None else "node group"}
+                 for t in cluster.gpu_types}
+        nodes = {n: device_memory_bytes(cluster, n) / 2**30 for n in cluster.nodes}
+        memo = cluster.__dict__["_gpu_memory_limits"] = {"types": types, "nodes": nodes}
+    return memo
 
 
 def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
@@ -534,14 +551,19 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
             "queue_bonus": jd["queue_bonus"], "running": jd["running"], "reason": jd["reason"],
             "candidates": cands,
         })
+    memory = g.graph.get("gpu_memory") or {"types": {}, "nodes": {}}
     nodes = [{"name": name_of(n), "gpu_type": d["gpu_type"], "capacity": d["capacity"],
               "group": name_of(d["group"]), "cpus": d.get("cpus"),
-              "host_memory_gib": d.get("host_memory_gib")}
+              "host_memory_gib": d.get("host_memory_gib"),
+              "gpu_memory_gib": memory["nodes"].get(name_of(n))}
              for n in node_vertices(g) for d in (g.nodes[n],)]
     groups = [{"name": name_of(n), "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
                "nodes": [name_of(m) for m in d["nodes"]]}
               for n in group_vertices(g) for d in (g.nodes[n],)]
     return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
             "nodes": nodes, "groups": groups, "jobs": jobs_out,
+            # each GPU type's memory limit the round kept (a candidate's mem_per_gpu_gib is
+            # within it, and the validator checks each plan against it)
+            "gpu_types": dict(memory["types"]),
             "quotas": dict(g.graph.get("quotas") or {}),
             "formulation": g.graph.get("formulation", "cells")}

@@ -95,7 +95,8 @@ def solve_round(
     with user_input():  # flags the round would ignore, refused by name before anything
         check_round_flags(formulation=formulation, policy=policy, estimator=estimator,
                           tables=tables, tenants=tenants, engine=engine,
-                          ray_address=ray_address, state=state, round_key=round_key)
+                          ray_address=ray_address, state=state, round_key=round_key,
+                          dump_problem=dump_problem)
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
                        search_depth, max_changes, not deterministic if isolate is None else

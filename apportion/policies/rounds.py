@@ -24,7 +24,7 @@ from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, che
 from apportion.policies.formulation import FormulationPolicy, _Memo
 from apportion.policies.recipes import RECIPES
 from apportion.policies.registry import load_plugins, make_policy, policy_names
-from apportion.round import RoundResult, run_pipeline
+from apportion.round import RoundResult, StagedPolicy, run_pipeline
 from apportion.view import Policy, view_of
 
 
@@ -67,7 +67,8 @@ def _own_policies(formulation: str) -> set[str]:
 def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
                       estimator: str = "analytic", tables: Any = None, tenants: Any = None,
                       engine: str = "local", ray_address: str | None = None,
-                      state: Any = None, round_key: str | None = None) -> None:
+                      state: Any = None, round_key: str | None = None,
+                      dump_problem: Any = None) -> None:
     """Refuse flags a round would silently ignore, naming both flags.
 
     An operator who gives ``--tables`` expects the measured times to count; with
@@ -106,6 +107,41 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if round_key is not None and state is None:
         raise InputError("--round-key", "round_key", "keys a round committed to a state "
                          "database: it needs --state (without it nothing is committed)")
+    if dump_problem is not None and not makes_problem(formulation, policy):
+        chosen = f"--policy {policy}" if policy is not None else f"--formulation {formulation}"
+        raise InputError("--dump-problem", "dump_problem", f"{chosen} decides by its own "
+                         "algorithm, with no problem of apportion's to dump (the dump is a "
+                         "formulation's candidates, estimates and limits, enough to re-solve "
+                         "the round); give --formulation "
+                         f"{' | '.join(r for r in RECIPES)} or one of their policies, or leave "
+                         "--dump-problem out")
+
+
+def makes_problem(formulation: str = "cells", policy: str | None = None) -> bool:
+    """Whether the round ``--formulation``/``--policy`` name has a problem to dump: one of
+    apportion's formulations (a staged policy, :class:`apportion.round.StagedPolicy`), not a
+    baseline's own algorithm (Sia's ILP, Gavel's LPs and round mechanism, FCFS, ...)."""
+    if policy is None:
+        return formulation in RECIPES
+    return isinstance(make_policy(policy), StagedPolicy)
+
+
+def check_guarantees(config: RoundConfig, jobs: list[JobSpec]) -> None:
+    """Refuse, naming the jobs, a round whose formulation cannot keep its guaranteed jobs'
+    SLAs: ``--formulation gavel`` is Gavel's allocation LP and round mechanism, which has no
+    notion of a promised speed, so guaranteed jobs would silently run best-effort (the
+    cells, plans and deadline formulations keep them: :mod:`apportion.formulations.sla`).
+    A policy named with ``--policy`` runs its own algorithm, guarantees or not."""
+    if config.policy is not None or config.formulation != "gavel":
+        return
+    held = sorted(j.id for j in jobs if j.guaranteed)
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise InputError("--formulation", "formulation", f"gavel keeps no SLA: Gavel's "
+                         f"allocation would run the guaranteed jobs ({shown}) best-effort; give "
+                         "--formulation cells, plans or deadline (they keep guaranteed jobs' "
+                         "SLAs), or --policy gavel-max-min-fairness to run Gavel's policy as a "
+                         "baseline")
 
 
 def estimator_from(name: str, tables: Any = None, samples: Any = None,
@@ -158,6 +194,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     if cfg.formulation not in formulation_names():
         raise ValueError(f"unknown formulation {cfg.formulation!r}; choose "
                          f"{', '.join(formulation_names())}")
+    if policy is None:
+        check_guarantees(cfg, jobs)
     pol = policy or policy_for(cfg, estimator)
     est = estimator
     if est is None:
