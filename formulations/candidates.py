@@ -377,7 +377,11 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
                  "normalized": norm, "bonus": bonus,
                  "value": norm + bonus + (opt.keep_bonus if current else 0.0),
                  "current": current}
-        if plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
+        if plan.spilled or plan.zero_stage or plan.offload or plan.accumulation > 1 \
+                or plan.checkpointing:
+            # the whole plan where it says more than the cell's split (a spilled plan,
+            # formulations/spilled.py; an estimator's accumulation, ZeRO, offload or
+            # recomputation, which the plan's memory depends on): the decoder reads it
             attrs["plan"] = plan
         attrs["single_node"] = single
         vertices.append((cn, attrs))
