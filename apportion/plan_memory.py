@@ -107,11 +107,16 @@ class _Columns:
     kept_acts: float  # under recomputation: each layer's smaller of activations and output
 
 
-@lru_cache(maxsize=256)
 def _columns(model: ModelSpec) -> _Columns:
-    params, acts, outs = model.attr("params"), model.attr("act_bytes"), model.attr("out_bytes")
-    return _Columns(tuple(params), tuple(acts), sum(params), sum(acts),
-                    sum(min(a, o) for a, o in zip(acts, outs)))
+    """Memoised on the model (specs are immutable)."""
+    found = model.__dict__.get("_floor_columns")
+    if found is None:
+        params, acts = model.attr("params"), model.attr("act_bytes")
+        outs = model.attr("out_bytes")
+        found = _Columns(tuple(params), tuple(acts), sum(params), sum(acts),
+                         sum(min(a, o) for a, o in zip(acts, outs)))
+        object.__setattr__(model, "_floor_columns", found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -129,12 +134,7 @@ class Floor:
 
 def memory_floor(model: ModelSpec, global_batch: int, plan: ExecutionPlan) -> Floor:
     """The fewest bytes any GPU of ``plan`` holds for ``model`` at ``global_batch`` (module
-    docstring); memoised, since a round asks for a few shapes many times."""
-    return _floor(model, int(global_batch), plan)
-
-
-@lru_cache(maxsize=65536)
-def _floor(model: ModelSpec, global_batch: int, plan: ExecutionPlan) -> Floor:
+    docstring)."""
     col = _columns(model)
     if not col.params:
         return Floor(0.0, 0.0, 0.0)
@@ -174,9 +174,16 @@ def type_memory_bytes(cluster: Cluster, gpu_type: str) -> float:
 
 
 def plan_floor(job: JobSpec, plan: ExecutionPlan) -> Floor | None:
-    """The floor of ``job`` under ``plan``, or None where its model has no layer graph."""
-    model = catalog_model(job.model)
-    return None if model is None else memory_floor(model, job.global_batch_size, plan)
+    """The floor of ``job`` under ``plan``, or None where its model has no layer graph;
+    memoised by the model's name, the batch and the plan (a round asks for a few shapes
+    many times: every option of every job of a model, then every allocation)."""
+    return _named_floor(job.model, int(job.global_batch_size), plan)
+
+
+@lru_cache(maxsize=65536)
+def _named_floor(model_name: str, global_batch: int, plan: ExecutionPlan) -> Floor | None:
+    model = catalog_model(model_name)
+    return None if model is None else memory_floor(model, global_batch, plan)
 
 
 def fits_memory(job: JobSpec, plan: ExecutionPlan, limit_bytes: float) -> bool:

@@ -8,13 +8,14 @@ gap are not reported (they read 0 and 100 %, whatever the allocation)."""
 from __future__ import annotations
 
 from apportion.cluster import Cluster, NodeGroup
+from apportion.decision import Decision
 from apportion.jobs import JobSpec
 from apportion.policies import RoundConfig, run_round
 
 CLUSTER = Cluster("a40", [NodeGroup("a", 2, "A40", 4)])
 
 
-def _round(jobs: list[JobSpec]):  # noqa: ANN202
+def _round(jobs: list[JobSpec]) -> Decision:
     return run_round(CLUSTER, jobs, 0.0, RoundConfig(policy="gavel-max-min-fairness")).decision
 
 

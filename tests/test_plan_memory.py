@@ -15,6 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
+from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.estimation.models.comm import Link
+from apportion.estimation.rate_estimator import RateEstimator
+from apportion.formulations.plans import EstimatedPlans
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -22,10 +26,6 @@ from typer.testing import CliRunner
 from apportion.cli import app
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import Allocation, Decision, SolveReport
-from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.estimation.models.comm import Link
-from apportion.estimation.rate_estimator import RateEstimator
-from apportion.formulations.plans import EstimatedPlans
 from apportion.jobs import JobSpec
 from apportion.models import MODEL_NAMES, get_model
 from apportion.plan_memory import (

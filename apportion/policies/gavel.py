@@ -78,6 +78,8 @@ from apportion.view import View
 
 log = logging.getLogger(__name__)
 
+_ARRIVED_LATE = ("Gavel round: arrived after the allocation was computed; it waits for the "
+                 "next reset")
 # Gavel's ``Scheduler(minimum_time_between_allocation_resets=1920)``: the default of its
 # simulator (``simulate_scheduler_with_trace.py`` passes none): an allocation is recomputed
 # at most this often after the job set changes
@@ -261,14 +263,15 @@ class GavelRound:
         sf = js.spec.requested_gpus
         room = [t for t in types if state.capacity.get(t, 0) >= sf]
         if not room:
-            return (Reason.TOO_LARGE, f"asks for {sf} GPUs of one type; the largest type here "
-                    f"has {max((state.capacity.get(t, 0) for t in types), default=0)}")
+            largest = max((state.capacity.get(t, 0) for t in types), default=0)
+            return (Reason.TOO_LARGE,
+                    f"asks for {sf} GPUs of one type; the largest type here has {largest}")
         if not any(state.rate(js, t, sf) > 0 for t in room):
-            return (Reason.NO_FIT_MEMORY, f"runs on no GPU type at its {sf} GPUs (a rate of 0 "
-                    f"on each of {', '.join(room)})")
+            rated = ", ".join(room)
+            return (Reason.NO_FIT_MEMORY,
+                    f"runs on no GPU type at its {sf} GPUs (a rate of 0 on each of {rated})")
         if js.id not in self.X:
-            return (Reason.NO_CAPACITY, "Gavel round: arrived after the allocation was "
-                    "computed; it waits for the next reset")
+            return (Reason.NO_CAPACITY, _ARRIVED_LATE)
         return (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
 
     def _rounding(self, types: list[str], placed: dict[str, str], now: float, rs: float
