@@ -19,7 +19,8 @@ else the plan its measured table names (Morphling's code, with the micro-batchin
 code does not record: :func:`~apportion.formulations.plans.sized_to_fit`), else the fastest of
 the plan families the analytic model sizes (3D splits, recomputation, ZeRO-DP,
 ZeRO-Offload: :class:`~apportion.formulations.plans.EstimatedPlans`, the plans
-formulation's source) that fits the placement's GPUs by the estimate, by what
+formulation's source; one the job's workload runs where the executor says which, the
+view's plan filter) that fits the placement's GPUs by the estimate, by what
 the node group allows and by the validator's own ledger
 (:mod:`apportion.plan_memory`): the most a baseline could run there, whatever
 plans its own performance model knows (its rates are the rate source's best plan
@@ -52,7 +53,8 @@ __all__ = ["Choice", "Packer", "Running", "best_type", "build_decision", "fittin
 #: source for every baseline: its options are memoised per model, batch, type and count)
 _PLANS = EstimatedPlans()
 #: chosen plans per (model, batch, type, GPUs, placement by node group, kept plan, code,
-#: cluster): a replay asks the same few shapes every round
+#: what the plan filter reads of the job, cluster): a replay asks the same few shapes every
+#: round
 _CHOSEN: dict[tuple[Any, ...], ExecutionPlan | None] = {}
 
 
@@ -70,8 +72,12 @@ def fitting_plan(view: Any, js: Any, c: Choice) -> ExecutionPlan | None:
     cluster = view.cluster
     groups = tuple(sorted((cluster.nodes[n].group if n in cluster.nodes else n, k)
                           for n, k in c.placement.items()))
+    accept = getattr(view, "plan_filter", None)
+    job_key = getattr(accept, "job_key", None)
+    runs = (None if accept is None else
+            (id(accept), job_key(spec) if callable(job_key) else spec.id))
     key = (spec.model, spec.global_batch_size, c.gpu_type, c.gpus, groups, c.plan, c.code,
-           cluster.fingerprint_hash)
+           runs, cluster.fingerprint_hash)
     if key not in _CHOSEN:
         if len(_CHOSEN) > 100_000:  # a long-lived driver: never unbounded
             _CHOSEN.clear()
@@ -105,6 +111,9 @@ def _choose(view: Any, js: Any, c: Choice) -> ExecutionPlan | None:
             if ok(o.plan) and (said is None or o.mem_per_gpu <= said)]
     if not opts:
         return None
+    accept = getattr(view, "plan_filter", None)
+    if accept is not None:  # what the job's workload runs, where one of them fits
+        opts = [o for o in opts if accept(spec, o.plan) is None] or opts
     return min(opts, key=lambda o: (o.iter_time_s, o.plan.label())).plan
 
 
