@@ -561,6 +561,17 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
     # and batch the same option objects: their front is found once)
     fronts: dict[tuple[int, ...], tuple[list[PlanOption], list[PlanOption]]] = {}
     book = QuotaBook(quotas)
+    # each option's memory verdict once a round: a source hands the jobs of one model and
+    # batch the same option objects (held here with their verdict, so no id is reused)
+    fits: dict[tuple[int, str, int], tuple[PlanOption, bool]] = {}
+
+    def fitting(job: JobSpec, o: PlanOption) -> bool:
+        key = (id(o), job.model, job.global_batch_size)
+        got = fits.get(key)
+        if got is None or got[0] is not o:
+            got = fits[key] = (o, fits_gpu(job, o, cluster))
+        return got[1]
+
     for job in sla_order(jobs):
         jn = job_node(job.id)
         wait = job.wait_s(now_s)
@@ -574,7 +585,7 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
                 opts.extend(o for o in source.options(job, gpu_type, gpus, cluster)
-                            if fits_gpu(job, o, cluster))
+                            if fitting(job, o))
         why = None
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)
