@@ -589,6 +589,12 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         why = None
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)
+        elif accept is not None and all(accept(job, o.plan) is not None for o in opts):
+            # what fits, its workload cannot run (the torch worker offloads nothing): spilled,
+            # where that fits and runs
+            spilled = [o for o in spilled_options(job, cluster, source)[0]
+                       if accept(job, o.plan) is None]
+            opts = spilled or opts
         if not opts:
             if catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
                 g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value

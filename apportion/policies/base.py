@@ -24,7 +24,8 @@ view's plan filter) that fits the placement's GPUs by the estimate, by what
 the node group allows and by the validator's own ledger
 (:mod:`apportion.plan_memory`): the most a baseline could run there, whatever
 plans its own performance model knows (its rates are the rate source's best plan
-at that size). A job no plan
+at that size); on one GPU, where nothing fits whole, Hydra's spilled plan where it fits
+(as the cells and plans formulations spill; an operator's round rates it). A job no plan
 fits on its placement is left out, pending ``no-fit-memory``, its
 ``can_ever_fit`` saying whether any GPU type of the cluster fits it at some count.
 A job whose model is not in the catalog has no layer graph: its plan stays
@@ -40,6 +41,7 @@ from typing import Any
 from apportion import assembly
 from apportion.assembly import Choice
 from apportion.decision import Decision, Pending, Reason, SolveReport
+from apportion.estimation.models.spill import spilled_on
 from apportion.formulations.plans import EstimatedPlans, plan_from_code, sized_to_fit
 from apportion.models import catalog_model
 from apportion.placement import Packer, type_order
@@ -110,6 +112,10 @@ def _choose(view: Any, js: Any, c: Choice) -> ExecutionPlan | None:
     opts = [o for o in _PLANS.options(spec, c.gpu_type, c.gpus, cluster)
             if ok(o.plan) and (said is None or o.mem_per_gpu <= said)]
     if not opts:
+        if c.gpus == 1:  # nothing fits whole: Hydra's spilling, where it fits
+            spilled, _ = spilled_on(spec, cluster, c.gpu_type, _PLANS.estimator)
+            if spilled is not None and ok(spilled.plan):
+                return spilled.plan
         return None
     accept = getattr(view, "plan_filter", None)
     if accept is not None:  # what the job's workload runs, where one of them fits
@@ -132,6 +138,8 @@ def fits_somewhere(view: Any, js: Any) -> bool:
             for o in _PLANS.options(spec, t, g, cluster):
                 if fits_memory(spec, o.plan, limit) and (said is None or o.mem_per_gpu <= said):
                     return True
+        if spilled_on(spec, cluster, t, _PLANS.estimator)[0] is not None:
+            return True
     return False
 
 

@@ -202,7 +202,9 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         inner = getattr(pol, "estimator", None)
         est = inner.inner if isinstance(inner, _Memo) else (
             make_estimator(cfg.estimator) if isinstance(cfg.estimator, str) else cfg.estimator)
-    rates = EstimatorRates(est, cluster)
+    # an operator's round: a model no GPU holds whole is rated spilled on one GPU, as the
+    # formulations spill it, so a baseline may place it there too
+    rates = EstimatorRates(est, cluster, spill=True)
     if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
         pol.estimator = _Memo(est)
     if isinstance(pol, FormulationPolicy) and seen_jct:
