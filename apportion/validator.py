@@ -3,6 +3,13 @@
 Written without reference to any formulation: it reads only the decision, the
 cluster and the job list, so a bug in a model or a decoder cannot hide here.
 An invalid decision is never acted on.
+
+Per-GPU memory is checked from the plan with the validator's own ledger
+(:mod:`apportion.plan_memory`: a lower bound on what each GPU holds, from the
+job's model and the plan's degrees, ZeRO stage, offload, recomputation,
+micro-batches and spilling), against what each node's GPUs allow (the node
+group's ``gpu_memory_gib``, else the catalog's memory). A job whose model has no
+layer graph (not in the catalog) is not memory-checked: nothing says what it holds.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from dataclasses import dataclass, field
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
+from apportion.plan_memory import memory_violation
 from apportion.plans import ExecutionPlan
 
 
@@ -33,9 +41,11 @@ class InvalidDecision(RuntimeError):
 
 
 def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> ValidationResult:
-    """Capacity, types, one cell per job, sizes, plans and TP groups inside nodes."""
+    """Capacity, types, one cell per job, sizes, plans, TP groups inside nodes and each GPU's
+    memory."""
     v: list[str] = []
-    known = {j.id for j in jobs}
+    specs = {j.id: j for j in jobs}
+    known = set(specs)
     used: Counter[str] = Counter()
     seen: Counter[str] = Counter(a.job for a in decision.allocations)
     for job, n in seen.items():
@@ -56,6 +66,11 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
             v.append(f"{tag}: {a.stages} stages inconsistent with pp={p.pp} and {a.gpus} GPUs")
         if p.spilled:
             v += _spill_violations(tag, a.gpu_type, p, cluster)
+        spec = specs.get(a.job)
+        if spec is not None and a.gpus > 0:
+            why = memory_violation(spec, p, a.placement, cluster)
+            if why is not None:
+                v.append(f"{tag}: {why}")
         for node, k in a.placement.items():
             if node not in cluster.nodes:
                 v.append(f"{tag}: unknown node {node}")

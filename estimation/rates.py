@@ -9,13 +9,19 @@ through :class:`EstimatorRates`, so ``solve-round --policy sia`` and
 A rate is iterations/s of a job on ``gpus`` GPUs of a type: the best plan the
 estimator finds over pipeline-stage counts (powers of two up to 16), on the
 given placement when one is asked for (so a spread placement pays its slower
-links), else on the most consolidated one.
+links), else on the most consolidated one. With ``spill`` (an operator's round), a
+catalog model no plan fits whole is rated on one GPU where Hydra's spilling fits it
+(:func:`~apportion.estimation.models.spill.spilled_on`), as the cells and plans
+formulations offer it: a baseline can then choose that GPU, and it runs the spilled plan.
+A replay's rate sources do not spill: their measured rates are of whole runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from apportion.estimation.models.spill import spilled_on
 
 from apportion.cluster import Cluster
 from apportion.plans import Cell
@@ -24,10 +30,12 @@ from apportion.plans import Cell
 class EstimatorRates:
     """A :class:`apportion.view.RateSource` answering from an estimator (memoised)."""
 
-    def __init__(self, estimator: Any, cluster: Cluster, max_stages: int = 16) -> None:
+    def __init__(self, estimator: Any, cluster: Cluster, max_stages: int = 16,
+                 spill: bool = False) -> None:
         self.estimator = estimator
         self.cluster = cluster
         self.max_stages = max_stages
+        self.spill = spill
         self.name = f"estimated:{type(estimator).__name__}"
         self._memo: dict[tuple[Any, ...], float] = {}
 
@@ -57,4 +65,8 @@ class EstimatorRates:
                             e = e2
                     best = max(best, 1.0 / e.iter_time_s)
             s *= 2
+        if best == 0.0 and gpus == 1 and self.spill:  # fits no GPU whole: Hydra's spilling
+            e, _ = spilled_on(spec, self.cluster, gpu_type, self.estimator)
+            if e is not None and 0 < e.iter_time_s < float("inf"):
+                best = 1.0 / e.iter_time_s
         return best

@@ -149,6 +149,7 @@ class _Replay:
     done: list[JobState] = field(default_factory=list)
     dropped: list[JobState] = field(default_factory=list)
     too_large: list[str] = field(default_factory=list)
+    no_fit_memory: list[str] = field(default_factory=list)  # no plan fits any GPU's memory
     timeline: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     t: float = 0.0  # this round's time
@@ -156,11 +157,17 @@ class _Replay:
     decided_from: float = 0.0  # when this round's pipeline started (perf_counter)
 
 
+def _never_fit(decision: Decision) -> list[str]:
+    """The jobs no plan fits in any GPU's memory (they can never run here)."""
+    return sorted(p.job for p in decision.pending
+                  if not p.can_ever_fit and p.reason is Reason.NO_FIT_MEMORY)
+
+
 def _dropped(decision: Decision) -> set[str]:
-    """The jobs a round leaves for good: refused by admission (they can never fit) or
-    dropped by the policy (ElasticFlow's admission control)."""
+    """The jobs a round leaves for good: refused by admission (they can never fit), no plan
+    fitting any GPU's memory, or dropped by the policy (ElasticFlow's admission control)."""
     return {p.job for p in decision.pending if (p.stage == "admit" and not p.can_ever_fit)
-            or (p.action is not None and p.action.value == "drop")}
+            or (p.action is not None and p.action.value == "drop")} | set(_never_fit(decision))
 
 
 def _not_run(attempt: dict[str, Any]) -> bool:
@@ -263,7 +270,11 @@ class Simulator:
                         len(rp.too_large), total_gpus, ", ".join(rp.too_large[:5]))
         res = self._result(rp.done, unfinished, rp.timeline, rp.rounds, t0,
                            time.perf_counter() - wall0)
+        if rp.no_fit_memory:
+            log.warning("%d jobs fit no GPU's memory with any plan; refused: %s",
+                        len(rp.no_fit_memory), ", ".join(rp.no_fit_memory[:5]))
         res.summary["refused_larger_than_cluster"] = len(rp.too_large)
+        res.summary["refused_no_fit_memory"] = len(rp.no_fit_memory)
         res.summary["trace_notes"] = list(getattr(self.trace, "notes", []) or [])
         return res
 
@@ -300,6 +311,7 @@ class Simulator:
         self._apply(decision, rp.active, rp.states, rp.t)
         rp.too_large += sorted(p.job for p in decision.pending if p.stage == "admit"
                                and p.reason is Reason.TOO_LARGE)
+        rp.no_fit_memory += _never_fit(decision)  # dropped and counted, never a stall
         dropped_now = _dropped(decision)
         if dropped_now:
             for js in rp.active:

@@ -436,8 +436,10 @@ BAD_COUNTS = [
 # flags a command would silently ignore, or nonsense it would count: refused, naming both flags
 BAD_COMBINATIONS = [
     (["solve-round", "--tables", "{tables}"], ("--tables", "--estimator")),
-    (["solve-round", "--formulation", "deadline", "--tenants", "{tenants}"],
+    (["solve-round", "--formulation", "gavel", "--tenants", "{tenants}"],
      ("--tenants", "--formulation")),
+    (["solve-round", "--policy", "sia", "--dump-problem", "p.json"],
+     ("--dump-problem", "--policy sia")),
     (["solve-round", "--round-key", "k1"], ("--round-key", "--state")),
     (["solve-round", "--ray-address", "10.0.0.1:6379"], ("--ray-address", "--engine")),
     (["solve-round", "--policy", "fcfs", "--formulation", "plans"], ("--policy", "--formulation")),

@@ -57,7 +57,7 @@ def test_the_state_round_honours_partitions(tmp_path: Path) -> None:
     (["--round-key", "k"], "--round-key"),
     (["--policy", "fcfs", "--formulation", "plans"], "--formulation"),
     (["--estimator", "analytic", "--tables", "TABLES"], "--tables"),
-    (["--formulation", "deadline", "--tenants", "TENANTS"], "--tenants"),
+    (["--formulation", "gavel", "--tenants", "TENANTS"], "--tenants"),
     (["--policy", "sia", "--tenants", "TENANTS"], "--tenants"),
 ])
 def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[str],
@@ -74,7 +74,7 @@ def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[
     assert flag in r.stderr, r.stderr
     assert not out.exists()
     if flag == "--tenants" and "--policy" not in args:  # the formulations that keep them
-        for formulation in ("cells", "plans"):
+        for formulation in ("cells", "plans", "deadline"):
             r = _run("solve-round", "--tenants", tmp_path / "t.yaml", "--formulation",
                      formulation, "--json", out, "--time-budget", "5", "--no-isolate")
             assert r.exit_code == 0, r.output

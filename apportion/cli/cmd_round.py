@@ -96,7 +96,7 @@ def solve_round(
         check_round_flags(formulation=formulation, policy=policy, estimator=estimator,
                           tables=tables, tenants=tenants, engine=engine,
                           ray_address=ray_address, state=state, round_key=round_key,
-                          time_budget=time_budget)
+                          time_budget=time_budget, dump_problem=dump_problem)
     data_on_stdout = outputs.any_stdout(json_out, dump_problem)
     flags = RoundFlags(backend, formulation, policy, estimator, time_budget, mip_gap,
                        search_depth, max_changes, not deterministic if isolate is None else

@@ -533,11 +533,17 @@ class FormulationPolicy:
         if not answered and (f.greedy_choices is None or f.depth < cfg.search_depth):
             f = self._heuristic(g, model, full=True)  # falling back: the whole greedy now
         if f.greedy_choices is not None:
-            attempt_dicts.append({"backend": f.heuristic.name, "status": "feasible",
+            what = (f"search depth {f.depth}" if f.heuristic.name == "greedy"
+                    else "Morphling's slope heuristic")
+            # an answer that breaks the model's rows (a researcher's added row) is none: the
+            # report says so, not "feasible"
+            attempt_dicts.append({"backend": f.heuristic.name,
+                                  "status": "error" if f.breaks else "feasible",
                                   "objective": f.greedy_obj, "bound": None, "gap": None,
                                   "wall_s": round(f.greedy_wall, 6),
-                                  "message": f"search depth {f.depth}" if f.heuristic.name ==
-                                  "greedy" else "Morphling's slope heuristic"})
+                                  "message": what if not f.breaks else
+                                  f"{what}; its answer breaks the model "
+                                  f"({'; '.join(f.breaks)}): not used"})
         wall = _elapsed(g)
         validated = False
         decision: Decision | None = None
@@ -580,6 +586,8 @@ class FormulationPolicy:
         if decision is None:
             decision = to_decision(g, choices, view.cluster, f.specs, report, f.estimator)
         decision.report = report
+        if not answered and f.breaks:
+            _unplaced_by_rows(decision, f)
         self._annotate(decision, g, choices, f)
         decision.meta["validated"] = validated
         # the graph's views hold it in a cycle: without them the round's graph is freed
@@ -597,6 +605,8 @@ class FormulationPolicy:
         report = SolveReport(f.heuristic.name, Status.FALLBACK.value, objective_of(g, choices),
                              None, None, _elapsed(g), fallback=True, fallback_reason=reason)
         decision = to_decision(g, choices, view.cluster, f.specs, report)
+        if f.breaks:
+            _unplaced_by_rows(decision, f)
         self._annotate(decision, g, choices, f)
         return decision
 
@@ -638,6 +648,17 @@ class FormulationPolicy:
         d = self.decode(view, g, f, self.solve(view, g, f))
         d.meta.pop("validated", None)
         return d
+
+
+def _unplaced_by_rows(decision: Decision, f: Formulated) -> None:
+    """A round that kept only its running jobs because the heuristic's answer broke the
+    model's rows (and no backend answered) says so in each job it left waiting: the
+    capacity did not go to higher-value jobs, it went unused."""
+    why = (f"not placed: no backend answered and the {f.heuristic.name}'s answer breaks the "
+           f"model ({'; '.join(f.breaks)}), so the round kept only the running jobs")
+    for p in decision.pending:
+        if p.reason is Reason.NO_CAPACITY and p.action is None:
+            p.detail = why
 
 
 class _ViewRate:

@@ -20,9 +20,9 @@ from apportion.estimation.registry import estimator_names, make_estimator
 from apportion.jobs import JobSpec
 from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
 from apportion.policies.recipes import RECIPES
-from apportion.policies.registry import policy_names
+from apportion.policies.registry import make_policy, policy_names
 from apportion.policies.scheduler import Scheduler, formulation_names
-from apportion.round import RoundResult
+from apportion.round import RoundResult, StagedPolicy
 from apportion.view import Policy
 
 
@@ -64,7 +64,8 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
                       estimator: str = "analytic", tables: Any = None, tenants: Any = None,
                       engine: str = "local", ray_address: str | None = None,
                       state: Any = None, round_key: str | None = None,
-                      time_budget: float | None = None) -> None:
+                      time_budget: float | None = None,
+                      dump_problem: Any = None) -> None:
     """Refuse flags a round would silently ignore, naming both flags.
 
     An operator who gives ``--tables`` expects the measured times to count; with
@@ -111,6 +112,23 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if round_key is not None and state is None:
         raise InputError("--round-key", "round_key", "keys a round committed to a state "
                          "database: it needs --state (without it nothing is committed)")
+    if dump_problem is not None and not makes_problem(formulation, policy):
+        chosen = f"--policy {policy}" if policy is not None else f"--formulation {formulation}"
+        raise InputError("--dump-problem", "dump_problem", f"{chosen} decides by its own "
+                         "algorithm, with no problem of apportion's to dump (the dump is a "
+                         "formulation's candidates, estimates and limits, enough to re-solve "
+                         "the round); give --formulation "
+                         f"{' | '.join(r for r in RECIPES)} or one of their policies, or leave "
+                         "--dump-problem out")
+
+
+def makes_problem(formulation: str = "cells", policy: str | None = None) -> bool:
+    """Whether the round ``--formulation``/``--policy`` name has a problem to dump: one of
+    apportion's formulations (a staged policy, :class:`apportion.round.StagedPolicy`), not a
+    baseline's own algorithm (Sia's ILP, Gavel's LPs and round mechanism, FCFS, ...)."""
+    if policy is None:
+        return formulation in RECIPES
+    return isinstance(make_policy(policy), StagedPolicy)
 
 
 def estimator_from(name: str, tables: Any = None, samples: Any = None,

@@ -29,6 +29,7 @@ from typing import Any, Self
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision
+from apportion.errors import InputError
 from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import make_estimator
 from apportion.jobs import JobSpec
@@ -64,6 +65,25 @@ def policy_for(config: RoundConfig, estimator: Any = None) -> Policy:
     if estimator is not None:
         config = replace(config, estimator=estimator)
     return FormulationPolicy(config)
+
+
+def check_guarantees(config: RoundConfig, jobs: list[JobSpec]) -> None:
+    """Refuse, naming the jobs, a round whose formulation cannot keep its guaranteed jobs'
+    SLAs: ``--formulation gavel`` is Gavel's allocation LP and round mechanism, which has no
+    notion of a promised speed, so guaranteed jobs would silently run best-effort (the
+    cells, plans and deadline formulations keep them: :mod:`apportion.formulations.sla`).
+    A policy named with ``--policy`` runs its own algorithm, guarantees or not."""
+    if config.policy is not None or config.formulation != "gavel":
+        return
+    held = sorted(j.id for j in jobs if j.guaranteed)
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise InputError("--formulation", "formulation", f"gavel keeps no SLA: Gavel's "
+                         f"allocation would run the guaranteed jobs ({shown}) best-effort; give "
+                         "--formulation cells, plans or deadline (they keep guaranteed jobs' "
+                         "SLAs), or --policy gavel-max-min-fairness to run Gavel's policy as a "
+                         "baseline")
+
 
 
 class Scheduler:
@@ -111,7 +131,9 @@ class Scheduler:
             est = inner.inner if isinstance(inner, _Memo) else (
                 make_estimator(cfg.estimator) if isinstance(cfg.estimator, str)
                 else cfg.estimator)
-        rates = EstimatorRates(est, cluster)
+        # an operator's round: a model no GPU holds whole is rated spilled on one GPU, as the
+        # formulations spill it, so a baseline may place it there too
+        rates = EstimatorRates(est, cluster, spill=True)
         if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
             pol.estimator = _Memo(est)
         if isinstance(pol, FormulationPolicy) and seen_jct:
@@ -140,6 +162,8 @@ class Scheduler:
     def round(self, cluster: Cluster, jobs: list[JobSpec], now_s: float, *,
               commit: Callable[[Decision], Any] | None = None, **figures: Any) -> RoundResult:
         """One round on jobs given by the caller (``figures``: :meth:`view`'s keywords)."""
+        if self._owned:
+            check_guarantees(self.config, jobs)
         return self.decide(self.view(cluster, jobs, now_s, **figures), commit)
 
     def step(self, cluster: Cluster, now_s: float, index: int | None = None, *,

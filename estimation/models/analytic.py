@@ -18,7 +18,11 @@ Memory per GPU: 16 bytes per parameter held (16-bit weights and gradients,
 fp32 master weights and two Adam moments; ZeRO shards the 12 optimizer bytes,
 and the gradients too from stage 2, over dp) plus activations of the micro-batches
 in flight (the first stage of 1F1B holds ``min(B, stages)``) divided by tp, plus
-a fixed reserve for the CUDA context and workspace.
+a fixed reserve for the CUDA context and workspace. A plan fits where that is at most
+the catalog's memory times ``usable_memory_fraction`` less the reserve, or, where the
+cluster's node group says how much a job may use on its GPUs (``gpu_memory_gib``: a MIG
+slice, a shared GPU), at most that: the micro-batch search then sizes for what the
+job really has, and a plan larger than it is infeasible.
 
 ``efficiency`` (a fraction of the dense peak) defaults to the per-type values
 calibrated on Crius's measurements (``apportion/data/efficiency.yaml``: 0.14 to
@@ -137,6 +141,22 @@ class AnalyticEstimator(ParamsMixin):
         gpu_type = cluster.nodes[node].gpu_type
         return self._predict(job, plan, placement, gpu_type, cluster)
 
+    @staticmethod
+    def _limit(cluster: Cluster | None, gpu_type: str,
+               placement: Mapping[str, int] | None = None) -> float | None:
+        """What the cluster says a job may use on one GPU (None: the catalog's, less the
+        reserve): the smallest of the placement's nodes that say, else of the type's."""
+        if cluster is None:
+            return None
+        if placement:
+            said = [cluster.nodes[n].gpu_memory_gib for n in placement
+                    if n in cluster.nodes and cluster.nodes[n].gpu_memory_gib is not None]
+            if said:
+                return min(min(said) * GiB, get_gpu(gpu_type).memory_bytes)
+            if all(n in cluster.nodes for n in placement):
+                return None
+        return cluster.gpu_memory_bytes(gpu_type)
+
     def _links(self, placement: Mapping[str, int], gpu_type: str,
                cluster: Cluster | None) -> tuple[Link, Link]:
         """(intra-node link, link used by DP/PP groups) for a placement."""
@@ -156,30 +176,35 @@ class AnalyticEstimator(ParamsMixin):
         model = get_model(job.model)
         intra, outer = self._links(placement, gpu_type, cluster)
         return self._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
-                              eff_override)
+                              eff_override, self._limit(cluster, gpu_type, placement))
 
     def _evaluate(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
-                  intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
-        """One plan's estimate (:meth:`_plan_time`)."""
-        t = self._plan_time(model, gbs, plan, gpu_type, intra, outer, eff_override)
+                  intra: Link, outer: Link, eff_override: float | None = None,
+                  limit: float | None = None) -> Estimate:
+        """One plan's estimate (:meth:`_plan_time`; ``limit``: the bytes the cluster says a
+        job may use on one GPU, where it says)."""
+        t = self._plan_time(model, gbs, plan, gpu_type, intra, outer, eff_override, limit)
         if t is None:
             return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
         return _estimate(plan, gbs, t)
 
     def _plan_time(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
-                   intra: Link, outer: Link, eff_override: float | None = None
-                   ) -> PlanTime | None:
+                   intra: Link, outer: Link, eff_override: float | None = None,
+                   limit: float | None = None) -> PlanTime | None:
         """One plan's iteration time and memory, or None where the model has fewer layers
         than the plan has stages. The per-layer sums of a stage (FLOPs, parameters,
         activations, the TP all-reduces of its layers' outputs) are taken once per model and
         stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers); what it
-        reads of the GPU is looked up once per type (:meth:`_device`)."""
+        reads of the GPU is looked up once per type (:meth:`_device`). ``limit``: the bytes
+        the cluster lets a job use on one GPU, in place of the catalog's less the reserve."""
         S, tp, dp = plan.pp, plan.tp, plan.dp
         cut = model_stages(model, S)
         if cut is None:
             return None
         sums = cut.sums
         peak_half, peak_tf32, usable, hbm_bytes_per_s = self._device(gpu_type)
+        if limit is not None:
+            usable = limit
         peak = peak_half if model.dtype_bytes <= 2 else peak_tf32
         if eff_override is None:
             eff = self._eff(gpu_type, tp)
@@ -301,17 +326,18 @@ class AnalyticEstimator(ParamsMixin):
         if cell.stages > len(model.layers):
             return None
         intra, outer = found
-        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
+        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer,
+                                cluster.gpu_memory_bytes(cell.gpu_type))
 
     def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
-                    intra: Link, outer: Link) -> Estimate | None:
+                    intra: Link, outer: Link, limit: float | None = None) -> Estimate | None:
         best: tuple[ExecutionPlan, PlanTime] | None = None
         gbs = job.global_batch_size
         for tp in powers_of_two_dividing(per_stage, max_tp):
             if gbs < per_stage // tp:
                 continue
             plan = _uniform_plan(per_stage // tp, tp, cell.stages)
-            t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer)
+            t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer, limit=limit)
             if t is not None and t.feasible and (best is None or t.total < best[1].total):
                 best = (plan, t)
         return None if best is None else _estimate(best[0], gbs, best[1])  # the winner's only
