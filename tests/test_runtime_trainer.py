@@ -113,6 +113,24 @@ def test_accumulation_and_recomputation_keep_the_trajectory(tmp_path: Path) -> N
         assert b[it] == pytest.approx(a[it], abs=LOSS_TOL)
 
 
+def test_a_one_stage_plans_micro_batches_are_accumulation_steps(tmp_path: Path) -> None:
+    """The estimator, the memory check and the plans formulation size a memory-bound
+    one-stage plan by its micro-batches (a quarter of the rank's batch at a time); the
+    worker ran it at the whole batch, where it may not fit. It now runs 4 passes of 1 sample,
+    on the trajectory of the plain plan."""
+    from apportion.runtime.workers.deepspeed_config import deepspeed_config
+
+    plan = ExecutionPlan(micro_batches=4)
+    assert plan.accumulation_steps == 4 and micro_batch(4, plan) == 1
+    assert deepspeed_config(plan, 4)["gradient_accumulation_steps"] == 4
+    assert ExecutionPlan(pp=2, dp=1, micro_batches=4).accumulation_steps == 1  # a pipeline's
+    run_inprocess(tmp_path / "a", "bert-tiny", 3, ExecutionPlan())
+    run_inprocess(tmp_path / "b", "bert-tiny", 3, plan)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    for it in a:
+        assert b[it] == pytest.approx(a[it], abs=LOSS_TOL)
+
+
 def test_loss_continuity_across_2_1_2_workers(tmp_path: Path) -> None:
     """A job resized 2 -> 1 -> 2 workers follows the untouched run's losses (same seed)."""
     job = JobSpec("j", "gpt-tiny", 4, 6, 2)
