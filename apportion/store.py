@@ -630,6 +630,19 @@ class StateStore:
             self._move(self.job(job_id), JobState.FAILED, why, at)
         return self.job(job_id)
 
+    def change_token(self) -> tuple[int, int, float]:
+        """What moves when something a round should see happens outside rounds: a job's
+        move not made by a round (a submission, a cancellation, a job's end or failure, a
+        requeue after a failed launch: ``job_events`` without a round) and a node's fault
+        or return (``node_faults``, ``nodes``). A round's own moves and measured progress leave it be,
+        so a run loop comparing it with the last round's can start the next round at once
+        on an event (:meth:`apportion.runtime.store_adapter.SqliteRoundStore.arrived`)."""
+        row = self.conn.execute(
+            "SELECT (SELECT COALESCE(MAX(seq), 0) FROM job_events WHERE round_id IS NULL), "
+            "(SELECT COALESCE(MAX(id), 0) FROM node_faults), "
+            "(SELECT COALESCE(MAX(since_s), 0) FROM nodes)").fetchone()
+        return int(row[0]), int(row[1]), float(row[2])
+
     # -- rounds ---------------------------------------------------------------------
     def round_input(self) -> RoundInput:
         """The queue and the running jobs, as a round consumes them (one consistent read)."""
