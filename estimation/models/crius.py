@@ -47,7 +47,7 @@ from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source, unm
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.models.comm import Link
 from apportion.estimation.models.tables import CommTables
-from apportion.estimation.stage_profiles import Hit, StageProfiles
+from apportion.estimation.stage_profiles import Hit, StageProfiles, StageRecord
 
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
@@ -288,43 +288,87 @@ class NoMeasuredProfile(LookupError):
 class MeasuredStageProfiler:
     """Stage profiles from measured records (:class:`~apportion.estimation.stage_profiles.
     StageProfiles`): the shard's compute per micro-batch, and its resident bytes plus the
-    activations of ``inflight`` micro-batches. A shard without a usable record raises
-    :class:`NoMeasuredProfile` (the cell falls back to the analytic profiles whole).
-    ``hits`` lists what was read, for the estimate's source."""
+    activations of ``inflight`` micro-batches.
 
-    def __init__(self, store: StageProfiles) -> None:
+    A shard the cell needs but nobody measured (another stage split, a TP width not
+    profiled) is the ``analytic`` profiler's, its compute scaled by the median ratio of
+    measured to analytic compute over the records of the same model, GPU type and layout
+    (any layout where that one has none): every cell of a profiled model is then on the
+    measured scale, and a solver never prefers an unmeasured cell because the analytic
+    model is optimistic on this device. ``hits`` and ``derived`` list what was read and
+    what was derived, for the estimate's source."""
+
+    def __init__(self, store: StageProfiles, analytic: StageProfiler | None = None) -> None:
         self.store = store
+        self.analytic = analytic
         self.hits: list[Hit] = []
+        self.derived: list[str] = []
+        self.basis: list[StageRecord] = []  # the records a ratio was taken from
+        self._ratios: dict[tuple[str, str, str], float | None] = {}
 
     def profile(self, model: ModelSpec, rng: tuple[int, int], gpu_type: str, devices: int,
                 mode: str, micro_batch: float, inflight: int) -> StageProfile:
         hit = self.store.lookup(model.name, gpu_type, rng, mode, devices, micro_batch)
-        if hit is None:
+        if hit is not None:
+            self.hits.append(hit)
+            m = hit.stage
+            return StageProfile(mode, devices, m.compute_s,
+                                m.static_bytes + m.act_bytes * max(inflight, 1))
+        ratio = self.ratio(model, gpu_type, mode)
+        if ratio is None or self.analytic is None:
             raise NoMeasuredProfile(f"no measured {mode} profile of {model.name} layers "
                                     f"[{rng[0]},{rng[1]}) on {devices} {gpu_type} "
                                     f"(micro-batch {micro_batch:g})")
-        self.hits.append(hit)
-        m = hit.stage
-        return StageProfile(mode, devices, m.compute_s,
-                            m.static_bytes + m.act_bytes * max(inflight, 1))
+        p = self.analytic.profile(model, rng, gpu_type, devices, mode, micro_batch, inflight)
+        self.derived.append(f"{mode} x{devices} [{rng[0]},{rng[1]})")
+        return replace(p, compute_s=p.compute_s * ratio)
+
+    def ratio(self, model: ModelSpec, gpu_type: str, mode: str) -> float | None:
+        """Median measured-over-analytic compute of the model's records on ``gpu_type`` in
+        ``mode`` (else in any mode); None without an analytic profiler or a record."""
+        key = (model.name, gpu_type, mode)
+        if key not in self._ratios:
+            got = None
+            if self.analytic is not None:
+                by_mode: dict[str, list[float]] = {}
+                for r in self.store.records(model.name, gpu_type):
+                    if r.measured.compute_s <= 0 or r.end > len(model.layers):
+                        continue
+                    a = self.analytic.profile(model, (r.start, r.end), gpu_type, r.devices,
+                                              r.mode, r.micro_batch, 1).compute_s
+                    if a > 0:
+                        by_mode.setdefault(r.mode, []).append(r.measured.compute_s / a)
+                        self.basis.append(r)
+                pool = by_mode.get(mode) or [x for v in by_mode.values() for x in v]
+                got = float(median(pool)) if pool else None
+            self._ratios[key] = got
+        return self._ratios[key]
 
     def source(self, gpu_type: str) -> Source:
         """``profiled``: the device and libraries of the records read, the oldest one's age,
-        and how far a micro-batch was scaled from the one measured."""
+        how far a micro-batch was scaled from the one measured, and which shards were
+        derived at the measured ratio."""
         now = self.store.clock()
-        recs = {h.record.path or id(h.record): h for h in self.hits}.values()
+        recs = list({h.record.path or id(h.record): h for h in self.hits}.values())
+        if not recs:  # every shard derived: the records behind the ratio are the source
+            recs = [Hit(r, r.measured, 1.0) for r in self.basis]
         devices = sorted({h.record.device for h in recs})
         backends = sorted({h.record.backend for h in recs})
         age = max((h.age_s(now) for h in recs), default=0.0)
-        scaled = sorted({h.scale for h in recs if h.scale != 1.0})
+        scaled = sorted({h.scale for h in self.hits if h.scale != 1.0})
         device = ", ".join(devices)
         stand_in = " (standing in for %s)" % gpu_type if any(
             d.lower() == "cpu" for d in devices) else ""
-        detail = (f"{'/'.join(backends)} stage profiles measured on {device}{stand_in}: "
-                  f"{len(recs)} stage shards, the oldest {_age(age)} old")
+        measured = len({h.record.path or id(h.record) for h in self.hits})
+        detail = (f"{'/'.join(backends)} stage profiles measured on {device}{stand_in}, the "
+                  f"oldest {_age(age)} old: {measured} stage shards measured")
         if scaled:
-            detail += ("; micro-batch scaled linearly from the measured one (x" +
+            detail += (" (micro-batch scaled linearly from the measured one: x" +
                        ", x".join(f"{x:.3g}" for x in scaled) + ")")
+        derived = sorted(set(self.derived))
+        if derived:
+            detail += (f", {len(derived)} derived from the analytic profiles at the measured "
+                       f"ratio ({', '.join(derived)})")
         return Source("profiled", detail, estimator="crius", age_s=age, device=device,
                       backend="/".join(backends))
 
@@ -481,7 +525,7 @@ class CellEstimator(ParamsMixin):
             return None
         if not self.stage_profiles.records(model, gpu_type):
             return None
-        return MeasuredStageProfiler(self.stage_profiles)
+        return MeasuredStageProfiler(self.stage_profiles, self._profiler())
 
     def analytic_source(self, model: str, gpu_type: str, why: str = "") -> Source:
         """The source of an estimate from the analytic stage profiles (or a custom
