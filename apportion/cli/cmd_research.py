@@ -31,6 +31,8 @@ def profile_cmd(
                                        "every stage shard Crius's cell estimator needs for "
                                        "this cell (this machine's GPU type; a machine without "
                                        "GPUs profiles for T4, its worker slots' type)"),
+    repeats: int = typer.Option(3, "--repeats", min=1, max=100,
+                                help="timed runs per layer or stage (the median is kept)"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
     """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)
@@ -43,7 +45,7 @@ def profile_cmd(
         outputs.check_outputs((json_out, "--json"))
         check_profile_args(model, backend, batch, devices, cell)
         with Progress(f"profile {model} ({backend})", heartbeat=True):
-            res = profile_report(model, backend, batch, devices, cell=cell)
+            res = profile_report(model, backend, batch, devices, repeats=repeats, cell=cell)
     err = stderr_console()
     err.print(f"{len(res['stage_records'])} stage profiles stored for {res['gpu_type']} "
               f"(measured on {printable(res['device'])})", highlight=False, markup=False)
