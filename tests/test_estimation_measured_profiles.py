@@ -227,3 +227,44 @@ def test_a_refit_or_a_new_profile_is_not_hidden_by_the_memo(tmp_path: Path) -> N
     second = est.best_in_cell(job, Cell("j", "T4", 2, 1), cl)
     assert second is not None and second.source is not None
     assert second.source.kind == "profiled"
+
+
+def test_jax_profiles_plug_in_through_the_same_protocol(tmp_path: Path, cache: Path) -> None:
+    """`profile --backend jax` compiles each stage shard for its mesh (a child process with
+    host devices) and stores it as torch's are: the estimate reads it the same way."""
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["profile", "gpt-tiny", "--backend", "jax", "--cell", "T4:2:1",
+                            "--batch", "16", "--repeats", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    prof = json.loads(out.read_text())
+    assert {x["backend"] for x in prof["stage_records"]} == {"jax"}
+    assert prof["versions"]["jax"] == installed_version("jax")
+    got, _ = _estimate(tmp_path)
+    assert got["estimates"]["crius"]["source"]["kind"] == "profiled"
+    assert got["estimates"]["crius"]["source"]["backend"] == "jax"
+
+
+def test_status_and_the_api_say_where_a_running_jobs_estimate_came_from(
+        tmp_path: Path, cache: Path) -> None:
+    from apportion.serve.views import job_view, jobs_view
+    from apportion.store import open_store
+
+    _plant(cache)
+    _plant(cache, mode="tp")
+    jobs, db = tmp_path / "jobs.yaml", tmp_path / "state.db"
+    jobs.write_text(JOBS)
+    assert runner.invoke(app, ["submit", str(jobs), "--state", str(db)]).exit_code == 0
+    r = runner.invoke(app, ["solve-round", "--state", str(db), "--cluster",
+                            str(_cluster(tmp_path)), "--estimator", "crius", "--time-budget",
+                            "10"])
+    assert r.exit_code == 0, r.output
+    st = json.loads(runner.invoke(app, ["status", "--state", str(db), "--json"]).stdout)
+    running = {j["id"]: j for j in st["jobs"] if j["state"] == "running"}
+    assert set(running) == {"tiny", "other"}
+    assert running["tiny"]["estimate_source"]["kind"] == "profiled"
+    assert running["other"]["estimate_source"]["kind"] == "analytic"
+    assert all(j["estimator"] == "crius" for j in running.values())
+    with open_store(db) as s:
+        api = {j["id"]: j for j in jobs_view(s)["jobs"]}
+        assert api["tiny"]["estimate_source"] == running["tiny"]["estimate_source"]
+        assert job_view(s, "tiny")["estimate_source"]["kind"] == "profiled"
