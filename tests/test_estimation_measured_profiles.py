@@ -268,3 +268,31 @@ def test_status_and_the_api_say_where_a_running_jobs_estimate_came_from(
         api = {j["id"]: j for j in jobs_view(s)["jobs"]}
         assert api["tiny"]["estimate_source"] == running["tiny"]["estimate_source"]
         assert job_view(s, "tiny")["estimate_source"]["kind"] == "profiled"
+
+
+def _policies() -> list[str]:
+    from apportion.policies import POLICIES
+
+    return sorted(POLICIES)
+
+
+@pytest.mark.parametrize("policy", _policies())
+def test_every_policys_placed_cells_name_their_source(
+        tmp_path: Path, cache: Path, policy: str) -> None:
+    """Discovered over the registry: whichever policy decides, each placed cell of the
+    decision says where its figures came from."""
+    _plant(cache)
+    _plant(cache, mode="tp")
+    jobs, out = tmp_path / "jobs.yaml", tmp_path / "d.json"
+    jobs.write_text(JOBS)
+    r = runner.invoke(app, ["solve-round", "--cluster", str(_cluster(tmp_path)), "--jobs",
+                            str(jobs), "--estimator", "crius", "--policy", policy,
+                            "--time-budget", "5", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    dec = json.loads(out.read_text())
+    assert dec["allocations"], policy
+    for a in dec["allocations"]:
+        assert a["source"] and a["source"]["kind"] in ("measured", "fitted", "profiled",
+                                                       "analytic"), (policy, a)
+    tiny = [a for a in dec["allocations"] if a["job"] == "tiny"]
+    assert all(a["source"]["kind"] == "profiled" for a in tiny), policy
