@@ -116,10 +116,18 @@ class AnalyticEstimator(ParamsMixin):
         self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
         self.efficiency_scale_ = unmeasured_scale(self.efficiency_, self._default_eff)
         self.n_samples_ = {g: len(r) for g, r in ratios.items()}
+        self.__dict__.pop("_source_memo", None)
         return self
 
     def source(self, gpu_type: str) -> Source:
         """``fitted`` where ``fit`` measured ``gpu_type``'s efficiency, else ``analytic``."""
+        key = gpu_type
+        memo = self.__dict__.setdefault("_source_memo", {})  # emptied by every fit
+        if key not in memo:
+            memo[key] = self._source(gpu_type)
+        return memo[key]
+
+    def _source(self, gpu_type: str) -> Source:
         n = getattr(self, "n_samples_", {}).get(gpu_type)
         if gpu_type in getattr(self, "efficiency_", {}):
             return Source("fitted", f"analytic model, {gpu_type}'s sustained efficiency fitted "

@@ -973,8 +973,13 @@ class MorphlingEstimator(ParamsMixin):
             bd["outside_claims"] = 1.0
             if claim.max_error is not None:
                 bd["claim_max_error"] = float(claim.max_error)
+        key = (arch.name, claim, arch.name in getattr(self, "k_", {}),
+               getattr(self, "fit_samples_", {}).get(arch.name))
+        memo = self.__dict__.setdefault("_source_memo", {})  # one per claim and fit state
+        if key not in memo:
+            memo[key] = self.source(arch.name, claim)
         return Estimate(parts["T_iter"], mem, feasible, plan, job.global_batch_size, bd,
-                        self.source(arch.name, claim))
+                        memo[key])
 
     def source(self, arch_name: str, claim: Claim | None = None) -> Source:
         """``fitted`` (with the samples the fit saw) where the architecture's parameters were
