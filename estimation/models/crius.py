@@ -674,6 +674,10 @@ class CellEstimator(ParamsMixin):
         measured = self.measured_profiler(model.name, gpu_type)
         if measured is None and self.stage_profiles is not None and self.profiler is None:
             why = f"no measured stage profile of {model.name} on {gpu_type}"
+            other = sorted({r.gpu_type for r in self.stage_profiles.records(model.name)})
+            if other:  # a profile stands only for its device's type: say what there is
+                why += (f" (the cache holds {', '.join(other)} profiles of it; a profile "
+                        "stands only for the GPU type it was measured on)")
         if measured is not None:
             try:
                 est, plans = self._estimate_cell(model, batch, gpu_type, gpus, stages, intra,
