@@ -296,3 +296,31 @@ def test_every_policys_placed_cells_name_their_source(
                                                        "analytic"), (policy, a)
     tiny = [a for a in dec["allocations"] if a["job"] == "tiny"]
     assert all(a["source"]["kind"] == "profiled" for a in tiny), policy
+
+
+def test_profile_without_a_cell_and_estimate_profile_on_the_spot(
+        tmp_path: Path, cache: Path) -> None:
+    """`profile MODEL --devices N --batch B` stores the whole model as one stage of N devices
+    at micro-batch B (the cell T4:N:1 of a job of batch 4B); `estimate --profile` measures a
+    cell's shards here first, and refuses a cell of another GPU type."""
+    r = runner.invoke(app, ["profile", "gpt-tiny", "--backend", "torch", "--batch", "4",
+                            "--devices", "2", "--repeats", "1", "--json", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    prof = json.loads((tmp_path / "p").read_text())
+    assert prof["dp"] and prof["tp"]  # the per-layer report, as before
+    assert {(x["mode"], x["devices"], x["micro_batch"]) for x in prof["stage_records"]} == \
+        {("dp", 2, 4.0), ("tp", 2, 4.0)}
+    got, _ = _estimate(tmp_path)
+    assert got["estimates"]["crius"]["source"]["kind"] == "profiled"
+    assert "scaled" not in got["estimates"]["crius"]["source"]["detail"]
+
+    out = tmp_path / "e.json"
+    r = runner.invoke(app, ["estimate", "--job", "gpt-tiny:32", "--cell", "T4:4:2", "--cluster",
+                            str(_cluster(tmp_path)), "--estimator", "crius", "--profile",
+                            "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    src = json.loads(out.read_text())["estimates"]["crius"]["source"]
+    assert src["kind"] == "profiled" and "derived" not in src["detail"]
+    r = runner.invoke(app, ["estimate", "--job", "gpt-tiny:32", "--cell", "A40:4:2",
+                            "--profile", "--json", str(out)])
+    assert r.exit_code == 2 and "A40" in r.stderr
