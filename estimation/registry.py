@@ -31,9 +31,8 @@ error of the estimator chosen for the job.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
-
 from dataclasses import replace
+from typing import Any
 
 from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
 from apportion.estimation.models.analytic import AnalyticEstimator

@@ -8,18 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
-
-from apportion.config import resolve_cluster
 from apportion.estimation.models.morphling import nodes_of
 from apportion.estimation.models.morphling_claims import (
     CLAIM_THRESHOLD,
     claim_for,
-    plan_family,
     placement_scope,
+    plan_family,
     shipped_claims,
 )
 from apportion.estimation.registry import AutoEstimator
 from apportion.experiments.bench import morphling_data as md
+
+from apportion.config import resolve_cluster
 from apportion.jobs import JobSpec
 from apportion.plans import Cell
 

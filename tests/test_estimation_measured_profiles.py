@@ -13,9 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from apportion.cli import app
 from apportion.estimation.models.crius import CellEstimator
 from apportion.estimation.stage_profiles import (
     CPU_STAND_IN,
@@ -27,6 +24,9 @@ from apportion.estimation.stage_profiles import (
     installed_version,
     versions_of,
 )
+from typer.testing import CliRunner
+
+from apportion.cli import app
 from apportion.models import get_model
 
 runner = CliRunner()
@@ -69,11 +69,12 @@ def _estimate(tmp_path: Path, cell: str = "T4:2:1", job: str = "gpt-tiny:16") ->
 def _plant(root: Path, **change: object) -> StageRecord:
     """A record as `profile --cell T4:2:1 --batch 16` writes it for gpt-tiny's DP shard,
     with ``change`` applied."""
-    fields = dict(model="gpt-tiny", gpu_type="T4", start=0, end=len(get_model("gpt-tiny").layers),
-                  mode="dp", devices=2, micro_batch=4.0,
-                  measured=MeasuredStage(0.25, 2e7, 1e7), backend="torch", device="cpu",
-                  versions=versions_of(["torch"]), measured_at=time.time(),
-                  format=PROFILE_FORMAT)
+    fields: dict[str, object] = {
+        "model": "gpt-tiny", "gpu_type": "T4", "start": 0,
+        "end": len(get_model("gpt-tiny").layers), "mode": "dp", "devices": 2,
+        "micro_batch": 4.0, "measured": MeasuredStage(0.25, 2e7, 1e7), "backend": "torch",
+        "device": "cpu", "versions": versions_of(["torch"]), "measured_at": time.time(),
+        "format": PROFILE_FORMAT}
     fields.update(change)
     rec = StageRecord(**fields)  # type: ignore[arg-type]
     StageProfiles(root).put(rec)
@@ -127,8 +128,8 @@ def test_profile_then_estimate_and_solve_round_use_the_measured_profile(
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"device": "NVIDIA A100-SXM4-80GB"}, "foreign device: measured on NVIDIA A100-SXM4-80GB "
-                                           "(A100-80GB), not T4"),
+    ({"device": "NVIDIA A100-SXM4-80GB"},
+     "foreign device: measured on NVIDIA A100-SXM4-80GB (A100-80GB), not T4"),
     ({"device": "some accelerator"}, "foreign device"),
     ({"versions": {"apportion": "0.0.1", "torch": installed_version("torch")}},
      "stale: measured with apportion 0.0.1"),
@@ -169,7 +170,7 @@ def test_a_malformed_record_is_refused_by_its_path(tmp_path: Path, cache: Path) 
     data = json.loads(p.read_text())
     data["value"]["compute_s"] = "fast"
     p.write_text(json.dumps(data))
-    got, err = _estimate(tmp_path)
+    got, _ = _estimate(tmp_path)
     assert got["estimates"]["crius"]["source"]["kind"] == "analytic"
     assert any(str(p) in x and "compute_s" in x for x in got["refused"])
 

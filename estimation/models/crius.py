@@ -357,7 +357,7 @@ class MeasuredStageProfiler:
         age = max((h.age_s(now) for h in recs), default=0.0)
         scaled = sorted({h.scale for h in self.hits if h.scale != 1.0})
         device = ", ".join(devices)
-        stand_in = " (standing in for %s)" % gpu_type if any(
+        stand_in = f" (standing in for {gpu_type})" if any(
             d.lower() == "cpu" for d in devices) else ""
         measured = len({h.record.path or id(h.record) for h in self.hits})
         detail = (f"{'/'.join(backends)} stage profiles measured on {device}{stand_in}, the "

@@ -164,7 +164,6 @@ def parse_job_cell(job: str, cell: str) -> tuple[JobSpec, Cell]:
     Raises :class:`~apportion.errors.InputError` naming the option and the field.
     """
     from apportion.errors import CatalogError, InputError
-    from apportion.gpus import canonical_gpu_name
 
     parts = job.split(":")
     try:

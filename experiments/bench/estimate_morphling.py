@@ -407,8 +407,8 @@ def protocol_markdown(res: dict[str, Any], worst: int = 12, full: bool = False) 
                                 align=["", "r", "r", "r", ""]).rstrip("\n").split("\n")
         lines.append("")
     if res.get("claims"):
-        lines += [f"Claims (worst held-out row within {100 * CLAIM_THRESHOLD:g} %; `auto` refuses "
-                  "Morphling's figure elsewhere):", ""]
+        lines += [(f"Claims (worst held-out row within {100 * CLAIM_THRESHOLD:g} %; `auto` "
+                   "refuses Morphling's figure elsewhere):"), ""]
         rows = [[c["family"], c["scope"], str(c["n"]), _pct(c["mean_error"]),
                  _pct(c["max_error"]),
                  "claimed" if c["claimed"] else ("refused" if c["n"] else "refused (unmeasured)")]
