@@ -273,7 +273,7 @@ class StageProfiles:
         self.root = Path(root) if root is not None else default_cache_dir()
         self.now = now
         self.max_age = max_age
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._usable: dict[tuple[Any, ...], list[StageRecord]] = {}
         self._refused: list[tuple[StageRecord | None, str, str]] = []
 
@@ -284,15 +284,17 @@ class StageProfiles:
     def _folder(self) -> Path:
         return self.root / KIND
 
-    def stamp(self) -> tuple[int, int]:
-        """What changes when a record is written or removed (the folder's mtime and entry
-        count): memoised estimates of an older stamp are stale."""
-        folder = self._folder()
+    def stamp(self) -> tuple[int, int, int]:
+        """What changes when a record is written, replaced or removed (the folder's
+        modification time: every write renames a file into it), and every hour (a record
+        ages out while a service runs) -- one ``stat``, cheap enough for every memoised
+        estimate to check: estimates of an older stamp are stale."""
+        hour = int(self.clock() // 3600)
         try:
-            st = folder.stat()
-            return (st.st_mtime_ns, sum(1 for _ in folder.glob("*.json")))
+            st = self._folder().stat()
         except OSError:
-            return (0, 0)
+            return (0, 0, hour)
+        return (st.st_mtime_ns, st.st_ino, hour)
 
     def _load(self) -> None:
         stamp = self.stamp()
