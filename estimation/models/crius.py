@@ -11,11 +11,12 @@
    profile: compute seconds per micro-batch and memory per device. The default
    :class:`AnalyticStageProfiler` derives them from layer FLOPs and bytes (TP
    shards run narrower matrix multiplies: a per-degree efficiency loss). Where the
-   profile cache holds measured profiles of every stage shard the cell needs on its GPU
-   type (``apportion profile``, torch or JAX: :mod:`apportion.estimation.stage_profiles`),
-   :class:`MeasuredStageProfiler` answers from them instead, for the whole cell (a cell is
-   never scored from measured and analytic stages mixed), and the estimate's source says
-   which (``profiled`` with the profiles' device and age, or ``analytic`` with what was
+   profile cache holds usable measured profiles of the model on the cell's GPU type
+   (``apportion profile``, torch or JAX: :mod:`apportion.estimation.stage_profiles`),
+   :class:`MeasuredStageProfiler` answers from them instead: a shard measured is read, a
+   shard not measured is the analytic one at the model's measured-over-analytic ratio (so
+   a cell is never scored on two scales); the estimate's source says which (``profiled``
+   with the profiles' device, age and the shards derived, or ``analytic`` with what was
    missing and what was refused).
 3. **Communication** from measured tables
    (:class:`~apportion.estimation.models.tables.CommTables`; alpha-beta for links never
@@ -505,8 +506,8 @@ class CellEstimator(ParamsMixin):
         self.usable_memory_fraction = usable_memory_fraction
         self.micro_batch_factor = micro_batch_factor
         self.max_micro_batches = max_micro_batches
-        # measured stage profiles (the profile cache's): used for a cell where every stage
-        # shard it needs was measured on its GPU type; None: analytic (or ``profiler``) only
+        # measured stage profiles (the profile cache's): used for the cells of a model
+        # measured on their GPU type; None: analytic (or ``profiler``) only
         self.stage_profiles = stage_profiles
 
     # -- components --------------------------------------------------------------------
@@ -668,8 +669,9 @@ class CellEstimator(ParamsMixin):
                       ) -> tuple[Estimate | None, list[AssembledPlan]]:
         """The cell's estimate (its fastest assembly that fits) and every assembly scored
         on the way (``keep_plans=False``: only the fastest that fits of each search), from
-        the measured stage profiles where every shard the cell needs has one, else from the
-        analytic ones; the estimate's ``source`` says which."""
+        the measured stage profiles where the model was profiled on the GPU type (a shard not
+        measured derived at the measured ratio), else from the analytic ones; the estimate's
+        ``source`` says which."""
         why = ""
         measured = self.measured_profiler(model.name, gpu_type)
         if measured is None and self.stage_profiles is not None and self.profiler is None:
