@@ -486,7 +486,15 @@ class JaxStageMeasurer:
         self._device = ""
 
     def device(self) -> str:
-        return self._device or profile_platform()
+        """The device the stage programs run on: the last measured one's, else ``cpu`` for
+        the default host platform, else the first device of the platform JAX starts on."""
+        if self._device:
+            return self._device
+        if profile_platform() == "cpu":
+            return "cpu"
+        import jax
+
+        return str(jax.devices()[0].device_kind)
 
     def versions(self) -> dict[str, str]:
         return versions_of(["jax", "jaxlib"])
