@@ -2,7 +2,7 @@
 
 The JSON written by ``solve-round --json`` is a contract: ``solver`` {backend,
 status, objective, bound, gap, wall_s, fallback}, ``allocations`` [{job,
-gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput}] and
+gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput, estimator, source}] and
 ``pending`` [{job, reason}]. Fields may be added, never renamed or dropped.
 """
 
@@ -91,6 +91,9 @@ class Allocation:
     cpus: int = 0
     host_memory_gib: float = 0.0
     estimator: str | None = None  # which estimator the allocation's figures came from
+    # where its figures came from: {kind: measured | fitted | profiled | analytic, detail,
+    # and where known samples, age_s, device, backend, heldout_error, refused}
+    source: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class Allocation:
             "cpus": self.cpus,
             "host_memory_gib": self.host_memory_gib,
             "estimator": self.estimator,
+            "source": self.source,
         }
 
 

@@ -40,11 +40,34 @@ def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, A
     return out
 
 
+def estimate_sources(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, Any]]:
+    """Per running job, what its allocation's figures rest on, from the decision of the
+    round that placed it: ``estimator`` (``auto:crius``, ...) and ``source`` (``kind``:
+    measured, fitted, profiled or analytic, with its detail)."""
+    out: dict[str, dict[str, Any]] = {}
+    decisions: dict[int, dict[str, dict[str, Any]]] = {}
+    for j in jobs:
+        if j.state is not JobState.RUNNING or j.last_round is None:
+            continue
+        if j.last_round not in decisions:
+            try:
+                d = store.decision(j.last_round)
+            except KeyError:
+                d = {}
+            decisions[j.last_round] = {a.get("job"): a for a in d.get("allocations", [])
+                                       if isinstance(a, dict)}
+        a = decisions[j.last_round].get(j.id)
+        if a is not None:
+            out[j.id] = {"estimator": a.get("estimator"), "source": a.get("source")}
+    return out
+
+
 def status_data(store: StateStore) -> dict[str, Any]:
     """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
 
     A waiting job also carries ``pending_reason``, ``pending_detail``, ``pending_stage``
-    and ``can_ever_fit`` (from its last round's decision) when a round has considered it.
+    and ``can_ever_fit`` (from its last round's decision) when a round has considered it;
+    a running job ``estimator`` and ``estimate_source`` (:func:`estimate_sources`).
     """
     from apportion.store_faults import node_states
 
@@ -57,9 +80,13 @@ def status_data(store: StateStore) -> dict[str, Any]:
             used[j.running["gpu_type"]] += int(j.running["gpus"])
     cap = last["cluster"]["capacity"] if last else {}
     pending = pending_details(store, jobs)
+    sources = estimate_sources(store, jobs)
     rows = []
     for j in jobs:
         row = j.as_dict()
+        if j.id in sources:
+            row["estimator"] = sources[j.id]["estimator"]
+            row["estimate_source"] = sources[j.id]["source"]
         if j.id in pending:
             row["pending_reason"] = pending[j.id]["reason"]
             row["pending_detail"] = pending[j.id]["detail"]

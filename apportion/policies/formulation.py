@@ -25,7 +25,7 @@ from apportion.cluster import Cluster
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.estimation.rate_estimator import RateEstimator
 from apportion.estimation.rates import EstimatorRates
-from apportion.estimation.registry import estimator_name, make_estimator
+from apportion.estimation.registry import estimator_name, make_estimator, source_of
 from apportion.formulations.candidates import CandidateOptions, trim_scale_up
 from apportion.formulations.cells import (
     CellChoice,
@@ -41,6 +41,7 @@ from apportion.formulations.objectives import FromRound, ObjectiveOptions, from_
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells, name_of
 from apportion.jobs import JobSpec, RunningState
+from apportion.plans import Cell
 from apportion.policies.base import requested_type
 from apportion.policies.config import (
     DETERMINISTIC_SAFETY,
@@ -588,7 +589,7 @@ class FormulationPolicy:
         decision.report = report
         if not answered and f.breaks:
             _unplaced_by_rows(decision, f)
-        self._annotate(decision, g, choices, f)
+        self._annotate(decision, g, choices, f, view.cluster)
         decision.meta["validated"] = validated
         # the graph's views hold it in a cycle: without them the round's graph is freed
         # when the round lets go of it, not when the cyclic collector finds it
@@ -607,7 +608,7 @@ class FormulationPolicy:
         decision = to_decision(g, choices, view.cluster, f.specs, report)
         if f.breaks:
             _unplaced_by_rows(decision, f)
-        self._annotate(decision, g, choices, f)
+        self._annotate(decision, g, choices, f, view.cluster)
         return decision
 
     def _within_rows(self, g: nx.DiGraph, model: Any) -> list[CellChoice]:
@@ -624,11 +625,17 @@ class FormulationPolicy:
         return []
 
     def _annotate(self, decision: Decision, g: nx.DiGraph, choices: list[CellChoice],
-                  f: Formulated) -> None:
+                  f: Formulated, cluster: Cluster) -> None:
         est = f.estimator.inner if isinstance(f.estimator, _Memo) else f.estimator
         per_job = {j.id: estimator_name(est, j) for j in f.specs}
+        specs = {j.id: j for j in f.specs}
         for a in decision.allocations:
             a.estimator = per_job.get(a.job)
+            if a.job in specs:  # where the placed cell's figures came from (memoised)
+                spec = specs[a.job]
+                a.source = source_of(f.estimator.best_in_cell(
+                    spec, Cell(a.job, a.gpu_type, a.gpus, a.stages), cluster),
+                    est, spec)
         decision.meta.update({"now_s": g.graph.get("now_s"), "policy": self.name,
                               "objective_recomputed": objective_of(g, choices),
                               "estimator": {"name": estimator_name(est, f.specs[0])

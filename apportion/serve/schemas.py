@@ -62,6 +62,13 @@ class JobRow(_Open):
                                       "(admit, solve, ...)")
     can_ever_fit: bool | None = Field(default=None, description="whether it can ever fit "
                                       "this cluster")
+    estimator: str | None = Field(default=None, description="running jobs: the estimator "
+                                  "its allocation's figures came from (auto:<choice> under "
+                                  "auto)")
+    estimate_source: dict[str, Any] | None = Field(
+        default=None, description="running jobs: where its estimate came from: kind "
+        "(measured, fitted, profiled, analytic), detail, and where known samples, age_s, "
+        "device, backend, heldout_error, refused")
 
 
 class JobList(BaseModel):

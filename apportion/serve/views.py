@@ -16,10 +16,11 @@ from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
 from apportion.store import JobRecord, StateStore
 from apportion.store_faults import effective_cluster, node_states
-from apportion.store_status import pending_details
+from apportion.store_status import estimate_sources, pending_details
 
 
-def _row(rec: JobRecord, pending: dict[str, dict[str, str]]) -> dict[str, Any]:
+def _row(rec: JobRecord, pending: dict[str, dict[str, str]],
+         sources: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     row = rec.as_dict()
     row["submitted_at"] = rec.submitted_at
     row["updated_at"] = rec.updated_at
@@ -32,6 +33,9 @@ def _row(rec: JobRecord, pending: dict[str, dict[str, str]]) -> dict[str, Any]:
     row["pending_detail"] = why["detail"] if why else None
     row["pending_stage"] = why["stage"] if why else None
     row["can_ever_fit"] = why["can_ever_fit"] if why else None
+    src = (sources or {}).get(rec.id)  # what a running job's estimate rests on
+    row["estimator"] = src["estimator"] if src else None
+    row["estimate_source"] = src["source"] if src else None
     return row
 
 
@@ -41,7 +45,8 @@ def jobs_view(store: StateStore, after: int = 0, limit: int | None = None) -> di
     ``next_cursor`` the number to ask the next page after (None on the last page)."""
     recs, cursor = store.jobs_page(after, limit)
     pending = pending_details(store, recs)
-    return {"jobs": [_row(r, pending) for r in recs], "counts": store.job_counts(),
+    sources = estimate_sources(store, recs)
+    return {"jobs": [_row(r, pending, sources) for r in recs], "counts": store.job_counts(),
             "next_cursor": None if cursor is None else str(cursor)}
 
 
@@ -49,7 +54,7 @@ def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
     """One job: its row, allocation and plan while running, progress and its state moves.
     Raises :class:`~apportion.store.UnknownJob`."""
     rec = store.job(job_id)
-    row = _row(rec, pending_details(store, [rec]))
+    row = _row(rec, pending_details(store, [rec]), estimate_sources(store, [rec]))
     plan = None
     if rec.state is JobState.RUNNING and rec.last_round is not None:
         try:

@@ -114,6 +114,16 @@ function reasonOf(j) {
   return el("span", { text: j.reason || "" });
 }
 
+// where a running job's estimate came from: the kind (measured, fitted, profiled,
+// analytic) shown, the estimator and the detail on hover
+function sourceOf(j) {
+  const s = j.estimate_source;
+  if (!s) return el("span", { class: "muted", text: j.estimator || "" });
+  const title = [j.estimator, s.detail, ...(s.refused || []).map((r) => `refused: ${r}`)]
+    .filter(Boolean).join("\n");
+  return el("span", { class: "source", "data-source": s.kind, title, text: s.kind });
+}
+
 function drawJobs(data) {
   const showDone = $("#show-done").checked;
   $("#counts").textContent = Object.entries(data.counts).map(([k, v]) => `${k} ${v}`).join(", ");
@@ -137,7 +147,7 @@ function drawJobs(data) {
       el("td", {}, sw), el("td", { text: j.id }), el("td", { text: j.state, class: "state" }),
       el("td", { text: gpus }),
       el("td", {}, bar, `${j.iterations_done}/${j.iterations}`),
-      el("td", {}, reasonOf(j)), el("td", {}, action)));
+      el("td", {}, sourceOf(j)), el("td", {}, reasonOf(j)), el("td", {}, action)));
   }
 }
 
