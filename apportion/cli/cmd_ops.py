@@ -110,31 +110,47 @@ def run_cmd(
 def cluster_import_cmd(
     source: str = typer.Option(..., "--from", help="slurm | ray | k8s"),
     nodes_file: Optional[Path] = typer.Argument(None, help="k8s: NODES.json (kubectl get nodes "
-                                                "-o json); slurm: saved `scontrol show node -o` "
-                                                "text (default: ask scontrol)"),
+                                                "-o json); slurm: saved `scontrol show node "
+                                                "--json`, `sinfo --json` or `scontrol -d show "
+                                                "node -o` (default: ask scontrol)"),
     out_file: str = typer.Option(..., "--out", help="cluster YAML to write (- for stdout)"),
     gpu_map: Optional[Path] = typer.Option(None, "--gpu-map", help="YAML: raw GPU name -> "
-                                           "catalog name (extends the built-in table)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="with --from ray"),
+                                           "catalog name (extends the built-in table; maps "
+                                           "MIG slices too)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                              help="with --from ray: the head's address "
+                                              "(HOST:PORT, auto, ray://...)"),
     name: Optional[str] = typer.Option(None, "--name", help="cluster name (default SOURCE-cluster)"),
     include_unavailable: bool = typer.Option(False, "--include-unavailable",
-                                             help="keep drained / down nodes"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+                                             help="slurm: keep drained, down and reserved "
+                                             "nodes, and the GPUs running jobs hold"),
+    pods: Optional[Path] = typer.Option(None, "--pods", help="k8s: PODS.json (kubectl get "
+                                        "pods -A -o json): what running pods request is "
+                                        "taken off each node"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="k8s: the settings "
+                                              "YAML whose tolerations say which tainted "
+                                              "nodes apportion's pods may use"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="log what the import does"),
 ) -> None:
-    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept."""
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept;
+    every node left out or offered in part is said on stderr with why."""
     verbose_logs(verbose)
     from apportion.runtime.cluster_import import import_cluster
 
     with user_input():
-        doc = import_cluster(source, out_file, nodes_file, ray_address, gpu_map, name,
-                             include_unavailable)
+        doc, imported = import_cluster(source, out_file, nodes_file, ray_address, gpu_map,
+                                       name, include_unavailable, pods, k8s_config)
     groups = doc["node_groups"]
     gpus: dict[str, int] = {}
     for g in groups:
         gpus[g["gpu_type"]] = gpus.get(g["gpu_type"], 0) + g["gpus_per_node"] * len(g["nodes"])
-    stderr_console().print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
+    err = stderr_console()
+    for line in imported.lines():
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    err.print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
               f"{sum(len(g['nodes']) for g in groups)} nodes, GPUs "
-              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items())),
+              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items()))
+              + (f"; {len(imported.left_out)} nodes left out" if imported.left_out else ""),
               highlight=False, markup=False)
 
 

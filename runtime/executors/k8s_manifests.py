@@ -166,7 +166,9 @@ def _node_label(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[str, str]
     return cfg.gpu_product_label, label or gpu_product(node.gpu_type)
 
 
-ALLOCATABLE_LABEL = "k8s_resources"  # a node group's label: "allocatable" (imported from Kubernetes)
+# a node group's label, imported from Kubernetes: "allocatable" (the kubelet's), or "free"
+# (allocatable less what running pods request, `cluster import --pods`)
+ALLOCATABLE_LABEL = "k8s_resources"
 
 
 def node_usable(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[float, float]:
@@ -175,12 +177,14 @@ def node_usable(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[float, fl
     they came from the kubelet's allocatable) less what DaemonSet pods take on it."""
     r = cfg.reserve
     group = next((g for g in cluster.groups if g.prefix == node.group), None)
-    if group is not None and group.label(ALLOCATABLE_LABEL) == "allocatable":
+    imported = group.label(ALLOCATABLE_LABEL) if group is not None else None
+    if imported in ("allocatable", "free"):
         cpu, mem = float(node.cpus), float(node.host_memory_gib)
     else:
         cpu = allocatable(node.cpus, r.cpus, r.cpu_fraction)
         mem = allocatable(node.host_memory_gib, r.memory_gib, r.memory_fraction)
-    cpu, mem = cpu - r.pods_cpus, mem - r.pods_memory_gib
+    if imported != "free":  # "free": the DaemonSets' requests are off already (--pods)
+        cpu, mem = cpu - r.pods_cpus, mem - r.pods_memory_gib
     if cpu <= 0:
         raise InputError("--k8s-config", "reserve.cpus", f"the reserve leaves node {node.name} "
                          f"({node.cpus} CPUs) no CPUs for training pods")
@@ -474,6 +478,8 @@ def pod_template(job: JobSpec, alloc: Allocation, group: PodGroup, target: Targe
                     {"name": "checkpoints",
                      "persistentVolumeClaim": {"claimName": cfg.checkpoint_claim}},
                     {"name": "dshm", "emptyDir": shm}]}
+    if cfg.tolerations:  # nodes tainted for GPU work (nvidia.com/gpu:NoSchedule, ...)
+        spec["tolerations"] = [t.manifest() for t in cfg.tolerations]
     pc = priority_class(job, cfg)
     if pc:
         spec["priorityClassName"] = pc
