@@ -133,8 +133,10 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         from apportion.serve.server import HttpServer, url_of
 
         registry = CollectorRegistry()
-        observer = LoopObserver(interval_s, time_budget_s, ServeMetrics(registry, executor))
-        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits)))
+        observer = LoopObserver(interval_s, time_budget_s,
+                                ServeMetrics(registry, executor, interval_s))
+        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits),
+                                         prep.round_config.quotas))
         needed, generated = token, None
         if token is None and not no_token:
             needed, generated = write_generated_token(state)
