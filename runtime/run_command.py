@@ -29,6 +29,7 @@ from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.registry import make_estimator
+from apportion.runtime.round_log import log_round
 
 from apportion.cluster import Cluster
 from apportion.config import load_tenants, resolve_cluster
@@ -300,7 +301,7 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured
         beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
-                  else contextlib.nullcontext(LoopHooks()))
+                  else contextlib.nullcontext(LoopHooks(on_round=log_round)))
         with beside as hooks:
             res = run_loop(cluster, SqliteLoopStore(store, cluster,
                                                     FaultPolicy(int(opts.max_retries))),

@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -29,7 +29,7 @@ from apportion.cli import (
     cmd_round,
     cmd_store,
 )
-from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY
+from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY, checked_log_format
 from apportion.console import printable, setup_logging, stderr_console, verbose_requested
 from apportion.errors import HostError, InputError
 
@@ -131,9 +131,12 @@ def _root(
                                  help="print the version and exit"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="logs (INFO) and tracebacks on stderr, for every command"),
+    log_format: Optional[str] = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
+                                             help="text (default) | json: one JSON object "
+                                             "per log line, for every command"),
 ) -> None:
     """apportion: joint resource allocation and execution planning for DL training."""
-    setup_logging(verbose)
+    setup_logging(verbose, checked_log_format(log_format))
 
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="benchmarks")

@@ -17,6 +17,7 @@ from apportion.cli.common import (
     check_budget,
     check_finite,
     cluster_help,
+    service_logging,
     user_input,
     verbose_logs,
 )
@@ -55,6 +56,12 @@ TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per ten
                        "--policy apportion (the default) or apportion-plans")
 OBJECTIVE_PRESET = typer.Option(None, "--objective-preset", help=OBJECTIVE_PRESET_HELP,
                                 autocompletion=complete.objective_presets)
+LOG_FORMAT = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
+                          help="text (default) | json: one JSON object per log line (a "
+                          "round's line: backend, status, placed, pending, gap, wall)")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="logs (INFO) and tracebacks on stderr")
+ROUNDS_LOGGER = "apportion.rounds"  # runtime.round_log's
+ACCESS_LOGGER = "apportion.serve.access"  # serve.access's
 
 
 
@@ -85,10 +92,12 @@ def run_cmd(
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
     objective_preset: Optional[str] = OBJECTIVE_PRESET,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    log_format: Optional[str] = LOG_FORMAT,
+    verbose: bool = VERBOSE,
 ) -> None:
-    """Run rounds every interval: solve, apply through an executor, poll progress back."""
-    verbose_logs(verbose)
+    """Run rounds every interval: solve, apply through an executor, poll progress back;
+    one log line per round."""
+    service_logging(verbose, log_format, ROUNDS_LOGGER)
     from apportion.runtime.run_command import run_command
 
     with user_input():
@@ -325,11 +334,16 @@ def serve_cmd(
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
     objective_preset: Optional[str] = OBJECTIVE_PRESET,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    log_format: Optional[str] = LOG_FORMAT,
+    no_access_log: bool = typer.Option(False, "--no-access-log", help="no log line per "
+                                       "HTTP request"),
+    verbose: bool = VERBOSE,
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
-    /healthz and /readyz, Prometheus /metrics, and a dashboard at /."""
-    verbose_logs(verbose)
+    /healthz and /readyz, Prometheus /metrics, and a dashboard at /; one log line per round
+    and per request."""
+    service_logging(verbose, log_format, ROUNDS_LOGGER,
+                    *(() if no_access_log else (ACCESS_LOGGER,)))
     from apportion.serve.command import serve_command
 
     raise typer.Exit(serve_command(

@@ -62,6 +62,7 @@ from apportion.errors import HostError, InputError
 from apportion.jobs import JobSpec
 from apportion.lifecycle import IllegalTransition
 from apportion.serve import schemas, views
+from apportion.serve.access import AccessLog
 from apportion.serve.auth import authorized
 from apportion.serve.body import (
     JSON_TYPES,
@@ -259,6 +260,7 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                               "with --no-token; reads are open. Every request's Host and "
                               "Origin are checked (421, 403).")
     app.add_middleware(HostOriginGuard, policy=hosts or HostPolicy.for_listener("127.0.0.1"))
+    app.add_middleware(AccessLog)  # outermost: refused requests are logged too
     # the definitions the JSON body's schema refers to
     defs = JobsSpec.model_json_schema(ref_template="#/components/schemas/{model}").get(
         "$defs", {})
