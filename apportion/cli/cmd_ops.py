@@ -304,6 +304,11 @@ def serve_cmd(
                                               "STATE.token (0600)"),
     no_token: bool = typer.Option(False, "--no-token", help="writes need no token (only on "
                                   "a loopback --host)"),
+    read_token_file: Optional[Path] = typer.Option(None, "--read-token-file", help="file "
+                                                   "holding a read token: reads (the API's "
+                                                   "GETs, /metrics) then need it or the write "
+                                                   "token; the probes and the dashboard's "
+                                                   "page stay open"),
     allowed_host: Optional[list[str]] = typer.Option(
         None, "--allowed-host", envvar="APPORTION_ALLOWED_HOSTS",
         help="a Host name the server answers besides addresses and localhost (repeatable; "
@@ -355,4 +360,5 @@ def serve_cmd(
         timeout_s=timeout, tables=tables, tenants=tenants,
         objective_preset=objective_preset, no_token=no_token,
         allowed_hosts=tuple(allowed_host or ()), allowed_origins=tuple(allowed_origin or ()),
-        read_timeout_s=read_timeout, max_connections=max_connections))
+        read_timeout_s=read_timeout, max_connections=max_connections,
+        read_token_file=read_token_file))
