@@ -168,7 +168,8 @@ def export_k8s_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
                                 envvar=ENV_CLUSTER, autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for, "
+                              "or default (solve-round's jobs without --jobs)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
     queue: Optional[str] = typer.Option(None, "--queue", help="Kueue LocalQueue for every job"),
@@ -182,6 +183,11 @@ def export_k8s_cmd(
                                        "scheduler"),
     scheduler_name: Optional[str] = typer.Option(None, "--scheduler-name", help="the pods' "
                                                  "schedulerName (default: the gang's own)"),
+    runtime_ref: Optional[str] = typer.Option(None, "--runtime-ref", help="--api trainjob: "
+                                              "refer every TrainJob to this "
+                                              "ClusterTrainingRuntime of the platform (e.g. "
+                                              "torch-distributed) instead of writing a "
+                                              "TrainingRuntime per job"),
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a plan or placement "
                                                "cannot be expressed"),
@@ -195,7 +201,7 @@ def export_k8s_cmd(
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
                               queue_per_tenant=queue_per_tenant or None, gang=gang,
-                              scheduler_name=scheduler_name)
+                              scheduler_name=scheduler_name, runtime_ref=runtime_ref)
         index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
     stderr_console().print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
               f"{len(index['refused'])} refused", highlight=False, markup=False)
@@ -227,7 +233,8 @@ def export_slurm_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
                                 envvar=ENV_CLUSTER, autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for, "
+                              "or default (solve-round's jobs without --jobs)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the batch scripts"),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="the shared folder of the "
                                            "jobs' folders (checkpoints, launch files; default "

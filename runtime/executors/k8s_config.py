@@ -18,6 +18,7 @@ Example (every field optional)::
     namespace: training
     image: registry.example.com/apportion-worker:0.1.0-cuda
     api: trainjob                  # trainjob | jobset | pytorchjob
+    runtime_ref: torch-distributed # trainjob: refer to this ClusterTrainingRuntime
     checkpoint_claim: apportion-checkpoints
     checkpoint_mount: /checkpoints # inside the pods
     local_checkpoint_mount: /checkpoints   # where `apportion run` sees the same volume
@@ -49,7 +50,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from apportion.config import _Strict, _validate, read_yaml
 from apportion.errors import InputError
@@ -158,6 +159,9 @@ class K8sConfig(_Strict):
                        pattern=IMAGE)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     api: Literal["trainjob", "jobset", "pytorchjob"] = "trainjob"
+    # api trainjob: a ClusterTrainingRuntime of the platform every TrainJob refers to,
+    # instead of a TrainingRuntime of apportion's own per job
+    runtime_ref: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     service_account: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     checkpoint_claim: str = Field(default="apportion-checkpoints", max_length=253,
                                   pattern=DNS_SUBDOMAIN)
@@ -191,6 +195,13 @@ class K8sConfig(_Strict):
     retry_wait_s: float = Field(default=0.5, gt=0, le=600)
     stop_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain: bool = False
+
+    @model_validator(mode="after")
+    def _runtime_ref_is_a_trainjob_s(self) -> K8sConfig:
+        if self.runtime_ref is not None and self.api != "trainjob":
+            raise ValueError(f"runtime_ref names a ClusterTrainingRuntime, which only api "
+                             f"trainjob refers to (api is {self.api})")
+        return self
 
     @field_validator("local_checkpoint_mount")
     @classmethod
