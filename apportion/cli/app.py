@@ -31,6 +31,7 @@ from apportion.cli import (
 )
 from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY, checked_log_format
 from apportion.console import printable, setup_logging, stderr_console, verbose_requested
+from apportion.env import variables_help
 from apportion.errors import HostError, InputError
 
 log = logging.getLogger("apportion")
@@ -114,9 +115,7 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, add_completion=True, no_args_is_help=True,
                   pretty_exceptions_enable=False,
                   help="apportion: joint resource allocation and execution planning for DL "
-                       "training. Environment: APPORTION_DATA (the real data sets), "
-                       "APPORTION_CACHE (profile cache), APPORTION_LOG (log level), "
-                       "APPORTION_PROGRESS_S (seconds between progress lines).")
+                       "training. " + variables_help())
 
 
 def _version(value: bool) -> None:

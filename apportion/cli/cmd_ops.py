@@ -191,7 +191,8 @@ def export_k8s_cmd(
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a plan or placement "
                                                "cannot be expressed"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
     verbose_logs(verbose)
@@ -261,7 +262,8 @@ def export_slurm_cmd(
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a job's workload "
                                                "cannot run its plan"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """One sbatch script per allocation, #SBATCH lines and all: what the Slurm executor
     submits, to read and resubmit (sbatch DIR/JOB.sbatch)."""

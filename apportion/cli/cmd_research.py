@@ -24,7 +24,8 @@ from apportion.errors import InputError
 def profile_cmd(
     model: str = typer.Argument(..., help="catalog model (torch: gpt-tiny, bert-tiny, vit-tiny)"),
     backend: str = typer.Option("torch", "--backend", help="torch | jax"),
-    batch: int = typer.Option(8, "--batch", min=1),
+    batch: int = typer.Option(8, "--batch", min=1, help="the stage's batch (samples; DP splits it "
+                              "over --devices)"),
     devices: int = typer.Option(4, "--devices", min=1, help="stage width for DP/TP shards"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
@@ -69,7 +70,8 @@ def solve_shards_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the schedule JSON here "
                                             "(- for stdout; default stdout)"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """Hydra: schedule shard units of several models on devices (makespan job shop)."""
     verbose_logs(verbose)
@@ -94,7 +96,8 @@ def solve_finetune_cmd(
                                             "(- for stdout; default stdout)"),
     gains: str = typer.Option("file", "--gains", help="file: the task file's gains; auto: "
                               "also Task2Vec-predicted gains from each task's `data` samples"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
     verbose_logs(verbose)
