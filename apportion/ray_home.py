@@ -94,7 +94,7 @@ def check_auth(address: str, flag: str = "--ray-address", timeout_s: float = 5.0
     if address in ("auto", "local") or "://" in address or ":" not in address:
         return
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
         from ray.exceptions import AuthenticationError
     except ImportError:
         return

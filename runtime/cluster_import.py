@@ -216,7 +216,7 @@ def check_output(out: str | Path) -> None:
     outputs.check_output(out, "--out")
 
 
-def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any]]]:
+def _lazy(module: str, func: str, what: str) -> Callable[..., Any]:
     import importlib
 
     try:

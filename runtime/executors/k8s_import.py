@@ -238,6 +238,7 @@ def import_k8s(path: str | Path, pods: str | Path | None = None,
                 "places whole GPUs; turn MIG off on the node or give it whole GPUs"
                 if mig else "no GPUs")
             continue
+        assert res is not None  # gpus >= 1 came from it
         if spec.get("unschedulable"):
             out.leave_out(shown, "cordoned (spec.unschedulable): it takes no new pods")
             continue
@@ -272,8 +273,8 @@ def import_k8s(path: str | Path, pods: str | Path | None = None,
         if held is not None:
             resources = "free"
             pods_here = held.get(name, [])
-            used = {r: sum(req.get(r, 0.0) for _, req in pods_here)
-                    for r in (res, "cpu", "memory")}
+            used: dict[str, float] = {r: sum((req.get(r, 0.0) for _, req in pods_here), 0.0)
+                                      for r in (res, "cpu", "memory")}
             names = ", ".join(p for p, req in pods_here if req.get(res))[:200]
             if used[res] >= gpus:
                 out.leave_out(shown, f"all {int(gpus)} GPUs requested by running pods "

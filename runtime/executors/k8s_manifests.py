@@ -402,11 +402,12 @@ def runtime_ref_trainjob(job: JobSpec, alloc: Allocation, target: Target, name: 
     (``apportion/pinned`` says which)."""
     cfg = target.cfg
     if len(groups) > 1:
+        shapes = ", ".join(f"{g.gpus} GPUs on {len(g.nodes)}" for g in groups)
         raise PlacementNotExpressible(
             "decision", f"allocations[{alloc.job}].placement",
             f"a ClusterTrainingRuntime ({cfg.runtime_ref}) gives every node the same pod, "
-            f"and this placement holds {', '.join(f'{g.gpus} GPUs on {len(g.nodes)}' for g in groups)}; "
-            "export without runtime_ref (a TrainingRuntime per job) to run it")
+            f"and this placement holds {shapes}; export without runtime_ref (a "
+            "TrainingRuntime per job) to run it")
     g = groups[0]
     tmpl = pod_template(job, alloc, g, target, name, TRAINER_CONTAINER, master, nnodes, jobdir)
     pod, container = tmpl["spec"], tmpl["spec"]["containers"][0]
