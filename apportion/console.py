@@ -160,6 +160,20 @@ def _env_format() -> str:
         return "text"
 
 
+def adopt_logger(name: str, level: int = logging.WARNING) -> None:
+    """Send a library's own logger (uvicorn's) through apportion's handler, in its format,
+    rather than Python's bare last-resort one: with ``--log-format json`` every line on
+    stderr is then one JSON object."""
+    if _handler is None:
+        setup_logging()
+    logger = logging.getLogger(name)
+    if _handler not in logger.handlers:
+        logger.addHandler(_handler)  # type: ignore[arg-type]
+    logger.propagate = False
+    if logger.level == logging.NOTSET:
+        logger.setLevel(level)
+
+
 def service_logs(*names: str) -> None:
     """Make the named loggers (a round's line, a request's) speak at the default level:
     a service's operator reads them without ``-v``. ``$APPORTION_LOG`` set to a level
@@ -286,6 +300,6 @@ class Progress:
                 self._line(force=True, final="failed" if exc_type else "done")
 
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "Progress", "err_line", "log_format", "log_level",
+__all__ = ["LOG_FORMATS", "JsonFormatter", "Progress", "adopt_logger", "err_line", "log_format", "log_level",
            "printable", "service_logs", "setup_logging", "stderr_console", "stdout_console",
            "verbose_requested"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ def test_serve_json_logs_rounds_and_requests(tmp_path: Path) -> None:
         with s.client() as c:
             assert c.post("/api/v1/jobs", json=JOB).status_code == 201
             assert c.get("/api/v1/jobs?cursor=0&limit=5").status_code == 200
+        # a request the HTTP server itself refuses: uvicorn's warning comes in JSON too
+        host, port = s.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            raw.recv(1024)
 
         def lines() -> list[dict[str, Any]] | None:
             got = _json_lines(s.stderr())
@@ -52,6 +58,7 @@ def test_serve_json_logs_rounds_and_requests(tmp_path: Path) -> None:
     assert post["path"] == "/api/v1/jobs" and post["status"] == 201
     assert post["duration_ms"] >= 0 and post["client"] == "127.0.0.1"
     listed = next(x for x in reqs if x["method"] == "GET" and x["path"] == "/api/v1/jobs")
+    assert any(x["logger"].startswith("uvicorn") for x in got), got
     assert "cursor" not in json.dumps(listed)  # the query stays out of the log
     # the start line and the stop line are JSON too: nothing but JSON objects on stderr
     # after the server's own start line (printed for the user, not logged)

@@ -22,7 +22,7 @@ from apportion.cli.common import (
     verbose_logs,
 )
 from apportion.cli.complete import ENV_CLUSTER, ENV_STATE
-from apportion.console import stderr_console
+from apportion.console import adopt_logger, stderr_console
 from apportion.errors import InputError
 
 # The options `run` and `serve` share (one loop, one set of flags), declared once.
@@ -358,6 +358,7 @@ def serve_cmd(
     and per request."""
     service_logging(verbose, log_format, ROUNDS_LOGGER,
                     *(() if no_access_log else (ACCESS_LOGGER,)))
+    adopt_logger("uvicorn")  # the HTTP server's own warnings, in the same format
     from apportion.serve.command import serve_command
 
     raise typer.Exit(serve_command(
