@@ -571,6 +571,20 @@ def resolve_cluster(arg: str | Path) -> Cluster:
                      + cluster_names_help())
 
 
+#: the jobs files shipped by name: what ``solve-round`` decides without ``--jobs``
+JOBS_NAMES = ("default",)
+
+
+def resolve_jobs(arg: str | Path) -> tuple[list[JobSpec], float]:
+    """Jobs from a YAML path, or the bundled ``default`` (the dozen Crius jobs
+    ``solve-round`` decides without ``--jobs``), so a decision of ``solve-round`` exports
+    with the same names it was solved with; a file of that name wins."""
+    p = Path(arg)
+    if str(arg) in JOBS_NAMES and not p.exists():
+        return default_jobs()
+    return load_jobs(p)
+
+
 def default_cluster() -> Cluster:
     """Crius's physical testbed: 16 x 2 A40 and 16 x 2 A10 nodes on InfiniBand."""
     text = resources.files("apportion").joinpath("data/default_cluster.yaml").read_text()

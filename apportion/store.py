@@ -565,6 +565,13 @@ class StateStore:
         keys = ("seq", "job", "src", "dst", "round_id", "at", "why")
         return [dict(zip(keys, r)) for r in rows]
 
+    def first_starts(self) -> dict[str, float]:
+        """Job id -> when it first started running (jobs that never ran are absent): the end
+        of its admission wait, which ``/metrics`` reports as a histogram."""
+        rows = self.conn.execute("SELECT job, MIN(at) FROM job_events WHERE dst = ? "
+                                 "GROUP BY job", (JobState.RUNNING.value,)).fetchall()
+        return {str(j): float(at) for j, at in rows}
+
     def _move(self, rec: JobRecord, dst: JobState, why: str, at: float,
               round_id: int | None = None, **cols: Any) -> None:
         """Change a job's state (and columns) and log the move; inside a transaction."""

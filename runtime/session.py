@@ -27,6 +27,7 @@ from apportion.runtime.executors.choice import make_executor
 from apportion.runtime.loop import run_loop
 from apportion.runtime.reconcile import reconcile
 from apportion.runtime.refit import OnlineRefit
+from apportion.runtime.round_log import log_round
 from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteRoundStore
 
 from apportion.cluster import Cluster
@@ -148,7 +149,7 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured
         beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
-                  else contextlib.nullcontext(LoopHooks()))
+                  else contextlib.nullcontext(LoopHooks(on_round=log_round)))
         with beside as hooks:
             res = run_loop(cluster, SqliteRoundStore(store, cluster,
                                                      FaultPolicy(int(opts.max_retries))),

@@ -23,6 +23,9 @@ class Status(str, Enum):
     INFEASIBLE = "infeasible"
     FALLBACK = "fallback"
     ERROR = "error"
+    #: a backend the chain did not run (an earlier one answered, no budget was left): not a
+    #: failure, so an alert on errors does not fire on every round
+    SKIPPED = "skipped"
 
     @property
     def has_solution(self) -> bool:

@@ -201,7 +201,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
             if hasattr(be, "work_s"):
                 be.work_s = share(names, i, work_s)  # type: ignore[attr-defined]
         if why:
-            yield SolveResult(be.name, Status.ERROR, message=why)
+            yield SolveResult(be.name, Status.SKIPPED, message=why)
             continue
         if not be.available():
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")

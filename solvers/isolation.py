@@ -238,7 +238,7 @@ def chain_child_main() -> None:
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered, gap,
                                                                  rounding_final)
         if why:
-            _send(answer, ("result", SolveResult(name, Status.ERROR, message=why), False))
+            _send(answer, ("result", SolveResult(name, Status.SKIPPED, message=why), False))
             continue
         _send(answer, ("start", name))
         try:

@@ -13,7 +13,7 @@ import sqlite3
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -29,8 +29,9 @@ from apportion.cli import (
     cmd_round,
     cmd_store,
 )
-from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY
+from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY, checked_log_format
 from apportion.console import printable, setup_logging, stderr_console, verbose_requested
+from apportion.env import variables_help
 from apportion.errors import HostError, InputError
 
 log = logging.getLogger("apportion")
@@ -114,9 +115,7 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, add_completion=True, no_args_is_help=True,
                   pretty_exceptions_enable=False,
                   help="apportion: joint resource allocation and execution planning for DL "
-                       "training. Environment: APPORTION_DATA (the real data sets), "
-                       "APPORTION_CACHE (profile cache), APPORTION_LOG (log level), "
-                       "APPORTION_PROGRESS_S (seconds between progress lines).")
+                       "training. " + variables_help())
 
 
 def _version(value: bool) -> None:
@@ -131,9 +130,12 @@ def _root(
                                  help="print the version and exit"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="logs (INFO) and tracebacks on stderr, for every command"),
+    log_format: Optional[str] = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
+                                             help="text (default) | json: one JSON object "
+                                             "per log line, for every command"),
 ) -> None:
     """apportion: joint resource allocation and execution planning for DL training."""
-    setup_logging(verbose)
+    setup_logging(verbose, checked_log_format(log_format))
 
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="benchmarks")

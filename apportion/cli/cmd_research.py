@@ -102,7 +102,8 @@ def solve_shards_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the schedule JSON here "
                                             "(- for stdout; default stdout)"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """Hydra: schedule shard units of several models on devices (makespan job shop)."""
     verbose_logs(verbose)
@@ -127,7 +128,8 @@ def solve_finetune_cmd(
                                             "(- for stdout; default stdout)"),
     gains: str = typer.Option("file", "--gains", help="file: the task file's gains; auto: "
                               "also Task2Vec-predicted gains from each task's `data` samples"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """YMIR: choose normal / temporal / spatial modes and GPUs to minimise total JCT."""
     verbose_logs(verbose)

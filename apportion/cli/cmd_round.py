@@ -58,7 +58,8 @@ def solve_round(
     tenants: Optional[Path] = typer.Option(None, "--tenants",
                                            help="tenants YAML with GPU quotas for guaranteed jobs "
                                            "(cells, plans)"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
     state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
                                          "and commit the round to it (instead of --jobs; "
                                          f"default ${ENV_STATE} unless --jobs is given)"),

@@ -62,6 +62,7 @@ from apportion.errors import HostError, InputError
 from apportion.jobs import JobSpec
 from apportion.lifecycle import IllegalTransition
 from apportion.serve import schemas, views
+from apportion.serve.access import AccessLog
 from apportion.serve.auth import authorized
 from apportion.serve.body import (
     JSON_TYPES,
@@ -103,6 +104,8 @@ class ServeState:
     observer: LoopObserver
     registry: CollectorRegistry
     token: str | None = None
+    #: with ``--read-token-file``: reads need this token (or the write token)
+    read_token: str | None = None
     #: how long a request body may take to arrive (``--read-timeout``)
     read_timeout_s: float = 30.0
     #: where a generated token was written (named in a 401's detail)
@@ -166,7 +169,8 @@ _BODY_DOC = {
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.Problem, "description": what}
-    for code, what in ((401, "a write without the bearer token"),
+    for code, what in ((401, "a write without the bearer token (a read, with "
+                             "--read-token-file)"),
                        (403, "a request from another site's page (Origin)"),
                        (404, "no such job"),
                        (408, "the body did not arrive within --read-timeout"),
@@ -256,9 +260,14 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                               "cluster from its state store. Writes need `Authorization: "
                               "Bearer <token>` (the token of --token-file, or the one the "
                               "server generated beside its store) unless it was started "
-                              "with --no-token; reads are open. Every request's Host and "
-                              "Origin are checked (421, 403).")
+                              "with --no-token; reads are open unless it was started with "
+                              "--read-token-file (then they need that token or the write "
+                              "token; the probes and the dashboard's page stay open). "
+                              "Every request's Host and Origin are checked (421, 403). "
+                              "Times are Unix seconds (`*_at`) with an RFC 3339 twin "
+                              "(`*_at_rfc3339`).")
     app.add_middleware(HostOriginGuard, policy=hosts or HostPolicy.for_listener("127.0.0.1"))
+    app.add_middleware(AccessLog)  # outermost: refused requests are logged too
     # the definitions the JSON body's schema refers to
     defs = JobsSpec.model_json_schema(ref_template="#/components/schemas/{model}").get(
         "$defs", {})
@@ -269,6 +278,19 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                      if s.token_hint is not None else "")
             raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for writes"
                            + where, "Authorization", {"WWW-Authenticate": "Bearer"})
+
+    def reader(request: Request, _: Credentials) -> None:
+        """Reads need a token only with ``--read-token-file``: that one, or the write
+        token (who may write may read)."""
+        if s.read_token is None:
+            return
+        header = request.headers.get("authorization")
+        if authorized(s.read_token, header) or (s.token is not None
+                                                and authorized(s.token, header)):
+            return
+        raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for reads "
+                       "too (the token of --read-token-file, or the write token)",
+                       "Authorization", {"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -310,18 +332,21 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
             store_ok = exc.detail
         age = s.observer.last_pass_age()
         ready = store_ok == "ok" and s.observer.loop_ready()
+        at = s.observer.last_pass_at
         body = {"ready": ready, "store": store_ok, "last_round_age_s": age,
+                "last_round_at": at, "last_round_at_rfc3339": views.rfc3339(at),
                 "limit_s": s.observer.limit_s}
         return JSONResponse(body, 200 if ready else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["probes"],
-             responses=_errors())
+             responses=_errors(401), dependencies=[Depends(reader)])
     def metrics() -> PlainTextResponse:
         """Prometheus' text exposition format."""
         return PlainTextResponse(generate_latest(s.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(f"{API}/jobs", response_model=schemas.JobList, tags=["jobs"],
-             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
     def list_jobs(request: Request,
                   limit: int | None = Query(None, ge=1, le=10000, description="at most N "
                                             "jobs (a page); without it, every job"),
@@ -438,7 +463,7 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
         return None
 
     @app.get(API + "/jobs/{id:path}", response_model=schemas.JobDetail, tags=["jobs"],
-             responses=_errors(404, 503))
+             responses=_errors(401, 404, 503), dependencies=[Depends(reader)])
     def get_job(id: str) -> dict[str, Any]:  # the contract's name
         """One job: state, allocation, plan, progress and why it waits."""
         with _store(s.state, readonly=True) as store:
@@ -462,7 +487,8 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
         return {"id": rec.id, "state": rec.state.value}
 
     @app.get(f"{API}/rounds", response_model=schemas.Rounds, tags=["rounds"],
-             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
     def list_rounds(request: Request,
                     limit: int = Query(100, ge=1, le=10000, description="the last N rounds"),
                     cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
@@ -481,13 +507,14 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                             f"{request.url.path}?{urlencode({'limit': limit, 'cursor': c})}")
 
     @app.get(f"{API}/cluster", response_model=schemas.ClusterView, tags=["cluster"],
-             responses=_errors(503))
+             responses=_errors(401, 503), dependencies=[Depends(reader)])
     def cluster() -> dict[str, Any]:
         """The cluster node by node and GPU by GPU, and who holds each GPU."""
         with _store(s.state, readonly=True) as store:
             view = views.cluster_view(store, s.cluster)
         return {**view, "executor": s.executor, "interval_s": s.interval_s,
-                "writes_need_token": s.token is not None}
+                "writes_need_token": s.token is not None,
+                "reads_need_token": s.read_token is not None}
 
     @app.get("/", response_class=HTMLResponse, tags=["dashboard"], responses=_errors())
     def dashboard() -> HTMLResponse:

@@ -24,6 +24,10 @@ class Ready(BaseModel):
     store: str = Field(description="'ok', or why the store cannot be read")
     last_round_age_s: float | None = Field(
         description="seconds since the loop last finished a pass (null: none yet)")
+    last_round_at: float | None = Field(default=None, description="when the loop last "
+                                        "finished a pass, Unix seconds (null: none yet)")
+    last_round_at_rfc3339: str | None = Field(default=None, description="the same in RFC "
+                                              "3339 (UTC)")
     limit_s: float = Field(description="the age beyond which the loop counts as stuck")
 
 
@@ -52,8 +56,10 @@ class JobRow(_Open):
     running: dict[str, Any] | None
     reason: str
     last_round: int | None
-    submitted_at: float
-    updated_at: float
+    submitted_at: float = Field(description="Unix seconds")
+    updated_at: float = Field(description="Unix seconds")
+    submitted_at_rfc3339: str = Field(description="submitted_at in RFC 3339 (UTC)")
+    updated_at_rfc3339: str = Field(description="updated_at in RFC 3339 (UTC)")
     jct_s: float | None = Field(description="finished jobs: finish minus submission time")
     pending_reason: str | None = Field(default=None, description="the typed reason a waiting "
                                        "job was left out by its last round")
@@ -102,7 +108,8 @@ class Cancelled(BaseModel):
 class RoundRow(_Open):
     id: int
     round_key: str
-    committed_at: float
+    committed_at: float = Field(description="Unix seconds")
+    committed_at_rfc3339: str = Field(description="committed_at in RFC 3339 (UTC)")
     backend: str
     status: str
     objective: float | None
@@ -147,4 +154,5 @@ class ClusterView(BaseModel):
     executor: str
     interval_s: float
     writes_need_token: bool
+    reads_need_token: bool = False
     gpu_types: list[GpuTypeView]

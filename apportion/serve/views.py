@@ -4,10 +4,16 @@ Plain functions from a :class:`~apportion.store.StateStore` (and the cluster the
 schedules) to JSON-ready dicts, so the answers are the same as ``status --json`` and
 ``history --json`` (they share :mod:`apportion.store_status`) and are testable without a
 server.
+
+**Times.** Every instant the API gives as Unix seconds (``submitted_at``, ``updated_at``,
+``committed_at``, an event's ``at``: the keys clients already read, kept) comes with the
+same instant in RFC 3339 (``submitted_at_rfc3339``, ...; UTC, milliseconds, ``Z``), the
+convention of HTTP APIs and of Kubernetes' own.
 """
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import Counter
 from typing import Any
@@ -19,11 +25,31 @@ from apportion.store_faults import effective_cluster, node_states
 from apportion.store_status import estimate_sources, pending_details
 
 
+RFC3339 = "_rfc3339"  # the suffix of a float time's RFC 3339 twin
+
+
+def rfc3339(t: float | None) -> str | None:
+    """Unix seconds as RFC 3339 (UTC, milliseconds: ``2026-12-07T16:35:00.123Z``)."""
+    if t is None:
+        return None
+    at = datetime.datetime.fromtimestamp(float(t), datetime.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def with_rfc3339(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """``row`` with an RFC 3339 twin beside each float time of ``keys`` it holds."""
+    for k in keys:
+        if k in row:
+            row[k + RFC3339] = rfc3339(row[k])
+    return row
+
+
 def _row(rec: JobRecord, pending: dict[str, dict[str, str]],
          sources: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     row = rec.as_dict()
     row["submitted_at"] = rec.submitted_at
     row["updated_at"] = rec.updated_at
+    with_rfc3339(row, "submitted_at", "updated_at")
     # a finished job's JCT as the policies remember it (store_history.finished_jcts)
     row["jct_s"] = (max(0.0, rec.updated_at - float(rec.spec.get("submit_time_s")
                                                     or rec.submitted_at))
@@ -70,7 +96,7 @@ def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
                        "checkpoint_iterations": rec.checkpoint_iterations,
                        "fraction": rec.iterations_done / rec.iterations if rec.iterations
                        else 0.0}
-    row["events"] = store.events(rec.id)
+    row["events"] = [with_rfc3339(e, "at") for e in store.events(rec.id)]
     return row
 
 
@@ -86,6 +112,7 @@ def rounds_view(store: StateStore, limit: int, before: int | None = None) -> dic
             r["solver"] = {}
         r["actions"] = store.actions(r["id"])
         r.pop("cluster", None)  # the capacity the round saw: /api/v1/cluster has it now
+        with_rfc3339(r, "committed_at")
     older = bool(rounds) and bool(store.rounds(1, rounds[0]["id"]))
     return {"rounds": rounds, "next_cursor": str(rounds[0]["id"]) if older else None}
 

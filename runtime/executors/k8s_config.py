@@ -18,6 +18,7 @@ Example (every field optional)::
     namespace: training
     image: registry.example.com/apportion-worker:0.1.0-cuda
     api: trainjob                  # trainjob | jobset | pytorchjob
+    runtime_ref: torch-distributed # trainjob: refer to this ClusterTrainingRuntime
     checkpoint_claim: apportion-checkpoints
     checkpoint_mount: /checkpoints # inside the pods
     local_checkpoint_mount: /checkpoints   # where `apportion run` sees the same volume
@@ -31,6 +32,9 @@ Example (every field optional)::
     gang: none                     # none | volcano | kai: a gang scheduler binds the pods
     scheduler_name: null           # the pods' schedulerName (default: the gang's own)
     gang_queue: default            # the Volcano / KAI queue
+    tolerations:                   # the pods' tolerations (Kubernetes' own fields); an
+      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}   # import keeps a tainted
+                                   # node only where these tolerate its taints
 
 A node's pods share ``allocatable - (pods_cpus, pods_memory_gib)``: what the
 kubelet offers less what DaemonSet pods (device plugin, DCGM exporter, CNI,
@@ -46,7 +50,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from apportion.config import _Strict, _validate, read_yaml
 from apportion.errors import InputError
@@ -70,6 +74,60 @@ class Reserve(_Strict):
     # every node, out of its allocatable: never requested by apportion's pods
     pods_cpus: float = Field(default=0.5, ge=0, le=1e5)
     pods_memory_gib: float = Field(default=1.0, ge=0, le=1e7)
+
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+class Toleration(_Strict):
+    """A pod toleration, with Kubernetes' fields and defaults (``operator: Equal``; an empty
+    ``effect`` tolerates every effect; ``Exists`` with no key tolerates every taint)."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True,
+                              populate_by_name=True)
+    key: str | None = Field(default=None, max_length=317, pattern=LABEL_KEY)
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+
+    @field_validator("value")
+    @classmethod
+    def _label_value(cls, v: str | None) -> str | None:
+        if v and not re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", v):
+            raise ValueError(f"{v!r} is not a label value")
+        return v
+
+    def manifest(self) -> dict[str, object]:
+        """The toleration as a pod spec carries it (Kubernetes' camel-case names)."""
+        out: dict[str, object] = {"operator": self.operator}
+        if self.key:
+            out["key"] = self.key
+        if self.value is not None and self.operator == "Equal":
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+    def tolerates(self, key: str, value: str | None, effect: str) -> bool:
+        """Kubernetes' rule: the effect matches (or is empty), the key matches (or is empty
+        with ``Exists``), and with ``Equal`` the value too."""
+        if self.effect and self.effect != effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != key:
+            return False
+        return self.operator == "Exists" or (self.value or "") == (value or "")
+
+
+def tolerated(tolerations: list[Toleration], key: str, value: str | None, effect: str) -> bool:
+    """Whether a pod with ``tolerations`` may run on a node with this taint (a
+    ``PreferNoSchedule`` taint never keeps a pod away)."""
+    return effect == "PreferNoSchedule" or any(t.tolerates(key, value, effect)
+                                               for t in tolerations)
 
 
 class PriorityClasses(_Strict):
@@ -101,6 +159,9 @@ class K8sConfig(_Strict):
                        pattern=IMAGE)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     api: Literal["trainjob", "jobset", "pytorchjob"] = "trainjob"
+    # api trainjob: a ClusterTrainingRuntime of the platform every TrainJob refers to,
+    # instead of a TrainingRuntime of apportion's own per job
+    runtime_ref: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     service_account: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     checkpoint_claim: str = Field(default="apportion-checkpoints", max_length=253,
                                   pattern=DNS_SUBDOMAIN)
@@ -115,6 +176,9 @@ class K8sConfig(_Strict):
     gang: Literal["none", "volcano", "kai"] = "none"
     scheduler_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     gang_queue: str = Field(default="default", max_length=63, pattern=DNS_LABEL)
+    # the pods' tolerations: a node tainted NoSchedule / NoExecute gets apportion's pods only
+    # where these tolerate its taints (`cluster import --from k8s` leaves out the others)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     priority_classes: PriorityClasses = Field(default_factory=PriorityClasses)
     reserve: Reserve = Field(default_factory=Reserve)
     gpu_resource: str = Field(default="nvidia.com/gpu", pattern=LABEL_KEY, max_length=253)
@@ -131,6 +195,13 @@ class K8sConfig(_Strict):
     retry_wait_s: float = Field(default=0.5, gt=0, le=600)
     stop_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     drain: bool = False
+
+    @model_validator(mode="after")
+    def _runtime_ref_is_a_trainjob_s(self) -> K8sConfig:
+        if self.runtime_ref is not None and self.api != "trainjob":
+            raise ValueError(f"runtime_ref names a ClusterTrainingRuntime, which only api "
+                             f"trainjob refers to (api is {self.api})")
+        return self
 
     @field_validator("local_checkpoint_mount")
     @classmethod

@@ -3,7 +3,8 @@
 ``export k8s`` reads a decision (``solve-round --json``), the cluster and the
 jobs it was solved for, checks the decision with the independent validator,
 and writes one YAML file per allocation (its ConfigMap, TrainingRuntime where
-the API has one, and its TrainJob / JobSet / PyTorchJob) plus ``index.json``
+the API has one and no ``runtime_ref`` names the platform's ClusterTrainingRuntime, and its
+TrainJob / JobSet / PyTorchJob) plus ``index.json``
 (job id -> file, object name and kind). ``export kueue`` writes the Kueue
 objects of :mod:`apportion.runtime.executors.k8s_kueue`, one file per object, numbered in
 apply order, and ``label-nodes.sh``.
@@ -33,7 +34,7 @@ from apportion.runtime.executors.k8s_manifests import (
 )
 
 from apportion import outputs
-from apportion.config import load_jobs, load_tenants, resolve_cluster
+from apportion.config import load_tenants, resolve_cluster, resolve_jobs
 from apportion.decision_file import check_decision, load_decision
 from apportion.errors import InputError
 
@@ -62,7 +63,7 @@ def export_k8s(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Path
     """Write the objects of every allocation; returns the index written to ``index.json``."""
     _out_dir(out)
     cluster = resolve_cluster(cluster_arg)
-    jobs, _ = load_jobs(jobs_path)
+    jobs, _ = resolve_jobs(jobs_path)
     decision = load_decision(decision_path)
     src = str(decision_path)
     check_decision(decision, cluster, jobs, src)
@@ -71,6 +72,8 @@ def export_k8s(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Path
     files: dict[str, list[dict[str, Any]]] = {}
     index: dict[str, Any] = {"api": cfg.api, "namespace": cfg.namespace, "jobs": {},
                              "refused": {}}
+    if cfg.runtime_ref:
+        index["runtime_ref"] = cfg.runtime_ref
     for i, a in enumerate(sorted(decision.allocations, key=lambda a: a.job)):
         try:
             docs = job_objects(by_id[a.job], a, target)
@@ -87,6 +90,9 @@ def export_k8s(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Path
         files[f"{name}.yaml"] = docs
         index["jobs"][a.job] = {"file": f"{name}.yaml", "name": name, "kind": docs[-1]["kind"],
                                 "objects": [f"{d['kind']}/{d['metadata']['name']}" for d in docs]}
+        pinned = docs[-1]["metadata"]["annotations"].get("apportion/pinned")
+        if pinned:  # runtime_ref: hosts, or the node group a multi-node job is held to
+            index["jobs"][a.job]["pinned"] = pinned
     out.mkdir(exist_ok=True)
     for fname, docs in files.items():
         _write(out / fname, dump_yaml(docs))

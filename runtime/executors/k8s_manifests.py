@@ -166,7 +166,9 @@ def _node_label(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[str, str]
     return cfg.gpu_product_label, label or gpu_product(node.gpu_type)
 
 
-ALLOCATABLE_LABEL = "k8s_resources"  # a node group's label: "allocatable" (imported from Kubernetes)
+# a node group's label, imported from Kubernetes: "allocatable" (the kubelet's), or "free"
+# (allocatable less what running pods request, `cluster import --pods`)
+ALLOCATABLE_LABEL = "k8s_resources"
 
 
 def node_usable(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[float, float]:
@@ -175,12 +177,14 @@ def node_usable(cluster: Cluster, node: Node, cfg: K8sConfig) -> tuple[float, fl
     they came from the kubelet's allocatable) less what DaemonSet pods take on it."""
     r = cfg.reserve
     group = next((g for g in cluster.groups if g.prefix == node.group), None)
-    if group is not None and group.label(ALLOCATABLE_LABEL) == "allocatable":
+    imported = group.label(ALLOCATABLE_LABEL) if group is not None else None
+    if imported in ("allocatable", "free"):
         cpu, mem = float(node.cpus), float(node.host_memory_gib)
     else:
         cpu = allocatable(node.cpus, r.cpus, r.cpu_fraction)
         mem = allocatable(node.host_memory_gib, r.memory_gib, r.memory_fraction)
-    cpu, mem = cpu - r.pods_cpus, mem - r.pods_memory_gib
+    if imported != "free":  # "free": the DaemonSets' requests are off already (--pods)
+        cpu, mem = cpu - r.pods_cpus, mem - r.pods_memory_gib
     if cpu <= 0:
         raise InputError("--k8s-config", "reserve.cpus", f"the reserve leaves node {node.name} "
                          f"({node.cpus} CPUs) no CPUs for training pods")
@@ -358,6 +362,9 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
         return [config_map, *gang, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
                                     "metadata": meta, "spec": {"suspend": suspend,
                                                                **jobset_spec}}]
+    if cfg.runtime_ref:
+        return [config_map, *gang, runtime_ref_trainjob(job, alloc, target, name, meta, groups,
+                                                        master, nnodes, jobdir, suspend)]
     if len(groups) > 1:  # Trainer counts the trainer's pods; the other sizes are extra jobs
         annotations["apportion/nodes"] = str(nnodes)
         annotations["apportion/pods"] = ", ".join(
@@ -379,6 +386,59 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
                          "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
                          "suspend": suspend}}
     return [config_map, runtime, *gang, trainjob]
+
+
+def runtime_ref_trainjob(job: JobSpec, alloc: Allocation, target: Target, name: str,
+                         meta: dict[str, Any], groups: list[PodGroup], master: str,
+                         nnodes: int, jobdir: str, suspend: bool) -> dict[str, Any]:
+    """A TrainJob on the platform's ClusterTrainingRuntime (``runtime_ref``), its pods made
+    apportion's through ``trainer`` and ``podSpecOverrides``: the command, the workload
+    contract's environment, the resources per node, the config, checkpoint and shm volumes,
+    the node group's product label and the tolerations. A shared runtime gives every node
+    the same pod, so an uneven placement cannot be expressed; and overrides have no node
+    affinity, so a job on one node is pinned to it (``kubernetes.io/hostname``) while a job
+    on several is held to its node group (``node_group_label``, which ``export kueue``'s
+    ``label-nodes.sh`` sets), the Kubernetes scheduler choosing the nodes there
+    (``apportion/pinned`` says which)."""
+    cfg = target.cfg
+    if len(groups) > 1:
+        shapes = ", ".join(f"{g.gpus} GPUs on {len(g.nodes)}" for g in groups)
+        raise PlacementNotExpressible(
+            "decision", f"allocations[{alloc.job}].placement",
+            f"a ClusterTrainingRuntime ({cfg.runtime_ref}) gives every node the same pod, "
+            f"and this placement holds {shapes}; export without runtime_ref (a "
+            "TrainingRuntime per job) to run it")
+    g = groups[0]
+    tmpl = pod_template(job, alloc, g, target, name, TRAINER_CONTAINER, master, nnodes, jobdir)
+    pod, container = tmpl["spec"], tmpl["spec"]["containers"][0]
+    selector = dict(pod["nodeSelector"])
+    node0 = target.cluster.nodes[g.nodes[0]]
+    if len(g.nodes) == 1:
+        selector[HOSTNAME] = g.nodes[0]
+        pinned = "hosts"
+    else:
+        selector[cfg.node_group_label] = node0.group
+        pinned = f"node group {node0.group}"
+    override: dict[str, Any] = {
+        "targetJobs": [{"name": TRAINER_NODE}], "nodeSelector": selector,
+        "volumes": pod["volumes"],
+        "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": container["volumeMounts"]}]}
+    if pod.get("tolerations"):
+        override["tolerations"] = pod["tolerations"]
+    if pod.get("serviceAccountName"):
+        override["serviceAccountName"] = pod["serviceAccountName"]
+    meta["annotations"]["apportion/pinned"] = pinned
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": meta,
+            "spec": {"runtimeRef": {"name": cfg.runtime_ref, "kind": "ClusterTrainingRuntime",
+                                    "apiGroup": "trainer.kubeflow.org"},
+                     "trainer": {"numNodes": len(g.nodes), "numProcPerNode": g.gpus,
+                                 "image": container["image"], "command": container["command"],
+                                 "env": container["env"],
+                                 "resourcesPerNode": container["resources"]},
+                     "podSpecOverrides": [override],
+                     "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
+                     "suspend": suspend}}
 
 
 def gang_resources(groups: list[PodGroup], cfg: K8sConfig) -> dict[str, str]:
@@ -474,6 +534,8 @@ def pod_template(job: JobSpec, alloc: Allocation, group: PodGroup, target: Targe
                     {"name": "checkpoints",
                      "persistentVolumeClaim": {"claimName": cfg.checkpoint_claim}},
                     {"name": "dshm", "emptyDir": shm}]}
+    if cfg.tolerations:  # nodes tainted for GPU work (nvidia.com/gpu:NoSchedule, ...)
+        spec["tolerations"] = [t.manifest() for t in cfg.tolerations]
     pc = priority_class(job, cfg)
     if pc:
         spec["priorityClassName"] = pc

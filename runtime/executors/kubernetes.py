@@ -343,7 +343,7 @@ class KubernetesExecutor:
         new = docs[-1]
         if _unsuspended(self.api, current.get("spec")) != _unsuspended(self.api, new.get("spec")):
             return False
-        if self.api == "trainjob":
+        if self.api == "trainjob" and not self.cfg.runtime_ref:  # else: all in the TrainJob
             assert self.client is not None
             rt = self.client.get("TrainingRuntime", new["metadata"]["name"])
             return rt is not None and rt.get("spec") == docs[1]["spec"]
@@ -352,7 +352,7 @@ class KubernetesExecutor:
     def _delete(self, name: str) -> None:
         assert self.client is not None
         self.client.delete(self.kind, name)
-        if self.api == "trainjob":
+        if self.api == "trainjob" and not self.cfg.runtime_ref:
             self.client.delete("TrainingRuntime", name)
         if self.cfg.gang == "volcano" and self.api != "pytorchjob":
             self.client.delete("PodGroup", name)  # its minMember is the old job's

@@ -20,9 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apportion.errors import CatalogError
+from apportion.runtime.executors.imported import Imported
+
+from apportion.errors import CatalogError, InputError
 from apportion.gpus import canonical_gpu_name
-from apportion.ray_home import probe
+from apportion.ray_home import check_auth, probe, use_token_auth
 
 ACCEL_PREFIX = "accelerator_type:"
 ACCEL_LABEL = "ray.io/accelerator-type"
@@ -96,31 +98,46 @@ def node_ids(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for d in describe_nodes(nodes)}
 
 
-def import_ray(address: str) -> list[dict[str, Any]]:
-    """The nodes of the Ray cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://...``).
+def import_ray(address: str) -> Imported:
+    """The nodes of the Ray cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://...``),
+    and a note for each node Ray lists but has lost.
 
-    Connects (and disconnects) unless this process is already connected.
-    Raises ``RuntimeError`` naming the address when the cluster cannot be
-    reached, and when the ``ray`` package is missing.
+    Connects (and disconnects) unless this process is already connected, with Ray's token
+    authentication where this machine has the cluster's token
+    (:func:`~apportion.ray_home.use_token_auth`). A missing ``ray`` package, nothing
+    answering, a refused token and a failed connection are each an
+    :class:`~apportion.errors.InputError` naming ``--ray-address`` and what is wrong.
     """
     try:
         import ray
-    except ImportError as exc:
-        raise RuntimeError("importing a Ray cluster needs the 'ray' package: pip install "
-                           "'ray[default]>=2.49' (the 'ray' extra)") from exc
+    except ImportError:
+        raise InputError("--from ray", "ray", "importing a Ray cluster needs the 'ray' "
+                         "package: pip install 'apportion[ray]'") from None
     connected_here = False
     if not ray.is_initialized():
+        use_token_auth()
         probe(address)
+        check_auth(address)
         try:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ...
             ray.shutdown()
-            raise RuntimeError(f"cannot reach a Ray cluster at {address!r}: "
-                               f"{type(exc).__name__}: {exc}") from None
+            raise InputError("--ray-address", "ray_address", f"cannot reach a Ray cluster at "
+                             f"{address!r}: {type(exc).__name__}: {exc}") from None
         connected_here = True
     try:
-        return [{k: v for k, v in d.items() if k != "node_id"}
-                for d in describe_nodes(ray.nodes())]
+        records = ray.nodes()
     finally:
         if connected_here:
             ray.shutdown()
+    out = Imported([{k: v for k, v in d.items() if k != "node_id"}
+                    for d in describe_nodes(records)])
+    for n in records:
+        if not n.get("Alive", True):
+            out.leave_out(str(n.get("NodeManagerHostname") or n.get("NodeID") or "?"),
+                          "not alive (Ray lost this node)")
+    for d in out.nodes:
+        if not d["gpus"]:
+            out.leave_out(d["name"], "no GPUs")
+    out.nodes = [d for d in out.nodes if d["gpus"]]
+    return out

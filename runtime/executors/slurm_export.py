@@ -41,7 +41,7 @@ from apportion.runtime.workload import plan_supported
 
 from apportion import outputs
 from apportion.cluster import Cluster
-from apportion.config import load_jobs, resolve_cluster
+from apportion.config import resolve_cluster, resolve_jobs
 from apportion.decision_file import check_decision, load_decision
 from apportion.errors import InputError
 from apportion.inputs import read_text
@@ -79,7 +79,7 @@ def export_slurm(decision_path: Path, cluster_arg: str, jobs_path: Path, out: Pa
     if workdir is not None:
         outputs.check_output_dir(workdir, "--workdir")
     cluster = resolve_cluster(cluster_arg)
-    jobs, _ = load_jobs(jobs_path)
+    jobs, _ = resolve_jobs(jobs_path)
     decision = load_decision(decision_path)
     check_decision(decision, cluster, jobs, str(decision_path))
     records, limits = _limits(cluster, nodes_file)

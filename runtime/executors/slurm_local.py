@@ -43,6 +43,7 @@ class FakeNode:
     gpus: int
     cpus: int = 4
     memory_mib: int = 8000
+    mem_spec_mib: int = 0  # MemSpecLimit: memory Slurm keeps for the node's own daemons
 
 
 def missing_binaries() -> list[str]:
@@ -127,7 +128,8 @@ class LocalSlurm:
         for n in self.nodes:
             port = _free_port()
             lines.append(f"NodeName={n.name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-                         f"CPUs={n.cpus} RealMemory={n.memory_mib} Gres=gpu:{n.gres_type}:{n.gpus}")
+                         f"CPUs={n.cpus} RealMemory={n.memory_mib} Gres=gpu:{n.gres_type}:{n.gpus}"
+                         + (f" MemSpecLimit={n.mem_spec_mib}" if n.mem_spec_mib else ""))
             files = []
             for _ in range(n.gpus):
                 dev = r / "dev" / f"nvidia{k}"

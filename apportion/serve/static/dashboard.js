@@ -58,7 +58,9 @@ function token() {
 async function getJSON(path) {
   const last = lists.get(path);
   const headers = last ? { "If-None-Match": last.etag } : {};
+  if (token()) headers.Authorization = `Bearer ${token()}`;  // reads too (--read-token-file)
   const r = await fetch(path, { cache: "no-store", headers });
+  if (r.status === 401) $("#token-box").hidden = false;
   stats.polls++;
   if (r.status === 304 && last) {
     stats.unchanged++;
@@ -79,7 +81,7 @@ function showError(msg) {
 
 function drawCluster(c) {
   $("#cluster-name").textContent = `${c.name} · executor ${c.executor} · a round every ${c.interval_s} s`;
-  $("#token-box").hidden = !c.writes_need_token;
+  $("#token-box").hidden = !(c.writes_need_token || c.reads_need_token);
   const root = $("#cluster");
   root.replaceChildren();
   for (const t of c.gpu_types) {
