@@ -8,11 +8,19 @@ from the gradient noise scale, with the batch chosen to maximise their product.
 * :mod:`.model` combines them: ``GoodputModel.goodput(job, gpus, nodes, progress)``.
 """
 
-from apportion.estimation.goodput.efficiency import (GradientNoise, noise_scale,
-                                                     statistical_efficiency)
-from apportion.estimation.goodput.measurements import (POLLUX_LIMITS, AppLimits,
-                                                       AppMeasurements, pollux_root,
-                                                       read_application, read_applications)
+from apportion.estimation.goodput.efficiency import (
+                                                     GradientNoise,
+                                                     noise_scale,
+                                                     statistical_efficiency,
+)
+from apportion.estimation.goodput.measurements import (
+                                                     POLLUX_LIMITS,
+                                                     AppLimits,
+                                                     AppMeasurements,
+                                                     pollux_root,
+                                                     read_application,
+                                                     read_applications,
+)
 from apportion.estimation.goodput.model import GoodputChoice, GoodputModel
 from apportion.estimation.goodput.throughput import TableThroughput, ThroughputModel
 

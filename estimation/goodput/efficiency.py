@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
 from apportion.estimation.goodput.measurements import GradientLog
 
 
@@ -77,7 +76,7 @@ class GradientNoise:
     def epoch(self, progress: float) -> int:
         """The epoch a job is in after ``progress`` samples (0-based; the last once past it)."""
         ends = self.epoch_ends
-        return int(min(np.searchsorted(ends, progress, side="right"), ends.size - 1))
+        return min(int(np.searchsorted(ends, progress, side="right")), int(ends.size) - 1)
 
     def stats(self, progress: float, batch: float | np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:

@@ -81,9 +81,11 @@ class StepTimes:
 
     @staticmethod
     def concat(*parts: StepTimes) -> StepTimes:
-        return StepTimes(*(np.concatenate([getattr(p, f) for p in parts])
-                           for f in ("nodes", "gpus", "local_batch", "step_s", "sync_s")),
-                         tuple(x for p in parts for x in p.placement))
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        return StepTimes(cat("nodes"), cat("gpus"), cat("local_batch"), cat("step_s"),
+                         cat("sync_s"), tuple(x for p in parts for x in p.placement))
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-
 from apportion.estimation.base import ParamsMixin
 from apportion.estimation.goodput.efficiency import GradientNoise, statistical_efficiency
-from apportion.estimation.goodput.measurements import (AppMeasurements, read_application,
-                                                       read_applications)
+from apportion.estimation.goodput.measurements import (
+    AppMeasurements,
+    read_application,
+    read_applications,
+)
 from apportion.estimation.goodput.throughput import TableThroughput, ThroughputModel
 
 THROUGHPUT_SOURCES = ("fitted", "table")
@@ -59,7 +61,7 @@ def job_application(job: Any) -> str:
     """The application a job trains: a name, or a job's ``application`` (else ``model``)."""
     if isinstance(job, str):
         return job
-    return str(getattr(job, "application", None) or getattr(job, "model"))
+    return str(getattr(job, "application", None) or job.model)
 
 
 class GoodputModel(ParamsMixin):

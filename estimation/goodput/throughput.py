@@ -26,10 +26,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
-
 from apportion.estimation.base import ParamsMixin
 from apportion.estimation.goodput.measurements import StepTimes
+from scipy.optimize import least_squares
 
 PARAMS = ("alpha_c", "beta_c", "alpha_r", "beta_r", "alpha_n", "beta_n", "gamma")
 GAMMA_RANGE = (1.0, 10.0)

@@ -27,9 +27,9 @@ import gzip
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
 from apportion.experiments.pollux_reference import LOAD_FOLDERS, POLICIES, WORKLOADS
 
 FIELDS = ("policy", "load", "workload", "jobs", "finished", "avg_jct_s", "p99_jct_s",
@@ -61,7 +61,7 @@ def published_rows(results: Path, workloads: Path) -> Iterable[dict[str, object]
                        **summarise(jcts, arrivals(workloads, load, n))}
 
 
-def last_record(log: Path) -> dict[str, object]:
+def last_record(log: Path) -> dict[str, Any]:
     """The simulator's last log record (one JSON object a line)."""
     last = ""
     with gzip.open(log, "rt") as f:
