@@ -182,3 +182,15 @@ def test_a_bad_measurement_file_names_the_file_and_the_field(pollux: Path,
                                            .replace("\n1,4,", "\n1,x,", 1))
     with pytest.raises(InputError, match="local_bsz: not a number"):
         read_application("bert", tmp_path)
+
+
+def test_parameters_live_in_init_and_fitted_state_ends_in_underscore(model: GoodputModel
+                                                                     ) -> None:
+    params = model.get_params()
+    assert params == {"throughput": "fitted", "noise": "batch", "batch_points": 48,
+                      "restarts": 1}
+    fresh = GoodputModel(**params)
+    assert not hasattr(fresh, "apps_") and hasattr(model, "apps_")
+    assert all(k.endswith("_") for k in vars(model) if k not in params)
+    with pytest.raises(ValueError, match="throughput="):
+        GoodputModel(throughput="guess").fit({})
