@@ -194,3 +194,16 @@ def test_parameters_live_in_init_and_fitted_state_ends_in_underscore(model: Good
     assert all(k.endswith("_") for k in vars(model) if k not in params)
     with pytest.raises(ValueError, match="throughput="):
         GoodputModel(throughput="guess").fit({})
+
+
+def test_the_curve_finds_where_more_gpus_stop_paying(model: GoodputModel) -> None:
+    """Early in training (a small noise scale) cifar10 gains little past a node; late
+    (noisy gradients) it uses many more GPUs: the batch is what lets it scale."""
+    early = model.curve("cifar10", 0.0, limit=64)
+    late = model.curve("cifar10", 0.9 * model.work("cifar10"), limit=64)
+    assert set(early) == set(range(1, 65))
+    best_early = max(early, key=lambda k: early[k].rate)
+    best_late = max(late, key=lambda k: late[k].rate)
+    assert best_early < best_late
+    assert late[best_late].batch > early[best_early].batch
+    assert all(c.batch == k * c.local_batch * (c.accumulation + 1) for k, c in late.items())

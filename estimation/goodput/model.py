@@ -192,6 +192,15 @@ class GoodputModel(ParamsMixin):
         i = int(np.argmax(rate))
         return GoodputChoice(float(rate[i]), int(b[i]), int(m[i]), int(s[i]))
 
+    def curve(self, job: Any, progress: float = 0.0, gpus_per_node: int = 4,
+              limit: int | None = None) -> dict[int, GoodputChoice]:
+        """The best choice at every GPU count from 1 to ``limit`` (default: the most any
+        batch feeds), each on the fewest nodes of ``gpus_per_node`` that hold it: where
+        goodput stops growing is where more GPUs stop paying (the elastic cells' top)."""
+        top = self.max_gpus(job) if limit is None else min(limit, self.max_gpus(job))
+        return {k: self.goodput(job, k, -(-k // gpus_per_node), progress)
+                for k in range(1, top + 1)}
+
     def _fixed(self, job: Any, gpus: int, nodes: int, progress: float,
                grad_stats: tuple[float, float] | None, batch: int) -> GoodputChoice:
         a = self._app(job)
