@@ -76,3 +76,14 @@ def test_an_unknown_reference_is_refused() -> None:
         reference(1.0, 9)
     with pytest.raises(ValueError, match="source"):
         table("mine")
+
+
+def test_the_round_rules_are_a_replay_profile_and_the_cluster_is_bundled() -> None:
+    """Pollux's 60-s rounds and 30-s restarts fit the simulator's profile type as they are
+    (the ``pollux`` profile is ``SimConfig(**ROUND_RULES, profile="pollux")``)."""
+    from apportion.experiments.pollux_reference import CLUSTER, ROUND_RULES
+    from apportion.experiments.simulator import SimConfig
+
+    cfg = SimConfig(**ROUND_RULES, profile="pollux")
+    assert (cfg.interval_s, cfg.restart_cost_s, cfg.start_cost_s) == (60.0, 30.0, 30.0)
+    assert resolve_cluster(CLUSTER).capacity_by_type() == {"T4": 64}

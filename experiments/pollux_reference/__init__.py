@@ -22,6 +22,13 @@ LOAD_FOLDERS = {0.5: "workloads-0.5", 1.0: "workloads", 1.5: "workloads-1.5",
 POLICIES = ("pollux", "optimus", "tiresias")
 WORKLOADS = tuple(range(1, 9))
 
+#: Pollux's round rules, as its simulator keeps them (README.md): a round every 60 s, and 30 s
+#: without progress whenever a job gets a new allocation, its first one included. The
+#: ``pollux`` replay profile is these: ``SimConfig(**ROUND_RULES, profile="pollux")``.
+ROUND_RULES = {"interval_s": 60.0, "restart_cost_s": 30.0, "start_cost_s": 30.0}
+#: Pollux's cluster, as the bundled name (16 nodes x 4 NVIDIA T4)
+CLUSTER = "pollux-64"
+
 SOURCES = ("published", "rerun")
 _NUMBERS = ("avg_jct_s", "p99_jct_s", "makespan_s", "wall_s")
 
@@ -57,4 +64,5 @@ def reference(load: float, workload: int, policy: str = "pollux",
     raise KeyError(f"no {source} reference for {policy} on workload {workload} at load {load}")
 
 
-__all__ = ["LOAD_FOLDERS", "POLICIES", "SOURCES", "WORKLOADS", "reference", "table"]
+__all__ = ["CLUSTER", "LOAD_FOLDERS", "POLICIES", "ROUND_RULES", "SOURCES", "WORKLOADS",
+           "reference", "table"]
