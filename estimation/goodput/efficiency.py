@@ -76,7 +76,10 @@ class GradientNoise:
     def epoch(self, progress: float) -> int:
         """The epoch a job is in after ``progress`` samples (0-based; the last once past it)."""
         ends = self.epoch_ends
-        return min(int(np.searchsorted(ends, progress, side="right")), int(ends.size) - 1)
+        # an epoch's end is its next one's start: a job exactly there (up to rounding in
+        # the samples-of-M0 conversion) is in the next epoch
+        at = progress + 1e-9 * max(1.0, abs(progress))
+        return min(int(np.searchsorted(ends, at, side="right")), int(ends.size) - 1)
 
     def stats(self, progress: float, batch: float | np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
