@@ -1,6 +1,7 @@
 """The front door's cost: ``apportion --version``, ``apportion --help`` and a command's own
-``--help``, each beside a bare ``python -c pass`` on the same machine, and the modules each
-imports.
+``--help``, each beside a bare ``python -c pass`` on the same machine (and beside the import
+of Typer with its rich help, the floor any Typer application's ``--help`` stands on), and
+the modules each imports.
 
 The cases run in turn, run after run (pass, --version, --help, ..., pass, --version, ...),
 so every case sees the same load; each case's figure is its median over the runs, and the
@@ -38,9 +39,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: case -> the ``apportion`` arguments (None: ``python -c pass``)
-CASES: dict[str, list[str] | None] = {
-    "python -c pass": None,
+#: case -> the ``apportion`` arguments, or the Python code ``python -c`` runs: the bare
+#: interpreter, and the floor any Typer application's ``--help`` stands on (Typer and the
+#: rich help it renders with) for comparison
+CASES: dict[str, list[str] | str] = {
+    "python -c pass": "pass",
+    "python: import typer + its rich help": "import typer, typer.rich_utils",
     "apportion --version": ["--version"],
     "apportion --help": ["--help"],
     "apportion solve-round --help": ["solve-round", "--help"],
@@ -56,9 +60,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _command(python: str, args: list[str] | None) -> list[str]:
-    if args is None:
-        return [python, "-c", "pass"]
+def _command(python: str, args: list[str] | str) -> list[str]:
+    if isinstance(args, str):
+        return [python, "-c", args]
     return [str(Path(python).parent / "apportion"), *args]
 
 
@@ -73,14 +77,14 @@ def _time(cmd: list[str], cwd: str) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def modules(python: str, args: list[str] | None, cwd: str | None = None) -> list[str]:
+def modules(python: str, args: list[str] | str, cwd: str | None = None) -> list[str]:
     """The modules a case has imported when it exits (``sys.modules``, sorted), the
     interpreter's own at startup included."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", dir=cwd) as out:
         dump = (f"import atexit, json, sys; atexit.register(lambda: json.dump(sorted("
                 f"sys.modules), open({out.name!r}, 'w')))")
-        run = "" if args is None else (f"; sys.argv = ['apportion', *{args!r}]; "
-                                       "from apportion.cli import main; main()")
+        run = f"; {args}" if isinstance(args, str) else (
+            f"; sys.argv = ['apportion', *{args!r}]; from apportion.cli import main; main()")
         subprocess.run([python, "-c", dump + run], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, env=_env(), cwd=cwd or tempfile.gettempdir(),
                        check=False)  # a command's exit status is not what is counted
