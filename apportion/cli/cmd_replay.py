@@ -12,7 +12,6 @@ from apportion.cli import complete
 from apportion.cli.complete import ENV_CLUSTER
 from apportion.cli.common import (
     DETERMINISTIC_HELP,
-    EXIT_BUG,
     INFORMATION_HELP,
     OBJECTIVE_PRESET_HELP,
     SIM_ESTIMATOR_HELP,
@@ -23,6 +22,7 @@ from apportion.cli.common import (
     user_input,
     verbose_logs,
 )
+from apportion.cli.exits import EXIT_BUG
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.errors import InputError
 

@@ -1,4 +1,4 @@
-"""What every command shares: exit codes, the one-line failure, option checks, help texts,
+"""What every command shares: the one-line failure, option checks, help texts,
 and the output block (a result on stdout unless an output option is ``-``, then written to
 each output path).
 
@@ -18,13 +18,10 @@ from typing import Any
 import typer
 
 from apportion import outputs
+from apportion.cli.exits import EXIT_BAD_INPUT
 from apportion.console import log_format, printable, service_logs, setup_logging, stderr_console
 from apportion.errors import HostError, InputError
 from apportion.formulations.objectives import PRESETS
-
-EXIT_BAD_INPUT = 2
-EXIT_BUSY = 75
-EXIT_BUG = 1
 
 MIP_GAP_HELP = ("an answer within this relative gap of the best proven bound is final "
                 "(default 1e-3: the solver chain tries LP rounding first); below 1e-3 "

@@ -734,11 +734,6 @@ def _elapsed(g: nx.DiGraph) -> float:
     return time.perf_counter() - float(g.graph["t0"])
 
 
-def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
-    chosen = {c.cell for c in choices}
-    return sum(1 for n in current_cells(g) if n not in chosen)
-
-
 def _placeholder() -> SolveReport:
     return SolveReport("-", "-", None, None, None, 0.0, False)
 

@@ -553,11 +553,6 @@ def pod_template(job: JobSpec, alloc: Allocation, group: PodGroup, target: Targe
     return {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": spec}
 
 
-def job_object(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The job object (TrainJob, JobSet or PyTorchJob) among an allocation's objects."""
-    return docs[-1]
-
-
 def allocation_of(obj: dict[str, Any]) -> Allocation | None:
     """The allocation an object was made for (its annotation), or None."""
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ALLOC_ANNOTATION)
