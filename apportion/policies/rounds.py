@@ -105,7 +105,8 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if engine == "ray" and ray_address is None and time_budget is not None \
             and time_budget < LOCAL_RAY_MIN_BUDGET_S:
         raise InputError("--engine", "engine", f"--engine ray without --ray-address starts a "
-                         "Ray instance of its own, which takes seconds (3-20 s measured on a "
+                         "Ray instance of its own for the parts of --partitions, which takes "
+                         "seconds (3-20 s measured on a "
                          f"2-core machine), more than --time-budget {time_budget:g} leaves "
                          "the solve: give --ray-address of a running cluster, a budget of at "
                          f"least {LOCAL_RAY_MIN_BUDGET_S:g} s, or --engine local")
