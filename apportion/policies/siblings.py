@@ -86,6 +86,7 @@ class Siblings:
             bb = js.spec.backbone
             if bb is not None and js.id not in self.finished.get(bb, []):
                 self.finished.setdefault(bb, []).append(js.id)
+        self.awaiting = {}
         if not self.records:  # no fine-tuning job seen: nothing to remember
             return
         if self.t2v is not None:
