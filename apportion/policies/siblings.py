@@ -89,6 +89,8 @@ class Siblings:
         self.awaiting = {}
         if not self.records:  # no fine-tuning job seen: nothing to remember
             return
+        if self.t2v is not None:  # a missing task-data folder is refused by name (exit 2)
+            self.t2v.check_folder()
         if self.t2v is not None:
             for jid in view.finished_recent:
                 got = self.running_modes.pop(jid, None)

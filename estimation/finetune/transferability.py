@@ -248,6 +248,26 @@ def predicted_gains(est: TransferabilityEstimator, gain_map: GainMap,
     return {"temporal": temporal, "spatial": spatial}
 
 
+def override_measured(pred: dict[str, dict[str, float]],
+                      measured: dict[str, dict[str, float]] | None) -> None:
+    """A pair whose gain was measured keeps the measurement, not the map's guess: kept
+    where it paid, filtered where it did not (in place; a spatial pair in either order).
+    Without it a pair measured to hurt (Titan's ``* -> sst2``: the target never reached)
+    would be tried again on the map's word every time it recurs."""
+    for kind, table in (measured or {}).items():
+        if kind not in pred:
+            continue
+        for key, g in table.items():
+            keys = [key]
+            if kind == "spatial":
+                a, _, b = key.partition("||")
+                keys.append(f"{b}||{a}")
+            for k in keys:
+                pred[kind].pop(k, None)
+            if float(g) > 0:
+                pred[kind][key] = round(float(g), 6)
+
+
 def synthetic_task(name: str, dim: int, classes: int, n: int, seed: int,
                    base: np.ndarray | None = None, shift: float = 0.0) -> TaskData:
     """A Gaussian-class task; related tasks share ``base`` class means up to ``shift``.
@@ -383,6 +403,7 @@ def auto_gains(tasks: list[tuple[str, Path | None, str]],
     info.update(intercept=round(float(gmap.intercept), 6), slope=round(float(gmap.slope), 6),
                 max_gain=gmap.max_gain)
     pred = predicted_gains(est, gmap, names)
+    override_measured(pred, measured)
     for tid, why in unavailable.items():
         log.info("--gains auto: task %s gets no gains: %s", tid, why)
     return AutoGains(pred["temporal"], pred["spatial"], scores, info, names, unavailable)
