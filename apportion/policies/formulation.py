@@ -381,7 +381,10 @@ class FormulationPolicy:
             job = replace(a, global_batch_size=a.global_batch_size + b.global_batch_size,
                           running=None)
             e = est.best_in_cell(job, Cell(lead, gpu_type, gpus, 1), view.cluster)
-            return None if e is None else e.plan
+            accept = self.cfg.plan_filter  # what the workload runs, at the merged batch
+            if e is None or (accept is not None and accept(job, e.plan) is not None):
+                return None
+            return e.plan
 
         apply_sibling_options(g, opts, view.cluster, merged_plan)
         apply_objective(g, specs, view.now, self.cfg.candidates.objective_options(),

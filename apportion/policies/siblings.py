@@ -274,17 +274,34 @@ class Siblings:
                     kw = {"members": (self.records[member.id],)}
                     t = alone[lead.id][0]
                     r1 = float(view.rate(lead, t, 1, **kw))
-                    if r1 <= 0:
-                        continue
+                    knows = r1 != float(view.rate(lead, t, 1))  # the source rates merging
                     if self.t2v is not None:
                         g = self.t2v.spatial(bb, lead.spec.task, member.spec.task,
                                              self._tasks(lead.spec.backbone))
-                    else:
+                    elif knows and r1 > 0:
                         g = 1.0 - (lead.remaining / r1) / (alone[lead.id][1] + alone[member.id][1])
+                    else:  # an estimator's rates know no merging: nothing to offer
+                        g = None
                     if g is None or g <= self.min_gain:
                         continue
-                    out.append((lead.id, member.id, self._rate_fn(view, lead, **kw)))
+                    rate = self._rate_fn(view, lead, **kw) if knows else \
+                        self._predicted_merge(view, lead, member, g)
+                    out.append((lead.id, member.id, rate))
         return out
+
+    @staticmethod
+    def _predicted_merge(view: View, lead: JobView, member: JobView, gain: float
+                         ) -> Callable[[str, int], float]:
+        """The merged job's rate (in the lead's iterations) where the rate source knows no
+        merging: YMIR's table-9 model, the merged work ``(1 - g)`` of both jobs' work on the
+        same GPUs (an epoch of the merged job is both jobs' epochs)."""
+        def rate(t: str, n: int) -> float:
+            ra, rb = float(view.rate(lead, t, n)), float(view.rate(member, t, n))
+            if ra <= 0 or rb <= 0:
+                return 0.0
+            both = lead.remaining / ra + member.remaining / rb
+            return lead.remaining / max(1e-9, (1.0 - gain) * both)
+        return rate
 
     # -- the decision --------------------------------------------------------------------------
     def annotate(self, view: View, decision: Decision, cells: dict[str, dict[str, Any]]) -> None:
