@@ -77,10 +77,17 @@ class SiblingOptions:
         return bool(self.modes or self.members or self.transfers or self.merges or self.waits)
 
 
-def _rated(d: dict[str, Any], rate: float, batch: int) -> None:
-    """A cell's speed as ``rate`` iterations/s of a job of ``batch`` samples."""
+def _rated(d: dict[str, Any], rate: float, batch: int, ref: float | None = None) -> None:
+    """A cell's speed as ``rate`` iterations/s of a job of ``batch`` samples, and its
+    normalised throughput over the job's reference ``ref`` (what the objective reads)."""
     d["est_throughput"] = rate * batch
     d["iter_time_s"] = 1.0 / rate if rate > 0 else math.inf
+    if ref is not None:
+        d["normalized"] = d["est_throughput"] / ref if ref > 0 else 0.0
+
+
+def _ref(g: nx.DiGraph, jid: str) -> float:
+    return float(g.nodes[job_node(jid)].get("ref_throughput") or 0.0)
 
 
 def apply_sibling_options(g: nx.DiGraph, opts: SiblingOptions, cluster: Cluster,
@@ -99,7 +106,7 @@ def apply_sibling_options(g: nx.DiGraph, opts: SiblingOptions, cluster: Cluster,
             continue
         for cn in cells_of(g, jid):
             d = g.nodes[cn]
-            _rated(d, rate(d["gpu_type"], int(d["gpus"])), opts.batch.get(jid, 1))
+            _rated(d, rate(d["gpu_type"], int(d["gpus"])), opts.batch.get(jid, 1), _ref(g, jid))
             if d["est_throughput"] <= 0:
                 g.remove_node(cn)
                 continue
@@ -123,7 +130,7 @@ def apply_sibling_options(g: nx.DiGraph, opts: SiblingOptions, cluster: Cluster,
             r = rate(d["gpu_type"], int(d["gpus"]))
             if r <= 0:
                 continue
-            _rated(d, r, opts.batch.get(jid, 1))
+            _rated(d, r, opts.batch.get(jid, 1), _ref(g, jid))
             d["source"] = src
             d["transfer_gain"] = round(float(gain), 6)
             added["transfer_cells"] += 1
@@ -185,17 +192,13 @@ def _add_merged_cells(g: nx.DiGraph, lead: str, member: str, rate: Rate,
                  "mem_per_gpu": 0.0, "normalized": 0.0, "bonus": bonus, "value": 0.0,
                  "current": False, "single_node": single, "members": [member],
                  "merge_option": True}
-            _rated(d, r, opts.batch.get(lead, 1))
-            ref = float(g.nodes[job_node(lead)].get("ref_throughput") or 0.0)
-            d["normalized"] = d["est_throughput"] / ref if ref > 0 else 0.0
+            _rated(d, r, opts.batch.get(lead, 1), _ref(g, lead))
             vertices.append((cn, d))
             edges.append((job_node(lead), cn, {}))
             edges += cell_edges(g, cn, cluster, t, n, plan.tp, single, None)
             # the member's share, valued as the objective values the member's cells
             sd = dict(d, job=member, members=[], merge_option=False, shadow_of=cn)
-            _rated(sd, r * share, opts.batch.get(member, 1))
-            mref = float(g.nodes[job_node(member)].get("ref_throughput") or 0.0)
-            sd["normalized"] = sd["est_throughput"] / mref if mref > 0 else 0.0
+            _rated(sd, r * share, opts.batch.get(member, 1), _ref(g, member))
             sd["bonus"] = g.nodes[job_node(member)].get("queue_bonus", 0.0)
             vertices.append((f"{cn}#share:{member}", sd))
     g.add_nodes_from(vertices)
@@ -220,9 +223,7 @@ def add_member_shares(g: nx.DiGraph, opts: SiblingOptions) -> None:
                 sd.update(job=m, shadow_of=cn, current=False,
                           bonus=g.nodes[job_node(m)].get("queue_bonus", 0.0))
                 it = float(d["est_throughput"]) / max(1, opts.batch.get(lead, 1))
-                _rated(sd, it * share, opts.batch.get(m, 1))
-                mref = float(g.nodes[job_node(m)].get("ref_throughput") or 0.0)
-                sd["normalized"] = sd["est_throughput"] / mref if mref > 0 else 0.0
+                _rated(sd, it * share, opts.batch.get(m, 1), _ref(g, m))
                 g.add_node(f"{cn}#share:{m}", **sd)
 
 
