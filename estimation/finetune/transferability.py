@@ -1,11 +1,12 @@
 """Task2Vec transferability (YMIR Alg. 1): Fisher embeddings, scores, predicted transfer gain.
 
 VECTORIZATION: a task is embedded as the diagonal of the Fisher information of a
-small *probe network* (a fixed feature extractor shared by all tasks of a backbone,
-plus a task head fitted briefly on a subset of the task's data). The Fisher is the
-true one, ``E_x E_{y~p(y|x)} (d log p(y|x)/d theta)^2``, over the probe's feature
-weights, estimated on ``SUBSET`` samples — cheap, and it reflects which features the
-task relies on, which is what transfer depends on.
+small *probe network* (a fixed feature extractor shared by all tasks of a backbone, on
+inputs standardised over the tasks compared, plus a task head fitted to convergence on a
+subset of the task's data). The Fisher is the true one, ``E_x sum_y p(y|x) (d log
+p(y|x)/d theta)^2`` (the expectation over labels exact), over the probe's feature
+weights, on ``SUBSET`` samples — cheap, and it reflects which features the task relies
+on, which is what transfer depends on (:class:`Task2VecProbe` says why each part).
 
 SIMSCORE: Task2Vec's symmetric distance, the cosine distance of the embeddings
 normalised by their sum, ``d(Fa, Fb) = cos(Fa/(Fa+Fb), Fb/(Fa+Fb))``.
@@ -23,7 +24,9 @@ filtered out, as YMIR filters negative combinations before scheduling.
 each task's samples (:func:`load_task_data`: ``.npz`` with arrays ``x`` and ``y``, or a
 ``.csv`` with a ``label`` column and numeric feature columns), embeds every task with
 one probe, scores every pair, and maps scores to gains — calibrated on the gains the
-task file measured, where it gives two or more, else YMIR's default map, said so.
+task file measured, where it gives two or more, else YMIR's default map, said so; a
+measured pair keeps its measurement (:func:`override_measured`). How well the map
+predicts Titan's measured gains: ``experiments/finetune_task2vec.py``.
 
 The probe is numpy and scipy only (its head fitted by L-BFGS, its Fisher in closed form):
 ``--gains auto`` needs no torch.
