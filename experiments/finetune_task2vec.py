@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from apportion.estimation.finetune.gains import Task2VecGains
 from apportion.estimation.finetune.transferability import (
     GainMap,

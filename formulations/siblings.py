@@ -172,7 +172,8 @@ def _add_merged_cells(g: nx.DiGraph, lead: str, member: str, rate: Rate,
     rem_lead = max(1e-9, opts.remaining.get(lead, 0.0))
     share = opts.remaining.get(member, 0.0) / rem_lead  # member iterations per lead iteration
     bonus = g.nodes[job_node(lead)].get("queue_bonus", 0.0)
-    vertices, edges = [], []
+    vertices: list[tuple[str, dict[str, Any]]] = []
+    edges: list[tuple[str, str, dict[str, Any]]] = []
     for t, counts in sorted(_merged_counts(g, lead, member).items()):
         best = 0.0
         for n in counts:

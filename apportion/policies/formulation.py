@@ -37,15 +37,19 @@ from apportion.formulations.cells import (
 from apportion.formulations.decode import to_decision
 from apportion.formulations.graph_bulk import drop_cached_views
 from apportion.formulations.incremental import CandidateCache
-from apportion.formulations.objectives import FromRound, ObjectiveOptions, from_round
+from apportion.formulations.objectives import (
+    FromRound,
+    ObjectiveOptions,
+    apply_objective,
+    from_round,
+)
 from apportion.formulations.plan_filter import drop_refused_plans
-from apportion.formulations.objectives import apply_objective
+from apportion.formulations.schema import current_cells, name_of
 from apportion.formulations.siblings import (
     apply_sibling_options,
     fold_member_values,
     sibling_keys,
 )
-from apportion.formulations.schema import current_cells, name_of
 from apportion.jobs import JobSpec, RunningState
 from apportion.plans import Cell
 from apportion.policies.base import requested_type

@@ -165,9 +165,9 @@ class Siblings:
             opts.remaining[js.id] = js.remaining
             opts.batch[js.id] = max(1, js.spec.global_batch_size)
         for jid in list(self.members) + list(self.source):
-            js = by_id.get(jid)
-            if js is not None:
-                opts.modes[jid] = self._rate_fn(view, js, **self._kw(jid))
+            started = by_id.get(jid)
+            if started is not None:
+                opts.modes[jid] = self._rate_fn(view, started, **self._kw(jid))
         opts.members = {lead: tuple(m for m in ms if m in by_id)
                         for lead, ms in self.members.items() if lead in by_id}
         queued = [js for js in view.jobs if self.sharing(js)]
@@ -271,7 +271,7 @@ class Siblings:
             for i, a in enumerate(group):
                 for b in group[i + 1:]:
                     lead, member = sorted((a, b), key=lambda j: (j.spec.submit_time_s, j.id))
-                    kw = {"members": (self.records[member.id],)}
+                    kw: dict[str, Any] = {"members": (self.records[member.id],)}
                     t = alone[lead.id][0]
                     r1 = float(view.rate(lead, t, 1, **kw))
                     knows = r1 != float(view.rate(lead, t, 1))  # the source rates merging
@@ -330,16 +330,16 @@ class Siblings:
                 meta["transfer"][jid] = src
         decision.meta.update(meta)
         for p in decision.pending:
-            lead = self.inside.get(p.job)
+            inside = self.inside.get(p.job)
             awaits = self.awaiting.get(p.job)
-            if lead is None and awaits is not None:
+            if inside is None and awaits is not None:
                 p.reason, p.stage, p.action, p.can_ever_fit = \
                     Reason.AWAITS_SOURCE, "candidates", None, True
                 p.detail = (f"waits for sibling {awaits[0]}'s weights (its end predicted in "
                             f"{awaits[1]:.0f} s): started from them it finishes sooner")
-            if lead is not None:
+            if inside is not None:
                 p.reason, p.stage, p.action = Reason.MERGED, "solve", None
-                p.detail = f"trains inside merged job {lead}"
+                p.detail = f"trains inside merged job {inside}"
                 p.can_ever_fit = True
 
     def _remember(self, view: View, js: JobView, kind: str, other: str) -> None:

@@ -18,9 +18,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from apportion.estimation.finetune.transferability import auto_gains
+
 from apportion.env import data_root
 from apportion.errors import InputError
-from apportion.estimation.finetune.transferability import auto_gains
 from apportion.finetune_spec import SPATIAL_SEP, TEMPORAL_SEP
 
 
