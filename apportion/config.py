@@ -353,9 +353,30 @@ class JobEntry(_Strict):
         return self
 
 
+class FinishedEntry(_Strict):
+    """A fine-tuning job that has finished and whose weights remain: a queued sibling (the
+    same backbone) may start from them (a transfer option of apportion's round)."""
+
+    id: str = Field(min_length=1, max_length=256)
+    backbone: str = Field(min_length=1, max_length=256)
+    task: str = Field(min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    global_batch_size: int = Field(default=1, gt=0, le=MAX_COUNT)
+
+    @field_validator("id", "backbone", "task")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        bad = control_characters(v)
+        if bad:
+            raise ValueError(f"contains control characters ({', '.join(bad)})")
+        return unicodedata.normalize("NFC", v)
+
+
 class JobsSpec(_Strict):
     jobs: list[JobEntry]
     now_s: float | None = Field(default=None, ge=0)
+    # finished fine-tuning jobs whose weights a queued sibling may start from
+    finished: list[FinishedEntry] = Field(default_factory=list)
 
     @field_validator("now_s")
     @classmethod
@@ -373,6 +394,16 @@ class JobsSpec(_Strict):
                 raise ValueError(f"jobs[{i}].id: duplicate job id {j.id!r}")
             seen.add(j.id)
         return jobs
+
+    @model_validator(mode="after")
+    def _finished_apart(self) -> JobsSpec:
+        ids = {j.id for j in self.jobs}
+        seen: set[str] = set()
+        for i, f in enumerate(self.finished):
+            if f.id in ids or f.id in seen:
+                raise ValueError(f"<finished> [{i}].id: {f.id!r} is already a job of the file")
+            seen.add(f.id)
+        return self
 
 
 class TenantEntry(_Strict):
@@ -489,6 +520,19 @@ def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
         ))
     now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
     return jobs, now
+
+
+def finished_from_data(data: Any, source: str) -> list[JobSpec]:
+    """The jobs file's ``finished`` fine-tuning jobs, as records a sibling's transfer names
+    (their weights exist; nothing of them is scheduled)."""
+    spec: JobsSpec = _validate(JobsSpec, data, source)
+    return [JobSpec(id=f.id, model=f.model or f.backbone, global_batch_size=f.global_batch_size,
+                    iterations=1, requested_gpus=1, backbone=f.backbone, task=f.task,
+                    accepts_sharing=True) for f in spec.finished]
+
+
+def load_finished(path: str | Path) -> list[JobSpec]:
+    return finished_from_data(read_yaml(path), str(path))
 
 
 def load_tenants(path: str | Path) -> dict[str, int]:
