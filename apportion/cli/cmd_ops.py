@@ -95,8 +95,9 @@ def run_cmd(
     log_format: Optional[str] = LOG_FORMAT,
     verbose: bool = VERBOSE,
 ) -> None:
-    """Run rounds every interval: solve, apply through an executor, poll progress back;
-    one log line per round."""
+    """Run rounds every interval: solve, apply through an executor, poll progress back.
+
+    One log line per round."""
     service_logging(verbose, log_format, ROUNDS_LOGGER)
     from apportion.cli.run_command import run_command
 
@@ -141,8 +142,9 @@ def cluster_import_cmd(
                                               "nodes apportion's pods may use"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="log what the import does"),
 ) -> None:
-    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept;
-    every node left out or offered in part is said on stderr with why."""
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept.
+
+    Every node left out or offered in part is said on stderr with why."""
     verbose_logs(verbose)
     from apportion.runtime.cluster_import import import_cluster
 
@@ -354,8 +356,9 @@ def serve_cmd(
     verbose: bool = VERBOSE,
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
-    /healthz and /readyz, Prometheus /metrics, and a dashboard at /; one log line per round
-    and per request."""
+    /healthz and /readyz, Prometheus /metrics, and a dashboard at /.
+
+    One log line per round and per request."""
     service_logging(verbose, log_format, ROUNDS_LOGGER,
                     *(() if no_access_log else (ACCESS_LOGGER,)))
     adopt_logger("uvicorn")  # the HTTP server's own warnings, in the same format
