@@ -65,11 +65,14 @@ def _row(rec: JobRecord, pending: dict[str, dict[str, str]],
     return row
 
 
-def jobs_view(store: StateStore, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+def jobs_view(store: StateStore, after: int = 0, limit: int | None = None,
+              states: frozenset[JobState] | None = None,
+              tenant: str | None = None) -> dict[str, Any]:
     """The jobs (submission order) with their waiting reasons, and the count per state of
     every job. With ``limit``, one page: the jobs after the one numbered ``after``, and in
-    ``next_cursor`` the number to ask the next page after (None on the last page)."""
-    recs, cursor = store.jobs_page(after, limit)
+    ``next_cursor`` the number to ask the next page after (None on the last page).
+    ``states`` and ``tenant`` keep only those jobs (``counts`` counts every job)."""
+    recs, cursor = store.jobs_page(after, limit, states, tenant)
     pending = pending_details(store, recs)
     sources = estimate_sources(store, recs)
     return {"jobs": [_row(r, pending, sources) for r in recs], "counts": store.job_counts(),
@@ -130,11 +133,10 @@ def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:
             for t in sorted(set(cap) | set(used))}
 
 
-def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
-    """The cluster node by node and GPU by GPU, grouped by GPU type, each GPU slot naming
-    the running job that holds it. A placement says how many GPUs of a node a job holds,
-    not which: slots are filled in submission order, so a job's GPUs stay together."""
-    health = {n["name"]: n for n in node_states(store)}
+def gpu_slots(store: StateStore, cluster: Cluster) -> dict[str, list[str | None]]:
+    """Per node, one entry per GPU: the running job that holds it (None: free). A
+    placement says how many GPUs of a node a job holds, not which: slots are filled in
+    submission order, so a job's GPUs stay together."""
     slots: dict[str, list[str | None]] = {n.name: [None] * n.gpus
                                           for n in cluster.nodes.values()}
     for rec in store.jobs(frozenset({JobState.RUNNING})):
@@ -142,13 +144,27 @@ def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
             free = [i for i, s in enumerate(slots.get(node, [])) if s is None]
             for i in free[:int(count)]:
                 slots[node][i] = rec.id
+    return slots
+
+
+def node_view(node: Any, health: dict[str, dict[str, Any]],
+              slots: dict[str, list[str | None]]) -> dict[str, Any]:
+    """One node as ``/api/v1/cluster`` shows it: its health and its GPUs' holders."""
+    return {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+            "state": str(health.get(node.name, {}).get("state") or "up"),
+            "reason": str(health.get(node.name, {}).get("reason") or ""),
+            "slots": slots[node.name]}
+
+
+def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
+    """The cluster node by node and GPU by GPU, grouped by GPU type, each GPU slot naming
+    the running job that holds it (:func:`gpu_slots`)."""
+    health = {n["name"]: n for n in node_states(store)}
+    slots = gpu_slots(store, cluster)
     use = gpu_use(store, cluster)
     types = []
     for t in sorted(use):
-        nodes = [{"name": n.name, "gpu_type": n.gpu_type, "gpus": n.gpus,
-                  "state": str(health.get(n.name, {}).get("state") or "up"),
-                  "reason": str(health.get(n.name, {}).get("reason") or ""),
-                  "slots": slots[n.name]}
-                 for n in cluster.nodes.values() if n.gpu_type == t]
+        nodes = [node_view(n, health, slots) for n in cluster.nodes.values()
+                 if n.gpu_type == t]
         types.append({"gpu_type": t, **use[t], "nodes": nodes})
     return {"name": cluster.name, "gpu_types": types}
