@@ -35,6 +35,8 @@ const stats = {
   polls: 0, unchanged: 0, created: 0, refreshes: 0,
   drawn: { cluster: 0, queue: 0, tenants: 0, jobs: 0, rounds: 0, groups: 0, job: 0 },
   last: null,  // the last refresh: elements it created, the sections it drew, its ms
+  first: null,  // the first refresh that drew anything (the first render)
+  log: [],  // the last 30 refreshes, oldest first
 };
 window.apportionStats = stats;
 // what the operator chose: the reason whose waits are listed, the jobs' filter, tenant and
@@ -554,6 +556,7 @@ async function refreshDashboard(drew) {
     getJSON("api/v1/cluster/summary"), getJSON(queuePath()), getJSON("api/v1/tenants"),
     getJSON(`api/v1/rounds/summary?limit=${ROUNDS}`), getJSON(jobsPath()),
     ...groups.map((g) => getJSON(groupPath(g)))]);
+  const t0 = performance.now();  // the drawing alone, not the waits for answers
   if (queue.changed) { drawQueue(queue.body); stats.drawn.queue++; drew.push("queue"); }
   if (summary.changed) { drawCluster(summary.body); stats.drawn.cluster++; drew.push("cluster"); }
   pages.forEach((p, i) => {  // (a new summary drew the open groups' pages already)
@@ -565,11 +568,14 @@ async function refreshDashboard(drew) {
   });
   // groups opened by this summary (a small cluster opens its own): their first page now
   const opened = [...view.open].filter((g) => !groups.includes(g));
+  const t1 = performance.now();
   const more = await Promise.all(opened.map((g) => getJSON(groupPath(g))));
+  const waited = performance.now() - t1;
   more.forEach((p, i) => { drawGroup(opened[i], p.body); stats.drawn.groups++; });
   if (tenants.changed) { drawTenants(tenants.body); stats.drawn.tenants++; drew.push("tenants"); }
   if (jobs.changed) { drawJobs(jobs.body); stats.drawn.jobs++; drew.push("jobs"); }
   if (rounds.changed) { drawRounds(rounds.body); stats.drawn.rounds++; drew.push("rounds"); }
+  return performance.now() - t0 - waited;
 }
 
 async function refresh() {
@@ -580,16 +586,19 @@ async function refresh() {
   busy = true;
   again = false;
   const created = stats.created, t0 = performance.now(), drew = [];
+  let drawMs = 0;
   const job = jobFromHash();
   $("#dashboard").hidden = job !== null;
   $("#job-page").hidden = job === null;
   try {
     const readyAnswer = getJSON("readyz");
     if (job === null) {
-      await refreshDashboard(drew);
+      drawMs = await refreshDashboard(drew);
     } else {
       const answer = await getJSON(jobPath(job));
+      const t1 = performance.now();
       if (answer.changed) { drawJobPage(answer.body); stats.drawn.job++; drew.push("job"); }
+      drawMs = performance.now() - t1;
       document.title = `${job} · apportion`;
     }
     if (job === null) document.title = "apportion";
@@ -604,7 +613,13 @@ async function refresh() {
     showError(`cannot reach the scheduler: ${err.message}`);
   } finally {
     stats.refreshes++;
-    stats.last = { created: stats.created - created, drew, ms: performance.now() - t0 };
+    // created: the elements this refresh made; drawMs: its drawing alone (script time,
+    // without the waits for answers); ms: the whole refresh, waits included
+    stats.last = { created: stats.created - created, drew, drawMs, ms: performance.now() - t0,
+                   at: stats.refreshes };
+    if (stats.first === null && drew.length) stats.first = stats.last;
+    stats.log.push(stats.last);
+    if (stats.log.length > 30) stats.log.shift();
     busy = false;
     if (again) refresh();
   }
