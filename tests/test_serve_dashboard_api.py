@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from serve_server import Served, cli, wait_for  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
+from serve_server import Served, cli, wait_for
 
 CLUSTER = """name: two-groups
 node_groups:

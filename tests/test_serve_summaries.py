@@ -22,16 +22,16 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 
-from apportion.config import cluster_from_data, jobs_from_data  # noqa: E402
-from apportion.lifecycle import JobState  # noqa: E402
-from apportion.policies import RoundConfig, run_round  # noqa: E402
-from apportion.serve import summaries, views  # noqa: E402
-from apportion.serve.job_history import job_history, move_counts  # noqa: E402
-from apportion.store import StateStore, open_store  # noqa: E402
-from apportion.store_decisions import first_decisions, job_decisions  # noqa: E402
-from apportion.store_faults import effective_cluster, node_fault, worker_fault  # noqa: E402
-from apportion.store_queue import NOT_YET, WAITING  # noqa: E402
-from apportion.store_status import pending_details  # noqa: E402
+from apportion.config import cluster_from_data, jobs_from_data
+from apportion.lifecycle import JobState
+from apportion.policies import RoundConfig, run_round
+from apportion.serve import summaries, views
+from apportion.serve.job_history import job_history, move_counts
+from apportion.store import StateStore, open_store
+from apportion.store_decisions import first_decisions, job_decisions
+from apportion.store_faults import effective_cluster, node_fault, worker_fault
+from apportion.store_queue import NOT_YET, WAITING
+from apportion.store_status import pending_details
 
 CLUSTER = {"name": "t", "node_groups": [
     {"prefix": "a40", "count": 3, "gpu_type": "A40", "gpus_per_node": 4},
@@ -268,3 +268,26 @@ def test_move_counts_reads_preemptions_restarts_and_faults() -> None:
           {"src": "running", "dst": "running", "why": "migrate"}]
     assert move_counts(ev) == {"starts": 3, "restarts": 4, "preemptions": 1,
                                "interruptions": 1}
+
+
+def test_a_quarantine_that_ends_by_the_clock_changes_the_summarys_key(tmp_path: Path) -> None:
+    """No write marks the end of a quarantine: the summary a server keeps is recomputed
+    because the nodes excluded now are part of its key, not only the store's generation."""
+    cluster = cluster_from_data(CLUSTER, "t")
+    t = time.time()
+    with open_store(tmp_path / "q.db", create=True) as store:
+        node_fault(store, "a10-0", t, threshold=1, quarantine_s=100.0)
+        during, after = t + 50.0, t + 150.0
+        assert summaries.cluster_key(store, during) != summaries.cluster_key(store, after)
+        assert summaries.cluster_key(store, during) == summaries.cluster_key(store, t + 60.0)
+        a10 = {s: {g["group"]: g for g in next(
+            ty for ty in summaries.cluster_summary(store, cluster, s)["gpu_types"]
+            if ty["gpu_type"] == "A10")["groups"]} for s in (during, after)}
+    assert a10[during]["a10"]["nodes_quarantined"] == 1
+    assert a10[after]["a10"]["nodes_quarantined"] == 0
+    assert a10[after]["a10"]["capacity"] == a10[during]["a10"]["capacity"] + 4
+    # and the type's capacity, counted as /api/v1/cluster counts it, at the same moment
+    with open_store(tmp_path / "q.db", readonly=True) as store:
+        caps = [next(ty for ty in summaries.cluster_summary(store, cluster, s)["gpu_types"]
+                     if ty["gpu_type"] == "A10")["capacity"] for s in (during, after)]
+    assert caps[1] == caps[0] + 4

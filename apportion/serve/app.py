@@ -65,7 +65,6 @@ from apportion.lifecycle import IllegalTransition, JobState
 from apportion.serve import schemas, summaries, views
 from apportion.serve.access import AccessLog
 from apportion.serve.auth import authorized
-from apportion.serve.job_history import job_history
 from apportion.serve.body import (
     JSON_TYPES,
     MAX_BODY_BYTES,
@@ -75,6 +74,7 @@ from apportion.serve.body import (
     check_media_type,
     submission_from_body,
 )
+from apportion.serve.job_history import job_history
 from apportion.serve.observer import LoopObserver
 from apportion.serve.origins import HostOriginGuard, HostPolicy
 from apportion.store import (
@@ -624,17 +624,25 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
             tag = f'"{s.instance}.{store.generation()}.tenants"'
             return _tagged(request, tag, lambda: summaries.tenants_view(store, s.quotas))
 
+    #: the last cluster summary and what it was computed from (summaries.cluster_key)
+    summary_cache: list[tuple[Any, dict[str, Any]] | None] = [None]
+
     @app.get(f"{API}/cluster/summary", response_model=schemas.ClusterSummary,
              tags=["cluster"], responses={**_NOT_MODIFIED, **_errors(401, 503)},
              dependencies=[Depends(reader)])
     def cluster_summary(request: Request) -> Response:
         """The cluster per GPU type and per node group (the cluster file's `node_groups`):
         capacity, allocated and free GPUs, nodes by health and by use; no node listed, so
-        its size does not grow with the cluster. The ETag follows its content."""
+        its size does not grow with the cluster. The ETag follows its content (a node's
+        quarantine ends by itself, without a write)."""
         with _store(s.state, readonly=True) as store:
-            view = summaries.cluster_summary(store, s.cluster)
+            key = summaries.cluster_key(store, time.time())
+            last = summary_cache[0]
+            if last is None or last[0] != key:  # else the same as the last answer's
+                last = (key, summaries.cluster_summary(store, s.cluster))
+                summary_cache[0] = last  # one assignment: threads see old or new, whole
         return _hashed(request, s.instance, {
-            **view, "executor": s.executor, "interval_s": s.interval_s,
+            **last[1], "executor": s.executor, "interval_s": s.interval_s,
             "writes_need_token": s.token is not None,
             "reads_need_token": s.read_token is not None})
 
@@ -648,18 +656,24 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                                                  "`next_cursor` of the page before")
                       ) -> Response:
         """One node group's nodes, a page at a time, each GPU naming the job that holds it
-        (as `/api/v1/cluster`); `next` links the following page. The ETag follows its
-        content."""
+        (as `/api/v1/cluster`); `next` links the following page. The ETag changes with
+        every write to the store."""
         if group not in summaries.group_names(s.cluster):
             raise ApiError(404, f"no node group {group!r} in cluster {s.cluster.name}",
                            "group")
         after = int(cursor) if cursor is not None else 0
-        with _store(s.state, readonly=True) as store:
+
+        def page() -> dict[str, Any]:
             body = summaries.group_page(store, s.cluster, group, after, limit)
-        nxt = body["next_cursor"]
-        body["next"] = (None if nxt is None else
-                        f"{request.url.path}?{_query(limit=limit, cursor=nxt)}")
-        return _hashed(request, s.instance, body)
+            nxt = body["next_cursor"]
+            body["next"] = (None if nxt is None else
+                            f"{request.url.path}?{_query(limit=limit, cursor=nxt)}")
+            return body
+
+        with _store(s.state, readonly=True) as store:
+            tag = (f'"{s.instance}.{store.generation()}.group.{group}.'
+                   f'{_query(limit=limit, cursor=cursor)}"')
+            return _tagged(request, tag, page)
 
     @app.get(f"{API}/cluster", response_model=schemas.ClusterView, tags=["cluster"],
              responses=_errors(401, 503), dependencies=[Depends(reader)])

@@ -27,11 +27,11 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
+from apportion.serve.views import gpu_slots, gpu_use, node_view, rfc3339, with_rfc3339
 from apportion.store import StateStore
 from apportion.store_faults import excluded_nodes, node_states
 from apportion.store_queue import NOT_YET, WAITING, recent_finished, tenant_use, waiting_jobs
 from apportion.store_status import pending_details
-from apportion.serve.views import gpu_slots, gpu_use, node_view, rfc3339, with_rfc3339
 
 #: at most this many longest waits in one answer
 MAX_TOP = 500
@@ -54,6 +54,13 @@ def _held(store: StateStore) -> Counter[str]:
     return held
 
 
+def cluster_key(store: StateStore, now: float) -> tuple[int, tuple[str, ...]]:
+    """What :func:`cluster_summary` depends on: the store's generation (every write: a
+    job's move, a node's fault) and the nodes excluded now (a quarantine also ends by the
+    clock alone). Two equal keys give the same summary, so a server computes it once."""
+    return store.generation(), tuple(sorted(excluded_nodes(store, now)))
+
+
 def cluster_summary(store: StateStore, cluster: Cluster,
                     now: float | None = None) -> dict[str, Any]:
     """Per GPU type (capacity, allocated and free as ``/api/v1/cluster`` counts them) and
@@ -61,7 +68,7 @@ def cluster_summary(store: StateStore, cluster: Cluster,
     now = time.time() if now is None else now
     health = _node_health(store, cluster, now)
     held = _held(store)
-    use = gpu_use(store, cluster)
+    use = gpu_use(store, cluster, now)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for n in cluster.nodes.values():
         g = groups.setdefault((n.gpu_type, n.group), {

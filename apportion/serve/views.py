@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from apportion.cluster import Cluster
@@ -23,7 +24,6 @@ from apportion.lifecycle import JobState
 from apportion.store import JobRecord, StateStore
 from apportion.store_faults import effective_cluster, node_states
 from apportion.store_status import estimate_sources, pending_details
-
 
 RFC3339 = "_rfc3339"  # the suffix of a float time's RFC 3339 twin
 
@@ -120,10 +120,12 @@ def rounds_view(store: StateStore, limit: int, before: int | None = None) -> dic
     return {"rounds": rounds, "next_cursor": str(rounds[0]["id"]) if older else None}
 
 
-def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:
+def gpu_use(store: StateStore, cluster: Cluster,
+            now: float | None = None) -> dict[str, dict[str, int]]:
     """Per GPU type: capacity (down and quarantined nodes count for none), allocated to
     running jobs, and free."""
-    cap = effective_cluster(store, cluster, time.time()).capacity_by_type()
+    now = time.time() if now is None else now
+    cap = effective_cluster(store, cluster, now).capacity_by_type()
     used: Counter[str] = Counter()
     for rec in store.jobs(frozenset({JobState.RUNNING})):
         if rec.running:
@@ -147,7 +149,7 @@ def gpu_slots(store: StateStore, cluster: Cluster) -> dict[str, list[str | None]
     return slots
 
 
-def node_view(node: Any, health: dict[str, dict[str, Any]],
+def node_view(node: Any, health: Mapping[Any, Mapping[str, Any]],
               slots: dict[str, list[str | None]]) -> dict[str, Any]:
     """One node as ``/api/v1/cluster`` shows it: its health and its GPUs' holders."""
     return {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
