@@ -9,6 +9,8 @@ waiting job's typed reason from the ``actions`` row of its last round (its prima
 is ``(round_id, job)``: one lookup per job), which holds the same reason the round's
 decision gives it (:meth:`apportion.store.StateStore.commit_round` writes both in one
 transaction), so the counts are those of :func:`apportion.store_status.pending_details`.
+The longest waits are the first waiting jobs in submission order (the ``seq`` index), read
+until there are enough.
 """
 
 from __future__ import annotations
@@ -47,19 +49,53 @@ class WaitingJob:
     reason: str | None
 
 
-def waiting_jobs(store: StateStore) -> list[WaitingJob]:
-    """Every waiting job, longest-waiting (earliest submitted) first."""
+@dataclass(frozen=True)
+class ReasonCount:
+    """The waiting jobs of one typed reason (None: no round has considered them yet)."""
+
+    reason: str | None
+    jobs: int
+    #: the GPUs they ask for
+    gpus: int
+    #: the submission time of the earliest submitted of them
+    oldest_submitted_at: float
+
+
+# a waiting job's reason: its last round's action row (an empty reason: it was placed)
+_WAITING_FROM = ("FROM jobs j LEFT JOIN actions a ON a.round_id = j.last_round AND a.job = j.id "
+                 f"WHERE j.state IN ({_IN_WAITING})")
+
+
+def reason_counts(store: StateStore) -> list[ReasonCount]:
+    """The waiting jobs counted by reason, most first (one grouped query)."""
+    rows = store.conn.execute(
+        "SELECT NULLIF(a.reason, ''), COUNT(*), SUM(COALESCE(json_extract(j.spec_json, "
+        f"'$.requested_gpus'), 0)), MIN(j.submitted_at) {_WAITING_FROM} "
+        "GROUP BY NULLIF(a.reason, '')").fetchall()
+    out = [ReasonCount(r[0], int(r[1]), int(r[2] or 0), float(r[3])) for r in rows]
+    return sorted(out, key=lambda r: (-r.jobs, r.reason or ""))
+
+
+def longest_waiting(store: StateStore, limit: int, reason: str | None = None,
+                    any_reason: bool = True) -> list[WaitingJob]:
+    """The ``limit`` waiting jobs submitted first (the longest waits): of every reason
+    with ``any_reason``, else of ``reason`` only (None: those no round has considered).
+    Walks the jobs in submission order and stops at ``limit``."""
+    where, args = "", [int(limit)]
+    if not any_reason:
+        where = (" AND NULLIF(a.reason, '') IS NULL" if reason is None
+                 else " AND a.reason = ?")
+        args = ([] if reason is None else [reason]) + args
     rows = store.conn.execute(
         f"SELECT j.id, j.state, {TENANT_SQL}, json_extract(j.spec_json, '$.requested_gpus'), "
         "json_extract(j.spec_json, '$.requested_gpu_type'), "
         "json_extract(j.spec_json, '$.guaranteed'), j.submitted_at, j.updated_at, "
-        "j.last_round, a.reason FROM jobs j LEFT JOIN actions a "
-        "ON a.round_id = j.last_round AND a.job = j.id "
-        f"WHERE j.state IN ({_IN_WAITING}) ORDER BY j.submitted_at, j.seq").fetchall()
+        f"j.last_round, NULLIF(a.reason, '') {_WAITING_FROM}{where} ORDER BY j.seq LIMIT ?",
+        args).fetchall()
     return [WaitingJob(str(r[0]), str(r[1]), str(r[2]),
                        None if r[3] is None else int(r[3]),
                        None if r[4] is None else str(r[4]), bool(r[5]), float(r[6]),
-                       float(r[7]), None if r[8] is None else int(r[8]), r[9] or None)
+                       float(r[7]), None if r[8] is None else int(r[8]), r[9])
             for r in rows]
 
 

@@ -26,6 +26,7 @@ from apportion.config import cluster_from_data, jobs_from_data
 from apportion.lifecycle import JobState
 from apportion.policies import RoundConfig, run_round
 from apportion.serve import summaries, views
+from apportion.serve.metrics import StoreCollector
 from apportion.serve.job_history import job_history, move_counts
 from apportion.store import StateStore, open_store
 from apportion.store_decisions import first_decisions, job_decisions
@@ -100,6 +101,11 @@ def test_the_queue_counts_the_reasons_the_rounds_gave(built) -> None:
             one = summaries.queue_view(store, top=100, reason=reason)
             assert one["matching"] == n == len(one["longest"])
             assert {w["pending_reason"] or NOT_YET for w in one["longest"]} == {reason}
+    # and /metrics counts the same (its collector, read as a scrape reads it)
+    scraped = {m.name: m for m in StoreCollector(db, cluster_from_data(CLUSTER, "t"),
+                                                 lambda: 0).collect()}
+    assert {s.labels["reason"]: s.value for s in scraped["apportion_pending_jobs"].samples} \
+        == {k: float(v) for k, v in want.items()}
 
 
 def test_the_cluster_summary_adds_up_to_the_cluster_view(built) -> None:
@@ -212,6 +218,15 @@ def test_first_decisions_are_the_first_rounds_that_decided_each_job(built) -> No
         assert any(r.state is JobState.SUBMITTED for r in store.jobs())  # the late ones
         assert all(r.id not in first for r in store.jobs()
                    if r.state is JobState.SUBMITTED)
+        waits = sorted(first[r.id] - r.submitted_at for r in store.jobs() if r.id in first)
+    # /metrics' histogram holds exactly these waits
+    fam = next(m for m in StoreCollector(db, cluster_from_data(CLUSTER, "t"), lambda: 0)
+               .collect() if m.name == "apportion_submit_to_decision_seconds")
+    got = {s.name.rsplit("_", 1)[-1]: s for s in fam.samples if not s.labels}
+    assert got["count"].value == len(waits) and abs(got["sum"].value - sum(waits)) < 1e-6
+    for b in (s for s in fam.samples if "le" in s.labels):
+        bound = float(b.labels["le"])
+        assert b.value == sum(w <= bound for w in waits), b
 
 
 def test_the_tenants_hold_what_the_cluster_has_allocated(built) -> None:

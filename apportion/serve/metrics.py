@@ -57,8 +57,7 @@ from apportion.lifecycle import JobState
 from apportion.serve.views import gpu_use
 from apportion.store import open_store
 from apportion.store_decisions import first_decisions
-from apportion.store_queue import NOT_YET
-from apportion.store_status import pending_details
+from apportion.store_queue import NOT_YET, reason_counts
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ class StoreCollector(Collector):
                 recs = store.jobs()
                 use = gpu_use(store, self.cluster)
                 waiting = [r for r in recs if r.state in QUEUED]
-                why = pending_details(store, waiting)
+                why = reason_counts(store)  # the dashboard's queue counts the same
                 starts = store.first_starts()
                 decided = first_decisions(store)
         except Exception as exc:  # noqa: BLE001 - a scrape reports the store down; it never fails
@@ -224,7 +223,7 @@ class StoreCollector(Collector):
         reasons = GaugeMetricFamily("apportion_pending_jobs", "waiting jobs by the typed "
                                     f"reason their last round gave ({NOT_YET}: no round yet)",
                                     labels=["reason"])
-        tally = Tally(why[r.id]["reason"] if r.id in why else NOT_YET for r in waiting)
+        tally = {r.reason or NOT_YET: r.jobs for r in why}
         for reason, n in sorted(tally.items()):
             reasons.add_metric([reason], float(n))
         yield reasons

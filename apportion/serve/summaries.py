@@ -27,10 +27,18 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
+from apportion.serve.decision_cache import DECISIONS
 from apportion.serve.views import gpu_slots, gpu_use, node_view, rfc3339, with_rfc3339
 from apportion.store import StateStore
 from apportion.store_faults import excluded_nodes, node_states
-from apportion.store_queue import NOT_YET, WAITING, recent_finished, tenant_use, waiting_jobs
+from apportion.store_queue import (
+    NOT_YET,
+    WAITING,
+    longest_waiting,
+    reason_counts,
+    recent_finished,
+    tenant_use,
+)
 from apportion.store_status import pending_details
 
 #: at most this many longest waits in one answer
@@ -122,24 +130,20 @@ def group_page(store: StateStore, cluster: Cluster, group: str, after: int,
 
 def queue_view(store: StateStore, top: int, reason: str | None = None,
                now: float | None = None) -> dict[str, Any]:
-    """The queue first: how many wait, for which typed reasons (each with its count and
-    its longest wait), the ``top`` longest-waiting jobs (of ``reason`` only, if given)
-    with their reason's detail, every state's count, and the last finished jobs' JCTs."""
+    """The queue first: how many wait, for which typed reasons (each with its count, the
+    GPUs its jobs ask for and its longest wait), the ``top`` longest-waiting jobs (of
+    ``reason`` only, if given) with their reason's detail, every state's count, and the
+    last finished jobs' JCTs."""
     now = time.time() if now is None else now
-    waiting = waiting_jobs(store)
-    reasons: dict[str, dict[str, Any]] = {}
-    for w in waiting:
-        key = w.reason or NOT_YET
-        r = reasons.setdefault(key, {"reason": key, "jobs": 0, "gpus": 0,
-                                     "oldest_submitted_at": w.submitted_at})
-        r["jobs"] += 1
-        r["gpus"] += w.requested_gpus or 0
-    for r in reasons.values():
-        r["longest_wait_s"] = max(0.0, now - r["oldest_submitted_at"])
-        with_rfc3339(r, "oldest_submitted_at")
-    chosen = [w for w in waiting if reason is None or (w.reason or NOT_YET) == reason]
-    longest = chosen[:top]
-    detail = pending_details(store, [store.job(w.id) for w in longest])
+    counts = reason_counts(store)
+    reasons = [with_rfc3339({"reason": r.reason or NOT_YET, "jobs": r.jobs, "gpus": r.gpus,
+                             "oldest_submitted_at": r.oldest_submitted_at,
+                             "longest_wait_s": max(0.0, now - r.oldest_submitted_at)},
+                            "oldest_submitted_at") for r in counts]
+    longest = longest_waiting(store, top, None if reason == NOT_YET else reason,
+                              any_reason=reason is None)
+    detail = pending_details(store, [store.job(w.id) for w in longest],
+                             DECISIONS.loader(store))
     rows = []
     for w in longest:
         why = detail.get(w.id, {})
@@ -147,15 +151,16 @@ def queue_view(store: StateStore, top: int, reason: str | None = None,
             "id": w.id, "state": w.state, "tenant": w.tenant,
             "requested_gpus": w.requested_gpus, "requested_gpu_type": w.requested_gpu_type,
             "guaranteed": w.guaranteed, "submitted_at": w.submitted_at, "since": w.since,
-            "wait_s": max(0.0, now - w.submitted_at),
-            "pending_reason": w.reason or why.get("reason"),
+            "wait_s": max(0.0, now - w.submitted_at), "pending_reason": w.reason,
             "pending_detail": why.get("detail"), "pending_stage": why.get("stage"),
             "can_ever_fit": why.get("can_ever_fit")}, "submitted_at", "since"))
-    return {"now": now, "now_rfc3339": rfc3339(now), "waiting": len(waiting),
-            "waiting_gpus": sum(w.requested_gpus or 0 for w in waiting),
-            "counts": store.job_counts(),
-            "reasons": sorted(reasons.values(), key=lambda r: (-r["jobs"], r["reason"])),
-            "reason": reason, "matching": len(chosen), "longest": rows,
+    waiting = sum(r.jobs for r in counts)
+    return {"now": now, "now_rfc3339": rfc3339(now), "waiting": waiting,
+            "waiting_gpus": sum(r.gpus for r in counts), "counts": store.job_counts(),
+            "reasons": reasons, "reason": reason,
+            "matching": waiting if reason is None else sum(
+                r["jobs"] for r in reasons if r["reason"] == reason),
+            "longest": rows,
             "finished": [with_rfc3339(f, "finished_at") for f in recent_finished(store, 200)]}
 
 

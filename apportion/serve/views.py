@@ -21,6 +21,7 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
+from apportion.serve.decision_cache import DECISIONS
 from apportion.store import JobRecord, StateStore
 from apportion.store_faults import effective_cluster, node_states
 from apportion.store_status import estimate_sources, pending_details
@@ -73,8 +74,9 @@ def jobs_view(store: StateStore, after: int = 0, limit: int | None = None,
     ``next_cursor`` the number to ask the next page after (None on the last page).
     ``states`` and ``tenant`` keep only those jobs (``counts`` counts every job)."""
     recs, cursor = store.jobs_page(after, limit, states, tenant)
-    pending = pending_details(store, recs)
-    sources = estimate_sources(store, recs)
+    load = DECISIONS.loader(store)
+    pending = pending_details(store, recs, load)
+    sources = estimate_sources(store, recs, load)
     return {"jobs": [_row(r, pending, sources) for r in recs], "counts": store.job_counts(),
             "next_cursor": None if cursor is None else str(cursor)}
 
@@ -83,11 +85,12 @@ def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
     """One job: its row, allocation and plan while running, progress and its state moves.
     Raises :class:`~apportion.store.UnknownJob`."""
     rec = store.job(job_id)
-    row = _row(rec, pending_details(store, [rec]), estimate_sources(store, [rec]))
+    load = DECISIONS.loader(store)
+    row = _row(rec, pending_details(store, [rec], load), estimate_sources(store, [rec], load))
     plan = None
     if rec.state is JobState.RUNNING and rec.last_round is not None:
         try:
-            decision = store.decision(rec.last_round)
+            decision = load(rec.last_round)
         except KeyError:
             decision = {}
         for a in decision.get("allocations", []):
