@@ -81,7 +81,8 @@ def longest_waiting(store: StateStore, limit: int, reason: str | None = None,
     """The ``limit`` waiting jobs submitted first (the longest waits): of every reason
     with ``any_reason``, else of ``reason`` only (None: those no round has considered).
     Walks the jobs in submission order and stops at ``limit``."""
-    where, args = "", [int(limit)]
+    where = ""
+    args: list[Any] = [int(limit)]
     if not any_reason:
         where = (" AND NULLIF(a.reason, '') IS NULL" if reason is None
                  else " AND a.reason = ?")

@@ -14,7 +14,6 @@ from typing import Any
 from apportion.lifecycle import JobState
 from apportion.store import StateStore
 
-
 #: a round's decision by its id (:meth:`StateStore.decision`, or a cache of it: a committed
 #: decision never changes, and at 20,000 jobs it is megabytes of JSON to parse)
 DecisionLoader = Callable[[int], dict[str, Any]]

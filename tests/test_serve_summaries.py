@@ -26,8 +26,8 @@ from apportion.config import cluster_from_data, jobs_from_data
 from apportion.lifecycle import JobState
 from apportion.policies import RoundConfig, run_round
 from apportion.serve import summaries, views
-from apportion.serve.metrics import StoreCollector
 from apportion.serve.job_history import job_history, move_counts
+from apportion.serve.metrics import StoreCollector
 from apportion.store import StateStore, open_store
 from apportion.store_decisions import first_decisions, job_decisions
 from apportion.store_faults import effective_cluster, node_fault, worker_fault
