@@ -33,7 +33,11 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoAlertPresentException, WebDriverException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from serve_server import Served, cli, status, wait_for  # noqa: E402
 
@@ -65,6 +69,44 @@ def _found(driver: webdriver.Chrome, css: str) -> list:
     return driver.find_elements(By.CSS_SELECTOR, css)
 
 
+def _texts(driver: webdriver.Chrome, css: str) -> list[str]:
+    """The text of every element ``css`` selects, read at once (a refresh that redraws
+    between a find and a read would leave stale elements)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)", css)
+
+
+def _press(driver: webdriver.Chrome, css: str) -> None:
+    """A real click (one that may open a dialog), found again if a refresh replaced the
+    element between the find and the click."""
+    def pressed() -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(f"a click on {css}", pressed)
+
+
+def _click(driver: webdriver.Chrome, css: str) -> None:
+    """Click the element ``css`` selects, found and clicked at once: a refresh redraws the
+    sections it changed, so an element found earlier may be gone by the click."""
+    assert driver.execute_script(
+        "const e = document.querySelector(arguments[0]); if (e) e.click(); return !!e;", css), css
+
+
+def _stats(driver: webdriver.Chrome) -> dict:
+    return driver.execute_script("return window.apportionStats")
+
+
+def _idle_refresh(driver: webdriver.Chrome) -> dict:
+    """A refresh after the last one drawn, in which nothing changed (every read a 304)."""
+    seen = _stats(driver)["refreshes"]
+    return wait_for("a refresh with nothing to draw", lambda: next(
+        (r for r in _stats(driver)["log"] if r["at"] > seen and not r["drew"]), None))
+
+
 def test_the_dashboard_shows_the_cluster_and_a_job_and_cancels_it(
         tmp_path: Path, browser: webdriver.Chrome) -> None:
     with Served(tmp_path) as served:
@@ -80,23 +122,23 @@ def test_the_dashboard_shows_the_cluster_and_a_job_and_cancels_it(
         cluster = httpx.get(f"{served.url}/api/v1/cluster", timeout=30).json()
         browser.get(served.url + "/")
         assert browser.title == "apportion"
-        # the cluster, node by node and GPU by GPU, grouped by GPU type
+        # the cluster, node by node and GPU by GPU, grouped by GPU type (a cluster this
+        # small opens its node groups by itself)
         for t in cluster["gpu_types"]:
-            group = wait_for(f"GPU type {t['gpu_type']}", lambda t=t: _found(
-                browser, f'[data-gpu-type="{t["gpu_type"]}"]'))[0]
             for n in t["nodes"]:
-                node = group.find_element(By.CSS_SELECTOR, f'[data-node="{n["name"]}"]')
-                assert len(node.find_elements(By.CSS_SELECTOR, ".gpu")) == n["gpus"]
+                css = f'[data-gpu-type="{t["gpu_type"]}"] [data-node="{n["name"]}"] .gpu'
+                wait_for(f"{n['name']}'s GPUs", lambda css=css, n=n: len(
+                    _texts(browser, css)) == n["gpus"])
         # the job, placed by a round: its GPUs coloured, its row in the table
-        cells = wait_for("web-1's GPUs", lambda: _found(browser, '.gpu[data-job="web-1"]'))
-        assert len(cells) >= 1
-        assert cells[0].value_of_css_property("background-color") not in (
-            "rgba(0, 0, 0, 0)", "")
-        row = wait_for("web-1's row", lambda: _found(browser, 'tr[data-job-row="web-1"]'))[0]
-        assert "running" in row.text
+        colours = wait_for("web-1's GPUs", lambda: browser.execute_script(
+            "return [...document.querySelectorAll('.gpu[data-job=\"web-1\"]')].map("
+            "(e) => getComputedStyle(e).backgroundColor)"))
+        assert colours[0] not in ("rgba(0, 0, 0, 0)", "")
+        wait_for("web-1's row", lambda: "running" in " ".join(
+            _texts(browser, 'tr[data-job-row="web-1"]')))
         # the queue: the job that can never fit, with its typed reason
         wait_for("web-big's reason", lambda: "too-large" in " ".join(
-            e.text for e in _found(browser, 'tr[data-job-row="web-big"]')))
+            _texts(browser, 'tr[data-job-row="web-big"]')))
         # the rounds' solver reports and the plots
         wait_for("a round in the table", lambda: _found(browser, "#rounds tbody tr"))
         assert _found(browser, "#plot-queue path.series")
@@ -111,7 +153,7 @@ def test_the_dashboard_shows_the_cluster_and_a_job_and_cancels_it(
             return True
 
         assert browser.find_element(By.ID, "token-box").is_displayed()
-        browser.find_element(By.CSS_SELECTOR, 'button[data-cancel="web-1"]').click()
+        _press(browser, 'button[data-cancel="web-1"]')
         wait_for("the confirm dialog", accepted, 30)
         error = wait_for("the 401 on the page", lambda: (
             e := browser.find_element(By.ID, "error")).is_displayed() and "401" in e.text and e)
@@ -121,7 +163,7 @@ def test_the_dashboard_shows_the_cluster_and_a_job_and_cancels_it(
         browser.find_element(By.ID, "token").send_keys(served.token)
         assert browser.execute_script(
             "return sessionStorage.getItem('apportion-token')") == served.token
-        browser.find_element(By.CSS_SELECTOR, 'button[data-cancel="web-1"]').click()
+        _press(browser, 'button[data-cancel="web-1"]')
         wait_for("the confirm dialog", accepted, 30)
         wait_for("web-1 dropped in the store", lambda: {
             j["id"]: j["state"] for j in status(tmp_path)["jobs"]}["web-1"] == "dropped", 60)
@@ -136,24 +178,6 @@ def test_the_dashboard_shows_the_cluster_and_a_job_and_cancels_it(
         # the one error the browser logs is the deliberate 401 of the cancel without a token
         assert not [e for e in logs if e.get("level") == "SEVERE"
                     and "401 (Unauthorized)" not in e.get("message", "")], logs
-
-
-def _texts(driver: webdriver.Chrome, css: str) -> list[str]:
-    """The text of every element ``css`` selects, read at once (a refresh that redraws
-    between a find and a read would leave stale elements)."""
-    return driver.execute_script(
-        "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)", css)
-
-
-def _stats(driver: webdriver.Chrome) -> dict:
-    return driver.execute_script("return window.apportionStats")
-
-
-def _idle_refresh(driver: webdriver.Chrome) -> dict:
-    """A refresh after the last one drawn, in which nothing changed (every read a 304)."""
-    seen = _stats(driver)["refreshes"]
-    return wait_for("a refresh with nothing to draw", lambda: next(
-        (r for r in _stats(driver)["log"] if r["at"] > seen and not r["drew"]), None))
 
 
 def test_the_dashboard_polls_with_if_none_match_and_draws_what_changed(
@@ -295,7 +319,7 @@ def test_the_dashboard_at_scale(tmp_path: Path, browser: webdriver.Chrome, size:
         # the largest group opens a page of its nodes, GPU by GPU; the next page follows
         group = max((gr for t in summary["gpu_types"] for gr in t["groups"]),
                     key=lambda gr: gr["nodes"])
-        browser.find_element(By.CSS_SELECTOR, f'[data-toggle="{group["group"]}"]').click()
+        _click(browser, f'[data-toggle="{group["group"]}"]')
         nodes_css = f'[data-nodes-of="{group["group"]}"] [data-node] .node-name'
         first_page = wait_for("its nodes", lambda: _texts(browser, nodes_css))
         assert len(first_page) == min(NODES_PAGE, group["nodes"])
@@ -304,25 +328,23 @@ def test_the_dashboard_at_scale(tmp_path: Path, browser: webdriver.Chrome, size:
         assert g["elements"] <= MAX_ELEMENTS + NODES_PAGE * (3 + group["gpus_per_node"]), g
         if size == "20000":
             _shot(browser, f"dashboard-{size}-group")
-        browser.find_element(
-            By.CSS_SELECTOR, f'[data-nodes-of="{group["group"]}"] .pager button:last-child'
-        ).click()
+        _click(browser, f'[data-nodes-of="{group["group"]}"] .pager button:last-child')
         wait_for("the next page of nodes", lambda: (
             t := _texts(browser, nodes_css)) and t[0] not in first_page)
-        browser.find_element(By.CSS_SELECTOR, f'[data-toggle="{group["group"]}"]').click()
+        _click(browser, f'[data-toggle="{group["group"]}"]')
         wait_for("the group closed", lambda: not _found(browser, ".gpu"))
         # one reason's longest waits
         reason = queue["reasons"][-1]["reason"]
-        browser.find_element(By.CSS_SELECTOR, f'button[data-reason="{reason}"]').click()
+        _click(browser, f'button[data-reason="{reason}"]')
         wait_for(f"the waits of {reason}", lambda: set(
             _texts(browser, "#longest tbody tr .reason-code")) == {reason})
-        assert reason in browser.find_element(By.ID, "longest-title").text
+        assert reason in _texts(browser, "#longest-title")[0]
         # a job's page: what every round decided about it
         job = _texts(browser, "#longest tbody a[data-job-link]")[0]
-        browser.find_element(By.CSS_SELECTOR, f'#longest a[data-job-link="{job}"]').click()
+        _click(browser, f'#longest a[data-job-link="{job}"]')
         wait_for("the job's page", lambda: browser.find_element(By.ID, "job-page").is_displayed()
                  and _found(browser, "#job-decisions tbody tr"))
-        assert job in browser.find_element(By.ID, "job-title").text
+        assert job in _texts(browser, "#job-title")[0]
         assert not browser.find_element(By.ID, "dashboard").is_displayed()
         decisions = _texts(browser, "#job-decisions tbody tr .reason-code")
         assert decisions and decisions[0] == reason
