@@ -201,9 +201,10 @@ function drawQueue(q) {
   const body = $("#longest tbody");
   body.replaceChildren();
   for (const j of q.longest) {
-    const asks = `${count(j.requested_gpus)}${j.requested_gpu_type ? " " + j.requested_gpu_type : ""}${j.guaranteed ? " (guaranteed)" : ""}`;
+    const asks = `${count(j.requested_gpus)}${j.requested_gpu_type ? " " + j.requested_gpu_type : ""}`;
     body.append(el("tr", { "data-wait-row": j.id },
-      el("td", { class: "id" }, jobLink(j.id)), el("td", { text: j.tenant }), el("td", { text: asks }),
+      el("td", { class: "id" }, jobLink(j.id)), el("td", { text: j.tenant }),
+      el("td", { text: asks, title: `${asks} GPUs, ${j.guaranteed ? "guaranteed" : "best-effort"}` }),
       el("td", { class: "num", "data-submitted": String(j.submitted_at), text: duration(j.wait_s),
                  title: `submitted ${whenFull(j.submitted_at)}; ${j.state} since ${whenFull(j.since)}` }),
       el("td", { class: "why", title: [j.pending_reason, j.pending_detail].filter(Boolean).join(": ") }, reasonOf(j))));
