@@ -149,7 +149,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
                                     registry, needed, read_token=reads,
                                     read_timeout_s=read_timeout_s,
-                                    token_hint=generated), hosts)
+                                    token_hint=generated,
+                                    quotas=dict(prep.round_config.quotas or {})), hosts)
         try:
             with HttpServer(app, sock, observer, read_timeout_s, max_connections):
                 url = url_of(sock)
