@@ -633,9 +633,9 @@ def _readers() -> dict[str, tuple[str, Any]]:
     from apportion.experiments.traces import load_any
     from apportion.finetune_spec import load_finetune_problem, load_submissions
     from apportion.runtime.cluster_import import load_gpu_map, read_nodes
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import load_decision
-    from apportion.runtime.executors.k8s_import import import_k8s
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import load_decision
+    from apportion.runtime.executors.kubernetes.importer import import_k8s
     from apportion.shards_spec import load_problem
 
     return {

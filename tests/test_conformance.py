@@ -185,17 +185,17 @@ def test_every_executor_that_runs_here_behaves(name: str, tmp_path) -> None:
     executor does (:func:`apportion.testing.check_executor_behaviour`); Slurm's in
     tests/test_runtime_slurm.py, which starts a cluster."""
     pytest.importorskip("torch")
-    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.executors.local.executor import local_cluster
     from apportion.testing import check_executor_behaviour
 
     cl = local_cluster(3)
     if name == "local":
-        from apportion.runtime.executors.local import LocalExecutor
+        from apportion.runtime.executors.local.executor import LocalExecutor
 
         ex = LocalExecutor(tmp_path, stop_timeout_s=60)
     else:
         pytest.importorskip("ray")
-        from apportion.runtime.executors.ray_executor import RayExecutor
+        from apportion.runtime.executors.ray.executor import RayExecutor
 
         ex = RayExecutor(tmp_path, cluster=cl, num_cpus=4, stop_timeout_s=60)
     try:

@@ -196,8 +196,8 @@ def export_k8s_cmd(
 ) -> None:
     """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
     verbose_logs(verbose)
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_k8s
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_k8s
 
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
@@ -220,8 +220,8 @@ def export_kueue_cmd(
                                             "Kueue 0.15 and later) | v1beta1 (older Kueue)"),
 ) -> None:
     """ResourceFlavors, a Topology, ClusterQueues and LocalQueues (named after the tenants)."""
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_kueue
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_kueue
 
     with user_input():
         cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
@@ -270,8 +270,8 @@ def export_slurm_cmd(
     verbose_logs(verbose)
     import shlex
 
-    from apportion.runtime.executors.slurm_export import export_slurm
-    from apportion.runtime.executors.slurm_submit import parse_time
+    from apportion.runtime.executors.slurm.export import export_slurm
+    from apportion.runtime.executors.slurm.submit import parse_time
 
     with user_input():
         limit_s = parse_time(time_limit) if time_limit else None

@@ -26,8 +26,8 @@ from apportion.cli.round_config import RoundFlags, round_config
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
 from apportion.runtime.executors.choice import env_seconds, executor_names
-from apportion.runtime.executors.k8s_config import load_k8s_config
-from apportion.runtime.executors.local import local_cluster
+from apportion.runtime.executors.kubernetes.config import load_k8s_config
+from apportion.runtime.executors.local.executor import local_cluster
 from apportion.runtime.session import PreparedRun, RunOptions, run_rounds
 
 ORPHAN_POLICIES = ("adopt", "stop")

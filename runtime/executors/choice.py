@@ -30,15 +30,15 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
 
         return DryRunExecutor(workdir)
     if name == "local":
-        from apportion.runtime.executors.local import LocalExecutor
+        from apportion.runtime.executors.local.executor import LocalExecutor
 
         return LocalExecutor(workdir, launch_log=launch_log, **opts)
     if name == "slurm":
-        from apportion.runtime.executors.slurm import from_environment
+        from apportion.runtime.executors.slurm.executor import from_environment
 
         return from_environment(workdir, cluster, launch_log=launch_log)
     if name == "ray":
-        from apportion.runtime.executors.ray_executor import RayExecutor
+        from apportion.runtime.executors.ray.executor import RayExecutor
 
         # how long a placement group may wait for its resources before that launch fails
         # (an autoscaling cluster adding nodes may need longer than the default minute)
@@ -46,9 +46,9 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
         return RayExecutor(workdir, cluster=cluster, address=opts.pop("ray_address", None),
                            launch_log=launch_log, placement_timeout_s=wait, **opts)
     if name == "kubernetes":
-        from apportion.runtime.executors.k8s_client import K8sClient
-        from apportion.runtime.executors.k8s_config import load_k8s_config
-        from apportion.runtime.executors.kubernetes import KubernetesExecutor
+        from apportion.runtime.executors.kubernetes.client import K8sClient
+        from apportion.runtime.executors.kubernetes.config import load_k8s_config
+        from apportion.runtime.executors.kubernetes.executor import KubernetesExecutor
 
         cfg = load_k8s_config(k8s_config)
         client = None

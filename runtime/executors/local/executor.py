@@ -69,7 +69,7 @@ from apportion.runtime.executors.executor import (
     steps_to_launch,
 )
 from apportion.runtime.executors.launch import LaunchSpec, launch_spec
-from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
+from apportion.runtime.executors.local.gpus import catalog_type, local_gpus, pick_devices
 from apportion.runtime.executors.procs import (
     EXIT_UNKNOWN,
     Proc,

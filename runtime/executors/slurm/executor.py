@@ -7,10 +7,10 @@
   chosen nodes, ``--gres=gpu:<type>:<n>`` per node with the node's own GRES
   type (read from ``scontrol show node``; the catalog name is apportion's,
   the GRES type Slurm's), the GPUs' share of the node's CPUs and memory, and
-  one task per node running the agent ``runtime.executors.slurm_task``, which starts
+  one task per node running the agent ``runtime.executors.slurm.task``, which starts
   the node's ranks with the workload contract (``runtime.workload``).
   Different GPU counts on different nodes make a heterogeneous job (see
-  ``runtime.executors.slurm_batch``).
+  ``runtime.executors.slurm.batch``).
 * **what runs**: the job's ``workload`` (the user's command, one process per
   rank) or apportion's built-in trainer (``python -m
   apportion.runtime.workers.trainer CONFIG.json``).
@@ -22,7 +22,7 @@
   store by the run loop.
 * **what it asks for**: never more than Slurm says a node has: each node's
   CPUs and memory request is capped at the GPUs' share of its ``CPUEfctv``
-  and ``RealMemory`` (``runtime.executors.slurm_nodes``), and where the
+  and ``RealMemory`` (``runtime.executors.slurm.nodes``), and where the
   cluster file disagrees with Slurm the executor says so before its first
   launch.
 * **failure**: a non-zero exit (or a Slurm end state such as ``NODE_FAIL``,
@@ -64,8 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apportion.runtime.executors import slurm_batch as batch
-from apportion.runtime.executors import slurm_submit as submit
+from apportion.runtime.executors.slurm import batch
+from apportion.runtime.executors.slurm import submit
 from apportion.runtime.executors.executor import (
     Event,
     FailureGate,
@@ -77,7 +77,7 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.slurm_commands import (
+from apportion.runtime.executors.slurm.commands import (
     ACTIVE_STATES,
     SlurmError,
     parse_records,
@@ -85,7 +85,7 @@ from apportion.runtime.executors.slurm_commands import (
     sacct_states,
     squeue_states,
 )
-from apportion.runtime.executors.slurm_nodes import (
+from apportion.runtime.executors.slurm.nodes import (
     MEMORY_HEADROOM,
     NodeLimits,
     cap_requests,
@@ -93,8 +93,8 @@ from apportion.runtime.executors.slurm_nodes import (
     limits_from_records,
 )
 from apportion.runtime.executors.confined import UnsafeFolder, confine
-from apportion.runtime.executors.slurm_submit import gres_type_for
-from apportion.runtime.executors.slurm_task import exit_path, launch_marker
+from apportion.runtime.executors.slurm.submit import gres_type_for
+from apportion.runtime.executors.slurm.task import exit_path, launch_marker
 from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.workload import (
     CHECKPOINT_DIR_NAME,

@@ -1,0 +1,2 @@
+"""The Ray executor's room: actors in placement groups (:mod:`.executor`) and ``apportion
+cluster import --from ray`` (:mod:`.importer`)."""
