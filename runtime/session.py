@@ -145,7 +145,8 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
                            opts.k8s_config, opts.drain, launch_log=launch_log,
                            options=xopts if opts.executor in ("local", "ray") else None)
-        reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt")
+        reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt",
+                  owner=launch_log.owner)
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured
         beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
@@ -159,9 +160,8 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         log.warning("%s stopped (%s) after %d rounds; %d estimator refits from %d samples",
                     lock_command, res.reason, res.rounds, refit.refits, len(refit.samples))
     finally:
-        shutdown = getattr(ex, "close", None)
-        if callable(shutdown):
-            shutdown()
+        if ex is not None:
+            ex.close()
         lock.release()
         store.close()
     return 0

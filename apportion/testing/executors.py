@@ -13,16 +13,19 @@ from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec, RunningState, Workload
 from apportion.plans import ExecutionPlan
-from apportion.runtime.executors.executor import Executor, Health
+from apportion.runtime.executors.executor import Executor, Health, Runs
 from apportion.testing.failures import check, expect, subject
 
 
 @check
 def check_executor(executor: Any) -> None:
-    """An executor exposes apply/poll/shutdown with the protocol's signatures and a name."""
-    expect(isinstance(executor, Executor) and executor.name,
+    """An executor exposes apply/poll/shutdown with the protocol's signatures and a name;
+    one that subclasses :class:`~apportion.runtime.executors.executor.Executor` (every
+    built-in) keeps the signatures of the rest of it too."""
+    expect(isinstance(executor, (Executor, Runs)) and executor.name,
            f"{executor!r}: not an executor (name, apply, poll, shutdown)")
-    for meth in ("apply", "poll", "shutdown"):
+    extra = ("reconcile", "adopted_jobs", "stop_adopted", "close")
+    for meth in ("apply", "poll", "shutdown", *(extra if isinstance(executor, Executor) else ())):
         want = list(inspect.signature(getattr(Executor, meth)).parameters)[1:]
         got = list(inspect.signature(getattr(executor, meth)).parameters)
         expect(got[:len(want)] == want, f"{executor.name}.{meth}{got}: expected {want}")

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from apportion.runtime.executors.executor import Executor, as_executor
+
 from apportion.cluster import Cluster
 from apportion.errors import InputError
 from apportion.plugins import call_with, plugins
@@ -23,7 +25,7 @@ __all__ = ["EXECUTORS", "env_seconds", "executor_names", "make_executor"]
 
 def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | None,
                   k8s_config: Path | None = None, drain: bool = False,
-                  launch_log: Any = None, options: dict[str, Any] | None = None) -> Any:
+                  launch_log: Any = None, options: dict[str, Any] | None = None) -> Executor:
     opts = dict(options or {})
     if name == "dry-run":
         from apportion.runtime.executors.launch import DryRunExecutor
@@ -60,8 +62,8 @@ def make_executor(name: str, workdir: Path, cluster: Cluster, kubeconfig: str | 
                                   drain=drain or cfg.drain, launch_log=launch_log)
     extra = plugins("apportion.executors")
     if name in extra:  # an installed package's executor: a factory of the arguments it takes
-        return call_with(extra[name], workdir=workdir, cluster=cluster, launch_log=launch_log,
-                         options=opts)
+        return as_executor(call_with(extra[name], workdir=workdir, cluster=cluster,
+                                     launch_log=launch_log, options=opts))
     raise InputError("--executor", "executor", f"{name!r} is not one of "
                      f"{', '.join(executor_names())}")
 

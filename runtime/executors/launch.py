@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from apportion.runtime.executors.executor import Event, Health, Progress, actions_for
+from apportion.runtime.executors.executor import Event, Executor, Health, Progress, actions_for
 from apportion.runtime.workers.deepspeed_config import DeepSpeedPlanError, deepspeed_config
 from apportion.runtime.workers.train_config import TrainConfig
 from apportion.runtime.workload import (
@@ -158,7 +158,7 @@ def torchrun_command(spec: LaunchSpec, nnodes: int = 1) -> list[str]:
             "-m", TRAINER_MODULE, spec.command[-1]]
 
 
-class DryRunExecutor:
+class DryRunExecutor(Executor):
     """Prints and returns the launch specs of every action; runs nothing.
 
     It keeps its own notion of what runs (so a second round's actions are

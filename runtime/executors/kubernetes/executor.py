@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     Health,
     LaunchLog,
     MemoryLaunchLog,
@@ -147,7 +148,7 @@ def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if c.get("status") == "True"}
 
 
-class KubernetesExecutor:
+class KubernetesExecutor(Executor):
     """Runs decisions on Kubernetes (see the module docstring)."""
 
     name = "kubernetes"

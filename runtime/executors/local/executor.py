@@ -58,6 +58,7 @@ from apportion.runtime.executors.confined import (
 )
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     FailureGate,
     Health,
     LaunchLog,
@@ -369,7 +370,7 @@ class _Run:
         return max(self.checkpoint_start, ck) if ck is not None else self.checkpoint_start
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Real worker process groups on this machine."""
 
     name = "local"

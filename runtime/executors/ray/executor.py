@@ -49,6 +49,7 @@ from typing import Any
 
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     FailureGate,
     Health,
     LaunchLog,
@@ -211,7 +212,7 @@ class _Group:
         return max(self.checkpoint_start, self.view.checkpoint_iteration or 0)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Actors in placement groups; one group per job, one bundle per node of its placement."""
 
     name = "ray"
