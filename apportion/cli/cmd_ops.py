@@ -60,13 +60,16 @@ LOG_FORMAT = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
                           help="text (default) | json: one JSON object per log line (a "
                           "round's line: backend, status, placed, pending, gap, wall)")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="logs (INFO) and tracebacks on stderr")
+EXECUTOR_HELP = ("dry-run | local | slurm | ray | kubernetes, or a plug-in's (apportion "
+                 "executors lists them)")
 ROUNDS_LOGGER = "apportion.rounds"  # runtime.round_log's
 ACCESS_LOGGER = "apportion.serve.access"  # serve.access's
 
 
 
 def run_cmd(
-    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
@@ -99,19 +102,21 @@ def run_cmd(
     one log line per round."""
     service_logging(verbose, log_format, ROUNDS_LOGGER)
     from apportion.cli.run_command import run_command
+    from apportion.runtime.executors.registry import reads
 
     with user_input():
         check_finite(interval, "--interval")
         check_finite(timeout, "--timeout")
         check_budget(time_budget)
         outputs.check_output_dir(workdir, "--workdir")
+        if not reads(executor, "ray_address"):  # $RAY_ADDRESS set for another executor
+            ray_address = None
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
                            kubeconfig, time_budget, k8s_config, drain, policy=policy,
                            estimator=estimator, checkpoint_every=checkpoint_every,
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
-                           ray_address=ray_address if executor == "ray" else None,
-                           tables=tables, tenants=tenants,
+                           ray_address=ray_address, tables=tables, tenants=tenants,
                            objective_preset=objective_preset)
     raise typer.Exit(code)
 
@@ -300,8 +305,8 @@ def serve_cmd(
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    executor: str = typer.Option("dry-run", "--executor",
-                                 help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on "
                              "(0.0.0.0: every interface)"),
