@@ -70,13 +70,13 @@ class ThreeCalls:
     def __init__(self) -> None:
         self.closed = False
 
-    def apply(self, decision, state):  # noqa: ANN001, ANN201 - a plug-in's own style
+    def apply(self, decision, state):
         return []
 
-    def poll(self):  # noqa: ANN201
+    def poll(self):
         return []
 
-    def shutdown(self, checkpoint=True):  # noqa: ANN001, ANN201
+    def shutdown(self, checkpoint=True):
         return []
 
     def close(self) -> None:
