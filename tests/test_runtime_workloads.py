@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.executors.local import local_cluster, local_round_config
+from apportion.runtime.executors.local.executor import local_cluster, local_round_config
 from apportion.runtime.plan_filter import drop_refused_plans, workload_plan_filter
 from apportion.runtime.workload import (
     ENV_CHECKPOINT_DIR,

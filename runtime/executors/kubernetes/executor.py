@@ -1,6 +1,6 @@
 """The Kubernetes executor: decisions become TrainJobs (or JobSets, PyTorchJobs), status comes back.
 
-The objects are :mod:`apportion.runtime.executors.k8s_manifests`'s, the same ``apportion
+The objects are :mod:`apportion.runtime.executors.kubernetes.manifests`'s, the same ``apportion
 export k8s`` writes. Every round's objects are also written under the workdir
 (``manifests/roundNNNN-<name>.yaml``) for audit; with an API server
 (``--kubeconfig``, or the in-cluster service account) the executor also runs
@@ -26,7 +26,8 @@ their life cycle:
   suspends (checkpoints) every running job. A restarted scheduler adopts the
   objects it finds (their allocation is in an annotation).
 
-Every API call is retried on conflicts by :class:`~apportion.runtime.executors.k8s_client.K8sClient`.
+Every API call is retried on conflicts by
+:class:`~apportion.runtime.executors.kubernetes.client.K8sClient`.
 A placement the chosen API cannot express or a plan the workload cannot run
 is refused for that job, and an object the API server refuses (a 4xx: an
 admission webhook, a quota, a schema) fails that launch with the server's
@@ -49,6 +50,7 @@ from typing import Any
 import yaml
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     Health,
     LaunchLog,
     MemoryLaunchLog,
@@ -56,9 +58,9 @@ from apportion.runtime.executors.executor import (
     Reconciled,
     actions_for,
 )
-from apportion.runtime.executors.k8s_client import JOB_UID_LABEL, K8sClient
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import (
+from apportion.runtime.executors.kubernetes.client import JOB_UID_LABEL, K8sClient
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import (
     JOB_ID_ANNOTATION,
     JOB_KIND,
     MANAGED_BY,
@@ -146,7 +148,7 @@ def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if c.get("status") == "True"}
 
 
-class KubernetesExecutor:
+class KubernetesExecutor(Executor):
     """Runs decisions on Kubernetes (see the module docstring)."""
 
     name = "kubernetes"
