@@ -42,7 +42,8 @@ OBJECTIVE_PRESET_HELP = (f"apportion's objective by name: {' | '.join(PRESETS)} 
                          "the default; docs/objective.md); apportion's policies only")
 ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
                             "gives the same answer on any machine under any load (solved in "
-                            "this process; the clock stays a safety stop at 4x the budget)")
+                            "this process, or with --partitions K each part with 1/K of the "
+                            "work; the clock stays a safety stop at 4x the budget)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "
