@@ -1,0 +1,97 @@
+"""A large submission: staged in batches outside the store's lock, published all at once.
+
+`StateStore.submit` encodes and stages its rows SUBMIT_BATCH at a time in a temporary
+table (no lock on the store: another writer commits meanwhile), then moves them into the
+store in one transaction: all of a submission or none of it, whatever its size, in the
+order given."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from apportion import store as store_module
+from apportion.errors import InputError
+from apportion.jobs import JobSpec
+from apportion.store import open_store
+
+
+def _jobs(n: int, first: int = 0) -> list[JobSpec]:
+    return [JobSpec(f"j{i}", "bert-1.3b", 256, 1000 + i, 1 + i % 4, submit_time_s=float(i))
+            for i in range(first, first + n)]
+
+
+def _count(db: Path) -> tuple[int, int, str]:
+    with sqlite3.connect(db) as c:
+        return (c.execute("SELECT COUNT(*) FROM jobs").fetchone()[0],
+                c.execute("SELECT COUNT(*) FROM job_events").fetchone()[0],
+                c.execute("SELECT value FROM meta WHERE key='generation'").fetchone()[0])
+
+
+def test_batches_are_published_whole_in_order(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "SUBMIT_BATCH", 5)
+    db = tmp_path / "s.db"
+    with open_store(db, create=True) as st:
+        assert st.submit(_jobs(23), source="a", at=1.0) == [f"j{i}" for i in range(23)]
+        assert st.submit(_jobs(4, 23), source="b", at=2.0) == [f"j{i}" for i in range(23, 27)]
+        recs = st.jobs()
+        assert [r.id for r in recs] == [f"j{i}" for i in range(27)]
+        assert [r.to_jobspec() for r in recs] == _jobs(27)
+        seqs = [row[0] for row in st.conn.execute("SELECT seq FROM jobs ORDER BY seq")]
+        assert seqs == list(range(1, 28))
+        events = st.events()
+        assert [e["job"] for e in events] == [f"j{i}" for i in range(27)]
+        assert {e["why"] for e in events[:23]} == {"submitted from a"}
+    assert _count(db) == (27, 27, "2")  # one transaction a submission
+
+
+@pytest.mark.parametrize("clash", ["stored", "twice"])
+def test_a_clash_in_the_last_batch_writes_nothing(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   clash: str) -> None:
+    monkeypatch.setattr(store_module, "SUBMIT_BATCH", 5)
+    db = tmp_path / "s.db"
+    with open_store(db, create=True) as st:
+        st.submit(_jobs(3, 100))
+        before = _count(db)
+        jobs = _jobs(22)
+        jobs[21] = _jobs(1, 101 if clash == "stored" else 3)[0]
+        with pytest.raises(InputError) as err:
+            st.submit(jobs, source="q.jsonl")
+        assert err.value.field == "jobs[21].id"
+        assert ("already in the state store" if clash == "stored" else "duplicate job id") \
+            in err.value.message
+        assert _count(db) == before
+        st.submit(_jobs(4))  # the connection is usable, its staging table empty again
+        assert [r.id for r in st.jobs()] == ["j100", "j101", "j102", "j0", "j1", "j2", "j3"]
+
+
+def test_staging_holds_no_lock_on_the_store(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a submission stages its second batch, another connection takes the store's
+    write lock at once (no busy wait allowed) and commits: the store is locked only for
+    the final transaction."""
+    monkeypatch.setattr(store_module, "SUBMIT_BATCH", 5)
+    db = tmp_path / "s.db"
+    open_store(db, create=True).close()
+    encode = store_module._spec_json
+    calls: list[str] = []
+
+    def spy(job: JobSpec) -> str:
+        calls.append(job.id)
+        if job.id == "j7":  # in the second batch
+            other = sqlite3.connect(db, timeout=0, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("UPDATE meta SET value = 'x' WHERE key = 'other'")
+            other.execute("COMMIT")
+            other.close()
+        return encode(job)
+
+    monkeypatch.setattr(store_module, "_spec_json", spy)
+    with open_store(db) as st:
+        st.submit(_jobs(12))
+        assert len(st.jobs()) == 12
+    assert "j7" in calls
