@@ -155,9 +155,14 @@ def installed_env(folder: Path, pythons: tuple[str, ...] = ()) -> dict[str, str]
     return env
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (from ``/proc``: each process's parent)."""
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _tree(pid: int) -> dict[int, float]:
+    """``pid`` and every process below it (from ``/proc``: each process's parent), each
+    with the CPU seconds it has used so far (user + system)."""
     kids: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -168,10 +173,12 @@ def _tree(pid: int) -> list[int]:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()
         kids.setdefault(int(fields[1]), []).append(int(name))
-    out, todo = [], [pid]
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    out: dict[int, float] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
-        out.append(p)
+        out[p] = cpu.get(p, 0.0)
         todo.extend(kids.get(p, ()))
     return out
 
@@ -192,18 +199,28 @@ class TreeMemory:
     by n processes counts 1/n in each) summed over its process tree, sampled every
     ``every_s``: what the command holds of the machine, its solver children and a Ray
     instance's workers included, which the largest single process (``ru_maxrss``)
-    understates. Linux only (``/proc``); elsewhere it reports nothing."""
+    understates; and the tree's CPU seconds (each process's last sample: a process's
+    last half second before it ends is missed), which counts a Ray instance's workers
+    that ``wait4``'s usage may not. Linux only (``/proc``); elsewhere it reports
+    nothing."""
 
     def __init__(self, pid: int, every_s: float = 0.5) -> None:
         self.pid, self.every_s, self.peak_kib = pid, every_s, 0
+        self.cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            with_pss = sum(_pss_kib(p) for p in _tree(self.pid))
+            tree = _tree(self.pid)
+            self.cpu.update(tree)
+            with_pss = sum(_pss_kib(p) for p in tree)
             self.peak_kib = max(self.peak_kib, with_pss)
             self._stop.wait(self.every_s)
+
+    @property
+    def cpu_s(self) -> float | None:
+        return round(sum(self.cpu.values()), 1) if self.cpu else None
 
     def __enter__(self) -> TreeMemory:
         if os.path.isdir("/proc/self"):
@@ -240,7 +257,8 @@ def _run_timed(cmd: list[str], env: dict[str, str] | None, cwd: str) -> dict[str
     return {"exit": proc.returncode, "err": err, "wall_s": round(time.perf_counter() - t0, 3),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
             "peak_rss_mib": round(usage.ru_maxrss / 1024.0, 1),
-            "tree_pss_mib": mem.peak_mib, "load_before": round(load, 2)}
+            "tree_pss_mib": mem.peak_mib, "tree_cpu_s": mem.cpu_s,
+            "load_before": round(load, 2)}
 
 
 def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
@@ -266,7 +284,8 @@ def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
             row.update({f"submit_{k}": sub[k] for k in ("wall_s", "cpu_s", "peak_rss_mib")})
             if sub["exit"] != 0:
                 row.update({k: sub[k] for k in ("wall_s", "cpu_s", "peak_rss_mib",
-                                                "tree_pss_mib", "load_before", "exit")})
+                                                "tree_pss_mib", "tree_cpu_s", "load_before",
+                                                "exit")})
                 row["error"] = sub["err"].strip().splitlines()[-3:]
                 return row
             queue = ["--state", str(db)]
@@ -381,14 +400,15 @@ def _rows_markdown(rows: list[dict[str, Any]]) -> str:
             "`CPU s` is user + system time of the process and its children.\n\n"
             "`peak MiB` is the peak resident memory of the largest of its processes; "
             "`tree MiB` the peak proportional set size of its whole process tree (solver "
-            "children and a Ray instance's workers included); `door` the queue's way in "
+            "children and a Ray instance's workers included), `tree CPU s` that tree's CPU "
+            "time, sampled twice a second; `door` the queue's way in "
             "(`jobs`: `--jobs FILE`, of the `queue` format; `store`: `submit` then "
             "`--state`, whose submit seconds are the `submit s` column).\n\n"
             "| jobs | GPUs | budget s | parts | engine | door | queue | submit s | "
             + ("code | " if coded else "")
-            + "wall s | CPU s | peak MiB | tree MiB | load | backend | status | objective | "
-            "bound | gap |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            + "wall s | CPU s | tree CPU s | peak MiB | tree MiB | load | backend | status | "
+            "objective | bound | gap |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             + ("---|" if coded else "") + "\n")
     fmt = lambda v, f: "-" if v is None else format(v, f)
     return head + "".join(
@@ -396,7 +416,8 @@ def _rows_markdown(rows: list[dict[str, Any]]) -> str:
         f"{r.get('door', 'jobs')} | {r.get('queue', 'yaml')} | "
         f"{fmt(r.get('submit_wall_s'), '.2f')} | "
         + (f"{r.get('code', '-')} | " if coded else "") +
-        f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {fmt(r.get('peak_rss_mib'), '.0f')} | "
+        f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {fmt(r.get('tree_cpu_s'), '.1f')} | "
+        f"{fmt(r.get('peak_rss_mib'), '.0f')} | "
         f"{fmt(r.get('tree_pss_mib'), '.0f')} | {r['load_before']} | {r.get('backend', '-')} | "
         f"{r.get('status', r.get('error'))} | {fmt(r.get('objective'), '.6g')} | "
         f"{fmt(r.get('bound'), '.6g')} | {fmt(r.get('gap'), '.3%')} |\n" for r in rows)
