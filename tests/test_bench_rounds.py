@@ -33,8 +33,9 @@ def test_a_small_round_is_timed_and_answered() -> None:
     # within the default tolerance, or the rounded LP's answer taken as final (the cell
     # model), which the attempts say
     assert row["gap"] is not None
+    # (HiGHS then did not run: `skipped` since a backend the chain did not run says so)
     assert row["gap"] <= 1e-3 + 1e-12 or (row["backend"] == "lp-round" and any(
-        a[1] == "error" and a[0] == "highs" for a in row["attempts"])), row
+        a[1] in ("error", "skipped") and a[0] == "highs" for a in row["attempts"])), row
 
 
 def test_a_json_lines_queue_through_the_store_partitioned_and_deterministic(
