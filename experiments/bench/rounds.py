@@ -298,12 +298,17 @@ def time_round(cluster: Path, jobs: Path, budget: float, partitions: int = 1,
         if ran["exit"] != 0 or not out.exists():
             row["error"] = err.strip().splitlines()[-3:]
             return row
-        rep = json.loads(out.read_text())["solver"]
+        decision = json.loads(out.read_text())
+        rep = decision["solver"]
+        # where the round's time went, stage by stage (admit, candidates, ..., validate)
+        row["stages"] = {k: round(float(v), 3) for k, v in
+                         (decision.get("meta") or {}).get("stages", {}).items()}
         row.update({k: rep.get(k) for k in ("backend", "status", "objective", "bound", "gap",
                                             "fallback")})
         row["solver_wall_s"] = rep.get("wall_s")
         row["columns"] = (rep.get("model_size") or {}).get("variables")
         row["attempts"] = [(a["backend"], a["status"], a.get("wall_s")) for a in rep["attempts"]]
+        row["messages"] = [str(a.get("message", ""))[:400] for a in rep["attempts"]]
         return row
 
 
