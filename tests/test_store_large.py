@@ -1,9 +1,12 @@
-"""A large submission: staged in batches outside the store's lock, published all at once.
+"""Large writes to the store: a submission and a round's commit, each with the store's
+lock held only for SQL.
 
 `StateStore.submit` encodes and stages its rows SUBMIT_BATCH at a time in a temporary
 table (no lock on the store: another writer commits meanwhile), then moves them into the
 store in one transaction: all of a submission or none of it, whatever its size, in the
-order given."""
+order given. A round's commit makes its rows before taking the lock and keeps them only
+if no transaction changed the store meanwhile; otherwise it makes them again inside, so
+a job cancelled in between is left as the cancellation left it."""
 
 from __future__ import annotations
 
@@ -95,3 +98,51 @@ def test_staging_holds_no_lock_on_the_store(tmp_path: Path,
         st.submit(_jobs(12))
         assert len(st.jobs()) == 12
     assert "j7" in calls
+
+
+def _round(st, ids: list[str]):  # type: ignore[no-untyped-def]
+    from apportion.cluster import Cluster, NodeGroup
+    from apportion.decision import Allocation, Decision, Pending, Reason, SolveReport
+    from apportion.plans import ExecutionPlan
+
+    cl = Cluster("c", [NodeGroup("a", len(ids), "A100-40GB", 4)])
+    snap = st.round_input()
+    allocs = [Allocation(j, "A100-40GB", 1, 1, ExecutionPlan(dp=1), {f"a-{i}": 1}, 1.0)
+              for i, j in enumerate(ids[::2])]
+    pend = [Pending(j, Reason.NO_CAPACITY) for j in ids[1::2]]
+    return Decision(allocs, pend, SolveReport("x", "feasible", 1.0, 1.0, 0.0, 1.0, False)), \
+        snap, cl
+
+
+@pytest.mark.parametrize("meanwhile", [False, True])
+def test_a_round_commit_made_before_the_lock_is_kept_only_if_nothing_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: bool) -> None:
+    db = tmp_path / "s.db"
+    with open_store(db, create=True) as st:
+        st.submit(_jobs(6))
+        decision, snap, cl = _round(st, [f"j{i}" for i in range(6)])
+        made = store_module.StateStore._round_writes
+        calls: list[int] = []
+
+        def spy(self, *args):  # type: ignore[no-untyped-def]
+            calls.append(args[-1])
+            if meanwhile and len(calls) == 1:  # another writer, between the read and the lock
+                with open_store(db) as other:
+                    other.cancel("j0")
+            return made(self, *args)
+
+        monkeypatch.setattr(store_module.StateStore, "_round_writes", spy)
+        res = st.commit_round(decision, snap, cl, 10.0)
+        assert len(calls) == (2 if meanwhile else 1)  # made again inside the lock, or not
+        states = {r.id: r.state.value for r in st.jobs()}
+        if meanwhile:
+            assert states["j0"] == "dropped" and res.skipped == ["j0"]
+        else:
+            assert states["j0"] == "running" and res.skipped == []
+        assert states["j2"] == states["j4"] == "running"
+        assert states["j1"] == states["j3"] == states["j5"] == "queued"
+        running = {r.id: r.running for r in st.jobs() if r.running}
+        assert {r["round"] for r in running.values()} == {res.round_id}
+        events = [(e["job"], e["dst"]) for e in st.events("j2")]
+        assert events == [("j2", "submitted"), ("j2", "queued"), ("j2", "running")]
+        assert not st.check_invariants()
