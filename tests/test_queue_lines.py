@@ -57,6 +57,12 @@ def test_a_json_lines_queue_is_the_yaml_queue(tmp_path: Path) -> None:
     assert qy.jobs == qj.jobs and qy.now_s == qj.now_s == 36000.0
     assert qy.timed == qj.timed == [True] * 60
     assert declared_jobs(j) == 60 and declared_jobs(y) is None
+    # each line is what `apportion schema jobs-lines-header` / `jobs-line` describe
+    from tests.test_schema_cmd import check
+
+    first, *rest = j.read_text().splitlines()
+    assert check("jobs-lines-header", json.loads(first)) == []
+    assert all(check("jobs-line", json.loads(line)) == [] for line in rest)
     # a header alone tells the format, whatever the file is called
     renamed = tmp_path / "queue.txt"
     renamed.write_bytes(j.read_bytes())
