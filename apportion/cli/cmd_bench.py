@@ -188,8 +188,7 @@ def bench_round_cmd(
                                "the queue to a fresh store (timed too), then `solve-round "
                                "--state`"),
 ) -> None:
-    """The whole solve-round command on held-out rounds: wall and CPU time, memory, gap,
-    load."""
+    """The whole solve-round command on held-out rounds: wall, CPU, memory, gap, load."""
     from apportion.console import Progress
     from apportion.experiments.bench import rounds
     from apportion.experiments.bench.against import check_against

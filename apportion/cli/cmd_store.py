@@ -19,8 +19,7 @@ def submit(file: Path = typer.Argument(..., help="jobs YAML or JSON lines (the -
            max_input_bytes: Optional[str] = typer.Option(None, "--max-input-bytes",
                                                          help=MAX_INPUT_BYTES_HELP),
            ) -> None:
-    """Add the jobs of a queue file (YAML or JSON lines) to the state store, all or
-    nothing."""
+    """Add the jobs of a queue file (YAML or JSON lines) to the state store, all or nothing."""
     from apportion.cli.store import submit as run
 
     raise typer.Exit(run(file, state, max_input_bytes))
