@@ -273,3 +273,30 @@ def bench_rates_cmd(
         stdout_console().print(rr.markdown(res), markup=False, highlight=False, soft_wrap=True)
     if json_out:
         outputs.write_json(json_out, res, "--json")
+
+
+def bench_decide_cmd(
+    queued: int = typer.Option(1000, "--queued", min=0, max=100_000,
+                               help="jobs in the store before the probes"),
+    gpus: int = typer.Option(1280, "--gpus", min=1, max=1_000_000,
+                             help="the synthetic cluster's GPUs"),
+    probes: int = typer.Option(20, "--probes", min=1, max=1000,
+                               help="jobs submitted one at a time, each waited for"),
+    time_budget: float = typer.Option(5.0, "--time-budget", help="serve's round budget (s)"),
+    seed: int = typer.Option(1, "--seed", min=0, help="the queue's seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the row as JSON (- for stdout)"),
+) -> None:
+    """Submit to decision through a running serve with a queue in the store: p50, p99, max."""
+    from apportion.console import Progress
+    from apportion.experiments.bench import decide
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        check_budget(time_budget, "--time-budget")
+    with Progress("bench decide", heartbeat=True):
+        row = decide.measure(queued, gpus, 3, probes, time_budget, seed)
+    if not outputs.is_stdout(json_out):
+        stdout_console().print(decide.markdown(row), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, row, "--json")

@@ -92,6 +92,9 @@ BENCH = (
           "Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."),
     Entry("round", "cmd_bench:bench_round_cmd",
           "The whole solve-round command on held-out rounds: wall, CPU, memory, gap, load."),
+    Entry("decide", "cmd_bench:bench_decide_cmd",
+          "Submit to decision through a running serve with a queue in the store: p50, p99, "
+          "max."),
     Entry("rates", "cmd_bench:bench_rates_cmd",
           "Accuracy of the estimated mode's rates per estimator, on the cells a policy is "
           "offered."),
