@@ -58,3 +58,16 @@ def test_bound_filled_from_the_run(seeds, ci, filled):
         assert df.loc[1, "avg_jct_to_bound"] == pytest.approx(3.0)
     else:
         assert pd.isna(df.loc[1, "avg_jct_to_bound"])
+
+
+def test_no_bound_filled_where_jobs_were_left_unfinished():
+    """A policy that left jobs unfinished is compared with the bound counting them until its
+    own replay's end: another policy's bound (every job to its finish) is not its yardstick."""
+    summarise = _load("summarise")
+    df = pd.DataFrame({
+        "policy": ["apportion", "elasticflow"], "seeds": [1, 1], "jobs": [100, 100],
+        "finished": [100, 94], "avg_jct_s": [200.0, 150.0], "avg_jct_s_ci95": [0.0, 0.0],
+        "avg_jct_lower_bound_s": [100.0, float("nan")],
+        "avg_jct_to_bound": [2.0, float("nan")]})
+    got = summarise._fill_bound(df)
+    assert not got.any() and pd.isna(df.loc[1, "avg_jct_to_bound"])

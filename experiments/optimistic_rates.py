@@ -1,0 +1,256 @@
+"""Each job's most optimistic ways to run: what the lower bound on the average JCT
+(:mod:`apportion.experiments.lower_bound`) lets a job do, so that no policy can beat it.
+
+An *option* of a job is ``(GPU type, GPUs charged, rate)``: while it runs so, the job
+progresses at ``rate`` of its own iterations per second with ``GPUs charged`` GPUs of the
+type held on its account. The bound is valid only if every way any policy could run a job
+in the simulator is dominated by a mix of the job's options (no more time, no more
+GPU-time of any type, no less progress). So the options are, per GPU type the cluster has:
+
+* **every GPU count** from 1 to the type's capacity, not only powers of two: a rate
+  interpolated between two measured counts is concave in the count, so a count between two
+  powers of two can do more per GPU than any mix of them. Each at the ground truth's best
+  placement and plan (``truth.rate`` with neither given, as every truth answers), or, where
+  the truth offers ``optimistic_rate(job, gpu_type, gpus)``, at what it says the best choice
+  ``rate`` does not take could give there (a truth whose jobs choose their batch size, the
+  goodput of Pollux's model, answers with the best batch and statistical efficiency any
+  point of the job's training could reach). Jobs get no scale limit the simulator does not
+  enforce: a policy may give a job any count (the validator checks only the cluster's
+  capacity), so the count at which the truth's rate stops gaining is the job's useful
+  scale, and a larger one is dominated by it (more GPUs, no more progress).
+* **fine-tuning run modes** (jobs with ``finetune`` information, on a truth whose ``rate``
+  takes ``source=`` and ``members=``, the simulator's modes): started from another job's
+  weights (transfer; every other job of the trace is offered as the source, so the work
+  cut credited is the largest any finished sibling could give, whether or not one finished
+  in time), the lead of a pair merged with any other job, or a pair's member (a member
+  finishes when its lead does: its rate is its own iterations over the lead's merged
+  duration, the shortest lead of that kind taken). A merged pair's GPUs are charged half to
+  each job, so the pair's two jobs together hold what the pair holds.
+* of these, only the **upper concave envelope** per type, from the origin (holding nothing,
+  doing nothing) up to the fastest option: any option under it is a mix of its two
+  neighbours on it, in the same time with no more GPUs and no less progress, and any option
+  beyond the fastest is dominated by the fastest. A time-indexed LP loses nothing by
+  offering only these.
+
+Rates are asked once per *kind* of job (everything a truth reads: type, model, batch,
+request, plan, fine-tuning task), not per job: a day of Philly has thousands of jobs of a
+few dozen kinds, and Crius's cluster 320 GPUs of each type to scan.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: the fields of a job a truth may read to rate it (its identity and timing excluded)
+KIND_FIELDS = ("job_type", "model", "batch", "gpus", "gpu_type", "plan", "finetune")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way a job may run: ``rate`` of its iterations per second while ``gpus`` GPUs of
+    ``gpu_type`` are charged to it; ``mode`` says how (``alone``, ``transfer``,
+    ``lead`` or ``member`` of a merged pair)."""
+
+    gpu_type: str
+    gpus: float
+    rate: float
+    mode: str = "alone"
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A job's options (the envelope's vertices, every type), its fastest rate and its
+    most progress per GPU-second anywhere."""
+
+    options: tuple[Option, ...]
+
+    @property
+    def best_rate(self) -> float:
+        return max((o.rate for o in self.options), default=0.0)
+
+    @property
+    def best_per_gpu(self) -> float:
+        return max((o.rate / o.gpus for o in self.options if o.gpus > 0), default=0.0)
+
+    @property
+    def types(self) -> frozenset[str]:
+        return frozenset(o.gpu_type for o in self.options)
+
+    @property
+    def modes(self) -> frozenset[str]:
+        """How the fastest option runs, and every other mode on the envelope."""
+        return frozenset(o.mode for o in self.options)
+
+
+def kind(job: Any) -> tuple[Any, ...]:
+    """What a truth reads of ``job`` (see the module's doc): jobs of one kind run alike."""
+    return tuple(getattr(job, f, None) for f in KIND_FIELDS)
+
+
+def envelope(points: Sequence[Option]) -> list[Option]:
+    """The upper concave envelope of one type's options from the origin to the fastest (the
+    module's doc): the vertices, by GPUs charged."""
+    pts = sorted((p for p in points if p.rate > 0 and p.gpus > 0),
+                 key=lambda p: (p.gpus, -p.rate))
+    if not pts:
+        return []
+    top = max(p.rate for p in pts)
+    last = min(p.gpus for p in pts if p.rate == top)
+    hull: list[Option] = []
+    for p in pts:
+        if p.gpus > last:
+            break
+        if hull and p.gpus == hull[-1].gpus:
+            continue  # the same charge, no faster (sorted by rate within a charge)
+        while hull:
+            ox, oy = (hull[-2].gpus, hull[-2].rate) if len(hull) > 1 else (0.0, 0.0)
+            ax, ay = hull[-1].gpus, hull[-1].rate
+            # drop the last vertex when it lies on or under the chord from its predecessor
+            # to ``p`` (cross product >= 0)
+            if (ax - ox) * (p.rate - oy) - (ay - oy) * (p.gpus - ox) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
+def coarsen(hull: Sequence[Option], most: int) -> list[Option]:
+    """At most ``most`` vertices whose envelope lies on or above ``hull``'s everywhere (so
+    every option under ``hull`` stays a mix of them: the bound stays valid, a little looser).
+    Each kept edge of ``hull`` extends to its line (a concave envelope lies under each of
+    its edges' lines); the new vertices are where consecutive kept lines cross, and the
+    fastest vertex stays. Kept: the first edge (from the origin: the most progress per GPU
+    stays exact), the last (to the fastest), and edges spread geometrically between, as a
+    rate's gains slow geometrically with the GPU count."""
+    p = len(hull)
+    if p <= most or most < 2:
+        return list(hull)
+    xs = np.array([0.0] + [o.gpus for o in hull])
+    ys = np.array([0.0] + [o.rate for o in hull])
+    slope = np.diff(ys) / np.diff(xs)  # edge i (1-based) ends at hull[i - 1]
+    icpt = ys[1:] - slope * xs[1:]
+    keep = np.unique(np.round(np.geomspace(1, p, most - 1)).astype(int))
+    out = []
+    for a, b in zip(keep[:-1], keep[1:]):
+        sa, sb, ia, ib = slope[a - 1], slope[b - 1], icpt[a - 1], icpt[b - 1]
+        if sa - sb <= 1e-15 * max(1.0, abs(sa)):
+            continue  # parallel lines: the later edge's line is the earlier's
+        x = (ib - ia) / (sa - sb)
+        if x <= 0:
+            continue
+        out.append(Option(hull[b - 1].gpu_type, float(x), float(sa * x + ia), hull[b - 1].mode))
+    out.append(hull[-1])
+    return out
+
+
+def _accepts_modes(truth: Any) -> bool:
+    try:
+        params = inspect.signature(truth.rate).parameters
+    except (TypeError, ValueError):
+        return False
+    return ("source" in params and "members" in params) or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+class OptimisticRates:
+    """The options of a trace's jobs on a cluster under a truth (the module's doc)."""
+
+    def __init__(self, truth: Any, capacity: dict[str, int]) -> None:
+        self.truth = truth
+        self.capacity = {t: int(c) for t, c in capacity.items() if c > 0}
+        self._alone: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+        self._best = getattr(truth, "optimistic_rate", None)
+        self._modes = _accepts_modes(truth)
+
+    def _rate(self, job: Any, gpu_type: str, gpus: int, **mode: Any) -> float:
+        try:
+            if mode:
+                r = self.truth.rate(job, gpu_type, gpus, **mode)
+            elif self._best is not None:
+                r = self._best(job, gpu_type, gpus)
+            else:
+                r = self.truth.rate(job, gpu_type, gpus)
+        except TypeError:
+            if not mode:
+                raise
+            self._modes = False  # a truth with no run modes after all
+            return 0.0
+        r = float(r)
+        return r if math.isfinite(r) and r > 0 else 0.0
+
+    def alone(self, job: Any) -> dict[str, list[float]]:
+        """Per type, the rate at 1 .. capacity GPUs (index g - 1), once per kind."""
+        k = kind(job)
+        got = self._alone.get(k)
+        if got is None:
+            got = {t: [self._rate(job, t, g) for g in range(1, cap + 1)]
+                   for t, cap in sorted(self.capacity.items())}
+            self._alone[k] = got
+        return got
+
+    def options(self, jobs: Sequence[Any], most: int = 8) -> list[JobOptions]:
+        """Every job's options, in ``jobs``' order, at most ``most`` a type
+        (:func:`coarsen`)."""
+        finetune = [j for j in jobs if getattr(j, "finetune", None) is not None]
+        pairs = self._pair_options(finetune) if self._modes and len(finetune) > 1 else {}
+        out = []
+        for j in jobs:
+            per_type: dict[str, list[Option]] = {t: [] for t in self.capacity}
+            for t, rates in self.alone(j).items():
+                per_type[t].extend(Option(t, g, r) for g, r in enumerate(rates, 1) if r > 0)
+            for o in pairs.get(j.job_id, ()):
+                per_type[o.gpu_type].append(o)
+            out.append(JobOptions(tuple(o for t in sorted(per_type)
+                                        for o in coarsen(envelope(per_type[t]), most))))
+        return out
+
+    def _pair_options(self, jobs: Sequence[Any]) -> dict[str, list[Option]]:
+        """Transfer and merged options of fine-tuning jobs (the module's doc): per job, the
+        best rate of each mode at each count over every partner kind."""
+        kinds: dict[tuple[Any, ...], list[Any]] = {}
+        for j in jobs:
+            kinds.setdefault(kind(j), []).append(j)
+        reps = {k: js[0] for k, js in kinds.items()}
+        fastest = {k: min(float(j.iterations) for j in js) for k, js in kinds.items()}
+        best: dict[tuple[Any, ...], dict[tuple[str, int, str], float]] = {}
+        for k, me in reps.items():
+            mine: dict[tuple[str, int, str], float] = {}
+            for k2, other in reps.items():
+                if k2 == k:
+                    if len(kinds[k]) < 2:
+                        continue  # no other job of its own kind
+                    other = kinds[k][1]
+                if other.finetune.backbone != me.finetune.backbone:
+                    continue
+                for t, cap in sorted(self.capacity.items()):
+                    for g in range(1, cap + 1):
+                        got = {"transfer": self._rate(me, t, g, source=other),
+                               "lead": self._rate(me, t, g, members=(other,))}
+                        # as ``other``'s member: done when the lead is, the lead's
+                        # iterations over its merged rate (the shortest lead of that kind)
+                        lead = self._rate(other, t, g, members=(me,))
+                        if lead > 0:
+                            got["member"] = lead / fastest[k2]  # per iteration of mine below
+                        for mode, r in got.items():
+                            if r > mine.get((t, g, mode), 0.0):
+                                mine[(t, g, mode)] = r
+                        if not self._modes:
+                            return {}
+            best[k] = mine
+        out: dict[str, list[Option]] = {}
+        for j in jobs:
+            opts = []
+            for (t, g, mode), r in best[kind(j)].items():
+                if mode == "member":
+                    opts.append(Option(t, g / 2, r * float(j.iterations), mode))
+                else:
+                    opts.append(Option(t, g / 2 if mode == "lead" else g, r, mode))
+            out[j.job_id] = opts
+        return out
