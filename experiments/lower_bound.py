@@ -94,8 +94,8 @@ SIMPLEX_ITERATIONS = 5_000_000
 MIN_SLOTS = 6
 #: thresholds of the squared-work rows per type set (quantiles of the first-progress times)
 THRESHOLDS = 64
-SLOTTING = "mixed"
-END = "work"
+#: options per GPU type in the LP (optimistic_rates.coarsen): fewer, for more slots
+OPTIONS_PER_TYPE = 6
 
 
 @dataclass
@@ -207,8 +207,8 @@ class _Jobs:
 
 def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
                     start_cost_s: float = 0.0, round_s: float = 0.0,
-                    horizon_s: float | None = None, slots: int = 64,
-                    max_columns: int = 250_000, time_limit_s: float = 120.0) -> JctBound:
+                    horizon_s: float | None = None, slots: int = 128,
+                    max_columns: int = 400_000, time_limit_s: float = 300.0) -> JctBound:
     """The bound for ``jobs`` (the trace's :class:`SimJob`s) replayed on ``cluster`` under
     ``truth`` in rounds of ``round_s`` (0: a job may start the moment it arrives), each
     first start costing ``start_cost_s``; with ``horizon_s``, every job counted until
@@ -216,18 +216,19 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
     ``slots`` slots and ``max_columns`` columns (fewer slots on a big trace; under
     :data:`MIN_SLOTS` the aggregate LP instead)."""
     capacity = {t: int(c) for t, c in cluster.capacity_by_type().items() if c > 0}
-    opts = OptimisticRates(truth, capacity).options(jobs)
+    opts = OptimisticRates(truth, capacity).options(jobs, OPTIONS_PER_TYPE)
     unrunnable = [j.job_id for j, o in zip(jobs, opts) if o.best_rate <= 0]
     keep = [(j, o) for j, o in zip(jobs, opts) if o.best_rate > 0]
     horizon = None if horizon_s is None else float(horizon_s)
     # a horizon counts every job (one that never runs until the horizon); without one the
     # bound averages the jobs that can finish
-    outside = ([max(0.0, horizon - float(j.submit_s)) for j in jobs if j.job_id in
-                set(unrunnable)] if horizon is not None else [])
+    never = set(unrunnable)
+    outside = ([max(0.0, horizon - float(j.submit_s)) for j in jobs if j.job_id in never]
+               if horizon is not None else [])
     n = len(keep) + len(outside)
     if not keep:
-        avg = sum(outside) / n if n else 0.0
-        return JctBound(avg, avg, None, 0, "isolated-only", n, unrunnable, horizon_s=horizon,
+        only = sum(outside) / n if n else 0.0
+        return JctBound(only, only, None, 0, "isolated-only", n, unrunnable, horizon_s=horizon,
                         round_s=round_s)
     arrive = np.array([float(j.submit_s) for j, _ in keep])
     work = np.array([float(j.iterations) for j, _ in keep])
@@ -259,13 +260,13 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
     lp_avg = agg_avg = None
     status = "isolated-only"
     if k >= MIN_SLOTS:
-        got = _solve(js, capacity, k, horizon, time_limit_s, time_indexed=True)
+        got, k = _solve(js, capacity, k, horizon, time_limit_s, time_indexed=True)
         if got is not None:
             lp_avg, status = avg(got), "optimal"
     else:
         log.info("JCT bound: %d options per slot: the aggregate LP", per_slot)
     if lp_avg is None and horizon is None:
-        got = _solve(js, capacity, 0, None, time_limit_s, time_indexed=False)
+        got, _ = _solve(js, capacity, 0, None, time_limit_s, time_indexed=False)
         if got is not None:
             agg_avg, status = avg(got), "aggregate"
     found = [x for x in (iso_avg, srpt_avg, lp_avg, agg_avg) if x is not None]
@@ -274,29 +275,24 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
 
 
 def _slot_bounds(js: _Jobs, end: float, k: int) -> np.ndarray:
-    """At most ``k + 1`` slot boundaries from the first progress to ``end``: half evenly,
-    half at quantiles of the trace's events (first progress times, isolated completions,
-    completions of SRPT on the cluster as one machine: where a busy cluster's work ends)."""
+    """At most ``k + 1`` slot boundaries from the first progress to ``end``: half evenly
+    (a busy cluster's queue drains long after the last arrival), half at quantiles of the
+    trace's events (first progress times, isolated completions, completions of SRPT on the
+    cluster as one machine), where an idle cluster's jobs start and end."""
     lo = float(js.ready.min())
-    mode = SLOTTING
-    even = np.linspace(lo, end, k + 1) if mode != "events" else np.array([lo, end])
-    if mode == "even":
-        return even
-    events = np.concatenate([js.ready, np.minimum(js.ready + js.iso, end)] +
-                            ([np.minimum(js.srpt, end)] if js.srpt is not None else []))
+    events = np.concatenate([js.ready, js.ready + js.iso] +
+                            ([js.srpt] if js.srpt is not None else []))
     events = np.sort(events[(events >= lo) & (events <= end)])
-    n_ev = k + 1 if mode == "events" else k // 2 + 1
-    n_even = 0 if mode == "events" else k - k // 2 + 1
-    picks = events[np.linspace(0, len(events) - 1, n_ev).round().astype(int)]
-    even = np.linspace(lo, end, n_even) if n_even else np.array([lo, end])
+    picks = events[np.linspace(0, len(events) - 1, k // 2 + 1).round().astype(int)]
+    even = np.linspace(lo, end, k - k // 2 + 1)
     return np.unique(np.concatenate([[lo, end], even, picks]))
 
 
 def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | None,
-           time_limit_s: float, time_indexed: bool) -> float | None:
+           time_limit_s: float, time_indexed: bool) -> tuple[float | None, int]:
     """The LP's least sum of completions (of ``min(C_j, horizon)`` with a horizon): the
     time-indexed LP with the squared-work rows, or (``time_indexed`` false) the
-    squared-work rows alone; None when HiGHS did not prove it optimal."""
+    squared-work rows alone; None when HiGHS did not prove it optimal. And its slots."""
     n = len(js.work)
     cols_job: list[int] = []
     cols_slot: list[int] = []
@@ -308,12 +304,9 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     bounds = np.zeros(1)
     if time_indexed:
         total_gpus = float(sum(capacity.values()))
-        if horizon is not None:
-            end = horizon
-        elif END == "srpt" and js.srpt is not None:
-            end = float(max(js.srpt.max(), (js.ready + js.iso).max()))
-        else:
-            end = float(js.ready.max()) + float(js.gpu_s.sum()) / total_gpus + float(js.iso.max())
+        # slots to when every job could be done (the last one open-ended beyond)
+        end = (horizon if horizon is not None else
+               float(js.ready.max()) + float(js.gpu_s.sum()) / total_gpus + float(js.iso.max()))
         bounds = _slot_bounds(js, end, slots)
         starts, lengths = bounds[:-1], np.diff(bounds)
         if horizon is None:
@@ -398,8 +391,9 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     if horizon is None:
         for idx, rhs in _squared_work(js, capacity):
             add(m + idx, js.gpu_s[idx] / js.gpu_s[idx].sum(), rhs, math.inf)
+    n_slots = len(bounds) - 1
     if not row_lb:
-        return float(col_lb[m:].sum())
+        return float(col_lb[m:].sum()), n_slots
     r = np.concatenate(rows)
     c = np.concatenate(cols)
     v = np.concatenate(vals)
@@ -427,8 +421,8 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         log.warning("JCT bound LP: %s; the other bounds stand",
                     h.modelStatusToString(h.getModelStatus()))
-        return None
-    return float(h.getInfo().objective_function_value)
+        return None, n_slots
+    return float(h.getInfo().objective_function_value), n_slots
 
 
 def _squared_work(js: _Jobs, capacity: dict[str, int]) -> list[tuple[np.ndarray, float]]:

@@ -40,6 +40,7 @@ few dozen kinds, and Crius's cluster 320 GPUs of each type to scan.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,7 +139,7 @@ def coarsen(hull: Sequence[Option], most: int) -> list[Option]:
     icpt = ys[1:] - slope * xs[1:]
     keep = np.unique(np.round(np.geomspace(1, p, most - 1)).astype(int))
     out = []
-    for a, b in zip(keep[:-1], keep[1:]):
+    for a, b in itertools.pairwise(keep):
         sa, sb, ia, ib = slope[a - 1], slope[b - 1], icpt[a - 1], icpt[b - 1]
         if sa - sb <= 1e-15 * max(1.0, abs(sa)):
             continue  # parallel lines: the later edge's line is the earlier's

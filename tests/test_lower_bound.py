@@ -25,8 +25,8 @@ from apportion.experiments.lower_bound import (
     jct_lower_bound,
     srpt_completions,
 )
-from apportion.experiments.optimistic_rates import Option, OptimisticRates, coarsen, envelope
-from apportion.experiments.simulator import PROFILES, SimConfig, simulate
+from apportion.experiments.optimistic_rates import OptimisticRates, Option, coarsen, envelope
+from apportion.experiments.simulator import PROFILES, simulate
 from apportion.experiments.trace_catalog import BUNDLED
 from hypothesis import given
 from hypothesis import strategies as st
