@@ -42,15 +42,16 @@ needs_data = pytest.mark.skipif(not tr.data_root().exists(), reason="shared data
 
 ELASTICFLOW_16 = ("name: a100-16\nnode_groups:\n  - {prefix: a, count: 2, gpu_type: A100-40GB, "
                   "gpus_per_node: 8}\n")
-#: family -> (trace, cluster, profile, jobs): a stretch each, on a cluster it keeps busy
-FAMILIES: dict[str, tuple[str, str, str, int]] = {
-    "gavel": ("gavel-max-min-fairness", "4:4:4", "gavel", 16),
-    "elasticflow": ("elasticflow-philly", ELASTICFLOW_16, "default", 16),
-    "crius": ("crius-pai", "crius-testbed", "default", 16),
-    "morphling": ("morphling-base", "morphling-64", "default", 16),
-    "raw": ("philly", "crius-testbed", "default", 16),
-    "finetune": ("fm-1-roberta-base", "32:0:0", "ymir", 120),
-    "synthetic": ("synthetic:16", "crius-testbed", "default", 16),
+#: family -> (trace, cluster, profile, jobs, round s or None for the profile's): a stretch
+#: each, on a cluster it keeps busy; Philly's jobs run for days, so its rounds are 4 hours
+FAMILIES: dict[str, tuple[str, str, str, int, float | None]] = {
+    "gavel": ("gavel-max-min-fairness", "4:4:4", "gavel", 16, None),
+    "elasticflow": ("elasticflow-philly", ELASTICFLOW_16, "default", 10, None),
+    "crius": ("crius-pai", "crius-testbed", "default", 10, None),
+    "morphling": ("morphling-base", "morphling-64", "default", 16, None),
+    "raw": ("philly", "crius-testbed", "default", 8, 14400.0),
+    "finetune": ("fm-1-roberta-base", "32:0:0", "ymir", 60, None),
+    "synthetic": ("synthetic:10", "crius-testbed", "default", 10, None),
 }
 CASES = [(f, p) for f in FAMILIES for p in policy_names()]
 
@@ -60,7 +61,7 @@ def stretches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, 
     """family -> (cluster, trace, truth, config), resolved once."""
     root = tmp_path_factory.mktemp("bound")
     out = {}
-    for fam, (trace, cluster, profile, jobs) in FAMILIES.items():
+    for fam, (trace, cluster, profile, jobs, round_s) in FAMILIES.items():
         if "\n" in cluster:
             (root / f"{fam}.yaml").write_text(cluster)
             cluster = str(root / f"{fam}.yaml")
@@ -72,6 +73,8 @@ def stretches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, 
         t, truth = H.resolve(trace, cl, seed=0, window_days=1.0 if fam == "raw" else None)
         t = replace(t, jobs=t.jobs[:jobs])
         cfg = replace(PROFILES[profile], deterministic=True, information="oracle")
+        if round_s is not None:
+            cfg = replace(cfg, interval_s=round_s)
         out[fam] = (cl, t, truth, cfg)
     return out
 

@@ -17,7 +17,8 @@ one replay: a fixed trace in oracle mode), shown ``≈`` without an interval: th
 JCT over the seeds' average bound, not the mean of per-seed ratios. Only where that policy
 finished every job: a policy that left jobs unfinished is compared with the bound counting
 each job until its replay's end (``avg_jct_all_lower_bound_s``, experiments/lower_bound.py),
-which only its own replay knows, so its ratio stays n/a.
+which only its own replay knows, so its ratio stays n/a. A run whose bound ``rebound.py``
+computed again after it was replayed is shown ``≈`` the same way.
 
     python experiments/results/quality/summarise.py OUT.md RUN_DIR [RUN_DIR ...]
 """
@@ -64,6 +65,8 @@ def _fill_bound(df: pd.DataFrame) -> pd.Series:
         df.loc[i, "avg_jct_lower_bound_s"] = bound
         df.loc[i, "avg_jct_to_bound"] = r["avg_jct_s"] / bound
         filled[i] = True
+    if "bound_of_means" in df.columns:  # rebound.py's: the mean JCT over the mean bound
+        filled |= df["bound_of_means"].fillna(False).astype(bool)
     return filled
 
 
