@@ -20,7 +20,12 @@ no job is placed before the first tick at or after its arrival, and its first st
 **Valid inequalities** (each holds for the completion times ``C_j`` of every schedule the
 simulator can run, so the least sum subject to them is a bound):
 
-1. *isolated*: ``C_j >= s_j + iso_j`` (no job progresses faster than ``R_j``).
+1. *isolated*: ``C_j >= s_j + iso_j`` (no job progresses faster than ``R_j``), and, for
+   fine-tuning jobs, by how it runs: the simulator fixes a job's mode at its first start,
+   a transfer from ``p`` needs ``p`` finished and a merge with ``p`` needs ``p`` arrived,
+   so ``C_j >= min(s_j + w_j / R_alone_j, min over p and mode of max(s_j, when p allows
+   the mode) + w_j / r_jp)``, ``r_jp`` the fastest rate of that mode with ``p`` and "when
+   ``p`` allows it" ``p``'s own least completion (a transfer) or ``s_p`` (a merge).
 2. *mean busy time* (Goemans): the work-weighted mean ``B_j`` of the times job ``j``
    progresses is at most ``C_j - iso_j / 2`` (progress at the rate ``R_j`` packed against
    the end is the latest it can be), so ``C_j >= B_j + iso_j / 2``.
@@ -29,7 +34,9 @@ simulator can run, so the least sum subject to them is a bound):
    (``sum y rate / w_j >= 1``), runs at most one option at a time (``sum_o y[j,o,k] <=``
    the part of slot ``k`` after ``s_j``), no GPU type holds more than it has
    (``sum gpus_o y <= cap_t |k|``), and ``B_j >= sum_k (work fraction in k) x
-   max(start_k, s_j)``, so by 2. ``C_j >= sum_k frac_jk max(start_k, s_j) + iso_j / 2``. The
+   max(start_k, s_j)``, so by 2. ``C_j >= sum_k frac_jk max(start_k, s_j) + iso_j / 2``. A
+   fine-tuning mode's options run only from the earliest any partner allows that mode (as
+   in 1.): before, a slot offers the job's options alone (the envelope of what runs then). The
    last slot is open-ended, so the LP is always feasible. Slots are placed where the trace's
    events are (arrivals, isolated completions) as well as evenly: any slotting is valid, a
    finer one where jobs start and end is tighter.
@@ -82,7 +89,12 @@ from typing import Any
 import highspy
 import numpy as np
 from apportion.estimation.cache import DiskCache
-from apportion.experiments.optimistic_rates import JobOptions, OptimisticRates
+from apportion.experiments.optimistic_rates import (
+    MODE_GROUP,
+    JobOptions,
+    OptimisticRates,
+    Option,
+)
 from scipy import sparse
 
 from apportion.cluster import Cluster
@@ -203,6 +215,10 @@ class _Jobs:
     gpu_s: np.ndarray  # v_j
     types: list[frozenset[str]]
     srpt: np.ndarray | None = None  # completions of SRPT on the cluster as one machine
+    # per job, (from when, the options then): alone from s_j, with a fine-tuning mode from
+    # the earliest that mode could first run (_tiers)
+    tiers: list[list[tuple[float, tuple[Option, ...]]]] = field(default_factory=list)
+    first: np.ndarray = field(default_factory=lambda: np.zeros(0))  # least completions (1.)
 
 
 def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
@@ -236,12 +252,8 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
     js = _Jobs([o for _, o in keep], arrive, first_progress(arrive, start_cost_s, round_s),
                work, work / best, work / np.array([o.best_per_gpu for _, o in keep]),
                [o.types for _, o in keep])
-    credited: dict[str, int] = {}
-    for o in js.opts:
-        fastest = max(o.options, key=lambda x: x.rate).mode
-        if fastest != "alone":
-            credited[fastest] = credited.get(fastest, 0) + 1
-    lo = js.ready + js.iso
+    credited = _tiers(js, [j.job_id for j, _ in keep])
+    lo = js.first
     if horizon is not None:
         lo = np.minimum(lo, horizon)
 
@@ -255,7 +267,7 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
     if horizon is not None:
         done = np.minimum(done, horizon)
     srpt_avg = avg(float(np.maximum(done, js.ready).sum()))
-    per_slot = sum(len(o.options) for o in js.opts)
+    per_slot = sum(max(len(o) for _, o in t) for t in js.tiers)
     k = min(slots, max_columns // max(1, per_slot))
     lp_avg = agg_avg = None
     status = "isolated-only"
@@ -274,13 +286,59 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
                     unrunnable, agg_avg, srpt_avg, horizon, round_s, credited)
 
 
+def _tiers(js: _Jobs, ids: list[str]) -> dict[str, int]:
+    """Each job's tiers and least completion (``js.tiers``, ``js.first``), and how many
+    jobs a fine-tuning mode gives their least completion to.
+
+    A transfer runs once its source finished, so no earlier than the source's own least
+    completion; a merged pair once both jobs arrived: with partner ``p`` in mode ``m`` at
+    its fastest rate ``r``, job ``j`` completes no earlier than ``max(s_j, when p allows
+    m) + w_j / r``; alone, no earlier than ``s_j + w_j / R_alone``; its least completion is
+    the smallest of these (inequality 1.). A mode's options join the job's from the
+    earliest any partner allows it. Two passes: the second reads the first's completions
+    for the sources."""
+    index = {jid: i for i, jid in enumerate(ids)}
+    own = js.ready + js.iso  # each job at its fastest, any mode: no completion is earlier
+    credited: dict[str, int] = {}
+    for _ in range(2):
+        first = np.empty(len(ids))
+        tiers: list[list[tuple[float, tuple[Option, ...]]]] = []
+        credited = {}
+        for i, o in enumerate(js.opts):
+            alone = o.alone_rate()
+            best = js.ready[i] + js.work[i] / alone if alone > 0 else math.inf
+            how = "alone"
+            since = {"alone": float(js.ready[i])}
+            for pid, mode, rate in o.partners:
+                q = index.get(pid)
+                if q is None or rate <= 0:
+                    continue  # a partner that never runs: no transfer from it, no pair
+                start = float(max(js.ready[i], own[q] if mode == "transfer" else
+                                  js.ready[q]))
+                if start + js.work[i] / rate < best:
+                    best, how = start + js.work[i] / rate, mode
+                group = MODE_GROUP[mode]
+                since[group] = min(since.get(group, math.inf), start)
+            first[i] = max(best, own[i])
+            if how != "alone":
+                credited[how] = credited.get(how, 0) + 1
+            out = []
+            for t in sorted(set(since.values())):
+                key = frozenset(g for g, at in since.items() if at <= t)
+                out.append((t, o.by_modes.get(key, o.options)))
+            tiers.append(out)
+        own = first
+    js.first, js.tiers = own, tiers
+    return credited
+
+
 def _slot_bounds(js: _Jobs, end: float, k: int) -> np.ndarray:
     """At most ``k + 1`` slot boundaries from the first progress to ``end``: half evenly
     (a busy cluster's queue drains long after the last arrival), half at quantiles of the
     trace's events (first progress times, isolated completions, completions of SRPT on the
     cluster as one machine), where an idle cluster's jobs start and end."""
     lo = float(js.ready.min())
-    events = np.concatenate([js.ready, js.ready + js.iso] +
+    events = np.concatenate([js.ready, js.first] +
                             ([js.srpt] if js.srpt is not None else []))
     events = np.sort(events[(events >= lo) & (events <= end)])
     picks = events[np.linspace(0, len(events) - 1, k // 2 + 1).round().astype(int)]
@@ -300,6 +358,7 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     cols_gpus: list[float] = []
     cols_frac: list[float] = []
     cols_ub: list[float] = []
+    cols_begin: list[float] = []  # when the column's work can start in its slot
     types = sorted(capacity)
     bounds = np.zeros(1)
     if time_indexed:
@@ -311,18 +370,23 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
         starts, lengths = bounds[:-1], np.diff(bounds)
         if horizon is None:
             lengths[-1] = math.inf
-        for j, o in enumerate(js.opts):
+        for j, tiers in enumerate(js.tiers):
             for k in range(len(starts)):
-                if starts[k] + lengths[k] <= js.ready[j]:
-                    continue  # before the job can run
-                usable = min(lengths[k], starts[k] + lengths[k] - max(starts[k], js.ready[j]))
-                for op in o.options:
-                    cols_job.append(j)
-                    cols_slot.append(k)
-                    cols_type.append(types.index(op.gpu_type))
-                    cols_gpus.append(op.gpus)
-                    cols_frac.append(op.rate / js.work[j])  # work fraction per second
-                    cols_ub.append(usable)
+                stop = starts[k] + lengths[k]
+                for i, (since, options) in enumerate(tiers):
+                    if stop <= since:
+                        break  # before the job (or its mode) can run
+                    if i + 1 < len(tiers) and tiers[i + 1][0] <= starts[k]:
+                        continue  # a later tier, with more options, runs the whole slot
+                    usable = min(lengths[k], stop - max(starts[k], since))
+                    for op in options:
+                        cols_job.append(j)
+                        cols_slot.append(k)
+                        cols_type.append(types.index(op.gpu_type))
+                        cols_gpus.append(op.gpus)
+                        cols_frac.append(op.rate / js.work[j])  # work fraction per second
+                        cols_ub.append(usable)
+                        cols_begin.append(max(starts[k], since))
     m = len(cols_job)
     job = np.array(cols_job, dtype=int)
     slot = np.array(cols_slot, dtype=int)
@@ -331,7 +395,8 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     col_lb = np.zeros(n_cols)
     col_ub = np.concatenate([np.array(cols_ub), np.full(n, math.inf)])
     cost = np.concatenate([np.zeros(m), np.ones(n)])
-    lo = js.ready + js.iso
+    begins = np.array(cols_begin)
+    lo = js.first
     if horizon is not None:
         col_lb[m:] = np.minimum(lo, horizon)
         col_ub[m:] = horizon
@@ -359,7 +424,7 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
             if not len(mine):
                 continue
             j = int(job[mine[0]])
-            begin = np.maximum(starts[slot[mine]], js.ready[j])
+            begin = begins[mine]
             if horizon is None:
                 add(mine, frac[mine], 1.0, math.inf)  # its work done
                 # C_j >= sum frac * begin + iso_j / 2 (inequalities 2. and 3.)
@@ -371,12 +436,15 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
                 add(np.append(mine, m + j),
                     np.append(-frac[mine] * (begin - horizon + js.iso[j]), 1.0),
                     horizon - float(js.iso[j]) / 2, math.inf)
-        # one option at a time: per job and slot
+        # one option at a time: per job and slot, within the part of the slot after s_j
         order = np.lexsort((slot, job))
         keys = job[order] * len(starts) + slot[order]
+        ends = np.append(starts[1:], math.inf) if horizon is None else bounds[1:]
         for grp in np.split(order, np.flatnonzero(np.diff(keys)) + 1):
-            if len(grp) > 1 and math.isfinite(col_ub[grp[0]]):
-                add(grp, np.ones(len(grp)), 0.0, float(col_ub[grp[0]]))
+            j, k = int(job[grp[0]]), int(slot[grp[0]])
+            usable = float(ends[k] - max(starts[k], js.ready[j]))
+            if len(grp) > 1 and math.isfinite(usable):
+                add(grp, np.ones(len(grp)), 0.0, usable)
         # capacity per type and slot
         ttype = np.array(cols_type)
         gpus = np.array(cols_gpus)

@@ -43,7 +43,7 @@ import inspect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,12 +64,23 @@ class Option:
     mode: str = "alone"
 
 
+#: the fine-tuning modes, by when they can first run: a transfer once its source finished, a
+#: merged pair once both jobs arrived
+TRANSFER = "transfer"
+MERGE = "merge"
+MODE_GROUP = {"alone": "alone", "transfer": TRANSFER, "lead": MERGE, "member": MERGE}
+
+
 @dataclass(frozen=True)
 class JobOptions:
-    """A job's options (the envelope's vertices, every type), its fastest rate and its
-    most progress per GPU-second anywhere."""
+    """A job's options: ``options`` the envelope's vertices over every mode and type;
+    ``by_modes`` the envelope of the modes in each set (``alone`` always among them:
+    before a job's transfer or merge could run, only those of the others do);
+    ``partners`` (partner job, mode, fastest rate with it) for its fine-tuning modes."""
 
     options: tuple[Option, ...]
+    by_modes: dict[frozenset[str], tuple[Option, ...]] = field(default_factory=dict)
+    partners: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def best_rate(self) -> float:
@@ -83,10 +94,10 @@ class JobOptions:
     def types(self) -> frozenset[str]:
         return frozenset(o.gpu_type for o in self.options)
 
-    @property
-    def modes(self) -> frozenset[str]:
-        """How the fastest option runs, and every other mode on the envelope."""
-        return frozenset(o.mode for o in self.options)
+    def alone_rate(self) -> float:
+        """The fastest rate of the job alone (no transfer, no merge)."""
+        return max((o.rate for o in self.by_modes.get(frozenset({"alone"}), self.options)
+                    if o.mode == "alone"), default=0.0)
 
 
 def kind(job: Any) -> tuple[Any, ...]:
@@ -197,32 +208,42 @@ class OptimisticRates:
         return got
 
     def options(self, jobs: Sequence[Any], most: int = 8) -> list[JobOptions]:
-        """Every job's options, in ``jobs``' order, at most ``most`` a type
+        """Every job's options, in ``jobs``' order, at most ``most`` a type and mode set
         (:func:`coarsen`)."""
         finetune = [j for j in jobs if getattr(j, "finetune", None) is not None]
-        pairs = self._pair_options(finetune) if self._modes and len(finetune) > 1 else {}
+        pairs, partners = (self._pair_options(finetune) if self._modes and len(finetune) > 1
+                           else ({}, {}))
         out = []
         for j in jobs:
-            per_type: dict[str, list[Option]] = {t: [] for t in self.capacity}
-            for t, rates in self.alone(j).items():
-                per_type[t].extend(Option(t, g, r) for g, r in enumerate(rates, 1) if r > 0)
-            for o in pairs.get(j.job_id, ()):
-                per_type[o.gpu_type].append(o)
-            out.append(JobOptions(tuple(o for t in sorted(per_type)
-                                        for o in coarsen(envelope(per_type[t]), most))))
+            points: list[Option] = [Option(t, g, r) for t, rates in self.alone(j).items()
+                                    for g, r in enumerate(rates, 1) if r > 0]
+            points += pairs.get(j.job_id, [])
+            groups = {MODE_GROUP[o.mode] for o in points}
+            by_modes = {}
+            for extra in ((), (TRANSFER,), (MERGE,), (TRANSFER, MERGE)):
+                if not set(extra) <= groups:
+                    continue
+                sel = frozenset({"alone", *extra})
+                by_modes[sel] = tuple(o for t in sorted(self.capacity) for o in coarsen(
+                    envelope([p for p in points if p.gpu_type == t
+                              and MODE_GROUP[p.mode] in sel]), most))
+            full = by_modes[frozenset({"alone", *groups})] if points else ()
+            out.append(JobOptions(full, by_modes, tuple(partners.get(j.job_id, ()))))
         return out
 
-    def _pair_options(self, jobs: Sequence[Any]) -> dict[str, list[Option]]:
+    def _pair_options(self, jobs: Sequence[Any]
+                      ) -> tuple[dict[str, list[Option]], dict[str, list[tuple[str, str, float]]]]:
         """Transfer and merged options of fine-tuning jobs (the module's doc): per job, the
-        best rate of each mode at each count over every partner kind."""
+        best rate of each mode at each count over every partner, and per partner the
+        fastest rate of each mode with it."""
         kinds: dict[tuple[Any, ...], list[Any]] = {}
         for j in jobs:
             kinds.setdefault(kind(j), []).append(j)
         reps = {k: js[0] for k, js in kinds.items()}
-        fastest = {k: min(float(j.iterations) for j in js) for k, js in kinds.items()}
-        best: dict[tuple[Any, ...], dict[tuple[str, int, str], float]] = {}
+        # (my kind, partner kind) -> mode -> (type, count) -> rate; a member's rate in its
+        # lead's iterations per second (the lead's merged rate)
+        table: dict[tuple[Any, ...], dict[str, dict[tuple[str, int], float]]] = {}
         for k, me in reps.items():
-            mine: dict[tuple[str, int, str], float] = {}
             for k2, other in reps.items():
                 if k2 == k:
                     if len(kinds[k]) < 2:
@@ -230,28 +251,48 @@ class OptimisticRates:
                     other = kinds[k][1]
                 if other.finetune.backbone != me.finetune.backbone:
                     continue
+                got: dict[str, dict[tuple[str, int], float]] = {
+                    "transfer": {}, "lead": {}, "member": {}}
                 for t, cap in sorted(self.capacity.items()):
                     for g in range(1, cap + 1):
-                        got = {"transfer": self._rate(me, t, g, source=other),
-                               "lead": self._rate(me, t, g, members=(other,))}
-                        # as ``other``'s member: done when the lead is, the lead's
-                        # iterations over its merged rate (the shortest lead of that kind)
-                        lead = self._rate(other, t, g, members=(me,))
-                        if lead > 0:
-                            got["member"] = lead / fastest[k2]  # per iteration of mine below
-                        for mode, r in got.items():
-                            if r > mine.get((t, g, mode), 0.0):
-                                mine[(t, g, mode)] = r
+                        for mode, r in (("transfer", self._rate(me, t, g, source=other)),
+                                        ("lead", self._rate(me, t, g, members=(other,))),
+                                        ("member", self._rate(other, t, g, members=(me,)))):
+                            if r > 0:
+                                got[mode][(t, g)] = r
                         if not self._modes:
-                            return {}
-            best[k] = mine
-        out: dict[str, list[Option]] = {}
+                            return {}, {}
+                table[(k, k2)] = got
+        options: dict[str, list[Option]] = {}
+        partners: dict[str, list[tuple[str, str, float]]] = {}
         for j in jobs:
-            opts = []
-            for (t, g, mode), r in best[kind(j)].items():
-                if mode == "member":
-                    opts.append(Option(t, g / 2, r * float(j.iterations), mode))
-                else:
-                    opts.append(Option(t, g / 2 if mode == "lead" else g, r, mode))
-            out[j.job_id] = opts
-        return out
+            k = kind(j)
+            best: dict[tuple[str, int, str], float] = {}
+            mine: list[tuple[str, str, float]] = []
+            for k2, others in kinds.items():
+                pair = table.get((k, k2))
+                if pair is None:
+                    continue
+                fastest = {mode: max(rates.values()) for mode, rates in pair.items() if rates}
+                others = [p for p in others if p.job_id != j.job_id]
+                if not others:
+                    continue
+                # a member is done when its lead is: its iterations over the lead's merged
+                # duration (the shortest lead of that kind for the options)
+                own = float(j.iterations)
+                for p in others:
+                    for mode, r in fastest.items():
+                        mine.append((p.job_id, mode, r * (own / max(1e-12, float(
+                            p.iterations)) if mode == "member" else 1.0)))
+                shortest = min(float(p.iterations) for p in others)
+                for mode, rates in pair.items():
+                    scale = own / max(1e-12, shortest) if mode == "member" else 1.0
+                    for (t, g), r in rates.items():
+                        key = (t, g, mode)
+                        if r * scale > best.get(key, 0.0):
+                            best[key] = r * scale
+            # a merged pair's GPUs are charged half to each of its jobs
+            options[j.job_id] = [Option(t, g / 2 if mode != "transfer" else g, r, mode)
+                                 for (t, g, mode), r in best.items()]
+            partners[j.job_id] = mine
+        return options, partners
