@@ -232,7 +232,15 @@ def jct_lower_bound(jobs: Sequence[Any], truth: Any, cluster: Cluster,
     ``slots`` slots and ``max_columns`` columns (fewer slots on a big trace; under
     :data:`MIN_SLOTS` the aggregate LP instead)."""
     capacity = {t: int(c) for t, c in cluster.capacity_by_type().items() if c > 0}
-    opts = OptimisticRates(truth, capacity).options(jobs, OPTIONS_PER_TYPE)
+    # the bound asks the truth at every count; what a replay's own rates rested on
+    # (``interpolated``, reported per replay) is left as it was
+    seen = getattr(truth, "interpolated", None)
+    kept = set(seen) if isinstance(seen, set) else None
+    try:
+        opts = OptimisticRates(truth, capacity).options(jobs, OPTIONS_PER_TYPE)
+    finally:
+        if kept is not None and isinstance(seen, set):
+            seen.intersection_update(kept)
     unrunnable = [j.job_id for j, o in zip(jobs, opts) if o.best_rate <= 0]
     keep = [(j, o) for j, o in zip(jobs, opts) if o.best_rate > 0]
     horizon = None if horizon_s is None else float(horizon_s)

@@ -253,3 +253,16 @@ def test_replays_report_the_bound(tmp_path: Path) -> None:
     csv = next((tmp_path / "cmp").glob("*/summary.csv")).read_text()
     assert "avg_jct_to_bound" in csv.splitlines()[0]
     assert "avg_jct_all_lower_bound_s" in csv.splitlines()[0]
+
+
+@needs_data
+def test_the_bound_leaves_the_truths_interpolation_record_alone() -> None:
+    """A replay reports how many configurations its rates rested on interpolation for; the
+    bound, which asks the truth at every GPU count (Gavel's measured 1, 2, 4 and 8 only),
+    adds none to that record."""
+    cl = H.cluster_from_arg("16:0:0")
+    t, truth = H.resolve("gavel-max-min-fairness", cl, seed=0)
+    truth.interpolated.add(("mine",))
+    before = set(truth.interpolated)
+    jct_lower_bound(t.jobs[:6], truth, cl, round_s=360.0)
+    assert truth.interpolated == before
