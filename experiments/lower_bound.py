@@ -106,7 +106,7 @@ SIMPLEX_ITERATIONS = 5_000_000
 MIN_SLOTS = 6
 #: thresholds of the squared-work rows per type set (quantiles of the first-progress times)
 THRESHOLDS = 64
-#: options per GPU type in the LP (optimistic_rates.coarsen): fewer, for more slots
+#: options per GPU type in the LP (optimistic_rates.upper_envelope): fewer, for more slots
 OPTIONS_PER_TYPE = 6
 
 

@@ -26,11 +26,12 @@ GPU-time of any type, no less progress). So the options are, per GPU type the cl
   finishes when its lead does: its rate is its own iterations over the lead's merged
   duration, the shortest lead of that kind taken). A merged pair's GPUs are charged half to
   each job, so the pair's two jobs together hold what the pair holds.
-* of these, only the **upper concave envelope** per type, from the origin (holding nothing,
-  doing nothing) up to the fastest option: any option under it is a mix of its two
-  neighbours on it, in the same time with no more GPUs and no less progress, and any option
-  beyond the fastest is dominated by the fastest. A time-indexed LP loses nothing by
-  offering only these.
+* of these, per type, a **concave envelope** from the origin (holding nothing, doing
+  nothing) to the fastest option, on or above every option (:func:`upper_envelope`, a few
+  vertices): any option under it is a mix of its two neighbouring vertices, in the same
+  time with no more GPUs and no less progress, and any option beyond the fastest is
+  dominated by the fastest. A time-indexed LP offering only the vertices is a relaxation
+  of every schedule.
 
 Rates are asked once per *kind* of job (everything a truth reads: type, model, batch,
 request, plan, fine-tuning task), not per job: a day of Philly has thousands of jobs of a
@@ -96,8 +97,8 @@ class JobOptions:
 
     def alone_rate(self) -> float:
         """The fastest rate of the job alone (no transfer, no merge)."""
-        return max((o.rate for o in self.by_modes.get(frozenset({"alone"}), self.options)
-                    if o.mode == "alone"), default=0.0)
+        return max((o.rate for o in self.by_modes.get(frozenset({"alone"}), ())),
+                   default=0.0)
 
 
 def kind(job: Any) -> tuple[Any, ...]:
@@ -105,60 +106,57 @@ def kind(job: Any) -> tuple[Any, ...]:
     return tuple(getattr(job, f, None) for f in KIND_FIELDS)
 
 
-def envelope(points: Sequence[Option]) -> list[Option]:
-    """The upper concave envelope of one type's options from the origin to the fastest (the
-    module's doc): the vertices, by GPUs charged."""
-    pts = sorted((p for p in points if p.rate > 0 and p.gpus > 0),
-                 key=lambda p: (p.gpus, -p.rate))
-    if not pts:
+def upper_envelope(x: np.ndarray, y: np.ndarray, most: int) -> list[tuple[float, float]]:
+    """The vertices ``(GPUs, rate)`` of a concave envelope from the origin that lies on or
+    above every point ``(x_i, y_i)`` (its options: holding ``x_i`` GPUs for rate ``y_i``)
+    and reaches the fastest rate, in at most ``most`` vertices. Any option is then a mix of
+    two neighbouring vertices with no more GPUs and no less progress, or, beyond the last,
+    dominated by it (the module's doc).
+
+    Built from supporting lines, each ``y = s x + max_i (y_i - s x_i)`` above every point:
+    the one through the origin with the most progress per GPU (so that stays exact), the
+    flat one at the fastest rate, and between them the slopes of the best rate's chords
+    between GPU counts spread geometrically up to the fastest (a rate's gains slow
+    geometrically with the count). Their lower envelope is concave, above every point, and
+    its vertices are where consecutive lines cross: a little above the exact hull, never
+    below it, in a few vectorised passes over the points."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = (x > 0) & (y > 0) & np.isfinite(y)
+    if not ok.any():
         return []
-    top = max(p.rate for p in pts)
-    last = min(p.gpus for p in pts if p.rate == top)
-    hull: list[Option] = []
-    for p in pts:
-        if p.gpus > last:
-            break
-        if hull and p.gpus == hull[-1].gpus:
-            continue  # the same charge, no faster (sorted by rate within a charge)
-        while hull:
-            ox, oy = (hull[-2].gpus, hull[-2].rate) if len(hull) > 1 else (0.0, 0.0)
-            ax, ay = hull[-1].gpus, hull[-1].rate
-            # drop the last vertex when it lies on or under the chord from its predecessor
-            # to ``p`` (cross product >= 0)
-            if (ax - ox) * (p.rate - oy) - (ay - oy) * (p.gpus - ox) >= 0:
-                hull.pop()
+    x, y = x[ok], y[ok]
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    top = float(y.max())
+    x_top = float(x[y == top].min())
+    per_gpu = float((y / x).max())
+    best = np.maximum.accumulate(y)  # the fastest rate on at most each count
+    marks = np.unique(np.geomspace(float(x[0]), x_top, max(2, most)))
+    at = best[np.searchsorted(x, marks, side="right") - 1]
+    chords = np.diff(at) / np.diff(marks) if len(marks) > 1 else np.zeros(0)
+    inner = chords[(chords > 0) & (chords < per_gpu)]
+    slopes = np.unique(np.concatenate([[per_gpu, 0.0], inner]))[::-1]  # falling
+    lines: list[tuple[float, float]] = []
+    for sl in slopes:
+        b = 0.0 if sl == per_gpu else (top if sl == 0.0 else float((y - sl * x).max()))
+        while len(lines) >= 2:  # the last line is nowhere lowest: drop it
+            (s1, b1), (s2, b2) = lines[-2], lines[-1]
+            if (b - b1) / (s1 - sl) <= (b2 - b1) / (s1 - s2):
+                lines.pop()
             else:
                 break
-        hull.append(p)
-    return hull
-
-
-def coarsen(hull: Sequence[Option], most: int) -> list[Option]:
-    """At most ``most`` vertices whose envelope lies on or above ``hull``'s everywhere (so
-    every option under ``hull`` stays a mix of them: the bound stays valid, a little looser).
-    Each kept edge of ``hull`` extends to its line (a concave envelope lies under each of
-    its edges' lines); the new vertices are where consecutive kept lines cross, and the
-    fastest vertex stays. Kept: the first edge (from the origin: the most progress per GPU
-    stays exact), the last (to the fastest), and edges spread geometrically between, as a
-    rate's gains slow geometrically with the GPU count."""
-    p = len(hull)
-    if p <= most or most < 2:
-        return list(hull)
-    xs = np.array([0.0] + [o.gpus for o in hull])
-    ys = np.array([0.0] + [o.rate for o in hull])
-    slope = np.diff(ys) / np.diff(xs)  # edge i (1-based) ends at hull[i - 1]
-    icpt = ys[1:] - slope * xs[1:]
-    keep = np.unique(np.round(np.geomspace(1, p, most - 1)).astype(int))
-    out = []
-    for a, b in itertools.pairwise(keep):
-        sa, sb, ia, ib = slope[a - 1], slope[b - 1], icpt[a - 1], icpt[b - 1]
-        if sa - sb <= 1e-15 * max(1.0, abs(sa)):
-            continue  # parallel lines: the later edge's line is the earlier's
-        x = (ib - ia) / (sa - sb)
-        if x <= 0:
-            continue
-        out.append(Option(hull[b - 1].gpu_type, float(x), float(sa * x + ia), hull[b - 1].mode))
-    out.append(hull[-1])
+        lines.append((float(sl), b))
+    out: list[tuple[float, float]] = []
+    for (s1, b1), (s2, b2) in itertools.pairwise(lines):
+        xv = (b2 - b1) / (s1 - s2)
+        yv = s1 * xv + b1
+        if out and xv <= out[-1][0] * (1 + 1e-9):
+            # two crossings at one count (up to rounding): one vertex, left and high, so
+            # the envelope stays on or above both
+            out[-1] = (min(out[-1][0], xv), max(out[-1][1], yv))
+        else:
+            out.append((xv, yv))
     return out
 
 
@@ -209,26 +207,37 @@ class OptimisticRates:
 
     def options(self, jobs: Sequence[Any], most: int = 8) -> list[JobOptions]:
         """Every job's options, in ``jobs``' order, at most ``most`` a type and mode set
-        (:func:`coarsen`)."""
+        (:func:`upper_envelope`)."""
         finetune = [j for j in jobs if getattr(j, "finetune", None) is not None]
         pairs, partners = (self._pair_options(finetune) if self._modes and len(finetune) > 1
                            else ({}, {}))
         out = []
+        alike: dict[tuple[Any, ...], JobOptions] = {}  # jobs of a kind without pair options
         for j in jobs:
-            points: list[Option] = [Option(t, g, r) for t, rates in self.alone(j).items()
-                                    for g, r in enumerate(rates, 1) if r > 0]
-            points += pairs.get(j.job_id, [])
-            groups = {MODE_GROUP[o.mode] for o in points}
+            mine = pairs.get(j.job_id, [])
+            if not mine and kind(j) in alike:
+                out.append(alike[kind(j)])
+                continue
+            alone = self.alone(j)
+            groups = {"alone"} | {MODE_GROUP[o.mode] for o in mine}
             by_modes = {}
             for extra in ((), (TRANSFER,), (MERGE,), (TRANSFER, MERGE)):
                 if not set(extra) <= groups:
                     continue
                 sel = frozenset({"alone", *extra})
-                by_modes[sel] = tuple(o for t in sorted(self.capacity) for o in coarsen(
-                    envelope([p for p in points if p.gpu_type == t
-                              and MODE_GROUP[p.mode] in sel]), most))
-            full = by_modes[frozenset({"alone", *groups})] if points else ()
+                label = "+".join(sorted(sel))
+                opts: list[Option] = []
+                for t in sorted(self.capacity):
+                    more = [o for o in mine if o.gpu_type == t and MODE_GROUP[o.mode] in sel]
+                    x = np.concatenate([np.arange(1.0, len(alone[t]) + 1),
+                                        [o.gpus for o in more]])
+                    y = np.concatenate([alone[t], [o.rate for o in more]])
+                    opts += [Option(t, gx, gy, label) for gx, gy in upper_envelope(x, y, most)]
+                by_modes[sel] = tuple(opts)
+            full = by_modes[frozenset(groups)]
             out.append(JobOptions(full, by_modes, tuple(partners.get(j.job_id, ()))))
+            if not mine:
+                alike[kind(j)] = out[-1]
         return out
 
     def _pair_options(self, jobs: Sequence[Any]

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from apportion.experiments import harness as H
 from apportion.experiments import traces as tr
@@ -25,7 +26,7 @@ from apportion.experiments.lower_bound import (
     jct_lower_bound,
     srpt_completions,
 )
-from apportion.experiments.optimistic_rates import OptimisticRates, Option, coarsen, envelope
+from apportion.experiments.optimistic_rates import OptimisticRates, upper_envelope
 from apportion.experiments.simulator import PROFILES, simulate
 from apportion.experiments.trace_catalog import BUNDLED
 from hypothesis import given
@@ -187,41 +188,42 @@ def test_the_lp_is_at_least_the_isolated_bound(trace: str, cluster: str) -> None
 
 
 def test_the_first_progress_waits_for_the_round_tick() -> None:
-    import numpy as np
 
     got = first_progress(np.array([0.0, 1.0, 300.0, 300.0 + 1e-9, 301.0]), 30.0, 300.0)
     assert got.tolist() == pytest.approx([30.0, 330.0, 330.0, 330.0 + 1e-9, 630.0])
     assert first_progress(np.array([7.0]), 0.0, 0.0).tolist() == [7.0]
 
 
-rates = st.lists(st.floats(0.0, 100.0, allow_nan=False), min_size=1, max_size=40)
+#: options: GPUs charged (0, or half a GPU and more: a merged pair's half) and rates
+points = st.lists(st.tuples(st.one_of(st.just(0.0), st.floats(0.5, 64.0)),
+                            st.one_of(st.just(0.0), st.floats(1e-3, 100.0))),
+                  min_size=1, max_size=40)
 
 
-@given(rates)
-def test_the_envelope_dominates_every_count(r: list[float]) -> None:
-    """Every (count, rate) is a mix of the kept options (coarsened too) with no more GPUs and
-    no less progress: the envelope lies on or above each point, from the origin."""
-    pts = [Option("A", g, x) for g, x in enumerate(r, 1)]
-    for kept in (envelope(pts), coarsen(envelope(pts), 3)):
-        xs = [0.0] + [o.gpus for o in kept]
-        ys = [0.0] + [o.rate for o in kept]
-        for p in pts:
-            if p.rate <= 0:
-                continue
-            assert kept, r
-            x = min(p.gpus, xs[-1])  # beyond the fastest: the fastest dominates it
-            i = next(k for k in range(1, len(xs)) if xs[k] >= x - 1e-12)
-            y = ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            assert y >= p.rate * (1 - 1e-9) - 1e-12, (r, kept, p)
-        if kept:
-            assert max(o.rate for o in kept) == max(r)
-            assert kept[0].rate / kept[0].gpus == pytest.approx(
-                max(x / g for g, x in enumerate(r, 1)))
+@given(points, st.integers(2, 8))
+def test_the_envelope_dominates_every_option(pts: list[tuple[float, float]], most: int) -> None:
+    """Every (GPUs, rate) is a mix of the envelope's vertices with no more GPUs and no less
+    progress (or, beyond the last vertex, no faster than it); the fastest rate and the most
+    progress per GPU are kept exactly, in at most ``most`` vertices."""
+    x = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    v = upper_envelope(x, y, most)
+    real = [(a, b) for a, b in pts if a > 0 and b > 0]
+    if not real:
+        assert v == []
+        return
+    assert 1 <= len(v) <= most
+    xs = np.array([0.0] + [a for a, _ in v])
+    ys = np.array([0.0] + [b for _, b in v])
+    assert (np.diff(xs) > 0).all()
+    for a, b in real:
+        assert np.interp(min(a, xs[-1]), xs, ys) >= b * (1 - 1e-9) - 1e-9, (pts, v)
+    assert ys[-1] == pytest.approx(max(b for _, b in real))
+    assert ys[1] / xs[1] == pytest.approx(max(b / a for a, b in real))
 
 
 @given(st.lists(st.tuples(st.floats(0, 100), st.floats(0.01, 50)), min_size=1, max_size=12))
 def test_srpt_is_no_worse_than_first_come_first_served(jobs: list[tuple[float, float]]) -> None:
-    import numpy as np
 
     rel = np.array([a for a, _ in jobs])
     size = np.array([p for _, p in jobs])
