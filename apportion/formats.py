@@ -117,6 +117,9 @@ class ProblemOut(_Open):
     nodes: list[dict[str, Any]]
     jobs: list[ProblemJobOut]
     formulation: str
+    gpu_types: dict[str, Any] = Field(description="per GPU type, the memory a job may use on "
+                                      "each GPU ({memory_gib, from: node group | catalog}): "
+                                      "the limit the round's plans kept")
 
 
 # -- simulate --json (and every run's summary.json under compare) -------------------------------------

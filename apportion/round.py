@@ -94,16 +94,11 @@ class RoundResult:
 def run_pipeline(view: View, policy: Policy | StagedPolicy,
                  commit: Callable[[Decision], Any] | None = None,
                  apply: Callable[[Decision], Any] | None = None) -> RoundResult:
-    """One round of ``policy`` on ``view`` through every stage, in order, with one BLAS
-    thread (:mod:`apportion.blas_threads`: a round's vectors are too short to share)."""
-    with one_blas_thread():
-        return _stages(view, policy, commit, apply)
-
-
-def _stages(view: View, policy: Policy | StagedPolicy,
-            commit: Callable[[Decision], Any] | None,
-            apply: Callable[[Decision], Any] | None) -> RoundResult:
-    t0 = time.perf_counter()
+    """One round of ``policy`` on ``view`` through every stage, in order. The deciding
+    stages run with one BLAS thread (:mod:`apportion.blas_threads`: a round's vectors are
+    too short to share); the hooks run outside that limit, so neither a store's commit nor
+    an executor's launches (a forked worker would inherit the limit) nor the simulator's
+    advance are held to it."""
     timing: dict[str, float] = {}
 
     def lap(stage: str, since: float) -> float:
@@ -111,6 +106,23 @@ def _stages(view: View, policy: Policy | StagedPolicy,
         timing[stage] = round(timing.get(stage, 0.0) + now - since, 6)
         return now
 
+    with one_blas_thread():
+        result, t = _stages(view, policy, timing, lap)
+    if commit is not None:
+        commit(result.decision)
+        t = lap("commit", t)
+    if apply is not None:
+        apply(result.decision)
+        lap("apply", t)
+    return result
+
+
+def _stages(view: View, policy: Policy | StagedPolicy, timing: dict[str, float],
+            lap: Callable[[str, float], float]) -> tuple[RoundResult, float]:
+    """admit -> candidates -> formulate -> solve -> decode -> validate: the decided round
+    (its ``timing`` the stages' seconds, which the hooks' are added to) and the instant its
+    last stage ended."""
+    t0 = time.perf_counter()
     adm = admit(view.cluster, [js.spec for js in view.jobs], catalog=view.needs_catalog,
                 rated=_rated_by(view))
     ok = {j.id: j for j in adm.admitted}
@@ -157,19 +169,13 @@ def _stages(view: View, policy: Policy | StagedPolicy,
     decision.meta["stages"] = dict(timing)
     decision.meta.setdefault("policy", getattr(policy, "name", type(policy).__name__))
     decision.meta.setdefault("now_s", view.now)
-    if commit is not None:
-        commit(decision)
-        t = lap("commit", t)
-    if apply is not None:
-        apply(decision)
-        t = lap("apply", t)
     if graph is None:
         problem = {"now_s": view.now, "policy": decision.meta["policy"],
                    "jobs": [{"job": js.id, "requested_gpus": js.spec.requested_gpus,
                              "requested_gpu_type": js.spec.requested_gpu_type}
                             for js in sub.jobs]}
     return RoundResult(decision, graph, problem, timing,
-                       dump=staged.problem if staged is not None else None)
+                       dump=staged.problem if staged is not None else None), t
 
 
 def _rated_by(view: View) -> Callable[[JobSpec], bool]:

@@ -3,6 +3,13 @@
 Written without reference to any formulation: it reads only the decision, the
 cluster and the job list, so a bug in a model or a decoder cannot hide here.
 An invalid decision is never acted on.
+
+Per-GPU memory is checked from the plan with the validator's own ledger
+(:mod:`apportion.plan_memory`: a lower bound on what each GPU holds, from the
+job's model and the plan's degrees, ZeRO stage, offload, recomputation,
+micro-batches and spilling), against what each node's GPUs allow (the node
+group's ``gpu_memory_gib``, else the catalog's memory). A job whose model has no
+layer graph (not in the catalog) is not memory-checked: nothing says what it holds.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from dataclasses import dataclass, field
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
+from apportion.plan_memory import memory_violation
 from apportion.plans import ExecutionPlan
 
 
@@ -33,9 +41,11 @@ class InvalidDecision(RuntimeError):
 
 
 def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> ValidationResult:
-    """Capacity, types, one cell per job, sizes, plans and TP groups inside nodes."""
+    """Capacity, types, one cell per job, sizes, plans, TP groups inside nodes and each GPU's
+    memory."""
     v: list[str] = []
-    known = {j.id for j in jobs}
+    specs = {j.id: j for j in jobs}
+    known = set(specs)
     used: Counter[str] = Counter()
     seen: Counter[str] = Counter(a.job for a in decision.allocations)
     for job, n in seen.items():
@@ -56,6 +66,11 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
             v.append(f"{tag}: {a.stages} stages inconsistent with pp={p.pp} and {a.gpus} GPUs")
         if p.spilled:
             v += _spill_violations(tag, a.gpu_type, p, cluster)
+        spec = specs.get(a.job)
+        if spec is not None and a.gpus > 0:
+            why = memory_violation(spec, p, a.placement, cluster)
+            if why is not None:
+                v.append(f"{tag}: {why}")
         for node, k in a.placement.items():
             if node not in cluster.nodes:
                 v.append(f"{tag}: unknown node {node}")
@@ -97,7 +112,28 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
     missing = known - set(seen) - set(pend)
     for job in sorted(missing):
         v.append(f"job {job}: neither allocated nor pending")
+    v += _merged_violations(decision, set(seen))
     return ValidationResult(v)
+
+
+def _merged_violations(decision: Decision, allocated: set[str]) -> list[str]:
+    """A merged job (``meta["merged"]``: lead -> members, fine-tuning siblings trained as
+    one) runs in its lead's allocation: the lead holds GPUs, each member none, and no job
+    is inside two merged jobs."""
+    merged = (decision.meta or {}).get("merged") or {}
+    out: list[str] = []
+    inside: Counter[str] = Counter()
+    for lead, members in merged.items():
+        if lead not in allocated:
+            out.append(f"job {lead}: the lead of merged members {list(members)} holds no GPUs")
+        for m in members:
+            inside[m] += 1
+            if m in allocated:
+                out.append(f"job {m}: merged into {lead} but allocated on its own")
+            if m == lead or m in merged:
+                out.append(f"job {m}: merged into {lead} and itself a merged job's lead")
+    out += [f"job {m}: merged into {n} jobs" for m, n in sorted(inside.items()) if n > 1]
+    return out
 
 
 def _spill_violations(tag: str, gpu_type: str, p: ExecutionPlan, cluster: Cluster) -> list[str]:

@@ -25,7 +25,9 @@ What comes from where:
   come from an inner estimator (an :class:`AnalyticEstimator` by default):
   its best feasible split in the cell, or, where the inner model thinks no
   split fits but the rate source says the job runs (the rate source is the
-  better witness), its fastest split, marked feasible;
+  better witness), its fastest split that the validator's own memory ledger
+  (:mod:`apportion.plan_memory`, a lower bound per GPU) lets fit the GPU, marked
+  feasible; none where no split does (the plan would be refused as written);
 * ``fit(samples)`` records measured iteration times, keyed by (model, global
   batch, GPU type, GPU count); a measured configuration overrides ``rate_fn``.
 * **a model the catalog lacks** (Gavel's ``ResNet-18 (batch size 128)``,
@@ -47,17 +49,19 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from apportion.estimation.models.analytic import (
     AnalyticEstimator,
     nominal_placement,
     powers_of_two_dividing,
 )
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
 
 from apportion.cluster import Cluster
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model
+from apportion.plan_memory import fits_memory, type_memory_bytes
 from apportion.plans import Cell, ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -166,27 +170,41 @@ class RateEstimator(ParamsMixin):
     def _timed(base: Estimate, iter_time_s: float, gbs: int) -> Estimate:
         breakdown = dict(base.breakdown)
         breakdown["inner_iter_time_s"] = float(base.iter_time_s)
-        return Estimate(iter_time_s, base.mem_per_gpu, True, base.plan, gbs, breakdown)
+        inner = base.source.kind if base.source is not None else "the inner estimator"
+        return Estimate(iter_time_s, base.mem_per_gpu, True, base.plan, gbs, breakdown,
+                        Source("measured", f"the rate source's measured speed; plan and memory "
+                               f"from the {inner} estimate", estimator="rates"))
 
     def _fastest_split(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
-        """The inner model's fastest DP/TP split in the cell, feasible in memory or not."""
-        placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
-        if placement is None:
+        return fastest_fitting_split(self._inner, job, cell, cluster)
+
+
+def fastest_fitting_split(inner: Any, job: JobSpec, cell: Cell, cluster: Cluster
+                          ) -> Estimate | None:
+    """``inner``'s fastest DP/TP split in the cell, feasible in its memory model or not,
+    among those whose memory floor (:func:`apportion.plan_memory.memory_floor`) fits the
+    GPU: a plan the validator would refuse is no plan. What a witness that the job runs
+    there (a rate, a measured time) is given as its plan where ``inner`` sizes none."""
+    placement = nominal_placement(cluster, cell.gpu_type, cell.gpus)
+    if placement is None:
+        return None
+    limit = type_memory_bytes(cluster, cell.gpu_type)
+    per_stage = cell.gpus // cell.stages
+    best: Estimate | None = None
+    for tp in powers_of_two_dividing(per_stage, cluster.max_gpus_per_node(cell.gpu_type)):
+        plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
+        if job.global_batch_size < plan.dp:
+            continue
+        try:
+            e = inner.predict(job, plan, placement, cluster)
+        except (KeyError, ValueError) as exc:  # the inner model cannot describe the job
+            log.debug("inner estimator cannot evaluate %s on %s: %s", job.id, cell, exc)
             return None
-        per_stage = cell.gpus // cell.stages
-        best: Estimate | None = None
-        for tp in powers_of_two_dividing(per_stage, cluster.max_gpus_per_node(cell.gpu_type)):
-            plan = ExecutionPlan(dp=per_stage // tp, tp=tp, pp=cell.stages)
-            if job.global_batch_size < plan.dp:
-                continue
-            try:
-                e = self._inner.predict(job, plan, placement, cluster)
-            except (KeyError, ValueError) as exc:  # the inner model cannot describe the job
-                log.debug("inner estimator cannot evaluate %s on %s: %s", job.id, cell, exc)
-                return None
-            if math.isfinite(e.iter_time_s) and (best is None or e.iter_time_s < best.iter_time_s):
-                best = e
-        return best
+        if not fits_memory(job, e.plan, limit):
+            continue
+        if math.isfinite(e.iter_time_s) and (best is None or e.iter_time_s < best.iter_time_s):
+            best = e
+    return best
 
 
 def rated_estimate(job: JobSpec, gpus: int, stages: int, iter_time_s: float) -> Estimate | None:
@@ -196,7 +214,9 @@ def rated_estimate(job: JobSpec, gpus: int, stages: int, iter_time_s: float) -> 
     if stages != 1 or gpus <= 0 or not (math.isfinite(iter_time_s) and iter_time_s > 0):
         return None
     return Estimate(iter_time_s, 0.0, True, ExecutionPlan(dp=gpus), job.global_batch_size,
-                    {"rated": 1.0})
+                    {"rated": 1.0}, Source("measured", "the rate source's measured speed "
+                                           "(a model the catalog lacks: its DP plan)",
+                                           estimator="rates"))
 
 
-__all__ = ["RateEstimator", "RateFn", "rated_estimate"]
+__all__ = ["RateEstimator", "RateFn", "fastest_fitting_split", "rated_estimate"]

@@ -53,7 +53,9 @@ from apportion.cluster import Cluster
 from apportion.decision import Allocation, Decision, Reason
 from apportion.jobs import JobSpec
 from apportion.measured_rates import RateFeedback
-from apportion.round import InvalidDecision, run_pipeline
+from apportion.policies.config import RoundConfig, check_deterministic
+from apportion.policies.scheduler import Scheduler
+from apportion.round import InvalidDecision
 from apportion.view import JobView, View
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,36 @@ def _spec(j: SimJob) -> JobSpec:
                    accepts_sharing=bool(ft and ft.accepts_sharing))
 
 
+@dataclass
+class _Replay:
+    """A replay's state between its rounds: what the loop and the pipeline's hooks share."""
+
+    states: dict[str, JobState] = field(default_factory=dict)
+    active: list[JobState] = field(default_factory=list)
+    done: list[JobState] = field(default_factory=list)
+    dropped: list[JobState] = field(default_factory=list)
+    too_large: list[str] = field(default_factory=list)
+    no_fit_memory: list[str] = field(default_factory=list)  # no plan fits any GPU's memory
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    t: float = 0.0  # this round's time
+    round: int = 0
+    decided_from: float = 0.0  # when this round's pipeline started (perf_counter)
+
+
+def _never_fit(decision: Decision) -> list[str]:
+    """The jobs no plan fits in any GPU's memory (they can never run here)."""
+    return sorted(p.job for p in decision.pending
+                  if not p.can_ever_fit and p.reason is Reason.NO_FIT_MEMORY)
+
+
+def _dropped(decision: Decision) -> set[str]:
+    """The jobs a round leaves for good: refused by admission (they can never fit), no plan
+    fitting any GPU's memory, or dropped by the policy (ElasticFlow's admission control)."""
+    return {p.job for p in decision.pending if (p.stage == "admit" and not p.can_ever_fit)
+            or (p.action is not None and p.action.value == "drop")} | set(_never_fit(decision))
+
+
 def _not_run(attempt: dict[str, Any]) -> bool:
     """A chain attempt that never ran: skipped, or no budget was left for it."""
     msg = str(attempt.get("message", ""))
@@ -162,6 +194,9 @@ class Simulator:
         self.truth = ConsolidatedRates(truth) if self.cfg.consolidated_rates else truth
         if self.cfg.deterministic:
             deterministic_policy(policy)
+        # the round's pipeline with the policy the caller built, and this replay's hooks
+        self.scheduler = Scheduler(policy=policy, apply=self._take_effect)
+        self._replay = _Replay()
         self.view = rate_source(self.cfg.information, self.truth, cluster, self.cfg.seed,
                                 self.cfg.noise_sigma, self.cfg.estimator)
         self.progress = progress
@@ -172,14 +207,9 @@ class Simulator:
     def run(self) -> SimResult:
         cfg = self.cfg
         arrivals = deque(sorted(self.trace.jobs, key=lambda j: (j.submit_s, j.job_id)))
-        states: dict[str, JobState] = {}
-        active: list[JobState] = []
-        done: list[JobState] = []
-        dropped: list[JobState] = []
-        timeline: list[dict[str, Any]] = []
-        rounds: list[dict[str, Any]] = []
+        rp = self._replay = _Replay()
         if not arrivals:
-            return self._result(done, [], timeline, rounds, 0.0, 0.0)
+            return self._result(rp.done, [], rp.timeline, rp.rounds, 0.0, 0.0)
         iv = cfg.interval_s
         t0 = float(np.floor(arrivals[0].submit_s / iv) * iv)
         t = t0
@@ -187,7 +217,6 @@ class Simulator:
         stall = 0
         finished_recent: list[str] = []
         total_gpus = self.cluster.total_gpus
-        too_large: list[str] = []
         wall0 = time.perf_counter()
         feedback = RateFeedback() if cfg.rate_feedback else None
         while True:
@@ -195,10 +224,10 @@ class Simulator:
             while arrivals and arrivals[0].submit_s <= t:
                 j = arrivals.popleft()
                 js = JobState(_spec(j), trace=j)
-                states[j.job_id] = js
-                active.append(js)
+                rp.states[j.job_id] = js
+                rp.active.append(js)
                 arrived.append(j.job_id)
-            if not active:
+            if not rp.active:
                 if not arrivals:
                     break
                 if cfg.max_sim_s is not None and t - t0 >= cfg.max_sim_s:
@@ -207,72 +236,90 @@ class Simulator:
                 continue
             if cfg.max_sim_s is not None and t - t0 >= cfg.max_sim_s:
                 break
-            state = View(t, self.cluster, list(active), self.view, r, iv, cfg.seed,
+            state = View(t, self.cluster, list(rp.active), self.view, r, iv, cfg.seed,
                          cfg.information, list(finished_recent), arrived, dict(self.cap),
                          needs_catalog=False, restart_s=cfg.restart_cost_s)
             if feedback is not None:  # what each running job was measured to do
                 feedback.observe(state)
-            tp = time.perf_counter()
-            try:  # the one round pipeline: admit, decide, validate (an invalid one raises)
-                decision = run_pipeline(state, self.policy).decision
+            rp.t, rp.round, rp.decided_from = t, r, time.perf_counter()
+            try:  # the one round pipeline: admit, decide, validate (an invalid one raises),
+                # then this replay's commit (its log of rounds) and apply (the decision
+                # takes effect in the simulated cluster) hooks
+                self.scheduler.decide(state, self._commit)
             except InvalidDecision as exc:
                 raise SimulationError(f"round {r} at t={t:.0f}: {exc}") from None
-            policy_s = time.perf_counter() - tp
-            self._apply(decision, active, states, t)
-            # what admission refuses for good (a job larger than the cluster: the pipeline's
-            # typed reason, as every driver gives it) never runs: dropped, counted
-            refused = {p.job for p in decision.pending if p.stage == "admit"
-                       and not p.can_ever_fit}
-            too_large += sorted(p.job for p in decision.pending if p.stage == "admit"
-                                and p.reason is Reason.TOO_LARGE)
-            dropped_now = refused | {p.job for p in decision.pending if p.action is not None
-                                     and p.action.value == "drop"}
-            if dropped_now:
-                for js in active:
-                    if js.id in dropped_now:
-                        js.dropped = True
-                        js.alloc, js.true_rate = None, 0.0
-                dropped.extend(js for js in active if js.id in dropped_now)
-                active = [js for js in active if js.id not in dropped_now]
-            progressed, finished_recent = self._advance(active, t, t + iv, timeline)
-            rep = decision.report
-            ran = [a for a in rep.attempts if not _not_run(a)]
-            rounds.append({"round": r, "t": t, "active": len(active), "policy_s": policy_s,
-                           "solver_s": rep.wall_s, "backend": rep.backend, "status": rep.status,
-                           "fallback": bool(rep.fallback), "objective": rep.objective,
-                           "bound": rep.bound, "gap": rep.gap,
-                           "placed": len(decision.allocations),
-                           # the chain as it ran (where a replay's solver time goes)
-                           "chain": "+".join(str(a.get("backend")) for a in ran),
-                           "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),
-                           "stalled": any("stopped:" in str(a.get("message", "")) for a in ran),
-                           "time_limited": any(bool(a.get("time_limited")) for a in ran),
-                           # a deterministic budget's work (nominal seconds, solvers.base):
-                           # what a replay is timed by when the clock is only a safety stop
-                           "work_s": sum(float(a.get("work_s") or 0.0) for a in ran)})
+            progressed, finished_recent = self._advance(rp.active, t, t + iv, rp.timeline)
             for jid in finished_recent:
-                js = states[jid]
-                done.append(js)
+                js = rp.states[jid]
+                rp.done.append(js)
             if finished_recent:
                 fin = set(finished_recent)
-                active = [js for js in active if js.id not in fin]
+                rp.active = [js for js in rp.active if js.id not in fin]
             stall = 0 if (progressed or arrivals) else stall + 1
             if stall >= cfg.stall_rounds:
                 log.warning("%s: nothing progressed for %d rounds; stopping with %d jobs unfinished",
-                            getattr(self.policy, "name", "policy"), stall, len(active))
+                            getattr(self.policy, "name", "policy"), stall, len(rp.active))
                 break
             t += iv
             r += 1
             if self.progress is not None:
-                self.progress(t - t0, len(done), len(self.trace.jobs))
-        unfinished = dropped + active + [JobState(_spec(j), trace=j) for j in arrivals]
-        if too_large:
+                self.progress(t - t0, len(rp.done), len(self.trace.jobs))
+        unfinished = rp.dropped + rp.active + [JobState(_spec(j), trace=j) for j in arrivals]
+        if rp.too_large:
             log.warning("%d jobs ask for more GPUs than the cluster has (%d); refused: %s",
-                        len(too_large), total_gpus, ", ".join(too_large[:5]))
-        res = self._result(done, unfinished, timeline, rounds, t0, time.perf_counter() - wall0)
-        res.summary["refused_larger_than_cluster"] = len(too_large)
+                        len(rp.too_large), total_gpus, ", ".join(rp.too_large[:5]))
+        res = self._result(rp.done, unfinished, rp.timeline, rp.rounds, t0,
+                           time.perf_counter() - wall0)
+        if rp.no_fit_memory:
+            log.warning("%d jobs fit no GPU's memory with any plan; refused: %s",
+                        len(rp.no_fit_memory), ", ".join(rp.no_fit_memory[:5]))
+        res.summary["refused_larger_than_cluster"] = len(rp.too_large)
+        res.summary["refused_no_fit_memory"] = len(rp.no_fit_memory)
         res.summary["trace_notes"] = list(getattr(self.trace, "notes", []) or [])
         return res
+
+    # -- the pipeline's hooks -----------------------------------------------------------
+    def _commit(self, decision: Decision) -> None:
+        """The commit hook: the round in the replay's log (``rounds.csv``), as decided."""
+        rp = self._replay
+        policy_s = time.perf_counter() - rp.decided_from
+        gone = _dropped(decision)
+        rep = decision.report
+        ran = [a for a in rep.attempts if not _not_run(a)]
+        rp.rounds.append({
+            "round": rp.round, "t": rp.t,
+            "active": len(rp.active) - (sum(1 for js in rp.active if js.id in gone)
+                                        if gone else 0),
+            "policy_s": policy_s, "solver_s": rep.wall_s, "backend": rep.backend,
+            "status": rep.status, "fallback": bool(rep.fallback), "objective": rep.objective,
+            "bound": rep.bound, "gap": rep.gap, "placed": len(decision.allocations),
+            # the chain as it ran (where a replay's solver time goes)
+            "chain": "+".join(str(a.get("backend")) for a in ran),
+            "chain_s": "+".join(f"{float(a.get('wall_s') or 0.0):.3f}" for a in ran),
+            "stalled": any("stopped:" in str(a.get("message", "")) for a in ran),
+            "time_limited": any(bool(a.get("time_limited")) for a in ran),
+            # a deterministic budget's work (nominal seconds, solvers.base):
+            # what a replay is timed by when the clock is only a safety stop
+            "work_s": sum(float(a.get("work_s") or 0.0) for a in ran)})
+
+    def _take_effect(self, decision: Decision) -> None:
+        """The apply hook: the decision takes effect in the simulated cluster (each job's
+        allocation and true rate); what admission refuses for good (a job larger than the
+        cluster: the pipeline's typed reason, as every driver gives it) and what the policy
+        drops never runs: dropped, counted."""
+        rp = self._replay
+        self._apply(decision, rp.active, rp.states, rp.t)
+        rp.too_large += sorted(p.job for p in decision.pending if p.stage == "admit"
+                               and p.reason is Reason.TOO_LARGE)
+        rp.no_fit_memory += _never_fit(decision)  # dropped and counted, never a stall
+        dropped_now = _dropped(decision)
+        if dropped_now:
+            for js in rp.active:
+                if js.id in dropped_now:
+                    js.dropped = True
+                    js.alloc, js.true_rate = None, 0.0
+            rp.dropped.extend(js for js in rp.active if js.id in dropped_now)
+            rp.active = [js for js in rp.active if js.id not in dropped_now]
 
     # -- applying a decision -----------------------------------------------------------
     def _apply(self, decision: Decision, active: list[JobState], states: dict[str, JobState],
@@ -444,9 +491,6 @@ def deterministic_policy(policy: Any) -> None:
     """Give ``policy``'s solver a deterministic budget where it has a round config (the
     optimising policies); the heuristics are deterministic already, and the baselines
     with an ILP of their own (Sia's) solve it to optimality well inside their limit."""
-    from apportion.policies import RoundConfig
-    from apportion.policies.config import check_deterministic
-
     cfg = getattr(policy, "cfg", None)
     if isinstance(cfg, RoundConfig):
         check_deterministic(cfg)

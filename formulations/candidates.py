@@ -56,6 +56,7 @@ from apportion.decision import Reason
 from apportion.formulations.spilled import fits_device, spilled_candidates
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model
+from apportion.plan_memory import device_memory_bytes, type_memory_bytes
 from apportion.plans import Cell
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ log = logging.getLogger(__name__)
 # cells_of, group_node, job_node, jobs_in, member_nodes and node_node lived here before
 # apportion.formulations.schema: re-exported for compatibility (readers import the schema)
 __all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candidates", "cells_of",
-           "group_node", "job_node", "jobs_in", "member_nodes", "node_node", "problem_dump",
+           "gpu_memory_limits", "group_node", "job_node", "jobs_in", "member_nodes", "node_node",
+           "problem_dump",
            "prune_dominated", "queue_bonus"]
 
 
@@ -254,7 +256,7 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
                 tried += 1
                 cell = Cell(job.id, gpu_type, gpus, stages)
                 e = est.best_in_cell(job, cell, cluster)
-                if e is None or not fits_device(cluster, gpu_type, e):
+                if e is None or not fits_device(cluster, gpu_type, e, job):
                     continue
                 why = accept(job, e.plan) if accept is not None else None
                 if why is None:
@@ -294,7 +296,7 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     assert r is not None
     cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
     e = est.best_in_cell(job, cell, cluster)
-    if e is None or not fits_device(cluster, cell.gpu_type, e):
+    if e is None or not fits_device(cluster, cell.gpu_type, e, job):
         return None
     return cell, e
 
@@ -328,6 +330,10 @@ def _attach(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], caps: di
             g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
             g.nodes[jn]["reason_detail"] = (f"no measured iteration time for {job.model} at "
                                             f"batch {job.global_batch_size} in the tables")
+        elif catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
+            g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
+            g.nodes[jn]["reason_detail"] = (f"no rate for it on any GPU type ({job.model!r} "
+                                            "has no layer graph, so its memory is unknown)")
         else:
             g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
         g.nodes[jn]["ref_throughput"] = 0.0
@@ -371,7 +377,11 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
                  "normalized": norm, "bonus": bonus,
                  "value": norm + bonus + (opt.keep_bonus if current else 0.0),
                  "current": current}
-        if plan.spilled:  # the whole plan: the decoder reads it (formulations/spilled.py)
+        if plan.spilled or plan.zero_stage or plan.offload or plan.accumulation > 1 \
+                or plan.checkpointing:
+            # the whole plan where it says more than the cell's split (a spilled plan,
+            # formulations/spilled.py; an estimator's accumulation, ZeRO, offload or
+            # recomputation, which the plan's memory depends on): the decoder reads it
             attrs["plan"] = plan
         attrs["single_node"] = single
         vertices.append((cn, attrs))
@@ -413,6 +423,21 @@ def add_topology(g: nx.DiGraph, cluster: Cluster) -> None:
         cluster.__dict__["_topology_vertices"] = memo
     add_new_vertices(g, [(v, {**a, "nodes": list(a["nodes"])} if "nodes" in a else dict(a))
                          for v, a in memo])
+    g.graph["gpu_memory"] = gpu_memory_limits(cluster)
+
+
+def gpu_memory_limits(cluster: Cluster) -> dict[str, Any]:
+    """What a job may use on each GPU, per type and per node, as the validator checks it
+    (:mod:`apportion.plan_memory`): the node group's ``gpu_memory_gib`` where it says, else
+    the catalog's memory; for the problem dump (memoised on the cluster)."""
+    memo = cluster.__dict__.get("_gpu_memory_limits")
+    if memo is None:
+        types = {t: {"memory_gib": type_memory_bytes(cluster, t) / 2**30,
+                     "from": "catalog" if cluster.gpu_memory_bytes(t) is None else "node group"}
+                 for t in cluster.gpu_types}
+        nodes = {n: device_memory_bytes(cluster, n) / 2**30 for n in cluster.nodes}
+        memo = cluster.__dict__["_gpu_memory_limits"] = {"types": types, "nodes": nodes}
+    return memo
 
 
 def attach_cell_edges(g: nx.DiGraph, cn: str, cluster: Cluster, gpu_type: str, gpus: int, tp: int,
@@ -530,14 +555,19 @@ def problem_dump(g: nx.DiGraph) -> dict[str, Any]:
             "queue_bonus": jd["queue_bonus"], "running": jd["running"], "reason": jd["reason"],
             "candidates": cands,
         })
+    memory = g.graph.get("gpu_memory") or {"types": {}, "nodes": {}}
     nodes = [{"name": name_of(n), "gpu_type": d["gpu_type"], "capacity": d["capacity"],
               "group": name_of(d["group"]), "cpus": d.get("cpus"),
-              "host_memory_gib": d.get("host_memory_gib")}
+              "host_memory_gib": d.get("host_memory_gib"),
+              "gpu_memory_gib": memory["nodes"].get(name_of(n))}
              for n in node_vertices(g) for d in (g.nodes[n],)]
     groups = [{"name": name_of(n), "gpu_type": d["gpu_type"], "gpus_per_node": d["node_gpus"],
                "nodes": [name_of(m) for m in d["nodes"]]}
               for n in group_vertices(g) for d in (g.nodes[n],)]
     return {"now_s": g.graph.get("now_s"), "objective_weights": g.graph.get("options"),
             "nodes": nodes, "groups": groups, "jobs": jobs_out,
+            # each GPU type's memory limit the round kept (a candidate's mem_per_gpu_gib is
+            # within it, and the validator checks each plan against it)
+            "gpu_types": dict(memory["types"]),
             "quotas": dict(g.graph.get("quotas") or {}),
             "formulation": g.graph.get("formulation", "cells")}

@@ -100,6 +100,7 @@ from apportion.errors import InputError
 from apportion.formulations.spilled import spilled_cells
 from apportion.jobs import JobSpec
 from apportion.models import catalog_model, get_model
+from apportion.plan_memory import fits_memory, type_memory_bytes
 from apportion.plans import ExecutionPlan
 
 log = logging.getLogger(__name__)
@@ -185,10 +186,12 @@ class EstimatedPlans:
         model = get_model(job.model)
         intra, outer = self.estimator._links(placement, gpu_type, cluster)
         max_tp = cluster.max_gpus_per_node(gpu_type)
+        limit = cluster.gpu_memory_bytes(gpu_type)  # the node group's, where it says one
         out: list[PlanOption] = []
 
         def add(plan: ExecutionPlan, family: str, cpus: float | None = None) -> None:
-            e = self.estimator._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer)
+            e = self.estimator._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
+                                         limit=limit)
             if not e.feasible:
                 return
             t = e.iter_time_s
@@ -297,6 +300,26 @@ def plan_from_code(code: str, gpus: int) -> tuple[ExecutionPlan, str] | None:
     return table.get(code)
 
 
+def sized_to_fit(job: JobSpec, plan: ExecutionPlan, limit_bytes: float) -> ExecutionPlan | None:
+    """A measured plan completed with the micro-batching its code does not record, so that
+    it fits ``limit_bytes`` per GPU by the validator's ledger (:mod:`apportion.plan_memory`):
+    ``plan`` itself where it fits, else its accumulation steps (one stage) or its pipeline
+    micro-batches doubled, the fewest that fit; None where none does. A measured run went
+    through *some* micro-batch size (Morphling's ``zero-offload`` of LLaMA-2-7B on one
+    80 GB GPU cannot hold its 32 samples at once); the largest that fits is taken."""
+    if fits_memory(job, plan, limit_bytes):
+        return plan
+    per_replica = max(1, job.global_batch_size // max(1, plan.dp))
+    k = 2
+    while k <= per_replica:
+        grown = (replace(plan, accumulation=plan.accumulation * k) if plan.pp == 1
+                 else replace(plan, micro_batches=plan.micro_batches * k))
+        if fits_memory(job, grown, limit_bytes):
+            return grown
+        k *= 2
+    return None
+
+
 @dataclass
 class MeasuredPlans:
     """Iteration times per plan and placement from Morphling's ``placements.csv`` tables.
@@ -305,7 +328,9 @@ class MeasuredPlans:
     digit string of GPUs per node (``22``: two nodes with two GPUs); an option
     at G GPUs uses the most consolidated measured placement of that plan that
     the cluster can host (no node given more GPUs than it has).
-    Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU.
+    Offload plans ask for ``offload_cpus_per_gpu`` CPUs per GPU. A plan code records
+    no micro-batch size: a plan that would not fit as written gets the fewest extra
+    accumulation steps (pipeline micro-batches) that fit (:func:`sized_to_fit`).
     """
 
     tables: dict[str, Path]
@@ -351,7 +376,11 @@ class MeasuredPlans:
             if cur is None or (len(placement), t) < (cur[0], cur[1]):
                 best[code] = (len(placement), t, plan, family)
         out = []
-        for code, (_, t, plan, family) in sorted(best.items()):
+        limit = type_memory_bytes(cluster, gpu_type)
+        for code, (_, t, measured, family) in sorted(best.items()):
+            plan = sized_to_fit(job, measured, limit)
+            if plan is None:
+                continue
             off = plan.offload
             out.append(PlanOption(gpu_type, gpus, plan, family, t, job.global_batch_size,
                                   self.offload_cpus_per_gpu if off else self.base_cpus_per_gpu,
@@ -423,6 +452,18 @@ def host_fits(o: PlanOption, cluster: Cluster,
         if k <= gpus and k * o.cpus_per_gpu <= cpus and k * o.host_mem_gib_per_gpu <= mem:
             return True
     return False
+
+
+def fits_gpu(job: JobSpec, o: PlanOption, cluster: Cluster) -> bool:
+    """Whether an option fits each GPU of its type: its estimate within what the node group
+    lets a job use (``gpu_memory_gib``, where it says), and its plan within the GPU by the
+    validator's own ledger (:mod:`apportion.plan_memory`). Every source's options pass here:
+    a measured table's plan (Morphling's, measured on 80 GB GPUs) names no memory of its own,
+    and a cluster's smaller GPUs must still refuse it."""
+    said = cluster.gpu_memory_bytes(o.gpu_type)
+    if said is not None and o.mem_per_gpu > said:
+        return False
+    return fits_memory(job, o.plan, type_memory_bytes(cluster, o.gpu_type))
 
 
 def node_shapes(cluster: Cluster) -> dict[str, list[tuple[int, float, float]]]:
@@ -520,6 +561,17 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
     # and batch the same option objects: their front is found once)
     fronts: dict[tuple[int, ...], tuple[list[PlanOption], list[PlanOption]]] = {}
     book = QuotaBook(quotas)
+    # each option's memory verdict once a round: a source hands the jobs of one model and
+    # batch the same option objects (held here with their verdict, so no id is reused)
+    fits: dict[tuple[int, str, int], tuple[PlanOption, bool]] = {}
+
+    def fitting(job: JobSpec, o: PlanOption) -> bool:
+        key = (id(o), job.model, job.global_batch_size)
+        got = fits.get(key)
+        if got is None or got[0] is not o:
+            got = fits[key] = (o, fits_gpu(job, o, cluster))
+        return got[1]
+
     for job in sla_order(jobs):
         jn = job_node(job.id)
         wait = job.wait_s(now_s)
@@ -532,13 +584,25 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         opts: list[PlanOption] = []
         for gpu_type, cap in sorted(caps.items()):
             for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
-                opts.extend(source.options(job, gpu_type, gpus, cluster))
+                opts.extend(o for o in source.options(job, gpu_type, gpus, cluster)
+                            if fitting(job, o))
         why = None
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)
+        elif accept is not None and all(accept(job, o.plan) is not None for o in opts):
+            # what fits, its workload cannot run (the torch worker offloads nothing): spilled,
+            # where that fits and runs
+            spilled = [o for o in spilled_options(job, cluster, source)[0]
+                       if accept(job, o.plan) is None]
+            opts = spilled or opts
         if not opts:
-            g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
-            g.nodes[jn]["reason_detail"] = why
+            if catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
+                g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
+                g.nodes[jn]["reason_detail"] = (f"no rate for it on any GPU type ({job.model!r} "
+                                                "has no layer graph, so its memory is unknown)")
+            else:
+                g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
+                g.nodes[jn]["reason_detail"] = why
             g.nodes[jn]["ref_throughput"] = 0.0
             continue
         fit = [o for o in opts if host_fits(o, cluster, shapes)]
@@ -629,6 +693,6 @@ def reestimate(option_plan: ExecutionPlan, job: JobSpec, placement: dict[str, in
 
 # sla_reachable lived here before apportion.formulations.sla: re-exported for compatibility
 __all__ = ["CalibratedPlans", "EstimatedPlans", "MeasuredPlans", "PlanOption", "PlanOptions",
-           "PlanSource", "build_plan_candidates", "dominates", "node_shapes", "plan_from_code",
-           "prune_dominated", "rated_options", "reestimate",
+           "PlanSource", "build_plan_candidates", "dominates", "fits_gpu", "node_shapes",
+           "plan_from_code", "prune_dominated", "rated_options", "reestimate", "sized_to_fit",
            "sla_reachable"]

@@ -22,7 +22,11 @@ optimizer state there.
 
 :func:`fits_device` is the other half of the same idea for every cell: where a
 node group says a job may use less device memory than the catalog's GPU has
-(``NodeGroup.gpu_memory_gib``), a cell that needs more is no cell.
+(``NodeGroup.gpu_memory_gib``), a cell that needs more is no cell; and a cell whose
+plan the validator's own ledger (:mod:`apportion.plan_memory`, a lower bound on each
+GPU's bytes) finds larger than the GPU is no cell either, whatever its estimator says
+(a rate source that only knows the job runs there lends the cell an inner model's plan,
+which must still fit).
 """
 
 from __future__ import annotations
@@ -32,77 +36,51 @@ from typing import Any
 
 import networkx as nx
 from apportion.estimation.base import Estimate
-from apportion.estimation.models.analytic import nominal_placement
-from apportion.estimation.models.spill import spill_estimate
+from apportion.estimation.models.spill import (
+    RESERVE_GIB,
+    USABLE_FRACTION,
+    device_budget,
+    host_share_bytes,
+    spilled_on,
+)
 
 from apportion.cluster import Cluster
-from apportion.gpus import get_gpu
 from apportion.jobs import JobSpec
-from apportion.models import catalog_model, get_model
-from apportion.plans import Cell, ExecutionPlan
+from apportion.models import catalog_model
+from apportion.plan_memory import fits_memory, type_memory_bytes
+from apportion.plans import Cell
 
-GiB = 2**30
-# the analytic estimator's defaults, for estimators that do not say (AutoEstimator, tables)
-USABLE_FRACTION, RESERVE_GIB = 0.95, 1.5
+# device_budget, host_share_bytes and the analytic defaults lived here before the rate
+# sources needed them (apportion.estimation.models.spill): re-exported for compatibility
+__all__ = ["RESERVE_GIB", "USABLE_FRACTION", "device_budget", "fits_device", "host_share_bytes",
+           "spilled_candidates", "spilled_cells"]
 
 
-def device_budget(cluster: Cluster, gpu_type: str, estimator: Any) -> float:
-    """Bytes of device memory a job may use on one GPU of ``gpu_type``: the node group's
-    ``gpu_memory_gib`` where it says, else the catalog's memory less the estimator's
-    reserve (as the analytic model's feasibility check)."""
+def fits_device(cluster: Cluster, gpu_type: str, est: Estimate, job: JobSpec | None = None
+                ) -> bool:
+    """Whether a cell's memory per GPU fits what the cluster lets a job use on that type:
+    its estimate, and (given the ``job``) its plan by the validator's ledger."""
     said = cluster.gpu_memory_bytes(gpu_type)
-    if said is not None:
-        return said
-    fraction = float(getattr(estimator, "usable_memory_fraction", USABLE_FRACTION))
-    reserve = float(getattr(estimator, "memory_reserve_gib", RESERVE_GIB))
-    return get_gpu(gpu_type).memory_bytes * fraction - reserve * GiB
-
-
-def fits_device(cluster: Cluster, gpu_type: str, est: Estimate) -> bool:
-    """Whether a cell's memory per GPU fits what the cluster lets a job use on that type."""
-    said = cluster.gpu_memory_bytes(gpu_type)
-    return said is None or est.mem_per_gpu <= said
-
-
-def host_share_bytes(cluster: Cluster, gpu_type: str) -> float:
-    """The smallest host-memory share one GPU of ``gpu_type`` brings with it."""
-    nodes = cluster.nodes_of_type(gpu_type)
-    return min((n.host_memory_gib / n.gpus for n in nodes), default=0.0) * GiB
+    if said is not None and est.mem_per_gpu > said:
+        return False
+    return job is None or fits_memory(job, est.plan, type_memory_bytes(cluster, gpu_type))
 
 
 def spilled_cells(job: JobSpec, cluster: Cluster, estimator: Any
                   ) -> tuple[list[tuple[Cell, Estimate]], list[str]]:
-    """One spilled cell per GPU type where the model can be cut and its host state fits,
-    and why each other type has none."""
+    """One spilled cell per GPU type where the model can be cut and its host state fits
+    (:func:`~apportion.estimation.models.spill.spilled_on`), and why each other type has
+    none."""
     cells: list[tuple[Cell, Estimate]] = []
     why: list[str] = []
     if catalog_model(job.model) is None:  # cut by its layers: a catalog model only
         return cells, [f"{job.model!r} is not a catalog model (spilling cuts its layers)"]
-    model = get_model(job.model)
     for gpu_type in sorted(cluster.capacity_by_type()):
-        placement = nominal_placement(cluster, gpu_type, 1)
-        if placement is None:
-            continue
-        # recomputation: each backward unit re-runs its shard's forward
-        whole = estimator.predict(job, ExecutionPlan(checkpointing=True), placement, cluster)
-        budget = device_budget(cluster, gpu_type, estimator)
-        if 0 < whole.mem_per_gpu <= budget:
-            # the model fits one GPU whole: its cells are missing for another reason (no
-            # rate or measurement for them), which spilling would only hide
-            continue
-        e = spill_estimate(model, job.global_batch_size, get_gpu(gpu_type), whole.iter_time_s,
-                           budget)
-        if not e.feasible:
-            why.append(f"{gpu_type}: " + ("a single layer at the global batch exceeds its "
-                                          "memory" if "layer_too_large" in e.breakdown else
-                                          "the estimator has no time for the model"))
-            continue
-        need, share = e.breakdown["host_bytes"], host_share_bytes(cluster, gpu_type)
-        if need > share:
-            why.append(f"{gpu_type}: spilling holds {need / GiB:.0f} GiB in host memory, a "
-                       f"GPU's share of its node is {share / GiB:.0f} GiB")
-            continue
-        cells.append((Cell(job.id, gpu_type, 1, 1), e))
+        e, no = spilled_on(job, cluster, gpu_type, estimator)
+        if e is not None:
+            cells.append((Cell(job.id, gpu_type, 1, 1), e))
+        elif no is not None:
+            why.append(no)
     return cells, why
 
 

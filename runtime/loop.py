@@ -1,19 +1,20 @@
 """The core of ``apportion run``: rounds every interval, applied through an executor.
 
-Each round: read the jobs from the store, solve the round (``run_round``
-validates its own decision and never returns an invalid one), record the
-round (the intent: a run killed now leaves a store that says what it meant
-to do), apply it through the executor, then record what the executor did;
+Each round: read the jobs from the store, solve the round through the run's one
+:class:`~apportion.policies.scheduler.Scheduler` (the pipeline validates its own decision
+and never returns an invalid one), commit it through the store (the intent: a run killed
+now leaves a store that says what it meant to do), apply it through the executor and
+record what the executor did — the pipeline's commit and apply hooks, in that order;
 between rounds, poll progress into the store. A job finishing triggers an early round (its
-capacity is free) unless ``reschedule_on_finish`` is off; otherwise rounds
-are ``interval_s`` apart (Crius uses 5 minutes).
+capacity is free) unless ``reschedule_on_finish`` is off; otherwise rounds are
+``interval_s`` apart (Crius uses 5 minutes).
 
 SIGINT and SIGTERM stop the loop cleanly: every running job is checkpointed
 through ``executor.shutdown(checkpoint=True)`` and its last progress
 recorded, so each job is left either finished or resumable. The state store
-is any object with the three calls of :class:`StoreLike`; :class:`MemoryStore`
-is the in-memory one the tests use (the SQLite store implements the same
-calls).
+is any :class:`~apportion.round_store.RoundStore`; :class:`MemoryStore` is the in-memory
+one the tests use (the SQLite store implements the same calls through
+:class:`~apportion.runtime.store_adapter.SqliteRoundStore`).
 
 Measured iteration times are handed to ``on_measure`` (when given) with the
 round's estimate, so an estimator can refit when its error grows.
@@ -25,44 +26,33 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import Any, Protocol
+from typing import Any
 
 from apportion.runtime.executors.executor import Event, Executor, Health, Progress
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec, RunningState
-from apportion.policies import RoundConfig, policy_for, run_round
+from apportion.policies import RoundConfig, Scheduler
+from apportion.round_store import RoundStore, catalog_failures
 
 log = logging.getLogger(__name__)
 
-
-class StoreLike(Protocol):
-    """What the loop needs from a state store."""
-
-    def list_jobs(self, now_s: float) -> list[JobSpec]:
-        """Jobs to schedule now (submitted, not finished or failed), each with
-        ``iterations_done`` and ``running`` (its current allocation, or None)."""
-        ...
-
-    def record_round(self, index: int, now_s: float, decision: Decision,
-                     events: list[Event]) -> None:
-        """Persist one round: its decision and the actions the executor took."""
-        ...
-
-    def record_progress(self, progress: list[Progress]) -> None:
-        """Persist polled progress; finished and failed jobs leave the schedule."""
-        ...
-
-    # optional: ``record_events(index, events)``, what the executor did for a recorded round
+DONE_STATES = ("finished", "failed")
+#: how long an event (a submission, a cancellation, a node's change) waits for more before
+#: its round starts: a burst of submissions is decided in one round
+DEBOUNCE_S = 1.0
+#: the least time between the starts of two rounds an event brings forward
+MIN_GAP_S = 2.0
 
 
 @dataclass
 class MemoryStore:
-    """An in-memory :class:`StoreLike` (for tests and embedding)."""
+    """An in-memory :class:`~apportion.round_store.RoundStore` (for tests and embedding):
+    its clock counts from the loop's start, and a job's submit time is on that clock."""
 
     jobs: dict[str, JobSpec] = field(default_factory=dict)
     states: dict[str, str] = field(default_factory=dict)  # queued|running|finished|failed|...
@@ -73,16 +63,35 @@ class MemoryStore:
         self.jobs[job.id] = job
         self.states[job.id] = "queued"
 
+    def now(self, elapsed_s: float) -> float:
+        return elapsed_s
+
     def list_jobs(self, now_s: float) -> list[JobSpec]:
         return [j for j in self.jobs.values() if j.submit_time_s <= now_s
-                and self.states[j.id] not in ("finished", "failed")]
+                and self.states[j.id] not in DONE_STATES]
+
+    def waiting(self, now_s: float) -> bool:
+        return any(j.submit_time_s > now_s and self.states.get(j.id) not in DONE_STATES
+                   for j in self.jobs.values())
+
+    def arrived(self, since_s: float, until_s: float) -> bool:
+        return any(since_s < j.submit_time_s <= until_s for j in self.jobs.values())
+
+    def cluster_now(self, cluster: Cluster, now_s: float) -> Cluster:
+        return cluster  # no node faults are kept in memory
+
+    def history(self, now_s: float) -> Mapping[str, Any]:
+        return {}  # no attained service is kept in memory: each round starts a job afresh
+
+    def finished_jcts(self) -> Mapping[str, float]:
+        return {}
 
     def record_round(self, index: int, now_s: float, decision: Decision,
-                     events: list[Event]) -> None:
+                     events: Sequence[Event]) -> None:
         self.rounds.append({"index": index, "now_s": now_s, "decision": decision.as_dict(),
                             "events": [e.as_dict() for e in events]})
         for a in decision.allocations:
-            if self.states.get(a.job) in ("finished", "failed"):
+            if self.states.get(a.job) in DONE_STATES:
                 continue
             self.jobs[a.job] = replace(self.jobs[a.job], running=RunningState(
                 a.gpu_type, a.gpus, a.stages, dict(a.placement), a.plan.tp))
@@ -92,12 +101,12 @@ class MemoryStore:
                 self.jobs[p.job] = replace(self.jobs[p.job], running=None)
                 self.states[p.job] = "checkpointed"
 
-    def record_events(self, index: int, events: list[Event]) -> None:
+    def record_events(self, index: int, events: Sequence[Event]) -> None:
         for r in self.rounds:
             if r["index"] == index:
                 r["events"].extend(e.as_dict() for e in events)
 
-    def record_progress(self, progress: list[Progress]) -> None:
+    def record_progress(self, progress: Sequence[Progress]) -> None:
         for p in progress:
             if p.job not in self.jobs:
                 continue
@@ -110,10 +119,10 @@ class MemoryStore:
                 job = replace(job, running=None)
             self.jobs[p.job] = job
 
-    def mark_stopped(self, job_ids: list[str]) -> None:
+    def mark_stopped(self, job_ids: Sequence[str]) -> None:
         """After a shutdown: the jobs hold no resources and resume from their checkpoints."""
         for j in job_ids:
-            if self.states.get(j) not in ("finished", "failed"):
+            if self.states.get(j) not in DONE_STATES:
                 self.jobs[j] = replace(self.jobs[j], running=None)
                 self.states[j] = "checkpointed"
 
@@ -161,17 +170,24 @@ class RestartMeter:
         return median(self._seen.values()) if self._seen else None
 
 
-def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s: float = 300.0,
+def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s: float = 300.0,
              until_idle: bool = False, timeout_s: float | None = None,
              round_config: RoundConfig | None = None, poll_s: float = 0.5,
              reschedule_on_finish: bool = True,
              on_measure: Callable[[str, float | None, float], None] | None = None,
              refit: Any = None, on_round: Callable[[RoundTick], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> LoopResult:
+             should_stop: Callable[[], bool] | None = None,
+             debounce_s: float = DEBOUNCE_S, min_gap_s: float = MIN_GAP_S) -> LoopResult:
     """Run rounds until idle (with ``until_idle``), ``timeout_s``, SIGINT/SIGTERM, or
     ``should_stop()`` turning true (checked while waiting between rounds; it stops the
     loop as a signal would: every running job checkpointed). ``on_round`` sees every pass;
-    an observer that raises is logged and never stops the rounds."""
+    an observer that raises is logged and never stops the rounds.
+
+    Rounds are event-driven, the interval their upper bound: a job's end, and anything the
+    store saw since the last round read it (a submission, a cancellation, a node's fault or
+    return: ``store.arrived``) start the next round ``debounce_s`` after the wait first saw
+    it (a burst of submissions within that is one round) and at least ``min_gap_s`` after
+    the last round started."""
     t0 = time.monotonic()
     stop: dict[str, int | None] = {"signal": None}
     all_events: list[Event] = []
@@ -187,46 +203,44 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
             handlers[int(sig)] = signal.signal(sig, on_signal)
     rounds, reason = 0, "signal"
     progress: list[Progress] = []
-    # a store that keeps wall-clock submit times tells the loop its clock (queue bonuses
-    # then see real waits); the in-memory store counts from the loop's start
-    clock = getattr(store, "now", None)
     round_allocs: dict[str, Any] = {}
     round_jobs: dict[str, JobSpec] = {}
-    cfg = round_config or RoundConfig()
-    # one policy object for the whole run: a policy's memory (Gavel's rounds received, the
+    applied: list[Event] = []  # what the executor did for this round (the apply hook's)
+
+    def apply(decision: Decision) -> None:
+        """The pipeline's apply hook: the round is committed (the intent); the executor
+        acts on it, and what it did is recorded against the round."""
+        applied[:] = executor.apply(decision, list(round_jobs.values()))
+        store.record_events(rounds, applied)
+
+    # one scheduler for the whole run: a policy's memory (Gavel's rounds received, the
     # formulation's re-solve cadence) lasts across rounds
-    policy = policy_for(cfg, refit.estimator if refit is not None else None)
+    scheduler = Scheduler(round_config, store, apply,
+                          estimator=refit.estimator if refit is not None else None)
     restart_meter = RestartMeter()
     try:
         while stop["signal"] is None:
             started = time.monotonic()
-            now = clock() if clock is not None else started - t0
+            # the store's clock: wall-clock where submit times are (queue bonuses then see
+            # real waits); the in-memory store counts from the loop's start
+            now = store.now(started - t0)
             jobs = store.list_jobs(now)
             decision: Decision | None = None
             events: list[Event] = []
-            if until_idle and not jobs and not _future_jobs(store, now):
+            if until_idle and not jobs and not store.waiting(now):
                 reason = "idle"
                 break
             if jobs:
-                history = getattr(store, "history", None)
-                # the nodes up now: a node the store recorded down or quarantined is out
-                cluster_now = getattr(store, "cluster_now", None)
-                cl = cluster_now(now) if callable(cluster_now) else cluster
-                decision = run_round(cl, jobs, now, cfg,
-                                     estimator=refit.estimator if refit is not None else None,
-                                     policy=policy,
-                                     history=history(now) if callable(history) else None,
-                                     # the round's figures: its length is the loop's,
-                                     # its restart cost the executor's, as measured
-                                     interval_s=interval_s,
-                                     restart_s=restart_meter.seconds()).decision
-                round_allocs = {a.job: a for a in decision.allocations}
                 round_jobs = {j.id: j for j in jobs}
-                store.record_round(rounds, now, decision, [])  # the intent, before acting
-                events = executor.apply(decision, jobs)
-                record_events = getattr(store, "record_events", None)
-                if record_events is not None:
-                    record_events(rounds, events)
+                applied.clear()
+                # the round's figures: its length is the loop's, its restart cost the
+                # executor's, as measured; the nodes the store holds down are out
+                decision = scheduler.step(cluster, now, rounds, jobs=jobs, interval_s=interval_s,
+                                          restart_s=restart_meter.seconds()).decision
+                events = list(applied)
+                round_allocs = {a.job: a for a in decision.allocations}
+                for p in catalog_failures(decision):  # failed by the commit
+                    log.warning("job %s: failed: cannot be planned: %s", p.job, p.detail)
                 all_events.extend(events)
                 estimates.update({a.job: a.iter_time_s for a in decision.allocations})
                 rounds += 1
@@ -237,6 +251,7 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                                           decision, events))
             deadline = time.monotonic() + interval_s
             seen_done = {p.job for p in progress if p.done}
+            event_at: float | None = None  # when the wait first saw a change
             while stop["signal"] is None and time.monotonic() < deadline:
                 progress = executor.poll()
                 store.record_progress(progress)
@@ -259,13 +274,16 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
                 newly_done = {p.job for p in progress if p.done} - seen_done
                 if reschedule_on_finish and newly_done:
                     break
-                if _arrivals(store, now, time.monotonic() - t0):
-                    break
+                if store.arrived(now, time.monotonic() - t0):
+                    at = time.monotonic()
+                    event_at = at if event_at is None else event_at
+                    if at - event_at >= debounce_s and at - started >= min_gap_s:
+                        break
                 time.sleep(poll_s)
         if stop["signal"] is not None:
             reason = {-1: "timeout", -2: "stopped"}.get(stop["signal"], "signal")
     finally:
-        grace = getattr(executor, "stop_timeout_s", getattr(executor, "grace_s", None))
+        grace = executor.stop_timeout_s
         if reason == "idle" and grace is not None:
             # the store may call a job finished before its group has exited
             progress = _drain(executor, store, poll_s, float(grace))
@@ -274,9 +292,8 @@ def run_loop(cluster: Cluster, store: StoreLike, executor: Executor, interval_s:
             all_events.extend(stopped)
             progress = executor.poll()
             store.record_progress(progress)
-            mark = getattr(store, "mark_stopped", None)
-            if mark is not None:
-                mark([e.job for e in stopped])
+            store.mark_stopped([e.job for e in stopped])
+        scheduler.close()
         for signum, h in handlers.items():
             signal.signal(signum, h)
     return LoopResult(rounds, reason, progress, all_events)
@@ -290,7 +307,7 @@ def _tell(on_round: Callable[[RoundTick], None], tick: RoundTick) -> None:
         log.exception("round observer failed on round %d", tick.index)
 
 
-def _drain(executor: Executor, store: StoreLike, poll_s: float,
+def _drain(executor: Executor, store: RoundStore, poll_s: float,
            limit_s: float) -> list[Progress]:
     """Wait for groups still exiting (a job the store finished at its target iteration,
     whose group writes its final checkpoint), so their launches are closed and no worker
@@ -308,21 +325,3 @@ def _drain(executor: Executor, store: StoreLike, poll_s: float,
         progress = executor.poll()
     store.record_progress(progress)
     return progress
-
-
-def _future_jobs(store: StoreLike, now: float) -> bool:
-    """Jobs submitted for a later time (only stores that expose ``jobs`` can tell)."""
-    jobs = getattr(store, "jobs", None)
-    states = getattr(store, "states", {})
-    if not isinstance(jobs, dict):
-        return False
-    return any(j.submit_time_s > now and states.get(j.id) not in ("finished", "failed")
-               for j in jobs.values())
-
-
-def _arrivals(store: StoreLike, last_round: float, now: float) -> bool:
-    """A job became visible since the last round: solve again now."""
-    jobs = getattr(store, "jobs", None)
-    if not isinstance(jobs, dict):
-        return False
-    return any(last_round < j.submit_time_s <= now for j in jobs.values())

@@ -1,12 +1,14 @@
-"""The loop's store interface over the SQLite state store, its launch log and fault policy.
+"""The round store over the SQLite state store, its launch log and fault policy.
 
-Maps :class:`apportion.runtime.loop.StoreLike` onto :class:`apportion.store.StateStore`:
-``list_jobs`` takes one consistent snapshot (``round_input``), ``record_round``
-commits the round against that snapshot as one transaction (keyed
-``run-<start>-<index>``, so a retried commit is idempotent) *before* the
-executor acts on it, and ``record_progress`` writes measured progress and the
-last checkpoint (a job reaching its iterations finishes) and measured
-iteration times as estimator samples.
+Maps :class:`apportion.round_store.RoundStore` onto :class:`apportion.store.StateStore`
+for every driver that commits to it (``solve-round --state``, ``run``, ``serve``):
+``list_jobs`` takes one consistent snapshot (``round_input``), ``cluster_now`` is the
+configured cluster less the nodes the store holds down or quarantined, ``record_round``
+commits the round against that snapshot, on that cluster, as one transaction (keyed
+``run-<start>-<index>``, or the key the driver names, so a retried commit is
+idempotent) *before* anyone acts on it, and ``record_progress`` writes measured progress
+and the last checkpoint (a job reaching its iterations finishes) and measured iteration
+times as estimator samples.
 
 The fault policy (:class:`FaultPolicy`): a failed worker group sends its job
 back to the queue from its last checkpoint, to be relaunched by the next
@@ -23,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +36,9 @@ from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.jobs import JobSpec
 from apportion.lifecycle import JobState
-from apportion.store import RoundInput, StateStore
+from apportion.store import CommitResult, RoundInput, StateStore
 from apportion.store_faults import effective_cluster, worker_fault
+from apportion.store_history import JobHistory, finished_jcts, job_histories
 
 log = logging.getLogger(__name__)
 
@@ -75,45 +79,89 @@ class SqliteLaunchLog:
         sl.launch_ended(self.store, launch_id, outcome, detail, checkpoint_end)
 
 
-class SqliteLoopStore:
+class SqliteRoundStore:
+    """The SQLite state store as a :class:`~apportion.round_store.RoundStore`.
+
+    ``round_key`` keys the next commit (``solve-round --round-key``, or the snapshot's
+    generation for a one-off round: :meth:`key_for`); without one a run's rounds are keyed
+    ``run-<start>-<index>``. ``last_commit`` is what the last :meth:`record_round` did.
+    """
+
     def __init__(self, store: StateStore, cluster: Cluster,
-                 policy: FaultPolicy | None = None) -> None:
+                 policy: FaultPolicy | None = None, round_key: str | None = None) -> None:
         self.store = store
         self.cluster = cluster
         self.policy = policy or FaultPolicy()
+        self.round_key = round_key
         self.run_id = f"{time.time():.0f}-{os.getpid()}"
+        self.last_commit: CommitResult | None = None
         self._snapshot: RoundInput | None = None
+        self._planned: Cluster = cluster  # the cluster the next round plans on
         self._alloc: dict[str, Any] = {}
         self._handled: set[str] = set()  # failed launches the policy has acted on
+        self._token: tuple[int, int, float] | None = None  # the store's change token at list_jobs
 
-    def now(self) -> float:
+    def now(self, elapsed_s: float) -> float:
         """The store's clock: submit times are wall-clock seconds."""
         return time.time()
 
     def list_jobs(self, now_s: float) -> list[JobSpec]:
+        self._token = self.store.change_token()  # read first: a change during the read counts
         self._snapshot = self.store.round_input()
         return list(self._snapshot.jobs)
 
-    def cluster_now(self, now_s: float) -> Cluster:
-        """The cluster this round may plan on: the configured one without the nodes the
-        store holds down or quarantined (what ``solve-round --state`` plans on too)."""
-        return effective_cluster(self.store, self.cluster, now_s)
+    @property
+    def snapshot(self) -> RoundInput:
+        """The last :meth:`list_jobs`'s read (the next commit's base)."""
+        if self._snapshot is None:
+            raise RuntimeError("no round read yet: list_jobs first")
+        return self._snapshot
 
-    def history(self, now_s: float) -> dict[str, Any]:
+    def key_for(self, index: int) -> str:
+        """The key round ``index`` commits under."""
+        return self.round_key or f"run-{self.run_id}-{index}"
+
+    def waiting(self, now_s: float) -> bool:
+        return False  # a job is submitted when it arrives: none waits for a later time
+
+    def arrived(self, since_s: float, until_s: float) -> bool:
+        """Whether something the last round did not see happened since it read the store: a
+        submission, a cancellation, a job's end, a node's fault or return (any process's:
+        ``submit``, the API, a worker's progress). The run loop then starts the next round
+        early (debounced), the interval being only the upper bound."""
+        return self._token is not None and self.store.change_token() != self._token
+
+    def cluster_now(self, cluster: Cluster, now_s: float) -> Cluster:
+        """The cluster this round may plan on: ``cluster`` without the nodes the store holds
+        down or quarantined; the round commits on it."""
+        self._planned = effective_cluster(self.store, cluster, now_s)
+        return self._planned
+
+    def history(self, now_s: float) -> dict[str, JobHistory]:
         """Attained service of the jobs of the last snapshot (history-aware policies)."""
-        from apportion.store_history import job_histories
-
         ids = {j.id for j in self._snapshot.jobs} if self._snapshot is not None else None
         return job_histories(self.store, now_s, ids)
 
-    def record_round(self, index: int, now_s: float, decision: Decision,
-                     events: list[Event]) -> None:
-        assert self._snapshot is not None, "record_round before list_jobs"
-        self.store.commit_round(decision, self._snapshot, self.cluster, now_s,
-                                round_key=f"run-{self.run_id}-{index}")
-        self._alloc = {a.job: a for a in decision.allocations}
+    def finished_jcts(self) -> dict[str, float]:
+        return finished_jcts(self.store)
 
-    def record_progress(self, progress: list[Progress]) -> None:
+    def record_round(self, index: int, now_s: float, decision: Decision,
+                     events: Sequence[Event]) -> CommitResult:
+        self.last_commit = self.store.commit_round(decision, self.snapshot, self._planned,
+                                                   now_s, round_key=self.key_for(index))
+        self._alloc = {a.job: a for a in decision.allocations}
+        return self.last_commit
+
+    def record_events(self, index: int, events: Sequence[Event]) -> None:
+        """Nothing more to write: every executor records its launches in the store through
+        its launch log (:class:`SqliteLaunchLog`), intent first."""
+
+    def mark_stopped(self, job_ids: Sequence[str]) -> None:
+        """Nothing more to write: each stopped job's checkpoint reached the store with the
+        progress polled after the shutdown, and the next run requeues every job the store
+        holds running that no worker runs (``reconcile``)."""
+
+    def record_progress(self, progress: Sequence[Progress]) -> None:
         now = time.time()
         states = {r.id: r for r in self.store.jobs()}
         for p in progress:

@@ -103,9 +103,12 @@ def test_an_over_quota_guaranteed_job_runs_best_effort(tmp_path: Path) -> None:
 def test_tenants_with_a_formulation_that_keeps_no_quotas_is_refused_by_name(
         tmp_path: Path) -> None:
     argv = _write(tmp_path, ONE_A100_NODE, [_guaranteed("g1", 0.0)])
+    r = runner.invoke(app, [*argv, "--formulation", "gavel", "--json", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--tenants" in r.stderr and "gavel" in r.stderr
+    assert "cells" in r.stderr and "deadline" in r.stderr  # it names those that keep them
+    # the deadline formulation keeps guaranteed jobs and quotas too (issue 61 item 9)
     r = runner.invoke(app, [*argv, "--formulation", "deadline", "--json", str(tmp_path / "o")])
-    assert r.exit_code == 2 and "--tenants" in r.stderr and "deadline" in r.stderr
-    assert "cells" in r.stderr  # it names the formulations that do keep them
+    assert r.exit_code == 0, r.output
 
 
 def test_simulate_takes_tenants_with_the_default_policy(tmp_path: Path) -> None:

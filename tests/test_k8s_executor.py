@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from apportion.runtime.executors.executor import Health
-from apportion.runtime.executors.k8s_client import K8sClient
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import object_name
-from apportion.runtime.executors.kubernetes import KubernetesExecutor
+from apportion.runtime.executors.kubernetes.client import K8sClient
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import object_name
+from apportion.runtime.executors.kubernetes.executor import KubernetesExecutor
 from k8s_schemas.server import ApiServerDouble
 
 from apportion.config import cluster_from_data
@@ -261,7 +261,7 @@ def _workers(srv: ApiServerDouble, mount: Path, stop: threading.Event, kind: str
 
 
 def test_apportion_run_until_idle(tmp_path: Path) -> None:
-    from apportion.runtime.run_command import run_command
+    from apportion.cli.run_command import run_command
 
     from apportion.store import open_store
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apportion.runtime.run_command import EXECUTORS
+from apportion.runtime.executors import EXECUTORS
 
 KINDS = {
     "builtin": ({}, "apportion.runtime.workers.trainer"),

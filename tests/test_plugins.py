@@ -58,6 +58,13 @@ def test_an_added_row_holds_whichever_answer_is_used(site: Path, tmp_path: Path,
     if backend == "greedy":  # the greedy starts every job that fits: it breaks the row
         assert d["solver"]["fallback"] is True
         assert "at-most-two-starts" in d["solver"]["fallback_reason"]
+        # ... so its answer is no answer (it was listed as feasible), and a job left waiting
+        # says the round kept the running jobs, not that the capacity went elsewhere
+        (greedy,) = [a for a in d["solver"]["attempts"] if a["backend"] == "greedy"]
+        assert greedy["status"] == "error" and "breaks the model" in greedy["message"], greedy
+        waiting = [p for p in d["pending"] if p["reason"] == "no-capacity"]
+        assert waiting and all("breaks the model" in p["detail"]
+                               and "higher-value" not in p["detail"] for p in waiting), waiting
     else:
         assert d["solver"]["fallback"] is False and _starts(d) == 2
 
@@ -92,7 +99,7 @@ class Doubled(AnalyticEstimator):
 
 
 def dry(workdir, launch_log=None):
-    from apportion.runtime.executors.launch import DryRunExecutor
+    from apportion.runtime.executors.dry_run.executor import DryRunExecutor
     ex = DryRunExecutor(workdir)
     ex.name = "my-dry"
     return ex

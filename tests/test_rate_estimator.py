@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from apportion.cluster import Cluster, NodeGroup
 from apportion.decision import SolveReport
 from apportion.jobs import JobSpec
+from apportion.models import get_model
+from apportion.plan_memory import memory_floor
 from apportion.plans import Cell, ExecutionPlan
 from apportion.policies import RoundConfig, run_round
 from apportion.formulations.decode import to_decision
@@ -76,16 +78,23 @@ def test_zero_rate_means_no_cell_and_inner_infeasible_still_runs() -> None:
     est = RateEstimator(only_a100)
     job = JobSpec("j", "bert-336m", 64, 100, 2)
     assert est.best_in_cell(job, Cell("j", "A10", 2, 1), CL) is None
-    # a model the analytic estimator thinks does not fit 2 x A10 (24 GB): the rate says it
-    # runs, and the rate source is the better witness
-    big = JobSpec("b", "bert-6.7b", 128, 100, 2)
+    # a model the analytic estimator thinks does not fit 2 x A10 (24 GB, less its reserve):
+    # the rate says it runs, and the rate source is the better witness, where a split's
+    # memory floor (the validator's ledger) lets it fit the GPU
+    big = JobSpec("b", "bert-2.6b", 128, 100, 2)
     assert AnalyticEstimator().best_in_cell(big, Cell("b", "A10", 2, 1), CL) is None
     runs = RateEstimator(lambda j, t, g: 0.25)
     e = runs.best_in_cell(big, Cell("b", "A10", 2, 1), CL)
     assert e is not None and e.feasible and e.iter_time_s == pytest.approx(4.0)
     assert e.plan.dp * e.plan.tp * e.plan.pp == 2
+    assert memory_floor(get_model("bert-2.6b"), 128, e.plan).bytes <= 24 * 2**30
     assert math.isinf(runs.predict(big, e.plan, {"b-0": 2}, CL).iter_time_s) is False
     assert RateEstimator(lambda j, t, g: 0.0).predict(big, e.plan, {"b-0": 2}, CL).feasible is False
+    # ... but a witness cannot make 6.7 B parameters' 107 GB of model states fit 2 x 24 GB:
+    # every split's floor is over the GPU, so there is no cell (it was offered before)
+    huge = JobSpec("h", "bert-6.7b", 128, 100, 2)
+    assert RateEstimator(lambda j, t, g: 0.25).best_in_cell(huge, Cell("h", "A10", 2, 1),
+                                                            CL) is None
 
 
 @settings(max_examples=20, deadline=None)

@@ -57,7 +57,7 @@ def test_the_state_round_honours_partitions(tmp_path: Path) -> None:
     (["--round-key", "k"], "--round-key"),
     (["--policy", "fcfs", "--formulation", "plans"], "--formulation"),
     (["--estimator", "analytic", "--tables", "TABLES"], "--tables"),
-    (["--formulation", "deadline", "--tenants", "TENANTS"], "--tenants"),
+    (["--formulation", "gavel", "--tenants", "TENANTS"], "--tenants"),
     (["--policy", "sia", "--tenants", "TENANTS"], "--tenants"),
 ])
 def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[str],
@@ -74,7 +74,7 @@ def test_flags_that_cannot_apply_are_refused_by_name(tmp_path: Path, args: list[
     assert flag in r.stderr, r.stderr
     assert not out.exists()
     if flag == "--tenants" and "--policy" not in args:  # the formulations that keep them
-        for formulation in ("cells", "plans"):
+        for formulation in ("cells", "plans", "deadline"):
             r = _run("solve-round", "--tenants", tmp_path / "t.yaml", "--formulation",
                      formulation, "--json", out, "--time-budget", "5", "--no-isolate")
             assert r.exit_code == 0, r.output
@@ -86,7 +86,7 @@ def test_a_plan_the_workload_refuses_never_hides_one_it_runs() -> None:
     workload refuses, and waited for ever as ``no-supported-plan``."""
     from apportion.jobs import JobSpec, Workload
     from apportion.policies import RoundConfig, run_round
-    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.executors.local.executor import local_cluster
     from apportion.runtime.plan_filter import workload_plan_filter
 
     job = JobSpec("j", "gpt-tiny", 8, 10, 4, workload=Workload("torchrun", ("python", "x.py")))

@@ -26,7 +26,7 @@ from apportion.formulations.plans import PlanOptions
 from apportion.formulations.sla import SlaOptions
 from apportion.policies import RoundConfig, make_policy, objective_policies, run_round
 from apportion.policies.formulation import FormulationPolicy, round_figures
-from apportion.policies.rounds import policy_for
+from apportion.policies.scheduler import policy_for
 from test_quality_objective import _scale_or_place
 from test_sim_properties import small_cluster
 

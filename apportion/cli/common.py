@@ -1,4 +1,4 @@
-"""What every command shares: exit codes, the one-line failure, option checks, help texts,
+"""What every command shares: the one-line failure, option checks, help texts,
 and the output block (a result on stdout unless an output option is ``-``, then written to
 each output path).
 
@@ -9,6 +9,7 @@ pipes are written in place; files are replaced atomically), checked before any w
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,13 +18,10 @@ from typing import Any
 import typer
 
 from apportion import outputs
-from apportion.console import printable, setup_logging, stderr_console
+from apportion.cli.exits import EXIT_BAD_INPUT
+from apportion.console import log_format, printable, service_logs, setup_logging, stderr_console
 from apportion.errors import HostError, InputError
 from apportion.formulations.objectives import PRESETS
-
-EXIT_BAD_INPUT = 2
-EXIT_BUSY = 75
-EXIT_BUG = 1
 
 MIP_GAP_HELP = ("an answer within this relative gap of the best proven bound is final "
                 "(default 1e-3: the solver chain tries LP rounding first); below 1e-3 "
@@ -36,11 +34,16 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
                       "tables | auto (every replayed job is profiled, so auto answers from "
                       "its tables)")
+MAX_INPUT_BYTES_HELP = ("the largest queue file read, in bytes or with a unit (64MiB, 1GB); "
+                        "default: 4 MiB of YAML, 64 MiB of JSON lines or 4 KiB a job its "
+                        "header declares (docs/formats.md); a file this machine cannot hold "
+                        "is refused whatever it says")
 OBJECTIVE_PRESET_HELP = (f"apportion's objective by name: {' | '.join(PRESETS)} (apportion is "
                          "the default; docs/objective.md); apportion's policies only")
 ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
                             "gives the same answer on any machine under any load (solved in "
-                            "this process; the clock stays a safety stop at 4x the budget)")
+                            "this process, or with --partitions K each part with 1/K of the "
+                            "work; the clock stays a safety stop at 4x the budget)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "
@@ -55,6 +58,25 @@ def cluster_help() -> str:
 
 def verbose_logs(verbose: bool) -> None:
     setup_logging(verbose)
+
+
+def checked_log_format(given: str | None) -> str | None:
+    """``--log-format`` (or ``$APPORTION_LOG_FORMAT``) checked: a bad one exits 2 naming
+    the choices; None when neither is given."""
+    if given is None and not os.environ.get("APPORTION_LOG_FORMAT"):
+        return None
+    try:
+        return log_format(given)
+    except ValueError as exc:
+        fail(InputError("--log-format", "log_format", str(exc)))
+    return None
+
+
+def service_logging(verbose: bool, fmt: str | None, *loggers: str) -> None:
+    """``run`` and ``serve``: the log format, and their round (and request) lines at the
+    default level."""
+    setup_logging(verbose, checked_log_format(fmt))
+    service_logs(*loggers)
 
 
 def fail(exc: Exception) -> None:
@@ -82,6 +104,16 @@ def check_finite(value: float | None, option: str, minimum: float = 0.0) -> None
     if value is not None and not (math.isfinite(value) and value > minimum):
         raise InputError(option, option.lstrip("-").replace("-", "_"),
                          f"must be a finite number > {minimum:g}, got {value}")
+
+
+def max_input_bytes(text: str | None) -> int | None:
+    """``--max-input-bytes`` as bytes (None: the formats' own limits); an
+    :class:`InputError` naming the option for a value that is not a size."""
+    if text is None:
+        return None
+    from apportion.memory_guard import parse_size
+
+    return parse_size(text, "--max-input-bytes", "max_input_bytes")
 
 
 #: the longest solver budget any command takes: a week. A round that may think longer is a

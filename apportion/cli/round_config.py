@@ -1,11 +1,14 @@
 """One config builder for a round from the command line: ``solve-round`` with and without
-``--state`` (and any later driver) turn the same flags into the same
-:class:`~apportion.policies.RoundConfig`, refusing by name what cannot apply.
+``--state``, ``run`` and ``serve`` turn the same flags into the same
+:class:`~apportion.policies.RoundConfig`, refusing by name (and in the same words) what
+cannot apply.
 
-The budget counts from the command's start (``started``): reading the files, the store,
-the candidates and the solvers all spend it. A round written for operators carries the
-workloads' plan filter, so every decision ``solve-round`` writes can be exported and run
-by apportion's workers (``export k8s``, ``run``).
+A one-off round's budget counts from the command's start (``started``): reading the
+files, the store, the candidates and the solvers all spend it; a loop's rounds
+(``started=None``) each have the whole budget from their candidates stage. A round
+written for operators carries the workloads' plan filter, so every decision
+``solve-round`` writes can be exported and run by apportion's workers (``export k8s``,
+``run``).
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ class RoundFlags:
     objective_preset: str | None = None  # ObjectiveOptions.preset: apportion's policies
 
 
-def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> RoundConfig:
+def round_config(flags: RoundFlags, started: float | None,
+                 device: str | None = "cuda") -> RoundConfig:
     """The :class:`RoundConfig` the flags ask for; an :class:`InputError` naming the flag for
-    a bad value or a combination that cannot apply. ``device``: where the workers run (the
-    plan filter's)."""
+    a bad value or a combination that cannot apply. ``started``: the command's start
+    (``time.perf_counter()``), from which a one-off round's budget counts; None for a loop's
+    rounds. ``device``: where the workers run (the plan filter's; None: this host's)."""
     f = flags
     check_budget(f.time_budget)
     if f.engine not in ENGINES:
@@ -61,12 +66,10 @@ def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> Rou
     check_round_flags(formulation=f.formulation, policy=f.policy, estimator=f.estimator,
                       tables=f.tables, tenants=f.tenants, engine=f.engine,
                       ray_address=f.ray_address)
-    if f.deterministic:  # a work budget is counted in this process only
-        for flag, given in (("--isolate", f.isolate), ("--partitions", f.partitions > 1),
-                            ("--engine", f.engine != "local")):
-            if given:
-                raise InputError(flag, flag.lstrip("-"), "--deterministic solves in this "
-                                 f"process; leave {flag} out (or drop --deterministic)")
+    if f.deterministic and f.isolate and f.partitions <= 1 and f.engine == "local":
+        # a work budget is counted where the chain runs: here, or in each part's worker
+        raise InputError("--isolate", "isolate", "--deterministic solves the chain in this "
+                         "process; leave --isolate out (or drop --deterministic)")
     quotas = load_tenants(f.tenants) if f.tenants else None
     cfg = checked_config(f.backend, f.formulation, f.policy, f.estimator,
                          time_budget_s=f.time_budget, search_depth=f.search_depth,
@@ -75,6 +78,6 @@ def round_config(flags: RoundFlags, started: float, device: str = "cuda") -> Rou
                          mip_gap=f.mip_gap, deterministic=f.deterministic)
     cfg.estimator = estimator_from(f.estimator, f.tables)
     with_objective_preset(cfg, f.objective_preset, f.policy)
-    cfg.deadline_s = started + f.time_budget
+    cfg.deadline_s = None if started is None else started + f.time_budget
     cfg.plan_filter = workload_plan_filter(device)
     return cfg

@@ -30,12 +30,14 @@ from rich.table import Table
 from rich.text import Text
 
 from apportion import outputs
-from apportion.config import default_cluster, read_yaml
+from apportion.cli.common import max_input_bytes as max_input_bytes_of
+from apportion.config import default_cluster
 from apportion.console import printable, stderr_console, stdout_console
-from apportion.decision import Decision, Reason
+from apportion.decision import Decision
 from apportion.errors import HostError, InputError
 from apportion.lifecycle import IllegalTransition
 from apportion.memory_guard import check_round_fits
+from apportion.round_store import catalog_failures
 from apportion.store import (
     RoundLock,
     StateStore,
@@ -45,7 +47,7 @@ from apportion.store import (
     store_error,
 )
 from apportion.store_status import status_data
-from apportion.submission import jobs_to_submit
+from apportion.submission import queue_to_submit
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +99,11 @@ _HANDLED = (InputError, StoreBusy, HostError, sqlite3.Error, OSError)
 # ---------------------------------------------------------------------------
 # submit / cancel
 # ---------------------------------------------------------------------------
-def submit(file: Path, state: Path) -> int:
-    """Add every job of a jobs YAML to the store, all or nothing."""
+def submit(file: Path, state: Path, max_input_bytes: str | None = None) -> int:
+    """Add every job of a queue file (YAML or JSON lines) to the store, all or nothing."""
     try:
         now = time.time()
-        jobs = jobs_to_submit(read_yaml(file), str(file), now)
+        jobs = queue_to_submit(file, now, max_input_bytes_of(max_input_bytes))
         with open_store(state, create=True) as store:
             ids = store.submit(jobs, source=str(file), at=now)
     except _HANDLED as exc:
@@ -234,8 +236,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flag
     """
     from apportion.cli.round_config import round_config
     from apportion.config import resolve_cluster
-    from apportion.policies import estimator_from, run_round
-    from apportion.store_faults import effective_cluster
+    from apportion.policies import estimator_from
 
     try:
         cfg = round_config(flags, started)
@@ -275,8 +276,7 @@ def solve_round_state(state: Path, cluster: Path | None, jobs: Path | None, flag
                                                    store.samples(), batches)
                 except InputError as exc:
                     return _bad(exc)
-            done = _locked_round(store, cl, cfg, round_key, json_out, dump_problem, run_round,
-                                 effective_cluster)
+            done = _locked_round(store, cl, cfg, round_key, json_out, dump_problem)
         except _HANDLED as exc:
             return report(exc, state)
         finally:
@@ -299,34 +299,33 @@ class _RoundDone:
 
 
 def _locked_round(store: StateStore, cl: Any, cfg: Any, round_key: str | None,
-                  json_out: Path | None, dump_problem: Path | None,
-                  run_round: Callable[..., Any],
-                  effective_cluster: Callable[..., Any]) -> _RoundDone:
+                  json_out: Path | None, dump_problem: Path | None) -> _RoundDone:
+    """One round on the store, through a one-shot :class:`~apportion.policies.Scheduler`
+    over the store's :class:`~apportion.runtime.store_adapter.SqliteRoundStore`: the
+    same reads, fault handling and commit as ``run``'s rounds."""
+    from apportion.policies import Scheduler
+    from apportion.runtime.store_adapter import SqliteRoundStore
+
     err = _err()
-    snap = store.round_input()
-    key = round_key or snap.default_key
+    rs = SqliteRoundStore(store, cl, round_key=round_key)
+    jobs = rs.list_jobs(0.0)
+    key = rs.round_key = round_key or rs.snapshot.default_key
     done = store.round_by_key(key)
     if done is not None:  # an idempotent rerun: write nothing to the store
         err.print(printable(f"round key {key!r} was already committed as round {done['id']}; "
                             "nothing changed"), highlight=False, markup=False)
         return _RoundDone(None, [("--json", store.decision(done["id"]))] if json_out else [],
                           None, store.path)
-    now = time.time()
-    eff = effective_cluster(store, cl, now)
+    now = rs.now(0.0)
     # a queue the machine cannot hold a round of is refused (exit 2) before it is solved
-    check_round_fits(len(snap.jobs), eff.total_gpus, str(store.path), "jobs")
-    committed: list[Any] = []
-    from apportion.store_history import finished_jcts, job_histories
-
-    history = job_histories(store, now, {j.id for j in snap.jobs})  # attained service so far
-    result = run_round(eff, snap.jobs, now, cfg, commit=lambda d: committed.append(
-        store.commit_round(d, snap, eff, now, key)), history=history,
-        seen_jct=finished_jcts(store))
-    commit = committed[0]
-    for p in result.decision.pending:  # failed by the commit: the user sees it
-        if p.stage == "admit" and p.reason is Reason.CATALOG:
-            err.print(printable(f"job {p.job}: failed: cannot be planned: {p.detail}"),
-                      highlight=False, markup=False)
+    check_round_fits(len(jobs), rs.cluster_now(cl, now).total_gpus, str(store.path), "jobs")
+    with Scheduler(cfg, rs) as scheduler:
+        result = scheduler.step(cl, now, jobs=jobs)
+    commit = rs.last_commit
+    assert commit is not None, "the round's commit hook ran"
+    for p in catalog_failures(result.decision):  # failed by the commit: the user sees it
+        err.print(printable(f"job {p.job}: failed: cannot be planned: {p.detail}"),
+                  highlight=False, markup=False)
     msg = (f"round {commit.round_id} committed to {store.path} (key {key}): "
            f"{len(commit.applied)} jobs updated")
     if commit.skipped:

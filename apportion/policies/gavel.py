@@ -78,6 +78,8 @@ from apportion.view import View
 
 log = logging.getLogger(__name__)
 
+_ARRIVED_LATE = ("Gavel round: arrived after the allocation was computed; it waits for the "
+                 "next reset")
 # Gavel's ``Scheduler(minimum_time_between_allocation_resets=1920)``: the default of its
 # simulator (``simulate_scheduler_with_trace.py`` passes none): an allocation is recomputed
 # at most this often after the job set changes
@@ -93,6 +95,7 @@ class GavelRound:
     name = "gavel"
     perf = True  # heterogeneity-aware: visit types fastest first (else shuffled)
     fifo = False
+    min_over_jobs = False  # the LP's objective is a minimum over jobs (max-min fairness)
 
     def __init__(self, time_per_round: float | None = None,
                  reset_interval_s: float = GAVEL_RESET_INTERVAL_S,
@@ -239,17 +242,37 @@ class GavelRound:
             p = pk.place(t, js.spec.requested_gpus)
             if p is not None:
                 chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
-        reasons = {jid: (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
-                   for jid in by_id if jid not in chosen}
+        reasons = {jid: self._why_not(state, by_id[jid], types) for jid in by_id
+                   if jid not in chosen}
         objective, bound, gap = self._rounding(types, {j: c.gpu_type for j, c in chosen.items()},
                                                now, rs)
-        status = "feasible" if not self.lp_solver or (gap or 0.0) > 1e-9 else "optimal"
+        status = "optimal" if self.lp_solver and gap is not None and gap <= 1e-9 else "feasible"
         rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name, status,
                           objective, bound, gap, time.perf_counter() - t0, False)
         dec = build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
         if bound is not None:
             dec.meta.update(lp_optimum=bound, rounding_loss=gap)
         return dec
+
+    def _why_not(self, state: Any, js: Any, types: list[str]) -> tuple[Reason, str]:
+        """Why a job has no GPUs this round: it runs on no type that has its scale factor
+        of GPUs (a rate of 0 on each: its memory fits none, or it made no progress on each
+        it tried; no later round changes that, :data:`~apportion.decision.UNRESOLVABLE`),
+        it arrived after the allocation was computed (it waits for the next reset), or
+        its priority was lower this round."""
+        sf = js.spec.requested_gpus
+        room = [t for t in types if state.capacity.get(t, 0) >= sf]
+        if not room:
+            largest = max((state.capacity.get(t, 0) for t in types), default=0)
+            return (Reason.TOO_LARGE,
+                    f"asks for {sf} GPUs of one type; the largest type here has {largest}")
+        if not any(state.rate(js, t, sf) > 0 for t in room):
+            rated = ", ".join(room)
+            return (Reason.NO_FIT_MEMORY,
+                    f"runs on no GPU type at its {sf} GPUs (a rate of 0 on each of {rated})")
+        if js.id not in self.X:
+            return (Reason.NO_CAPACITY, _ARRIVED_LATE)
+        return (Reason.NO_CAPACITY, "Gavel round: lower priority this round")
 
     def _rounding(self, types: list[str], placed: dict[str, str], now: float, rs: float
                   ) -> tuple[float | None, float | None, float | None]:
@@ -269,6 +292,11 @@ class GavelRound:
                 received = max(0.0, got.get(t, rs / 2.0) - rs / 2.0)
                 real[i, k] = (received + (rs if placed.get(jid) == t else 0.0)) / span
         bound = self.lp_value(x_lp)
+        if self.min_over_jobs and any(real[i].sum() <= 0 < x_lp[i].sum()
+                                      for i in range(len(self.lp_jobs))):
+            # a minimum over jobs is 0 while any job of the allocation still waits for its
+            # first turn: no measure of the rounding yet (not a 100 % loss)
+            return None, bound, None
         objective = self.lp_value(real)
         gap = max(0.0, bound - objective) / max(abs(bound), 1e-12) if bound else 0.0
         return objective, bound, gap
@@ -286,14 +314,26 @@ class MaxSumThroughput(GavelRound):
 
 
 class MaxMinFairness(GavelRound):
+    """A job that runs on no type (throughput 0 on each: its memory fits none, or it stalled
+    on each) is left out of the LP: its share would be 0 whatever the allocation, so with it
+    the minimum, the LP's optimum and its bound are 0 and every allocation is optimal
+    (Gavel's measured throughputs are never 0). It gets no time."""
+
     name = "gavel-max-min-fairness"
+    min_over_jobs = True
 
     def allocation(self, state: Any, jobs: list[Any], types: list[str], T: np.ndarray,
                    sf: np.ndarray, w: np.ndarray) -> np.ndarray:
         cap = np.array([state.capacity[t] for t in types], dtype=float)
-        x_eq = equal_share(cap, len(jobs))
-        X, self.lp_solver = solve_cvxpy(*max_min_fairness(T, sf, cap, w, x_eq), self.solvers)
-        self.lp_value = lambda x: max_min_value(T, sf, w, x_eq, x)
+        runs = T.sum(axis=1) > 0
+        X = np.zeros(T.shape)
+        x_eq = equal_share(cap, int(runs.sum()))
+        if runs.any():
+            X[runs], self.lp_solver = solve_cvxpy(
+                *max_min_fairness(T[runs], sf[runs], cap, w[runs], x_eq), self.solvers)
+        else:
+            self.lp_solver = "none"
+        self.lp_value = lambda x: max_min_value(T[runs], sf[runs], w[runs], x_eq, x[runs])
         return X
 
 

@@ -143,8 +143,9 @@ def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
 
 def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                         est: Any) -> nx.DiGraph:
-    """Cells, each kept only where it finishes its job by the deadline."""
-    g = cell_candidates(ctx, view, specs, est)
+    """Cells with guaranteed jobs' SLAs and tenants' quotas (as the cells formulation keeps
+    them), each kept only where it finishes its job by the deadline."""
+    g = sla_cell_candidates(ctx, view, specs, est)
     # the restart a move costs: the objective's (the round's, FormulationPolicy)
     apply_deadlines(g, specs, view.now,
                     DeadlineOptions(restart_s=ctx.cfg.candidates.objective.restart_s_value))
@@ -186,9 +187,10 @@ add_recipe(Recipe("plans", "apportion-plans",
                   "SLAs)", plan_candidates, plans_master_model, _plans_heuristic,
                   partitions=False, trim_scale_up=False, quotas=True))
 add_recipe(Recipe("deadline", "apportion-deadline",
-                  "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain",
+                  "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain "
+                  "(tenants, quotas, SLAs)",
                   deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta,
-                  judges_plans=True))
+                  judges_plans=True, quotas=True))
 
 __all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
            "cells_model", "deadline_candidates", "plan_candidates", "sla_cell_candidates"]

@@ -1,9 +1,10 @@
 """The policy registry: every policy by one name, built by ``make_policy(name, config)``.
 
 Baselines are built on first use (their modules import what their algorithm needs:
-cvxpy for Gavel, scipy's MILP for Sia); apportion's own policies are one per
-formulation recipe (:mod:`apportion.policies.recipes`) plus the ablations and Crius's
-greedy. Plug-ins installed with pip register through the ``apportion.policies``
+cvxpy for Gavel, scipy's MILP for Sia), with the driver's config: each reads the fields
+its algorithm has (Sia's integer program: the round's budget); apportion's own policies
+are one per formulation recipe (:mod:`apportion.policies.recipes`) plus the ablations and
+Crius's greedy, and read all of it. Plug-ins installed with pip register through the ``apportion.policies``
 entry-point group (a factory ``(config=None, **options) -> policy`` or a class) and the
 ``apportion.formulations`` group (a :class:`~apportion.policies.recipes.Recipe`); both
 are read on first listing, so a plug-in appears in ``apportion policies``, ``--policy``
@@ -36,11 +37,18 @@ def register(name: str, factory: Callable[..., Any], doc: str) -> None:
 POLICIES: dict[str, str] = {}
 
 
-def _lazy(module: str, attr: str, **fixed: Any) -> Callable[..., Any]:
-    """A baseline's factory; the driver's ``config`` (a RoundConfig) is not a baseline's."""
+def _lazy(module: str, attr: str, reads: dict[str, str] | None = None,
+          **fixed: Any) -> Callable[..., Any]:
+    """A baseline's factory. The driver's ``config`` (a RoundConfig) reaches it: ``reads``
+    maps the config's fields the baseline's algorithm has (Sia's integer program: the
+    round's budget) to its constructor's keywords, so ``--time-budget`` bounds it as it
+    bounds apportion's solvers; an option given by name wins, and without a config the
+    baseline keeps its own defaults."""
     def build(config: Any = None, **kw: Any) -> Any:
         cls = getattr(importlib.import_module(f"apportion.policies.{module}"), attr)
-        return cls(**{**fixed, **kw})
+        from_config = {key: getattr(config, field) for field, key in (reads or {}).items()
+                       if config is not None}
+        return cls(**{**fixed, **from_config, **kw})
     return build
 
 
@@ -69,7 +77,8 @@ register("gandiva-migrate", _lazy("gandiva", "GandivaIntrospective"),
 register("elasticflow", _lazy("elasticflow", "ElasticFlow"), "ElasticFlow, deadline-aware scaling")
 register("elasticflow-ls", _lazy("elasticflow", "ElasticFlow", loosened=True),
          "ElasticFlow with loosened deadlines (throughput mode)")
-register("sia", _lazy("sia", "SiaLike"), "Sia-like: goodput across types, DP-only scaling")
+register("sia", _lazy("sia", "SiaLike", reads={"time_budget_s": "time_limit_s"}),
+         "Sia-like: goodput across types, DP-only scaling")
 register("synergy", _lazy("synergy", "Synergy"), "Synergy: CPU/memory-sensitive, fixed GPUs")
 register("antman", _lazy("antman", "AntMan"), "AntMan: guaranteed vs opportunistic jobs")
 register("ymir", _lazy("ymir", "Ymir"),
@@ -88,6 +97,9 @@ register("crius-greedy", _formulation(backend="greedy"),
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")
 for _r in RECIPES.values():
     register(_r.policy, _formulation(formulation=_r.name), _r.doc)
+register("apportion-task2vec", _formulation(gains="task2vec"),
+         "apportion with Task2Vec-predicted fine-tuning gains (--gains auto: YMIR's Alg. 1) "
+         "from each task's samples ($APPORTION_TASK_DATA), for its transfer and merge options")
 register("apportion-na", _formulation(no_scaling=True), "ablation: no GPU-count scaling")
 register("apportion-nh", _formulation(no_hetero=True), "ablation: no heterogeneity scaling")
 

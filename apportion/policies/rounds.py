@@ -1,38 +1,29 @@
-"""The library's entry point to a round (:func:`run_round`) and the policy a config names.
+"""The library's entry point to a round (:func:`run_round`) and the round's choices checked.
 
-``run_round(cluster, jobs, now, RoundConfig(...))`` is what a researcher calls: the
-pipeline (:func:`apportion.round.run_pipeline`) with the policy the config names (the
-cell formulation by default) and the configured estimator as every policy's rate
-source. :func:`checked_config` is the same choice from command-line flags, refused by
-the flag that made it.
+``run_round(cluster, jobs, now, RoundConfig(...))`` is what a researcher calls: a one-shot
+:class:`~apportion.policies.scheduler.Scheduler` (the pipeline with the policy the config
+names, the cell formulation by default, and the configured estimator as every policy's
+rate source). :func:`checked_config` is the same choice from command-line flags, refused
+by the flag that made it; :func:`check_round_flags` refuses flags a round would ignore.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.decision import Decision
 from apportion.errors import InputError
 from apportion.estimation.models.measured import TableEstimator
-from apportion.estimation.rates import EstimatorRates
 from apportion.estimation.registry import estimator_names, make_estimator
 from apportion.jobs import JobSpec
 from apportion.policies.config import BACKENDS, GAVEL_POLICIES, RoundConfig, check_mip_gap
-from apportion.policies.formulation import FormulationPolicy, _Memo
 from apportion.policies.recipes import RECIPES
-from apportion.policies.registry import load_plugins, make_policy, policy_names
-from apportion.round import RoundResult, run_pipeline
-from apportion.view import Policy, view_of
-
-
-def formulation_names() -> list[str]:
-    """``--formulation``'s choices: every recipe (plug-ins included) and ``gavel`` (Gavel's
-    policy, whose LP is a formulation of its own)."""
-    load_plugins()
-    return [*RECIPES, "gavel"]
+from apportion.policies.registry import make_policy, policy_names
+from apportion.policies.scheduler import Scheduler, formulation_names
+from apportion.round import RoundResult, StagedPolicy
+from apportion.view import Policy
 
 
 def checked_config(backend: str = "auto", formulation: str = "cells", policy: str | None = None,
@@ -73,7 +64,8 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
                       estimator: str = "analytic", tables: Any = None, tenants: Any = None,
                       engine: str = "local", ray_address: str | None = None,
                       state: Any = None, round_key: str | None = None,
-                      time_budget: float | None = None) -> None:
+                      time_budget: float | None = None,
+                      dump_problem: Any = None) -> None:
     """Refuse flags a round would silently ignore, naming both flags.
 
     An operator who gives ``--tables`` expects the measured times to count; with
@@ -113,13 +105,31 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if engine == "ray" and ray_address is None and time_budget is not None \
             and time_budget < LOCAL_RAY_MIN_BUDGET_S:
         raise InputError("--engine", "engine", f"--engine ray without --ray-address starts a "
-                         "Ray instance of its own, which takes seconds (3-20 s measured on a "
+                         "Ray instance of its own for the parts of --partitions, which takes "
+                         "seconds (3-20 s measured on a "
                          f"2-core machine), more than --time-budget {time_budget:g} leaves "
                          "the solve: give --ray-address of a running cluster, a budget of at "
                          f"least {LOCAL_RAY_MIN_BUDGET_S:g} s, or --engine local")
     if round_key is not None and state is None:
         raise InputError("--round-key", "round_key", "keys a round committed to a state "
                          "database: it needs --state (without it nothing is committed)")
+    if dump_problem is not None and not makes_problem(formulation, policy):
+        chosen = f"--policy {policy}" if policy is not None else f"--formulation {formulation}"
+        raise InputError("--dump-problem", "dump_problem", f"{chosen} decides by its own "
+                         "algorithm, with no problem of apportion's to dump (the dump is a "
+                         "formulation's candidates, estimates and limits, enough to re-solve "
+                         "the round); give --formulation "
+                         f"{' | '.join(r for r in RECIPES)} or one of their policies, or leave "
+                         "--dump-problem out")
+
+
+def makes_problem(formulation: str = "cells", policy: str | None = None) -> bool:
+    """Whether the round ``--formulation``/``--policy`` name has a problem to dump: one of
+    apportion's formulations (a staged policy, :class:`apportion.round.StagedPolicy`), not a
+    baseline's own algorithm (Sia's ILP, Gavel's LPs and round mechanism, FCFS, ...)."""
+    if policy is None:
+        return formulation in RECIPES
+    return isinstance(make_policy(policy), StagedPolicy)
 
 
 def estimator_from(name: str, tables: Any = None, samples: Any = None,
@@ -136,22 +146,6 @@ def estimator_from(name: str, tables: Any = None, samples: Any = None,
     return make_estimator(name, tables=TableEstimator(rows))
 
 
-def policy_for(config: RoundConfig, estimator: Any = None) -> Policy:
-    """The policy ``config`` names: a registered one, Gavel's for ``formulation=gavel``, or
-    the formulation's own."""
-    name = config.policy
-    if name is None and config.formulation == "gavel":
-        name = GAVEL_POLICIES.get(config.gavel_variant)
-        if name is None:
-            raise ValueError(f"unknown Gavel variant {config.gavel_variant!r}; choose "
-                             f"{', '.join(GAVEL_POLICIES)}")
-    if name is not None:
-        return make_policy(name, config=config)
-    if estimator is not None:
-        config = replace(config, estimator=estimator)
-    return FormulationPolicy(config)
-
-
 def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               config: RoundConfig | None = None, estimator: Any = None,
               policy: Policy | None = None,
@@ -160,43 +154,18 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               history: Mapping[str, Any] | None = None,
               seen_jct: Mapping[str, float] | None = None,
               interval_s: float | None = None,
-              restart_s: float | None = None) -> RoundResult:
-    """One round on an operator's queue (the library API): admission, the policy
-    ``config`` names (the cell formulation by default), validation, then the caller's
-    ``commit`` and ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.
-    JobHistory`, what ``job_histories`` reads from a store) gives history-aware policies
-    the attained service a replay would give them; ``seen_jct`` (job id -> JCT s, what
+              restart_s: float | None = None,
+              finished: list[JobSpec] | None = None) -> RoundResult:
+    """One round on an operator's queue (the library API): a one-shot
+    :class:`~apportion.policies.scheduler.Scheduler` — admission, the policy ``config``
+    names (the cell formulation by default), validation, then the caller's ``commit`` and
+    ``apply`` hooks. ``history`` (job id -> :class:`~apportion.store_history.JobHistory`,
+    what ``job_histories`` reads from a store) gives history-aware policies the attained
+    service a replay would give them; ``seen_jct`` (job id -> JCT s, what
     ``finished_jcts`` reads) the jobs apportion's policies rank the tail against, as a
-    long-lived policy remembers them (``tail_quantile``)."""
-    cfg = config or RoundConfig()
-    if cfg.formulation not in formulation_names():
-        raise ValueError(f"unknown formulation {cfg.formulation!r}; choose "
-                         f"{', '.join(formulation_names())}")
-    pol = policy or policy_for(cfg, estimator)
-    est = estimator
-    if est is None:
-        inner = getattr(pol, "estimator", None)
-        est = inner.inner if isinstance(inner, _Memo) else (
-            make_estimator(cfg.estimator) if isinstance(cfg.estimator, str) else cfg.estimator)
-    rates = EstimatorRates(est, cluster)
-    if isinstance(pol, FormulationPolicy) and pol.estimator.inner is not est:
-        pol.estimator = _Memo(est)
-    if isinstance(pol, FormulationPolicy) and seen_jct:
-        pol.seen_jct.update({j: v for j, v in seen_jct.items() if j not in pol.seen_jct})
-    view = view_of(cluster, jobs, now_s, rates)
-    view.plan_filter = cfg.plan_filter
-    if interval_s is not None:  # the round's figures (``run``'s loop; a one-off round has
-        view.interval_s = float(interval_s)  # none: 300 s and the objective's 60 s)
-    view.restart_s = restart_s
-    for js in view.jobs if history else ():
-        h = history.get(js.id)
-        if h is not None:
-            js.gpu_seconds, js.run_seconds = h.gpu_seconds, h.run_seconds
-            js.time_on_type = dict(h.time_on_type)
-            js.first_start, js.restarts = h.first_start, h.restarts
-            js.preemptions, js.rounds_run = h.preemptions, h.rounds_run
-    try:
-        return run_pipeline(view, pol, commit, apply)
-    finally:
-        if policy is None and isinstance(pol, FormulationPolicy):
-            pol.close()  # this round's own policy: its child or Ray instance goes with it
+    long-lived policy remembers them (``tail_quantile``); ``finished`` the fine-tuning jobs
+    whose weights remain (a queued sibling's transfer option may name them)."""
+    with Scheduler(config, apply=apply, policy=policy, estimator=estimator) as sched:
+        return sched.round(cluster, jobs, now_s, commit=commit, history=history,
+                           seen_jct=seen_jct, interval_s=interval_s, restart_s=restart_s,
+                           finished=finished)

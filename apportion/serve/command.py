@@ -1,8 +1,8 @@
 """``apportion serve``: the command's whole logic and validation, behind one function.
 
 ``serve`` is ``run`` with an HTTP server beside its loop. It shares ``run``'s options
-(:class:`~apportion.runtime.run_command.RunOptions`) and its one setup path
-(:func:`~apportion.runtime.run_command.run_rounds`: lock, executor, reconciliation,
+(:class:`~apportion.runtime.session.RunOptions`) and its one setup path
+(:func:`~apportion.runtime.session.run_rounds`: lock, executor, reconciliation,
 loop); the server is the loop's *companion*, started once the store is locked and the
 executor reconciled, stopped once the loop has checkpointed and stopped. Unlike ``run``
 it creates a missing store (an operator submits through the API) and has no
@@ -23,7 +23,7 @@ import contextlib
 import importlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rich.markup import escape
@@ -31,11 +31,12 @@ from rich.markup import escape
 from apportion import outputs
 from apportion.console import printable, stderr_console
 from apportion.errors import HostError, InputError
-from apportion.runtime.run_command import (
+from apportion.runtime.executors.registry import reads
+from apportion.runtime.session import (
     LoopContext,
     LoopHooks,
+    PreparedRun,
     RunOptions,
-    prepare_run,
     run_rounds,
 )
 from apportion.serve.auth import read_token, remove_generated_token, write_generated_token
@@ -81,9 +82,13 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   tables: Path | None = None, tenants: Path | None = None,
                   objective_preset: str | None = None, no_token: bool = False,
                   allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = (),
-                  read_timeout_s: float = 30.0, max_connections: int = 512) -> int:
+                  read_timeout_s: float = 30.0, max_connections: int = 512,
+                  read_token_file: Path | None = None,
+                  prepare: Callable[[RunOptions], PreparedRun]) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
-    until SIGTERM/SIGINT (or ``timeout_s``). Returns the exit code; errors are printed."""
+    until SIGTERM/SIGINT (or ``timeout_s``). ``prepare`` checks the loop's options and
+    builds its round config (``apportion.cli.run_command.prepare_run``: ``run``'s and
+    ``solve-round``'s builder). Returns the exit code; errors are printed."""
     missing = _missing_extra()
     if missing is not None:
         return _error(f"apportion serve needs the 'serve' extra ({missing} is not "
@@ -103,6 +108,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                              f"--host {host}: anyone who reaches it could run commands "
                              "through the executor; give --token-file instead")
         token = read_token(token_file) if token_file is not None else None
+        read_tok = (read_token(read_token_file, "--read-token-file")
+                    if read_token_file is not None else None)
         hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
                                          check_allowed_origins(allowed_origins))
         if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
@@ -112,11 +119,12 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
 
         check_descriptors(max_connections)
         outputs.check_output_dir(workdir, "--workdir")
-        prep = prepare_run(RunOptions(
+        prep = prepare(RunOptions(
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
-            ray_address if executor == "ray" else None, False, timeout_s, tables, tenants,
+            ray_address if reads(executor, "ray_address") else None, False, timeout_s,
+            tables, tenants,
             objective_preset))
         sock = bind(host, port)
     except InputError as exc:
@@ -133,14 +141,18 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         from apportion.serve.server import HttpServer, url_of
 
         registry = CollectorRegistry()
-        observer = LoopObserver(interval_s, time_budget_s, ServeMetrics(registry, executor))
-        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits)))
+        observer = LoopObserver(interval_s, time_budget_s,
+                                ServeMetrics(registry, executor, interval_s))
+        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits),
+                                         prep.round_config.quotas))
         needed, generated = token, None
         if token is None and not no_token:
             needed, generated = write_generated_token(state)
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
-                                    registry, needed, read_timeout_s=read_timeout_s,
-                                    token_hint=generated), hosts)
+                                    registry, needed, read_token=read_tok,
+                                    read_timeout_s=read_timeout_s,
+                                    token_hint=generated,
+                                    quotas=dict(prep.round_config.quotas or {})), hosts)
         try:
             with HttpServer(app, sock, observer, read_timeout_s, max_connections):
                 url = url_of(sock)
@@ -150,7 +162,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                 stderr_console().print(
                     f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
                     f"{url}/metrics; state {state}, executor {executor}, cluster "
-                    f"{prep.cluster.name}, writes {writes}",
+                    f"{prep.cluster.name}, writes {writes}, reads "
+                    f"{'need a token (--read-token-file)' if read_tok else 'open'}",
                     highlight=False, markup=False, soft_wrap=True)
                 yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
         finally:

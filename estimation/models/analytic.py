@@ -18,7 +18,11 @@ Memory per GPU: 16 bytes per parameter held (16-bit weights and gradients,
 fp32 master weights and two Adam moments; ZeRO shards the 12 optimizer bytes,
 and the gradients too from stage 2, over dp) plus activations of the micro-batches
 in flight (the first stage of 1F1B holds ``min(B, stages)``) divided by tp, plus
-a fixed reserve for the CUDA context and workspace.
+a fixed reserve for the CUDA context and workspace. A plan fits where that is at most
+the catalog's memory times ``usable_memory_fraction`` less the reserve, or, where the
+cluster's node group says how much a job may use on its GPUs (``gpu_memory_gib``: a MIG
+slice, a shared GPU), at most that: the micro-batch search then sizes for what the
+job really has, and a plan larger than it is infeasible.
 
 ``efficiency`` (a fraction of the dense peak) defaults to the per-type values
 calibrated on Crius's measurements (``apportion/data/efficiency.yaml``: 0.14 to
@@ -34,6 +38,7 @@ there (and back, once measured there too).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from importlib import resources
@@ -47,7 +52,7 @@ from apportion.inputs import parse_shipped_yaml
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
-from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale, Source
 from apportion.estimation.models.comm import Link, allreduce_time, p2p_seconds
 from apportion.estimation.models.partition import cached_cuts
 
@@ -114,7 +119,28 @@ class AnalyticEstimator(ParamsMixin):
         # predicted time at efficiency 1 divided by measured time is the efficiency
         self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
         self.efficiency_scale_ = unmeasured_scale(self.efficiency_, self._default_eff)
+        self.n_samples_ = {g: len(r) for g, r in ratios.items()}
+        self.__dict__.pop("_source_memo", None)
         return self
+
+    def source(self, gpu_type: str) -> Source:
+        """``fitted`` where ``fit`` measured ``gpu_type``'s efficiency, else ``analytic``."""
+        key = gpu_type
+        memo = self.__dict__.setdefault("_source_memo", {})  # emptied by every fit
+        if key not in memo:
+            memo[key] = self._source(gpu_type)
+        return memo[key]
+
+    def _source(self, gpu_type: str) -> Source:
+        n = getattr(self, "n_samples_", {}).get(gpu_type)
+        if gpu_type in getattr(self, "efficiency_", {}):
+            return Source("fitted", f"analytic model, {gpu_type}'s sustained efficiency fitted "
+                          f"to {n} measured samples", estimator="analytic", samples=n)
+        if getattr(self, "efficiency_", None):
+            return Source("analytic", f"analytic model; {gpu_type} unmeasured, its catalog "
+                          "efficiency scaled by the measured types' ratio", estimator="analytic")
+        return Source("analytic", "layer FLOPs and bytes at the catalog's sustained efficiency",
+                      estimator="analytic")
 
     def _default_eff(self, gpu_type: str) -> float:
         """The efficiency before any fit: the constructor's or the shipped table's."""
@@ -135,7 +161,24 @@ class AnalyticEstimator(ParamsMixin):
         if node is None:
             raise ValueError("empty placement")
         gpu_type = cluster.nodes[node].gpu_type
-        return self._predict(job, plan, placement, gpu_type, cluster)
+        return replace(self._predict(job, plan, placement, gpu_type, cluster),
+                       source=self.source(gpu_type))
+
+    @staticmethod
+    def _limit(cluster: Cluster | None, gpu_type: str,
+               placement: Mapping[str, int] | None = None) -> float | None:
+        """What the cluster says a job may use on one GPU (None: the catalog's, less the
+        reserve): the smallest of the placement's nodes that say, else of the type's."""
+        if cluster is None:
+            return None
+        if placement:
+            said = [cluster.nodes[n].gpu_memory_gib for n in placement
+                    if n in cluster.nodes and cluster.nodes[n].gpu_memory_gib is not None]
+            if said:
+                return min(min(said) * GiB, get_gpu(gpu_type).memory_bytes)
+            if all(n in cluster.nodes for n in placement):
+                return None
+        return cluster.gpu_memory_bytes(gpu_type)
 
     def _links(self, placement: Mapping[str, int], gpu_type: str,
                cluster: Cluster | None) -> tuple[Link, Link]:
@@ -156,30 +199,35 @@ class AnalyticEstimator(ParamsMixin):
         model = get_model(job.model)
         intra, outer = self._links(placement, gpu_type, cluster)
         return self._evaluate(model, job.global_batch_size, plan, gpu_type, intra, outer,
-                              eff_override)
+                              eff_override, self._limit(cluster, gpu_type, placement))
 
     def _evaluate(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
-                  intra: Link, outer: Link, eff_override: float | None = None) -> Estimate:
-        """One plan's estimate (:meth:`_plan_time`)."""
-        t = self._plan_time(model, gbs, plan, gpu_type, intra, outer, eff_override)
+                  intra: Link, outer: Link, eff_override: float | None = None,
+                  limit: float | None = None) -> Estimate:
+        """One plan's estimate (:meth:`_plan_time`; ``limit``: the bytes the cluster says a
+        job may use on one GPU, where it says)."""
+        t = self._plan_time(model, gbs, plan, gpu_type, intra, outer, eff_override, limit)
         if t is None:
             return Estimate(math.inf, math.inf, False, plan, gbs, {"reason": 1.0})
         return _estimate(plan, gbs, t)
 
     def _plan_time(self, model: ModelSpec, gbs: int, plan: ExecutionPlan, gpu_type: str,
-                   intra: Link, outer: Link, eff_override: float | None = None
-                   ) -> PlanTime | None:
+                   intra: Link, outer: Link, eff_override: float | None = None,
+                   limit: float | None = None) -> PlanTime | None:
         """One plan's iteration time and memory, or None where the model has fewer layers
         than the plan has stages. The per-layer sums of a stage (FLOPs, parameters,
         activations, the TP all-reduces of its layers' outputs) are taken once per model and
         stage count (:func:`stage_sums`), so a plan costs O(stages), not O(layers); what it
-        reads of the GPU is looked up once per type (:meth:`_device`)."""
+        reads of the GPU is looked up once per type (:meth:`_device`). ``limit``: the bytes
+        the cluster lets a job use on one GPU, in place of the catalog's less the reserve."""
         S, tp, dp = plan.pp, plan.tp, plan.dp
         cut = model_stages(model, S)
         if cut is None:
             return None
         sums = cut.sums
         peak_half, peak_tf32, usable, hbm_bytes_per_s = self._device(gpu_type)
+        if limit is not None:
+            usable = limit
         peak = peak_half if model.dtype_bytes <= 2 else peak_tf32
         if eff_override is None:
             eff = self._eff(gpu_type, tp)
@@ -279,7 +327,8 @@ class AnalyticEstimator(ParamsMixin):
                getattr(self, "efficiency_scale_", 1.0))
         cache = self.__dict__.setdefault("_cell_cache", {})
         if key not in cache:
-            cache[key] = self._best_in_cell(job, cell, cluster)
+            est = self._best_in_cell(job, cell, cluster)
+            cache[key] = None if est is None else replace(est, source=self.source(cell.gpu_type))
         return cache[key]
 
     def _best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
@@ -301,17 +350,18 @@ class AnalyticEstimator(ParamsMixin):
         if cell.stages > len(model.layers):
             return None
         intra, outer = found
-        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer)
+        return self._best_split(job, model, cell, per_stage, max_tp, intra, outer,
+                                cluster.gpu_memory_bytes(cell.gpu_type))
 
     def _best_split(self, job: JobSpec, model: ModelSpec, cell: Cell, per_stage: int, max_tp: int,
-                    intra: Link, outer: Link) -> Estimate | None:
+                    intra: Link, outer: Link, limit: float | None = None) -> Estimate | None:
         best: tuple[ExecutionPlan, PlanTime] | None = None
         gbs = job.global_batch_size
         for tp in powers_of_two_dividing(per_stage, max_tp):
             if gbs < per_stage // tp:
                 continue
             plan = _uniform_plan(per_stage // tp, tp, cell.stages)
-            t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer)
+            t = self._plan_time(model, gbs, plan, cell.gpu_type, intra, outer, limit=limit)
             if t is not None and t.feasible and (best is None or t.total < best[1].total):
                 best = (plan, t)
         return None if best is None else _estimate(best[0], gbs, best[1])  # the winner's only

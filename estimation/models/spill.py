@@ -58,10 +58,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from apportion.estimation.base import Estimate
+from typing import Any
 
-from apportion.gpus import GpuType
-from apportion.models import ModelSpec
+from apportion.estimation.base import Estimate
+from apportion.estimation.models.analytic import nominal_placement
+
+from apportion.cluster import Cluster
+from apportion.gpus import GpuType, get_gpu
+from apportion.jobs import JobSpec
+from apportion.models import ModelSpec, catalog_model, get_model
 from apportion.plans import ExecutionPlan
 from apportion.shards_spec import DEFAULT_BUFFER_FRACTION
 from apportion.spilling import greedy_shards
@@ -144,3 +149,58 @@ def spill_estimate(model: ModelSpec, batch: int, gpu: GpuType, compute_s: float,
         "compute_s": compute_s, "copy_s": copy_s, "hidden_s": hidden, "h2d_bytes": h2d,
         "d2h_bytes": d2h, "shards": float(len(cut.shards)),
         "double_buffer": float(cut.double_buffer), "host_bytes": host_bytes(model, batch, cut)})
+
+
+GiB = 2**30
+# the analytic estimator's defaults, for estimators that do not say (AutoEstimator, tables)
+USABLE_FRACTION, RESERVE_GIB = 0.95, 1.5
+
+
+def device_budget(cluster: Cluster, gpu_type: str, estimator: Any) -> float:
+    """Bytes of device memory a job may use on one GPU of ``gpu_type``: the node group's
+    ``gpu_memory_gib`` where it says, else the catalog's memory less the estimator's
+    reserve (as the analytic model's feasibility check)."""
+    said = cluster.gpu_memory_bytes(gpu_type)
+    if said is not None:
+        return said
+    fraction = float(getattr(estimator, "usable_memory_fraction", USABLE_FRACTION))
+    reserve = float(getattr(estimator, "memory_reserve_gib", RESERVE_GIB))
+    return get_gpu(gpu_type).memory_bytes * fraction - reserve * GiB
+
+
+def host_share_bytes(cluster: Cluster, gpu_type: str) -> float:
+    """The smallest host-memory share one GPU of ``gpu_type`` brings with it."""
+    nodes = cluster.nodes_of_type(gpu_type)
+    return min((n.host_memory_gib / n.gpus for n in nodes), default=0.0) * GiB
+
+
+def spilled_on(job: JobSpec, cluster: Cluster, gpu_type: str, estimator: Any
+               ) -> tuple[Estimate | None, str | None]:
+    """``job`` spilled on one GPU of ``gpu_type`` (Hydra): ``(estimate, None)`` where it can
+    be, ``(None, why)`` where it cannot, ``(None, None)`` where it needs no spilling (its
+    model fits one GPU whole: its cells are missing for another reason, which spilling
+    would only hide) or the type has no GPU. The device budget is what a job may use there
+    (:func:`device_budget`); the weights and optimizer state it holds in host memory must
+    fit the GPU's share of its node (every allocation is given that share)."""
+    if catalog_model(job.model) is None:  # cut by its layers: a catalog model only
+        return None, f"{job.model!r} is not a catalog model (spilling cuts its layers)"
+    placement = nominal_placement(cluster, gpu_type, 1)
+    if placement is None:
+        return None, None
+    model = get_model(job.model)
+    # recomputation: each backward unit re-runs its shard's forward
+    whole = estimator.predict(job, ExecutionPlan(checkpointing=True), placement, cluster)
+    budget = device_budget(cluster, gpu_type, estimator)
+    if 0 < whole.mem_per_gpu <= budget:
+        return None, None
+    e = spill_estimate(model, job.global_batch_size, get_gpu(gpu_type), whole.iter_time_s,
+                       budget)
+    if not e.feasible:
+        return None, (f"{gpu_type}: " + ("a single layer at the global batch exceeds its "
+                                         "memory" if "layer_too_large" in e.breakdown else
+                                         "the estimator has no time for the model"))
+    need, share = e.breakdown["host_bytes"], host_share_bytes(cluster, gpu_type)
+    if need > share:
+        return None, (f"{gpu_type}: spilling holds {need / GiB:.0f} GiB in host memory, a "
+                      f"GPU's share of its node is {share / GiB:.0f} GiB")
+    return e, None
