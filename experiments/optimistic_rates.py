@@ -113,32 +113,46 @@ def upper_envelope(x: np.ndarray, y: np.ndarray, most: int) -> list[tuple[float,
     two neighbouring vertices with no more GPUs and no less progress, or, beyond the last,
     dominated by it (the module's doc).
 
-    Built from supporting lines, each ``y = s x + max_i (y_i - s x_i)`` above every point:
-    the one through the origin with the most progress per GPU (so that stays exact), the
-    flat one at the fastest rate, and between them the slopes of the best rate's chords
-    between GPU counts spread geometrically up to the fastest (a rate's gains slow
-    geometrically with the count). Their lower envelope is concave, above every point, and
-    its vertices are where consecutive lines cross: a little above the exact hull, never
-    below it, in a few vectorised passes over the points."""
+    The exact upper hull from the origin to the fastest point where it has at most ``most``
+    vertices; otherwise ``most`` of its edges, each extended to its line (every one above
+    every point: a concave hull lies under each of its edges' lines), and the flat line at
+    the fastest rate: their lower envelope is concave, above every point, and its vertices
+    are where consecutive lines cross, a little above the hull, never below it. Kept: the
+    first edge (from the origin: the most progress per GPU stays exact), the last (to the
+    fastest), and edges spread geometrically between, as a rate's gains slow geometrically
+    with the GPU count."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     ok = (x > 0) & (y > 0) & np.isfinite(y)
     if not ok.any():
         return []
     x, y = x[ok], y[ok]
-    order = np.argsort(x, kind="stable")
+    order = np.lexsort((-y, x))  # by count, the fastest first within a count
     x, y = x[order], y[order]
-    top = float(y.max())
-    x_top = float(x[y == top].min())
+    # only records (faster than every smaller count) can be hull vertices
+    prev = np.concatenate([[0.0], np.maximum.accumulate(y)[:-1]])
+    rec = y > prev
+    hx, hy = x[rec], y[rec]
+    top = float(hy[-1])
     per_gpu = float((y / x).max())
-    best = np.maximum.accumulate(y)  # the fastest rate on at most each count
-    marks = np.unique(np.geomspace(float(x[0]), x_top, max(2, most)))
-    at = best[np.searchsorted(x, marks, side="right") - 1]
-    chords = np.diff(at) / np.diff(marks) if len(marks) > 1 else np.zeros(0)
-    inner = chords[(chords > 0) & (chords < per_gpu)]
-    slopes = np.unique(np.concatenate([[per_gpu, 0.0], inner]))[::-1]  # falling
+    hull: list[tuple[float, float]] = [(0.0, 0.0)]
+    for px, py in zip(hx.tolist(), hy.tolist(), strict=True):
+        while len(hull) >= 2:  # drop the last vertex on or under the chord to (px, py)
+            (ox, oy), (ax, ay) = hull[-2], hull[-1]
+            if (ax - ox) * (py - oy) - (ay - oy) * (px - ox) >= 0:
+                hull.pop()
+            else:
+                break
+        hull.append((px, py))
+    edges = [(by - ay) / (bx - ax) for (ax, ay), (bx, by) in itertools.pairwise(hull)]
+    if len(edges) > most:
+        keep = np.unique(np.round(np.geomspace(1, len(edges), most)).astype(int)) - 1
+        edges = [edges[i] for i in keep]
+    slopes = [per_gpu] + [sl for sl in edges[1:] if 0.0 < sl < per_gpu] + [0.0]
     lines: list[tuple[float, float]] = []
     for sl in slopes:
+        if lines and sl >= lines[-1][0]:
+            continue  # not falling (rounding): the line before already bounds it
         b = 0.0 if sl == per_gpu else (top if sl == 0.0 else float((y - sl * x).max()))
         while len(lines) >= 2:  # the last line is nowhere lowest: drop it
             (s1, b1), (s2, b2) = lines[-2], lines[-1]
