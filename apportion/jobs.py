@@ -126,9 +126,10 @@ class JobSpec:
     # a decision (Pollux's goodput; formulations/batch_options.py); None: it keeps
     # ``global_batch_size``, which counts its ``iterations``
     batch_range: tuple[int, int] | None = None
-    # the gradient statistics the job last reported, (grad_sqr, grad_var) per sample of the
-    # range's smallest batch (Pollux's; estimation/goodput/efficiency.py): its statistical
-    # efficiency at any batch. Runtime state, like ``iterations_done``
+    # the gradient statistics the job last reported, (grad_sqr, grad_var): the squared norm
+    # of its true gradient and the variance of one sample's gradient (their ratio is its
+    # gradient noise scale; estimation/goodput/efficiency.py): its statistical efficiency at
+    # any batch. Runtime state, like ``iterations_done``
     grad_stats: tuple[float, float] | None = None
 
     @property

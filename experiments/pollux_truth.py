@@ -88,7 +88,10 @@ def pollux_app(name: str, root: Path | None = None) -> PolluxApp:
 
 
 def application_of(job: Any) -> str:
-    """The application a job trains: its trace's job type (a SimJob or a job view's)."""
+    """The application a job trains: a name, or its trace's job type (a SimJob or a job
+    view's)."""
+    if isinstance(job, str):
+        return job
     rec = getattr(job, "trace", None) or job
     return str(getattr(rec, "job_type", None) or getattr(rec, "model", ""))
 
@@ -224,11 +227,13 @@ class PolluxTruth:
     def grad_stats(self, job: Any, progress: float, batch: int | None = None
                    ) -> tuple[float, float]:
         """``(grad_sqr, grad_var)`` a job reports at ``progress``: those logged at the batch
-        it runs (its own where None) for its current epoch (what Pollux's jobs measure)."""
+        it runs (its own where None) for its current epoch (what Pollux's jobs measure),
+        ``grad_var`` per sample as the workload contract reports it (Pollux's logs hold the
+        variance of an ``M0``-sample gradient: times ``M0``)."""
         a = self.app(job)
         b = batch if batch is not None else max(1, getattr(job, "batch", 1))
         sqr, var = a.noise.stats(float(progress), min(max(b, a.init_batch), a.max_batch))
-        return float(sqr), float(var)
+        return float(sqr), float(var) * a.init_batch
 
     def work(self, job: Any) -> float:
         return self.app(job).work

@@ -25,7 +25,8 @@ Progress per second at a batch comes from
 * any other estimator: its time for a step at that batch (the job with that global
   batch), times the progress such a step makes in the job's own iterations,
   ``(b / B) * E(b) / E(B)``, ``E`` from the gradient statistics the job reports
-  (``JobSpec.grad_stats``, per sample of the range's smallest batch). A job that reports
+  (``JobSpec.grad_stats``: ``E(b) / E(B) = (var + sqr * B) / (var + sqr * b)`` with the
+  per-sample variance). A job that reports
   none yet keeps its own batch: without its noise scale every larger batch looks free.
 
 A job without a ``batch_range`` gets exactly the estimator's answer, as before.
@@ -66,11 +67,13 @@ def batch_options(job: JobSpec, gpus: int, points: int = GRID_POINTS) -> list[in
 
 
 def efficiency(job: JobSpec, batch: float) -> float:
-    """``E(batch)`` from the job's reported gradient statistics (1 without them)."""
-    if job.grad_stats is None or job.batch_range is None:
+    """``E(batch)`` relative to one sample, from the job's reported gradient statistics
+    (``grad_var`` per sample: Pollux's ``E`` with ``M0 = 1``; only its ratios between
+    batches are used); 1 without them."""
+    if job.grad_stats is None:
         return 1.0
     sqr, var = job.grad_stats
-    return float(statistical_efficiency(batch, job.batch_range[0], sqr, var))
+    return float(statistical_efficiency(batch, 1.0, sqr, var))
 
 
 def progress_gain(job: JobSpec, batch: int) -> float:
