@@ -51,19 +51,24 @@ GRID_POINTS = 12
 
 
 def batch_options(job: JobSpec, gpus: int, points: int = GRID_POINTS) -> list[int]:
-    """The global batches tried for ``job`` on ``gpus`` GPUs: geometric over its
-    ``batch_range`` (at least a sample per GPU), its own batch and the range's ends; its
-    own batch alone where it gives no range."""
+    """The global batches tried for ``job`` on ``gpus`` GPUs: multiples of the GPU count
+    (each GPU an equal share, as data parallelism runs it and as Pollux's batches are: GPUs
+    x per-GPU batch x steps) nearest a geometric grid over its ``batch_range``, the range's
+    first and last such multiple, and its own batch; its own batch alone where it gives no
+    range."""
     if job.batch_range is None:
         return [job.global_batch_size]
     lo, hi = (int(x) for x in job.batch_range)
-    lo = max(lo, int(gpus), 1)
-    if lo > hi:
-        return []
-    vals = {int(round(float(x))) for x in np.geomspace(lo, hi, max(2, points))} | {lo, hi}
+    k = max(1, int(gpus))
+    first, last = -(-max(lo, k) // k) * k, hi // k * k
+    vals = set()
+    if first <= last:
+        grid = np.geomspace(first, last, max(2, points)) if last > first else [first]
+        vals = {min(last, max(first, int(round(float(x) / k)) * k)) for x in grid}
+        vals |= {first, last}
     if lo <= job.global_batch_size <= hi:
         vals.add(int(job.global_batch_size))
-    return sorted(v for v in vals if lo <= v <= hi)
+    return sorted(vals)
 
 
 def efficiency(job: JobSpec, batch: float) -> float:

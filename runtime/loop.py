@@ -112,6 +112,8 @@ class MemoryStore:
                 continue
             self.progress_log.append(p.as_dict())
             job = replace(self.jobs[p.job], iterations_done=p.iterations_done)
+            if p.grad_stats is not None:  # what its workload measured of its gradients
+                job = replace(job, grad_stats=p.grad_stats)
             if p.health in (Health.FINISHED, Health.FAILED):
                 self.states[p.job] = p.health.value
                 job = replace(job, running=None)

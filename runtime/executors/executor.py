@@ -67,6 +67,8 @@ class Progress:
     error: str | None = None
     checkpoint_iterations: int | None = None  # the last checkpoint's iteration, where known
     launch_id: str = ""  # the worker group this report is about
+    # the gradient statistics its workload last reported, (grad_sqr, grad_var), where any
+    grad_stats: tuple[float, float] | None = None
 
     @property
     def done(self) -> bool:
