@@ -38,6 +38,9 @@ class Reason(str, Enum):
     CATALOG = "catalog"  # its model or GPU type is not in the catalog
     TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
     MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
+    # it waits for a running fine-tuning sibling's weights: started from them once that
+    # sibling ends, it finishes sooner than started now (YMIR's temporal mode A->B)
+    AWAITS_SOURCE = "awaits-source"
     NO_PLAN = "no-supported-plan"  # the job's workload runs none of its candidate plans
     NO_FIT_HOST = "no-fit-host"  # every plan needs more CPUs or host memory than a node has
     NO_ESTIMATE = "no-estimate"  # the estimator has nothing for it (no measured times)

@@ -53,7 +53,7 @@ KIND = "stage-profile"
 #: the record format this apportion writes and reads (bump when a field changes meaning)
 PROFILE_FORMAT = 1
 #: the catalog type a machine without GPUs schedules its CPU worker slots as
-#: (:func:`apportion.runtime.executors.local.local_cluster`): a CPU profile stands for it
+#: (:func:`apportion.runtime.executors.local.executor.local_cluster`): a CPU profile stands for it
 CPU_STAND_IN = "T4"
 ENV_MAX_AGE = "APPORTION_PROFILE_MAX_AGE_DAYS"
 DEFAULT_MAX_AGE_DAYS = 30.0

@@ -1,9 +1,9 @@
 """``apportion cluster import``: a cluster YAML from what Slurm, Ray or Kubernetes reports.
 
 Every source returns one dict per node, ``{"name", "gpu_type" (the engine's
-raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.executors.slurm_import``,
-``runtime.executors.ray_import``, ``runtime.executors.k8s_import``); everything after that is
-written once, here:
+raw GPU name), "gpus", "cpus", "memory_gib", ...extras}``
+(``runtime.executors.slurm.importer``, ``runtime.executors.ray.importer``,
+``runtime.executors.kubernetes.importer``); everything after that is written once, here:
 
 * **GPU names** are mapped to catalog names (``apportion gpus --aliases``): the
   user's ``--gpu-map`` file first (YAML, raw name -> catalog name), then every
@@ -239,7 +239,7 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
     json``, whose requests are taken off; ``k8s_config``: the settings whose
     ``tolerations`` say which tainted nodes the pods may use)."""
     if source == "slurm":
-        from apportion.runtime.executors.slurm_import import import_slurm
+        from apportion.runtime.executors.slurm.importer import import_slurm
 
         text = None
         if path is not None:
@@ -253,16 +253,16 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
             raise InputError("--ray-address", "ray_address", "--from ray needs --ray-address "
                              "ADDR or RAY_ADDRESS (the head's address, e.g. 10.0.0.1:6379 or "
                              "auto)")
-        return _lazy("executors.ray_import", "import_ray", "Ray")(ray_address)
+        return _lazy("executors.ray.importer", "import_ray", "Ray")(ray_address)
     if source == "k8s":
         if path is None:
             raise InputError("--from k8s", "NODES", "give the nodes as a file: "
                              "kubectl get nodes -o json > nodes.json")
         tolerations = None
         if k8s_config is not None:
-            load = _lazy("executors.k8s_config", "load_k8s_config", "Kubernetes")
+            load = _lazy("executors.kubernetes.config", "load_k8s_config", "Kubernetes")
             tolerations = load(k8s_config).tolerations
-        return _lazy("executors.k8s_import", "import_k8s", "Kubernetes")(
+        return _lazy("executors.kubernetes.importer", "import_k8s", "Kubernetes")(
             str(path), pods, tolerations)
     raise InputError("--from", "from", f"{source!r} is not one of {', '.join(SOURCES)}")
 

@@ -285,7 +285,7 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
         if stop["signal"] is not None:
             reason = {-1: "timeout", -2: "stopped"}.get(stop["signal"], "signal")
     finally:
-        grace = getattr(executor, "stop_timeout_s", getattr(executor, "grace_s", None))
+        grace = executor.stop_timeout_s
         if reason == "idle" and grace is not None:
             # the store may call a job finished before its group has exited
             progress = _drain(executor, store, poll_s, float(grace))

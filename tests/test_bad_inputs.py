@@ -124,7 +124,7 @@ COMMANDS: dict[str, tuple[str, Any]] = {
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
 NO_INPUT_FILE = {"models", "gpus", "policies", "profile", "bench sim", "bench estimate", "bench solve",
-                 "bench round", "schema", "traces"}
+                 "bench round", "schema", "traces", "executors"}
 
 # Known defects in loaders, reported to the lead: they raise instead of exiting 2.
 # strict=True: a marker must go once its defect is fixed. (None open.)
@@ -418,7 +418,7 @@ BAD_COUNTS = [
       "--seed", "-1"], ("--seed", "at least 0")),
     (["bench", "solve", "--peers", "--sizes", "100000000"], ("--sizes", "100,000")),
     (["bench", "solve", "--peers", "--sizes", "1000,abc"], ("--sizes", "not a number")),
-    (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "200,000")),
+    (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "2,000,000")),
     (["bench", "round", "--case", "-5:8:1"], ("--case", "JOBS", "at least 1")),
     (["bench", "round", "--case", "10:8:nan"], ("--case", "BUDGET", "finite")),
     (["bench", "round", "--case", "10:8:inf"], ("--case", "BUDGET", "finite")),
@@ -633,9 +633,9 @@ def _readers() -> dict[str, tuple[str, Any]]:
     from apportion.experiments.traces import load_any
     from apportion.finetune_spec import load_finetune_problem, load_submissions
     from apportion.runtime.cluster_import import load_gpu_map, read_nodes
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import load_decision
-    from apportion.runtime.executors.k8s_import import import_k8s
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import load_decision
+    from apportion.runtime.executors.kubernetes.importer import import_k8s
     from apportion.shards_spec import load_problem
 
     return {

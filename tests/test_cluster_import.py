@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from apportion.runtime import cluster_import as ci
-from apportion.runtime.executors.slurm_import import nodes_from_scontrol
+from apportion.runtime.executors.slurm.importer import nodes_from_scontrol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -251,10 +251,11 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
          "does not exist"),
         ({"source": "ray", "out": tmp_path / "c.yaml"}, "--ray-address"),
         ({"source": "k8s", "out": tmp_path / "c.yaml"}, "kubectl get nodes -o json")]
-    if importlib.util.find_spec("apportion.runtime.executors.k8s_import") is None:
+    if importlib.util.find_spec("apportion.runtime.executors.kubernetes.importer") is None:
         (tmp_path / "nodes.json").write_text('{"items": []}')
         cases.append(({"source": "k8s", "out": tmp_path / "c.yaml",
-                       "path": tmp_path / "nodes.json"}, "apportion.runtime.executors.k8s_import"))
+                       "path": tmp_path / "nodes.json"},
+                      "apportion.runtime.executors.kubernetes.importer"))
     for kw, words in cases:
         with pytest.raises(InputError, match=words.replace(".", r"\.")):
             ci.import_cluster(**kw)

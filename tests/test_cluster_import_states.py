@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 from apportion.runtime import cluster_import as ci
-from apportion.runtime.executors.k8s_config import load_k8s_config
-from apportion.runtime.executors.k8s_import import import_k8s
-from apportion.runtime.executors.slurm_import import nodes_from_scontrol
+from apportion.runtime.executors.kubernetes.config import load_k8s_config
+from apportion.runtime.executors.kubernetes.importer import import_k8s
+from apportion.runtime.executors.slurm.importer import nodes_from_scontrol
 
 from apportion.config import load_cluster
 from apportion.errors import InputError
@@ -207,8 +207,8 @@ def test_cli_k8s_mig_is_refused_by_name_or_mapped(tmp_path: Path) -> None:
 def test_free_nodes_keep_their_figures_in_manifests(tmp_path: Path) -> None:
     """A node group read less its pods' requests ("free") is not reduced again by the
     DaemonSets' reserve when pods are sized."""
-    from apportion.runtime.executors.k8s_config import K8sConfig
-    from apportion.runtime.executors.k8s_manifests import node_usable
+    from apportion.runtime.executors.kubernetes.config import K8sConfig
+    from apportion.runtime.executors.kubernetes.manifests import node_usable
 
     doc = ci.cluster_document(import_k8s(NODES, pods=PODS).nodes[:1] + [
         {**import_k8s(NODES, pods=PODS).nodes[-1], "k8s_resources": "allocatable",

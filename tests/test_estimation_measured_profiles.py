@@ -196,7 +196,7 @@ def test_dp_shards_match_on_samples_per_device_and_scale_linearly(tmp_path: Path
 
 
 def test_device_names_map_to_the_catalog_and_the_local_stand_in() -> None:
-    from apportion.runtime.executors.local_gpus import catalog_type
+    from apportion.runtime.executors.local.gpus import catalog_type
 
     assert device_gpu_type("cpu") == CPU_STAND_IN
     for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA H200"):
@@ -206,7 +206,7 @@ def test_device_names_map_to_the_catalog_and_the_local_stand_in() -> None:
 
 def test_the_stand_in_is_the_local_clusters_type_without_gpus(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.executors.local.executor import local_cluster
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     assert {g.gpu_type for g in local_cluster().groups} == {CPU_STAND_IN}

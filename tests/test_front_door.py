@@ -24,7 +24,7 @@ HEAVY = {"numpy", "scipy", "networkx", "pandas", "ortools", "highspy", "cvxpy", 
          "threadpoolctl"}
 #: apportion's modules the front door reads: the app, its table, the error handler's parts
 FRONT = {"apportion", "apportion.batch_gc", "apportion.cli", "apportion.cli.app",
-         "apportion.cli.commands", "apportion.cli.exits", "apportion.console",
+         "apportion.cli.commands", "apportion.cli.exits", "apportion.console", "apportion.env",
          "apportion.errors", "apportion.protected"}
 
 

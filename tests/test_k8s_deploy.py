@@ -7,8 +7,8 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from apportion.runtime.executors.k8s_config import K8sConfig, _validate
-from apportion.runtime.executors.k8s_manifests import RESOURCES
+from apportion.runtime.executors.kubernetes.config import K8sConfig, _validate
+from apportion.runtime.executors.kubernetes.manifests import RESOURCES
 from k8s_schemas import validate
 
 from apportion.config import cluster_from_data, parse_yaml_text

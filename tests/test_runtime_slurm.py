@@ -3,7 +3,7 @@ user jobs through `apportion run --executor slurm` with a resize and a killed sc
 check failures, adoption and the grace period through the executor itself.
 
 The cluster is private (its own slurm.conf via SLURM_CONF, munged socket, free ports; see
-runtime.executors.slurm_local). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
+runtime.executors.slurm.local_cluster). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
 (CI sets it), where they fail: CI never skips them silently.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from apportion.runtime.executors.executor import Health, Progress
-from apportion.runtime.executors.slurm import SlurmExecutor
-from apportion.runtime.executors.slurm_local import LocalSlurm, missing_binaries
+from apportion.runtime.executors.slurm.executor import SlurmExecutor
+from apportion.runtime.executors.slurm.local_cluster import LocalSlurm, missing_binaries
 
 from apportion.config import load_cluster
 from apportion.decision import Action, Allocation, Decision, SolveReport

@@ -179,9 +179,17 @@ def bench_round_cmd(
                                            "it, alternately, and the ratios reported"),
     deterministic: bool = typer.Option(False, "--deterministic", help="the rounds' solver "
                                        "budgets counted in work: the same answer on any "
-                                       "machine, so only the times differ"),
+                                       "machine, so only the times differ (partitioned "
+                                       "cases too: each part with its share)"),
+    queue_format: str = typer.Option("auto", "--queue-format", help="the queue file each "
+                                     "case writes: yaml | jsonl | auto (YAML up to 20,000 "
+                                     "jobs, JSON lines past it)"),
+    store: bool = typer.Option(False, "--store", help="through the state store: `submit` "
+                               "the queue to a fresh store (timed too), then `solve-round "
+                               "--state`"),
 ) -> None:
-    """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
+    """The whole solve-round command on held-out rounds: wall and CPU time, memory, gap,
+    load."""
     from apportion.console import Progress
     from apportion.experiments.bench import rounds
     from apportion.experiments.bench.against import check_against
@@ -193,8 +201,12 @@ def bench_round_cmd(
             raise InputError("--formulation", "formulation",
                              f"{formulation!r}: use cells, plans or deadline")
         other = check_against(against) if against is not None else None
+        if queue_format not in rounds.QUEUE_FORMATS:
+            raise InputError("--queue-format", "queue_format", f"{queue_format!r}: use "
+                             f"{', '.join(rounds.QUEUE_FORMATS)}")
     with Progress("bench round", heartbeat=True):
-        rows = rounds.main(cases, seed, repeat, formulation, other, deterministic)
+        rows = rounds.main(cases, seed, repeat, formulation, other, deterministic,
+                           queue_format, store)
     if not outputs.is_stdout(json_out):
         stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:

@@ -60,13 +60,16 @@ LOG_FORMAT = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
                           help="text (default) | json: one JSON object per log line (a "
                           "round's line: backend, status, placed, pending, gap, wall)")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="logs (INFO) and tracebacks on stderr")
+EXECUTOR_HELP = ("dry-run | local | slurm | ray | kubernetes, or a plug-in's (apportion "
+                 "executors lists them)")
 ROUNDS_LOGGER = "apportion.rounds"  # runtime.round_log's
 ACCESS_LOGGER = "apportion.serve.access"  # serve.access's
 
 
 
 def run_cmd(
-    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
@@ -95,23 +98,26 @@ def run_cmd(
     log_format: Optional[str] = LOG_FORMAT,
     verbose: bool = VERBOSE,
 ) -> None:
-    """Run rounds every interval: solve, apply through an executor, poll progress back;
-    one log line per round."""
+    """Run rounds every interval: solve, apply through an executor, poll progress back.
+
+    One log line per round."""
     service_logging(verbose, log_format, ROUNDS_LOGGER)
     from apportion.cli.run_command import run_command
+    from apportion.runtime.executors.registry import reads
 
     with user_input():
         check_finite(interval, "--interval")
         check_finite(timeout, "--timeout")
         check_budget(time_budget)
         outputs.check_output_dir(workdir, "--workdir")
+        if not reads(executor, "ray_address"):  # $RAY_ADDRESS set for another executor
+            ray_address = None
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
                            kubeconfig, time_budget, k8s_config, drain, policy=policy,
                            estimator=estimator, checkpoint_every=checkpoint_every,
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
-                           ray_address=ray_address if executor == "ray" else None,
-                           tables=tables, tenants=tenants,
+                           ray_address=ray_address, tables=tables, tenants=tenants,
                            objective_preset=objective_preset)
     raise typer.Exit(code)
 
@@ -141,8 +147,9 @@ def cluster_import_cmd(
                                               "nodes apportion's pods may use"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="log what the import does"),
 ) -> None:
-    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept;
-    every node left out or offered in part is said on stderr with why."""
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept.
+
+    Every node left out or offered in part is said on stderr with why."""
     verbose_logs(verbose)
     from apportion.runtime.cluster_import import import_cluster
 
@@ -196,8 +203,8 @@ def export_k8s_cmd(
 ) -> None:
     """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
     verbose_logs(verbose)
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_k8s
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_k8s
 
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
@@ -220,8 +227,8 @@ def export_kueue_cmd(
                                             "Kueue 0.15 and later) | v1beta1 (older Kueue)"),
 ) -> None:
     """ResourceFlavors, a Topology, ClusterQueues and LocalQueues (named after the tenants)."""
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_kueue
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_kueue
 
     with user_input():
         cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
@@ -270,8 +277,8 @@ def export_slurm_cmd(
     verbose_logs(verbose)
     import shlex
 
-    from apportion.runtime.executors.slurm_export import export_slurm
-    from apportion.runtime.executors.slurm_submit import parse_time
+    from apportion.runtime.executors.slurm.export import export_slurm
+    from apportion.runtime.executors.slurm.submit import parse_time
 
     with user_input():
         limit_s = parse_time(time_limit) if time_limit else None
@@ -300,8 +307,8 @@ def serve_cmd(
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    executor: str = typer.Option("dry-run", "--executor",
-                                 help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on "
                              "(0.0.0.0: every interface)"),
@@ -354,8 +361,9 @@ def serve_cmd(
     verbose: bool = VERBOSE,
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
-    /healthz and /readyz, Prometheus /metrics, and a dashboard at /; one log line per round
-    and per request."""
+    /healthz and /readyz, Prometheus /metrics, and a dashboard at /.
+
+    One log line per round and per request."""
     service_logging(verbose, log_format, ROUNDS_LOGGER,
                     *(() if no_access_log else (ACCESS_LOGGER,)))
     adopt_logger("uvicorn")  # the HTTP server's own warnings, in the same format

@@ -35,9 +35,10 @@ def profile_cmd(
                                 help="timed runs per layer or stage (the median is kept)"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
-    """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile)
-    and store them, with this machine's device, library versions and the time, in the
-    profile cache, where Crius's cell estimator reads them."""
+    """Profile a model's DP-only and TP-only stage shards (per-layer torch, or JAX compile).
+
+    The shards are stored, with this machine's device, library versions and the time, in
+    the profile cache, where Crius's cell estimator reads them."""
     from apportion.console import Progress
     from apportion.estimation.profilers.stages import check_profile_args, profile_report
 
@@ -67,9 +68,10 @@ def estimate_cmd(
                                  "machine's device must be the cell's GPU type)"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
 ) -> None:
-    """Estimate one cell with the estimators and tune it (Crius 5.1-5.2); each figure says
-    where it came from (measured, fitted, profiled or analytic), and a stale or
-    foreign-device stage profile is refused by name."""
+    """Estimate one cell with the estimators and tune it (Crius 5.1-5.2).
+
+    Each figure says where it came from (measured, fitted, profiled or analytic), and a
+    stale or foreign-device stage profile is refused by name."""
     from apportion.config import default_cluster, resolve_cluster
     from apportion.estimation.models.tuning import estimate_report, parse_job_cell
 

@@ -38,6 +38,9 @@ ROOT = (
           "Solve one scheduling round: read cluster and queue, decide, validate, report."),
     Entry("policies", "cmd_catalog:policies_cmd",
           "List every registered policy (usable with --policy on solve-round, run, simulate)."),
+    Entry("executors", "cmd_catalog:executors_cmd",
+          "List every executor run and serve take as --executor (plug-ins' too) and the run\n"
+          "options each reads."),
     Entry("traces", "cmd_catalog:traces_cmd",
           "List the trace formats simulate and compare read (plug-ins' too) and the bundled "
           "traces."),

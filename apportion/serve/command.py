@@ -31,6 +31,7 @@ from rich.markup import escape
 from apportion import outputs
 from apportion.console import printable, stderr_console
 from apportion.errors import HostError, InputError
+from apportion.runtime.executors.registry import reads
 from apportion.runtime.session import (
     LoopContext,
     LoopHooks,
@@ -122,7 +123,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
-            ray_address if executor == "ray" else None, False, timeout_s, tables, tenants,
+            ray_address if reads(executor, "ray_address") else None, False, timeout_s,
+            tables, tenants,
             objective_preset))
         sock = bind(host, port)
     except InputError as exc:
@@ -149,7 +151,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
                                     registry, needed, read_token=reads,
                                     read_timeout_s=read_timeout_s,
-                                    token_hint=generated), hosts)
+                                    token_hint=generated,
+                                    quotas=dict(prep.round_config.quotas or {})), hosts)
         try:
             with HttpServer(app, sock, observer, read_timeout_s, max_connections):
                 url = url_of(sock)

@@ -9,9 +9,10 @@ Two sources, each the right one for what it counts:
 * **the store** (:class:`StoreCollector`, read at every scrape through its own
   connection): jobs by state and by tenant, the queue's length (per tenant too), waiting
   jobs by their typed reason and the oldest one's age, GPUs allocated and free per type
-  and held per tenant (against its quota, with ``--tenants``), and two histograms of every
-  job the store holds: the admission wait (submission to first start) and the completion
-  time of finished jobs. The store is the source of truth for what exists now; a scrape
+  and held per tenant (against its quota, with ``--tenants``), and three histograms of
+  every job the store holds: submission to decision (to the first round that placed it or
+  gave it a typed reason: how quickly the event-driven rounds answer), the admission wait
+  (submission to first start) and the completion time of finished jobs. The store is the source of truth for what exists now; a scrape
   never sees a value the store does not hold, and as jobs are never deleted the
   histograms only grow, as Prometheus expects of a histogram's counts.
   ``apportion_store_up`` is 0 when it cannot be read.
@@ -55,7 +56,8 @@ from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
 from apportion.serve.views import gpu_use
 from apportion.store import open_store
-from apportion.store_status import pending_details
+from apportion.store_decisions import first_decisions
+from apportion.store_queue import NOT_YET, reason_counts
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,10 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 # seconds a job waits, or takes to finish: from a round's length to a week
 JOB_BUCKETS = (10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
                86400.0, 259200.0, 604800.0, math.inf)
-#: the label of a waiting job no round has considered yet
-NOT_YET = "not-yet-considered"
+# seconds from a submission to the round that decides it: event-driven rounds take about
+# the debounce plus a solve (a few seconds); the interval bounds it (300 s in deploy/)
+DECISION_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                    1800.0, 3600.0, math.inf)
 
 
 class ServeMetrics:
@@ -141,13 +145,14 @@ def _tenant(rec: Any) -> str:
     return str(rec.spec.get("tenant") or "default")
 
 
-def _histogram(name: str, doc: str, values: list[float]) -> HistogramMetricFamily:
-    """A histogram of ``values`` over :data:`JOB_BUCKETS` (cumulative, as Prometheus reads
-    a histogram)."""
+def _histogram(name: str, doc: str, values: list[float],
+               bounds: tuple[float, ...] = JOB_BUCKETS) -> HistogramMetricFamily:
+    """A histogram of ``values`` over ``bounds`` (cumulative, as Prometheus reads a
+    histogram)."""
     ordered = sorted(values)
     buckets = [(("+Inf" if math.isinf(b) else f"{b:g}"),
                 float(len(ordered) if math.isinf(b) else bisect.bisect_right(ordered, b)))
-               for b in JOB_BUCKETS]
+               for b in bounds]
     h = HistogramMetricFamily(name, doc)
     h.add_metric([], buckets, sum_value=float(sum(ordered)))
     return h
@@ -177,8 +182,9 @@ class StoreCollector(Collector):
                 recs = store.jobs()
                 use = gpu_use(store, self.cluster)
                 waiting = [r for r in recs if r.state in QUEUED]
-                why = pending_details(store, waiting)
+                why = reason_counts(store)  # the dashboard's queue counts the same
                 starts = store.first_starts()
+                decided = first_decisions(store)
         except Exception as exc:  # noqa: BLE001 - a scrape reports the store down; it never fails
             log.warning("metrics: the store cannot be read: %s", exc)
             up.add_metric([], 0.0)
@@ -217,7 +223,7 @@ class StoreCollector(Collector):
         reasons = GaugeMetricFamily("apportion_pending_jobs", "waiting jobs by the typed "
                                     f"reason their last round gave ({NOT_YET}: no round yet)",
                                     labels=["reason"])
-        tally = Tally(why[r.id]["reason"] if r.id in why else NOT_YET for r in waiting)
+        tally = {r.reason or NOT_YET: r.jobs for r in why}
         for reason, n in sorted(tally.items()):
             reasons.add_metric([reason], float(n))
         yield reasons
@@ -248,6 +254,11 @@ class StoreCollector(Collector):
                          "first start, of every job that has started",
                          [max(0.0, starts[r.id] - r.submitted_at) for r in recs
                           if r.id in starts])
+        yield _histogram("apportion_submit_to_decision_seconds", "from submission to the "
+                         "first round that decided the job (placed it, or left it out with "
+                         "a typed reason), of every job a round has decided",
+                         [max(0.0, decided[r.id] - r.submitted_at) for r in recs
+                          if r.id in decided], DECISION_BUCKETS)
         yield _histogram("apportion_job_completion_seconds", "from submission to the end, of "
                          "every finished job (its JCT)",
                          [max(0.0, r.updated_at - r.submitted_at) for r in recs

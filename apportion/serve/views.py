@@ -16,14 +16,15 @@ from __future__ import annotations
 import datetime
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.lifecycle import JobState
+from apportion.serve.decision_cache import DECISIONS
 from apportion.store import JobRecord, StateStore
 from apportion.store_faults import effective_cluster, node_states
 from apportion.store_status import estimate_sources, pending_details
-
 
 RFC3339 = "_rfc3339"  # the suffix of a float time's RFC 3339 twin
 
@@ -65,13 +66,17 @@ def _row(rec: JobRecord, pending: dict[str, dict[str, str]],
     return row
 
 
-def jobs_view(store: StateStore, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+def jobs_view(store: StateStore, after: int = 0, limit: int | None = None,
+              states: frozenset[JobState] | None = None,
+              tenant: str | None = None) -> dict[str, Any]:
     """The jobs (submission order) with their waiting reasons, and the count per state of
     every job. With ``limit``, one page: the jobs after the one numbered ``after``, and in
-    ``next_cursor`` the number to ask the next page after (None on the last page)."""
-    recs, cursor = store.jobs_page(after, limit)
-    pending = pending_details(store, recs)
-    sources = estimate_sources(store, recs)
+    ``next_cursor`` the number to ask the next page after (None on the last page).
+    ``states`` and ``tenant`` keep only those jobs (``counts`` counts every job)."""
+    recs, cursor = store.jobs_page(after, limit, states, tenant)
+    load = DECISIONS.loader(store)
+    pending = pending_details(store, recs, load)
+    sources = estimate_sources(store, recs, load)
     return {"jobs": [_row(r, pending, sources) for r in recs], "counts": store.job_counts(),
             "next_cursor": None if cursor is None else str(cursor)}
 
@@ -80,11 +85,12 @@ def job_view(store: StateStore, job_id: str) -> dict[str, Any]:
     """One job: its row, allocation and plan while running, progress and its state moves.
     Raises :class:`~apportion.store.UnknownJob`."""
     rec = store.job(job_id)
-    row = _row(rec, pending_details(store, [rec]), estimate_sources(store, [rec]))
+    load = DECISIONS.loader(store)
+    row = _row(rec, pending_details(store, [rec], load), estimate_sources(store, [rec], load))
     plan = None
     if rec.state is JobState.RUNNING and rec.last_round is not None:
         try:
-            decision = store.decision(rec.last_round)
+            decision = load(rec.last_round)
         except KeyError:
             decision = {}
         for a in decision.get("allocations", []):
@@ -117,10 +123,12 @@ def rounds_view(store: StateStore, limit: int, before: int | None = None) -> dic
     return {"rounds": rounds, "next_cursor": str(rounds[0]["id"]) if older else None}
 
 
-def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:
+def gpu_use(store: StateStore, cluster: Cluster,
+            now: float | None = None) -> dict[str, dict[str, int]]:
     """Per GPU type: capacity (down and quarantined nodes count for none), allocated to
     running jobs, and free."""
-    cap = effective_cluster(store, cluster, time.time()).capacity_by_type()
+    now = time.time() if now is None else now
+    cap = effective_cluster(store, cluster, now).capacity_by_type()
     used: Counter[str] = Counter()
     for rec in store.jobs(frozenset({JobState.RUNNING})):
         if rec.running:
@@ -130,11 +138,10 @@ def gpu_use(store: StateStore, cluster: Cluster) -> dict[str, dict[str, int]]:
             for t in sorted(set(cap) | set(used))}
 
 
-def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
-    """The cluster node by node and GPU by GPU, grouped by GPU type, each GPU slot naming
-    the running job that holds it. A placement says how many GPUs of a node a job holds,
-    not which: slots are filled in submission order, so a job's GPUs stay together."""
-    health = {n["name"]: n for n in node_states(store)}
+def gpu_slots(store: StateStore, cluster: Cluster) -> dict[str, list[str | None]]:
+    """Per node, one entry per GPU: the running job that holds it (None: free). A
+    placement says how many GPUs of a node a job holds, not which: slots are filled in
+    submission order, so a job's GPUs stay together."""
     slots: dict[str, list[str | None]] = {n.name: [None] * n.gpus
                                           for n in cluster.nodes.values()}
     for rec in store.jobs(frozenset({JobState.RUNNING})):
@@ -142,13 +149,27 @@ def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
             free = [i for i, s in enumerate(slots.get(node, [])) if s is None]
             for i in free[:int(count)]:
                 slots[node][i] = rec.id
+    return slots
+
+
+def node_view(node: Any, health: Mapping[Any, Mapping[str, Any]],
+              slots: dict[str, list[str | None]]) -> dict[str, Any]:
+    """One node as ``/api/v1/cluster`` shows it: its health and its GPUs' holders."""
+    return {"name": node.name, "gpu_type": node.gpu_type, "gpus": node.gpus,
+            "state": str(health.get(node.name, {}).get("state") or "up"),
+            "reason": str(health.get(node.name, {}).get("reason") or ""),
+            "slots": slots[node.name]}
+
+
+def cluster_view(store: StateStore, cluster: Cluster) -> dict[str, Any]:
+    """The cluster node by node and GPU by GPU, grouped by GPU type, each GPU slot naming
+    the running job that holds it (:func:`gpu_slots`)."""
+    health = {n["name"]: n for n in node_states(store)}
+    slots = gpu_slots(store, cluster)
     use = gpu_use(store, cluster)
     types = []
     for t in sorted(use):
-        nodes = [{"name": n.name, "gpu_type": n.gpu_type, "gpus": n.gpus,
-                  "state": str(health.get(n.name, {}).get("state") or "up"),
-                  "reason": str(health.get(n.name, {}).get("reason") or ""),
-                  "slots": slots[n.name]}
-                 for n in cluster.nodes.values() if n.gpu_type == t]
+        nodes = [node_view(n, health, slots) for n in cluster.nodes.values()
+                 if n.gpu_type == t]
         types.append({"gpu_type": t, **use[t], "nodes": nodes})
     return {"name": cluster.name, "gpu_types": types}

@@ -4,7 +4,9 @@ to run too (scikit-learn's ``check_estimator`` is the model).
 ``check_policy(name_or_policy)`` runs a policy on an operator's queue through the round
 pipeline; ``check_formulation(name)`` solves a registered formulation with the solver
 chain and with its heuristic alone and checks every answer against the model's own rows;
-``check_executor(executor)`` checks the protocol; ``check_estimator(estimator)`` the
+``check_executor(name)`` a registered executor's declaration and an empty round of it built
+by the registry (``check_executor(executor)``: an object's protocol alone);
+``check_executor_behaviour`` what one does with real jobs; ``check_estimator(estimator)`` the
 estimator protocol; ``check_trace_format(name)`` a trace format's detection, loading and
 replay on its example. Each raises :class:`AssertionError` naming what failed, whatever
 went wrong (a policy's invalid decision, a loader's error) and under ``python -O`` too

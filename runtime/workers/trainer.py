@@ -452,7 +452,9 @@ class Worker:
             "world": self.world, "plan": self.plan.label(), "launch_wall": self.launch_wall,
             "first_step_wall": first_step_wall, "resumed_from": getattr(self, "resumed_from", 0),
             "updated_wall": time.time(), "pid": os.getpid(), "error": error,
-            "launch_id": self.cfg.launch_id})
+            "launch_id": self.cfg.launch_id,
+            **({} if self.noise is None else {"grad_sqr": max(0.0, self.noise[0]),
+                                               "grad_var": max(0.0, self.noise[1])})})
 
 
 #: the signal on which a built-in worker dumps its threads' stacks to its stderr

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from apportion.runtime.executors.k8s_manifests import RESOURCES
+from apportion.runtime.executors.kubernetes.manifests import RESOURCES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

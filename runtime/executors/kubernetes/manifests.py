@@ -8,7 +8,7 @@ k8s`` and the kubernetes executor, so what an operator reviews is what runs.
   asks for ``k`` GPUs and for the decision's CPUs and memory on that node
   (``cpus * k / gpus``; the GPU share of the node when the decision gives
   none) scaled from the node's capacity to its *allocatable* (capacity less
-  :class:`~apportion.runtime.executors.k8s_config.Reserve`). Every allocation on a node
+  :class:`~apportion.runtime.executors.kubernetes.config.Reserve`). Every allocation on a node
   is scaled alike, so together they fit the node's allocatable.
 * **The solver's placement is honoured.** Nodes are grouped by the GPUs the
   job holds on them; each group is one replicated job (JobSet / TrainJob) or
@@ -29,7 +29,8 @@ k8s`` and the kubernetes executor, so what an operator reviews is what runs.
 * **Gang admission.** With a queue, the object carries
   ``kueue.x-k8s.io/queue-name`` and is created suspended: Kueue admits the
   whole job at once and unsuspends it. The PriorityClass comes from the
-  tenant or the guaranteed flag (:class:`~apportion.runtime.executors.k8s_config.PriorityClasses`).
+  tenant or the guaranteed flag
+  (:class:`~apportion.runtime.executors.kubernetes.config.PriorityClasses`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from apportion.runtime.executors.k8s_config import K8sConfig, allocatable
+from apportion.runtime.executors.kubernetes.config import K8sConfig, allocatable
 from apportion.runtime.executors.launch import TRAINER_MODULE, train_config
 from apportion.runtime.workload import (
     ENV_CHECKPOINT_DIR,

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from apportion.runtime.executors.slurm_commands import parse_gres
+from apportion.runtime.executors.slurm.commands import parse_gres
 
 from apportion.cluster import Cluster
 

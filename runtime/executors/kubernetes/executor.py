@@ -1,6 +1,6 @@
 """The Kubernetes executor: decisions become TrainJobs (or JobSets, PyTorchJobs), status comes back.
 
-The objects are :mod:`apportion.runtime.executors.k8s_manifests`'s, the same ``apportion
+The objects are :mod:`apportion.runtime.executors.kubernetes.manifests`'s, the same ``apportion
 export k8s`` writes. Every round's objects are also written under the workdir
 (``manifests/roundNNNN-<name>.yaml``) for audit; with an API server
 (``--kubeconfig``, or the in-cluster service account) the executor also runs
@@ -26,7 +26,8 @@ their life cycle:
   suspends (checkpoints) every running job. A restarted scheduler adopts the
   objects it finds (their allocation is in an annotation).
 
-Every API call is retried on conflicts by :class:`~apportion.runtime.executors.k8s_client.K8sClient`.
+Every API call is retried on conflicts by
+:class:`~apportion.runtime.executors.kubernetes.client.K8sClient`.
 A placement the chosen API cannot express or a plan the workload cannot run
 is refused for that job, and an object the API server refuses (a 4xx: an
 admission webhook, a quota, a schema) fails that launch with the server's
@@ -49,6 +50,7 @@ from typing import Any
 import yaml
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     Health,
     LaunchLog,
     MemoryLaunchLog,
@@ -56,9 +58,9 @@ from apportion.runtime.executors.executor import (
     Reconciled,
     actions_for,
 )
-from apportion.runtime.executors.k8s_client import JOB_UID_LABEL, K8sClient
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import (
+from apportion.runtime.executors.kubernetes.client import JOB_UID_LABEL, K8sClient
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import (
     JOB_ID_ANNOTATION,
     JOB_KIND,
     MANAGED_BY,
@@ -70,7 +72,7 @@ from apportion.runtime.executors.k8s_manifests import (
     workload_kind,
 )
 from apportion.runtime.workers.train_config import read_json_file
-from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress
+from apportion.runtime.workload import PROGRESS_FILE_NAME, gradient_stats, read_progress
 
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision
@@ -146,7 +148,7 @@ def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if c.get("status") == "True"}
 
 
-class KubernetesExecutor:
+class KubernetesExecutor(Executor):
     """Runs decisions on Kubernetes (see the module docstring)."""
 
     name = "kubernetes"
@@ -399,23 +401,26 @@ class KubernetesExecutor:
 
     # -- poll -------------------------------------------------------------------------------------
     def _progress(self, job: JobSpec, t: Tracked) -> tuple[int | None, float | None,
-                                                             float | None, bool]:
-        """(iterations done, iteration time, loss, this launch) from the checkpoint volume."""
+                                                             float | None, bool,
+                                                             tuple[float, float] | None]:
+        """(iterations done, iteration time, loss, this launch, the workload's last gradient
+        statistics) from the checkpoint volume."""
         if not self.cfg.local_checkpoint_mount:
-            return None, None, None, False
+            return None, None, None, False, None
         d = Path(self.cfg.local_checkpoint_mount) / job_dirname(job.id)
         if workload_kind(job) == "builtin":
             p = read_json_file(d / BUILTIN_PROGRESS)
             if not isinstance(p, dict) or not isinstance(p.get("iterations_done"), int):
-                return None, None, None, False
+                return None, None, None, False, None
             mine = p.get("launch_id") == t.launch_id
             return (p["iterations_done"], p.get("iter_time_s") if mine else None, p.get("loss"),
-                    mine)
+                    mine, gradient_stats(p))
         rec = read_progress(d / PROGRESS_FILE_NAME)
         if rec is None:
-            return None, None, None, False
+            return None, None, None, False, None
         it = rec["iteration"]
-        return it, rec.get("iter_time_s"), rec.get("loss"), it > t.launched_at_iter
+        return (it, rec.get("iter_time_s"), rec.get("loss"), it > t.launched_at_iter,
+                gradient_stats(rec))
 
     def poll(self) -> list[Progress]:
         out: list[Progress] = []
@@ -423,7 +428,7 @@ class KubernetesExecutor:
             job = self.jobs.get(job_id)
             if job is None:
                 continue
-            done, iter_time, loss, mine = self._progress(job, t)
+            done, iter_time, loss, mine, stats = self._progress(job, t)
             iters = job.iterations_done if done is None else done
             health, error = self._health(job, t, iters, mine)
             if health is Health.FINISHED:
@@ -432,7 +437,7 @@ class KubernetesExecutor:
                 self._end(job_id, health.value, error or "")
             out.append(Progress(job_id, iters, job.iterations, health, iter_time, loss,
                                 t.alloc.gpus, t.alloc.plan.label(), error=error,
-                                launch_id=t.launch_id))
+                                launch_id=t.launch_id, grad_stats=stats))
         return out
 
     def _health(self, job: JobSpec, t: Tracked, iters: int,

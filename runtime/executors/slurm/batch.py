@@ -12,7 +12,7 @@ Nodes asking the same thing share one component, so a uniform placement
 are started by the backfill scheduler only (``SchedulerType=sched/backfill``,
 Slurm's default).
 
-The step runs one task per node, ``python -m apportion.runtime.executors.slurm_task
+The step runs one task per node, ``python -m apportion.runtime.executors.slurm.task
 LAUNCH.json`` (see that module), which starts the node's ranks with the
 workload contract. Everything a launch needs is written into the job's
 folder (``<workdir>/<job_dirname(id)>``), which must be on storage every

@@ -7,10 +7,10 @@
   chosen nodes, ``--gres=gpu:<type>:<n>`` per node with the node's own GRES
   type (read from ``scontrol show node``; the catalog name is apportion's,
   the GRES type Slurm's), the GPUs' share of the node's CPUs and memory, and
-  one task per node running the agent ``runtime.executors.slurm_task``, which starts
+  one task per node running the agent ``runtime.executors.slurm.task``, which starts
   the node's ranks with the workload contract (``runtime.workload``).
   Different GPU counts on different nodes make a heterogeneous job (see
-  ``runtime.executors.slurm_batch``).
+  ``runtime.executors.slurm.batch``).
 * **what runs**: the job's ``workload`` (the user's command, one process per
   rank) or apportion's built-in trainer (``python -m
   apportion.runtime.workers.trainer CONFIG.json``).
@@ -22,7 +22,7 @@
   store by the run loop.
 * **what it asks for**: never more than Slurm says a node has: each node's
   CPUs and memory request is capped at the GPUs' share of its ``CPUEfctv``
-  and ``RealMemory`` (``runtime.executors.slurm_nodes``), and where the
+  and ``RealMemory`` (``runtime.executors.slurm.nodes``), and where the
   cluster file disagrees with Slurm the executor says so before its first
   launch.
 * **failure**: a non-zero exit (or a Slurm end state such as ``NODE_FAIL``,
@@ -64,10 +64,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apportion.runtime.executors import slurm_batch as batch
-from apportion.runtime.executors import slurm_submit as submit
+from apportion.runtime.executors.slurm import batch
+from apportion.runtime.executors.slurm import submit
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     FailureGate,
     Health,
     LaunchLog,
@@ -77,7 +78,7 @@ from apportion.runtime.executors.executor import (
     actions_for,
     steps_to_launch,
 )
-from apportion.runtime.executors.slurm_commands import (
+from apportion.runtime.executors.slurm.commands import (
     ACTIVE_STATES,
     SlurmError,
     parse_records,
@@ -85,7 +86,7 @@ from apportion.runtime.executors.slurm_commands import (
     sacct_states,
     squeue_states,
 )
-from apportion.runtime.executors.slurm_nodes import (
+from apportion.runtime.executors.slurm.nodes import (
     MEMORY_HEADROOM,
     NodeLimits,
     cap_requests,
@@ -93,12 +94,13 @@ from apportion.runtime.executors.slurm_nodes import (
     limits_from_records,
 )
 from apportion.runtime.executors.confined import UnsafeFolder, confine
-from apportion.runtime.executors.slurm_submit import gres_type_for
-from apportion.runtime.executors.slurm_task import exit_path, launch_marker
+from apportion.runtime.executors.slurm.submit import gres_type_for
+from apportion.runtime.executors.slurm.task import exit_path, launch_marker
 from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.workload import (
     CHECKPOINT_DIR_NAME,
     PROGRESS_FILE_NAME,
+    gradient_stats,
     read_progress,
     read_progress_since,
 )
@@ -142,6 +144,7 @@ class _Launch:
     iterations_done: int = 0
     iter_time_s: float | None = None
     loss: float | None = None
+    grad_stats: tuple[float, float] | None = None  # the workload's last (grad_sqr, grad_var)
     first_seen: tuple[int, float] | None = None  # (iteration, wall) when this launch first stepped
     history: list[tuple[str, float]] = field(default_factory=list)
     log_id: int | None = None  # its record in the launch log
@@ -172,7 +175,7 @@ def allocation_from_dict(d: Mapping[str, Any]) -> Allocation:
                       float(d.get("host_memory_gib") or 0.0))
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """Allocations as Slurm batch jobs (see the module doc)."""
 
     name = "slurm"
@@ -193,7 +196,7 @@ class SlurmExecutor:
         self.cluster = cluster
         self.partition = partition
         self.sbatch_args = list(sbatch_args)
-        self.grace_s = grace_s
+        self.stop_timeout_s: float = grace_s  # the grace of a stop, before the kill
         self.python = python
         self.env = {**os.environ, **(env or {})}
         self.request_memory = request_memory
@@ -234,7 +237,7 @@ class SlurmExecutor:
         started (a restarted run keeps them running instead of requeueing them)."""
         return set(self._adopted)
 
-    def stop_adopted(self) -> None:
+    def stop_adopted(self) -> bool:
         """``--orphans stop``: checkpoint and stop the Slurm jobs an earlier run left (TERM,
         then cancel after the grace period); the run requeues them from their checkpoints."""
         runs = [self.runs[j] for j in sorted(self._adopted) if j in self.runs]
@@ -243,6 +246,7 @@ class SlurmExecutor:
                         ", ".join(f"{r.job_id} ({r.slurm_id})" for r in runs))
             self._stop(runs, why="--orphans stop")
         self._adopted.clear()
+        return True
 
     # -- Slurm ---------------------------------------------------------------------
     def _run(self, args: list[str], timeout_s: float = 60.0) -> str:
@@ -333,8 +337,8 @@ class SlurmExecutor:
                            requests=self._requests(alloc), partition=self.partition,
                            options=[f"--comment={COMMENT_PREFIX}{launch_id}",
                                     *self.sbatch_args],
-                           python=self.python, grace_s=self.grace_s, limit_s=self.time_limit_s,
-                           margin=self.time_margin, seed=self.seed, threads=self.threads,
+                           python=self.python, grace_s=self.stop_timeout_s,
+                           limit_s=self.time_limit_s, margin=self.time_margin, seed=self.seed, threads=self.threads,
                            lr=self.lr, checkpoint_every=self.checkpoint_every)
         if sub.config is not None:
             write_json(jobdir / "config.json", sub.config)
@@ -457,11 +461,11 @@ class SlurmExecutor:
                 log.info("%s: %s", r.job_id, exc)
         # the agents SIGKILL ranks still running after the grace, so the jobs end by themselves;
         # a job that does not (an agent that hangs, a step not started) is cancelled
-        ended = {r.job_id: self._wait_ended(r, self.grace_s + BACKSTOP_S) for r in runs}
+        ended = {r.job_id: self._wait_ended(r, self.stop_timeout_s + BACKSTOP_S) for r in runs}
         late = [r for r in runs if not ended[r.job_id]]
         for r in late:
             log.warning("%s: slurm job %s still running %gs after SIGTERM; scancel", r.job_id,
-                        r.slurm_id, self.grace_s + BACKSTOP_S)
+                        r.slurm_id, self.stop_timeout_s + BACKSTOP_S)
             try:
                 self._run(["scancel", r.slurm_id])
             except SlurmError as exc:
@@ -531,6 +535,7 @@ class SlurmExecutor:
             if prog:
                 r.iterations_done = max(r.start_iteration, int(prog.get("iterations_done") or 0))
                 r.loss = prog.get("loss")
+                r.grad_stats = gradient_stats(prog) or r.grad_stats
                 if prog.get("launch_id") == r.launch_id:
                     r.iter_time_s = prog.get("iter_time_s") or r.iter_time_s
                     if prog.get("first_step_wall") and r.first_seen is None:
@@ -542,6 +547,7 @@ class SlurmExecutor:
         it = int(rec["iteration"])
         r.iterations_done = it
         r.loss = rec.get("loss") if isinstance(rec.get("loss"), (int, float)) else r.loss
+        r.grad_stats = gradient_stats(rec) or r.grad_stats
         if it > r.start_iteration:
             wall = float(rec["wall"]) if isinstance(rec.get("wall"), (int, float)) else now
             if r.first_seen is None:
@@ -646,7 +652,7 @@ class SlurmExecutor:
                 r = self.stopped[s.job]
                 events.append(Event(s.job, "preempt", 0, r.alloc.gpu_type,
                                     "checkpointed" if clean.get(s.job) else
-                                    f"killed after the {self.grace_s:g}s grace"))
+                                    f"killed after the {self.stop_timeout_s:g}s grace"))
         for s in steps_to_launch(steps, held, events):
             done = self.stopped.get(s.job)
             if done is not None and done.health == Health.FINISHED:  # ended while being stopped
@@ -691,7 +697,7 @@ class SlurmExecutor:
             r = self.runs.get(job_id) or self.stopped[job_id]
             out.append(Progress(job_id, r.iterations_done, r.iterations, r.health, r.iter_time_s,
                                 r.loss, r.alloc.plan.gpus, r.alloc.plan.label(), r.overhead_s,
-                                r.error, launch_id=r.launch_id))
+                                r.error, launch_id=r.launch_id, grad_stats=r.grad_stats))
         return self.failures.saw(out)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:

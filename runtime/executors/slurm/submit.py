@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from apportion.runtime.cluster_import import GpuNames
-from apportion.runtime.executors import slurm_batch as batch
+from apportion.runtime.executors.slurm import batch
 from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.executors.slurm_commands import parse_gres
+from apportion.runtime.executors.slurm.commands import parse_gres
 from apportion.runtime.workload import job_env
 
 from apportion.cluster import Cluster
@@ -38,7 +38,7 @@ from apportion.decision import Allocation
 from apportion.errors import InputError
 from apportion.jobs import JobSpec, job_dirname
 
-AGENT_MODULE = "apportion.runtime.executors.slurm_task"
+AGENT_MODULE = "apportion.runtime.executors.slurm.task"
 TIME_MARGIN = 0.25  # of the estimated remaining time
 STARTUP_S = 600.0  # start-up and checkpoint restore, on top of the estimate
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")

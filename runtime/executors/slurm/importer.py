@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apportion.runtime.executors.imported import Imported
-from apportion.runtime.executors.slurm_commands import SlurmError, parse_gres, parse_records, run
+from apportion.runtime.executors.slurm.commands import SlurmError, parse_gres, parse_records, run
 
 from apportion.errors import InputError
 

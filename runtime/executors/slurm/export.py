@@ -28,10 +28,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from apportion.runtime.executors import slurm_batch as batch
-from apportion.runtime.executors import slurm_submit as submit
-from apportion.runtime.executors.slurm_commands import parse_records
-from apportion.runtime.executors.slurm_nodes import (
+from apportion.runtime.executors.slurm import batch
+from apportion.runtime.executors.slurm import submit
+from apportion.runtime.executors.slurm.commands import parse_records
+from apportion.runtime.executors.slurm.nodes import (
     MEMORY_HEADROOM,
     NodeLimits,
     cap_requests,

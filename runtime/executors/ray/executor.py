@@ -5,7 +5,7 @@ Two modes. **Embedded** (no address): a fresh local Ray instance of its own
 ``/tmp/ray`` session or a Ray cluster already running on the host; the
 cluster's GPU types are custom resources of that one node (``{"T4": 4}``).
 **Joined** (``--ray-address``, or ``RAY_ADDRESS``): an existing cluster, whose
-node names and GPU types come from :mod:`apportion.runtime.executors.ray_import`
+node names and GPU types come from :mod:`apportion.runtime.executors.ray.importer`
 (``accelerator_type:*`` resources or ``ray.io/accelerator-type`` labels,
 custom resources otherwise): ``apportion cluster import --from ray`` writes
 the cluster YAML with those names, and a decision's placement maps back to
@@ -49,6 +49,7 @@ from typing import Any
 
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     FailureGate,
     Health,
     LaunchLog,
@@ -60,7 +61,7 @@ from apportion.runtime.executors.executor import (
 )
 from apportion.runtime.executors.confined import touch_in
 from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.executors.ray_import import describe_nodes
+from apportion.runtime.executors.ray.importer import describe_nodes
 from apportion.runtime.workers.train_config import read_json_file
 from apportion.runtime.workload import (
     PROGRESS_FILE_NAME,
@@ -128,7 +129,7 @@ class _WorkerActor:
         import sys
 
         from apportion.runtime.executors.confined import open_in
-        from apportion.runtime.executors.local import stderr_tail
+        from apportion.runtime.executors.local.executor import stderr_tail
         d = Path(jobdir)
         # `python` in a workload's command is the interpreter of apportion's workers, whatever
         # PATH the job sets (its own PATH follows it), as with every executor
@@ -211,7 +212,7 @@ class _Group:
         return max(self.checkpoint_start, self.view.checkpoint_iteration or 0)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Actors in placement groups; one group per job, one bundle per node of its placement."""
 
     name = "ray"
@@ -353,7 +354,7 @@ class RayExecutor:
 
     def _start(self, job: JobSpec, alloc: Allocation, action: str, t0: float, lid: int,
                ck: int, got: dict[str, Any]) -> Event:
-        from apportion.runtime.executors.local import prepare
+        from apportion.runtime.executors.local.executor import prepare
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         ray = _ray()
         pg, bundles = self._place_bundles(alloc)

@@ -10,7 +10,7 @@
   tenant's GPU quota split over the flavors in proportion to their capacity
   (largest remainders, so the shares add up to the quota), with CPUs and
   memory in the same proportion of what training pods may use of the flavor's
-  nodes (:func:`~apportion.runtime.executors.k8s_manifests.node_usable`); an
+  nodes (:func:`~apportion.runtime.executors.kubernetes.manifests.node_usable`); an
   ``apportion-unreserved`` queue holds what no tenant is guaranteed, which
   tenants borrow (apportion's best-effort jobs);
 * a ``LocalQueue`` per tenant in the jobs' namespace, **named after the
@@ -31,8 +31,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import (
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import (
     MANAGED_BY,
     _node_label,
     cluster_queue,

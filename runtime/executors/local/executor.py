@@ -58,6 +58,7 @@ from apportion.runtime.executors.confined import (
 )
 from apportion.runtime.executors.executor import (
     Event,
+    Executor,
     FailureGate,
     Health,
     LaunchLog,
@@ -69,7 +70,7 @@ from apportion.runtime.executors.executor import (
     steps_to_launch,
 )
 from apportion.runtime.executors.launch import LaunchSpec, launch_spec
-from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
+from apportion.runtime.executors.local.gpus import catalog_type, local_gpus, pick_devices
 from apportion.runtime.executors.procs import (
     EXIT_UNKNOWN,
     Proc,
@@ -369,7 +370,7 @@ class _Run:
         return max(self.checkpoint_start, ck) if ck is not None else self.checkpoint_start
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Real worker process groups on this machine."""
 
     name = "local"

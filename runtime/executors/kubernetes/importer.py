@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.runtime.executors.imported import Imported
-from apportion.runtime.executors.k8s_config import Toleration, tolerated
+from apportion.runtime.executors.kubernetes.config import Toleration, tolerated
 
 from apportion.errors import InputError
 from apportion.inputs import parse_json_text, read_text

@@ -6,7 +6,7 @@ and writes one YAML file per allocation (its ConfigMap, TrainingRuntime where
 the API has one and no ``runtime_ref`` names the platform's ClusterTrainingRuntime, and its
 TrainJob / JobSet / PyTorchJob) plus ``index.json``
 (job id -> file, object name and kind). ``export kueue`` writes the Kueue
-objects of :mod:`apportion.runtime.executors.k8s_kueue`, one file per object, numbered in
+objects of :mod:`apportion.runtime.executors.kubernetes.kueue`, one file per object, numbered in
 apply order, and ``label-nodes.sh``.
 
 Everything is built and checked before the first file is written: a bad flag,
@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_kueue import kueue_objects, local_queues, node_label_commands
-from apportion.runtime.executors.k8s_manifests import (
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.kueue import (
+    kueue_objects,
+    local_queues,
+    node_label_commands,
+)
+from apportion.runtime.executors.kubernetes.manifests import (
     PlacementNotExpressible,
     Target,
     job_objects,
