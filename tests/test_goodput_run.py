@@ -123,3 +123,27 @@ def test_run_chooses_the_batch_and_the_store_keeps_the_reported_statistics(tmp_p
 
     with open_store(tmp_path / "s.db") as s:  # what the next round reads of the job
         assert s.job("g").to_jobspec().grad_stats == (kept[0], kept[1])
+
+
+@pytest.mark.parametrize("builtin", [True, False])
+def test_the_slurm_executor_passes_the_statistics_on(tmp_path: Path, builtin: bool) -> None:
+    """Slurm's launches report through the job folder, as every executor's: the built-in
+    trainer's progress JSON and a user workload's progress lines both carry the statistics,
+    and the launch keeps the last ones (its Progress hands them to the round)."""
+    from apportion.runtime.executors.slurm.executor import (
+        BUILTIN_PROGRESS,
+        SlurmExecutor,
+        _Launch,
+    )
+
+    alloc = Allocation("g", "cpu", 2, 1, ExecutionPlan(dp=2), {"local": 2}, 1.0)
+    launch = _Launch("g", 12, alloc, "7", "L1", tmp_path, builtin, 0.0, 0)
+    if builtin:
+        (tmp_path / BUILTIN_PROGRESS).write_text(json.dumps(
+            {"iterations_done": 3, "launch_id": "L1", "grad_sqr": 0.5, "grad_var": 8.0}))
+    else:
+        (tmp_path / "progress.jsonl").write_text(
+            '{"iteration": 3, "grad_sqr": 0.5, "grad_var": 8.0}\n')
+    reader = object.__new__(SlurmExecutor)  # _read_progress reads the folder, nothing of its own
+    reader._read_progress(launch)
+    assert (launch.iterations_done, launch.grad_stats) == (3, (0.5, 8.0))
