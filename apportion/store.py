@@ -944,8 +944,11 @@ class StateStore:
 
     def record_sample(self, job_id: str, gpu_type: str, gpus: int, plan: dict[str, Any],
                       placement: dict[str, int], iter_time_s: float, at_s: float,
-                      mem_per_gpu_gib: float | None = None, source: str = "") -> int:
-        """One measured configuration for the estimators; a NaN or non-positive time is refused."""
+                      mem_per_gpu_gib: float | None = None, source: str = "",
+                      batch: int | None = None) -> int:
+        """One measured configuration for the estimators; a NaN or non-positive time is
+        refused. ``batch``: the global batch the step ran at where the round chose one other
+        than the job's own (None: the job's own)."""
         if not (isinstance(iter_time_s, (int, float)) and math.isfinite(iter_time_s)
                 and iter_time_s > 0):
             raise InputError(source or "sample", "iter_time_s",
@@ -960,18 +963,18 @@ class StateStore:
             rec = self.job(job_id)
             cur = c.execute(
                 "INSERT INTO estimator_samples(job, model, gpu_type, gpus, plan_json, "
-                "placement_json, iter_time_s, mem_per_gpu_gib, at_s, source) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "placement_json, iter_time_s, mem_per_gpu_gib, at_s, source, batch) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (job_id, rec.spec["model"], gpu_type, gpus, json.dumps(plan, sort_keys=True),
                  json.dumps(placement, sort_keys=True), float(iter_time_s), mem_per_gpu_gib,
-                 at_s, source))
+                 at_s, source, None if batch is None else int(batch)))
             return int(cur.lastrowid or 0)
 
     def samples(self, job_id: str | None = None) -> list[dict[str, Any]]:
         keys = ("job", "model", "gpu_type", "gpus", "plan", "placement", "iter_time_s",
-                "mem_per_gpu_gib", "at_s", "source")
+                "mem_per_gpu_gib", "at_s", "source", "batch")
         q = ("SELECT job, model, gpu_type, gpus, plan_json, placement_json, iter_time_s, "
-             "mem_per_gpu_gib, at_s, source FROM estimator_samples")
+             "mem_per_gpu_gib, at_s, source, batch FROM estimator_samples")
         rows = (self.conn.execute(q + " WHERE job = ? ORDER BY id", (job_id,)) if job_id
                 else self.conn.execute(q + " ORDER BY id")).fetchall()
         return [dict(zip(keys, (*r[:4], json.loads(r[4]), json.loads(r[5]), *r[6:])))

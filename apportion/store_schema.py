@@ -199,8 +199,12 @@ def _migration_3() -> list[str]:
 
 def _migration_4() -> list[str]:
     """The gradient statistics each job last reported (Pollux's goodput: its statistical
-    efficiency at any batch), one row a job, and the batch it ran when it reported them."""
+    efficiency at any batch), one row a job, and the batch it ran when it reported them;
+    and the global batch each estimator sample was measured at (NULL: the job's own), so a
+    step timed at a batch the round chose is never taken for one at the job's own."""
     return [
+        "ALTER TABLE estimator_samples ADD COLUMN batch INTEGER CHECK (batch IS NULL OR "
+        "batch > 0)",
         """CREATE TABLE gradient_stats (
             job TEXT PRIMARY KEY REFERENCES jobs(id),
             at_s REAL NOT NULL,

@@ -109,6 +109,9 @@ def test_run_chooses_the_batch_and_the_store_keeps_the_reported_statistics(tmp_p
     first = json.loads(db.execute("SELECT decision_json FROM decisions ORDER BY round_id "
                                   "LIMIT 1").fetchone()[0])["allocations"][0]
     batch = first["global_batch_size"]
+    decided = {a.get("global_batch_size") for (d,) in db.execute(
+        "SELECT decision_json FROM decisions").fetchall()
+        for a in json.loads(d)["allocations"]}  # a decision without one: the job's own
     assert batch is not None and 8 < batch <= 32 and batch % first["gpus"] == 0, first
     cfg = json.loads(next(tmp_path.rglob("config.json")).read_text())
     assert (cfg["global_batch_size"], cfg["job_batch_size"]) == (batch, 8)
@@ -119,10 +122,15 @@ def test_run_chooses_the_batch_and_the_store_keeps_the_reported_statistics(tmp_p
     kept = db.execute("SELECT grad_sqr, grad_var, reports FROM gradient_stats WHERE job = 'g'"
                       ).fetchone()
     assert kept is not None and (kept[0], kept[1]) in reported and kept[2] >= 1
+    # its measured steps are labelled with the batch its group ran, never taken for steps of
+    # its own batch (the estimators would credit a larger batch with no extra time)
+    timed = db.execute("SELECT DISTINCT batch FROM estimator_samples WHERE job = 'g'").fetchall()
+    assert timed and batch in {t[0] for t in timed} and {t[0] for t in timed} <= decided, timed
     from apportion.store import open_store
 
     with open_store(tmp_path / "s.db") as s:  # what the next round reads of the job
         assert s.job("g").to_jobspec().grad_stats == (kept[0], kept[1])
+        assert all(x["batch"] in decided for x in s.samples("g"))
 
 
 @pytest.mark.parametrize("builtin", [True, False])

@@ -437,7 +437,8 @@ class KubernetesExecutor(Executor):
                 self._end(job_id, health.value, error or "")
             out.append(Progress(job_id, iters, job.iterations, health, iter_time, loss,
                                 t.alloc.gpus, t.alloc.plan.label(), error=error,
-                                launch_id=t.launch_id, grad_stats=stats))
+                                launch_id=t.launch_id, grad_stats=stats,
+                                batch=t.alloc.global_batch_size))
         return out
 
     def _health(self, job: JobSpec, t: Tracked, iters: int,

@@ -697,7 +697,8 @@ class SlurmExecutor(Executor):
             r = self.runs.get(job_id) or self.stopped[job_id]
             out.append(Progress(job_id, r.iterations_done, r.iterations, r.health, r.iter_time_s,
                                 r.loss, r.alloc.plan.gpus, r.alloc.plan.label(), r.overhead_s,
-                                r.error, launch_id=r.launch_id, grad_stats=r.grad_stats))
+                                r.error, launch_id=r.launch_id, grad_stats=r.grad_stats,
+                                batch=r.alloc.global_batch_size))
         return self.failures.saw(out)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
