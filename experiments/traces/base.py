@@ -79,6 +79,9 @@ class SimJob:
     plan: str | None = None
     cpus: int | None = None
     finetune: FinetuneInfo | None = None  # a fine-tuning job (YMIR): backbone, task, target
+    # the global batches a scheduler may choose for it, (smallest, largest); None: its
+    # ``batch`` is fixed (every trace but Pollux's, and Pollux's ncf)
+    batch_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
