@@ -173,8 +173,8 @@ class RayProcessEngine:
         self.folder: str | None = None
         deadline = None if ready_timeout_s is None else time.perf_counter() + ready_timeout_s
         while True:
-            kind, value = self._receive(deadline, f"within {ready_timeout_s:.1f} s"
-                                        if ready_timeout_s is not None else "")
+            kind, value = self._receive(deadline, "Ray's workers did not start" + (
+                f" within {ready_timeout_s:.1f} s" if ready_timeout_s is not None else ""))
             if kind == "folder":
                 self.folder = value
             elif kind == "ready":
@@ -183,12 +183,14 @@ class RayProcessEngine:
                 self._kill()
                 raise EngineUnavailable(f"Ray did not start: {value}")
 
-    def _receive(self, deadline: float | None, within: str) -> tuple[str, Any]:
+    def _receive(self, deadline: float | None, late: str) -> tuple[str, Any]:
+        """The child's next message by ``deadline``; past it, the child is killed and
+        :class:`EngineUnavailable` says ``late`` (what did not happen in time)."""
         wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
             if not self._conn.poll(wait):
                 self._kill()
-                raise EngineUnavailable(f"Ray's workers did not start {within}".strip())
+                raise EngineUnavailable(late)
             return self._conn.recv()
         except (EOFError, OSError):
             self._kill()
@@ -203,7 +205,8 @@ class RayProcessEngine:
             return [(False, "the Ray engine was stopped")] * len(tasks)
         try:
             self._conn.send(("run", tasks, max(0.0, until - time.perf_counter())))
-            kind, value = self._receive(until + ANSWER_GRACE_S, "")
+            kind, value = self._receive(until + ANSWER_GRACE_S, "its tasks were not done "
+                                        f"{ANSWER_GRACE_S:g} s after the parts' deadline")
         except (EngineUnavailable, OSError) as exc:
             self._kill()
             return [(False, f"the Ray engine did not answer: {exc}")] * len(tasks)
