@@ -124,7 +124,7 @@ COMMANDS: dict[str, tuple[str, Any]] = {
 # Commands that read no input file (a model name, an enum, nothing): listed so that a new
 # command cannot slip past this test unclassified.
 NO_INPUT_FILE = {"models", "gpus", "policies", "profile", "bench sim", "bench estimate", "bench solve",
-                 "bench round", "schema", "traces", "executors"}
+                 "bench round", "bench decide", "schema", "traces", "executors"}
 
 # Known defects in loaders, reported to the lead: they raise instead of exiting 2.
 # strict=True: a marker must go once its defect is fixed. (None open.)
