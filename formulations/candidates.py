@@ -1,9 +1,12 @@
 """Candidate cells per job, held as a networkx graph the formulation reads.
 
 Per job (Crius 6.1): each GPU type in the cluster, GPU counts {N/2, N, 2N}
-around the requested N (bounded by what exists of that type), stage counts
-1, 2, 4, ... up to the GPU count (dividing it); each estimated by the
-estimator's best DP/TP split inside the cell; infeasible cells dropped.
+around the requested N (bounded by what exists of that type) and, for an elastic job
+(``counts="elastic"``, the default), the powers of two above them up to the most GPUs the
+job may be given, kept while its rate still gains (:mod:`apportion.formulations.counts`);
+a job that must keep its size (``elastic: false``) gets N alone. Stage counts 1, 2, 4,
+... up to the GPU count (dividing it); each estimated by the estimator's best DP/TP split
+inside the cell; infeasible cells dropped.
 
 The graph's schema (vertex kinds and keys, their attributes, the edges and
 their ``max_gpus``) and the accessors that read it live in
@@ -36,6 +39,7 @@ from apportion.formulations.objectives import (
     options_dict,
     reference_throughput,
 )
+from apportion.formulations.counts import MIN_GAIN, base_counts, grow, ladder
 from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
 from apportion.formulations.schema import (
     cells_of,
@@ -85,6 +89,13 @@ class CandidateOptions:
     # GPU counts as fractions of the request (Sia's reach one GPU; apportion's smaller
     # counts lost on Philly day 1 by doubling the restarts: experiments/results/quality)
     scales: tuple[float, ...] = (0.5, 1.0, 2.0)
+    # COUNT_RULES: ``elastic`` (apportion's): the scales' counts and, for a job that is
+    # elastic (JobSpec.elastic), the powers of two above them up to its limit while each
+    # is at least ``1 + min_gain`` times as fast as the fastest below it; a job that is not
+    # gets its request alone. ``scales``: the scales' counts for every job (Crius's, the
+    # crius-greedy baseline's: what it was measured with)
+    counts: str = "elastic"
+    min_gain: float = MIN_GAIN
     max_stages: int = 16
     stage_counts: str = "powers"  # or "divisors"
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
@@ -96,17 +107,25 @@ class CandidateOptions:
     objective: ObjectiveOptions = field(default_factory=lambda: ObjectiveOptions.preset(
         "apportion"))
 
+    def __post_init__(self) -> None:
+        if self.counts not in COUNT_RULES:
+            raise ValueError(f"unknown counts {self.counts!r}; choose {', '.join(COUNT_RULES)}")
+        if not self.min_gain >= 0.0:
+            raise ValueError(f"min_gain must be at least 0, not {self.min_gain!r}")
+
     def objective_options(self) -> ObjectiveOptions:
         return self.objective
 
 
-def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
-    out = set()
-    for s in scales:
-        g = int(n * s)
-        if g >= 1 and g <= available:
-            out.add(g)
-    return sorted(out)
+#: how a job's GPU counts are chosen (``CandidateOptions.counts``)
+COUNT_RULES = ("elastic", "scales")
+
+
+def reach_gpus(job: JobSpec, scales: tuple[float, ...]) -> int:
+    """The largest count of the request's scales (``2N``): cells above it are a job's
+    elastic scale-up, whose speed the objective counts beyond its best within the reach
+    (:func:`~apportion.formulations.objectives.apply_objective`)."""
+    return max((int(job.requested_gpus * s) for s in scales), default=job.requested_gpus)
 
 
 def _stage_counts(gpus: int, max_stages: int, layers: int, mode: str = "powers") -> list[int]:
@@ -166,6 +185,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         jn = job_node(job.id)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
                    requested_gpu_type=job.requested_gpu_type,
+                   reach_gpus=reach_gpus(job, opt.scales),
                    queue_bonus=queue_bonus(job, now_s, opt),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None)
@@ -234,35 +254,60 @@ def shape_key(job: JobSpec, est: Any, accept: Callable[[JobSpec, Any], str | Non
     est_key = shape_of(job) if callable(shape_of) else None
     if est_key is None:
         return None
+    size = (job.requested_gpus, job.max_gpus, job.elastic)  # what its counts read
     if accept is None:
-        return (est_key, job.requested_gpus)
+        return (est_key, size)
     job_key = getattr(accept, "job_key", None)
     filter_key = job_key(job) if callable(job_key) else None
-    return None if filter_key is None else (est_key, job.requested_gpus, filter_key)
+    return None if filter_key is None else (est_key, size, filter_key)
 
 
 def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: Any,
                     opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None
                     ) -> tuple[list[tuple[Cell, Any]], int, str | None]:
     """Every cell of ``job`` the estimator says fits and the filter accepts, how many were
-    tried and the first filter's refusal."""
+    tried and the first filter's refusal. The counts per type: the request's scales and,
+    with ``counts="elastic"``, the job's elastic ladder above them while it gains
+    (:mod:`apportion.formulations.counts`): a scale-up count is estimated only while the
+    one below it gained, so a job whose curve is flat costs one estimate more than before."""
     spec = catalog_model(job.model)
     layers = len(spec.layers) if spec is not None else 1
     cells: list[tuple[Cell, Any]] = []
     tried, refused = 0, None
+
+    found: dict[int, list[tuple[Cell, Any]]] = {}
+
+    def size(gpu_type: str, gpus: int) -> float:
+        """Estimate every stage count of one size (into ``found``); its fastest accepted
+        cell's speed."""
+        nonlocal tried, refused
+        best, got = 0.0, []
+        for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
+            tried += 1
+            cell = Cell(job.id, gpu_type, gpus, stages)
+            e = est.best_in_cell(job, cell, cluster)
+            if e is None or not fits_device(cluster, gpu_type, e, job):
+                continue
+            why = accept(job, e.plan) if accept is not None else None
+            if why is None:
+                got.append((cell, e))
+                best = max(best, float(e.throughput))
+            elif refused is None:
+                refused = why
+        found[gpus] = got
+        return best
+
     for gpu_type, cap in sorted(caps.items()):
-        for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
-            for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
-                tried += 1
-                cell = Cell(job.id, gpu_type, gpus, stages)
-                e = est.best_in_cell(job, cell, cluster)
-                if e is None or not fits_device(cluster, gpu_type, e, job):
-                    continue
-                why = accept(job, e.plan) if accept is not None else None
-                if why is None:
-                    cells.append((cell, e))
-                elif refused is None:
-                    refused = why
+        if opt.counts == "scales":
+            base, ups = base_counts(job.requested_gpus, opt.scales, cap), []
+        else:
+            base, ups = ladder(job, opt.scales, cap)
+        found.clear()
+        fastest = max((size(gpu_type, g) for g in base), default=0.0)
+        kept = grow(ups, fastest, lambda g, t=gpu_type: size(t, g), opt.min_gain) if ups \
+            else []
+        for g in base + kept:
+            cells += found[g]
     return cells, tried, refused
 
 

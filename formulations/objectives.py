@@ -32,6 +32,11 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   this round, in rounds:
   ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
   seconds of the job's remaining time on its fastest cell, at most what it has left),
+  ``thr_best_j`` and ``soon_j`` read over the job's cells within its reach (the job
+  vertex's ``reach_gpus``: the request's scales, ``2N``), so an elastic job's scale-up
+  beyond it (:mod:`apportion.formulations.counts`) saves more than a round per round, in
+  proportion to its speed, and the cells within the reach are valued as before it was
+  offered (a busy round, which offers no scale-up, is unchanged by it),
   weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
   bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). With
   ``speed_bounds`` the seconds beyond the reference rate's share ``1 / n_best_j`` (with
@@ -567,15 +572,24 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
     if not per_job:
         return
-    fastest: dict[str, float] = {}  # each job's best candidate throughput
+    fastest: dict[str, float] = {}  # each job's best candidate throughput within its reach
+    beyond: dict[str, float] = {}  # and beyond it (its elastic scale-up)
     slowest: dict[str, float] = {}  # and its slowest
     current: dict[str, float] = {}  # each running job's normalised throughput where it runs
+    reach = {j: g.nodes[job_node(j)].get("reach_gpus") for j in per_job}
     for _, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d["job"] in per_job:
-            fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
-            slowest[d["job"]] = min(slowest.get(d["job"], math.inf), float(d["est_throughput"]))
+            j, thr = d["job"], float(d["est_throughput"])
+            top = reach[j]
+            if top is None or int(d["gpus"]) <= top:
+                fastest[j] = max(fastest.get(j, 0.0), thr)
+            else:
+                beyond[j] = max(beyond.get(j, 0.0), thr)
+            slowest[j] = min(slowest.get(j, math.inf), thr)
             if d.get("current"):
-                current[d["job"]] = float(d["normalized"])
+                current[j] = float(d["normalized"])
+    for j, thr in beyond.items():  # a job whose only cells are scale-ups: its best of them
+        fastest.setdefault(j, thr)
     # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
     # a job that is slow where it asked to run but fast elsewhere is a short job
     soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
