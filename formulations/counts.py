@@ -70,11 +70,24 @@ def ladder(job: JobSpec, scales: Iterable[float], capacity: int
     (:func:`count_limit`), ascending, for :func:`grow` to keep while they gain."""
     if not job.elastic:
         return ([job.requested_gpus] if job.requested_gpus <= capacity else []), []
-    cap = capacity if job.max_gpus is None else min(capacity, max(job.max_gpus,
-                                                                  job.requested_gpus))
-    base = base_counts(job.requested_gpus, scales, cap)
+    base = base_counts(job.requested_gpus, scales, base_cap(job, capacity))
+    return base, scale_ups(job, max(base, default=0), capacity)
+
+
+def base_cap(job: JobSpec, capacity: int) -> int:
+    """The most GPUs a job's base counts may take on a type of ``capacity`` GPUs: the
+    capacity, and the ``max_gpus`` it sets (never below its request)."""
+    return capacity if job.max_gpus is None else min(capacity, max(job.max_gpus,
+                                                                   job.requested_gpus))
+
+
+def scale_ups(job: JobSpec, top: int, capacity: int) -> list[int]:
+    """An elastic job's scale-up counts above its base counts' largest ``top``: the powers
+    of two and its limit (:func:`count_limit`), ascending (none for a job that is not
+    elastic)."""
+    if not job.elastic:
+        return []
     limit = count_limit(job, capacity)
-    top = max(base, default=0)
     ups, g = [], 1
     while g <= limit:
         if g > top:
@@ -82,7 +95,7 @@ def ladder(job: JobSpec, scales: Iterable[float], capacity: int
         g *= 2
     if limit > top and (not ups or ups[-1] != limit):
         ups.append(limit)
-    return base, ups
+    return ups
 
 
 def most_gpus(job: JobSpec, scales: Iterable[float], capacity: int) -> int:
@@ -109,5 +122,5 @@ def grow(ups: list[int], best: float, rate: Callable[[int], float],
     return kept
 
 
-__all__ = ["MIN_GAIN", "MIN_SAMPLES_PER_GPU", "base_counts", "count_limit", "grow", "ladder",
-           "most_gpus"]
+__all__ = ["MIN_GAIN", "MIN_SAMPLES_PER_GPU", "base_cap", "base_counts", "count_limit", "grow",
+           "ladder", "most_gpus", "scale_ups"]

@@ -345,6 +345,28 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
+def _scale_up_term(n: float, js: dict, stats: dict[str, float]) -> float:
+    """``seconds``: the term of an elastic scale-up cell (beyond the job's reach, faster
+    than its best within it, ``s = n / n_best > 1``): the best cell's term plus, at the
+    job's speed weight, the rounds a round on it saves over the best cell,
+    ``min(ln s, R (1 - 1 / s))`` (``R`` the job's remaining time on the best cell, in
+    rounds).
+
+    Held for the rest of its life, a cell ``s`` times faster saves ``s - 1`` rounds per
+    round of its own (its remaining time is ``1 / s`` of the best cell's); between two
+    scale-ups ``a`` and ``b`` that is ``s_b / s_a - 1``, so the values of a job's cells
+    must differ by about the logarithm of their speeds' ratio, not by their difference (a
+    term linear in ``s`` valued the step from 16 to 32 GPUs of a job requesting 2 at
+    ``(r32 - r16) / r4`` rounds, more than two waiting jobs' whole round each: it kept
+    them queued on an idle cluster). A job that can end within ``R < ln s`` rounds saves
+    at most what it has left, ``R (1 - 1 / s)``: the finish credit's rule
+    (``finish_credit="wait"``) for a job ending within the round."""
+    best = _terms("seconds", {"normalized": js["n_best"]}, js, stats)
+    s = n / js["n_best"]
+    gain = min(math.log(s), js["soon_rounds"] * (1.0 - 1.0 / s))
+    return best + gain * js["speed_weight"]
+
+
 def objective_of_options(options: Any) -> ObjectiveOptions:
     """The :class:`ObjectiveOptions` a formulation's options carry: their nested ``objective``
     (:class:`CandidateOptions`, :class:`PlanOptions`), or, for options that keep the knobs
@@ -669,8 +691,12 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
         js = per_job[d["job"]]
+        top = reach[d["job"]]
         if opt.kind == "composite":
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
+        elif opt.kind == "seconds" and top is not None and int(d["gpus"]) > top \
+                and float(d["normalized"]) > js["n_best"]:
+            term = _scale_up_term(float(d["normalized"]), js, stats)
         else:
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))
