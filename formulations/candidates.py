@@ -67,10 +67,11 @@ log = logging.getLogger(__name__)
 
 # cells_of, group_node, job_node, jobs_in, member_nodes and node_node lived here before
 # apportion.formulations.schema: re-exported for compatibility (readers import the schema)
-__all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candidates", "cells_of",
+__all__ = ["CandidateOptions", "add_topology", "asks_beyond_capacity", "attach_cell_edges",
+           "build_candidates", "cells_of",
            "gpu_memory_limits", "group_node", "job_node", "jobs_in", "member_nodes", "node_node",
            "problem_dump",
-           "prune_dominated", "queue_bonus"]
+           "prune_dominated", "queue_bonus", "requests_beyond", "trim_scale_up"]
 
 
 @nested_objective(lambda: ObjectiveOptions.preset("apportion"))
@@ -153,7 +154,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      options: CandidateOptions | None = None,
                      seen: MutableMapping[str, float] | None = None,
                      accept: Callable[[JobSpec, Any], str | None] | None = None,
-                     objective: bool = True) -> nx.DiGraph:
+                     objective: bool = True, scale_up: bool = True) -> nx.DiGraph:
     """Estimate every job's cells and return the candidate graph (``seen``: the policy's
     memory of projected JCTs, for ``tail_quantile``; ``objective=False`` leaves the
     objective's weights to the caller, who applies them over more jobs: the incremental
@@ -165,7 +166,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
 
     A job whose model the catalog lacks gets one-stage cells only: its estimator's times
     come from a rate source whose rate stands for the job's data-parallel plan
-    (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose."""
+    (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose.
+
+    ``scale_up=False`` (a round :func:`trim_scale_up` will trim: its jobs ask for more GPUs
+    than it has) leaves out the elastic scale-up of every job with a cell of at most its
+    request, which the trim would drop: they are not estimated at all. The cells kept, and
+    their values, are those of a build with them (the objective reads a job's best within
+    its reach), so the trimmed round is the same."""
     est = estimator or AnalyticEstimator()
     opt = options or CandidateOptions()
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=options_dict(opt))
@@ -194,7 +201,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         ref: tuple[float, str] | None = None
         found_n: int | None = None  # the cells before pruning, where only their count is read
         if got is None:
-            cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept)
+            cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept,
+                                                    scale_up)
             pruned: list[tuple[Cell, Any]] | None = None
             if key is not None:
                 pruned = prune_dominated(job, cells, cluster)
@@ -263,21 +271,21 @@ def shape_key(job: JobSpec, est: Any, accept: Callable[[JobSpec, Any], str | Non
 
 
 def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: Any,
-                    opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None
-                    ) -> tuple[list[tuple[Cell, Any]], int, str | None]:
+                    opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None,
+                    scale_up: bool = True) -> tuple[list[tuple[Cell, Any]], int, str | None]:
     """Every cell of ``job`` the estimator says fits and the filter accepts, how many were
     tried and the first filter's refusal. The counts per type: the request's scales and,
     with ``counts="elastic"``, the job's elastic ladder above them while it gains
     (:mod:`apportion.formulations.counts`): a scale-up count is estimated only while the
-    one below it gained, so a job whose curve is flat costs one estimate more than before."""
+    one below it gained, so a job whose curve is flat costs one estimate more than before.
+    Without ``scale_up`` the ladder is left out where the job has a cell of at most its
+    request (:func:`build_candidates`)."""
     spec = catalog_model(job.model)
     layers = len(spec.layers) if spec is not None else 1
     cells: list[tuple[Cell, Any]] = []
     tried, refused = 0, None
 
-    found: dict[int, list[tuple[Cell, Any]]] = {}
-
-    def size(gpu_type: str, gpus: int) -> float:
+    def size(gpu_type: str, gpus: int, found: dict[int, list[tuple[Cell, Any]]]) -> float:
         """Estimate every stage count of one size (into ``found``); its fastest accepted
         cell's speed."""
         nonlocal tried, refused
@@ -297,17 +305,23 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
         found[gpus] = got
         return best
 
+    # per type: its base counts' cells, then its scale-up's (the order cells are added in)
+    per_type: list[tuple[str, list[int], list[int], float, dict[int, list[Any]]]] = []
     for gpu_type, cap in sorted(caps.items()):
         if opt.counts == "scales":
             base, ups = base_counts(job.requested_gpus, opt.scales, cap), []
         else:
             base, ups = ladder(job, opt.scales, cap)
-        found.clear()
-        fastest = max((size(gpu_type, g) for g in base), default=0.0)
-        kept = grow(ups, fastest, lambda g, t=gpu_type: size(t, g), opt.min_gain) if ups \
-            else []
-        for g in base + kept:
-            cells += found[g]
+        found: dict[int, list[tuple[Cell, Any]]] = {}
+        fastest = max((size(gpu_type, g, found) for g in base), default=0.0)
+        per_type.append((gpu_type, base, ups, fastest, found))
+    # a round the trim trims offers no scale-up to a job with a cell of at most its request
+    grown = scale_up or not any(c.gpus <= job.requested_gpus for *_, found in per_type
+                                for got in found.values() for c, _ in got)
+    for gpu_type, base, ups, fastest, found in per_type:
+        kept = grow(ups, fastest, lambda g, t=gpu_type, f=found: size(t, g, f),
+                    opt.min_gain) if ups and grown else []
+        cells += [c for g in base + kept for c in found[g]]
     return cells, tried, refused
 
 
@@ -323,7 +337,7 @@ def trim_scale_up(g: nx.DiGraph) -> int:
     """
     offered = {j: cells for j in jobs_in(g) if (cells := cells_of(g, j))}
     want = {j: int(g.nodes[job_node(j)]["requested_gpus"]) for j in offered}
-    if sum(want.values()) <= sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g)):
+    if not asks_beyond_capacity(g):
         return 0
     drop = []
     for j, cells in offered.items():
@@ -334,6 +348,21 @@ def trim_scale_up(g: nx.DiGraph) -> int:
     g.remove_nodes_from(drop)
     g.graph["scale_up_trimmed"] = len(drop)
     return len(drop)
+
+
+def asks_beyond_capacity(g: nx.DiGraph) -> bool:
+    """Whether the graph's jobs that have cells ask for more GPUs than its nodes have (the
+    round :func:`trim_scale_up` trims)."""
+    want = sum(int(g.nodes[job_node(j)]["requested_gpus"]) for j in jobs_in(g)
+               if next(iter(g.successors(job_node(j))), None) is not None)
+    return want > sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g))
+
+
+def requests_beyond(cluster: Cluster, jobs: list[JobSpec]) -> bool:
+    """Whether ``jobs`` ask for more GPUs than ``cluster`` has, before any is estimated: a
+    round :func:`trim_scale_up` will trim unless jobs without any cell bring it back
+    within (then :func:`asks_beyond_capacity` on the built graph says so)."""
+    return sum(j.requested_gpus for j in jobs) > cluster.total_gpus
 
 
 def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tuple[Cell, Any] | None:

@@ -167,3 +167,29 @@ def test_jobs_yaml_carries_elasticity(tmp_path: Path) -> None:
     (a, b), _ = load_jobs(jobs)
     assert (a.max_gpus, a.elastic) == (8, False)
     assert (b.max_gpus, b.elastic) == (None, True)
+
+
+def test_a_trimmed_round_is_the_same_without_estimating_the_scale_up() -> None:
+    """A round whose jobs ask for more GPUs than the cluster has offers no scale-up (the
+    trim): built without estimating it, its cells and their values are the same."""
+    from apportion.formulations.candidates import (
+        asks_beyond_capacity,
+        requests_beyond,
+        trim_scale_up,
+    )
+    from apportion.jobs import RunningState
+
+    cluster = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 8), NodeGroup("b", 2, "A10", 4)])
+    jobs = [JobSpec(f"j{i}", "bert-336m", 256, 1000 * (i + 1), 1 + i % 4) for i in range(12)]
+    jobs.append(JobSpec("run", "bert-336m", 256, 10**5, 2, iterations_done=5,
+                        running=RunningState("A100-40GB", 8, 1, {"a-0": 8})))
+    assert requests_beyond(cluster, jobs)
+    graphs = []
+    for scale_up in (True, False):
+        g = build_candidates(cluster, jobs, 0.0, AnalyticEstimator(), scale_up=scale_up)
+        assert asks_beyond_capacity(g)
+        trim_scale_up(g)
+        graphs.append({c: (d["gpus"], round(d["value"], 12)) for c, d in g.nodes(data=True)
+                       if d.get("kind") == "cell"})
+    assert graphs[0] == graphs[1]
+    assert graphs[1][next(c for c in graphs[1] if c.startswith("cell:run:"))]  # kept running

@@ -291,7 +291,8 @@ class FormulationPolicy:
     def view_rate(self) -> Callable[[JobSpec, str, int], float]:
         return self._view_rate.rate
 
-    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
+    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any,
+                          scale_up: bool = True) -> nx.DiGraph:
         """Later rounds: only new or changed jobs are estimated again."""
         if self._cache_owner is not est:
             self.cache.clear()
@@ -304,7 +305,8 @@ class FormulationPolicy:
                                            est.only_type.get(j.id), est.fitted,
                                            tuple(sorted(self._view_rate.factors.get(j.id, {})
                                                         .items()))),
-                                self.seen_jct, accept=self.cfg.plan_filter)
+                                self.seen_jct, accept=self.cfg.plan_filter,
+                                scale_up=scale_up)
 
     def problem(self, g: nx.DiGraph) -> dict[str, Any]:
         """The ``--dump-problem`` JSON of a round's candidate graph."""

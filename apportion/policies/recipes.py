@@ -22,7 +22,12 @@ from typing import Any, Protocol
 import networkx as nx
 
 from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.formulations.candidates import build_candidates, problem_dump
+from apportion.formulations.candidates import (
+    asks_beyond_capacity,
+    build_candidates,
+    problem_dump,
+    requests_beyond,
+)
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.deadline import DeadlineOptions, apply_deadlines, deadline_projection
 from apportion.formulations.plans import (
@@ -43,6 +48,7 @@ class CandidateContext(Protocol):
     """What a candidate builder reads of the policy running it."""
 
     cfg: Any  # the RoundConfig
+    recipe: Any  # the Recipe it runs
     rounds_made: int  # rounds this policy has built candidates for before this one
     seen_jct: dict[str, float]  # every job ranked so far, with its last projected JCT
 
@@ -59,8 +65,10 @@ class CandidateContext(Protocol):
         what a job whose model the catalog lacks is scheduled from."""
         ...
 
-    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
-        """The cell candidates, re-estimating only new or changed jobs."""
+    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any,
+                          scale_up: bool = True) -> nx.DiGraph:
+        """The cell candidates, re-estimating only new or changed jobs (``scale_up``:
+        :func:`~apportion.formulations.candidates.build_candidates`')."""
         ...
 
 
@@ -100,11 +108,25 @@ class Recipe:
 
 def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                     est: Any) -> nx.DiGraph:
-    """Crius's cells; one round (``solve-round``) has no cache to fill."""
-    if ctx.rounds_made == 0:
-        return build_candidates(view.cluster, specs, view.now, est, ctx.cfg.candidates,
-                                ctx.seen_jct, accept=ctx.cfg.plan_filter)
-    return ctx.cached_candidates(view, specs, est)
+    """Crius's cells; one round (``solve-round``) has no cache to fill. A round the recipe
+    trims (its jobs ask for more GPUs than the cluster has:
+    :func:`~apportion.formulations.candidates.trim_scale_up`) is built without the elastic
+    scale-up the trim would drop (never estimated), unless jobs that fit nowhere bring the
+    asks within the cluster (then it is built again with it)."""
+    cfg = ctx.cfg
+    trims = ctx.recipe.trim_scale_up and not cfg.candidates.scale_up_when_full
+    scale_up = not (trims and requests_beyond(view.cluster, specs))
+
+    def build(scale_up: bool) -> nx.DiGraph:
+        if ctx.rounds_made == 0:
+            return build_candidates(view.cluster, specs, view.now, est, cfg.candidates,
+                                    ctx.seen_jct, accept=cfg.plan_filter, scale_up=scale_up)
+        return ctx.cached_candidates(view, specs, est, scale_up)
+
+    g = build(scale_up)
+    if not scale_up and not asks_beyond_capacity(g):
+        g = build(True)
+    return g
 
 
 def sla_cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
