@@ -285,12 +285,14 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
     cells: list[tuple[Cell, Any]] = []
     tried, refused = 0, None
 
-    def size(gpu_type: str, gpus: int, found: dict[int, list[tuple[Cell, Any]]]) -> float:
-        """Estimate every stage count of one size (into ``found``); its fastest accepted
-        cell's speed."""
+    def size(gpu_type: str, gpus: int, found: dict[int, list[tuple[Cell, Any]]],
+             depths: list[int] | None = None) -> float:
+        """Estimate every stage count of one size (``depths`` where given and dividing it)
+        into ``found``; its fastest accepted cell's speed."""
         nonlocal tried, refused
         best, got = 0.0, []
-        for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
+        every = _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts)
+        for stages in [d for d in depths or () if d in every] or every:
             tried += 1
             cell = Cell(job.id, gpu_type, gpus, stages)
             e = est.best_in_cell(job, cell, cluster)
@@ -319,8 +321,17 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
     grown = scale_up or not any(c.gpus <= job.requested_gpus for *_, found in per_type
                                 for got in found.values() for c, _ in got)
     for gpu_type, base, ups, fastest, found in per_type:
-        kept = grow(ups, fastest, lambda g, t=gpu_type, f=found: size(t, g, f),
-                    opt.min_gain) if ups and grown else []
+        kept: list[int] = []
+        if ups and grown:
+            # a scale-up keeps the pipeline depth of the job's fastest cell at its largest
+            # base count and grows its data parallelism: one estimate a size, not one per
+            # stage count (a replay's rates are the same at every depth; the depths left out
+            # were pruned there)
+            top = [(float(e.throughput), -c.stages, c.stages) for c, e in found[max(base)]] \
+                if base else []
+            depth = [max(top)[2]] if top else None
+            kept = grow(ups, fastest, lambda g, t=gpu_type, f=found, d=depth: size(t, g, f, d),
+                        opt.min_gain)
         cells += [c for g in base + kept for c in found[g]]
     return cells, tried, refused
 
