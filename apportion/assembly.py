@@ -73,13 +73,17 @@ def build_decision(view: Any, chosen: dict[str, Choice], name: str, t0: float | 
     allocs: list[Allocation] = []
     codes: dict[str, str] = {}
     by_id = {js.id: js for js in view.jobs}
+    # a rate source that says where its rates come from (an estimator's, on a real cluster)
+    describe = getattr(view.rates, "describe", None)
     for jid, c in chosen.items():
         js = by_id[jid]
         plan = c.plan or ExecutionPlan(dp=c.gpus)
         allocs.append(allocation(jid, c.gpu_type, c.gpus, plan, c.placement,
                                  c.est_rate * max(1, js.spec.global_batch_size), js.alloc,
                                  view.cluster, cpus=c.cpus,
-                                 iter_time_s=(1.0 / c.est_rate) if c.est_rate > 0 else None))
+                                 iter_time_s=(1.0 / c.est_rate) if c.est_rate > 0 else None,
+                                 source=describe(js, c.gpu_type, c.gpus, c.placement)
+                                 if describe is not None else None))
         if c.code:
             codes[jid] = c.code
     reasons = reasons or {}

@@ -9,11 +9,12 @@ Garbage without cycles is freed at once either way; cycles are collected, less o
 The command line sets it for every command, and ``compare`` for its worker processes; a
 library user's process keeps its own settings.
 
-The command line's imports (about 700 modules, the libraries' included) run with the
-collector off, and what they made is then frozen out of its reach
-(:func:`collector_paused`): it lives as long as the process, and a collection in the middle
-of them, or the first after them, scans it all (20-40 ms of a 1,000-job ``solve-round``,
-against 52 ms in 129 collections under the default thresholds). The round's collections
+The command line's imports (its front door, then the running command's module: about 800
+modules for ``solve-round``, the libraries' included) run with the collector off, and what
+they made is then frozen out of its reach (:func:`collector_paused`): it lives as long as
+the process, and a collection in the middle of them, or the first after them, scans it all
+(20-40 ms of a 1,000-job ``solve-round``, against 52 ms in 129 collections under the
+default thresholds). The round's collections
 then scan the round's objects only.
 
 When a command ends, what is still alive is frozen (:func:`before_exit`): the

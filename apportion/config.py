@@ -365,9 +365,30 @@ class JobEntry(_Strict):
         return self
 
 
+class FinishedEntry(_Strict):
+    """A fine-tuning job that has finished and whose weights remain: a queued sibling (the
+    same backbone) may start from them (a transfer option of apportion's round)."""
+
+    id: str = Field(min_length=1, max_length=256)
+    backbone: str = Field(min_length=1, max_length=256)
+    task: str = Field(min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    global_batch_size: int = Field(default=1, gt=0, le=MAX_COUNT)
+
+    @field_validator("id", "backbone", "task")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        bad = control_characters(v)
+        if bad:
+            raise ValueError(f"contains control characters ({', '.join(bad)})")
+        return unicodedata.normalize("NFC", v)
+
+
 class JobsSpec(_Strict):
     jobs: list[JobEntry]
     now_s: float | None = Field(default=None, ge=0)
+    # finished fine-tuning jobs whose weights a queued sibling may start from
+    finished: list[FinishedEntry] = Field(default_factory=list)
 
     @field_validator("now_s")
     @classmethod
@@ -385,6 +406,16 @@ class JobsSpec(_Strict):
                 raise ValueError(f"jobs[{i}].id: duplicate job id {j.id!r}")
             seen.add(j.id)
         return jobs
+
+    @model_validator(mode="after")
+    def _finished_apart(self) -> JobsSpec:
+        ids = {j.id for j in self.jobs}
+        seen: set[str] = set()
+        for i, f in enumerate(self.finished):
+            if f.id in ids or f.id in seen:
+                raise ValueError(f"<finished> [{i}].id: {f.id!r} is already a job of the file")
+            seen.add(f.id)
+        return self
 
 
 class TenantEntry(_Strict):
@@ -504,6 +535,19 @@ def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
     return jobs, now
 
 
+def finished_from_data(data: Any, source: str) -> list[JobSpec]:
+    """The jobs file's ``finished`` fine-tuning jobs, as records a sibling's transfer names
+    (their weights exist; nothing of them is scheduled)."""
+    spec: JobsSpec = _validate(JobsSpec, data, source)
+    return [JobSpec(id=f.id, model=f.model or f.backbone, global_batch_size=f.global_batch_size,
+                    iterations=1, requested_gpus=1, backbone=f.backbone, task=f.task,
+                    accepts_sharing=True) for f in spec.finished]
+
+
+def load_finished(path: str | Path) -> list[JobSpec]:
+    return finished_from_data(read_yaml(path), str(path))
+
+
 def load_tenants(path: str | Path) -> dict[str, int]:
     """Tenant quotas (GPUs for guaranteed jobs) from ``tenants: [{name, quota_gpus}]``."""
     spec: TenantsSpec = _validate(TenantsSpec, read_yaml(path), str(path))
@@ -582,6 +626,20 @@ def resolve_cluster(arg: str | Path) -> Cluster:
         return load_cluster(p)
     raise InputError(str(arg), "--cluster", "neither a file nor a bundled cluster; bundled: "
                      + cluster_names_help())
+
+
+#: the jobs files shipped by name: what ``solve-round`` decides without ``--jobs``
+JOBS_NAMES = ("default",)
+
+
+def resolve_jobs(arg: str | Path) -> tuple[list[JobSpec], float]:
+    """Jobs from a YAML path, or the bundled ``default`` (the dozen Crius jobs
+    ``solve-round`` decides without ``--jobs``), so a decision of ``solve-round`` exports
+    with the same names it was solved with; a file of that name wins."""
+    p = Path(arg)
+    if str(arg) in JOBS_NAMES and not p.exists():
+        return default_jobs()
+    return load_jobs(p)
 
 
 def default_cluster() -> Cluster:

@@ -5,8 +5,11 @@
   store row can never drive the operator's terminal; ids, error messages and
   log lines all go through it.
 * :func:`setup_logging` sends the ``apportion`` loggers to stderr (level from
-  ``-v`` or ``$APPORTION_LOG``), escaped the same way. Library modules only log
-  through ``logging.getLogger(__name__)``.
+  ``-v`` or ``$APPORTION_LOG``), escaped the same way, as text or, with ``--log-format
+  json`` (``$APPORTION_LOG_FORMAT``), one JSON object a line for a log collector: ``time``
+  (RFC 3339, UTC), ``level``, ``logger``, ``message`` and the record's structured fields
+  (``extra={"fields": {...}}``: a round's backend and status, a request's path and
+  status). Library modules only log through ``logging.getLogger(__name__)``.
 * :class:`Progress` reports a long command's progress on stderr: a rich bar on
   a terminal, a plain line every few seconds otherwise (a CI log, a pipe), so
   stdout keeps only the data.
@@ -14,7 +17,10 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -84,6 +90,26 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return printable(super().format(record))
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: what a log collector (Loki, Elasticsearch, Cloud
+    Logging) indexes without a parser of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        at = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        out: dict[str, object] = {"time": at.isoformat(timespec="milliseconds")
+                                  .replace("+00:00", "Z"), "level": record.levelname.lower(),
+                                  "logger": record.name, "message": record.getMessage()}
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update({k: v for k, v in fields.items() if k not in out})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                           for k, v in out.items()}, default=str, ensure_ascii=True)
+
+
+LOG_FORMATS = ("text", "json")
+_TEXT = logging.Formatter("%(levelname)s %(name)s: %(message)s")
 _handler: _StderrHandler | None = None
 
 
@@ -101,15 +127,61 @@ def log_level(verbose: bool = False) -> int:
     return level
 
 
-def setup_logging(verbose: bool = False) -> None:
-    """Attach one stderr handler to the ``apportion`` logger and set its level."""
+def log_format(given: str | None = None) -> str:
+    """``--log-format`` if given, else ``$APPORTION_LOG_FORMAT``, else text; anything else
+    is a :class:`ValueError` naming the choices."""
+    fmt = (given or os.environ.get("APPORTION_LOG_FORMAT") or "text").strip().lower()
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r}: give one of {', '.join(LOG_FORMATS)}")
+    return fmt
+
+
+def setup_logging(verbose: bool = False, fmt: str | None = None) -> None:
+    """Attach one stderr handler to the ``apportion`` logger and set its level; ``fmt``
+    (text or json; None: as set before, else ``$APPORTION_LOG_FORMAT``) sets its format."""
     global _handler
     logger = logging.getLogger(LOGGER)
     if _handler is None:
         _handler = _StderrHandler()
-        _handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        _handler.setFormatter(JsonFormatter() if log_format(
+            fmt if fmt is not None else _env_format()) == "json" else _TEXT)
         logger.addHandler(_handler)  # records still propagate (pytest's caplog, embedders)
+    elif fmt is not None:
+        _handler.setFormatter(JsonFormatter() if log_format(fmt) == "json" else _TEXT)
     logger.setLevel(log_level(verbose))
+
+
+def _env_format() -> str:
+    """``$APPORTION_LOG_FORMAT`` where it names a format (a bad one is refused by the
+    command that takes ``--log-format``), else text."""
+    try:
+        return log_format()
+    except ValueError:
+        return "text"
+
+
+def adopt_logger(name: str, level: int = logging.WARNING) -> None:
+    """Send a library's own logger (uvicorn's) through apportion's handler, in its format,
+    rather than Python's bare last-resort one: with ``--log-format json`` every line on
+    stderr is then one JSON object."""
+    if _handler is None:
+        setup_logging()
+    logger = logging.getLogger(name)
+    if _handler not in logger.handlers:
+        logger.addHandler(_handler)  # type: ignore[arg-type]
+    logger.propagate = False
+    if logger.level == logging.NOTSET:
+        logger.setLevel(level)
+
+
+def service_logs(*names: str) -> None:
+    """Make the named loggers (a round's line, a request's) speak at the default level:
+    a service's operator reads them without ``-v``. ``$APPORTION_LOG`` set to a level
+    keeps its word."""
+    if os.environ.get("APPORTION_LOG", "").strip():
+        return
+    for name in names:
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def verbose_requested(argv: list[str]) -> bool:
@@ -228,5 +300,6 @@ class Progress:
                 self._line(force=True, final="failed" if exc_type else "done")
 
 
-__all__ = ["Progress", "err_line", "log_level", "printable", "setup_logging", "stderr_console",
-           "stdout_console", "verbose_requested"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "Progress", "adopt_logger", "err_line", "log_format", "log_level",
+           "printable", "service_logs", "setup_logging", "stderr_console", "stdout_console",
+           "verbose_requested"]

@@ -2,7 +2,7 @@
 
 The JSON written by ``solve-round --json`` is a contract: ``solver`` {backend,
 status, objective, bound, gap, wall_s, fallback}, ``allocations`` [{job,
-gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput}] and
+gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput, estimator, source}] and
 ``pending`` [{job, reason}]. Fields may be added, never renamed or dropped.
 """
 
@@ -37,6 +37,9 @@ class Reason(str, Enum):
     CATALOG = "catalog"  # its model or GPU type is not in the catalog
     TOO_LARGE = "too-large"  # it asks for more GPUs than the cluster has
     MERGED = "merged"  # it trains inside another job's allocation (YMIR's spatial merging)
+    # it waits for a running fine-tuning sibling's weights: started from them once that
+    # sibling ends, it finishes sooner than started now (YMIR's temporal mode A->B)
+    AWAITS_SOURCE = "awaits-source"
     NO_PLAN = "no-supported-plan"  # the job's workload runs none of its candidate plans
     NO_FIT_HOST = "no-fit-host"  # every plan needs more CPUs or host memory than a node has
     NO_ESTIMATE = "no-estimate"  # the estimator has nothing for it (no measured times)
@@ -91,6 +94,9 @@ class Allocation:
     cpus: int = 0
     host_memory_gib: float = 0.0
     estimator: str | None = None  # which estimator the allocation's figures came from
+    # where its figures came from: {kind: measured | fitted | profiled | analytic, detail,
+    # and where known samples, age_s, device, backend, heldout_error, refused}
+    source: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +114,7 @@ class Allocation:
             "cpus": self.cpus,
             "host_memory_gib": self.host_memory_gib,
             "estimator": self.estimator,
+            "source": self.source,
         }
 
 

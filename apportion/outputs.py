@@ -559,7 +559,3 @@ def write_json(path: str | Path, data: Any, option: str = "output") -> None:
     """JSON (indented, one trailing newline), by the rules of this module."""
     text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     write_text(path, text, option)
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

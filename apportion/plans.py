@@ -42,6 +42,16 @@ class ExecutionPlan:
     def spilled(self) -> bool:
         return self.spill_shards > 0
 
+    @property
+    def accumulation_steps(self) -> int:
+        """Forward-backward passes a data-parallel rank makes per iteration before its
+        optimiser step. Without a pipeline (``pp == 1``) a plan's ``micro_batches`` are
+        accumulation steps too: the estimator, the memory check and the plans formulation
+        size a memory-bound one-stage plan that way (``dp4 micro_batches=8`` holds an
+        eighth of a rank's batch at a time), so the workers must run it that way; with a
+        pipeline they are the pipeline's micro-batches, inside each accumulation step."""
+        return self.accumulation * (max(1, self.micro_batches) if self.pp == 1 else 1)
+
     def as_dict(self) -> dict[str, Any]:
         """The plan's fields; the spill fields only on a spilled plan, so every plan written
         before spilling existed keeps its JSON byte for byte (readers default them)."""

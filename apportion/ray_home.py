@@ -56,6 +56,64 @@ def probe(address: str, timeout_s: float = 3.0, flag: str = "--ray-address") -> 
                          "running Ray cluster (ray start --head prints it)") from None
 
 
+#: where Ray looks for a cluster's token, in its order (docs: Ray's token authentication)
+TOKEN_PLACES = ("RAY_AUTH_TOKEN", "a file named by RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")
+
+
+def use_token_auth() -> bool:
+    """Send this process's Ray token when it has one and ``RAY_AUTH_MODE`` is unset.
+
+    ``ray start --head`` turns token authentication on by default (Ray 2.5x on), but a
+    driver joining by address sends its token only under ``RAY_AUTH_MODE=token``; without
+    it every RPC is refused ("InvalidAuthToken") and ``ray.init`` gives up after retrying
+    with a bare "Failed to connect". This does what ``ray start`` does for itself (Ray's
+    own ``maybe_enable_token_auth_if_token_available``): with a token in one of
+    :data:`TOKEN_PLACES` and no mode set, token mode is set for this process and its
+    children. An explicit ``RAY_AUTH_MODE`` is respected; a Ray without token
+    authentication is left as it is. Returns whether token mode is on."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return os.environ["RAY_AUTH_MODE"].strip().lower() == "token"
+    try:
+        from ray._private.authentication import authentication_token_setup as setup
+    except ImportError:  # a Ray without token authentication
+        return False
+    quiet = logging.getLogger(setup.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its notice is for `ray start`'s console
+    try:
+        return bool(setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
+    finally:
+        quiet.setLevel(level)
+
+
+def check_auth(address: str, flag: str = "--ray-address", timeout_s: float = 5.0) -> None:
+    """An :class:`InputError` naming ``flag`` when the cluster at ``HOST:PORT`` refuses this
+    process's credentials (one RPC to its GCS, answered at once), rather than ``ray.init``'s
+    twenty seconds of retries ending in "Failed to connect". Other failures are left to
+    ``ray.init``, which names them."""
+    if address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    try:
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return
+    try:
+        GcsClient(address=address).internal_kv_get(b"apportion-auth-check", None,
+                                                   timeout=timeout_s)
+    except AuthenticationError as exc:
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        raise InputError(flag, flag.lstrip("-").replace("-", "_"),
+                         f"the Ray cluster at {address!r} refused the connection: token "
+                         f"authentication failed ({getattr(exc, 'message', exc)}; RAY_AUTH_MODE "
+                         f"is {mode}). Give this machine the cluster's token "
+                         f"({', '.join(TOKEN_PLACES)}; `ray get-auth-token` on the head "
+                         "prints it), or start the "
+                         "cluster with RAY_AUTH_MODE=disabled") from None
+    except Exception as exc:  # noqa: BLE001 - ray.init reports what else is wrong
+        log.debug("Ray's GCS at %s did not answer the check: %r", address, exc)
+
+
 def owned_temp_dir(prefix: str = "", watched: bool = True) -> str:
     """A fresh folder for a Ray instance of this process, after removing what killed owners
     left (:func:`sweep`); with ``watched``, a watcher removes it (and stops its processes)

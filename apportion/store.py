@@ -527,20 +527,30 @@ class StateStore:
                          row[8], row[9], row[10], row[11])
 
     def jobs(self, states: frozenset[JobState] | None = None) -> list[JobRecord]:
-        rows = self.conn.execute(f"SELECT {self._JOB_COLS} FROM jobs ORDER BY seq").fetchall()
-        recs = [self._record(r) for r in rows]
-        return [r for r in recs if states is None or r.state in states]
+        """Jobs in submission order; with ``states``, only those (chosen in SQL: the
+        running jobs of a 20,000-job store are read without parsing the others)."""
+        return self.jobs_page(0, None, states)[0]
 
-    def jobs_page(self, after_seq: int = 0, limit: int | None = None
+    def jobs_page(self, after_seq: int = 0, limit: int | None = None,
+                  states: frozenset[JobState] | None = None, tenant: str | None = None
                   ) -> tuple[list[JobRecord], int | None]:
         """Jobs in submission order after the one numbered ``after_seq`` (0: from the
         first), at most ``limit``; and the number of the last one returned when more follow
-        (a cursor for the next page), else None."""
-        q = f"SELECT seq, {self._JOB_COLS} FROM jobs WHERE seq > ? ORDER BY seq"
-        args: tuple[int, ...] = (after_seq,)
+        (a cursor for the next page), else None. ``states`` and ``tenant`` keep only the
+        jobs in those states, of that tenant (a spec without one: ``default``), in SQL,
+        so a page of a filtered list costs a page."""
+        q = f"SELECT seq, {self._JOB_COLS} FROM jobs WHERE seq > ?"
+        args: list[Any] = [after_seq]
+        if states is not None:
+            q += f" AND state IN ({', '.join('?' * len(states)) or 'NULL'})"
+            args += sorted(s.value for s in states)
+        if tenant is not None:
+            q += " AND COALESCE(json_extract(spec_json, '$.tenant'), 'default') = ?"
+            args.append(tenant)
+        q += " ORDER BY seq"
         if limit is not None:
             q += " LIMIT ?"
-            args = (after_seq, min(int(limit), 2**62) + 1)
+            args.append(min(int(limit), 2**62) + 1)
         rows = self.conn.execute(q, args).fetchall()
         more = limit is not None and len(rows) > limit
         rows = rows[:limit] if limit is not None else rows
@@ -564,6 +574,13 @@ class StateStore:
                 else self.conn.execute(q + " ORDER BY seq")).fetchall()
         keys = ("seq", "job", "src", "dst", "round_id", "at", "why")
         return [dict(zip(keys, r)) for r in rows]
+
+    def first_starts(self) -> dict[str, float]:
+        """Job id -> when it first started running (jobs that never ran are absent): the end
+        of its admission wait, which ``/metrics`` reports as a histogram."""
+        rows = self.conn.execute("SELECT job, MIN(at) FROM job_events WHERE dst = ? "
+                                 "GROUP BY job", (JobState.RUNNING.value,)).fetchall()
+        return {str(j): float(at) for j, at in rows}
 
     def _move(self, rec: JobRecord, dst: JobState, why: str, at: float,
               round_id: int | None = None, **cols: Any) -> None:
@@ -629,6 +646,19 @@ class StateStore:
         with self.transaction():
             self._move(self.job(job_id), JobState.FAILED, why, at)
         return self.job(job_id)
+
+    def change_token(self) -> tuple[int, int, float]:
+        """What moves when something a round should see happens outside rounds: a job's
+        move not made by a round (a submission, a cancellation, a job's end or failure, a
+        requeue after a failed launch: ``job_events`` without a round) and a node's fault
+        or return (``node_faults``, ``nodes``). A round's own moves and measured progress leave it be,
+        so a run loop comparing it with the last round's can start the next round at once
+        on an event (:meth:`apportion.runtime.store_adapter.SqliteRoundStore.arrived`)."""
+        row = self.conn.execute(
+            "SELECT (SELECT COALESCE(MAX(seq), 0) FROM job_events WHERE round_id IS NULL), "
+            "(SELECT COALESCE(MAX(id), 0) FROM node_faults), "
+            "(SELECT COALESCE(MAX(since_s), 0) FROM nodes)").fetchone()
+        return int(row[0]), int(row[1]), float(row[2])
 
     # -- rounds ---------------------------------------------------------------------
     def round_input(self) -> RoundInput:

@@ -8,16 +8,24 @@ definition of a job's row and of why a waiting job waits.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from apportion.lifecycle import JobState
 from apportion.store import StateStore
 
+#: a round's decision by its id (:meth:`StateStore.decision`, or a cache of it: a committed
+#: decision never changes, and at 20,000 jobs it is megabytes of JSON to parse)
+DecisionLoader = Callable[[int], dict[str, Any]]
 
-def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, Any]]:
+
+def pending_details(store: StateStore, jobs: list[Any],
+                    load: DecisionLoader | None = None) -> dict[str, dict[str, Any]]:
     """Why each waiting job is waiting, from its last round's decision: the reason, the
     detail, the stage that held it (``admit``, ``solve``, ...) and whether it can ever fit
-    this cluster (a job that never can waits for a change, not for a round)."""
+    this cluster (a job that never can waits for a change, not for a round). ``load``
+    reads a round's decision (by default from the store)."""
+    load = load or store.decision
     out: dict[str, dict[str, Any]] = {}
     decisions: dict[int, dict[str, dict[str, str]]] = {}
     for j in jobs:
@@ -26,7 +34,7 @@ def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, A
             continue
         if j.last_round not in decisions:
             try:
-                d = store.decision(j.last_round)
+                d = load(j.last_round)
             except KeyError:
                 d = {}
             decisions[j.last_round] = {p.get("job"): p for p in d.get("pending", [])
@@ -40,11 +48,36 @@ def pending_details(store: StateStore, jobs: list[Any]) -> dict[str, dict[str, A
     return out
 
 
+def estimate_sources(store: StateStore, jobs: list[Any],
+                     load: DecisionLoader | None = None) -> dict[str, dict[str, Any]]:
+    """Per running job, what its allocation's figures rest on, from the decision of the
+    round that placed it: ``estimator`` (``auto:crius``, ...) and ``source`` (``kind``:
+    measured, fitted, profiled or analytic, with its detail)."""
+    load = load or store.decision
+    out: dict[str, dict[str, Any]] = {}
+    decisions: dict[int, dict[str, dict[str, Any]]] = {}
+    for j in jobs:
+        if j.state is not JobState.RUNNING or j.last_round is None:
+            continue
+        if j.last_round not in decisions:
+            try:
+                d = load(j.last_round)
+            except KeyError:
+                d = {}
+            decisions[j.last_round] = {a.get("job"): a for a in d.get("allocations", [])
+                                       if isinstance(a, dict)}
+        a = decisions[j.last_round].get(j.id)
+        if a is not None:
+            out[j.id] = {"estimator": a.get("estimator"), "source": a.get("source")}
+    return out
+
+
 def status_data(store: StateStore) -> dict[str, Any]:
     """What ``status --json`` prints: every job with ``id`` and ``state``, and cluster use.
 
     A waiting job also carries ``pending_reason``, ``pending_detail``, ``pending_stage``
-    and ``can_ever_fit`` (from its last round's decision) when a round has considered it.
+    and ``can_ever_fit`` (from its last round's decision) when a round has considered it;
+    a running job ``estimator`` and ``estimate_source`` (:func:`estimate_sources`).
     """
     from apportion.store_faults import node_states
 
@@ -57,9 +90,13 @@ def status_data(store: StateStore) -> dict[str, Any]:
             used[j.running["gpu_type"]] += int(j.running["gpus"])
     cap = last["cluster"]["capacity"] if last else {}
     pending = pending_details(store, jobs)
+    sources = estimate_sources(store, jobs)
     rows = []
     for j in jobs:
         row = j.as_dict()
+        if j.id in sources:
+            row["estimator"] = sources[j.id]["estimator"]
+            row["estimate_source"] = sources[j.id]["source"]
         if j.id in pending:
             row["pending_reason"] = pending[j.id]["reason"]
             row["pending_detail"] = pending[j.id]["detail"]

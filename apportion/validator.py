@@ -112,7 +112,28 @@ def validate(decision: Decision, cluster: Cluster, jobs: list[JobSpec]) -> Valid
     missing = known - set(seen) - set(pend)
     for job in sorted(missing):
         v.append(f"job {job}: neither allocated nor pending")
+    v += _merged_violations(decision, set(seen))
     return ValidationResult(v)
+
+
+def _merged_violations(decision: Decision, allocated: set[str]) -> list[str]:
+    """A merged job (``meta["merged"]``: lead -> members, fine-tuning siblings trained as
+    one) runs in its lead's allocation: the lead holds GPUs, each member none, and no job
+    is inside two merged jobs."""
+    merged = (decision.meta or {}).get("merged") or {}
+    out: list[str] = []
+    inside: Counter[str] = Counter()
+    for lead, members in merged.items():
+        if lead not in allocated:
+            out.append(f"job {lead}: the lead of merged members {list(members)} holds no GPUs")
+        for m in members:
+            inside[m] += 1
+            if m in allocated:
+                out.append(f"job {m}: merged into {lead} but allocated on its own")
+            if m == lead or m in merged:
+                out.append(f"job {m}: merged into {lead} and itself a merged job's lead")
+    out += [f"job {m}: merged into {n} jobs" for m, n in sorted(inside.items()) if n > 1]
+    return out
 
 
 def _spill_violations(tag: str, gpu_type: str, p: ExecutionPlan, cluster: Cluster) -> list[str]:

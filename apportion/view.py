@@ -134,6 +134,10 @@ class View:
     # objective: 60 s). ``interval_s`` and this are the round's figures apportion's
     # objective reads (formulations.objectives.FromRound)
     restart_s: float | None = None
+    # fine-tuning jobs that finished and whose weights remain, as an operator's files or
+    # store list them (a queued sibling may start from them); a replay's policies learn
+    # them from ``finished_recent`` instead
+    finished: list[JobView] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.capacity:

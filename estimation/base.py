@@ -18,9 +18,48 @@ from apportion.jobs import JobSpec
 from apportion.plans import ExecutionPlan
 
 
+#: what an estimate's number rests on (:class:`Source`'s ``kind``)
+SOURCE_KINDS = ("measured", "fitted", "profiled", "analytic")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an estimate's number came from, so an operator can tell a measurement from a
+    guess: ``measured`` (a measured table row, or a rate the cluster reported), ``fitted``
+    (a model fitted to ``samples`` measurements), ``profiled`` (stage shards measured by a
+    profiler on ``device``, the oldest ``age_s`` seconds old) or ``analytic`` (FLOPs, bytes
+    and catalog figures only). ``heldout_error`` is the mean relative error, on samples its
+    fit did not see, of the estimator ``auto`` chose for this job (None: not chosen by
+    ``auto``, or no held-out error). ``refused`` names what was not used and why (a stale or
+    foreign-device profile, a plan family outside an estimator's claims), so nothing is
+    dropped silently."""
+
+    kind: str
+    detail: str = ""
+    estimator: str = ""
+    samples: int | None = None
+    age_s: float | None = None
+    device: str | None = None
+    backend: str | None = None
+    heldout_error: float | None = None
+    refused: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, the unset fields left out (``kind`` and ``detail`` always there)."""
+        out: dict[str, Any] = {"kind": self.kind, "detail": self.detail}
+        for name in ("estimator", "samples", "age_s", "device", "backend", "heldout_error"):
+            v = getattr(self, name)
+            if v not in (None, ""):
+                out[name] = round(v, 3) if name == "age_s" else v
+        if self.refused:
+            out["refused"] = list(self.refused)
+        return out
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted iteration time (s), peak memory per GPU (bytes) and feasibility."""
+    """Predicted iteration time (s), peak memory per GPU (bytes) and feasibility, and where
+    the figure came from (``source``; None from an estimator that does not say)."""
 
     iter_time_s: float
     mem_per_gpu: float
@@ -28,6 +67,7 @@ class Estimate:
     plan: ExecutionPlan
     global_batch_size: int
     breakdown: Mapping[str, float] = field(default_factory=dict)
+    source: Source | None = None
 
     @property
     def throughput(self) -> float:

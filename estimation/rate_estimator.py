@@ -56,7 +56,7 @@ from apportion.estimation.models.analytic import (
     nominal_placement,
     powers_of_two_dividing,
 )
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
 
 from apportion.cluster import Cluster
 from apportion.jobs import JobSpec
@@ -170,7 +170,10 @@ class RateEstimator(ParamsMixin):
     def _timed(base: Estimate, iter_time_s: float, gbs: int) -> Estimate:
         breakdown = dict(base.breakdown)
         breakdown["inner_iter_time_s"] = float(base.iter_time_s)
-        return Estimate(iter_time_s, base.mem_per_gpu, True, base.plan, gbs, breakdown)
+        inner = base.source.kind if base.source is not None else "the inner estimator"
+        return Estimate(iter_time_s, base.mem_per_gpu, True, base.plan, gbs, breakdown,
+                        Source("measured", f"the rate source's measured speed; plan and memory "
+                               f"from the {inner} estimate", estimator="rates"))
 
     def _fastest_split(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
         return fastest_fitting_split(self._inner, job, cell, cluster)
@@ -211,7 +214,9 @@ def rated_estimate(job: JobSpec, gpus: int, stages: int, iter_time_s: float) -> 
     if stages != 1 or gpus <= 0 or not (math.isfinite(iter_time_s) and iter_time_s > 0):
         return None
     return Estimate(iter_time_s, 0.0, True, ExecutionPlan(dp=gpus), job.global_batch_size,
-                    {"rated": 1.0})
+                    {"rated": 1.0}, Source("measured", "the rate source's measured speed "
+                                           "(a model the catalog lacks: its DP plan)",
+                                           estimator="rates"))
 
 
 __all__ = ["RateEstimator", "RateFn", "fastest_fitting_split", "rated_estimate"]

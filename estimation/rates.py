@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from apportion.estimation.models.spill import spilled_on
+from apportion.estimation.registry import source_of
 
 from apportion.cluster import Cluster
 from apportion.plans import Cell
@@ -48,11 +49,26 @@ class EstimatorRates:
             self._memo[key] = self._rate(spec, gpu_type, gpus, placement)
         return self._memo[key]
 
+    def describe(self, job: Any, gpu_type: str, gpus: int,
+                  placement: Mapping[str, int] | None = None) -> dict[str, Any] | None:
+        """Where the rate of ``job`` on ``gpus`` GPUs of ``gpu_type`` came from: the source
+        of the estimate it was read from (None: no estimate there)."""
+        e = self._best(job.spec, gpu_type, gpus, placement)
+        if e is None:
+            return None
+        return source_of(e, self.estimator, job.spec)
+
     def _rate(self, spec: Any, gpu_type: str, gpus: int,
               placement: Mapping[str, int] | None) -> float:
+        e = self._best(spec, gpu_type, gpus, placement)
+        return 0.0 if e is None else 1.0 / e.iter_time_s
+
+    def _best(self, spec: Any, gpu_type: str, gpus: int,
+              placement: Mapping[str, int] | None) -> Any:
+        """The fastest feasible estimate over stage counts (on ``placement`` when spread)."""
         if self.cluster.capacity_by_type().get(gpu_type, 0) < gpus or gpus <= 0:
-            return 0.0
-        best = 0.0
+            return None
+        best = None
         s = 1
         while s <= min(gpus, self.max_stages):
             if gpus % s == 0:
@@ -63,10 +79,11 @@ class EstimatorRates:
                         e2 = self.estimator.predict(spec, e.plan, dict(placement), self.cluster)
                         if e2.feasible and e2.iter_time_s > 0:
                             e = e2
-                    best = max(best, 1.0 / e.iter_time_s)
+                    if best is None or e.iter_time_s < best.iter_time_s:
+                        best = e
             s *= 2
-        if best == 0.0 and gpus == 1 and self.spill:  # fits no GPU whole: Hydra's spilling
+        if best is None and gpus == 1 and self.spill:  # fits no GPU whole: Hydra's spilling
             e, _ = spilled_on(spec, self.cluster, gpu_type, self.estimator)
             if e is not None and 0 < e.iter_time_s < float("inf"):
-                best = 1.0 / e.iter_time_s
+                best = e
         return best

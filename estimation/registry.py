@@ -11,23 +11,33 @@ rounds resolves here. ``auto`` keeps one of each and picks per job (model):
 3. ``morphling`` (the fitted appendix-A model) when it has been fitted for the
    model's architecture (k-parameters learned from profiles or run samples,
    in memory or in its cache folder);
-4. ``crius`` (the cell estimator) when stage profiles of the model are cached
-   (``apportion profile`` writes them, torch's or JAX's);
+4. ``crius`` (the cell estimator) when usable measured stage profiles of the model are
+   cached (``apportion profile`` writes them, torch's or JAX's; a stale or foreign-device
+   one is refused and does not count: :mod:`apportion.estimation.stage_profiles`);
 5. ``analytic`` otherwise.
+
+Morphling's figure is refused where its plan family lies outside the model's claims (the
+worst held-out row of the family on Morphling's covering protocol is over 10 %:
+:mod:`~apportion.estimation.models.morphling_claims`): that cell is answered by the next
+choice (without Morphling), and its source says what was refused and the measured error.
 
 The choice is recorded per job (``chosen_``) so a decision can say which
 estimator each allocation came from; each answer is memoised per (model,
-batch, cell) by the chosen estimator, so a long replay stays fast.
+batch, cell) by the chosen estimator, so a long replay stays fast. Every answer carries
+its source (:class:`~apportion.estimation.base.Source`), and under ``auto`` the held-out
+error of the estimator chosen for the job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.models.measured import TableEstimator
+from apportion.estimation.stage_profiles import StageProfiles
 
 from apportion.cluster import Cluster
 from apportion.errors import InputError
@@ -44,10 +54,10 @@ def make_estimator(name: str, tables: TableEstimator | None = None,
     """The estimator called ``name``; bad names are an :class:`InputError` on ``--estimator``."""
     if name == "analytic":
         return AnalyticEstimator()
-    if name == "crius":
+    if name == "crius":  # measured stage profiles of the cache drive it where usable
         from apportion.estimation.models.crius import CellEstimator
 
-        return CellEstimator()
+        return CellEstimator(stage_profiles=StageProfiles(_fit_cache(cache_dir)))
     if name == "morphling":
         from apportion.estimation.models.morphling import MorphlingEstimator
 
@@ -81,13 +91,9 @@ def _fit_cache(cache_dir: str | None) -> str:
 
 
 def _has_stage_profiles(model: str, cache_dir: str | None) -> bool:
-    """Whether ``apportion profile`` cached stage profiles of ``model``: torch's per-layer
-    ones or JAX's compiled stages."""
-    from apportion.estimation.cache import DiskCache
-    from apportion.estimation.profilers.profile_jax import KIND as JAX_KIND
-
-    disk = DiskCache(cache_dir)
-    return disk.has("torch-layers", model=model) or disk.has(JAX_KIND, model=model)
+    """Whether ``apportion profile`` cached usable measured stage profiles of ``model``
+    (torch's or JAX's; refused ones -- stale, foreign-device -- do not count)."""
+    return StageProfiles(_fit_cache(cache_dir)).has(model)
 
 
 class AutoEstimator(ParamsMixin):
@@ -103,7 +109,9 @@ class AutoEstimator(ParamsMixin):
             from apportion.estimation.models.crius import CellEstimator
             from apportion.estimation.models.morphling import MorphlingEstimator
 
-            m = {"analytic": AnalyticEstimator(), "crius": CellEstimator(calibration="cell"),
+            m = {"analytic": AnalyticEstimator(),
+                 "crius": CellEstimator(calibration="cell", stage_profiles=StageProfiles(
+                     _fit_cache(self.cache_dir))),
                  "morphling": MorphlingEstimator(cache_dir=_fit_cache(self.cache_dir)),
                  "tables": self.tables or TableEstimator()}
             self.members_ = m
@@ -114,26 +122,33 @@ class AutoEstimator(ParamsMixin):
         chosen: dict[str, str] = self.__dict__.setdefault("chosen_", {})
         key = f"{job.model}|{job.global_batch_size}"
         if key not in chosen:
-            m = self._members()
-            if m["tables"].has_data(job):
-                chosen[key] = "tables"
-                return "tables"
-            try:
-                get_model(job.model)
-            except (KeyError, ValueError):  # no model to estimate from: measurements only
-                chosen[key] = "tables"
-                return "tables"
-            held = self._heldout(job)
-            if held:
-                name = min(held, key=lambda n: (held[n], n))
-            elif self._morphling_fitted(job):
-                name = "morphling"
-            elif _has_stage_profiles(job.model, self.cache_dir):
-                name = "crius"
-            else:
-                name = "analytic"
-            chosen[key] = name
+            chosen[key] = self._choose(job, ())
         return chosen[key]
+
+    def _choose(self, job: JobSpec, exclude: tuple[str, ...]) -> str:
+        m = self._members()
+        if m["tables"].has_data(job) and "tables" not in exclude:
+            return "tables"
+        try:
+            get_model(job.model)
+        except (KeyError, ValueError):  # no model to estimate from: measurements only
+            return "tables"
+        held = {n: e for n, e in self._heldout(job).items() if n not in exclude}
+        if held:
+            return min(held, key=lambda n: (held[n], n))
+        if "morphling" not in exclude and self._morphling_fitted(job):
+            return "morphling"
+        if _has_stage_profiles(job.model, self.cache_dir):
+            return "crius"
+        return "analytic"
+
+    def fallback(self, job: JobSpec) -> str:
+        """What answers ``job`` where Morphling's figure is refused (outside its claims)."""
+        fb: dict[str, str] = self.__dict__.setdefault("fallback_", {})
+        key = f"{job.model}|{job.global_batch_size}"
+        if key not in fb:
+            fb[key] = self._choose(job, ("morphling",))
+        return fb[key]
 
     def _heldout(self, job: JobSpec) -> dict[str, float]:
         """Held-out error for ``job``'s model of every member fitted with one."""
@@ -177,14 +192,55 @@ class AutoEstimator(ParamsMixin):
         # an architecture with too few samples keeps its prior (MorphlingEstimator.fit)
         m["morphling"].fit(samples, cluster)
         self.__dict__.pop("chosen_", None)  # data changed: choose again
+        self.__dict__.pop("fallback_", None)
+        self.__dict__.pop("heldout_memo_", None)
         return self
 
     def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
                 cluster: Cluster) -> Estimate:
-        return self.estimator_for(job).predict(job, plan, placement, cluster)
+        name = self.choose(job)
+        est = self._members()[name].predict(job, plan, placement, cluster)
+        if name == "morphling" and est.breakdown.get("outside_claims"):
+            other = self.fallback(job)
+            return self._sourced(self._members()[other].predict(job, plan, placement, cluster),
+                                 job, other, refused=est)
+        return self._sourced(est, job, name)
 
     def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
-        return self.estimator_for(job).best_in_cell(job, cell, cluster)
+        name = self.choose(job)
+        est = self._members()[name].best_in_cell(job, cell, cluster)
+        if name == "morphling" and est is not None and est.breakdown.get("outside_claims"):
+            other = self.fallback(job)
+            got = self._members()[other].best_in_cell(job, cell, cluster)
+            return None if got is None else self._sourced(got, job, other, refused=est)
+        return None if est is None else self._sourced(est, job, name)
+
+    def _sourced(self, est: Estimate, job: JobSpec, name: str,
+                 refused: Estimate | None = None) -> Estimate:
+        """``est`` with its source saying ``auto`` chose ``name`` and that choice's held-out
+        error for the job's model, and what Morphling figure was refused, if any."""
+        src = est.source or Source("unspecified", f"{name} gave no source")
+        extra: tuple[str, ...] = ()
+        if refused is not None:
+            why = refused.source.detail if refused.source is not None else ""
+            err = refused.breakdown.get("claim_max_error")
+            extra = (f"morphling's {refused.plan.label()} refused"
+                     + (f" (worst held-out error {100 * err:.1f} %)" if err is not None else "")
+                     + (f": {why}" if why else ""),)
+        memo: dict[str, dict[str, float]] = self.__dict__.setdefault("heldout_memo_", {})
+        if job.model not in memo:
+            memo[job.model] = self._heldout(job)
+        held = memo[job.model].get(name)
+        return replace(est, source=replace(src, estimator=f"auto:{name}", heldout_error=held,
+                                           refused=src.refused + extra))
+
+
+def source_of(estimate: Estimate | None, estimator: Any, job: JobSpec) -> dict[str, Any]:
+    """The JSON of an estimate's source; an estimator that gave none (a plug-in) is named."""
+    if estimate is not None and estimate.source is not None:
+        return estimate.source.as_dict()
+    name = estimator_name(estimator, job)
+    return Source("unspecified", f"estimator {name} gave no source", estimator=name).as_dict()
 
 
 def estimator_name(estimator: Any, job: JobSpec) -> str:

@@ -23,7 +23,10 @@ the same samples whatever the plan. Environment knobs (``workload.env``):
 ``EXAMPLE_HIDDEN`` (64), ``EXAMPLE_LAYERS`` (2), ``EXAMPLE_LR`` (3e-3),
 ``EXAMPLE_STEP_SLEEP`` (seconds per step, for tests that must catch a job
 mid-run; 0), ``EXAMPLE_FAIL_AT`` (raise at this iteration: a crashing
-workload, for tests).
+workload, for tests), ``EXAMPLE_HOLD`` (``WORLD:ITERATION``, ``*`` for any world: a launch at
+that world size that started before that iteration stops stepping there until the
+scheduler stops, resizes or cancels the job, so a test of a resize waits for events, never
+races the job's end).
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ def main() -> int:
     workload.stop_requested()  # install the SIGTERM handler before anything slow
     fail_at = int(os.environ.get("EXAMPLE_FAIL_AT", "-1"))
     step_sleep = float(os.environ.get("EXAMPLE_STEP_SLEEP", "0"))
+    hold_world, _, hold_at = os.environ.get("EXAMPLE_HOLD", "0:0").partition(":")
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -174,6 +178,9 @@ def main() -> int:
         stop, due = agree(workload.stop_requested(), rank == 0 and policy.due(it) and it > start)
         if stop:
             break
+        if hold_world in ("*", str(world)) and start < int(hold_at) <= it:
+            time.sleep(0.1)  # held: only a stop (the scheduler's) ends this
+            continue
         if due:
             save(it)
         if it == fail_at:

@@ -305,7 +305,7 @@ def check_deepspeed(out: Path) -> None:
     """apportion's DeepSpeed trainer on cuda:0 (bf16, ZeRO-1): trained, checkpointed,
     resumed through the weights-only loader; then a planted model file refused."""
     import torch
-    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.executors.local.executor import free_port
     from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
     from apportion.runtime.workers.train_config import TrainConfig
 

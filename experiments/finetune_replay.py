@@ -13,7 +13,9 @@ and the backbone's measured context switch as every start's and restart's cost
 Policies: the registered baselines ``fcfs``, ``srtf``, ``tiresias`` (on the requested
 GPUs) and ``sia`` (elastic, goodput), and YMIR's ``ymir-normal`` (its elastic SRTF,
 no transfer), ``ymir-spatial`` (merging only), ``ymir-temporal`` (transfer from finished
-siblings only) and ``ymir`` (both: the task merger chooses each job's mode).
+siblings only) and ``ymir`` (both: the task merger chooses each job's mode), and
+``apportion``, whose round model offers the same modes as options (transfer cells, merged
+cells: :mod:`apportion.formulations.siblings`), honoured by the simulator alike.
 Both information modes: ``oracle`` (deterministic: one run per trace) and
 ``estimated`` (seeded profiling noise: ``--seeds`` runs, mean and Student-t 95 % CI).
 Writes ``summary.json`` and ``summary.md`` under ``experiments/results/finetune/``.
@@ -43,7 +45,7 @@ TRACES = ("fm-1-roberta-base", "fm-1.5-roberta-base", "fm-2-roberta-base",
           "fm-1-roberta-large", "fm-1.5-roberta-large", "fm-2-roberta-large")
 GENERATED = "fm-generated:120"
 POLICIES = ("fcfs", "srtf", "tiresias", "sia", "ymir-normal", "ymir-spatial", "ymir-temporal",
-            "ymir")
+            "ymir", "apportion")
 #: average JCT (s) of the separate fine-tuning simulator this replaces (commit 24e2f4c,
 #: experiments/results/finetune/summary.json; requested GPUs for srtf/tiresias, 32 GPUs)
 SEPARATE_SIMULATOR = {

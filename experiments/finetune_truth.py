@@ -76,8 +76,6 @@ from apportion.gpus import canonical_gpu_name
 
 log = logging.getLogger(__name__)
 
-#: at least this many samples per GPU: a job's GPU limit is its batch / 8 (Titan's rule)
-MIN_LOCAL_BSZ = 8
 #: YMIR section 7's size classes (GPU-hours) and their probabilities
 SIZE_CLASSES = {"small": (0.05, 0.5), "medium": (0.5, 10.0), "large": (10.0, 64.0)}
 SIZE_PROBS = {"small": 0.3, "medium": 0.6, "large": 0.1}
@@ -85,12 +83,6 @@ SIZE_PROBS = {"small": 0.3, "medium": 0.6, "large": 0.1}
 
 def finetune_root() -> Path:
     return data_root() / "titan-finetune"
-
-
-def gpu_limit(batch: int, capacity: int | None = None) -> int:
-    """Batch-size-scaled GPU limit (at least ``MIN_LOCAL_BSZ`` samples per GPU)."""
-    lim = max(1, batch // MIN_LOCAL_BSZ)
-    return lim if capacity is None else max(1, min(capacity, lim))
 
 
 @dataclass

@@ -66,6 +66,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 from apportion.formulations.model import INF, LinearModel
+from apportion.formulations.siblings import member_cover
 from apportion.formulations.schema import (
     cells_of,
     current_cells,
@@ -329,6 +330,8 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         if cols:
             new_rows.append(({c: 1.0 for c in cols}, -INF, 1.0, f"one[{jid}]"))
     m.add_columns(keys, itertools.repeat(0.0), ubs, itertools.repeat(True), objs)
+    if g.graph.get("siblings"):  # merged cells also sit in their members' rows
+        cover_members(g, cell_cols, new_rows)
     m.add_rows(new_rows)
     if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
         for cn, place in fixed.items():
@@ -443,6 +446,24 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                   node_classes=len(classes), residual_mode=residual,
                   lp_rounding_final=not resources)
     return m
+
+
+def cover_members(g: nx.DiGraph, cell_cols: dict[str, int],
+                  rows: list[tuple[dict[int, float], float, float, str]]) -> None:
+    """A merged cell (``members``: :mod:`apportion.formulations.siblings`) is one column
+    serving several jobs: each member's ``one[...]`` row holds it beside the member's own
+    cells (a row is made for a member with none), so every job gets at most one column."""
+    cover = member_cover(g, list(cell_cols))
+    if not cover:
+        return
+    at = {name: i for i, (_, _, _, name) in enumerate(rows) if name.startswith("one[")}
+    for member, cells in sorted(cover.items()):
+        cols = {cell_cols[cn]: 1.0 for cn in cells}
+        i = at.get(f"one[{member}]")
+        if i is None:
+            rows.append((cols, -INF, 1.0, f"one[{member}]"))
+        else:
+            rows[i][0].update(cols)
 
 
 def hint_from_choices(m: LinearModel, choices: list[CellChoice]) -> dict[int, float]:

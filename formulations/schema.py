@@ -25,7 +25,9 @@ vertices, told apart by their ``kind`` attribute:
   ``guaranteed``, ``sla_throughput``,
   ``min_demand``, ``over_quota``, ``sla_lost`` (cells and plans:
   :mod:`apportion.formulations.sla`), ``deadline_s``, ``admitted``
-  (deadline).
+  (deadline), ``merged_into`` (a fine-tuning job inside a merged job: no cell of its own),
+  ``awaits`` ([sibling, predicted end]: it waits for that sibling's weights)
+  (:mod:`apportion.formulations.siblings`).
 * ``cell:...``: attrs ``kind="cell"``, ``job``, ``gpu_type``, ``gpus``,
   ``stages``, ``dp``, ``tp``, ``micro_batches``, ``est_throughput``,
   ``iter_time_s``, ``mem_per_gpu`` (bytes), ``normalized``, ``bonus``,
@@ -33,8 +35,12 @@ vertices, told apart by their ``kind`` attribute:
   present cell: :func:`is_current`), ``single_node`` (its estimate assumed one
   node, so it is placed whole on one); optionally ``plan``, ``family``,
   ``cpus_per_gpu``, ``host_mem_gib_per_gpu`` (plans), ``quota_tenant`` (cells and
-  plans) and
-  ``finish_s`` (deadline). Its key is unique but opaque (the cells builder
+  plans),
+  ``finish_s`` (deadline), and for fine-tuning siblings
+  (:mod:`apportion.formulations.siblings`) ``source`` and ``transfer_gain`` (a transfer
+  option: the job starts from that finished sibling's weights), ``members`` (a merged
+  cell: it also sits in each member's one-cell row), ``merge_option`` (the pair is not
+  merged yet) and ``member_values`` (the members' share of its ``value``). Its key is unique but opaque (the cells builder
   uses :attr:`apportion.plans.Cell.node_id`, the plans builder an option
   index): read a cell's attributes, never parse its key.
 * ``group:<prefix>`` (:func:`group_node`): attrs ``kind="group"``,

@@ -1,9 +1,9 @@
 """``apportion cluster import``: a cluster YAML from what Slurm, Ray or Kubernetes reports.
 
 Every source returns one dict per node, ``{"name", "gpu_type" (the engine's
-raw GPU name), "gpus", "cpus", "memory_gib", ...extras}`` (``runtime.executors.slurm_import``,
-``runtime.executors.ray_import``, ``runtime.executors.k8s_import``); everything after that is
-written once, here:
+raw GPU name), "gpus", "cpus", "memory_gib", ...extras}``
+(``runtime.executors.slurm.importer``, ``runtime.executors.ray.importer``,
+``runtime.executors.kubernetes.importer``); everything after that is written once, here:
 
 * **GPU names** are mapped to catalog names (``apportion gpus --aliases``): the
   user's ``--gpu-map`` file first (YAML, raw name -> catalog name), then every
@@ -36,13 +36,15 @@ import yaml
 from apportion import outputs
 from apportion.config import NODE_NAME, cluster_from_data, read_yaml
 from apportion.console import printable
+from apportion.runtime.executors.imported import Imported
+
 from apportion.errors import CatalogError, InputError
 from apportion.gpus import ambiguity, canonical_gpu_name, get_gpu, normalise_gpu_name
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("slurm", "ray", "k8s")
-CORE_KEYS = ("name", "gpu_type", "gpus", "cpus", "memory_gib")
+CORE_KEYS = ("name", "gpu_type", "gpus", "cpus", "memory_gib", "mig_profile")
 
 def normalise(raw: str) -> str:
     """The lookup key of a raw GPU name (:func:`apportion.gpus.normalise_gpu_name`)."""
@@ -214,7 +216,7 @@ def check_output(out: str | Path) -> None:
     outputs.check_output(out, "--out")
 
 
-def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any]]]:
+def _lazy(module: str, func: str, what: str) -> Callable[..., Any]:
     import importlib
 
     try:
@@ -229,11 +231,15 @@ def _lazy(module: str, func: str, what: str) -> Callable[..., list[dict[str, Any
 
 
 def read_nodes(source: str, path: str | Path | None = None, ray_address: str | None = None,
-               include_unavailable: bool = False) -> list[dict[str, Any]]:
-    """Nodes from one source: slurm (``scontrol``, or a saved ``scontrol show node -o`` file),
-    ray (a cluster address) or k8s (``kubectl get nodes -o json`` saved to a file)."""
+               include_unavailable: bool = False, pods: str | Path | None = None,
+               k8s_config: str | Path | None = None) -> Imported:
+    """Nodes from one source, and what it left out and why: slurm (``scontrol``, or a
+    saved ``scontrol show node`` / ``sinfo --json`` file), ray (a cluster address) or k8s
+    (``kubectl get nodes -o json`` saved to a file; ``pods``: ``kubectl get pods -A -o
+    json``, whose requests are taken off; ``k8s_config``: the settings whose
+    ``tolerations`` say which tainted nodes the pods may use)."""
     if source == "slurm":
-        from apportion.runtime.executors.slurm_import import import_slurm
+        from apportion.runtime.executors.slurm.importer import import_slurm
 
         text = None
         if path is not None:
@@ -245,28 +251,56 @@ def read_nodes(source: str, path: str | Path | None = None, ray_address: str | N
     if source == "ray":
         if not ray_address:
             raise InputError("--ray-address", "ray_address", "--from ray needs --ray-address "
-                             "ADDR (the head's address, e.g. 10.0.0.1:6379 or auto)")
-        return list(_lazy("executors.ray_import", "import_ray", "Ray")(ray_address))
+                             "ADDR or RAY_ADDRESS (the head's address, e.g. 10.0.0.1:6379 or "
+                             "auto)")
+        return _lazy("executors.ray.importer", "import_ray", "Ray")(ray_address)
     if source == "k8s":
         if path is None:
             raise InputError("--from k8s", "NODES", "give the nodes as a file: "
                              "kubectl get nodes -o json > nodes.json")
-        return list(_lazy("executors.k8s_import", "import_k8s", "Kubernetes")(str(path)))
+        tolerations = None
+        if k8s_config is not None:
+            load = _lazy("executors.kubernetes.config", "load_k8s_config", "Kubernetes")
+            tolerations = load(k8s_config).tolerations
+        return _lazy("executors.kubernetes.importer", "import_k8s", "Kubernetes")(
+            str(path), pods, tolerations)
     raise InputError("--from", "from", f"{source!r} is not one of {', '.join(SOURCES)}")
+
+
+def mig_refused(imported: Imported, names: GpuNames) -> Imported:
+    """``imported`` less the nodes whose GPUs are MIG slices no ``--gpu-map`` line maps
+    (GPU Feature Discovery's ``<product>-MIG-<profile>``): a slice is not a GPU of the
+    catalog, and such a node is left out by name rather than stopping the import."""
+    kept = Imported(notes=list(imported.notes))
+    for n in imported.nodes:
+        raw = str(n.get("gpu_type") or "")
+        if n.get("mig_profile") and normalise(raw) not in names.user:
+            kept.leave_out(str(n.get("name")), f"MIG slices {raw} x{n.get('gpus')}: apportion "
+                           "places whole GPUs; to schedule a slice as a GPU add "
+                           f"'{raw}: <catalog name>' to a --gpu-map file, or turn MIG off")
+            kept.notes = [x for x in kept.notes if x.left_out or x.node != n.get("name")]
+            continue
+        kept.nodes.append(n)
+    return kept
 
 
 def import_cluster(source: str, out: str | Path, path: str | Path | None = None,
                    ray_address: str | None = None, gpu_map: str | Path | None = None,
-                   name: str | None = None, include_unavailable: bool = False
-                   ) -> dict[str, Any]:
-    """Read, map, group, validate, write; returns the document written."""
+                   name: str | None = None, include_unavailable: bool = False,
+                   pods: str | Path | None = None, k8s_config: str | Path | None = None
+                   ) -> tuple[dict[str, Any], Imported]:
+    """Read, map, group, validate, write; returns the document written and what was read
+    (its notes say which nodes were left out or cut down, and why)."""
     check_output(out)
+    if pods is not None and source != "k8s":
+        raise InputError("--pods", "pods", "running pods are read for --from k8s only")
     names = GpuNames(load_gpu_map(gpu_map) if gpu_map is not None else None)
-    nodes = read_nodes(source, path, ray_address, include_unavailable)
+    imported = mig_refused(read_nodes(source, path, ray_address, include_unavailable, pods,
+                                      k8s_config), names)
     label = {"slurm": "scontrol show node", "ray": f"ray {ray_address}",
              "k8s": str(path)}.get(source, source)
     if source == "slurm" and path is not None:
         label = str(path)
-    doc = cluster_document(nodes, name or f"{source}-cluster", names, label)
+    doc = cluster_document(imported.nodes, name or f"{source}-cluster", names, label)
     write_document(doc, out)
-    return doc
+    return doc, imported

@@ -42,6 +42,11 @@ from apportion.round_store import RoundStore, catalog_failures
 log = logging.getLogger(__name__)
 
 DONE_STATES = ("finished", "failed")
+#: how long an event (a submission, a cancellation, a node's change) waits for more before
+#: its round starts: a burst of submissions is decided in one round
+DEBOUNCE_S = 1.0
+#: the least time between the starts of two rounds an event brings forward
+MIN_GAP_S = 2.0
 
 
 @dataclass
@@ -171,11 +176,18 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
              reschedule_on_finish: bool = True,
              on_measure: Callable[[str, float | None, float], None] | None = None,
              refit: Any = None, on_round: Callable[[RoundTick], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> LoopResult:
+             should_stop: Callable[[], bool] | None = None,
+             debounce_s: float = DEBOUNCE_S, min_gap_s: float = MIN_GAP_S) -> LoopResult:
     """Run rounds until idle (with ``until_idle``), ``timeout_s``, SIGINT/SIGTERM, or
     ``should_stop()`` turning true (checked while waiting between rounds; it stops the
     loop as a signal would: every running job checkpointed). ``on_round`` sees every pass;
-    an observer that raises is logged and never stops the rounds."""
+    an observer that raises is logged and never stops the rounds.
+
+    Rounds are event-driven, the interval their upper bound: a job's end, and anything the
+    store saw since the last round read it (a submission, a cancellation, a node's fault or
+    return: ``store.arrived``) start the next round ``debounce_s`` after the wait first saw
+    it (a burst of submissions within that is one round) and at least ``min_gap_s`` after
+    the last round started."""
     t0 = time.monotonic()
     stop: dict[str, int | None] = {"signal": None}
     all_events: list[Event] = []
@@ -239,6 +251,7 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
                                           decision, events))
             deadline = time.monotonic() + interval_s
             seen_done = {p.job for p in progress if p.done}
+            event_at: float | None = None  # when the wait first saw a change
             while stop["signal"] is None and time.monotonic() < deadline:
                 progress = executor.poll()
                 store.record_progress(progress)
@@ -262,12 +275,15 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
                 if reschedule_on_finish and newly_done:
                     break
                 if store.arrived(now, time.monotonic() - t0):
-                    break
+                    at = time.monotonic()
+                    event_at = at if event_at is None else event_at
+                    if at - event_at >= debounce_s and at - started >= min_gap_s:
+                        break
                 time.sleep(poll_s)
         if stop["signal"] is not None:
             reason = {-1: "timeout", -2: "stopped"}.get(stop["signal"], "signal")
     finally:
-        grace = getattr(executor, "stop_timeout_s", getattr(executor, "grace_s", None))
+        grace = executor.stop_timeout_s
         if reason == "idle" and grace is not None:
             # the store may call a job finished before its group has exited
             progress = _drain(executor, store, poll_s, float(grace))

@@ -70,7 +70,9 @@ class WorkloadPlanFilter:
         why = plan_supported(kind, plan, self.device)
         if why is not None:
             return why
-        parts = plan.dp * plan.accumulation  # the global batch never changes: it must split
+        # the global batch never changes: it must split over the ranks and their
+        # accumulation steps (a one-stage plan's micro-batches among them)
+        parts = plan.dp * plan.accumulation_steps
         if job.global_batch_size % parts:
             return f"global batch {job.global_batch_size} does not split over dp*accumulation"
         if kind == "builtin" and plan.pp > 1 and (job.global_batch_size // parts) % max(

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from apportion.runtime.executors.executor import Executor
 from apportion.runtime.executors.procs import stop_holders
 from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress_since
 
@@ -24,31 +25,35 @@ log = logging.getLogger(__name__)
 
 __all__ = ["reconcile"]
 
+#: how long processes a local run left have to checkpoint and exit, when the executor now
+#: has no grace period of its own (dry-run, Kubernetes)
+LOCAL_GRACE_S = 30.0
 
-def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[Any]:
+
+def reconcile(store: Any, ex: Executor, workdir: Path, adopt: bool = True,
+              owner: str = "run") -> list[Any]:
     """Settle what an earlier (killed) run left, before the first round: adopt or stop its
     worker groups, close their launch records, and requeue from its last checkpoint every
     job the store thinks is running but nothing runs. Executors that find their own
     leftovers when they start (Slurm jobs, Kubernetes objects) say which jobs they adopted
     (``adopted_jobs``); with ``adopt`` off, one that can (``stop_adopted``) stops them
-    first. Returns what was done per launch."""
+    first. A launch adopted becomes ``owner``'s (this run's, as its launch log names it).
+    Returns what was done per launch."""
     jobs = {r.id: r.to_jobspec() for r in store.jobs(ACTIVE)}
     records = sl.open_launches(store)
     done: list[Any] = []
-    mine = [r for r in records if r.executor == getattr(ex, "name", "")]
-    if mine and hasattr(ex, "reconcile"):
+    mine = [r for r in records if r.executor == ex.name]
+    if mine:
         done = ex.reconcile(mine, jobs, adopt=adopt)
     handled = {d.launch_id for d in done}
     # executors that find their own leftovers (Slurm jobs, Kubernetes objects) adopted them
     # when they started: those jobs keep running
-    adopted: set[str] = set(getattr(ex, "adopted_jobs", set)())
-    if adopted and not adopt and hasattr(ex, "stop_adopted"):
-        ex.stop_adopted()  # --orphans stop: checkpointed, then requeued below
-        adopted = set()
+    adopted = set(ex.adopted_jobs())
+    if adopted and not adopt and ex.stop_adopted():
+        adopted = set()  # --orphans stop: checkpointed, then requeued below
     for d in done:
         if d.action == "adopted":
-            sl.adopt_launch(store, d.launch_id, getattr(getattr(ex, "launch_log", None), "owner",
-                                                        "run"))
+            sl.adopt_launch(store, d.launch_id, owner)
             adopted.add(d.job)
             log.warning("job %s: adopted launch %d left by an earlier run (%s)", d.job,
                         d.launch_id, d.detail)
@@ -61,7 +66,8 @@ def reconcile(store: Any, ex: Any, workdir: Path, adopt: bool = True) -> list[An
         if r.id in handled:
             continue
         if r.executor == "local":  # another executor's run now: stop what a local run left
-            stop_holders(Path(r.jobdir), float(getattr(ex, "stop_timeout_s", 30.0)))
+            grace = LOCAL_GRACE_S if ex.stop_timeout_s is None else ex.stop_timeout_s
+            stop_holders(Path(r.jobdir), grace)
         ck = read_progress_since(Path(r.jobdir) / PROGRESS_FILE_NAME).checkpoint_iteration or 0
         ck = max(ck, r.checkpoint_start)
         sl.launch_ended(store, r.id, "stopped", "its run died; this executor cannot adopt it", ck)

@@ -23,10 +23,11 @@ from typing import Any
 
 from apportion.estimation.base import Sample
 from apportion.estimation.registry import make_estimator
-from apportion.runtime.executors.choice import make_executor
+from apportion.runtime.executors.registry import make_executor
 from apportion.runtime.loop import run_loop
 from apportion.runtime.reconcile import reconcile
 from apportion.runtime.refit import OnlineRefit
+from apportion.runtime.round_log import log_round
 from apportion.runtime.store_adapter import FaultPolicy, SqliteLaunchLog, SqliteRoundStore
 
 from apportion.cluster import Cluster
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 EXIT_BUSY = 75
 
 __all__ = ["EXIT_BUSY", "Companion", "LoopContext", "LoopHooks", "PreparedRun", "RunOptions",
-           "chosen_estimator", "run_rounds", "store_samples"]
+           "chosen_estimator", "executor_options", "run_rounds", "store_samples"]
 
 
 @dataclass(frozen=True)
@@ -132,23 +133,16 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
     try:
         opts.workdir.mkdir(parents=True, exist_ok=True)
         launch_log = SqliteLaunchLog(store)
-        xopts: dict[str, Any] = {"stop_timeout_s": opts.grace_period_s}
-        if opts.checkpoint_every is not None:
-            xopts["checkpoint_every"] = int(opts.checkpoint_every)
-        if opts.checkpoint_interval_s is not None:
-            xopts["checkpoint_interval_s"] = float(opts.checkpoint_interval_s)
-        if opts.executor == "ray":
-            xopts["ray_address"] = opts.ray_address or os.environ.get("RAY_ADDRESS") or None
         # every executor records its launches in the store, refused ones included: the fault
         # policy counts failures there (--max-retries), and a restarted run reconciles them
-        ex = make_executor(opts.executor, opts.workdir, cluster, opts.kubeconfig,
-                           opts.k8s_config, opts.drain, launch_log=launch_log,
-                           options=xopts if opts.executor in ("local", "ray") else None)
-        reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt")
+        ex = make_executor(opts.executor, opts.workdir, cluster, launch_log=launch_log,
+                           options=executor_options(opts))
+        reconcile(store, ex, opts.workdir, adopt=opts.orphans == "adopt",
+                  owner=launch_log.owner)
         refit = OnlineRefit(cluster, estimator=cfg.estimator)
         refit.warm(store_samples(store))  # what earlier runs measured
         beside = (companion(LoopContext(prep, store, ex, refit)) if companion is not None
-                  else contextlib.nullcontext(LoopHooks()))
+                  else contextlib.nullcontext(LoopHooks(on_round=log_round)))
         with beside as hooks:
             res = run_loop(cluster, SqliteRoundStore(store, cluster,
                                                      FaultPolicy(int(opts.max_retries))),
@@ -158,12 +152,23 @@ def run_rounds(prep: PreparedRun, *, create_store: bool = False, lock_command: s
         log.warning("%s stopped (%s) after %d rounds; %d estimator refits from %d samples",
                     lock_command, res.reason, res.rounds, refit.refits, len(refit.samples))
     finally:
-        shutdown = getattr(ex, "close", None)
-        if callable(shutdown):
-            shutdown()
+        if ex is not None:
+            ex.close()
         lock.release()
         store.close()
     return 0
+
+
+def executor_options(opts: RunOptions) -> dict[str, Any]:
+    """The run's options an executor may read (:data:`~apportion.runtime.executors.registry.
+    RUN_OPTIONS`), by name; None where not given. Each executor is given those it reads."""
+    return {"stop_timeout_s": opts.grace_period_s,
+            "checkpoint_every": (None if opts.checkpoint_every is None
+                                 else int(opts.checkpoint_every)),
+            "checkpoint_interval_s": (None if opts.checkpoint_interval_s is None
+                                      else float(opts.checkpoint_interval_s)),
+            "ray_address": opts.ray_address or os.environ.get("RAY_ADDRESS") or None,
+            "kubeconfig": opts.kubeconfig, "k8s_config": opts.k8s_config, "drain": opts.drain}
 
 
 def chosen_estimator(store: Any, name: str, tables: Path | None) -> Any:

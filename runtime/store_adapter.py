@@ -99,12 +99,14 @@ class SqliteRoundStore:
         self._planned: Cluster = cluster  # the cluster the next round plans on
         self._alloc: dict[str, Any] = {}
         self._handled: set[str] = set()  # failed launches the policy has acted on
+        self._token: tuple[int, int, float] | None = None  # the store's change token at list_jobs
 
     def now(self, elapsed_s: float) -> float:
         """The store's clock: submit times are wall-clock seconds."""
         return time.time()
 
     def list_jobs(self, now_s: float) -> list[JobSpec]:
+        self._token = self.store.change_token()  # read first: a change during the read counts
         self._snapshot = self.store.round_input()
         return list(self._snapshot.jobs)
 
@@ -123,7 +125,11 @@ class SqliteRoundStore:
         return False  # a job is submitted when it arrives: none waits for a later time
 
     def arrived(self, since_s: float, until_s: float) -> bool:
-        return False  # submissions are seen at the next round (``serve`` starts one early)
+        """Whether something the last round did not see happened since it read the store: a
+        submission, a cancellation, a job's end, a node's fault or return (any process's:
+        ``submit``, the API, a worker's progress). The run loop then starts the next round
+        early (debounced), the interval being only the upper bound."""
+        return self._token is not None and self.store.change_token() != self._token
 
     def cluster_now(self, cluster: Cluster, now_s: float) -> Cluster:
         """The cluster this round may plan on: ``cluster`` without the nodes the store holds

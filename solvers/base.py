@@ -1,4 +1,5 @@
-"""Canonical solver status and the result every backend returns.
+"""Canonical solver status, the result every backend returns, and the class every backend
+derives from (:class:`Backend`: what a solver chain asks of a backend, declared once).
 
 A time-limited feasible answer is an answer (``feasible``), not an error: the
 canonical statuses follow cvxpy's map for HiGHS. ``fallback`` marks answers
@@ -8,9 +9,10 @@ produced by a greedy heuristic because no exact backend answered in time.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,6 +25,9 @@ class Status(str, Enum):
     INFEASIBLE = "infeasible"
     FALLBACK = "fallback"
     ERROR = "error"
+    #: a backend the chain did not run (an earlier one answered, no budget was left): not a
+    #: failure, so an alert on errors does not fire on every round
+    SKIPPED = "skipped"
 
     @property
     def has_solution(self) -> bool:
@@ -105,14 +110,43 @@ BACKEND_CLASSES = {"highs": "apportion.solvers.highs:HighsBackend",
                    "colgen": "apportion.solvers.colgen:ColGenBackend"}
 
 
-class Backend(Protocol):
-    """A solver backend: consumes a neutral :class:`LinearModel` under a budget."""
+class Backend(ABC):
+    """A solver backend: consumes a neutral :class:`LinearModel` under a budget.
+
+    Every backend derives from this class, which declares all that a solver chain
+    (:mod:`apportion.solvers.chain`, and its isolated child) asks of one, so the chain calls
+    a backend's methods and never probes its attributes: its tolerance and stall rule
+    (:meth:`join_chain`), an LP kept across rounds (:meth:`keep_relaxation`), and a share
+    of a deterministic budget (:attr:`work_s`, for a backend that :attr:`counts_work`).
+    Each default is what a backend without that setting does: it keeps its own rule.
+    """
 
     name: str
+    #: whether :meth:`solve` counts its work, so that :attr:`work_s` bounds it (CP-SAT's
+    #: deterministic time, HiGHS's callbacks); a backend that cannot (SCIP) keeps its share
+    #: of the clock under a deterministic budget and is charged its share of the work
+    counts_work: ClassVar[bool] = False
+    #: its share of a deterministic budget, in nominal seconds (:data:`WORK_PER_S`), set by
+    #: a chain that has one (None: the clock bounds it); read only where :attr:`counts_work`
+    work_s: float | None = None
 
-    def available(self) -> bool: ...
+    def available(self) -> bool:
+        """Whether its solver is installed here."""
+        return True
 
-    def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult: ...
+    @abstractmethod
+    def solve(self, model: LinearModel, time_limit_s: float) -> SolveResult:
+        """The model's best answer found within ``time_limit_s`` (or :attr:`work_s`)."""
+
+    def join_chain(self, gap: float, stall_share: float | None) -> None:
+        """Take a chain's tolerance (an answer within ``gap`` of the proven bound is final)
+        and its stall rule (stop once the incumbent has not improved for ``stall_share`` of
+        the time), where the backend has them; by default it has neither (CP-SAT)."""
+
+    def keep_relaxation(self, session: Any) -> None:
+        """Solve the LP relaxation in ``session`` (a
+        :class:`~apportion.solvers.persistent.HighsSession` kept across rounds; None: build
+        it afresh), for a backend that solves one; by default it solves none."""
 
 
 def empty_model_result(backend: str, model: LinearModel, start: float) -> SolveResult:

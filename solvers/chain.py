@@ -169,7 +169,7 @@ def backends_for(name: str, isolate: bool = False, columns: int = 0,
 
 def _hint_answer(model: LinearModel) -> SolveResult | None:
     """The model's hint as an answer to beat, if it is a complete feasible solution."""
-    hint = getattr(model, "hint", None)
+    hint = model.hint
     if not hint or len(hint) < model.num_vars:
         return None
     x = np.zeros(model.num_vars)
@@ -191,17 +191,16 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
     rounding_final = bool(model.meta.get("lp_rounding_final"))
     for i, be in enumerate(backends):
         for_chain(be, gap)
-        if hasattr(be, "session"):
-            be.session = session  # type: ignore[attr-defined]
+        be.keep_relaxation(session)
         left = deadline - time.perf_counter()
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered, gap,
                                                                  rounding_final)
         if work_s is not None and not why:
             why = "no work budget left" if work_s <= 0.01 else None
-            if hasattr(be, "work_s"):
-                be.work_s = share(names, i, work_s)  # type: ignore[attr-defined]
+            if be.counts_work:
+                be.work_s = share(names, i, work_s)
         if why:
-            yield SolveResult(be.name, Status.ERROR, message=why)
+            yield SolveResult(be.name, Status.SKIPPED, message=why)
             continue
         if not be.available():
             yield SolveResult(be.name, Status.ERROR, message="backend not installed")
@@ -209,7 +208,7 @@ def _in_process(model: LinearModel, backends: Sequence[Backend], deadline: float
         try:
             # with a work budget the clock is a safety stop, but a backend that cannot
             # count its work (SCIP) keeps its share of the time
-            counted = work_s is not None and hasattr(be, "work_s")
+            counted = work_s is not None and be.counts_work
             res = be.solve(model, left if counted else time_share(names, i, left))
         except Exception as exc:  # a crash in one backend must not take the round down
             log.warning("backend %s raised %r", be.name, exc)
@@ -250,13 +249,13 @@ def solve_chain(model: LinearModel, backends: Sequence[Backend], budget_s: float
     floor = _hint_answer(model)  # the hint (the greedy's answer): replaced only by a better one
     bound: float | None = None
     attempts: list[SolveResult] = []
-    isolated = bool(backends) and all(isinstance(b, IsolatedBackend) for b in backends)
-    if work_s is not None and any(isinstance(b, IsolatedBackend) for b in backends):
+    isolated = [b for b in backends if isinstance(b, IsolatedBackend)]
+    if work_s is not None and isolated:
         raise ValueError("a deterministic budget runs the backends in this process: "
                          "isolated backends cannot take one")
-    if isolated:
-        child = child or ChainChild(grace_s=getattr(backends[0], "grace_s", None))
-        stream: Iterator[SolveResult] = child.run(model, [b.inner for b in backends], deadline, gap)
+    if isolated and len(isolated) == len(backends):
+        child = child or ChainChild(grace_s=isolated[0].grace_s)
+        stream: Iterator[SolveResult] = child.run(model, [b.inner for b in isolated], deadline, gap)
     else:
         if child is not None:
             child.close()

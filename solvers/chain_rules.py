@@ -87,10 +87,7 @@ def skipped(names: Sequence[str], i: int, answered: set[str], gap: float = LP_FI
 def for_chain(backend: Backend, gap: float) -> Backend:
     """``backend`` as the chain runs it: the chain's tolerance as its own (a MIP backend
     that has one), and HiGHS stopping once its incumbent stalls (``HIGHS_STALL_SHARE``)."""
-    if hasattr(backend, "mip_rel_gap"):
-        backend.mip_rel_gap = gap  # type: ignore[attr-defined]
-    if hasattr(backend, "stall_share"):
-        backend.stall_share = HIGHS_STALL_SHARE  # type: ignore[attr-defined]
+    backend.join_chain(gap, HIGHS_STALL_SHARE)
     return backend
 
 

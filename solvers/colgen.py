@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from apportion.formulations.model import LinearModel, Row
-from apportion.solvers.base import SolveResult, Status, empty_model_result
+from apportion.solvers.base import Backend, SolveResult, Status, empty_model_result
 from apportion.solvers.lpround import LpRoundBackend, fill
 
 ADD_PER_GROUP = 2  # columns added per choice row and round (the largest reduced costs)
@@ -84,12 +84,13 @@ def restrict(model: LinearModel, cols: np.ndarray) -> LinearModel:
     return sub
 
 
-class ColGenBackend:
+class ColGenBackend(Backend):
     """The model's LP by column generation, then LP rounding on the columns it generated
     (see the module docstring). ``max_rounds``: a cap on pricing rounds (a work limit:
     tests and a deterministic budget use it, never the clock)."""
 
     name = "colgen"
+    counts_work = True
 
     def __init__(self, mip_rel_gap: float | None = None, max_rounds: int = MAX_ROUNDS,
                  add_per_group: int = ADD_PER_GROUP) -> None:
@@ -98,6 +99,9 @@ class ColGenBackend:
         self.add_per_group = add_per_group
         self.work_s: float | None = None  # a deterministic budget: passed to LP rounding
         self.last: dict[str, Any] = {}  # the last solve's rounds, columns and bounds
+
+    def join_chain(self, gap: float, stall_share: float | None) -> None:
+        self.mip_rel_gap = gap
 
     def available(self) -> bool:
         return LpRoundBackend().available()

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status, empty_model_result
+from apportion.solvers.base import Backend, SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _finite(v: float) -> int:
     return int(max(-_BIG, min(_BIG, round(v))))
 
 
-class CpSatBackend:
+class CpSatBackend(Backend):
     """Solve a pure-integer neutral model with CP-SAT.
 
     ``work_s`` (a deterministic budget, set by a chain that has one): CP-SAT's own
@@ -50,6 +50,7 @@ class CpSatBackend:
     does not repeat), the time limit only a safety stop."""
 
     name = "cp-sat"
+    counts_work = True
 
     def __init__(self, workers: int = 2, objective_resolution: float = 1e6, seed: int = 0) -> None:
         self.workers = workers

@@ -206,10 +206,19 @@ class GreedyCells:
             return ledger.fit(cell)
 
         jobs = jobs_in(g)
+        # a merged cell not merged yet (a fine-tuning pair's option) serves two jobs' rows:
+        # the greedy places jobs one by one, so it leaves those to the solvers and its
+        # answer stays within the model's rows (formulations.siblings)
+        own = {j: [c for c in cells_of(g, j) if not g.nodes[c].get("merge_option")]
+               for j in jobs} if g.graph.get("siblings") else None
+
+        def offered(jid: str) -> list[str]:
+            return own[jid] if own is not None else cells_of(g, jid)
+
         order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
                                             -g.nodes[job_node(j)]["queue_bonus"], j))
         for jid in order:
-            cells = cells_of(g, jid)
+            cells = offered(jid)
             if not cells:
                 continue
             req = g.nodes[job_node(jid)]["requested_gpus"]
@@ -236,32 +245,32 @@ class GreedyCells:
                 if budget[0] <= 0:
                     break
                 take(c0, p0, -1)
-                for c in cells_of(g, jid):
+                for c in offered(jid):
                     gain = g.nodes[c][val] - g.nodes[c0][val]
                     if c != c0 and gain > best_gain:
                         p = fit(c)
                         if p is not None:
                             best_gain, best_move = gain, [(jid, c, p)]
                 take(c0, p0, +1)
-            pending = [j for j in jobs if j not in chosen and cells_of(g, j)]
+            pending = [j for j in jobs if j not in chosen and offered(j)]
             for jp in pending:  # (b) shrink one job to make room for a pending one
                 if budget[0] <= 0:  # (each pending job would copy every placed one to find it)
                     break
-                jp_types = {g.nodes[c]["gpu_type"] for c in cells_of(g, jp)}
+                jp_types = {g.nodes[c]["gpu_type"] for c in offered(jp)}
                 for jid, (c0, p0) in list(chosen.items()):
                     if budget[0] <= 0:
                         break
                     if g.nodes[c0]["gpu_type"] not in jp_types:
                         continue
                     take(c0, p0, -1)
-                    for c in cells_of(g, jid):
+                    for c in offered(jid):
                         if g.nodes[c]["gpus"] >= g.nodes[c0]["gpus"]:
                             continue
                         p = fit(c)
                         if p is None:
                             continue
                         take(c, p, +1)
-                        for cp in sorted(cells_of(g, jp), key=lambda c: -g.nodes[c][val]):
+                        for cp in sorted(offered(jp), key=lambda c: -g.nodes[c][val]):
                             gain = g.nodes[cp][val] + g.nodes[c][val] - g.nodes[c0][val]
                             if gain <= best_gain:
                                 break

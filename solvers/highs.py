@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import WORK_PER_S, SolveResult, Status, empty_model_result
+from apportion.solvers.base import WORK_PER_S, Backend, SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def highs_lp(model: LinearModel, csc: Any) -> Any:
     return lp
 
 
-class HighsBackend:
+class HighsBackend(Backend):
     """Solve with HiGHS; warm-starts from ``model.hint`` when it is complete.
 
     ``stall_share``: stop the branch and bound once its incumbent (the hint counts) has not
@@ -66,6 +66,7 @@ class HighsBackend:
     """
 
     name = "highs"
+    counts_work = True
 
     def __init__(self, mip_rel_gap: float = 1e-4, threads: int = 1, presolve: str = "choose",
                  reduced_costs: bool = False, stall_share: float | None = None) -> None:
@@ -76,6 +77,10 @@ class HighsBackend:
         self.stall_share = stall_share
         self.work_s: float | None = None
         self.work_columns: int | None = None
+
+    def join_chain(self, gap: float, stall_share: float | None) -> None:
+        self.mip_rel_gap = gap
+        self.stall_share = stall_share
 
     def available(self) -> bool:
         try:

@@ -69,11 +69,15 @@ def resolve_backend(spec: str | Backend) -> Backend:
         raise ValueError(f"unknown backend {spec!r}; choose {', '.join(_REGISTRY)} or "
                          "'module:Class'")
     mod, attr = target.split(":", 1)
-    return getattr(importlib.import_module(mod), attr)()
+    backend = getattr(importlib.import_module(mod), attr)()
+    if not isinstance(backend, Backend):
+        raise TypeError(f"{target}: not a solver backend (derive it from "
+                        "apportion.solvers.base.Backend)")
+    return backend
 
 
 def _backend_name(spec: str | Backend) -> str:
-    return spec if isinstance(spec, str) else str(getattr(spec, "name", type(spec).__name__))
+    return spec if isinstance(spec, str) else spec.name
 
 
 def child_main() -> None:
@@ -238,7 +242,7 @@ def chain_child_main() -> None:
         why = "no budget left" if left <= 0.01 else skipped(names, i, answered, gap,
                                                                  rounding_final)
         if why:
-            _send(answer, ("result", SolveResult(name, Status.ERROR, message=why), False))
+            _send(answer, ("result", SolveResult(name, Status.SKIPPED, message=why), False))
             continue
         _send(answer, ("start", name))
         try:
@@ -573,8 +577,9 @@ class WorkerPool:
         self.procs = []
 
 
-class IsolatedBackend:
-    """The ``Backend`` protocol around :func:`solve_isolated` (a drop-in for the chain)."""
+class IsolatedBackend(Backend):
+    """A :class:`Backend` around :func:`solve_isolated` (a drop-in for the chain): its child
+    joins the chain itself (:func:`chain_rules.for_chain`), and it takes no work budget."""
 
     def __init__(self, inner: str | Backend, grace_s: float | None = None) -> None:
         self.inner = inner

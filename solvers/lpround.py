@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status, proven_gap
+from apportion.solvers.base import Backend, SolveResult, Status, proven_gap
 from apportion.solvers.chain_rules import LARGE_MODEL_COLUMNS
 from apportion.solvers.highs import HighsBackend
 from apportion.solvers.persistent import HighsSession
@@ -58,8 +58,9 @@ NEIGHBOURS = 3  # columns added to the restricted MIP per support column (at lea
 MIN_EXTRA = 150
 
 
-class LpRoundBackend:
+class LpRoundBackend(Backend):
     name = "lp-round"
+    counts_work = True
 
     def __init__(self, tol: float = 1e-6, neighbourhood: bool = True,
                  mip_rel_gap: float | None = None) -> None:
@@ -69,6 +70,12 @@ class LpRoundBackend:
         self.mip_rel_gap = mip_rel_gap
         self.work_s: float | None = None  # a deterministic budget (see the module docstring)
         self.session: HighsSession | None = None  # the relaxation kept across rounds
+
+    def join_chain(self, gap: float, stall_share: float | None) -> None:
+        self.mip_rel_gap = gap  # its restricted MIP keeps HiGHS's own stall rule (none)
+
+    def keep_relaxation(self, session: HighsSession | None) -> None:
+        self.session = session
 
     def available(self) -> bool:
         return HighsBackend().available()

@@ -20,14 +20,14 @@ import time
 
 import numpy as np
 from apportion.formulations.model import LinearModel
-from apportion.solvers.base import SolveResult, Status, empty_model_result
+from apportion.solvers.base import Backend, SolveResult, Status, empty_model_result
 
 log = logging.getLogger(__name__)
 
 _INF = 1e30
 
 
-class ScipBackend:
+class ScipBackend(Backend):
     """Solve a neutral model with SCIP through ``ortools.linear_solver.pywraplp``."""
 
     name = "scip"
@@ -39,6 +39,9 @@ class ScipBackend:
         # SCIP's branch-and-bound nodes: a budget in work, so a status does not depend on
         # the machine's load (the time limit then only a safety stop)
         self.node_limit = node_limit
+
+    def join_chain(self, gap: float, stall_share: float | None) -> None:
+        self.mip_rel_gap = gap  # no stall rule, and no work count: a work budget's share of the clock
 
     def available(self) -> bool:
         try:

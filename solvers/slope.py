@@ -1,7 +1,13 @@
-"""Morphling's slope-based heuristic (its algorithm 1) on a plans candidate graph.
+"""Morphling's slope rule (its section 5 and algorithm 1), written once: a job's *resource
+sensitivity curve* and the slope between two of its points; and the slope heuristic on a
+plans candidate graph.
 
-Each job's *resource sensitivity curve* is the best option value at each GPU
-count it has candidates for. Then:
+:class:`SensitivityCurve` is what both users of the rule read: the plans formulation's
+heuristic here (:class:`SlopeGreedy`, the points its candidate cells) and the Morphling
+baseline (:class:`apportion.policies.morphling.MorphlingSlope`, the points a view's rates).
+
+:class:`SlopeGreedy` takes each job's curve as the best option value at each GPU count it
+has candidates for. Then:
 
 1. guaranteed jobs (their options carry the SLA priority) get their minimum
    demand first: the smallest option that meets the SLA (every option left in
@@ -21,12 +27,60 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Iterator, Mapping
 
 import networkx as nx
-
 from apportion.formulations.cells import CellChoice
 from apportion.formulations.schema import cells_of, job_node, jobs_in
 from apportion.solvers.greedy import Ledger, as_choices
+
+
+class SensitivityCurve:
+    """A job's resource sensitivity curve: its rate (or value) at each GPU count it can run
+    at; no GPUs are worth nothing. Morphling's *slope* between two counts is the rate gained
+    per GPU moving from one to the other (:meth:`slope`)."""
+
+    def __init__(self, points: Mapping[int, float]) -> None:
+        self.rate = dict(points)
+        self.counts = sorted(self.rate)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def at(self, gpus: int) -> float:
+        """The curve's rate at ``gpus`` (0 without GPUs, and off the curve)."""
+        return self.rate.get(gpus, 0.0) if gpus else 0.0
+
+    def slope(self, lower: int, upper: int) -> float:
+        """Morphling's slope: the rate gained per GPU from ``lower`` to ``upper`` GPUs."""
+        return (self.at(upper) - self.at(lower)) / (upper - lower)
+
+    def above(self, gpus: int) -> int | None:
+        """The next count of the curve above ``gpus``; None at its top."""
+        return next((c for c in self.counts if c > gpus), None)
+
+    def below(self, gpus: int) -> int:
+        """The count of the curve just below ``gpus``; 0 at its bottom."""
+        lower = [c for c in self.counts if c < gpus]
+        return lower[-1] if lower else 0
+
+    def beyond(self, gpus: int) -> Iterator[int]:
+        """Every count of the curve above ``gpus``, ascending."""
+        return (c for c in self.counts if c > gpus)
+
+    def steepest(self, gpus: int) -> tuple[float, int] | None:
+        """The point above ``gpus`` reached with the highest positive slope (the lowest
+        count among equals) and that slope; None when no point gains."""
+        best = None
+        for c in self.beyond(gpus):
+            gain = self.slope(gpus, c)
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, c)
+        return best
+
+    def without(self, gpus: int) -> SensitivityCurve:
+        """The curve with the point at ``gpus`` taken out."""
+        return SensitivityCurve({c: r for c, r in self.rate.items() if c != gpus})
 
 
 class SlopeGreedy:
@@ -40,23 +94,27 @@ class SlopeGreedy:
         val = self.value_attr
         ledger = Ledger(g)
         chosen: dict[str, tuple[str, dict[str, int]]] = {}
-        curves: dict[str, list[tuple[int, list[str]]]] = {}
+        options: dict[str, dict[int, list[str]]] = {}  # job -> GPU count -> cells, best first
+        curves: dict[str, SensitivityCurve] = {}
         for j in jobs_in(g):
             by_count: dict[int, list[str]] = {}
             for cn in cells_of(g, j):
                 by_count.setdefault(int(g.nodes[cn]["gpus"]), []).append(cn)
-            curves[j] = [(n, sorted(cs, key=lambda c: -g.nodes[c][val]))
-                         for n, cs in sorted(by_count.items())]
+            options[j] = {n: sorted(cs, key=lambda c: -g.nodes[c][val])
+                          for n, cs in by_count.items()}
+            curves[j] = SensitivityCurve({n: max(g.nodes[c][val] for c in cs)
+                                          for n, cs in by_count.items()})
 
         def guaranteed(j: str) -> bool:
             return bool(g.nodes[job_node(j)].get("guaranteed"))
 
-        def try_step(j: str, idx: int) -> bool:
-            """Move job j to curve point idx (any of its options there that fits)."""
+        def try_step(j: str, gpus: int) -> bool:
+            """Move job j to its curve's point at ``gpus`` (any of its options there that
+            fits)."""
             old = chosen.pop(j, None)
             if old is not None:
                 ledger.take(old[0], old[1], -1)
-            for cn in curves[j][idx][1]:
+            for cn in options[j][gpus]:
                 p = ledger.fit(cn)
                 if p is not None:
                     chosen[j] = (cn, p)
@@ -67,43 +125,29 @@ class SlopeGreedy:
                 ledger.take(old[0], old[1], +1)
             return False
 
-        level: dict[str, int] = {}
+        level: dict[str, int] = {}  # job -> the GPU count it holds (absent: none)
         first = sorted((j for j in curves if guaranteed(j) and curves[j]),
                        key=lambda j: (g.nodes[job_node(j)]["running"] is None, j))
         for j in first:  # minimum demands of guaranteed jobs
-            for idx in range(len(curves[j])):
-                if try_step(j, idx):
-                    level[j] = idx
+            for n in curves[j].counts:
+                if try_step(j, n):
+                    level[j] = n
                     break
 
-        def best_value(j: str, idx: int) -> float:
-            return max(g.nodes[c][val] for c in curves[j][idx][1])
-
-        def next_slope(j: str) -> tuple[float, int] | None:
-            cur = level.get(j, -1)
-            base_gpus = curves[j][cur][0] if cur >= 0 else 0
-            base_val = best_value(j, cur) if cur >= 0 else 0.0
-            best = None
-            for idx in range(cur + 1, len(curves[j])):
-                gain = (best_value(j, idx) - base_val) / max(1, curves[j][idx][0] - base_gpus)
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, idx)
-            return best
-
-        heap: list[tuple[float, str, int]] = []
-        for j in curves:
-            s = next_slope(j) if curves[j] else None
+        heap: list[tuple[float, str, int]] = []  # at most one step per job at a time
+        for j, curve in curves.items():
+            s = curve.steepest(level.get(j, 0))
             if s is not None:
                 heapq.heappush(heap, (-s[0], j, s[1]))
         while heap:
-            _, j, idx = heapq.heappop(heap)
-            if level.get(j, -1) >= idx:
+            _, j, n = heapq.heappop(heap)
+            if level.get(j, 0) >= n:
                 continue
-            if try_step(j, idx):
-                level[j] = idx
+            if try_step(j, n):
+                level[j] = n
             else:  # that step does not fit: later points of the curve may still
-                curves[j] = curves[j][: idx] + curves[j][idx + 1:]
-            s = next_slope(j) if curves[j] else None
+                curves[j] = curves[j].without(n)
+            s = curves[j].steepest(level.get(j, 0))
             if s is not None:
                 heapq.heappush(heap, (-s[0], j, s[1]))
         obj = float(sum(g.nodes[c][val] for c, _ in chosen.values()))

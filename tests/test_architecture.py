@@ -5,7 +5,9 @@ above its own, and no two modules import each other through any path.
     core <- estimation <- formulations <- solvers <- policies <- experiments, runtime
          <- testing (the conformance checks plug-in authors run), serve <- cli
 
-``apportion.round`` (the pipeline) is core: it imports no policy.
+``apportion.round`` (the pipeline) is core: it imports no policy. The core is the files
+directly in ``apportion/``, and it imports no area; every floor above it is a folder (a
+room) of its own, never a file in the core's folder.
 """
 
 from __future__ import annotations
@@ -76,8 +78,13 @@ def imports(mods: dict[str, Path]) -> nx.DiGraph:
 
 
 @pytest.fixture(scope="module")
-def graph() -> nx.DiGraph:
-    return imports(modules())
+def mods() -> dict[str, Path]:
+    return modules()
+
+
+@pytest.fixture(scope="module")
+def graph(mods: dict[str, Path]) -> nx.DiGraph:
+    return imports(mods)
 
 
 def test_the_walk_sees_every_area(graph: nx.DiGraph) -> None:
@@ -100,3 +107,22 @@ def test_no_arrow_runs_back_up(graph: nx.DiGraph) -> None:
 
 def test_the_pipeline_imports_only_the_core(graph: nx.DiGraph) -> None:
     assert {layer(b) for b in graph.successors("apportion.round")} <= {"core"}
+
+
+def test_the_core_imports_no_area(graph: nx.DiGraph) -> None:
+    """The domain types, the store, admission, the validator and the pipeline: nothing of
+    theirs reaches estimation, formulations, solvers, policies or anything above."""
+    out = [f"{a} -> {b} (line {d['line']})" for a, b, d in graph.edges(data=True)
+           if layer(a) == "core" and layer(b) != "core"]
+    assert out == [], "\n".join(out)
+
+
+def test_the_core_folder_holds_only_the_core(mods: dict[str, Path]) -> None:
+    """A module in ``apportion/`` itself is core; what sits above the core (the conformance
+    checks, the service, the command line) has a room of its own."""
+    core_dir = Path(apportion.__file__).parent
+    misplaced = sorted(m for m, p in mods.items() if p.parent == core_dir and layer(m) != "core")
+    assert misplaced == [], misplaced
+    for area in LAYERS:
+        if area != "core" and f"apportion.{area}" in mods:
+            assert mods[f"apportion.{area}"].name == "__init__.py", f"apportion.{area}"

@@ -58,3 +58,17 @@ def test_the_command_lines_imports_run_without_collections() -> None:
     count, enabled, frozen = subprocess.run([sys.executable, "-c", code], capture_output=True,
                                             text=True, check=True).stdout.split()
     assert int(count) <= 1 and enabled == "True" and frozen == "True"
+
+
+def test_a_commands_module_loads_without_collections() -> None:
+    """The command line imports a command's module when the command runs
+    (apportion.cli.commands): that import runs with the collector off too, and what it made
+    is frozen after."""
+    code = ("import gc, apportion.cli; from apportion.cli.commands import entry, function; "
+            "before = gc.get_freeze_count(); seen = []; "
+            "gc.callbacks.append(lambda p, i: seen.append(p)); "
+            "function(entry('solve-round')); "
+            "print(seen.count('start'), gc.isenabled(), gc.get_freeze_count() > before + 10000)")
+    count, enabled, frozen = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                            text=True, check=True).stdout.split()
+    assert int(count) == 0 and enabled == "True" and frozen == "True"

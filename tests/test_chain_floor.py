@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from apportion.formulations.candidates import build_candidates
 from apportion.formulations.cells import build_cells_model, hint_from_choices
-from apportion.solvers.base import SolveResult, Status
+from apportion.solvers.base import Backend, SolveResult, Status
 from apportion.solvers.chain import solve_chain
 from apportion.solvers.greedy import GreedyCells
 from apportion.validator import validate
@@ -18,13 +18,10 @@ from apportion.config import cluster_from_data, jobs_from_data
 from apportion.policies import RoundConfig, run_round
 
 
-class ZeroBackend:
+class ZeroBackend(Backend):
     """A backend whose (feasible) answer places nothing: worse than any greedy answer."""
 
     name = "zero"
-
-    def available(self) -> bool:
-        return True
 
     def solve(self, model, time_limit_s):  # type: ignore[no-untyped-def]
         return SolveResult(self.name, Status.FEASIBLE, x=np.zeros(model.num_vars),

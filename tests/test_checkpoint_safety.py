@@ -41,7 +41,7 @@ def _ds_env() -> dict[str, str]:
 
 def _ds_job(tmp_path: Path, iterations: int) -> tuple[Path, list[str]]:
     from apportion.runtime.workers.train_config import TrainConfig
-    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.executors.local.executor import free_port
     from apportion.runtime.workers.deepspeed_config import deepspeed_config, launch_command
 
     plan = ExecutionPlan(dp=1, zero_stage=1)
@@ -118,7 +118,7 @@ def test_deepspeed_own_loader_is_forced_to_weights_only(tmp_path: Path) -> None:
     """Past the tag check (a file swapped after it): every torch.load in the worker process
     loads weights only, DeepSpeed's ``weights_only=False`` notwithstanding."""
     pytest.importorskip("deepspeed")
-    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.executors.local.executor import free_port
 
     marker = tmp_path / "pwned"
     payload = (f"class Payload:\n    def __reduce__(self):\n"

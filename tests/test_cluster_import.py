@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from apportion.runtime import cluster_import as ci
-from apportion.runtime.executors.slurm_import import nodes_from_scontrol
+from apportion.runtime.executors.slurm.importer import nodes_from_scontrol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +61,7 @@ NodeName=t4-b Arch=x86_64 CoresPerSocket=8
 
 
 def test_captured_test_cluster() -> None:
-    nodes = nodes_from_scontrol(CAPTURED)
+    nodes = nodes_from_scontrol(CAPTURED).nodes
     assert nodes == [
         {"name": "a10-0", "gpu_type": "a10", "gpus": 2, "cpus": 4, "memory_gib": 7.812,
          "slurm_partitions": "main"},
@@ -72,8 +72,9 @@ def test_captured_test_cluster() -> None:
 def test_site_records_skip_unavailable_and_cpu_nodes() -> None:
     nodes = {n["name"]: n for n in nodes_from_scontrol(SITE)}
     assert sorted(nodes) == ["gpu17", "gpu18", "v100-1"]  # drained, down and login nodes left out
-    assert nodes["gpu17"]["gpu_type"] == "a100_80g" and nodes["gpu17"]["gpus"] == 8
-    assert nodes["gpu17"]["cpus"] == 64 and nodes["gpu17"]["slurm_features"] == "ib,a100"
+    # MIXED: 2 of its 8 GPUs and 16 of its 64 CPUs held by running jobs
+    assert nodes["gpu17"]["gpu_type"] == "a100_80g" and nodes["gpu17"]["gpus"] == 6
+    assert nodes["gpu17"]["cpus"] == 48 and nodes["gpu17"]["slurm_features"] == "ib,a100"
     assert nodes["v100-1"]["gpus"] == 4  # mps is not a GPU
     everything = {n["name"] for n in nodes_from_scontrol(SITE, include_unavailable=True)}
     assert everything == {"gpu17", "gpu18", "gpu19", "gpu20", "v100-1"}
@@ -98,15 +99,17 @@ def test_groups_keep_names_and_map_gpu_names(tmp_path: Path) -> None:
     names = ci.GpuNames(ci.load_gpu_map(gmap))
     doc = ci.cluster_document(nodes_from_scontrol(SITE), "site", names, "scontrol")
     groups = {g["prefix"]: g for g in doc["node_groups"]}
-    assert groups["a100-80gb"]["nodes"] == ["gpu17", "gpu18"]  # one group of identical nodes
-    assert groups["a100-80gb"]["gpus_per_node"] == 8
+    # gpu17 offers what its running jobs leave: a group of its own
+    assert groups["a100-80gb"]["nodes"] == ["gpu17"] and groups["a100-80gb-g2"]["nodes"] == [
+        "gpu18"]
+    assert groups["a100-80gb"]["gpus_per_node"] == 6
     assert groups["a100-80gb"]["labels"] == {"gpu_type_raw": "a100_80g",
                                              "slurm_features": "ib,a100",
                                              "slurm_partitions": "gpu,long"}
     assert groups["v100-32gb"]["gpu_type"] == "V100-32GB"  # from the user's map (the catalog
     assert ci.GpuNames().lookup("tesla_v100") == "V100-32GB"  # alias agrees: prefix dropped)
     cl = cluster_from_data(doc, "doc")
-    assert cl.capacity_by_type() == {"A100-80GB": 16, "V100-32GB": 4}
+    assert cl.capacity_by_type() == {"A100-80GB": 14, "V100-32GB": 4}
     assert cl.nodes["gpu17"].host_memory_gib == pytest.approx(1031000 / 1024, abs=1e-3)
     assert cl.groups[0].label("gpu_type_raw") == "a100_80g"
 
@@ -219,13 +222,13 @@ def test_cli_imports_saved_scontrol_text(tmp_path: Path) -> None:
     r = _cli("cluster", "import", "--from", "slurm", "nodes.txt", "--gpu-map", "map.yaml",
              "--out", "c.yaml", "--name", "site", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "2 node groups, 3 nodes" in r.stderr and "gpu19" in r.stderr  # drained: said, left out
+    assert "3 node groups, 3 nodes" in r.stderr and "gpu19" in r.stderr  # drained: said, left out
     cl = load_cluster(tmp_path / "c.yaml")
     assert cl.name == "site" and sorted(cl.nodes) == ["gpu17", "gpu18", "v100-1"]
     r = _cli("cluster", "import", "--from", "slurm", "nodes.txt", "--gpu-map", "map.yaml",
              "--out", "-", cwd=tmp_path)
     assert r.returncode == 0 and yaml.safe_load(r.stdout)["node_groups"][0]["nodes"] == [
-        "gpu17", "gpu18"]
+        "gpu17"]
 
 
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
@@ -248,10 +251,11 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
          "does not exist"),
         ({"source": "ray", "out": tmp_path / "c.yaml"}, "--ray-address"),
         ({"source": "k8s", "out": tmp_path / "c.yaml"}, "kubectl get nodes -o json")]
-    if importlib.util.find_spec("apportion.runtime.executors.k8s_import") is None:
+    if importlib.util.find_spec("apportion.runtime.executors.kubernetes.importer") is None:
         (tmp_path / "nodes.json").write_text('{"items": []}')
         cases.append(({"source": "k8s", "out": tmp_path / "c.yaml",
-                       "path": tmp_path / "nodes.json"}, "apportion.runtime.executors.k8s_import"))
+                       "path": tmp_path / "nodes.json"},
+                      "apportion.runtime.executors.kubernetes.importer"))
     for kw, words in cases:
         with pytest.raises(InputError, match=words.replace(".", r"\.")):
             ci.import_cluster(**kw)

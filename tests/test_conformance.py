@@ -136,16 +136,16 @@ def test_every_policy_honours_the_executors_plans(name: str) -> None:
 
 # -- executors ------------------------------------------------------------------------------
 def _executors() -> list[str]:
-    from apportion.runtime.executors.choice import EXECUTORS
+    from apportion.runtime.executors import executor_names
 
-    return list(EXECUTORS)
+    return executor_names()
 
 
 @pytest.mark.parametrize("name", _executors())
 def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
     """Each executor ``run --executor`` names exposes apply/poll/shutdown with the protocol's
     signatures (constructed without touching a cluster)."""
-    from apportion.runtime.executors.choice import make_executor
+    from apportion.runtime.executors import make_executor
 
     if name == "ray":
         pytest.importorskip("ray")
@@ -163,8 +163,28 @@ def test_every_executor_implements_the_protocol(name: str, tmp_path) -> None:
         ray.shutdown()
 
 
+@pytest.mark.parametrize("name", _executors())
+def test_every_registered_executor_passes_its_check(name: str, tmp_path) -> None:
+    """Each registered executor, by name: declared with a doc and run options the run has,
+    built by the registry as an Executor of its name, an empty round applied, polled, shut
+    down and closed (:func:`apportion.testing.check_executor`)."""
+    if name == "ray":
+        pytest.importorskip("ray")
+    try:
+        check_executor(name, folder=tmp_path)
+    except AssertionError as exc:
+        if isinstance(exc.__cause__, ImportError):  # an optional engine's client library
+            pytest.skip(f"{name}: {exc.__cause__}")
+        raise
+    finally:
+        if name == "ray":  # leave no in-process Ray behind
+            import ray
+
+            ray.shutdown()
+
+
 def test_dry_run_executor_applies_a_pipeline_decision(tmp_path) -> None:
-    from apportion.runtime.executors.launch import DryRunExecutor
+    from apportion.runtime.executors.dry_run.executor import DryRunExecutor
 
     jobs = _queue(4)
     d = run_round(CLUSTER, jobs, 5.0, RoundConfig(isolate=False)).decision
@@ -185,17 +205,17 @@ def test_every_executor_that_runs_here_behaves(name: str, tmp_path) -> None:
     executor does (:func:`apportion.testing.check_executor_behaviour`); Slurm's in
     tests/test_runtime_slurm.py, which starts a cluster."""
     pytest.importorskip("torch")
-    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.executors.local.executor import local_cluster
     from apportion.testing import check_executor_behaviour
 
     cl = local_cluster(3)
     if name == "local":
-        from apportion.runtime.executors.local import LocalExecutor
+        from apportion.runtime.executors.local.executor import LocalExecutor
 
         ex = LocalExecutor(tmp_path, stop_timeout_s=60)
     else:
         pytest.importorskip("ray")
-        from apportion.runtime.executors.ray_executor import RayExecutor
+        from apportion.runtime.executors.ray.executor import RayExecutor
 
         ex = RayExecutor(tmp_path, cluster=cl, num_cpus=4, stop_timeout_s=60)
     try:

@@ -106,9 +106,21 @@ def test_jax_stage_profiler_answers_from_the_cache_without_compiling(tmp_path, m
     # the embedding alone has no block to compile
     emb = prof.profile(spec, (0, 1), "A100-40GB", 4, "dp", 8, 1)
     assert emb.compute_s == 0.0 and len(calls) == n
-    # the registry's auto sees the cached stages of the model as it sees torch's
+    # the measurer protocol reads the same compiles the same way (no compile more)
+    m = pj.JaxStageMeasurer(repeats=1, cache=cache)
+    meas = m.measure(spec, whole, 4, "tp", 8)
+    assert meas.compute_s == pytest.approx(tp.compute_s) and len(calls) == n
+    assert meas.static_bytes + 3 * meas.act_bytes == pytest.approx(tp.mem_bytes)
+    assert m.device() == "cpu" and set(m.versions()) == {"apportion", "jax", "jaxlib"}
+    # auto counts stage records (with their provenance), not a profiler's raw compiles
+    from apportion.estimation.profilers.stages import profile_stages
     from apportion.estimation.registry import _has_stage_profiles
+    from apportion.estimation.stage_profiles import StageProfiles
 
+    assert not _has_stage_profiles("gpt-tiny", str(tmp_path))
+    done = profile_stages(m, StageProfiles(tmp_path), spec, "T4", [(whole, 4)], 8)
+    assert [(r.mode, r.backend, r.device) for r in done.records] == \
+        [("dp", "jax", "cpu"), ("tp", "jax", "cpu")] and len(calls) == n
     assert _has_stage_profiles("gpt-tiny", str(tmp_path))
     assert not _has_stage_profiles("bert-tiny", str(tmp_path))
 

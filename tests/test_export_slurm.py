@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apportion.runtime.executors.slurm import SlurmExecutor
-from apportion.runtime.executors.slurm_local import LocalSlurm
+from apportion.runtime.executors.slurm.executor import SlurmExecutor
+from apportion.runtime.executors.slurm.local_cluster import LocalSlurm
 from typer.testing import CliRunner
 
 from apportion.cli import app

@@ -152,8 +152,8 @@ def test_simulator_applies_transfer_and_merging(truth):
 
 
 @pytest.mark.parametrize(("bad", "msg"), [("early", "not finished"),
-                                          ("member", "cannot be allocated on its own"),
-                                          ("both", "cannot merge D")])
+                                          ("member", "allocated on its own"),  # the validator or the simulator
+                                          ("both", "cannot merge D|merged into C but allocated")])
 def test_simulator_refuses_impossible_modes(truth, bad, msg):
     cl = cluster_from_arg("4:0:0")
     with pytest.raises(SimulationError, match=msg):

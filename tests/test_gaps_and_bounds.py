@@ -36,11 +36,19 @@ def test_gavels_rounds_report_the_lp_optimum_and_the_rounding_loss(policy: str,
     res = run_one("gavel-small", "2:2:2", policy, "gavel", 0, None, {"information": "oracle"},
                   None, 8)
     rd = res.rounds
-    assert rd["bound"].notna().all() and rd["gap"].notna().all()
+    assert rd["bound"].notna().all()
+    # max-min's minimum is 0 while a job of the allocation waits for its first turn: such a
+    # round claims no rounding loss (no objective, no gap), never a 100 % one
+    measured = rd["objective"].notna()
+    assert (measured == rd["gap"].notna()).all() and measured.iloc[-1]
+    if policy == "gavel-max-sum-throughput":
+        assert measured.all()
+    rd = rd[measured]
     obj, bound, gap = (rd[c].astype(float).to_numpy() for c in ("objective", "bound", "gap"))
     assert np.all(obj <= bound * (1 + 1e-6) + 1e-9)  # realised shares are LP-feasible
     assert np.allclose(gap, (bound - obj) / np.maximum(np.abs(bound), 1e-12), atol=1e-9)
-    assert res.summary["rounds_with_bound"] == len(rd) and res.summary["gap_mean"] is not None
+    assert res.summary["rounds_with_bound"] == len(rd)  # the rounds with a measured gap
+    assert res.summary["gap_mean"] is not None
 
 
 def test_gavel_in_an_operators_round_and_fifo_has_none() -> None:

@@ -75,8 +75,8 @@ def test_x_and_dot_x_do_not_share_state(tmp_path: Path) -> None:
 def test_kubernetes_checkpoint_dir_is_derived_from_the_id() -> None:
     pytest.importorskip("yaml")
     from apportion.cluster import Cluster, NodeGroup
-    from apportion.runtime.executors.k8s_config import K8sConfig
-    from apportion.runtime.executors.k8s_manifests import Target, job_objects
+    from apportion.runtime.executors.kubernetes.config import K8sConfig
+    from apportion.runtime.executors.kubernetes.manifests import Target, job_objects
 
     CHECKPOINT_DIR = K8sConfig().checkpoint_mount
     job = JobSpec("../../etc", "gpt-tiny", 8, 10, 1)

@@ -21,7 +21,7 @@ from apportion.runtime.executors.confined import (
     replace_in,
     touch_in,
 )
-from apportion.runtime.executors.local import LocalExecutor, local_cluster
+from apportion.runtime.executors.local.executor import LocalExecutor, local_cluster
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.jobs import JobSpec, Workload, job_dirname

@@ -7,8 +7,8 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from apportion.runtime.executors.k8s_config import K8sConfig, _validate
-from apportion.runtime.executors.k8s_manifests import RESOURCES
+from apportion.runtime.executors.kubernetes.config import K8sConfig, _validate
+from apportion.runtime.executors.kubernetes.manifests import RESOURCES
 from k8s_schemas import validate
 
 from apportion.config import cluster_from_data, parse_yaml_text
@@ -42,6 +42,7 @@ def test_scheduler_settings_and_command_are_what_apportion_reads() -> None:
     from typer.main import get_command
 
     from apportion.cli import app
+    from apportion.cli.commands import LazyCommand
 
     (cm,) = [d for d in docs("scheduler.yaml") if d["kind"] == "ConfigMap"]
     cluster = cluster_from_data(parse_yaml_text(cm["data"]["cluster.yaml"], "cm"), "cm")
@@ -51,7 +52,9 @@ def test_scheduler_settings_and_command_are_what_apportion_reads() -> None:
     (dep,) = [d for d in docs("scheduler.yaml") if d["kind"] == "Deployment"]
     cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:2] == ["apportion", "serve"]
-    serve = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    listed = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    assert isinstance(listed, LazyCommand)
+    serve = listed.load()  # the command itself, its options
     flags = {o for p in serve.params for o in p.opts}
     assert {c.split("=")[0] for c in cmd[2:]} <= flags
 

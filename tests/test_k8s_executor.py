@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from apportion.runtime.executors.executor import Health
-from apportion.runtime.executors.k8s_client import K8sClient
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import object_name
-from apportion.runtime.executors.kubernetes import KubernetesExecutor
+from apportion.runtime.executors.kubernetes.client import K8sClient
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import object_name
+from apportion.runtime.executors.kubernetes.executor import KubernetesExecutor
 from k8s_schemas.server import ApiServerDouble
 
 from apportion.config import cluster_from_data

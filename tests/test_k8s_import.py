@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from apportion.runtime.executors.k8s_import import import_k8s
+from apportion.runtime.executors.kubernetes.importer import import_k8s
 
 from apportion.config import cluster_from_data, parse_yaml_text
 from apportion.errors import InputError

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from apportion.runtime.executors.k8s_config import K8sConfig, allocatable, load_k8s_config
-from apportion.runtime.executors.k8s_manifests import (
+from apportion.runtime.executors.kubernetes.config import K8sConfig, allocatable, load_k8s_config
+from apportion.runtime.executors.kubernetes.manifests import (
     HOSTNAME,
     PlacementNotExpressible,
     Target,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from apportion.runtime.executors.k8s_client import K8sClient
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import object_name
-from apportion.runtime.executors.kubernetes import KubernetesExecutor
+from apportion.runtime.executors.kubernetes.client import K8sClient
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import object_name
+from apportion.runtime.executors.kubernetes.executor import KubernetesExecutor
 from k8s_schemas import validate
 from k8s_schemas.server import ApiServerDouble
 from typer.testing import CliRunner

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from apportion.runtime.executors.launch import LaunchSpec
-from apportion.runtime.executors.local import LocalExecutor, local_cluster
-from apportion.runtime.executors.local_gpus import catalog_type, local_gpus, pick_devices
+from apportion.runtime.executors.local.executor import LocalExecutor, local_cluster
+from apportion.runtime.executors.local.gpus import catalog_type, local_gpus, pick_devices
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,7 +85,7 @@ def test_each_rank_gets_its_own_gpu(two_h200: None, tmp_path: Path) -> None:
 def test_a_live_groups_gpus_are_not_given_again(two_h200: None, tmp_path: Path) -> None:
     import subprocess
 
-    from apportion.runtime.executors.local import _Run
+    from apportion.runtime.executors.local.executor import _Run
     from apportion.runtime.executors.procs import Proc
 
     from apportion.decision import Allocation

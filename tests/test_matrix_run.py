@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from apportion.runtime.executors.choice import EXECUTORS
+from apportion.runtime.executors import EXECUTORS
 
 KINDS = {
     "builtin": ({}, "apportion.runtime.workers.trainer"),

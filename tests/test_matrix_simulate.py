@@ -51,8 +51,9 @@ GENERATED = {"synthetic": ("synthetic:3", "crius-testbed"),
              "fm-generated": ("fm-generated:3", "8:0:0")}
 #: (policy, family) combinations refused by design with exit 2, and the words saying why:
 #: YMIR's Task2Vec gains need each task's samples, which the shared data does not ship
-UNSUPPORTED: dict[tuple[str, str], str] = {("ymir-task2vec", "finetune"): "task data",
-                                           ("ymir-task2vec", "fm-generated"): "task data"}
+UNSUPPORTED: dict[tuple[str, str], str] = {
+    (p, fam): "task data" for p in ("ymir-task2vec", "apportion-task2vec")
+    for fam in ("finetune", "fm-generated")}
 
 
 def family_of(name: str) -> str:

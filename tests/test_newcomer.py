@@ -45,7 +45,7 @@ def test_shell_completion_is_on() -> None:
 
 
 def test_one_spelling_of_each_bundled_cluster_everywhere(tmp_path: Path) -> None:
-    assert bundled_clusters() == ["crius-1280", "crius-testbed", "morphling-64"]
+    assert bundled_clusters() == ["crius-1280", "crius-testbed", "morphling-64", "pollux-64"]
     for alias, name in CLUSTER_ALIASES.items():
         assert resolve_cluster(alias).name == resolve_cluster(name).name == name
     for name in ("crius-1280", "crius-sim"):  # canonical and alias in every command

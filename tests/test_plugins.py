@@ -99,7 +99,7 @@ class Doubled(AnalyticEstimator):
 
 
 def dry(workdir, launch_log=None):
-    from apportion.runtime.executors.launch import DryRunExecutor
+    from apportion.runtime.executors.dry_run.executor import DryRunExecutor
     ex = DryRunExecutor(workdir)
     ex.name = "my-dry"
     return ex

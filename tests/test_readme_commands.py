@@ -42,7 +42,8 @@ LONG: dict[str, tuple[str, object]] = {
     "apportion bench estimate": ("skip", ("fits and scores every estimator on the measured "
                                           "tables (~30 s); tests/test_estimation_* cover it")),
     "apportion profile": ("skip", ("times every layer of a torch model (~30 s on a loaded "
-                                   "machine); tests/test_estimation_profilers.py covers it")),
+                                   "machine); tests/test_estimation_profilers.py and "
+                                   "tests/test_estimation_measured_profiles.py cover it")),
     "apportion bench round --case 1000:1280:30": ("help", (
         "times a 1,000-job round against a second install the reader makes first "
         "(docs/evaluation.md says how); tests/test_bench_rounds.py runs --against")),

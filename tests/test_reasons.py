@@ -14,7 +14,7 @@ from apportion.cli import app
 from apportion.decision import UNRESOLVABLE, Reason
 from apportion.jobs import JobSpec
 from apportion.policies import RoundConfig, run_round
-from apportion.runtime.executors.local import local_cluster
+from apportion.runtime.executors.local.executor import local_cluster
 
 runner = CliRunner()
 

@@ -86,7 +86,7 @@ def test_a_plan_the_workload_refuses_never_hides_one_it_runs() -> None:
     workload refuses, and waited for ever as ``no-supported-plan``."""
     from apportion.jobs import JobSpec, Workload
     from apportion.policies import RoundConfig, run_round
-    from apportion.runtime.executors.local import local_cluster
+    from apportion.runtime.executors.local.executor import local_cluster
     from apportion.runtime.plan_filter import workload_plan_filter
 
     job = JobSpec("j", "gpt-tiny", 8, 10, 4, workload=Workload("torchrun", ("python", "x.py")))

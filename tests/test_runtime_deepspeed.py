@@ -56,7 +56,7 @@ def test_launch_command_runs_one_process_per_gpu() -> None:
 def test_zero2_trains_on_cpu_like_the_torch_worker(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     from apportion.runtime.workers.train_config import TrainConfig
-    from apportion.runtime.executors.local import free_port
+    from apportion.runtime.executors.local.executor import free_port
     from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
     plan = ExecutionPlan(dp=2, zero_stage=2)
     cfg = TrainConfig("j", "gpt-tiny", 4, 2, plan.as_dict(), str(tmp_path))

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import yaml
 from apportion.runtime.executors.executor import Executor, actions_for
-from apportion.runtime.executors.k8s_config import K8sConfig
-from apportion.runtime.executors.k8s_manifests import Target, job_objects, object_name
-from apportion.runtime.executors.kubernetes import KubernetesExecutor
-from apportion.runtime.executors.launch import DryRunExecutor, launch_spec, torchrun_command
+from apportion.runtime.executors.kubernetes.config import K8sConfig
+from apportion.runtime.executors.kubernetes.manifests import Target, job_objects, object_name
+from apportion.runtime.executors.kubernetes.executor import KubernetesExecutor
+from apportion.runtime.executors.dry_run.executor import DryRunExecutor
+from apportion.runtime.executors.launch import launch_spec, torchrun_command
 from apportion.validator import validate
 from hypothesis import given, settings
 from hypothesis import strategies as st

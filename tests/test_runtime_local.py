@@ -13,7 +13,11 @@ pytest.importorskip("torch")
 
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.executors.executor import Executor, Health, Progress
-from apportion.runtime.executors.local import LocalExecutor, local_cluster, local_round_config
+from apportion.runtime.executors.local.executor import (
+    LocalExecutor,
+    local_cluster,
+    local_round_config,
+)
 from apportion.validator import validate
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
@@ -42,7 +46,7 @@ def wait_for(ex: LocalExecutor, job: str, cond, timeout: float = 120.0) -> Progr
 def _diagnosis(ex: LocalExecutor, job: str) -> str:
     """What a hung group's ranks last wrote (the teardown hang seen once could
     not be read: the test's folder was gone): each rank's stderr tail, exit code, status."""
-    from apportion.runtime.executors.local import stderr_tail
+    from apportion.runtime.executors.local.executor import stderr_tail
 
     run = ex.runs.get(job) or ex.stopped.get(job)
     if run is None:
@@ -189,7 +193,7 @@ def test_a_ray_group_killed_after_its_final_checkpoint_finished_its_job(
         tmp_path: Path, checkpoint: int, outcome: str) -> None:
     """The Ray executor's rule is the local one: an unclean stop is judged by the last
     checkpoint (no Ray needed: the classification reads the group's progress file)."""
-    from apportion.runtime.executors.ray_executor import RayExecutor, _Group
+    from apportion.runtime.executors.ray.executor import RayExecutor, _Group
 
     (tmp_path / "progress.jsonl").write_text(
         json.dumps({"iteration": checkpoint}) + "\n"
@@ -228,7 +232,8 @@ def test_a_hung_builtin_group_logs_its_stacks_before_it_is_killed(
             run = SimpleNamespace(procs=[Proc(proc)], dir=tmp_path,
                                   job=JobSpec("stuck", "gpt-tiny", 8, 3, 1))
             ex = LocalExecutor(tmp_path / "work", linger_s=0.5)
-            with caplog.at_level(logging.WARNING, logger="apportion.runtime.executors.local"):
+            with caplog.at_level(logging.WARNING,
+                                 logger="apportion.runtime.executors.local.executor"):
                 ex._log_stacks(run)  # type: ignore[arg-type]
         finally:
             proc.kill()

@@ -16,7 +16,11 @@ pytest.importorskip("torch")
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.workers.train_config import TrainConfig
-from apportion.runtime.executors.local import LocalExecutor, local_cluster, local_round_config
+from apportion.runtime.executors.local.executor import (
+    LocalExecutor,
+    local_cluster,
+    local_round_config,
+)
 from apportion.runtime.loop import MemoryStore, run_loop
 from apportion.runtime.refit import OnlineRefit
 from apportion.runtime.workers.trainer import LOSSES_FILE, Worker

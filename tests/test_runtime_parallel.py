@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from apportion.runtime.executors.launch import launch_spec
 from apportion.runtime.workers.train_config import TrainConfig
-from apportion.runtime.executors.local import free_port, spawn, wait
+from apportion.runtime.executors.local.executor import free_port, spawn, wait
 from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
 
 from apportion.decision import Allocation

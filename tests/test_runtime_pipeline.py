@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.executors.launch import launch_spec
 from apportion.runtime.workers.train_config import TrainConfig
-from apportion.runtime.executors.local import free_port, spawn, wait
+from apportion.runtime.executors.local.executor import free_port, spawn, wait
 from apportion.runtime.workers.pipeline_parallel import StageModule, split_blocks, stage_io
 from apportion.runtime.workers.torch_nets import TRAINABLE, batch, build_net
 from apportion.runtime.workers.trainer import LOSSES_FILE, PlanError, Worker, check_plan, micro_batch

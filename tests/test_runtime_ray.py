@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray")
 
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.executors.executor import Health
-from apportion.runtime.executors.local import local_cluster, local_round_config
-from apportion.runtime.executors.ray_executor import (
+from apportion.runtime.executors.local.executor import local_cluster, local_round_config
+from apportion.runtime.executors.ray.executor import (
     PlacementError,
     RayExecutor,
     bundles_for,

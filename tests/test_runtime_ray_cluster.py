@@ -27,8 +27,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from apportion.runtime.executors.executor import Health, MemoryLaunchLog
-from apportion.runtime.executors.ray_executor import PlacementError, RayExecutor
-from apportion.runtime.executors.ray_import import describe_nodes, import_ray
+from apportion.runtime.executors.ray.executor import PlacementError, RayExecutor
+from apportion.runtime.executors.ray.importer import describe_nodes, import_ray
 
 from apportion.decision import Action, Allocation, Decision, SolveReport
 from apportion.gpus import canonical_gpu_name
@@ -227,8 +227,8 @@ def test_embedded_mode_starts_its_own_instance(cluster, tmp_path) -> None:
     stale.mkdir(exist_ok=True)
     (stale / "ray_current_cluster").write_text(f"127.0.0.1:{_free_port()}\n")
     script = (
-        "import ray, json; from apportion.runtime.executors.ray_executor import RayExecutor\n"
-        "from apportion.runtime.executors.local import local_cluster\n"
+        "import ray, json; from apportion.runtime.executors.ray.executor import RayExecutor\n"
+        "from apportion.runtime.executors.local.executor import local_cluster\n"
         f"ex = RayExecutor({str(tmp_path)!r}, local_cluster(2), num_cpus=1)\n"
         "nodes = ray.nodes(); res = ray.cluster_resources()\n"
         "print(json.dumps({'nodes': len(nodes), 'T4': res.get('T4'), "

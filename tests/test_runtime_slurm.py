@@ -3,7 +3,7 @@ user jobs through `apportion run --executor slurm` with a resize and a killed sc
 check failures, adoption and the grace period through the executor itself.
 
 The cluster is private (its own slurm.conf via SLURM_CONF, munged socket, free ports; see
-runtime.executors.slurm_local). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
+runtime.executors.slurm.local_cluster). Without Slurm's binaries the tests skip, unless APPORTION_REQUIRE_SLURM=1
 (CI sets it), where they fail: CI never skips them silently.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 from apportion.runtime.executors.executor import Health, Progress
-from apportion.runtime.executors.slurm import SlurmExecutor
-from apportion.runtime.executors.slurm_local import LocalSlurm, missing_binaries
+from apportion.runtime.executors.slurm.executor import SlurmExecutor
+from apportion.runtime.executors.slurm.local_cluster import LocalSlurm, missing_binaries
 
 from apportion.config import load_cluster
 from apportion.decision import Action, Allocation, Decision, SolveReport
@@ -187,6 +187,40 @@ def test_cluster_import_from_live_slurm(slurm: LocalSlurm, tmp_path: Path) -> No
     assert groups["a40"].label("gpu_type_raw") == "a40"
     assert groups["a10"].label("slurm_partitions") == "main"
     assert abs(cl.nodes["a40-0"].host_memory_gib - 8000 / 1024) < 0.01
+
+
+def test_cluster_import_sees_drained_and_busy_nodes(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """A drained node is left out and a node a job holds one GPU of offers the other, each
+    said with why; --include-unavailable keeps both whole. (22.05's scontrol has no --json:
+    the import reads `scontrol -d show node -o`, whose GresUsed says what jobs hold.)"""
+    env = {**os.environ, **slurm.env()}
+
+    def sh(*args: str) -> str:
+        r = subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    sh("scontrol", "update", "nodename=a40-0", "state=drain", "reason=fan failure")
+    job = sh("sbatch", "--parsable", "-w", "a10-0", "--gres=gpu:a10:1", "-c", "1", "--wrap",
+             "sleep 600").strip().split(";")[0]
+    try:
+        _until(lambda: "RUNNING" in sh("squeue", "-h", "-j", job, "-o", "%T"), 60,
+               "the job holding one A10 runs")
+        r = _cli("cluster", "import", "--from", "slurm", "--out", "c.yaml", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "a40-0" in r.stderr and "drained" in r.stderr and "fan failure" in r.stderr
+        assert "1 of 2 GPUs in use by running jobs" in r.stderr
+        cl = load_cluster(tmp_path / "c.yaml")
+        assert {n: (x.gpus, x.cpus) for n, x in cl.nodes.items()} == {"a10-0": (1, 3)}
+        r = _cli("cluster", "import", "--from", "slurm", "--include-unavailable", "--out",
+                 "all.yaml", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        cl = load_cluster(tmp_path / "all.yaml")
+        assert {n: x.gpus for n, x in cl.nodes.items()} == {"a40-0": 2, "a10-0": 2}
+    finally:
+        sh("scancel", job)
+        sh("scontrol", "update", "nodename=a40-0", "state=resume")
+        slurm.wait_idle(60)
 
 
 def test_run_trains_user_jobs_through_a_killed_scheduler_and_a_resize(slurm: LocalSlurm,

@@ -13,10 +13,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from apportion.runtime.executors import slurm_batch as batch
-from apportion.runtime.executors import slurm_submit as submit
-from apportion.runtime.executors.slurm import allocation_from_dict
-from apportion.runtime.executors.slurm_commands import (
+from apportion.runtime.executors.slurm import batch
+from apportion.runtime.executors.slurm import submit
+from apportion.runtime.executors.slurm.executor import allocation_from_dict
+from apportion.runtime.executors.slurm.commands import (
     Gres,
     parse_gres,
     parse_key_values,
@@ -24,13 +24,13 @@ from apportion.runtime.executors.slurm_commands import (
     sacct_states,
     squeue_states,
 )
-from apportion.runtime.executors.slurm_nodes import (
+from apportion.runtime.executors.slurm.nodes import (
     NodeLimits,
     cap_requests,
     disagreements,
     limits_from_records,
 )
-from apportion.runtime.executors.slurm_task import TASK_VARS, exit_path, rendezvous_path
+from apportion.runtime.executors.slurm.task import TASK_VARS, exit_path, rendezvous_path
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -145,8 +145,8 @@ def _launch(tmp_path: Path, mode: str, nodes: list[dict]) -> tuple[Path, dict]:
 
 def _agent(path: Path, node: str, **env: str) -> subprocess.Popen:
     full = {**os.environ, "SLURMD_NODENAME": node, "SLURM_PROCID": "0", "SLURM_NTASKS": "2", **env}
-    return subprocess.Popen([sys.executable, "-m", "apportion.runtime.executors.slurm_task", str(path)],
-                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "apportion.runtime.executors.slurm.task",
+                             str(path)], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 NODES = [{"name": "n1", "ranks": [0, 1]}, {"name": "n2", "ranks": [2]}]

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from apportion.runtime.workers import checkpoint as ckpt
 from apportion.runtime.executors.launch import launch_spec
 from apportion.runtime.workers.train_config import TrainConfig
-from apportion.runtime.executors.local import free_port, spawn, wait
+from apportion.runtime.executors.local.executor import free_port, spawn, wait
 from apportion.runtime.workers.torch_nets import TRAINABLE, batch, build_net, param_count
 from apportion.runtime.workers.trainer import LOSSES_FILE, PlanError, Worker, check_plan, micro_batch
 
@@ -108,6 +108,24 @@ def test_accumulation_and_recomputation_keep_the_trajectory(tmp_path: Path) -> N
     run_inprocess(tmp_path / "a", "bert-tiny", 3, ExecutionPlan())
     run_inprocess(tmp_path / "b", "bert-tiny", 3, ExecutionPlan(accumulation=4,
                                                                  checkpointing=True))
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    for it in a:
+        assert b[it] == pytest.approx(a[it], abs=LOSS_TOL)
+
+
+def test_a_one_stage_plans_micro_batches_are_accumulation_steps(tmp_path: Path) -> None:
+    """The estimator, the memory check and the plans formulation size a memory-bound
+    one-stage plan by its micro-batches (a quarter of the rank's batch at a time); the
+    worker ran it at the whole batch, where it may not fit. It now runs 4 passes of 1 sample,
+    on the trajectory of the plain plan."""
+    from apportion.runtime.workers.deepspeed_config import deepspeed_config
+
+    plan = ExecutionPlan(micro_batches=4)
+    assert plan.accumulation_steps == 4 and micro_batch(4, plan) == 1
+    assert deepspeed_config(plan, 4)["gradient_accumulation_steps"] == 4
+    assert ExecutionPlan(pp=2, dp=1, micro_batches=4).accumulation_steps == 1  # a pipeline's
+    run_inprocess(tmp_path / "a", "bert-tiny", 3, ExecutionPlan())
+    run_inprocess(tmp_path / "b", "bert-tiny", 3, plan)
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
     for it in a:
         assert b[it] == pytest.approx(a[it], abs=LOSS_TOL)

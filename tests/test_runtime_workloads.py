@@ -10,12 +10,13 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 from apportion.runtime.executors.launch import launch_spec
-from apportion.runtime.executors.local import local_cluster, local_round_config
+from apportion.runtime.executors.local.executor import local_cluster, local_round_config
 from apportion.runtime.plan_filter import drop_refused_plans, workload_plan_filter
 from apportion.runtime.workload import (
     ENV_CHECKPOINT_DIR,
@@ -226,16 +227,34 @@ def _wait_iters(tmp: Path, job: str, n: int, limit: float = 300.0) -> None:
     raise AssertionError(f"{job} did not reach {n} iterations")
 
 
+def _wait_for(done: Callable[[], bool], what: str, limit: float = 400.0) -> None:
+    """Polls ``done`` (a missing file is not yet) until it holds; ``limit`` only ends a hung
+    test, no assertion depends on how long the wait was."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            if done():
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"never happened: {what}")
+
+
 def test_torch_example_trains_through_run_with_a_resize(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     w = {"kind": "torchrun", "command": [sys.executable, str(TORCH_EXAMPLE)],
-         "env": {"EXAMPLE_STEP_SLEEP": "0.25"}, "checkpoint_every": 4}
+         "env": {"EXAMPLE_STEP_SLEEP": "0.25", "EXAMPLE_HOLD": "4:10"}, "checkpoint_every": 4}
     (tmp_path / "a.yaml").write_text(yaml.safe_dump({"jobs": [
         {"id": "u", "model": "gpt-tiny", "global_batch_size": 16, "iterations": 60,
          "requested_gpus": 2, "workload": w}]}))
+    # v holds at its second step until cancelled, once u has stepped at its new size: the
+    # resize is waited for by events, whatever the machine's load
+    held = dict(w, env={"EXAMPLE_HOLD": "*:2"})
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"jobs": [
-        {"id": "v", "model": "bert-tiny", "global_batch_size": 16, "iterations": 6,
-         "requested_gpus": 1}]}))
+        {"id": "v", "model": "gpt-tiny", "global_batch_size": 16, "iterations": 6,
+         "requested_gpus": 1, "workload": held}]}))
+    progress = tmp_path / "apportion-runs" / job_dirname("u") / "progress.jsonl"
     assert _cli("submit", "a.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
     run = subprocess.Popen([sys.executable, "-m", "apportion.cli", "run", "--executor", "local",
                             "--cluster", "local", "--state", "s.db", "--interval", "3",
@@ -245,21 +264,23 @@ def test_torch_example_trains_through_run_with_a_resize(tmp_path: Path) -> None:
     try:
         _wait_iters(tmp_path, "u", 6)
         assert _cli("submit", "b.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
+        _wait_for(lambda: any(json.loads(x).get("world") == 2
+                              for x in progress.read_text().splitlines()), "u at 2 ranks")
+        assert _cli("cancel", "v", "--state", "s.db", cwd=tmp_path).returncode == 0
         _, err = run.communicate(timeout=560)
     finally:
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, err[-3000:]
     st = _status(tmp_path)
-    assert st["u"]["state"] == st["v"]["state"] == "finished", st
+    assert (st["u"]["state"], st["v"]["state"]) == ("finished", "dropped"), st  # v cancelled
     assert st["u"]["iterations_done"] == 60
     hist = json.loads(_cli("history", "--state", "s.db", "--json", cwd=tmp_path).stdout)
     rounds = hist["rounds"] if isinstance(hist, dict) else hist
     acts = [(a["job"], a["action"], a["gpus"]) for r in rounds for a in r.get("actions", [])]
     assert ("u", "start", 4) in acts and any(j == "u" and act in ("resize", "migrate")
                                              for j, act, _ in acts), acts
-    lines = [json.loads(x) for x in (tmp_path / "apportion-runs" / job_dirname("u") /
-                                     "progress.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in progress.read_text().splitlines()]
     steps = [x for x in lines if "loss" in x]
     worlds = [x["world"] for x in steps]
     assert worlds[0] == 4 and 2 in worlds, worlds

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from apportion.experiments.harness import cluster_from_arg, resolve
 from apportion.experiments.simulator import Simulator
-from apportion.runtime.executors.launch import DryRunExecutor
+from apportion.runtime.executors.dry_run.executor import DryRunExecutor
 from apportion.runtime.loop import MemoryStore, run_loop
 from apportion.runtime.store_adapter import SqliteRoundStore
 from typer.testing import CliRunner

@@ -49,7 +49,11 @@ def test_openapi_lists_every_route(served: Served) -> None:
     assert routes == {
         "/": {"get"}, "/healthz": {"get"}, "/readyz": {"get"}, "/metrics": {"get"},
         "/api/v1/jobs": {"get", "post"}, "/api/v1/jobs/{id}": {"get", "delete"},
-        "/api/v1/rounds": {"get"}, "/api/v1/cluster": {"get"}}
+        "/api/v1/rounds": {"get"}, "/api/v1/cluster": {"get"},
+        # the dashboard's bounded reads
+        "/api/v1/queue": {"get"}, "/api/v1/tenants": {"get"},
+        "/api/v1/rounds/summary": {"get"}, "/api/v1/cluster/summary": {"get"},
+        "/api/v1/cluster/groups/{group}": {"get"}}
     post = doc["paths"]["/api/v1/jobs"]["post"]
     assert {"application/json", "application/yaml"} <= set(post["requestBody"]["content"])
     # none a browser may send cross-site without a preflight

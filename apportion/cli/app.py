@@ -1,5 +1,7 @@
 """The ``apportion`` application: the top-level error handler, ``--version``/``-v``, the
-command groups, and every command registered by name from the modules that hold them.
+command groups, and every command by name from the table that says where it lives
+(:mod:`apportion.cli.commands`): a command's module is imported when that command runs, so
+``--version``, ``--help`` and a one-off command pay only for what they use.
 
 Any bad input exits 2 with one line naming the file and the field, and nothing is
 written; "try again later" (a busy store, a full disk) exits 75; any other failure is one
@@ -9,28 +11,21 @@ line (exit 1) with the traceback only under ``-v``.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import typer
-from typer.core import TyperGroup
 
 from apportion import __version__, protected
 from apportion.batch_gc import before_exit, for_batch_work
-from apportion.cli import (
-    cmd_bench,
-    cmd_catalog,
-    cmd_ops,
-    cmd_replay,
-    cmd_research,
-    cmd_round,
-    cmd_store,
-)
-from apportion.cli.common import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY
+from apportion.cli.commands import BENCH, CLUSTER, EXPORT, ROOT, LazyGroup, lazy_group
+from apportion.cli.exits import EXIT_BAD_INPUT, EXIT_BUG, EXIT_BUSY
 from apportion.console import printable, setup_logging, stderr_console, verbose_requested
+from apportion.env import variables_help
 from apportion.errors import HostError, InputError
 
 log = logging.getLogger("apportion")
@@ -88,9 +83,12 @@ def _uncaught(exc: BaseException) -> int:
     return EXIT_BUG
 
 
-class _Commands(TyperGroup):
-    """The top-level handler: whatever a command raises becomes one line and an exit code
-    (tracebacks only with ``-v``/``--verbose`` or ``APPORTION_LOG=DEBUG``)."""
+class _Commands(LazyGroup):
+    """The top-level commands, and the top-level handler: whatever a command raises becomes
+    one line and an exit code (tracebacks only with ``-v``/``--verbose`` or
+    ``APPORTION_LOG=DEBUG``)."""
+
+    table = ROOT
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -114,9 +112,7 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, add_completion=True, no_args_is_help=True,
                   pretty_exceptions_enable=False,
                   help="apportion: joint resource allocation and execution planning for DL "
-                       "training. Environment: APPORTION_DATA (the real data sets), "
-                       "APPORTION_CACHE (profile cache), APPORTION_LOG (log level), "
-                       "APPORTION_PROGRESS_S (seconds between progress lines).")
+                       "training. " + variables_help())
 
 
 def _version(value: bool) -> None:
@@ -131,47 +127,34 @@ def _root(
                                  help="print the version and exit"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="logs (INFO) and tracebacks on stderr, for every command"),
+    log_format: Optional[str] = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
+                                             help="text (default) | json: one JSON object "
+                                             "per log line, for every command"),
 ) -> None:
     """apportion: joint resource allocation and execution planning for DL training."""
-    setup_logging(verbose)
+    setup_logging(verbose, _log_format(log_format))
 
 
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="benchmarks")
+def _log_format(given: str | None) -> str | None:
+    """``--log-format``/``$APPORTION_LOG_FORMAT`` checked, where one is given: the checker
+    lives with the commands' shared options, which the front door loads only for a
+    command that runs (the fast ``--help``)."""
+    if given is None and not os.environ.get("APPORTION_LOG_FORMAT"):
+        return None
+    from apportion.cli.common import checked_log_format
+
+    return checked_log_format(given)
+
+
+bench_app = typer.Typer(cls=lazy_group(BENCH), add_completion=False, no_args_is_help=True,
+                        help="benchmarks")
 app.add_typer(bench_app, name="bench")
-cluster_app = typer.Typer(add_completion=False, no_args_is_help=True,
+cluster_app = typer.Typer(cls=lazy_group(CLUSTER), add_completion=False, no_args_is_help=True,
                           help="describe a real cluster (Slurm, Ray, Kubernetes) as a cluster YAML")
 app.add_typer(cluster_app, name="cluster")
-export_app = typer.Typer(add_completion=False, no_args_is_help=True,
+export_app = typer.Typer(cls=lazy_group(EXPORT), add_completion=False, no_args_is_help=True,
                          help="write objects for other systems to apply")
 app.add_typer(export_app, name="export")
-
-app.command("solve-round")(cmd_round.solve_round)
-app.command("policies")(cmd_catalog.policies_cmd)
-app.command("traces")(cmd_catalog.traces_cmd)
-app.command("models")(cmd_catalog.models)
-app.command("gpus")(cmd_catalog.gpus)
-app.command("schema")(cmd_catalog.schema_cmd)
-app.command("submit")(cmd_store.submit)
-app.command("cancel")(cmd_store.cancel)
-app.command("status")(cmd_store.status)
-app.command("history")(cmd_store.history)
-app.command("simulate")(cmd_replay.simulate_cmd)
-app.command("compare")(cmd_replay.compare_cmd)
-bench_app.command("sim")(cmd_bench.bench_sim_cmd)
-bench_app.command("estimate")(cmd_bench.bench_estimate_cmd)
-bench_app.command("solve")(cmd_bench.bench_solve_cmd)
-bench_app.command("round")(cmd_bench.bench_round_cmd)
-bench_app.command("rates")(cmd_bench.bench_rates_cmd)
-app.command("profile")(cmd_research.profile_cmd)
-app.command("estimate")(cmd_research.estimate_cmd)
-app.command("solve-shards")(cmd_research.solve_shards_cmd)
-app.command("solve-finetune")(cmd_research.solve_finetune_cmd)
-app.command("run")(cmd_ops.run_cmd)
-app.command("serve")(cmd_ops.serve_cmd)
-cluster_app.command("import")(cmd_ops.cluster_import_cmd)
-export_app.command("k8s")(cmd_ops.export_k8s_cmd)
-export_app.command("kueue")(cmd_ops.export_kueue_cmd)
-export_app.command("slurm")(cmd_ops.export_slurm_cmd)
 
 
 def main() -> None:

@@ -23,10 +23,14 @@ from apportion.errors import InputError
 
 
 def bench_sim_cmd(
-    policy: str = typer.Option("fcfs", "--policy", autocompletion=complete.policies),
-    days: float = typer.Option(14.0, "--days", min=0.1),
-    time_budget: float = typer.Option(2.0, "--time-budget", min=0.05),
-    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1),
+    policy: str = typer.Option("fcfs", "--policy", help="the policy replayed (apportion "
+                               "policies lists them)", autocompletion=complete.policies),
+    days: float = typer.Option(14.0, "--days", min=0.1, help="the Philly window replayed, "
+                               "days (14: about 13,000 jobs)"),
+    time_budget: float = typer.Option(2.0, "--time-budget", min=0.05, help="solver budget "
+                                      "per round, s (optimising policies)"),
+    max_rounds: Optional[int] = typer.Option(None, "--max-rounds", min=1, help="stop after "
+                                             "N rounds (default: replay the whole window)"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False, help="(- for stdout)"),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     mip_gap: float = typer.Option(1e-3, "--mip-gap", help=MIP_GAP_HELP),
@@ -118,7 +122,8 @@ def bench_solve_cmd(
     budget: float = typer.Option(5.0, "--time-budget", help="per-backend budget, s"),
     quick: bool = typer.Option(False, "--quick", help="three sizes instead of the full grid"),
     backends: str = typer.Option("highs,cp-sat,chain", "--backends", help="comma-separated"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="the synthetic rounds' seed (jobs, models, "
+                             "GPU requests)"),
     peers: bool = typer.Option(False, "--peers", help="apportion, Gavel's LPs, POP-2/4/8, Sia's "
                                "ILP and Crius's greedy on the same rounds (1,000-10,000 jobs)"),
     sizes: Optional[str] = typer.Option(None, "--sizes", help="--peers: comma-separated job "

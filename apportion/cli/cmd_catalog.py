@@ -1,4 +1,5 @@
-"""The catalogs a user picks names from: policies, models, GPU types, trace formats."""
+"""The catalogs a user picks names from: policies, executors, models, GPU types, trace
+formats."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from apportion import outputs
@@ -31,6 +33,27 @@ def policies_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON 
     t.add_column("what it does")
     for name, doc in sorted(POLICIES.items()):
         t.add_row(name, doc)
+    stdout_console().print(t)
+
+
+def executors_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON on stdout")
+                  ) -> None:
+    """List every executor run and serve take as --executor (plug-ins' too) and the run
+    options each reads."""
+    from apportion.runtime.executors.registry import RUN_OPTIONS, executors, from_plugin
+
+    found = {k.name: {"what": k.doc, "options": [RUN_OPTIONS[r] for r in k.reads],
+                      "needs": k.needs, "plugin": from_plugin(k.name)}
+             for k in executors().values()}
+    if as_json:
+        print_json({"executors": found})
+        return
+    t = Table(title="executors (run --executor NAME, serve --executor NAME)")
+    for col in ("name", "what it does", "reads", "needs"):
+        t.add_column(col, overflow="fold")
+    for name, e in found.items():  # a plug-in's words are text, never markup
+        t.add_row(escape(name + (" (plug-in)" if e["plugin"] else "")), escape(e["what"]),
+                  " ".join(e["options"]), escape(e["needs"]))
     stdout_console().print(t)
 
 

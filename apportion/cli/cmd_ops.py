@@ -17,11 +17,12 @@ from apportion.cli.common import (
     check_budget,
     check_finite,
     cluster_help,
+    service_logging,
     user_input,
     verbose_logs,
 )
 from apportion.cli.complete import ENV_CLUSTER, ENV_STATE
-from apportion.console import stderr_console
+from apportion.console import adopt_logger, stderr_console
 from apportion.errors import InputError
 
 # The options `run` and `serve` share (one loop, one set of flags), declared once.
@@ -55,11 +56,20 @@ TENANTS = typer.Option(None, "--tenants", help="tenants YAML (quota_gpus per ten
                        "--policy apportion (the default) or apportion-plans")
 OBJECTIVE_PRESET = typer.Option(None, "--objective-preset", help=OBJECTIVE_PRESET_HELP,
                                 autocompletion=complete.objective_presets)
+LOG_FORMAT = typer.Option(None, "--log-format", envvar="APPORTION_LOG_FORMAT",
+                          help="text (default) | json: one JSON object per log line (a "
+                          "round's line: backend, status, placed, pending, gap, wall)")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="logs (INFO) and tracebacks on stderr")
+EXECUTOR_HELP = ("dry-run | local | slurm | ray | kubernetes, or a plug-in's (apportion "
+                 "executors lists them)")
+ROUNDS_LOGGER = "apportion.rounds"  # runtime.round_log's
+ACCESS_LOGGER = "apportion.serve.access"  # serve.access's
 
 
 
 def run_cmd(
-    executor: str = typer.Option("dry-run", "--executor", help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     cluster: str = typer.Option("local", "--cluster", help="FILE.yaml, local, or a bundled "
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
@@ -85,24 +95,29 @@ def run_cmd(
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
     objective_preset: Optional[str] = OBJECTIVE_PRESET,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    log_format: Optional[str] = LOG_FORMAT,
+    verbose: bool = VERBOSE,
 ) -> None:
-    """Run rounds every interval: solve, apply through an executor, poll progress back."""
-    verbose_logs(verbose)
+    """Run rounds every interval: solve, apply through an executor, poll progress back.
+
+    One log line per round."""
+    service_logging(verbose, log_format, ROUNDS_LOGGER)
     from apportion.cli.run_command import run_command
+    from apportion.runtime.executors.registry import reads
 
     with user_input():
         check_finite(interval, "--interval")
         check_finite(timeout, "--timeout")
         check_budget(time_budget)
         outputs.check_output_dir(workdir, "--workdir")
+        if not reads(executor, "ray_address"):  # $RAY_ADDRESS set for another executor
+            ray_address = None
         code = run_command(executor, cluster, state, interval, until_idle, timeout, workdir,
                            kubeconfig, time_budget, k8s_config, drain, policy=policy,
                            estimator=estimator, checkpoint_every=checkpoint_every,
                            checkpoint_interval_s=checkpoint_interval, max_retries=max_retries,
                            grace_period_s=grace_period, orphans=orphans,
-                           ray_address=ray_address if executor == "ray" else None,
-                           tables=tables, tenants=tenants,
+                           ray_address=ray_address, tables=tables, tenants=tenants,
                            objective_preset=objective_preset)
     raise typer.Exit(code)
 
@@ -110,31 +125,48 @@ def run_cmd(
 def cluster_import_cmd(
     source: str = typer.Option(..., "--from", help="slurm | ray | k8s"),
     nodes_file: Optional[Path] = typer.Argument(None, help="k8s: NODES.json (kubectl get nodes "
-                                                "-o json); slurm: saved `scontrol show node -o` "
-                                                "text (default: ask scontrol)"),
+                                                "-o json); slurm: saved `scontrol show node "
+                                                "--json`, `sinfo --json` or `scontrol -d show "
+                                                "node -o` (default: ask scontrol)"),
     out_file: str = typer.Option(..., "--out", help="cluster YAML to write (- for stdout)"),
     gpu_map: Optional[Path] = typer.Option(None, "--gpu-map", help="YAML: raw GPU name -> "
-                                           "catalog name (extends the built-in table)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="with --from ray"),
+                                           "catalog name (extends the built-in table; maps "
+                                           "MIG slices too)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                              help="with --from ray: the head's address "
+                                              "(HOST:PORT, auto, ray://...)"),
     name: Optional[str] = typer.Option(None, "--name", help="cluster name (default SOURCE-cluster)"),
     include_unavailable: bool = typer.Option(False, "--include-unavailable",
-                                             help="keep drained / down nodes"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+                                             help="slurm: keep drained, down and reserved "
+                                             "nodes, and the GPUs running jobs hold"),
+    pods: Optional[Path] = typer.Option(None, "--pods", help="k8s: PODS.json (kubectl get "
+                                        "pods -A -o json): what running pods request is "
+                                        "taken off each node"),
+    k8s_config: Optional[Path] = typer.Option(None, "--k8s-config", help="k8s: the settings "
+                                              "YAML whose tolerations say which tainted "
+                                              "nodes apportion's pods may use"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="log what the import does"),
 ) -> None:
-    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept."""
+    """Write a cluster YAML from a Slurm, Ray or Kubernetes cluster, real node names kept.
+
+    Every node left out or offered in part is said on stderr with why."""
     verbose_logs(verbose)
     from apportion.runtime.cluster_import import import_cluster
 
     with user_input():
-        doc = import_cluster(source, out_file, nodes_file, ray_address, gpu_map, name,
-                             include_unavailable)
+        doc, imported = import_cluster(source, out_file, nodes_file, ray_address, gpu_map,
+                                       name, include_unavailable, pods, k8s_config)
     groups = doc["node_groups"]
     gpus: dict[str, int] = {}
     for g in groups:
         gpus[g["gpu_type"]] = gpus.get(g["gpu_type"], 0) + g["gpus_per_node"] * len(g["nodes"])
-    stderr_console().print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
+    err = stderr_console()
+    for line in imported.lines():
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    err.print(f"{'stdout' if out_file == '-' else out_file}: {len(groups)} node groups, "
               f"{sum(len(g['nodes']) for g in groups)} nodes, GPUs "
-              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items())),
+              + ", ".join(f"{k} x{v}" for k, v in sorted(gpus.items()))
+              + (f"; {len(imported.left_out)} nodes left out" if imported.left_out else ""),
               highlight=False, markup=False)
 
 
@@ -143,7 +175,8 @@ def export_k8s_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
                                 envvar=ENV_CLUSTER, autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for, "
+                              "or default (solve-round's jobs without --jobs)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the YAML files"),
     api: Optional[str] = typer.Option(None, "--api", help="trainjob (default) | jobset | pytorchjob"),
     queue: Optional[str] = typer.Option(None, "--queue", help="Kueue LocalQueue for every job"),
@@ -157,20 +190,26 @@ def export_k8s_cmd(
                                        "scheduler"),
     scheduler_name: Optional[str] = typer.Option(None, "--scheduler-name", help="the pods' "
                                                  "schedulerName (default: the gang's own)"),
+    runtime_ref: Optional[str] = typer.Option(None, "--runtime-ref", help="--api trainjob: "
+                                              "refer every TrainJob to this "
+                                              "ClusterTrainingRuntime of the platform (e.g. "
+                                              "torch-distributed) instead of writing a "
+                                              "TrainingRuntime per job"),
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a plan or placement "
                                                "cannot be expressed"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """One TrainJob / JobSet / PyTorchJob per allocation, pinned to the decision's nodes."""
     verbose_logs(verbose)
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_k8s
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_k8s
 
     with user_input():
         cfg = load_k8s_config(k8s_config, api=api, queue=queue, namespace=namespace, image=image,
                               queue_per_tenant=queue_per_tenant or None, gang=gang,
-                              scheduler_name=scheduler_name)
+                              scheduler_name=scheduler_name, runtime_ref=runtime_ref)
         index = export_k8s(decision, cluster, jobs, out_dir, cfg, skip_unsupported)
     stderr_console().print(f"{len(index['jobs'])} jobs written to {out_dir} ({cfg.api}); "
               f"{len(index['refused'])} refused", highlight=False, markup=False)
@@ -188,8 +227,8 @@ def export_kueue_cmd(
                                             "Kueue 0.15 and later) | v1beta1 (older Kueue)"),
 ) -> None:
     """ResourceFlavors, a Topology, ClusterQueues and LocalQueues (named after the tenants)."""
-    from apportion.runtime.executors.k8s_config import load_k8s_config
-    from apportion.runtime.executors.k8s_export import export_kueue
+    from apportion.runtime.executors.kubernetes.config import load_k8s_config
+    from apportion.runtime.executors.kubernetes.export import export_kueue
 
     with user_input():
         cfg = load_k8s_config(k8s_config, namespace=namespace, kueue_api=kueue_api)
@@ -202,7 +241,8 @@ def export_slurm_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster YAML or a bundled name",
                                 envvar=ENV_CLUSTER, autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for"),
+    jobs: Path = typer.Option(..., "--jobs", help="jobs YAML the decision was solved for, "
+                              "or default (solve-round's jobs without --jobs)"),
     out_dir: Path = typer.Option(..., "--out", help="directory for the batch scripts"),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="the shared folder of the "
                                            "jobs' folders (checkpoints, launch files; default "
@@ -229,15 +269,16 @@ def export_slurm_cmd(
     skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                           help="write the others when a job's workload "
                                                "cannot run its plan"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """One sbatch script per allocation, #SBATCH lines and all: what the Slurm executor
     submits, to read and resubmit (sbatch DIR/JOB.sbatch)."""
     verbose_logs(verbose)
     import shlex
 
-    from apportion.runtime.executors.slurm_export import export_slurm
-    from apportion.runtime.executors.slurm_submit import parse_time
+    from apportion.runtime.executors.slurm.export import export_slurm
+    from apportion.runtime.executors.slurm.submit import parse_time
 
     with user_input():
         limit_s = parse_time(time_limit) if time_limit else None
@@ -266,8 +307,8 @@ def serve_cmd(
                                 "name: " + cluster_help(), envvar=ENV_CLUSTER,
                                 autocompletion=complete.clusters,
                                 callback=complete.from_environment),
-    executor: str = typer.Option("dry-run", "--executor",
-                                 help="dry-run | local | slurm | ray | kubernetes"),
+    executor: str = typer.Option("dry-run", "--executor", help=EXECUTOR_HELP,
+                                 autocompletion=complete.executors),
     interval: float = typer.Option(300.0, "--interval", help="seconds between rounds"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on "
                              "(0.0.0.0: every interface)"),
@@ -279,6 +320,11 @@ def serve_cmd(
                                               "STATE.token (0600)"),
     no_token: bool = typer.Option(False, "--no-token", help="writes need no token (only on "
                                   "a loopback --host)"),
+    read_token_file: Optional[Path] = typer.Option(None, "--read-token-file", help="file "
+                                                   "holding a read token: reads (the API's "
+                                                   "GETs, /metrics) then need it or the write "
+                                                   "token; the probes and the dashboard's "
+                                                   "page stay open"),
     allowed_host: Optional[list[str]] = typer.Option(
         None, "--allowed-host", envvar="APPORTION_ALLOWED_HOSTS",
         help="a Host name the server answers besides addresses and localhost (repeatable; "
@@ -309,11 +355,18 @@ def serve_cmd(
     tables: Optional[Path] = TABLES,
     tenants: Optional[Path] = TENANTS,
     objective_preset: Optional[str] = OBJECTIVE_PRESET,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    log_format: Optional[str] = LOG_FORMAT,
+    no_access_log: bool = typer.Option(False, "--no-access-log", help="no log line per "
+                                       "HTTP request"),
+    verbose: bool = VERBOSE,
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),
-    /healthz and /readyz, Prometheus /metrics, and a dashboard at /."""
-    verbose_logs(verbose)
+    /healthz and /readyz, Prometheus /metrics, and a dashboard at /.
+
+    One log line per round and per request."""
+    service_logging(verbose, log_format, ROUNDS_LOGGER,
+                    *(() if no_access_log else (ACCESS_LOGGER,)))
+    adopt_logger("uvicorn")  # the HTTP server's own warnings, in the same format
     from apportion.cli.run_command import prepare_run
     from apportion.serve.command import serve_command
 
@@ -326,4 +379,5 @@ def serve_cmd(
         timeout_s=timeout, tables=tables, tenants=tenants,
         objective_preset=objective_preset, no_token=no_token,
         allowed_hosts=tuple(allowed_host or ()), allowed_origins=tuple(allowed_origin or ()),
-        read_timeout_s=read_timeout, max_connections=max_connections, prepare=prepare_run))
+        read_timeout_s=read_timeout, max_connections=max_connections,
+        read_token_file=read_token_file, prepare=prepare_run))

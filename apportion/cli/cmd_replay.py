@@ -12,7 +12,6 @@ from apportion.cli import complete
 from apportion.cli.complete import ENV_CLUSTER
 from apportion.cli.common import (
     DETERMINISTIC_HELP,
-    EXIT_BUG,
     INFORMATION_HELP,
     OBJECTIVE_PRESET_HELP,
     SIM_ESTIMATOR_HELP,
@@ -23,6 +22,7 @@ from apportion.cli.common import (
     user_input,
     verbose_logs,
 )
+from apportion.cli.exits import EXIT_BUG
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.errors import InputError
 
@@ -50,7 +50,8 @@ def simulate_cmd(
     policy: str = typer.Option(..., "--policy", help="policy name (apportion policies)",
                                autocompletion=complete.policies),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="the replay's seed: the noise on what the "
+                             "policy sees and the estimated mode's profiling draws"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
                                             help="write the summary JSON here "
                                             "(- for stdout)"),
@@ -66,7 +67,8 @@ def simulate_cmd(
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP,
                                   autocompletion=complete.sim_estimators),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
     truth: str = typer.Option("auto", "--truth", help="ground truth: auto (the detected "
                               "format's own; tables with --tables) | gavel | crius | morphling "
                               "| elasticflow | analytic | tables | finetune"),
@@ -120,13 +122,20 @@ def compare_cmd(
                                 callback=complete.from_environment),
     policies: str = typer.Option(..., "--policies", help="comma-separated policy names",
                                  autocompletion=complete.policy_list),
-    seeds: int = typer.Option(1, "--seeds", min=1),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="replay each policy with seeds "
+                              "0 .. N-1; tables and plots give means and confidence "
+                              "intervals over them"),
     profile: str = typer.Option("default", "--profile", help="default | gavel"),
     out_dir: Path = typer.Option(Path("results"), "--out", help="results root (a folder)"),
     run: Optional[str] = typer.Option(None, "--run", help="run name (default: trace-cluster)"),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1),
-    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01),
-    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="replays run in "
+                                          "parallel, one process each (default: the CPU "
+                                          "count, at most one per replay)"),
+    window_days: Optional[float] = typer.Option(None, "--window-days", min=0.01,
+                                                help="raw traces: busiest window of this many "
+                                                "days"),
+    max_jobs: Optional[int] = typer.Option(None, "--max-jobs", min=1,
+                                           help="first N jobs only"),
     information: str = typer.Option("estimated", "--information", help=INFORMATION_HELP),
     estimator: str = typer.Option("analytic", "--estimator", help=SIM_ESTIMATOR_HELP,
                                   autocompletion=complete.sim_estimators),
@@ -142,7 +151,8 @@ def compare_cmd(
                                                    help=OBJECTIVE_PRESET_HELP,
                                                    autocompletion=complete.objective_presets),
     tables: Optional[Path] = typer.Option(None, "--tables", help=TABLES_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
     verbose_logs(verbose)

@@ -58,7 +58,8 @@ def solve_round(
     tenants: Optional[Path] = typer.Option(None, "--tenants",
                                            help="tenants YAML with GPU quotas for guaranteed jobs "
                                            "(cells, plans)"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="logs (INFO) and tracebacks on stderr"),
     state: Optional[Path] = typer.Option(None, "--state", help="state DB: read the queue from it "
                                          "and commit the round to it (instead of --jobs; "
                                          f"default ${ENV_STATE} unless --jobs is given)"),
@@ -86,6 +87,7 @@ def solve_round(
         check_running,
         default_cluster,
         default_jobs,
+        load_finished,
         load_jobs,
         resolve_cluster,
     )
@@ -116,12 +118,13 @@ def solve_round(
                                       (tables, "--tables"), (tenants, "--tenants")))
         cl = resolve_cluster(cluster) if cluster else default_cluster()
         jb, now = load_jobs(jobs) if jobs else default_jobs()
+        finished = load_finished(jobs) if jobs else []
         check_running(jb, cl, str(jobs) if jobs else "<embedded default jobs>")
         check_round_fits(len(jb), cl.total_gpus, str(jobs) if jobs else "<embedded default jobs>")
     # one round and the command ends: what the round allocates lives until then, and its
     # cycles are few (a 1,000-job round's collections found 8 objects in 14 ms)
     with collector_paused():
-        result = run_round(cl, jb, now, cfg)
+        result = run_round(cl, jb, now, cfg, finished=finished)
     show_decision(result.decision, data_on_stdout)
     if json_out:
         outputs.write_json(json_out, result.decision.as_dict(), "--json")

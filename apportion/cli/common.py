@@ -1,4 +1,4 @@
-"""What every command shares: exit codes, the one-line failure, option checks, help texts,
+"""What every command shares: the one-line failure, option checks, help texts,
 and the output block (a result on stdout unless an output option is ``-``, then written to
 each output path).
 
@@ -9,6 +9,7 @@ pipes are written in place; files are replaced atomically), checked before any w
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,13 +18,10 @@ from typing import Any
 import typer
 
 from apportion import outputs
-from apportion.console import printable, setup_logging, stderr_console
+from apportion.cli.exits import EXIT_BAD_INPUT
+from apportion.console import log_format, printable, service_logs, setup_logging, stderr_console
 from apportion.errors import HostError, InputError
 from apportion.formulations.objectives import PRESETS
-
-EXIT_BAD_INPUT = 2
-EXIT_BUSY = 75
-EXIT_BUG = 1
 
 MIP_GAP_HELP = ("an answer within this relative gap of the best proven bound is final "
                 "(default 1e-3: the solver chain tries LP rounding first); below 1e-3 "
@@ -55,6 +53,25 @@ def cluster_help() -> str:
 
 def verbose_logs(verbose: bool) -> None:
     setup_logging(verbose)
+
+
+def checked_log_format(given: str | None) -> str | None:
+    """``--log-format`` (or ``$APPORTION_LOG_FORMAT``) checked: a bad one exits 2 naming
+    the choices; None when neither is given."""
+    if given is None and not os.environ.get("APPORTION_LOG_FORMAT"):
+        return None
+    try:
+        return log_format(given)
+    except ValueError as exc:
+        fail(InputError("--log-format", "log_format", str(exc)))
+    return None
+
+
+def service_logging(verbose: bool, fmt: str | None, *loggers: str) -> None:
+    """``run`` and ``serve``: the log format, and their round (and request) lines at the
+    default level."""
+    setup_logging(verbose, checked_log_format(fmt))
+    service_logs(*loggers)
 
 
 def fail(exc: Exception) -> None:

@@ -49,6 +49,14 @@ def policy_list(incomplete: str) -> list[tuple[str, str]]:
     return [(prefix + name, why) for name, why in policies(last) if name not in done]
 
 
+def executors(incomplete: str) -> list[tuple[str, str]]:
+    """``--executor``: every registered executor (installed plug-ins' too)."""
+    from apportion.runtime.executors.registry import executors as registered
+
+    found = registered()
+    return _matching(found, incomplete, {k: v.doc[:70] for k, v in found.items()})
+
+
 def objective_presets(incomplete: str) -> list[tuple[str, str]]:
     """``--objective-preset``: the named objectives."""
     from apportion.formulations.objectives import PRESETS

@@ -25,10 +25,9 @@ from pathlib import Path
 from apportion.cli.round_config import RoundFlags, round_config
 from apportion.config import resolve_cluster
 from apportion.errors import InputError
-from apportion.runtime.executors.choice import env_seconds, executor_names
-from apportion.runtime.executors.k8s_config import load_k8s_config
-from apportion.runtime.executors.local import local_cluster
-from apportion.runtime.session import PreparedRun, RunOptions, run_rounds
+from apportion.runtime.executors.local.executor import local_cluster
+from apportion.runtime.executors.registry import executor_type, readers
+from apportion.runtime.session import PreparedRun, RunOptions, executor_options, run_rounds
 
 ORPHAN_POLICIES = ("adopt", "stop")
 
@@ -47,9 +46,7 @@ def _check(option: str, value: float | None, low: float, integral: bool = False)
 def prepare_run(opts: RunOptions) -> PreparedRun:
     """Check every option (an :class:`InputError` naming the flag) and build the cluster
     and round settings; reads files, writes nothing."""
-    if opts.executor not in executor_names():
-        raise InputError("--executor", "executor", f"{opts.executor!r} is not one of "
-                         f"{', '.join(executor_names())}")
+    kind = executor_type(opts.executor)
     if not opts.interval_s > 0 or not math.isfinite(opts.interval_s):
         raise InputError("--interval", "interval", f"must be positive, got {opts.interval_s}")
     _check("--timeout", opts.timeout_s, 0.0)
@@ -60,23 +57,22 @@ def prepare_run(opts: RunOptions) -> PreparedRun:
     _check("--grace-period", opts.grace_period_s, 0.0)
     if opts.orphans not in ORPHAN_POLICIES:
         raise InputError("--orphans", "orphans", f"{opts.orphans!r} is not one of adopt, stop")
-    if opts.ray_address is not None and opts.executor != "ray":
-        raise InputError("--ray-address", "ray_address", "only with --executor ray")
+    if opts.ray_address is not None and "ray_address" not in kind.reads:
+        raise InputError("--ray-address", "ray_address",
+                         f"only with --executor {' or '.join(readers('ray_address'))}")
     # solve-round's builder: the same flags checked the same way (bad names, --tables
     # without a table estimator, quotas a policy would ignore, an unknown preset); a run's
     # rounds solve in this process, each with the whole budget (no command-start deadline),
-    # on this host's devices or real GPUs
-    device = None if opts.executor in ("local", "dry-run") else "cuda"
+    # on the executor's device (None: this host's)
     cfg = round_config(RoundFlags(policy=opts.policy, estimator=opts.estimator,
                                   time_budget=opts.time_budget_s, isolate=False,
                                   tenants=opts.tenants, tables=opts.tables,
                                   objective_preset=opts.objective_preset),
-                       started=None, device=device)
+                       started=None, device=kind.device)
     cluster = local_cluster() if opts.cluster == "local" else resolve_cluster(opts.cluster)
-    if opts.executor == "kubernetes":
-        load_k8s_config(opts.k8s_config)  # bad settings exit 2 before the store is locked
-    if opts.executor == "ray":
-        env_seconds("APPORTION_RAY_PLACEMENT_TIMEOUT_S", 60.0)  # likewise
+    # the executor's own settings (a settings file, a variable): exit 2 before the store is
+    # locked
+    kind.check_settings(executor_options(opts))
     return PreparedRun(opts, cluster, cfg)
 
 

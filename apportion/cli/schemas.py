@@ -18,7 +18,7 @@ from apportion import formats
 from apportion.config import ClusterSpec, JobsSpec, TenantsSpec
 from apportion.decision_file import DecisionFile
 from apportion.finetune_spec import _TaskFile
-from apportion.runtime.executors.k8s_config import K8sConfig
+from apportion.runtime.executors.kubernetes.config import K8sConfig
 from apportion.shards_spec import UnitsFile
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

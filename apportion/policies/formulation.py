@@ -25,7 +25,7 @@ from apportion.cluster import Cluster
 from apportion.decision import Decision, Reason, SolveReport
 from apportion.estimation.rate_estimator import RateEstimator
 from apportion.estimation.rates import EstimatorRates
-from apportion.estimation.registry import estimator_name, make_estimator
+from apportion.estimation.registry import estimator_name, make_estimator, source_of
 from apportion.formulations.candidates import CandidateOptions, trim_scale_up
 from apportion.formulations.cells import (
     CellChoice,
@@ -37,10 +37,21 @@ from apportion.formulations.cells import (
 from apportion.formulations.decode import to_decision
 from apportion.formulations.graph_bulk import drop_cached_views
 from apportion.formulations.incremental import CandidateCache
-from apportion.formulations.objectives import FromRound, ObjectiveOptions, from_round
+from apportion.formulations.objectives import (
+    FromRound,
+    ObjectiveOptions,
+    apply_objective,
+    from_round,
+)
 from apportion.formulations.plan_filter import drop_refused_plans
 from apportion.formulations.schema import current_cells, name_of
+from apportion.formulations.siblings import (
+    apply_sibling_options,
+    fold_member_values,
+    sibling_keys,
+)
 from apportion.jobs import JobSpec, RunningState
+from apportion.plans import Cell
 from apportion.policies.base import requested_type
 from apportion.policies.config import (
     DETERMINISTIC_SAFETY,
@@ -49,7 +60,8 @@ from apportion.policies.config import (
     check_deterministic,
     greedy_reserve,
 )
-from apportion.policies.recipes import RECIPES, Recipe
+from apportion.policies.recipes import RECIPES, Recipe, cells_model
+from apportion.policies.siblings import Siblings
 from apportion.solvers.base import SolveResult, Status, objective_gap, proven_gap
 from apportion.solvers.chain import LARGE_MODEL_COLUMNS, backends_for, chain_names, solve_chain
 from apportion.solvers.chain_rules import tighter
@@ -198,7 +210,8 @@ class FormulationPolicy:
     """
 
     def __init__(self, config: RoundConfig | None = None, name: str | None = None,
-                 resolve_every: int | None = None, no_hetero: bool = False) -> None:
+                 resolve_every: int | None = None, no_hetero: bool = False,
+                 gains: str = "rates", siblings: bool = True) -> None:
         self.cfg = config or RoundConfig()
         recipe = RECIPES.get(self.cfg.formulation)
         if recipe is None:
@@ -228,12 +241,20 @@ class FormulationPolicy:
         self._engine_note = ""  # why the engine asked for is not the one in use
         # the round's LP kept alive across rounds (an in-process chain; RoundConfig.persistent)
         self.session: HighsSession | None = None
+        # fine-tuning siblings: transfer options and merged cells in the cell model
+        # (policies.siblings); a recipe whose model is not the cell model gets none, nor
+        # does a partitioned solve (a merged cell's column spans two jobs' parts)
+        self.siblings: Siblings | None = Siblings(gains=gains) if (
+            siblings and self.recipe.model is cells_model and self.cfg.partitions <= 1) \
+            else None
 
     # -- the stages ----------------------------------------------------------------------
     def shortcut(self, view: View) -> Decision | None:
         """In a replay's quiet round (no arrival, completion or stall since the last solve),
         every running job keeps its place; None: solve. A round whose measured rates moved
         (a job found off its estimate, :class:`_ViewRate`) is not quiet."""
+        if self.siblings is not None:  # finished siblings and new jobs, every round
+            self.siblings.observe(view)
         measured = False
         if not isinstance(view.rates, EstimatorRates):  # a replay: measure every round
             self._estimator_for(view)  # (_ViewRate.observe, through the view's rates)
@@ -310,7 +331,8 @@ class FormulationPolicy:
 
     def problem(self, g: nx.DiGraph) -> dict[str, Any]:
         """The ``--dump-problem`` JSON of a round's candidate graph."""
-        return self.recipe.problem(g)
+        dump = self.recipe.problem(g)
+        return sibling_keys(g, dump) if g.graph.get("siblings") else dump
 
     def candidates(self, view: View) -> nx.DiGraph:
         t0 = time.perf_counter()
@@ -340,9 +362,40 @@ class FormulationPolicy:
         if cfg.plan_filter is not None:  # an executor's workloads run only some plans
             drop_refused_plans(g, specs, cfg.plan_filter,
                                current_cells(g) if self.recipe.judges_plans else None)
+        self._sibling_options(view, g, specs, est)
         g.graph.update(specs=specs, estimator=est, t0=t0,
                        candidates_s=round(time.perf_counter() - t0, 4))
         return g
+
+    def _sibling_options(self, view: View, g: nx.DiGraph, specs: list[JobSpec],
+                         est: Any) -> None:
+        """Fine-tuning siblings' options in the round's graph (transfer cells, merged cells,
+        the modes fixed at a start), then the objective over the whole graph again (the
+        options change each job's fastest cell) and each member's share folded into its
+        merged cell. A round without siblings is left exactly as it was."""
+        sib = self.siblings
+        if sib is None or not sib.relevant(view):
+            return
+        opts = sib.options(view)
+        if not opts:
+            return
+        by_id = {j.id: j for j in specs}
+
+        def merged_plan(lead: str, member: str, gpu_type: str, gpus: int) -> Any:
+            """The merged job's plan: the lead's model at both batches (its memory)."""
+            a, b = by_id[lead], by_id[member]
+            job = replace(a, global_batch_size=a.global_batch_size + b.global_batch_size,
+                          running=None)
+            e = est.best_in_cell(job, Cell(lead, gpu_type, gpus, 1), view.cluster)
+            accept = self.cfg.plan_filter  # what the workload runs, at the merged batch
+            if e is None or (accept is not None and accept(job, e.plan) is not None):
+                return None
+            return e.plan
+
+        apply_sibling_options(g, opts, view.cluster, merged_plan)
+        apply_objective(g, specs, view.now, self.cfg.candidates.objective_options(),
+                        self.seen_jct)
+        fold_member_values(g)
 
     def formulate(self, view: View, g: nx.DiGraph, full: bool = False) -> Formulated:
         """The model and the heuristic's answer as its hint: the greedy's first pass
@@ -590,7 +643,8 @@ class FormulationPolicy:
         decision.report = report
         if not answered and f.breaks:
             _unplaced_by_rows(decision, f)
-        self._annotate(decision, g, choices, f)
+        self._annotate(decision, g, choices, f, view.cluster)
+        self._annotate_siblings(view, decision, g, choices)
         decision.meta["validated"] = validated
         # the graph's views hold it in a cycle: without them the round's graph is freed
         # when the round lets go of it, not when the cyclic collector finds it
@@ -609,7 +663,8 @@ class FormulationPolicy:
         decision = to_decision(g, choices, view.cluster, f.specs, report)
         if f.breaks:
             _unplaced_by_rows(decision, f)
-        self._annotate(decision, g, choices, f)
+        self._annotate(decision, g, choices, f, view.cluster)
+        self._annotate_siblings(view, decision, g, choices)
         return decision
 
     def _within_rows(self, g: nx.DiGraph, model: Any) -> list[CellChoice]:
@@ -625,12 +680,25 @@ class FormulationPolicy:
         log.error("neither the running jobs kept nor an empty schedule satisfies the model")
         return []
 
+    def _annotate_siblings(self, view: View, decision: Decision, g: nx.DiGraph,
+                           choices: list[CellChoice]) -> None:
+        """Fine-tuning modes in the decision (``meta["transfer"]``, ``meta["merged"]``, each
+        member's reason ``merged``), fixed for the jobs this decision starts."""
+        if self.siblings is not None and (g.graph.get("siblings") or self.siblings.members):
+            self.siblings.annotate(view, decision, {c.job: g.nodes[c.cell] for c in choices})
+
     def _annotate(self, decision: Decision, g: nx.DiGraph, choices: list[CellChoice],
-                  f: Formulated) -> None:
+                  f: Formulated, cluster: Cluster) -> None:
         est = f.estimator.inner if isinstance(f.estimator, _Memo) else f.estimator
         per_job = {j.id: estimator_name(est, j) for j in f.specs}
+        specs = {j.id: j for j in f.specs}
         for a in decision.allocations:
             a.estimator = per_job.get(a.job)
+            if a.job in specs:  # where the placed cell's figures came from (memoised)
+                spec = specs[a.job]
+                a.source = source_of(f.estimator.best_in_cell(
+                    spec, Cell(a.job, a.gpu_type, a.gpus, a.stages), cluster),
+                    est, spec)
         decision.meta.update({"now_s": g.graph.get("now_s"), "policy": self.name,
                               "objective_recomputed": objective_of(g, choices),
                               "estimator": {"name": estimator_name(est, f.specs[0])
@@ -729,11 +797,6 @@ def _elapsed(g: nx.DiGraph) -> float:
     return time.perf_counter() - float(g.graph["t0"])
 
 
-def _changes(g: nx.DiGraph, choices: list[CellChoice]) -> int:
-    chosen = {c.cell for c in choices}
-    return sum(1 for n in current_cells(g) if n not in chosen)
-
-
 def _placeholder() -> SolveReport:
     return SolveReport("-", "-", None, None, None, 0.0, False)
 
@@ -760,6 +823,7 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
                estimator: Any = None, name: str | None = None,
                mip_gap: float | None = None, deterministic: bool | None = None,
                quotas: dict[str, int] | None = None, persistent: bool | None = None,
+               gains: str = "rates", siblings: bool = True,
                **objective: Any) -> FormulationPolicy:
     """A formulation policy from a driver's config and the registry's fixed options.
 
@@ -806,8 +870,11 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
     base = RECIPES[formulation].policy if formulation in RECIPES else formulation
     if cfg.backend == "greedy" and formulation == "cells":
         base = "crius-greedy"
+    if gains != "rates":
+        suffix += f"-{'task2vec' if gains == 'task2vec' else gains}"
     return FormulationPolicy(cfg, name=name or f"{base}{suffix}", resolve_every=resolve_every,
-                             no_hetero=no_hetero)
+                             no_hetero=no_hetero, gains=gains,
+                             siblings=siblings and cfg.backend != "greedy")
 
 
 def choice_vector(model: Any, choices: list[CellChoice]) -> np.ndarray:

@@ -5,7 +5,8 @@ over its execution plans (the policy's view of the measured plan table when
 the ground truth is Morphling's; the best-plan rate otherwise), flat between
 valid counts. Slope at ``g`` = gain of moving to the next valid count per GPU,
 normalised by the job's rate on its original request (Morphling compares jobs
-by speedup).
+by speedup). The curve and its slope are :class:`apportion.solvers.slope.SensitivityCurve`,
+which the plans formulation's slope heuristic reads too.
 
 Algorithm 1 as implemented here, per round:
 1. guaranteed jobs within their tenant's quota ("privileged") are scheduled
@@ -29,6 +30,7 @@ from typing import Any
 from apportion.decision import Decision, Reason
 from apportion.plans import is_dp_plan
 from apportion.policies.base import Choice, Packer, build_decision, requested_type
+from apportion.solvers.slope import SensitivityCurve
 from apportion.view import View
 
 
@@ -74,7 +76,7 @@ class MorphlingSlope:
     def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
         reasons: dict[str, tuple[Reason, str]] = {}
-        info: dict[str, tuple[str, list[int], dict[int, float], float, int]] = {}
+        info: dict[str, tuple[str, SensitivityCurve, float, int]] = {}
         for js in state.jobs:
             t = js.alloc.gpu_type if js.alloc is not None else requested_type(state, js)[0]
             if t is None:
@@ -85,46 +87,44 @@ class MorphlingSlope:
             if not counts:
                 reasons[js.id] = (Reason.NO_FIT_MEMORY, "no valid GPU count")
                 continue
-            curve = {g: plan_rate(state, js, t, g) for g in counts}
-            ref = plan_rate(state, js, t, js.spec.requested_gpus, plan=js.plan_hint) or curve[counts[0]]
+            curve = SensitivityCurve({g: plan_rate(state, js, t, g) for g in counts})
+            ref = plan_rate(state, js, t, js.spec.requested_gpus, plan=js.plan_hint) or curve.rate[counts[0]]
             minres = 0
             if js.spec.guaranteed:
-                minres = next((g for g in counts if curve[g] >= ref * 0.999), js.spec.requested_gpus)
-            info[js.id] = (t, counts, curve, ref, minres)
+                minres = next((g for g in counts if curve.rate[g] >= ref * 0.999), js.spec.requested_gpus)
+            info[js.id] = (t, curve, ref, minres)
         alloc: dict[str, int] = {jid: 0 for jid in info}
         free = dict(state.capacity)
         by_id = {js.id: js for js in state.jobs}
 
         def slope(jid: str, g: int) -> float:
-            t, counts, curve, ref, _ = info[jid]
-            nxt = [c for c in counts if c > g]
-            if not nxt:
+            _, curve, ref, _ = info[jid]
+            nxt = curve.above(g)
+            if nxt is None:
                 return -1.0
-            cur = curve.get(g, 0.0) if g else 0.0
-            return (curve[nxt[0]] - cur) / (nxt[0] - g) / ref
+            return curve.slope(g, nxt) / ref
 
-        def down_slope(jid: str, g: int) -> float:
-            t, counts, curve, ref, _ = info[jid]
-            prv = [c for c in counts if c < g]
-            lower = prv[-1] if prv else 0
-            return (curve[g] - (curve[lower] if lower else 0.0)) / (g - lower) / ref, lower
+        def down_slope(jid: str, g: int) -> tuple[float, int]:
+            _, curve, ref, _ = info[jid]
+            lower = curve.below(g)
+            return curve.slope(lower, g) / ref, lower
 
         def schedule(jid: str) -> None:
-            t, counts, curve, ref, minres = info[jid]
+            t, curve, _, minres = info[jid]
             while True:
-                nxt = [c for c in counts if c > alloc[jid]]
-                if not nxt:
+                nxt = curve.above(alloc[jid])
+                if nxt is None:
                     return
-                need = nxt[0] - alloc[jid]
+                need = nxt - alloc[jid]
                 if free[t] >= need:
                     free[t] -= need
-                    alloc[jid] = nxt[0]
+                    alloc[jid] = nxt
                     continue
                 victims = []
                 for other, g in alloc.items():
                     if other == jid or g == 0 or info[other][0] != t:
                         continue
-                    if g <= info[other][4]:
+                    if g <= info[other][3]:
                         continue  # not over its minimum
                     s, lower = down_slope(other, g)
                     victims.append((s, other, lower))
@@ -142,8 +142,8 @@ class MorphlingSlope:
         for jid in sorted(privileged, key=lambda j: (by_id[j].spec.submit_time_s, j)):
             tenant = by_id[jid].spec.tenant
             q = self.quota.get(tenant, 0)
-            if quota_used.get(tenant, 0) + info[jid][4] <= q:
-                quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][4]
+            if quota_used.get(tenant, 0) + info[jid][3] <= q:
+                quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][3]
                 schedule(jid)
         rest = [jid for jid in info if jid not in privileged or alloc[jid] == 0]
         rest.sort(key=lambda j: (-slope(j, alloc[j]), by_id[j].spec.submit_time_s, j))
@@ -155,7 +155,7 @@ class MorphlingSlope:
             a = by_id[jid].alloc
             if g and a is not None and a.gpus == g and a.gpu_type == info[jid][0] and pk.fits(a.placement):
                 pk.take(a.placement)
-                chosen[jid] = Choice(a.gpu_type, g, dict(a.placement), info[jid][2][g], a.plan,
+                chosen[jid] = Choice(a.gpu_type, g, dict(a.placement), info[jid][1].rate[g], a.plan,
                                      by_id[jid].plan_code)
         for jid, g in sorted(alloc.items(), key=lambda kv: -kv[1]):
             if not g or jid in chosen:

@@ -97,6 +97,9 @@ register("crius-greedy", _formulation(backend="greedy"),
 register("morphling", _lazy("morphling", "MorphlingSlope"), "Morphling's slope algorithm")
 for _r in RECIPES.values():
     register(_r.policy, _formulation(formulation=_r.name), _r.doc)
+register("apportion-task2vec", _formulation(gains="task2vec"),
+         "apportion with Task2Vec-predicted fine-tuning gains (--gains auto: YMIR's Alg. 1) "
+         "from each task's samples ($APPORTION_TASK_DATA), for its transfer and merge options")
 register("apportion-na", _formulation(no_scaling=True), "ablation: no GPU-count scaling")
 register("apportion-nh", _formulation(no_hetero=True), "ablation: no heterogeneity scaling")
 

@@ -105,7 +105,8 @@ def check_round_flags(*, formulation: str = "cells", policy: str | None = None,
     if engine == "ray" and ray_address is None and time_budget is not None \
             and time_budget < LOCAL_RAY_MIN_BUDGET_S:
         raise InputError("--engine", "engine", f"--engine ray without --ray-address starts a "
-                         "Ray instance of its own, which takes seconds (3-20 s measured on a "
+                         "Ray instance of its own for the parts of --partitions, which takes "
+                         "seconds (3-20 s measured on a "
                          f"2-core machine), more than --time-budget {time_budget:g} leaves "
                          "the solve: give --ray-address of a running cluster, a budget of at "
                          f"least {LOCAL_RAY_MIN_BUDGET_S:g} s, or --engine local")
@@ -153,7 +154,8 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
               history: Mapping[str, Any] | None = None,
               seen_jct: Mapping[str, float] | None = None,
               interval_s: float | None = None,
-              restart_s: float | None = None) -> RoundResult:
+              restart_s: float | None = None,
+              finished: list[JobSpec] | None = None) -> RoundResult:
     """One round on an operator's queue (the library API): a one-shot
     :class:`~apportion.policies.scheduler.Scheduler` — admission, the policy ``config``
     names (the cell formulation by default), validation, then the caller's ``commit`` and
@@ -161,7 +163,9 @@ def run_round(cluster: Cluster, jobs: list[JobSpec], now_s: float,
     what ``job_histories`` reads from a store) gives history-aware policies the attained
     service a replay would give them; ``seen_jct`` (job id -> JCT s, what
     ``finished_jcts`` reads) the jobs apportion's policies rank the tail against, as a
-    long-lived policy remembers them (``tail_quantile``)."""
+    long-lived policy remembers them (``tail_quantile``); ``finished`` the fine-tuning jobs
+    whose weights remain (a queued sibling's transfer option may name them)."""
     with Scheduler(config, apply=apply, policy=policy, estimator=estimator) as sched:
         return sched.round(cluster, jobs, now_s, commit=commit, history=history,
-                           seen_jct=seen_jct, interval_s=interval_s, restart_s=restart_s)
+                           seen_jct=seen_jct, interval_s=interval_s, restart_s=restart_s,
+                           finished=finished)

@@ -39,7 +39,7 @@ from apportion.policies.recipes import RECIPES
 from apportion.policies.registry import load_plugins, make_policy
 from apportion.round import RoundResult, run_pipeline
 from apportion.round_store import RoundStore
-from apportion.view import Policy, View, view_of
+from apportion.view import JobView, Policy, View, view_of
 
 __all__ = ["Scheduler", "formulation_names", "policy_for"]
 
@@ -117,13 +117,15 @@ class Scheduler:
     def view(self, cluster: Cluster, jobs: list[JobSpec], now_s: float, *,
              history: Mapping[str, Any] | None = None,
              seen_jct: Mapping[str, float] | None = None,
-             interval_s: float | None = None, restart_s: float | None = None) -> View:
+             interval_s: float | None = None, restart_s: float | None = None,
+             finished: list[JobSpec] | None = None) -> View:
         """The round's view of jobs as a store or an operator's files describe them:
         ``history`` (job id -> :class:`~apportion.store_history.JobHistory`) gives
         history-aware policies the attained service a replay would; ``seen_jct`` (job id ->
         JCT s) the jobs apportion's policies rank the tail against, as a long-lived policy
         remembers them (``tail_quantile``); ``interval_s`` and ``restart_s`` the round's
-        figures (a one-off round has none: 300 s and the objective's 60 s)."""
+        figures (a one-off round has none: 300 s and the objective's 60 s); ``finished``
+        the fine-tuning jobs whose weights remain (a sibling may start from them)."""
         cfg, pol = self.config, self.policy
         est = self.estimator
         if est is None:
@@ -143,6 +145,7 @@ class Scheduler:
         if interval_s is not None:
             view.interval_s = float(interval_s)
         view.restart_s = restart_s
+        view.finished = [JobView.from_spec(j) for j in finished or ()]
         for js in view.jobs if history else ():
             h = history.get(js.id) if history else None
             if h is not None:

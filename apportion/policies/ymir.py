@@ -61,16 +61,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from apportion.decision import Decision, Reason
-from apportion.env import data_root
-from apportion.errors import InputError
-from apportion.estimation.finetune.transferability import auto_gains
+from apportion.estimation.finetune.gains import Task2VecGains
 from apportion.finetune_spec import SPATIAL_SEP, TEMPORAL_SEP, problem_from_lists
 from apportion.policies.base import Choice, Packer, build_decision, type_order
 from apportion.view import JobView, View
@@ -126,11 +123,9 @@ class Ymir:
                              (False, True): "ymir-spatial", (False, False): "ymir-normal"}[
                                  (temporal, spatial)] + ("-task2vec" if gains == "task2vec"
                                                          else "")
-        # task2vec: per backbone, the tasks the prediction covers and the predicted gains
-        # ({"temporal": {"A->B": g}, "spatial": {"A||B": g}}); the gains measured on modes
-        # that ran to their end (the calibration), and the ones still running
-        self._predicted: dict[str, tuple[frozenset[str], dict[str, dict[str, float]]]] = {}
-        self._measured: dict[str, dict[str, dict[str, float]]] = {}
+        # task2vec: the shared predictor (its gains, calibrated on the modes that ran to their
+        # end), and the modes still running
+        self._t2v = Task2VecGains(task_data, who=self.name)
         self._running_modes: dict[str, tuple[str, str, str, float]] = {}
         self._records: dict[str, Any] = {}  # job id -> its trace record (the rate source's key)
         self._backbone: dict[str, str | None] = {}
@@ -181,48 +176,18 @@ class Ymir:
         return self._noisy(view, self._rate_gain(view, js, src, gpu_type), "temporal", src,
                            js.id)
 
-    # -- Task2Vec (gains="task2vec") -------------------------------------------------------
-    def _task_folder(self) -> Path:
-        if self.task_data is not None:
-            return Path(self.task_data)
-        env = os.environ.get("APPORTION_TASK_DATA")
-        return Path(env) if env else data_root() / "titan-finetune" / "task-data"
-
+    # -- Task2Vec (gains="task2vec"): the shared predictor -----------------------------------
     def _check_task_folder(self) -> Path:
         """The task samples' folder; a missing one is refused by name (exit 2)."""
-        folder = self._task_folder()
-        if not folder.is_dir():
-            raise InputError(str(folder), "task data", f"no such folder: {self.name} predicts "
-                             "transfer gains with Task2Vec from each task's samples "
-                             "(<backbone>@<task>.npz or .csv, none shipped); give "
-                             "APPORTION_TASK_DATA")
-        return folder
-
-    def _task_file(self, folder: Path, backbone: str, task: str) -> Path | None:
-        for stem in (f"{backbone}@{task}", task):
-            for ext in (".npz", ".csv"):
-                if (folder / f"{stem}{ext}").is_file():
-                    return folder / f"{stem}{ext}"
-        return None
+        return self._t2v.check_folder()
 
     def _predictions(self, view: View, backbone: str | None) -> dict[str, dict[str, float]]:
         """Task2Vec's gains among the tasks of ``backbone`` seen so far, calibrated on the
-        gains measured so far; recomputed when a new task appears (``--gains auto``)."""
-        bb = backbone or ""
+        gains measured so far (``--gains auto``: :class:`~apportion.estimation.finetune.
+        gains.Task2VecGains`)."""
         tasks = frozenset(t for jid, t in self._task.items()
                           if t and self._backbone.get(jid) == backbone)
-        got = self._predicted.get(bb)
-        if got is not None and got[0] == tasks:
-            return got[1]
-        folder = self._check_task_folder()
-        files = {t: self._task_file(folder, bb, t) for t in sorted(tasks)}
-        pred: dict[str, dict[str, float]] = {"temporal": {}, "spatial": {}}
-        if sum(f is not None for f in files.values()) >= 2:
-            auto = auto_gains([(t, f, f"task {t}") for t, f in files.items()],
-                              self._measured.get(bb))
-            pred = {"temporal": auto.temporal, "spatial": auto.spatial}
-        self._predicted[bb] = (tasks, pred)
-        return pred
+        return self._t2v.predictions(backbone, tasks)
 
     def _measure(self, view: View) -> None:
         """The gains of modes that ran to their end, for the calibration: a transfer's or a
@@ -230,9 +195,7 @@ class Ymir:
         for jid in view.finished_recent:
             got = self._running_modes.pop(jid, None)
             if got is not None:
-                bb, kind, pair, gain = got
-                self._measured.setdefault(bb, {"temporal": {}, "spatial": {}})[kind][pair] = \
-                    round(gain, 6)
+                self._t2v.measured(*got)
 
     # -- the round ------------------------------------------------------------------------
     def decide(self, view: View) -> Decision:

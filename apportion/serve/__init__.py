@@ -6,7 +6,10 @@ store (the single source of truth) through its own connections, and writes only 
 the store's own transactional calls (``submit``, ``cancel``), as the commands do.
 
 Modules: :mod:`.command` (the command, its flags and its wiring), :mod:`.app` (the
-routes), :mod:`.views` (what the routes read from the store), :mod:`.schemas` (the
+routes), :mod:`.views` (what the routes read from the store), :mod:`.summaries` (the dashboard's
+bounded reads: the queue, the tenants, the cluster per type and node group),
+:mod:`.job_history` (one job's decisions, launches and restarts), :mod:`.decision_cache`
+(the last rounds' decisions, parsed once), :mod:`.schemas` (the
 response shapes the OpenAPI document publishes), :mod:`.body` (a submitted body as
 jobs, its content types and its budget), :mod:`.auth` (the bearer token: given, generated
 or waived), :mod:`.origins` (the ``Host`` and ``Origin`` checks), :mod:`.metrics`

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import math
 import secrets
@@ -60,8 +61,9 @@ from apportion.console import printable
 from apportion.decision import Reason
 from apportion.errors import HostError, InputError
 from apportion.jobs import JobSpec
-from apportion.lifecycle import IllegalTransition
-from apportion.serve import schemas, views
+from apportion.lifecycle import IllegalTransition, JobState
+from apportion.serve import schemas, summaries, views
+from apportion.serve.access import AccessLog
 from apportion.serve.auth import authorized
 from apportion.serve.body import (
     JSON_TYPES,
@@ -72,6 +74,7 @@ from apportion.serve.body import (
     check_media_type,
     submission_from_body,
 )
+from apportion.serve.job_history import job_history
 from apportion.serve.observer import LoopObserver
 from apportion.serve.origins import HostOriginGuard, HostPolicy
 from apportion.store import (
@@ -103,10 +106,14 @@ class ServeState:
     observer: LoopObserver
     registry: CollectorRegistry
     token: str | None = None
+    #: with ``--read-token-file``: reads need this token (or the write token)
+    read_token: str | None = None
     #: how long a request body may take to arrive (``--read-timeout``)
     read_timeout_s: float = 30.0
     #: where a generated token was written (named in a 401's detail)
     token_hint: Path | None = None
+    #: tenants' GPU quotas for guaranteed jobs (``--tenants``), for the tenants' panel
+    quotas: dict[str, int] = field(default_factory=dict)
     #: this server's start, in every ETag: a store replaced between two starts never
     #: answers 304 to a tag of the old one
     instance: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -166,7 +173,8 @@ _BODY_DOC = {
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.Problem, "description": what}
-    for code, what in ((401, "a write without the bearer token"),
+    for code, what in ((401, "a write without the bearer token (a read, with "
+                             "--read-token-file)"),
                        (403, "a request from another site's page (Origin)"),
                        (404, "no such job"),
                        (408, "the body did not arrive within --read-timeout"),
@@ -238,6 +246,53 @@ def _listing(request: Request, tag: str, build: Callable[[], dict[str, Any]],
     return ListJSON(body, headers=headers)
 
 
+def _tagged(request: Request, tag: str, build: Callable[[], dict[str, Any]]) -> Response:
+    """An answer with its ETag: 304 when the client has it, else the JSON of ``build()``."""
+    headers = {"ETag": tag, "Cache-Control": "no-cache"}
+    if _etag_matches(request.headers.get("if-none-match"), tag):
+        return Response(status_code=304, headers=headers)
+    return ListJSON(build(), headers=headers)
+
+
+def _hashed(request: Request, instance: str, body: dict[str, Any]) -> Response:
+    """An answer tagged by its content: for views that change with the clock as well as
+    with the store (a node's quarantine ends by itself), so the store's generation alone
+    cannot say they are unchanged. The client is spared the body and its drawing."""
+    raw = ListJSON(body).body
+    tag = f'"{instance}.{hashlib.sha256(raw).hexdigest()[:24]}"'
+    headers = {"ETag": tag, "Cache-Control": "no-cache"}
+    if _etag_matches(request.headers.get("if-none-match"), tag):
+        return Response(status_code=304, headers=headers)
+    return Response(raw, media_type="application/json", headers=headers)
+
+
+#: ``state=waiting`` in a jobs list: every state of a job waiting for GPUs
+WAITING_STATES = frozenset({JobState.SUBMITTED, JobState.QUEUED, JobState.CHECKPOINTED})
+
+
+def _states(given: str | None) -> frozenset[JobState] | None:
+    """The ``state`` parameter: states by name, comma-separated, ``waiting`` for the
+    three of a waiting job; an unknown name is a 422 naming ``state``."""
+    if given is None:
+        return None
+    out: set[JobState] = set()
+    for name in (p.strip() for p in given.split(",")):
+        if name == "waiting":
+            out |= WAITING_STATES
+            continue
+        try:
+            out.add(JobState(name))
+        except ValueError:
+            names = ", ".join(["waiting", *(s.value for s in JobState)])
+            raise ApiError(422, f"state: {name!r} is not a job state ({names})",
+                           "state") from None
+    return frozenset(out)
+
+
+def _query(**params: Any) -> str:
+    return urlencode({k: v for k, v in params.items() if v is not None})
+
+
 def _same_job(stored: JobSpec, new: JobSpec, timed: bool) -> bool:
     """Whether a stored job is the one ``new`` submits again: every field but the progress
     the store advances, and the submission time where the body left it to the server."""
@@ -256,9 +311,14 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                               "cluster from its state store. Writes need `Authorization: "
                               "Bearer <token>` (the token of --token-file, or the one the "
                               "server generated beside its store) unless it was started "
-                              "with --no-token; reads are open. Every request's Host and "
-                              "Origin are checked (421, 403).")
+                              "with --no-token; reads are open unless it was started with "
+                              "--read-token-file (then they need that token or the write "
+                              "token; the probes and the dashboard's page stay open). "
+                              "Every request's Host and Origin are checked (421, 403). "
+                              "Times are Unix seconds (`*_at`) with an RFC 3339 twin "
+                              "(`*_at_rfc3339`).")
     app.add_middleware(HostOriginGuard, policy=hosts or HostPolicy.for_listener("127.0.0.1"))
+    app.add_middleware(AccessLog)  # outermost: refused requests are logged too
     # the definitions the JSON body's schema refers to
     defs = JobsSpec.model_json_schema(ref_template="#/components/schemas/{model}").get(
         "$defs", {})
@@ -269,6 +329,19 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                      if s.token_hint is not None else "")
             raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for writes"
                            + where, "Authorization", {"WWW-Authenticate": "Bearer"})
+
+    def reader(request: Request, _: Credentials) -> None:
+        """Reads need a token only with ``--read-token-file``: that one, or the write
+        token (who may write may read)."""
+        if s.read_token is None:
+            return
+        header = request.headers.get("authorization")
+        if authorized(s.read_token, header) or (s.token is not None
+                                                and authorized(s.token, header)):
+            return
+        raise ApiError(401, "this server needs 'Authorization: Bearer <token>' for reads "
+                       "too (the token of --read-token-file, or the write token)",
+                       "Authorization", {"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -310,36 +383,46 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
             store_ok = exc.detail
         age = s.observer.last_pass_age()
         ready = store_ok == "ok" and s.observer.loop_ready()
+        at = s.observer.last_pass_at
         body = {"ready": ready, "store": store_ok, "last_round_age_s": age,
+                "last_round_at": at, "last_round_at_rfc3339": views.rfc3339(at),
                 "limit_s": s.observer.limit_s}
         return JSONResponse(body, 200 if ready else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["probes"],
-             responses=_errors())
+             responses=_errors(401), dependencies=[Depends(reader)])
     def metrics() -> PlainTextResponse:
         """Prometheus' text exposition format."""
         return PlainTextResponse(generate_latest(s.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(f"{API}/jobs", response_model=schemas.JobList, tags=["jobs"],
-             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
     def list_jobs(request: Request,
                   limit: int | None = Query(None, ge=1, le=10000, description="at most N "
                                             "jobs (a page); without it, every job"),
                   cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
                                              description="the page after this one: a "
-                                             "`next_cursor` of the page before")) -> Response:
+                                             "`next_cursor` of the page before"),
+                  state: str | None = Query(None, max_length=200, description="only jobs in "
+                                            "these states, comma-separated (`waiting`: "
+                                            "submitted, queued and checkpointed)"),
+                  tenant: str | None = Query(None, max_length=256, description="only this "
+                                             "tenant's jobs")) -> Response:
         """The jobs in submission order, a waiting one with its typed reason, and the count
         per state of every job. Without `limit` every job, as before paging came; with it
-        one page, and `next` the link to the following one (null on the last). The ETag
-        changes with every write to the store: send it back in If-None-Match for a 304."""
+        one page, and `next` the link to the following one (null on the last). `state` and
+        `tenant` keep only those jobs (`counts` still counts every job). The ETag changes
+        with every write to the store: send it back in If-None-Match for a 304."""
         after = int(cursor) if cursor is not None else 0
+        states = _states(state)
         with _store(s.state, readonly=True) as store:
-            params = urlencode({k: v for k, v in (("limit", limit), ("cursor", cursor))
-                                if v is not None})
+            params = _query(limit=limit, cursor=cursor, state=state, tenant=tenant)
             tag = f'"{s.instance}.{store.generation()}.jobs.{params}"'
-            return _listing(request, tag, lambda: views.jobs_view(store, after, limit),
-                            lambda c: None if c is None else
-                            f"{request.url.path}?{urlencode({'limit': limit, 'cursor': c})}")
+            return _listing(request, tag,
+                            lambda: views.jobs_view(store, after, limit, states, tenant),
+                            lambda c: None if c is None else f"{request.url.path}?"
+                            + _query(limit=limit, cursor=c, state=state, tenant=tenant))
 
     @app.post(f"{API}/jobs", response_model=schemas.Submitted, status_code=201,
               tags=["jobs"], openapi_extra=_BODY_DOC,
@@ -438,12 +521,22 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
         return None
 
     @app.get(API + "/jobs/{id:path}", response_model=schemas.JobDetail, tags=["jobs"],
-             responses=_errors(404, 503))
-    def get_job(id: str) -> dict[str, Any]:  # the contract's name
-        """One job: state, allocation, plan, progress and why it waits."""
+             responses={**_NOT_MODIFIED, **_errors(401, 404, 503)},
+             dependencies=[Depends(reader)])
+    def get_job(request: Request, id: str,  # the contract's name
+                history: bool = Query(False, description="add the job's history: the "
+                                      "rounds' decisions about it (runs of identical ones, "
+                                      "newest first), its launches and its restart, "
+                                      "preemption and interruption counts")) -> Response:
+        """One job: state, allocation, plan, progress and why it waits; with
+        `history=true` also what every round decided about it. The ETag changes with every
+        write to the store."""
         with _store(s.state, readonly=True) as store:
             try:
-                return views.job_view(store, id)
+                store.job(id)  # a job that does not exist is a 404, never a 304
+                tag = f'"{s.instance}.{store.generation()}.job.{int(history)}"'
+                return _tagged(request, tag, lambda: job_history(store, id) if history
+                               else views.job_view(store, id))
             except UnknownJob:
                 raise ApiError(404, f"no job {id!r} in the state store", "id") from None
 
@@ -462,7 +555,8 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
         return {"id": rec.id, "state": rec.state.value}
 
     @app.get(f"{API}/rounds", response_model=schemas.Rounds, tags=["rounds"],
-             responses={**_NOT_MODIFIED, **_errors(422, 503)})
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
     def list_rounds(request: Request,
                     limit: int = Query(100, ge=1, le=10000, description="the last N rounds"),
                     cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
@@ -480,14 +574,116 @@ def create_app(s: ServeState, hosts: HostPolicy | None = None) -> FastAPI:
                             lambda c: None if c is None else
                             f"{request.url.path}?{urlencode({'limit': limit, 'cursor': c})}")
 
+    @app.get(f"{API}/rounds/summary", response_model=schemas.RoundsSummary, tags=["rounds"],
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
+    def rounds_summary(request: Request,
+                       limit: int = Query(100, ge=1, le=10000,
+                                          description="the last N rounds"),
+                       cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
+                                                  description="rounds before this one")
+                       ) -> Response:
+        """The last rounds as `/api/v1/rounds` gives them, without each round's `solver`
+        report and `actions` (one row per job it decided: 20,000 at 20,000 jobs); for
+        plots and tables of many rounds. Paged and tagged as `/api/v1/rounds`."""
+        before = int(cursor) if cursor is not None else None
+        with _store(s.state, readonly=True) as store:
+            tag = (f'"{s.instance}.{store.generation()}.rounds-summary.'
+                   f'{_query(limit=limit, cursor=cursor)}"')
+            return _listing(request, tag,
+                            lambda: summaries.rounds_summary(store, limit, before),
+                            lambda c: None if c is None else
+                            f"{request.url.path}?{_query(limit=limit, cursor=c)}")
+
+    @app.get(f"{API}/queue", response_model=schemas.QueueView, tags=["jobs"],
+             responses={**_NOT_MODIFIED, **_errors(401, 422, 503)},
+             dependencies=[Depends(reader)])
+    def queue(request: Request,
+              top: int = Query(10, ge=0, le=summaries.MAX_TOP, description="how many of the "
+                               "longest-waiting jobs to list"),
+              reason: str | None = Query(None, max_length=100, description="list the longest "
+                                         "waits of this reason only")) -> Response:
+        """The queue: how many jobs wait and why (each typed reason with its count, the
+        GPUs its jobs ask for and its longest wait), the `top` longest-waiting jobs with
+        their reasons, every state's count and the last 200 finished jobs' JCTs; its size
+        does not grow with the queue. Waits are as of `now`; the ETag changes with every
+        write to the store."""
+        with _store(s.state, readonly=True) as store:
+            tag = (f'"{s.instance}.{store.generation()}.queue.'
+                   f'{_query(top=top, reason=reason)}"')
+            return _tagged(request, tag, lambda: summaries.queue_view(store, top, reason))
+
+    @app.get(f"{API}/tenants", response_model=schemas.TenantsView, tags=["jobs"],
+             responses={**_NOT_MODIFIED, **_errors(401, 503)},
+             dependencies=[Depends(reader)])
+    def tenants(request: Request) -> Response:
+        """Every tenant with a job or a quota (`--tenants`): its jobs per state, the GPUs
+        its running jobs hold per type, its guaranteed jobs' GPUs against its quota, and
+        its longest wait; most GPUs held first. The ETag changes with every write."""
+        with _store(s.state, readonly=True) as store:
+            tag = f'"{s.instance}.{store.generation()}.tenants"'
+            return _tagged(request, tag, lambda: summaries.tenants_view(store, s.quotas))
+
+    #: the last cluster summary and what it was computed from (summaries.cluster_key)
+    summary_cache: list[tuple[Any, dict[str, Any]] | None] = [None]
+
+    @app.get(f"{API}/cluster/summary", response_model=schemas.ClusterSummary,
+             tags=["cluster"], responses={**_NOT_MODIFIED, **_errors(401, 503)},
+             dependencies=[Depends(reader)])
+    def cluster_summary(request: Request) -> Response:
+        """The cluster per GPU type and per node group (the cluster file's `node_groups`):
+        capacity, allocated and free GPUs, nodes by health and by use; no node listed, so
+        its size does not grow with the cluster. The ETag follows its content (a node's
+        quarantine ends by itself, without a write)."""
+        with _store(s.state, readonly=True) as store:
+            key = summaries.cluster_key(store, time.time())
+            last = summary_cache[0]
+            if last is None or last[0] != key:  # else the same as the last answer's
+                last = (key, summaries.cluster_summary(store, s.cluster))
+                summary_cache[0] = last  # one assignment: threads see old or new, whole
+        return _hashed(request, s.instance, {
+            **last[1], "executor": s.executor, "interval_s": s.interval_s,
+            "writes_need_token": s.token is not None,
+            "reads_need_token": s.read_token is not None})
+
+    @app.get(API + "/cluster/groups/{group}", response_model=schemas.GroupPage,
+             tags=["cluster"], responses={**_NOT_MODIFIED, **_errors(401, 404, 422, 503)},
+             dependencies=[Depends(reader)])
+    def cluster_group(request: Request, group: str,
+                      limit: int = Query(64, ge=1, le=10000, description="at most N nodes"),
+                      cursor: str | None = Query(None, pattern=r"^[0-9]{1,18}$",
+                                                 description="the page after this one: a "
+                                                 "`next_cursor` of the page before")
+                      ) -> Response:
+        """One node group's nodes, a page at a time, each GPU naming the job that holds it
+        (as `/api/v1/cluster`); `next` links the following page. The ETag changes with
+        every write to the store."""
+        if group not in summaries.group_names(s.cluster):
+            raise ApiError(404, f"no node group {group!r} in cluster {s.cluster.name}",
+                           "group")
+        after = int(cursor) if cursor is not None else 0
+
+        def page() -> dict[str, Any]:
+            body = summaries.group_page(store, s.cluster, group, after, limit)
+            nxt = body["next_cursor"]
+            body["next"] = (None if nxt is None else
+                            f"{request.url.path}?{_query(limit=limit, cursor=nxt)}")
+            return body
+
+        with _store(s.state, readonly=True) as store:
+            tag = (f'"{s.instance}.{store.generation()}.group.{group}.'
+                   f'{_query(limit=limit, cursor=cursor)}"')
+            return _tagged(request, tag, page)
+
     @app.get(f"{API}/cluster", response_model=schemas.ClusterView, tags=["cluster"],
-             responses=_errors(503))
+             responses=_errors(401, 503), dependencies=[Depends(reader)])
     def cluster() -> dict[str, Any]:
         """The cluster node by node and GPU by GPU, and who holds each GPU."""
         with _store(s.state, readonly=True) as store:
             view = views.cluster_view(store, s.cluster)
         return {**view, "executor": s.executor, "interval_s": s.interval_s,
-                "writes_need_token": s.token is not None}
+                "writes_need_token": s.token is not None,
+                "reads_need_token": s.read_token is not None}
 
     @app.get("/", response_class=HTMLResponse, tags=["dashboard"], responses=_errors())
     def dashboard() -> HTMLResponse:

@@ -1,4 +1,5 @@
-"""Writes need ``Authorization: Bearer <token>``, reads stay open.
+"""Writes need ``Authorization: Bearer <token>``; reads stay open unless a read token is
+given (``--read-token-file``: then reads need it, or the write token).
 
 Where the token comes from:
 
@@ -29,21 +30,21 @@ from apportion.errors import InputError
 TOKEN_BYTES = 32
 
 
-def read_token(path: Path) -> str:
+def read_token(path: Path, flag: str = "--token-file") -> str:
     """The token in ``path``: its text without surrounding white space (a trailing newline,
-    as ``echo`` and Kubernetes Secrets leave one)."""
+    as ``echo`` and Kubernetes Secrets leave one); problems name ``flag``."""
+    field = flag.lstrip("-").replace("-", "_")
     try:
         token = read_text(path, "token").strip()
     except InputError as exc:
-        raise InputError("--token-file", "token_file", f"{path}: {exc.message}") from None
+        raise InputError(flag, field, f"{path}: {exc.message}") from None
     except OSError as exc:
-        raise InputError("--token-file", "token_file",
-                         f"{path}: {exc.strerror or exc}") from None
+        raise InputError(flag, field, f"{path}: {exc.strerror or exc}") from None
     if not token:
-        raise InputError("--token-file", "token_file", f"{path} is empty: put the token in it")
+        raise InputError(flag, field, f"{path} is empty: put the token in it")
     if any(c.isspace() or not c.isprintable() for c in token):
-        raise InputError("--token-file", "token_file", f"{path}: the token must be one word "
-                         "of printable characters")
+        raise InputError(flag, field, f"{path}: the token must be one word of printable "
+                         "characters")
     return token
 
 

@@ -31,6 +31,7 @@ from rich.markup import escape
 from apportion import outputs
 from apportion.console import printable, stderr_console
 from apportion.errors import HostError, InputError
+from apportion.runtime.executors.registry import reads
 from apportion.runtime.session import (
     LoopContext,
     LoopHooks,
@@ -82,6 +83,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                   objective_preset: str | None = None, no_token: bool = False,
                   allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = (),
                   read_timeout_s: float = 30.0, max_connections: int = 512,
+                  read_token_file: Path | None = None,
                   prepare: Callable[[RunOptions], PreparedRun]) -> int:
     """Run the rounds of ``apportion run`` and serve the API, probes, metrics and dashboard
     until SIGTERM/SIGINT (or ``timeout_s``). ``prepare`` checks the loop's options and
@@ -106,6 +108,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                              f"--host {host}: anyone who reaches it could run commands "
                              "through the executor; give --token-file instead")
         token = read_token(token_file) if token_file is not None else None
+        reads = (read_token(read_token_file, "--read-token-file")
+                 if read_token_file is not None else None)
         hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
                                          check_allowed_origins(allowed_origins))
         if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
@@ -119,7 +123,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
             executor, cluster, state, interval_s, workdir, kubeconfig, time_budget_s,
             k8s_config, drain, policy, estimator, checkpoint_every, checkpoint_interval_s,
             max_retries, grace_period_s, orphans,
-            ray_address if executor == "ray" else None, False, timeout_s, tables, tenants,
+            ray_address if reads(executor, "ray_address") else None, False, timeout_s,
+            tables, tenants,
             objective_preset))
         sock = bind(host, port)
     except InputError as exc:
@@ -136,14 +141,18 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         from apportion.serve.server import HttpServer, url_of
 
         registry = CollectorRegistry()
-        observer = LoopObserver(interval_s, time_budget_s, ServeMetrics(registry, executor))
-        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits)))
+        observer = LoopObserver(interval_s, time_budget_s,
+                                ServeMetrics(registry, executor, interval_s))
+        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits),
+                                         prep.round_config.quotas))
         needed, generated = token, None
         if token is None and not no_token:
             needed, generated = write_generated_token(state)
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
-                                    registry, needed, read_timeout_s=read_timeout_s,
-                                    token_hint=generated), hosts)
+                                    registry, needed, read_token=reads,
+                                    read_timeout_s=read_timeout_s,
+                                    token_hint=generated,
+                                    quotas=dict(prep.round_config.quotas or {})), hosts)
         try:
             with HttpServer(app, sock, observer, read_timeout_s, max_connections):
                 url = url_of(sock)
@@ -153,7 +162,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                 stderr_console().print(
                     f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
                     f"{url}/metrics; state {state}, executor {executor}, cluster "
-                    f"{prep.cluster.name}, writes {writes}",
+                    f"{prep.cluster.name}, writes {writes}, reads "
+                    f"{'need a token (--read-token-file)' if reads else 'open'}",
                     highlight=False, markup=False, soft_wrap=True)
                 yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
         finally:

@@ -1,4 +1,5 @@
-"""What the loop tells the server: each pass (readiness, metrics) and when to stop.
+"""What the loop tells the server: each pass (readiness, metrics, the round's log line) and
+when to stop.
 
 The loop calls :meth:`LoopObserver.on_round` on its own thread after every pass; the
 server's threads read :meth:`readiness`. A float assigned in one statement is all they
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from apportion.runtime.round_log import log_round
 from apportion.serve.metrics import ServeMetrics
 
 
@@ -33,6 +35,7 @@ class LoopObserver:
         return 2.0 * self.interval_s + self.time_budget_s
 
     def on_round(self, tick: Any) -> None:
+        log_round(tick)
         self.metrics.observe(tick)
         self.passes += 1
         self.last_pass_at = tick.finished_at

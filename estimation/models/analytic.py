@@ -38,6 +38,7 @@ there (and back, once measured there too).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from importlib import resources
@@ -51,7 +52,7 @@ from apportion.inputs import parse_shipped_yaml
 from apportion.jobs import JobSpec
 from apportion.models import ModelSpec, get_model
 from apportion.plans import Cell, ExecutionPlan
-from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale, Source
 from apportion.estimation.models.comm import Link, allreduce_time, p2p_seconds
 from apportion.estimation.models.partition import cached_cuts
 
@@ -118,7 +119,28 @@ class AnalyticEstimator(ParamsMixin):
         # predicted time at efficiency 1 divided by measured time is the efficiency
         self.efficiency_ = {g: float(median(r)) for g, r in ratios.items()}
         self.efficiency_scale_ = unmeasured_scale(self.efficiency_, self._default_eff)
+        self.n_samples_ = {g: len(r) for g, r in ratios.items()}
+        self.__dict__.pop("_source_memo", None)
         return self
+
+    def source(self, gpu_type: str) -> Source:
+        """``fitted`` where ``fit`` measured ``gpu_type``'s efficiency, else ``analytic``."""
+        key = gpu_type
+        memo = self.__dict__.setdefault("_source_memo", {})  # emptied by every fit
+        if key not in memo:
+            memo[key] = self._source(gpu_type)
+        return memo[key]
+
+    def _source(self, gpu_type: str) -> Source:
+        n = getattr(self, "n_samples_", {}).get(gpu_type)
+        if gpu_type in getattr(self, "efficiency_", {}):
+            return Source("fitted", f"analytic model, {gpu_type}'s sustained efficiency fitted "
+                          f"to {n} measured samples", estimator="analytic", samples=n)
+        if getattr(self, "efficiency_", None):
+            return Source("analytic", f"analytic model; {gpu_type} unmeasured, its catalog "
+                          "efficiency scaled by the measured types' ratio", estimator="analytic")
+        return Source("analytic", "layer FLOPs and bytes at the catalog's sustained efficiency",
+                      estimator="analytic")
 
     def _default_eff(self, gpu_type: str) -> float:
         """The efficiency before any fit: the constructor's or the shipped table's."""
@@ -139,7 +161,8 @@ class AnalyticEstimator(ParamsMixin):
         if node is None:
             raise ValueError("empty placement")
         gpu_type = cluster.nodes[node].gpu_type
-        return self._predict(job, plan, placement, gpu_type, cluster)
+        return replace(self._predict(job, plan, placement, gpu_type, cluster),
+                       source=self.source(gpu_type))
 
     @staticmethod
     def _limit(cluster: Cluster | None, gpu_type: str,
@@ -304,7 +327,8 @@ class AnalyticEstimator(ParamsMixin):
                getattr(self, "efficiency_scale_", 1.0))
         cache = self.__dict__.setdefault("_cell_cache", {})
         if key not in cache:
-            cache[key] = self._best_in_cell(job, cell, cluster)
+            est = self._best_in_cell(job, cell, cluster)
+            cache[key] = None if est is None else replace(est, source=self.source(cell.gpu_type))
         return cache[key]
 
     def _best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:

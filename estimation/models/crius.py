@@ -10,8 +10,14 @@
 2. **Stage profiles**: per stage a data-parallel-only and a tensor-parallel-only
    profile: compute seconds per micro-batch and memory per device. The default
    :class:`AnalyticStageProfiler` derives them from layer FLOPs and bytes (TP
-   shards run narrower matrix multiplies: a per-degree efficiency loss), and a
-   profiler (torch, JAX) can replace it.
+   shards run narrower matrix multiplies: a per-degree efficiency loss). Where the
+   profile cache holds usable measured profiles of the model on the cell's GPU type
+   (``apportion profile``, torch or JAX: :mod:`apportion.estimation.stage_profiles`),
+   :class:`MeasuredStageProfiler` answers from them instead: a shard measured is read, a
+   shard not measured is the analytic one at the model's measured-over-analytic ratio (so
+   a cell is never scored on two scales); the estimate's source says which (``profiled``
+   with the profiles' device, age and the shards derived, or ``analytic`` with what was
+   missing and what was refused).
 3. **Communication** from measured tables
    (:class:`~apportion.estimation.models.tables.CommTables`; alpha-beta for links never
    measured): TP all-reduces inside a stage, send/recv (plus all-gather when
@@ -38,10 +44,11 @@ from statistics import median
 from typing import Protocol
 
 import numpy as np
-from apportion.estimation.base import Estimate, ParamsMixin, Sample, unmeasured_scale
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source, unmeasured_scale
 from apportion.estimation.models.analytic import nominal_placement
 from apportion.estimation.models.comm import Link
 from apportion.estimation.models.tables import CommTables
+from apportion.estimation.stage_profiles import Hit, StageProfiles, StageRecord
 
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
@@ -275,6 +282,108 @@ class AnalyticStageProfiler:
         return StageProfile(mode, devices, comp, mem + 1.5 * GiB)
 
 
+class NoMeasuredProfile(LookupError):
+    """A stage shard the cell needs has no usable measured profile."""
+
+
+class MeasuredStageProfiler:
+    """Stage profiles from measured records (:class:`~apportion.estimation.stage_profiles.
+    StageProfiles`): the shard's compute per micro-batch, and its resident bytes plus the
+    activations of ``inflight`` micro-batches.
+
+    A shard the cell needs but nobody measured (another stage split, a TP width not
+    profiled) is the ``analytic`` profiler's, its compute scaled by the median ratio of
+    measured to analytic compute over the records of the same model, GPU type and layout
+    (any layout where that one has none): every cell of a profiled model is then on the
+    measured scale, and a solver never prefers an unmeasured cell because the analytic
+    model is optimistic on this device. ``hits`` and ``derived`` list what was read and
+    what was derived, for the estimate's source."""
+
+    def __init__(self, store: StageProfiles, analytic: StageProfiler | None = None) -> None:
+        self.store = store
+        self.analytic = analytic
+        self.hits: list[Hit] = []
+        self.derived: list[str] = []
+        self.basis: list[StageRecord] = []  # the records a ratio was taken from
+        self._ratios: dict[tuple[str, str, str], float | None] = {}
+
+    def profile(self, model: ModelSpec, rng: tuple[int, int], gpu_type: str, devices: int,
+                mode: str, micro_batch: float, inflight: int) -> StageProfile:
+        hit = self.store.lookup(model.name, gpu_type, rng, mode, devices, micro_batch)
+        if hit is not None:
+            self.hits.append(hit)
+            m = hit.stage
+            return StageProfile(mode, devices, m.compute_s,
+                                m.static_bytes + m.act_bytes * max(inflight, 1))
+        ratio = self.ratio(model, gpu_type, mode)
+        if ratio is None or self.analytic is None:
+            raise NoMeasuredProfile(f"no measured {mode} profile of {model.name} layers "
+                                    f"[{rng[0]},{rng[1]}) on {devices} {gpu_type} "
+                                    f"(micro-batch {micro_batch:g})")
+        p = self.analytic.profile(model, rng, gpu_type, devices, mode, micro_batch, inflight)
+        self.derived.append(f"{mode} x{devices} [{rng[0]},{rng[1]})")
+        return replace(p, compute_s=p.compute_s * ratio)
+
+    def ratio(self, model: ModelSpec, gpu_type: str, mode: str) -> float | None:
+        """Median measured-over-analytic compute of the model's records on ``gpu_type`` in
+        ``mode`` (else in any mode); None without an analytic profiler or a record."""
+        key = (model.name, gpu_type, mode)
+        if key not in self._ratios:
+            got = None
+            if self.analytic is not None:
+                by_mode: dict[str, list[float]] = {}
+                for r in self.store.records(model.name, gpu_type):
+                    if r.measured.compute_s <= 0 or r.end > len(model.layers):
+                        continue
+                    a = self.analytic.profile(model, (r.start, r.end), gpu_type, r.devices,
+                                              r.mode, r.micro_batch, 1).compute_s
+                    if a > 0:
+                        by_mode.setdefault(r.mode, []).append(r.measured.compute_s / a)
+                        self.basis.append(r)
+                pool = by_mode.get(mode) or [x for v in by_mode.values() for x in v]
+                got = float(median(pool)) if pool else None
+            self._ratios[key] = got
+        return self._ratios[key]
+
+    def source(self, gpu_type: str) -> Source:
+        """``profiled``: the device and libraries of the records read, the oldest one's age,
+        how far a micro-batch was scaled from the one measured, and which shards were
+        derived at the measured ratio."""
+        now = self.store.clock()
+        recs = list({h.record.path or id(h.record): h for h in self.hits}.values())
+        if not recs:  # every shard derived: the records behind the ratio are the source
+            recs = [Hit(r, r.measured, 1.0) for r in self.basis]
+        devices = sorted({h.record.device for h in recs})
+        backends = sorted({h.record.backend for h in recs})
+        age = max((h.age_s(now) for h in recs), default=0.0)
+        scaled = sorted({h.scale for h in self.hits if h.scale != 1.0})
+        device = ", ".join(devices)
+        stand_in = f" (standing in for {gpu_type})" if any(
+            d.lower() == "cpu" for d in devices) else ""
+        measured = len({h.record.path or id(h.record) for h in self.hits})
+        detail = (f"{'/'.join(backends)} stage profiles measured on {device}{stand_in}, the "
+                  f"oldest {_age(age)} old: {measured} stage shards measured")
+        if scaled:
+            detail += (" (micro-batch scaled linearly from the measured one: x" +
+                       ", x".join(f"{x:.3g}" for x in scaled) + ")")
+        derived = sorted(set(self.derived))
+        if derived:
+            detail += (f", {len(derived)} derived from the analytic profiles at the measured "
+                       f"ratio ({', '.join(derived)})")
+        return Source("profiled", detail, estimator="crius", age_s=age, device=device,
+                      backend="/".join(backends))
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 # ---------------------------------------------------------------------------
 # 3-4. the cell estimator
 # ---------------------------------------------------------------------------
@@ -375,7 +484,8 @@ class CellEstimator(ParamsMixin):
                  tables: CommTables | None = None, profiler: StageProfiler | None = None,
                  usable_memory_fraction: float = 0.95, micro_batch_factor: int = 4,
                  max_micro_batches: int = 512, per_family: bool = False,
-                 calibration: str | None = None, ridge: float | str = "cv") -> None:
+                 calibration: str | None = None, ridge: float | str = "cv",
+                 stage_profiles: StageProfiles | None = None) -> None:
         self.efficiency = efficiency
         # also calibrate "<gpu>|<family>" efficiencies (operator mixes differ: on Crius's
         # data BERT sustains about twice Wide-ResNet's fraction of peak on the same GPU)
@@ -396,7 +506,9 @@ class CellEstimator(ParamsMixin):
         self.usable_memory_fraction = usable_memory_fraction
         self.micro_batch_factor = micro_batch_factor
         self.max_micro_batches = max_micro_batches
-
+        # measured stage profiles (the profile cache's): used for the cells of a model
+        # measured on their GPU type; None: analytic (or ``profiler``) only
+        self.stage_profiles = stage_profiles
 
     # -- components --------------------------------------------------------------------
     def _profiler(self, eff_scale: float = 1.0) -> StageProfiler:
@@ -406,6 +518,34 @@ class CellEstimator(ParamsMixin):
         eff = {g: e * eff_scale for g, e in fitted.items()}
         eff["*"] = self.efficiency * eff_scale * unmeasured_scale(fitted, lambda _: self.efficiency)
         return AnalyticStageProfiler(eff, self.tp_penalty)
+
+    def measured_profiler(self, model: str, gpu_type: str) -> MeasuredStageProfiler | None:
+        """A profiler over the measured stage profiles of ``model`` on ``gpu_type``, or None
+        where none is usable (or a custom ``profiler`` is set: it answers alone)."""
+        if self.profiler is not None or self.stage_profiles is None:
+            return None
+        if not self.stage_profiles.records(model, gpu_type):
+            return None
+        return MeasuredStageProfiler(self.stage_profiles, self._profiler())
+
+    def analytic_source(self, model: str, gpu_type: str, why: str = "") -> Source:
+        """The source of an estimate from the analytic stage profiles (or a custom
+        ``profiler``): ``fitted`` where a calibration on measured cells applies, else
+        ``analytic``; with why no measured profile served and what was refused."""
+        refused = tuple(self.stage_profiles.refusals(model, gpu_type)) \
+            if self.stage_profiles is not None else ()
+        note = f"; {why}" if why else ""
+        if self.profiler is not None:
+            return Source("profiled", f"stage profiler {type(self.profiler).__name__} on "
+                          "this machine (no provenance recorded)", estimator="crius",
+                          backend=type(self.profiler).__name__, refused=refused)
+        n = getattr(self, "n_samples_", None)
+        if getattr(self, "coef_", None) is not None or getattr(self, "efficiency_", None):
+            return Source("fitted", f"analytic stage profiles calibrated ({self._mode()}) on "
+                          f"{n} measured cells{note}", estimator="crius", samples=n,
+                          refused=refused)
+        return Source("analytic", f"analytic stage profiles (layer FLOPs and bytes at the "
+                      f"catalog's peak){note}", estimator="crius", refused=refused)
 
     def _tables(self) -> CommTables:
         return self.tables if self.tables is not None else CommTables()
@@ -427,17 +567,19 @@ class CellEstimator(ParamsMixin):
     def assemble(self, model: ModelSpec, batch: int, stages: StagePlan, gpu_type: str,
                  intra: Link, outer: Link, max_tp: int, eff_scale: float = 1.0,
                  micro_batches: int | None = None, hybrid: bool = False,
-                 feasible_only: bool = False) -> list[AssembledPlan]:
+                 feasible_only: bool = False, profiler: StageProfiler | None = None
+                 ) -> list[AssembledPlan]:
         """All ``2^S`` DP-only/TP-only assemblies of ``stages`` with their scores (with
         ``hybrid``, a stage neither layout fits may also run DP over TP groups), in
         ``itertools.product`` order of the stages' layouts; ``feasible_only``: only the
         fastest of those that fit (none if none fits; ties: the first), which is all an
-        estimate needs."""
+        estimate needs. ``profiler``: the stage profiles to score with (default: the
+        analytic ones, or the estimator's ``profiler``)."""
         S = len(stages.ranges)
         B = micro_batches or self.micro_batch_factor * S
         B = max(1, min(B, batch))
         mb = batch / B
-        prof = self._profiler(eff_scale)
+        prof = profiler or self._profiler(eff_scale)
         tables = self._tables()
         outs = model.attr("out_bytes")
         params = model.attr("params")
@@ -526,7 +668,37 @@ class CellEstimator(ParamsMixin):
                       keep_plans: bool = True
                       ) -> tuple[Estimate | None, list[AssembledPlan]]:
         """The cell's estimate (its fastest assembly that fits) and every assembly scored
-        on the way (``keep_plans=False``: only the fastest that fits of each search)."""
+        on the way (``keep_plans=False``: only the fastest that fits of each search), from
+        the measured stage profiles where the model was profiled on the GPU type (a shard not
+        measured derived at the measured ratio), else from the analytic ones; the estimate's
+        ``source`` says which."""
+        why = ""
+        measured = self.measured_profiler(model.name, gpu_type)
+        if measured is None and self.stage_profiles is not None and self.profiler is None:
+            why = f"no measured stage profile of {model.name} on {gpu_type}"
+            other = sorted({r.gpu_type for r in self.stage_profiles.records(model.name)})
+            if other:  # a profile stands only for its device's type: say what there is
+                why += (f" (the cache holds {', '.join(other)} profiles of it; a profile "
+                        "stands only for the GPU type it was measured on)")
+        if measured is not None:
+            try:
+                est, plans = self._estimate_cell(model, batch, gpu_type, gpus, stages, intra,
+                                                 outer, max_tp, eff_scale, keep_plans, measured)
+            except NoMeasuredProfile as exc:
+                why = str(exc)
+            else:
+                src = measured.source(gpu_type)
+                return (None if est is None else replace(est, source=src)), plans
+        est, plans = self._estimate_cell(model, batch, gpu_type, gpus, stages, intra, outer,
+                                         max_tp, eff_scale, keep_plans, None)
+        if est is None:
+            return None, plans
+        return replace(est, source=self.analytic_source(model.name, gpu_type, why)), plans
+
+    def _estimate_cell(self, model: ModelSpec, batch: int, gpu_type: str, gpus: int,
+                       stages: int, intra: Link, outer: Link, max_tp: int, eff_scale: float,
+                       keep_plans: bool, profiler: StageProfiler | None
+                       ) -> tuple[Estimate | None, list[AssembledPlan]]:
         flops = model.attr("flops")
         sp = determine_stages(flops, model.attr("out_bytes")[:-1], gpus, stages)
         if sp is None:
@@ -539,7 +711,8 @@ class CellEstimator(ParamsMixin):
             B = max(1, min(self.micro_batch_factor * stages, batch))
             while True:
                 plans = self.assemble(model, batch, sp, gpu_type, intra, outer, max_tp,
-                                      eff_scale, B, hybrid, feasible_only=not keep_plans)
+                                      eff_scale, B, hybrid, feasible_only=not keep_plans,
+                                      profiler=profiler)
                 ok = [p for p in plans if p.feasible]
                 if ok or B >= min(batch, self.max_micro_batches):
                     break
@@ -566,7 +739,9 @@ class CellEstimator(ParamsMixin):
                                       max_tp, keep_plans=False)[0]
         state = (self.efficiency, tuple(sorted(getattr(self, "efficiency_", {}).items())),
                  self.tp_penalty, self.usable_memory_fraction, self.micro_batch_factor,
-                 self.max_micro_batches)
+                 self.max_micro_batches,
+                 # a profile written (or aged out) since: the memo's estimates are stale
+                 self.stage_profiles.stamp() if self.stage_profiles is not None else None)
         held = self.__dict__.get("_cell_memo")
         if held is None or held[0] != state:
             held = self.__dict__["_cell_memo"] = (state, {})
@@ -591,13 +766,15 @@ class CellEstimator(ParamsMixin):
                                  cell.stages, intra, outer,
                                  cluster.max_gpus_per_node(cell.gpu_type))
         coef = getattr(self, "coef_", None)
-        if est is None or coef is None:
-            return est
+        if est is None or coef is None or (est.source is not None and
+                                           est.source.kind == "profiled"):
+            return est  # a calibration of the analytic profiles does not apply to measured
         hosts = len(nominal_placement(cluster, cell.gpu_type, cell.gpus) or {}) or 1
         c = math.exp(self._correction(cell_features(model, job.global_batch_size,
                                                     cell.gpu_type, cell.gpus, hosts, est)))
         return replace(est, iter_time_s=est.iter_time_s * c,
-                       breakdown={**est.breakdown, "calibration": c})
+                       breakdown={**est.breakdown, "calibration": c},
+                       source=self.analytic_source(job.model, cell.gpu_type))
 
     def _correction(self, feats: Mapping[str, float]) -> float:
         """``log(measured / analytic)`` the fitted cell calibration predicts. A GPU type or
@@ -617,7 +794,8 @@ class CellEstimator(ParamsMixin):
         cell = Cell(job.id, gpu_type, sum(placement.values()), plan.pp)
         est = self.best_in_cell(job, cell, cluster)
         if est is None:
-            return Estimate(math.inf, math.inf, False, plan, job.global_batch_size, {})
+            return Estimate(math.inf, math.inf, False, plan, job.global_batch_size, {},
+                            self.analytic_source(job.model, gpu_type, "no stage split fits"))
         return est
 
     def _mode(self) -> str:
@@ -699,6 +877,7 @@ class CellEstimator(ParamsMixin):
                 self.coef_ = saved_coef
         lam = _choose_ridge(rows, models) if self.ridge == "cv" else float(self.ridge)
         self.ridge_ = lam
+        self.n_samples_ = len(rows)
         self.heldout_error_ = _heldout(rows, models, mode, lam)
         if mode == "cell":
             self.coef_ = _ridge(rows, lam)

@@ -30,7 +30,7 @@ from typing import Any
 
 from apportion.cluster import Cluster
 from apportion.errors import InputError
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.estimation.rate_estimator import fastest_fitting_split
 from apportion.inputs import read_csv
@@ -142,6 +142,21 @@ class TableEstimator(ParamsMixin):
             exp = min(1.0, max(0.0, -math.log(pts[o] / pts[near]) / math.log(o / near)))
         return pts[near] * (near / gpus) ** exp
 
+    def source(self, job: JobSpec, gpu_type: str, gpus: int) -> Source:
+        """``measured``: the table row of this very cell, or how the rows around it were
+        interpolated (or extrapolated) to it."""
+        pts = self._points(job.model, job.global_batch_size, gpu_type)
+        n = len(pts)
+        if gpus in pts:
+            how = f"measured table row: {job.model} on {gpus} {gpu_type}"
+        else:
+            lo = max((g for g in pts if g < gpus), default=None)
+            hi = min((g for g in pts if g > gpus), default=None)
+            how = (f"interpolated between the measured rows of {lo} and {hi} {gpu_type}"
+                   if lo is not None and hi is not None else
+                   f"extrapolated from the measured row of {lo or hi} {gpu_type}")
+        return Source("measured", how, estimator="tables", samples=n)
+
     def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
                 cluster: Cluster) -> Estimate:
         node = next(iter(placement), None)
@@ -149,7 +164,8 @@ class TableEstimator(ParamsMixin):
         t = self.iter_time(job, gpu_type, plan.gpus)
         if t is None:
             return Estimate(math.inf, 0.0, False, plan, job.global_batch_size, {"measured": 0.0})
-        return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0})
+        return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0},
+                        self.source(job, gpu_type, plan.gpus))
 
     def best_in_cell(self, job: JobSpec, cell: Cell, cluster: Cluster) -> Estimate | None:
         if cell.gpus % cell.stages:
@@ -158,13 +174,15 @@ class TableEstimator(ParamsMixin):
         if t is None:
             return None
         plan = ExecutionPlan(dp=cell.gpus // cell.stages, pp=cell.stages)
+        source = self.source(job, cell.gpu_type, cell.gpus)
         if catalog_model(job.model) is None or fits_memory(
                 job, plan, type_memory_bytes(cluster, cell.gpu_type)):
-            return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0})
+            return Estimate(t, 0.0, True, plan, job.global_batch_size, {"measured": 1.0},
+                            source)
         planner = _planner()  # the table's split cannot hold it: a plan that fits, sized
         sized = planner.best_in_cell(job, cell, cluster) or fastest_fitting_split(
             planner, job, cell, cluster)
         if sized is None:
             return None
         return Estimate(t, sized.mem_per_gpu, True, sized.plan, job.global_batch_size,
-                        {"measured": 1.0})
+                        {"measured": 1.0}, source)

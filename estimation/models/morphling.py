@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from apportion.estimation.base import Estimate, ParamsMixin, Sample
+from apportion.estimation.base import Estimate, ParamsMixin, Sample, Source
+from apportion.estimation.models.morphling_claims import Claim, claim_for
 from apportion.estimation.models.tables import Curve
 from scipy.optimize import least_squares
 
@@ -651,6 +652,8 @@ class MorphlingEstimator(ParamsMixin):
                      self.min_samples)
         self.k_ = fitted
         self.samples_ = history
+        self.fit_samples_ = {**getattr(self, "fit_samples_", {}),
+                             **{name: len(history[name]) for name in done}}
         self.fit_rmsle_ = fit_err
         self.heldout_error_ = heldout
         self.unfitted_ = unfitted
@@ -913,6 +916,8 @@ class MorphlingEstimator(ParamsMixin):
         if hit.get("heldout_error") is not None:
             self.heldout_error_ = {**getattr(self, "heldout_error_", {}),
                                    arch_name: float(hit["heldout_error"])}
+        if isinstance(hit.get("samples"), int):
+            self.fit_samples_ = {**getattr(self, "fit_samples_", {}), arch_name: hit["samples"]}
         return k
 
     # -- prediction ---------------------------------------------------------------------
@@ -962,7 +967,38 @@ class MorphlingEstimator(ParamsMixin):
         mem = self.memory(spec, job.global_batch_size, plan)
         gpu = get_gpu(gpu_type)
         feasible = mem <= gpu.memory_bytes * 0.95 and job.global_batch_size >= plan.dp
-        return Estimate(parts["T_iter"], mem, feasible, plan, job.global_batch_size, parts)
+        claim = claim_for(plan, nodes_of(placement))
+        bd = dict(parts)
+        if not claim.claimed:  # read by ``auto``, which refuses the figure there
+            bd["outside_claims"] = 1.0
+            if claim.max_error is not None:
+                bd["claim_max_error"] = float(claim.max_error)
+        key = (arch.name, claim, arch.name in getattr(self, "k_", {}),
+               getattr(self, "fit_samples_", {}).get(arch.name))
+        memo = self.__dict__.setdefault("_source_memo", {})  # one per claim and fit state
+        if key not in memo:
+            memo[key] = self.source(arch.name, claim)
+        return Estimate(parts["T_iter"], mem, feasible, plan, job.global_batch_size, bd,
+                        memo[key])
+
+    def source(self, arch_name: str, claim: Claim | None = None) -> Source:
+        """``fitted`` (with the samples the fit saw) where the architecture's parameters were
+        fitted (here or in the cache), else ``analytic`` (the paper's starting parameters);
+        with the claim of the plan's family where one is given (see
+        :mod:`~apportion.estimation.models.morphling_claims`)."""
+        fitted = arch_name in getattr(self, "k_", {})
+        n = getattr(self, "fit_samples_", {}).get(arch_name)
+        if fitted:
+            kind, detail = "fitted", (f"Morphling's appendix-A model fitted to {n} samples of "
+                                      f"{arch_name}" if n else
+                                      f"Morphling's appendix-A model fitted for {arch_name}")
+        else:
+            kind, detail = "analytic", ("Morphling's appendix-A equations at the paper's "
+                                        f"starting parameters (no fit for {arch_name})")
+        if claim is not None:
+            detail += f"; {claim.describe()}" + ("" if claim.claimed else
+                                                  ": outside the model's claims")
+        return Source(kind, detail, estimator="morphling", samples=n if fitted else None)
 
     # -- plans, cells and sensitivity curves ----------------------------------------------
     def candidate_plans(self, gpus: int, max_tp: int, layers: int, batch: int

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.estimation.models.crius import CellEstimator, determine_stages
+from apportion.estimation.models.crius import CellEstimator, NoMeasuredProfile, determine_stages
 
 from apportion.cluster import Cluster
 from apportion.gpus import get_gpu
@@ -42,6 +42,7 @@ class TunedPlan:
     pruned_space: int
     full_space: int
     micro_batches: int
+    source: dict[str, Any] | None = None  # where the stage profiles came from
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu_type": self.cell.gpu_type, "gpus": self.cell.gpus,
@@ -49,7 +50,8 @@ class TunedPlan:
                 "stage_layouts": [{"dp": d, "tp": t} for d, t in self.stage_layouts],
                 "favours": list(self.favours), "iter_time_s": self.iter_time_s,
                 "mem_per_gpu": self.mem_per_gpu, "pruned_space": self.pruned_space,
-                "full_space": self.full_space, "micro_batches": self.micro_batches}
+                "full_space": self.full_space, "micro_batches": self.micro_batches,
+                "source": self.source}
 
 
 def layouts(n: int, max_tp: int) -> list[tuple[int, int]]:
@@ -94,7 +96,29 @@ def tune_cell(job: JobSpec, cell: Cell, cluster: Cluster, estimator: CellEstimat
     spaces = [favoured_half(n, max_tp, f) for n, f in zip(sp.gpus, favours)] if prune else full
     full_size = math.prod(len(x) for x in full)
     pruned_size = math.prod(len(x) for x in spaces)
-    prof = est._profiler()
+    measured = est.measured_profiler(model.name, cell.gpu_type)
+    why = ""
+    if measured is not None:
+        try:
+            best = _search(est, measured, model, job, cell, sp, spaces, B, max_tp, intra, outer)
+        except NoMeasuredProfile as exc:
+            why = str(exc)
+        else:
+            return None if best is None else TunedPlan(
+                cell, best[2], favours, best[0], best[1], pruned_size, full_size, B,
+                measured.source(cell.gpu_type).as_dict())
+    best = _search(est, est._profiler(), model, job, cell, sp, spaces, B, max_tp, intra, outer)
+    if best is None:
+        return None
+    return TunedPlan(cell, best[2], favours, best[0], best[1], pruned_size, full_size, B,
+                     est.analytic_source(model.name, cell.gpu_type, why).as_dict())
+
+
+def _search(est: CellEstimator, prof: Any, model: Any, job: JobSpec, cell: Cell, sp: Any,
+            spaces: list[list[tuple[int, int]]], B: int, max_tp: int, intra: Any, outer: Any
+            ) -> tuple[float, float, tuple[tuple[int, int], ...]] | None:
+    """The fastest per-stage ``(dp, tp)`` of ``spaces`` that fits, scored with ``prof``'s
+    stage profiles: ``(iteration s, memory per GPU, layouts)``, or None."""
     tables = est._tables()
     outs, params = model.attr("out_bytes"), model.attr("params")
     gpu = get_gpu(cell.gpu_type)
@@ -131,9 +155,7 @@ def tune_cell(job: JobSpec, cell: Cell, cluster: Cluster, estimator: CellEstimat
             max(opts)
         if best is None or total < best[0]:
             best = (total, max(mems), tuple(combo))
-    if best is None:
-        return None
-    return TunedPlan(cell, best[2], favours, best[0], best[1], pruned_size, full_size, B)
+    return best
 
 
 def parse_job_cell(job: str, cell: str) -> tuple[JobSpec, Cell]:
@@ -142,7 +164,6 @@ def parse_job_cell(job: str, cell: str) -> tuple[JobSpec, Cell]:
     Raises :class:`~apportion.errors.InputError` naming the option and the field.
     """
     from apportion.errors import CatalogError, InputError
-    from apportion.gpus import canonical_gpu_name
 
     parts = job.split(":")
     try:
@@ -155,41 +176,55 @@ def parse_job_cell(job: str, cell: str) -> tuple[JobSpec, Cell]:
         raise InputError("--job", "batch", f"{parts[1]!r} is not an integer") from None
     if batch <= 0 or len(parts) > 2:
         raise InputError("--job", "batch", "expected MODEL[:BATCH] with BATCH > 0")
-    c = cell.split(":")
-    if len(c) not in (2, 3):
-        raise InputError("--cell", "cell", "expected GPU_TYPE:GPUS[:STAGES]")
-    try:
-        gpu = canonical_gpu_name(c[0])
-    except CatalogError as exc:
-        raise InputError("--cell", "gpu_type", str(exc)) from None
-    try:
-        gpus, stages = int(c[1]), int(c[2]) if len(c) == 3 else 1
-    except ValueError:
-        raise InputError("--cell", "gpus", "GPUS and STAGES must be integers") from None
-    if gpus <= 0 or stages <= 0:
-        raise InputError("--cell", "gpus", "GPUS and STAGES must be positive")
+    gpu, gpus, stages = parse_cell(cell)
     spec = JobSpec(id="cli", model=get_model(parts[0]).name, global_batch_size=batch,
                    iterations=1, requested_gpus=gpus, requested_gpu_type=gpu)
     return spec, Cell("cli", gpu, gpus, stages)
 
 
-def estimate_report(job: JobSpec, cell: Cell, cluster: Cluster, estimator: str = "crius"
-                    ) -> dict[str, Any]:
-    """Every estimator's view of one cell, plus the Crius-tuned plan (JSON-ready)."""
-    from apportion.estimation.models.analytic import AnalyticEstimator
-    from apportion.estimation.models.morphling import MorphlingEstimator
+def parse_cell(cell: str, option: str = "--cell") -> tuple[str, int, int]:
+    """``GPU_TYPE:GPUS[:STAGES]`` as ``(type, gpus, stages)``; an
+    :class:`~apportion.errors.InputError` naming ``option`` and the field otherwise."""
+    from apportion.errors import CatalogError, InputError
+    from apportion.gpus import canonical_gpu_name
+
+    c = cell.split(":")
+    if len(c) not in (2, 3):
+        raise InputError(option, "cell", "expected GPU_TYPE:GPUS[:STAGES]")
+    try:
+        gpu = canonical_gpu_name(c[0])
+    except CatalogError as exc:
+        raise InputError(option, "gpu_type", str(exc)) from None
+    try:
+        gpus, stages = int(c[1]), int(c[2]) if len(c) == 3 else 1
+    except ValueError:
+        raise InputError(option, "gpus", "GPUS and STAGES must be integers") from None
+    if gpus <= 0 or stages <= 0:
+        raise InputError(option, "gpus", "GPUS and STAGES must be positive")
+    return gpu, gpus, stages
+
+
+def estimate_report(job: JobSpec, cell: Cell, cluster: Cluster, estimator: str = "crius",
+                    cache_dir: str | None = None) -> dict[str, Any]:
+    """Every estimator's view of one cell, with where each figure came from (``source``),
+    plus the Crius-tuned plan (JSON-ready). The estimators are the ones ``--estimator``
+    names build (:func:`~apportion.estimation.registry.make_estimator`): Crius's reads the
+    measured stage profiles of the profile cache (``cache_dir``, default
+    ``$APPORTION_CACHE``), Morphling's its cached fits; ``refused`` lists the stage profiles
+    of this model and GPU type that were not used, and why."""
+    from apportion.estimation.registry import make_estimator
 
     from apportion.errors import InputError
 
     if cluster.capacity_by_type().get(cell.gpu_type, 0) < cell.gpus:
         raise InputError("--cell", "gpus", f"the cluster has "
                          f"{cluster.capacity_by_type().get(cell.gpu_type, 0)} {cell.gpu_type} GPUs")
-    choices: dict[str, Any] = {"crius": CellEstimator(), "analytic": AnalyticEstimator(),
-                               "morphling": MorphlingEstimator()}
-    names = list(choices) if estimator == "all" else [estimator]
-    if any(n not in choices for n in names):
+    known = ("crius", "analytic", "morphling")
+    names = list(known) if estimator == "all" else [estimator]
+    if any(n not in known for n in names):
         raise InputError("--estimator", "estimator", f"{estimator!r} is not one of "
                          "crius, analytic, morphling, all")
+    choices: dict[str, Any] = {n: make_estimator(n, cache_dir=cache_dir) for n in names}
     out: dict[str, Any] = {"job": {"model": job.model, "global_batch_size":
                                    job.global_batch_size},
                            "cell": {"gpu_type": cell.gpu_type, "gpus": cell.gpus,
@@ -199,8 +234,11 @@ def estimate_report(job: JobSpec, cell: Cell, cluster: Cluster, estimator: str =
         out["estimates"][n] = None if e is None else {
             "iter_time_s": e.iter_time_s, "throughput": e.throughput,
             "mem_per_gpu_gib": e.mem_per_gpu / 2**30, "plan": e.plan.as_dict(),
-            "breakdown": dict(e.breakdown)}
+            "breakdown": dict(e.breakdown),
+            "source": None if e.source is None else e.source.as_dict()}
     if "crius" in names:
         t = tune_cell(job, cell, cluster, choices["crius"])
         out["tuned"] = None if t is None else t.as_dict()
+        store = choices["crius"].stage_profiles
+        out["refused"] = [] if store is None else store.refusals(job.model, cell.gpu_type)
     return out

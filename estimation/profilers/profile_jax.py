@@ -73,6 +73,7 @@ from typing import Any
 
 from apportion.estimation.cache import cache_key
 from apportion.estimation.models.crius import StageProfile
+from apportion.estimation.stage_profiles import MeasuredStage, versions_of
 
 log = logging.getLogger(__name__)
 
@@ -466,6 +467,60 @@ class JaxStageProfiler:
         mem = p.memory_bytes_per_device + p.temp_bytes_per_device * scale * \
             (max(inflight, 1) - 1) + 2.0 * weights
         return StageProfile(mode, devices, p.local_time_s * scale, mem)
+
+
+class JaxStageMeasurer:
+    """Stage shards measured with JAX through the one measurer protocol
+    (:class:`~apportion.estimation.profilers.stages.StageMeasurer`): the stage's blocks
+    compiled for a ``devices``-wide mesh and the per-device program timed
+    (:func:`cached_profile_stage`), read as :class:`JaxStageProfiler` reads it. The device
+    is the one the program ran on (``jax.devices()[0].device_kind``: ``cpu`` unless
+    ``JAX_PLATFORMS`` names another platform)."""
+
+    backend = "jax"
+
+    def __init__(self, repeats: int = 3, cache: Any = None, method: str = "hlo-rewrite") -> None:
+        self.repeats = repeats
+        self.cache = cache
+        self.method = method
+        self._device = ""
+
+    def device(self) -> str:
+        """The device the stage programs run on: the last measured one's, else ``cpu`` for
+        the default host platform, else the first device of the platform JAX starts on."""
+        if self._device:
+            return self._device
+        if profile_platform() == "cpu":
+            return "cpu"
+        import jax
+
+        return str(jax.devices()[0].device_kind)
+
+    def versions(self) -> dict[str, str]:
+        return versions_of(["jax", "jaxlib"])
+
+    def measure(self, model: Any, rng: tuple[int, int], devices: int, mode: str,
+                micro_batch: float) -> MeasuredStage:
+        a, b = rng
+        blocks = sum(1 for n in model.layers[a:b] if model.graph.nodes[n].get("kind") == "block")
+        params = float(sum(model.attr("params")[a:b]))
+        shard = devices if mode == "tp" else 1
+        if blocks == 0:
+            return MeasuredStage(0.0, 16.0 * params / shard, 0.0)
+        if mode == "dp":
+            per_dev = max(1, round(micro_batch / devices))
+            mb = per_dev * devices
+            scale = max(micro_batch / devices, 1e-9) / per_dev
+        else:
+            mb = max(1, round(micro_batch))
+            scale = max(micro_batch, 1e-9) / mb
+        p = cached_profile_stage(self.cache, model.name, mode, devices, mb, blocks,
+                                 self.repeats, self.method)
+        self._device = p.device or self._device
+        weights = 4.0 * params / shard
+        static = p.memory_bytes_per_device - p.temp_bytes_per_device + 2.0 * weights
+        return MeasuredStage(p.local_time_s * scale, max(static, 0.0),
+                             p.temp_bytes_per_device * scale)
 
 
 def _main() -> None:

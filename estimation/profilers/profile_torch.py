@@ -14,8 +14,11 @@ median of ``repeats`` runs after a warm-up. Peak memory is the CUDA allocator
 peak on GPUs; on CPU it is counted: parameters, gradients, the output and the
 tensors autograd saved for backward (a saved-tensor hook sums their bytes).
 Results are cached on disk keyed by model, device type and plan
-(:mod:`apportion.estimation.cache`). :class:`TorchStageProfiler` plugs the
-measurements into Crius's cell estimator as its stage profiler.
+(:mod:`apportion.estimation.cache`). :class:`TorchStageMeasurer` measures stage shards
+for the cell estimator through the one measurer protocol
+(:class:`~apportion.estimation.profilers.stages.StageMeasurer`, which JAX's implements too);
+:class:`TorchStageProfiler` plugs the per-layer measurements into it directly (no
+provenance recorded).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import Any
 
 from apportion.estimation.cache import DiskCache, cache_key
 from apportion.estimation.models.crius import StageProfile
+from apportion.estimation.stage_profiles import MeasuredStage, versions_of
 
-from apportion.inputs import check_count
 from apportion.models import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -160,59 +163,48 @@ class TorchStageProfiler:
         return StageProfile(mode, devices, compute, mem)
 
 
-#: ``profile --batch``: samples per profiled step (the inputs are allocated at once)
-MAX_PROFILE_BATCH = 4096
-#: ``profile --devices``: the stage width (JAX compiles for that many host devices)
-MAX_PROFILE_DEVICES = 64
+class TorchStageMeasurer:
+    """Stage shards measured with torch on this machine's device, per layer
+    (:func:`profile_layers`, through the per-layer cache), summed over the stage's layers.
 
+    DP: the stage's layers on one device's share of the micro-batch (a whole number of
+    samples, at least one; the time and activations scaled to the share it stands for);
+    TP: the layers' ``1/devices`` shard on the whole micro-batch. Resident bytes: weights,
+    gradients and two Adam moments of fp32 parameters; activations: what the layers keep
+    for backward beyond their weights and gradients."""
 
-def check_profile_args(model: str, backend: str, batch: int, devices: int) -> ModelSpec:
-    """The ``profile`` command's choices, refused before anything is built or allocated:
-    a catalog model (a malformed ``custom:`` name included), a backend, a batch and a
-    stage width within their limits, and for torch a width the model's attention heads
-    split into (its TP shards hold ``heads / devices`` heads each)."""
-    from apportion.errors import CatalogError, InputError
-    from apportion.models import get_model
+    backend = "torch"
 
-    try:
-        spec = get_model(model)
-    except (CatalogError, ValueError) as exc:
-        raise InputError("MODEL", "model", str(exc)) from None
-    if backend not in ("torch", "jax"):
-        raise InputError("--backend", "backend", f"{backend!r} is not one of torch, jax")
-    check_count(batch, "--batch", maximum=MAX_PROFILE_BATCH)
-    check_count(devices, "--devices", maximum=MAX_PROFILE_DEVICES)
-    if backend == "torch":
+    def __init__(self, repeats: int = 3, cache: DiskCache | None = None,
+                 threads: int | None = None) -> None:
+        self.repeats = repeats
+        self.cache = cache
+        self.threads = threads
+
+    def device(self) -> str:
+        return device_name()
+
+    def versions(self) -> dict[str, str]:
+        return versions_of(["torch"])
+
+    def measure(self, model: ModelSpec, rng: tuple[int, int], devices: int, mode: str,
+                micro_batch: float) -> MeasuredStage:
         from apportion.estimation.profilers.torch_models import TRAINABLE, shape_of
 
-        if spec.name not in TRAINABLE:
-            raise InputError("MODEL", "model", f"no torch module for {spec.name}; "
-                             f"torch profiles: {', '.join(TRAINABLE)}")
-        heads = shape_of(spec).heads
-        if heads % devices:
-            raise InputError("--devices", "devices", f"{spec.name}'s {heads} attention heads "
-                             f"cannot be split {devices} ways for its TP profile; give a "
-                             f"divisor of {heads}")
-    return spec
-
-
-def profile_report(model: str, backend: str = "torch", batch: int = 8, devices: int = 4,
-                   repeats: int = 3, cache_dir: str | None = None) -> dict[str, Any]:
-    """DP-only and TP-only profiles of ``model`` with the torch or JAX backend (JSON-ready)."""
-    spec = check_profile_args(model, backend, batch, devices)
-    out: dict[str, Any] = {"model": spec.name, "backend": backend, "batch": batch,
-                           "devices": devices}
-    if backend == "torch":
-        cache = DiskCache(cache_dir) if cache_dir else DiskCache()
-        for mode in ("dp", "tp"):
-            out[mode] = [asdict(p) for p in profile_layers(spec.name, batch, mode, devices,
-                                                           repeats, cache)]
-        out["device"] = device_name()
-    else:  # cached as the torch layers are: the cell estimator's JaxStageProfiler reads them
-        from apportion.estimation.profilers.profile_jax import cached_profile_stage
-
-        cache = DiskCache(cache_dir) if cache_dir else DiskCache()
-        for mode in ("dp", "tp"):
-            out[mode] = cached_profile_stage(cache, spec.name, mode, devices, batch,
-                                             repeats=repeats).as_dict()
-    return out
+        if model.name not in TRAINABLE:
+            raise ValueError(f"no torch module for {model.name}; torch profiles: "
+                             f"{', '.join(TRAINABLE)}")
+        if mode == "tp" and shape_of(model).heads % devices:
+            raise ValueError(f"{model.name}'s {shape_of(model).heads} attention heads do not "
+                             f"split {devices} ways")
+        share = micro_batch / devices if mode == "dp" else micro_batch
+        samples = max(1, int(round(share)))
+        scale = max(share, 1e-9) / samples
+        batch = samples * devices if mode == "dp" else samples
+        layers = profile_layers(model.name, batch, mode, devices, self.repeats, self.cache,
+                                self.threads)
+        sel = layers[rng[0]:rng[1]]
+        compute = sum(p.fwd_s + p.bwd_s for p in sel) * scale
+        params_bytes = sum(p.params for p in sel) * 4.0
+        act = sum(max(0.0, p.peak_mem_bytes - 2 * p.params * 4.0) for p in sel) * scale
+        return MeasuredStage(compute, 4.0 * params_bytes, act)

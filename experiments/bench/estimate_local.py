@@ -80,7 +80,7 @@ def run_runtime(model: str, batch: int, plan: ExecutionPlan, iters: int,
     """(step, optimizer, forward seconds or None) of the fastest step after two warm-up steps
     of one launch of the runtime worker group for ``plan`` (rank 0's)."""
     from apportion.runtime.executors.launch import launch_spec
-    from apportion.runtime.executors.local import free_port, spawn, wait
+    from apportion.runtime.executors.local.executor import free_port, spawn, wait
     from apportion.runtime.workers.trainer import LOSSES_FILE
 
     from apportion.decision import Allocation

@@ -46,6 +46,7 @@ from apportion.estimation.models.morphling import (
     MorphlingSample,
     link_class,
 )
+from apportion.estimation.models.morphling_claims import CLAIM_THRESHOLD, claims_from_rows
 from apportion.experiments.bench import morphling_data as md
 from apportion.experiments.bench.accuracy import summarize
 
@@ -231,6 +232,7 @@ def run_protocol(protocol: str, root: Path,
             "worst": worst_rows(rows),
             "worst_by_model": {m: worst_rows([r for r in rows if r["model"] == m], 3)
                                for m in md.MODELS},
+            "claims": [c.as_dict() for c in claims_from_rows(scored)],
             "excluded": [r for r in rows if r["excluded"] is not None]}
 
 
@@ -354,10 +356,27 @@ def error_tables(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
         return [{**dict(zip(keys, k)), **summarize(v),
                  "median_error": statistics.median(v)} for k, v in sorted(acc.items())]
 
-    return {"model_family": group(("model", "family")),
+    return {"family": worst_by(rows, ("family",)),
+            "model_family": group(("model", "family")),
             "family_kind": group(("family", "kind")),
             "gpus_kind": group(("gpus", "kind")),
             "model_kind": group(("model", "kind"))}
+
+
+def worst_by(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Per group: rows, mean error, and the worst row beside it (its error, model and
+    placement) -- a mean hides the row a job may land on."""
+    acc: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        acc.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for k, rs in sorted(acc.items()):
+        worst = max(rs, key=lambda r: r["error"])
+        out.append({**dict(zip(keys, k)), **summarize(r["error"] for r in rs),
+                    "median_error": statistics.median(r["error"] for r in rs),
+                    "worst_model": worst["model"], "worst_placement": worst["placement"],
+                    "worst_plan": worst["plan"]})
+    return out
 
 
 def worst_rows(rows: Sequence[dict[str, Any]], n: int = 12) -> list[dict[str, Any]]:
@@ -379,6 +398,24 @@ def protocol_markdown(res: dict[str, Any], worst: int = 12, full: bool = False) 
     o = res["overall"]
     lines = [f"Scored rows: {o['n']}, mean {_pct(o['mean_error'])}, max {_pct(o['max_error'])}.",
              ""]
+    if res["tables"].get("family"):
+        lines += ["Per plan family, the worst row beside the mean:", ""]
+        rows = [[t["family"], str(t["n"]), _pct(t["mean_error"]), _pct(t["max_error"]),
+                 f"{t['worst_model']} {t['worst_plan']} @ {t['worst_placement']}"]
+                for t in res["tables"]["family"]]
+        lines += markdown_table(["family", "n", "mean", "worst", "worst row"], rows,
+                                align=["", "r", "r", "r", ""]).rstrip("\n").split("\n")
+        lines.append("")
+    if res.get("claims"):
+        lines += [(f"Claims (worst held-out row within {100 * CLAIM_THRESHOLD:g} %; `auto` "
+                   "refuses Morphling's figure elsewhere):"), ""]
+        rows = [[c["family"], c["scope"], str(c["n"]), _pct(c["mean_error"]),
+                 _pct(c["max_error"]),
+                 "claimed" if c["claimed"] else ("refused" if c["n"] else "refused (unmeasured)")]
+                for c in res["claims"]]
+        lines += markdown_table(["family", "scope", "n", "mean", "worst", "claim"], rows,
+                                align=["", "", "r", "r", "r", ""]).rstrip("\n").split("\n")
+        lines.append("")
     heads = {"model_family": ("model", "family"), "family_kind": ("family", "kind"),
              "gpus_kind": ("gpus", "kind"), "model_kind": ("model", "kind")}
     names = ["model_family"] + (["family_kind", "gpus_kind", "model_kind"] if full else [])
@@ -469,6 +506,22 @@ def morphling_markdown(result: dict[str, Any], full: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def claims_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The claims table of a :func:`bench_morphling` result (its covering protocol), as
+    ``apportion/data/morphling_claims.json`` holds it."""
+    cov = result["protocols"]["covering"]
+    return {"protocol": "covering", "threshold": CLAIM_THRESHOLD,
+            "rows_scored": cov["overall"]["n"],
+            "made_by": "python -m apportion.experiments.bench.estimate_morphling --claims PATH",
+            "claims": cov["claims"]}
+
+
+def write_claims(result: dict[str, Any], path: Path) -> None:
+    import json
+
+    path.write_text(json.dumps(claims_json(result), indent=1) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m apportion.experiments.bench.estimate_morphling [--markdown PATH]``: every
     protocol with the full error tables (by model, plan family, placement kind and GPU
@@ -477,8 +530,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--markdown", type=Path, default=None, help="write here (default stdout)")
+    ap.add_argument("--claims", type=Path, default=None,
+                    help="also write the covering protocol's claims table here (the estimator "
+                    "ships it as apportion/data/morphling_claims.json)")
     args = ap.parse_args(argv)
-    text = morphling_markdown(bench_morphling(), full=True)
+    result = bench_morphling()
+    if args.claims is not None:
+        write_claims(result, args.claims)
+    text = morphling_markdown(result, full=True)
     if args.markdown is None:
         print(text, end="")
     else:

@@ -1,12 +1,16 @@
-"""The Executor protocol: turn a round's decision into running workers, report progress.
+"""The Executor base class: turn a round's decision into running workers, report progress.
 
-Every engine (dry-run, local processes, Ray, Kubernetes) implements the same
-three calls. ``apply`` receives the validated decision and the jobs the round
+Every engine (dry-run, local processes, Slurm, Ray, Kubernetes, a plug-in's) implements
+the same three calls. ``apply`` receives the validated decision and the jobs the round
 was solved for, and returns one :class:`Event` per action taken. ``poll``
 returns one :class:`Progress` per job the executor knows: iterations done,
 the measured iteration time (what the estimator is refitted from), the loss
 and a health word. ``shutdown`` stops everything, checkpointing when asked
-(SIGINT/SIGTERM in ``apportion run``).
+(SIGINT/SIGTERM in ``apportion run``). What a run's setup and loop ask of an executor
+besides (how long its groups take to stop, what an earlier run left, closing) the base
+class answers for an engine that has nothing of the kind, so drivers call it and never
+probe; :func:`as_executor` runs an object written to the three calls alone (a plug-in
+older than the base class) as an :class:`Executor`.
 
 The decision's action is a *suggestion* computed from the scheduler's view;
 the executor's own view of what runs is authoritative: a job the decision
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -78,23 +83,124 @@ class Progress:
         return d
 
 
+class Executor(ABC):
+    """One engine that runs decisions: the three calls every engine implements, and what the
+    run asks of every executor besides, answered here for an engine with nothing of the
+    kind (nothing left by an earlier run, no processes of its own to wait for, nothing to
+    close). Every executor subclasses it."""
+
+    #: the executor's registered name (``--executor``; the launch records' ``executor``)
+    name: str = ""
+    #: seconds a stopped worker group has to checkpoint and exit before it is killed; a run
+    #: ending idle waits as long for groups still exiting. None: no processes of its own to
+    #: wait for (dry-run; Kubernetes' pods have their own grace period)
+    stop_timeout_s: float | None = None
+
+    @abstractmethod
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
+        """Start, keep, resize, migrate and preempt jobs as ``decision`` says."""
+
+    @abstractmethod
+    def poll(self) -> list[Progress]:
+        """Progress of every job this executor has run."""
+
+    @abstractmethod
+    def shutdown(self, checkpoint: bool = True) -> list[Event]:
+        """Stop every job (checkpointing first when ``checkpoint``)."""
+
+    def reconcile(self, records: Sequence[Any], jobs: dict[str, JobSpec],
+                  adopt: bool = True) -> list[Reconciled]:
+        """Settle the open launch records an earlier (killed) run of this executor left
+        (``jobs``: the store's active jobs): adopt or stop each group, and say what it left.
+        None settled here: the run closes them and requeues their jobs from their last
+        checkpoints."""
+        return []
+
+    def adopted_jobs(self) -> set[str]:
+        """Jobs whose workers, left by an earlier run, this executor took over when it
+        started (a restarted run keeps them running instead of requeueing them)."""
+        return set()
+
+    def stop_adopted(self) -> bool:
+        """``--orphans stop``: checkpoint and stop what :meth:`adopted_jobs` names. True once
+        stopped (the run requeues them); False where the engine cannot stop them here (they
+        keep running, and stay the run's)."""
+        return False
+
+    def close(self) -> None:
+        """Release what the executor holds (an API client, an embedded Ray); a run calls it
+        last, after :meth:`shutdown` where the run stopped its jobs."""
+
+
 @runtime_checkable
-class Executor(Protocol):
-    """One engine that runs decisions."""
+class Runs(Protocol):
+    """The three calls and a name: what an ``apportion.executors`` plug-in's factory
+    returned before the base class, which :func:`as_executor` runs as an executor."""
 
     name: str
 
+    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]: ...
+
+    def poll(self) -> list[Progress]: ...
+
+    def shutdown(self, checkpoint: bool = True) -> list[Event]: ...
+
+
+def as_executor(obj: Any) -> Executor:
+    """``obj`` as an :class:`Executor`: itself, or an object with the three calls and a name
+    (:class:`Runs`) wrapped so that it runs as it did: what it defines of the rest it keeps,
+    the base class answers what it does not. A TypeError names anything else."""
+    if isinstance(obj, Executor):
+        return obj
+    if isinstance(obj, Runs) and obj.name:
+        return _Plain(obj)
+    raise TypeError(f"{obj!r} is not an executor: subclass apportion.runtime.executors."
+                    "Executor (name, apply, poll, shutdown)")
+
+
+class _Plain(Executor):
+    """An executor written to the three calls alone, as an :class:`Executor` (see
+    :func:`as_executor`): the one place that asks such an object what else it has."""
+
+    def __init__(self, inner: Runs) -> None:
+        self.inner = inner
+        self.name = str(inner.name)
+        grace = getattr(inner, "stop_timeout_s", None)
+        self.stop_timeout_s = None if grace is None else float(grace)
+
+    def _own(self, method: str) -> Any:
+        found = getattr(self.inner, method, None)
+        return found if callable(found) else None
+
     def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
-        """Start, keep, resize, migrate and preempt jobs as ``decision`` says."""
-        ...
+        return self.inner.apply(decision, state)
 
     def poll(self) -> list[Progress]:
-        """Progress of every job this executor has run."""
-        ...
+        return self.inner.poll()
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
-        """Stop every job (checkpointing first when ``checkpoint``)."""
-        ...
+        return self.inner.shutdown(checkpoint=checkpoint)
+
+    def reconcile(self, records: Sequence[Any], jobs: dict[str, JobSpec],
+                  adopt: bool = True) -> list[Reconciled]:
+        own = self._own("reconcile")
+        return list(own(records, jobs, adopt=adopt)) if own else []
+
+    def adopted_jobs(self) -> set[str]:
+        own = self._own("adopted_jobs")
+        return set(own()) if own else set()
+
+    def stop_adopted(self) -> bool:
+        own = self._own("stop_adopted")
+        if own is None:
+            return False
+        own()
+        return True
+
+    def close(self) -> None:
+        own = self._own("close")
+        if own is not None:
+            own()
 
 
 class LaunchLog(Protocol):

@@ -1,4 +1,4 @@
-"""Launch specs (command, environment, config per worker group) and the dry-run executor.
+"""Launch specs: the command, environment and config of one worker group.
 
 A :class:`LaunchSpec` is everything needed to start one job's worker group
 for one allocation: the command every rank runs (apportion's trainer, its
@@ -17,15 +17,13 @@ trainer refuses the plan with a message instead of the executor editing it.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from apportion.runtime.executors.executor import Event, Health, Progress, actions_for
 from apportion.runtime.workers.deepspeed_config import DeepSpeedPlanError, deepspeed_config
 from apportion.runtime.workers.train_config import TrainConfig
 from apportion.runtime.workload import (
@@ -40,7 +38,7 @@ from apportion.runtime.workload import (
     ranks_by_node,
 )
 
-from apportion.decision import Allocation, Decision
+from apportion.decision import Allocation
 from apportion.jobs import JobSpec, Workload, job_dirname
 
 log = logging.getLogger(__name__)
@@ -156,51 +154,3 @@ def torchrun_command(spec: LaunchSpec, nnodes: int = 1) -> list[str]:
     return ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}",
             f"--master-addr={spec.env['MASTER_ADDR']}", f"--master-port={spec.env['MASTER_PORT']}",
             "-m", TRAINER_MODULE, spec.command[-1]]
-
-
-class DryRunExecutor:
-    """Prints and returns the launch specs of every action; runs nothing.
-
-    It keeps its own notion of what runs (so a second round's actions are
-    reconciled against the first) and reports jobs as never progressing.
-    """
-
-    name = "dry-run"
-
-    def __init__(self, workdir: str | Path = "apportion-runs", out: IO[str] | None = None) -> None:
-        self.workdir = Path(workdir)
-        self.out = out if out is not None else sys.stdout
-        self.running: dict[str, Allocation] = {}
-        self.jobs: dict[str, JobSpec] = {}
-        self.specs: list[LaunchSpec] = []
-
-    def apply(self, decision: Decision, state: Sequence[JobSpec]) -> list[Event]:
-        by_id = {j.id: j for j in state}
-        self.jobs.update(by_id)
-        events: list[Event] = []
-        for step in actions_for(decision, self.running, self.running):
-            if step.allocation is None:
-                self.running.pop(step.job, None)
-                ev = Event(step.job, step.action.value, detail="stop with checkpoint")
-            else:
-                a = step.allocation
-                spec = launch_spec(by_id[step.job], a, step.action.value, self.workdir)
-                self.specs.append(spec)
-                self.running[step.job] = a
-                ev = Event(step.job, step.action.value, spec.workers, a.gpu_type,
-                           "no change" if step.action.value == "keep" else "launch",
-                           spec=spec.as_dict())
-            self.out.write(json.dumps(ev.as_dict(), sort_keys=True) + "\n")
-            events.append(ev)
-        self.out.flush()
-        return events
-
-    def poll(self) -> list[Progress]:
-        return [Progress(j, self.jobs[j].iterations_done, self.jobs[j].iterations, Health.STARTING,
-                         workers=a.plan.gpus, plan=a.plan.label())
-                for j, a in sorted(self.running.items())]
-
-    def shutdown(self, checkpoint: bool = True) -> list[Event]:
-        events = [Event(j, "preempt", detail="dry-run shutdown") for j in sorted(self.running)]
-        self.running.clear()
-        return events

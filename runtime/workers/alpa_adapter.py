@@ -41,7 +41,7 @@ def parallel_method(plan: ExecutionPlan) -> Any:
     """Alpa's parallel method for ``plan``: its stage count and micro-batches, unchanged."""
     alpa = require_alpa()
     if plan.pp <= 1:
-        return alpa.ShardParallel(num_micro_batches=max(1, plan.accumulation))
+        return alpa.ShardParallel(num_micro_batches=max(1, plan.accumulation_steps))
     return alpa.PipeshardParallel(num_micro_batches=max(1, plan.micro_batches),
                                   layer_option=alpa.AutoLayerOption(layer_num=plan.pp),
                                   stage_option="auto")

@@ -41,13 +41,14 @@ def deepspeed_config(plan: ExecutionPlan, global_batch_size: int, lr: float = 1e
                      device: str = "cpu") -> dict[str, Any]:
     """DeepSpeed's config for ``plan`` with the constant global batch."""
     dp = plan.dp
-    if global_batch_size % (dp * plan.accumulation):
+    steps = plan.accumulation_steps  # one-stage plans: their micro-batches accumulate too
+    if global_batch_size % (dp * steps):
         raise DeepSpeedPlanError(f"global batch {global_batch_size} is not divisible by "
-                                 f"dp*accumulation = {dp}*{plan.accumulation}")
+                                 f"dp*accumulation = {dp}*{steps}")
     cfg: dict[str, Any] = {
         "train_batch_size": global_batch_size,
-        "train_micro_batch_size_per_gpu": global_batch_size // (dp * plan.accumulation),
-        "gradient_accumulation_steps": plan.accumulation,
+        "train_micro_batch_size_per_gpu": global_batch_size // (dp * steps),
+        "gradient_accumulation_steps": steps,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "torch_adam": True}},
         "zero_optimization": {"stage": plan.zero_stage},
         "steps_per_print": 1_000_000,
@@ -186,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             save(it)
         t0 = time.perf_counter()
         total = 0.0
-        for k in range(plan.accumulation):
+        steps = plan.accumulation_steps
+        for k in range(steps):
             x, y = batch(cfg.model, cfg.seed, it * B + rank * (B // plan.dp) + k * m, m)
             loss = loss_fn(engine(x.to(device)), y.to(device))
             engine.backward(loss)
             engine.step()
-            total += float(loss.detach()) / plan.accumulation
+            total += float(loss.detach()) / steps
         t = torch.tensor([total], device=device)
         dist.all_reduce(t)
         losses.append(float(t) / world)

@@ -94,10 +94,11 @@ def micro_batch(global_batch: int, plan: ExecutionPlan) -> int:
     Under pipeline parallelism every rank micro-batch is further cut into
     ``plan.micro_batches`` equal pipeline micro-batches (equal, so their mean losses
     average to the micro-batch's mean loss), which must divide it too."""
-    parts = plan.dp * plan.accumulation
+    steps = plan.accumulation_steps  # one-stage plans: their micro-batches accumulate too
+    parts = plan.dp * steps
     if global_batch % parts:
         raise PlanError(f"global batch {global_batch} is not divisible by dp*accumulation = "
-                        f"{plan.dp}*{plan.accumulation}; the global batch never changes, so "
+                        f"{plan.dp}*{steps}; the global batch never changes, so "
                         "choose a plan that divides it")
     micro = global_batch // parts
     if plan.pp > 1 and (plan.micro_batches < 1 or micro % plan.micro_batches):
@@ -296,13 +297,14 @@ class Worker:
         for g in self.opt.param_groups:
             g["lr"] = self._lr_at(it)
         total = 0.0
-        for k in range(plan.accumulation):
+        steps = plan.accumulation_steps
+        for k in range(steps):
             start = it * B + dp_rank * (B // plan.dp) + k * m
             x, y = batch(self.cfg.model, self.cfg.seed, start, m)
             x, y = x.to(self.torch_device), y.to(self.torch_device)
-            last = k == plan.accumulation - 1
-            loss = self.par.forward_backward(x, y, scale=1.0 / plan.accumulation, sync=last)
-            total += loss / plan.accumulation
+            last = k == steps - 1
+            loss = self.par.forward_backward(x, y, scale=1.0 / steps, sync=last)
+            total += loss / steps
         if self.cfg.grad_clip > 0:
             params = [p for p in self.par.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)

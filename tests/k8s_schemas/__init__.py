@@ -49,6 +49,8 @@ CRD_FILES = {
     ("kueue.x-k8s.io", "ResourceFlavor"): "kueue.x-k8s.io_resourceflavors.yaml.gz",
     ("kueue.x-k8s.io", "Topology"): "kueue.x-k8s.io_topologies.yaml.gz",
     ("kueue.x-k8s.io", "Cohort"): "kueue.x-k8s.io_cohorts.yaml.gz",
+    ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml.gz",
+    ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml.gz",
 }
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
