@@ -14,11 +14,14 @@ from typer.testing import CliRunner
 
 from apportion.cli import app
 from apportion.cluster import Cluster, NodeGroup
+from apportion.config import load_jobs, resolve_cluster
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.counts import count_limit, grow, ladder, most_gpus
 from apportion.formulations.schema import cells_of
 from apportion.jobs import JobSpec
+from apportion.plan_memory import memory_violation
+from apportion.plans import ExecutionPlan
 
 runner = CliRunner()
 SCALES = (0.5, 1.0, 2.0)
@@ -193,3 +196,40 @@ def test_a_trimmed_round_is_the_same_without_estimating_the_scale_up() -> None:
                        if d.get("kind") == "cell"})
     assert graphs[0] == graphs[1]
     assert graphs[1][next(c for c in graphs[1] if c.startswith("cell:run:"))]  # kept running
+
+
+MEMORY_CLUSTER = """\
+name: small-memory
+node_groups:
+  - {prefix: small, count: 2, gpu_type: A100-40GB, gpus_per_node: 4, gpu_memory_gib: 4}
+  - {prefix: mid, count: 2, gpu_type: A40, gpus_per_node: 4, gpu_memory_gib: 8,
+     intra_node_link: pcie}
+"""
+
+
+def test_a_scale_up_keeps_each_gpus_memory(tmp_path: Path) -> None:
+    """On GPUs of 4 and 8 GiB an idle cluster grows both jobs past twice their request, and
+    every placed plan fits each GPU by the validator's own ledger (plan_memory), as every
+    other cell's does; with ``plans`` the same (the formulation's own memory check)."""
+    (tmp_path / "c.yaml").write_text(MEMORY_CLUSTER)
+    (tmp_path / "j.yaml").write_text(
+        "jobs:\n"
+        "  - {id: b336, model: bert-336m, global_batch_size: 64, iterations: 100000,"
+        " requested_gpus: 1}\n"
+        "  - {id: b13, model: bert-1.3b, global_batch_size: 64, iterations: 100000,"
+        " requested_gpus: 1}\n")
+    cluster = resolve_cluster(tmp_path / "c.yaml")
+    specs = {j.id: j for j in load_jobs(tmp_path / "j.yaml")[0]}
+    for policy in ("apportion", "apportion-plans"):
+        out = tmp_path / f"{policy}.json"
+        r = runner.invoke(app, ["solve-round", "--cluster", str(tmp_path / "c.yaml"),
+                                "--jobs", str(tmp_path / "j.yaml"), "--policy", policy,
+                                "--time-budget", "3", "--no-isolate", "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        allocs = json.loads(out.read_text())["allocations"]
+        assert {a["job"] for a in allocs} == set(specs), (policy, allocs)
+        assert max(a["gpus"] for a in allocs) > 2, (policy, allocs)  # grown past 2N
+        for a in allocs:
+            plan = ExecutionPlan(**a["plan"])
+            assert memory_violation(specs[a["job"]], plan, a["placement"], cluster) is None, \
+                (policy, a)
