@@ -338,8 +338,11 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
 
 def trim_scale_up(g: nx.DiGraph) -> int:
     """Drop every cell with more GPUs than its job requested, but a running job's present
-    cell and a job's only cells, when the graph's jobs ask for more GPUs than its nodes
-    have; the count dropped.
+    cell, when the graph's jobs ask for more GPUs than its nodes have; the count dropped.
+    A job only larger cells can hold keeps its cells within its reach (``reach_gpus``, the
+    request's ``2N``) and, on a type where only its elastic scale-up holds it, the cells of
+    the fewest GPUs that do: as many columns as before elasticity, and a job whose memory
+    needs more than ``2N`` GPUs of a type can still run there.
 
     A step after the candidates are built (not inside the builder): the incremental cache
     keeps each job's fragment whole, since the same job's scale-up cells are back in a round
@@ -354,8 +357,17 @@ def trim_scale_up(g: nx.DiGraph) -> int:
     for j, cells in offered.items():
         up = [c for c in cells
               if int(g.nodes[c]["gpus"]) > want[j] and not g.nodes[c].get("current")]
-        if len(up) < len(cells):  # a job only larger cells can hold keeps them
+        if len(up) < len(cells):
             drop += up
+            continue
+        # a job only larger cells can hold: its reach, or per type the fewest GPUs beyond
+        reach = g.nodes[job_node(j)].get("reach_gpus") or want[j]
+        fewest: dict[str, int] = {}
+        for c in cells:
+            d = g.nodes[c]
+            fewest[d["gpu_type"]] = min(fewest.get(d["gpu_type"], 1 << 30), int(d["gpus"]))
+        drop += [c for c in up if int(g.nodes[c]["gpus"]) > max(
+            reach, fewest[g.nodes[c]["gpu_type"]])]
     g.remove_nodes_from(drop)
     g.graph["scale_up_trimmed"] = len(drop)
     return len(drop)
