@@ -3,13 +3,26 @@
 Every loader raises :class:`apportion.errors.InputError` naming the file, the
 field path (``jobs[3].requested_gpus``) and what is wrong; nothing else may
 escape to the user. The field names here are a contract (see README).
+
+A queue comes in two formats with the same fields (docs/formats.md): the jobs YAML,
+read whole (4 MB unless ``--max-input-bytes`` says more), and **JSON lines** for large
+queues, read a line at a time (:func:`load_queue`): one job a line, each validated as
+it is read, an optional first line declaring the format, the count and the clock.
+Why a second format: PyYAML, even libyaml's parser, took 36 s for a 100,000-job queue
+(15 MB) and writing it 83 s, where a line of JSON is a C call; and a streamed file is
+bounded per line and by what its header declares, so its size limit can follow the
+queue (:data:`JOBS_LINES_BYTES_PER_JOB` a declared job) without ever holding the whole
+text. A header that declares N jobs is refused unless exactly N follow, so a truncated
+copy of a queue is refused rather than half scheduled.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,12 +45,16 @@ from apportion.gpus import canonical_gpu_name
 from apportion.inputs import (  # noqa: F401 (the one reader, re-exported for its callers)
     MAX_FILE_BYTES,
     check_input_file,
+    iter_lines,
+    parse_json_line,
     parse_shipped_yaml,
     parse_yaml_text,
+    read_head,
     read_text,
     read_yaml,
 )
 from apportion.jobs import JobSpec, RunningState, Workload, control_characters
+from apportion.memory_guard import check_input_fits
 from apportion.models import get_model
 
 MAX_COUNT = 1_000_000
@@ -459,7 +476,20 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _validate(model: type[BaseModel], data: Any, source: str) -> Any:
+def _validate(model: type[BaseModel], data: Any, source: str, prefix: str = "") -> Any:
+    """``data`` validated as ``model``; a refusal names the first problem's field path,
+    under ``prefix`` (``line 7, jobs[5]``: an entry validated on its own) where given."""
+    try:
+        return _validate_top(model, data, source)
+    except InputError as exc:
+        if not prefix:
+            raise
+        where = exc.field
+        where = prefix if where == "(top level)" else f"{prefix}.{where}"
+        raise InputError(source, where, exc.message) from None
+
+
+def _validate_top(model: type[BaseModel], data: Any, source: str) -> Any:
     if not isinstance(data, dict):
         raise InputError(source, "(top level)", f"expected a mapping, got {type(data).__name__}")
     try:
@@ -512,25 +542,27 @@ def cluster_from_data(data: Any, source: str) -> Cluster:
     return Cluster(spec.name, groups)
 
 
+def _job_of(e: JobEntry) -> JobSpec:
+    running = None
+    if e.running is not None:
+        r = e.running
+        running = RunningState(r.gpu_type, r.gpus, r.stages, dict(r.placement), r.tp)
+    return JobSpec(
+        id=e.id, model=e.model, global_batch_size=e.global_batch_size,
+        iterations=e.iterations, requested_gpus=e.requested_gpus,
+        requested_gpu_type=e.requested_gpu_type, submit_time_s=e.submit_time_s,
+        tenant=e.tenant, guaranteed=e.guaranteed, deadline_s=e.deadline_s,
+        backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
+        iterations_done=e.iterations_done, running=running, admitted=e.admitted,
+        workload=e.workload.to_workload() if e.workload is not None else None,
+        max_gpus=e.max_gpus, elastic=e.elastic,
+    )
+
+
 def jobs_from_data(data: Any, source: str) -> tuple[list[JobSpec], float]:
     """Jobs plus the round's clock (``now_s``, default: the latest submit time)."""
     spec: JobsSpec = _validate(JobsSpec, data, source)
-    jobs = []
-    for e in spec.jobs:
-        running = None
-        if e.running is not None:
-            r = e.running
-            running = RunningState(r.gpu_type, r.gpus, r.stages, dict(r.placement), r.tp)
-        jobs.append(JobSpec(
-            id=e.id, model=e.model, global_batch_size=e.global_batch_size,
-            iterations=e.iterations, requested_gpus=e.requested_gpus,
-            requested_gpu_type=e.requested_gpu_type, submit_time_s=e.submit_time_s,
-            tenant=e.tenant, guaranteed=e.guaranteed, deadline_s=e.deadline_s,
-            backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
-            iterations_done=e.iterations_done, running=running, admitted=e.admitted,
-            workload=e.workload.to_workload() if e.workload is not None else None,
-            max_gpus=e.max_gpus, elastic=e.elastic,
-        ))
+    jobs = [_job_of(e) for e in spec.jobs]
     now = spec.now_s if spec.now_s is not None else max((j.submit_time_s for j in jobs), default=0.0)
     return jobs, now
 
@@ -544,8 +576,166 @@ def finished_from_data(data: Any, source: str) -> list[JobSpec]:
                     accepts_sharing=True) for f in spec.finished]
 
 
-def load_finished(path: str | Path) -> list[JobSpec]:
-    return finished_from_data(read_yaml(path), str(path))
+
+# ---------------------------------------------------------------------------
+# Queues: the jobs YAML, or JSON lines streamed
+# ---------------------------------------------------------------------------
+#: what a JSON-lines queue's first line says it is (``{"format": "apportion-jobs", ...}``)
+JOBS_LINES_FORMAT = "apportion-jobs"
+#: file names read as JSON lines whatever their first line
+JOBS_LINES_SUFFIXES = (".jsonl", ".ndjson")
+#: the size a JSON-lines queue may have when it declares no count and no option says more
+#: (it is streamed: no copy of it is held; about 400,000 jobs of 150 bytes)
+MAX_JOBS_LINES_BYTES = 64 * 2**20
+#: what a declared job adds to that limit (a job line is about 150 bytes, with a workload
+#: command and environment about 1 KB; one line alone may hold MAX_LINE_BYTES)
+JOBS_LINES_BYTES_PER_JOB = 4096
+#: the most jobs a header may declare (the memory guard refuses far fewer on real machines)
+MAX_DECLARED_JOBS = 100_000_000
+
+
+class JobsLinesHeader(_Strict):
+    """The optional first line of a JSON-lines queue: what it is, how many jobs follow
+    (exactly that many must), and the round's clock."""
+
+    format: Literal["apportion-jobs"]
+    version: Literal[1] = 1
+    jobs: int | None = Field(default=None, ge=0, le=MAX_DECLARED_JOBS)
+    now_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("now_s")
+    @classmethod
+    def _finite_now(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+@dataclass
+class Queue:
+    """A queue file's jobs, the round's clock, and per job whether the file gave its
+    ``submit_time_s`` (``submit`` stamps the others with the store's clock)."""
+
+    jobs: list[JobSpec]
+    now_s: float
+    timed: list[bool]
+    format: str = "yaml"  # yaml | jsonl
+    #: the YAML's ``finished`` fine-tuning jobs (a sibling's transfer source; never run)
+    finished: list[JobSpec] = field(default_factory=list)
+
+
+def _first_line(path: str | Path) -> str:
+    head = read_head(path, "jobs", 4096)
+    return head.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+def queue_format(path: str | Path) -> str:
+    """``jsonl`` for a JSON-lines queue (a ``.jsonl``/``.ndjson`` name, or a first line
+    that is the header), else ``yaml``: a YAML file never starts with that header (the jobs
+    schema refuses a ``format`` key), so no valid file of one format is read as the other."""
+    if str(path).lower().endswith(JOBS_LINES_SUFFIXES):
+        return "jsonl"
+    line = _first_line(path)
+    if line.startswith("{") and f'"{JOBS_LINES_FORMAT}"' in line:
+        try:
+            first = json.loads(line)
+        except ValueError:
+            return "yaml"
+        if isinstance(first, dict) and first.get("format") == JOBS_LINES_FORMAT:
+            return "jsonl"
+    return "yaml"
+
+
+def _header_of(text: str, source: str, number: int) -> JobsLinesHeader | None:
+    data = parse_json_line(text, source, number)
+    if isinstance(data, dict) and "format" in data:
+        return _validate(JobsLinesHeader, data, source, f"line {number} (header)")
+    return None
+
+
+def declared_jobs(path: str | Path) -> int | None:
+    """The count a JSON-lines queue's header declares (None: not JSON lines, or no count),
+    read from its first line alone: a queue too large for the machine is refused before
+    any of it is read (:func:`apportion.memory_guard.check_round_fits`)."""
+    if queue_format(path) != "jsonl":
+        return None
+    line = _first_line(path)
+    if not line.startswith("{"):
+        return None
+    header = _header_of(line, str(path), 1)
+    return None if header is None else header.jobs
+
+
+def jobs_lines_limit(declared: int | None) -> int:
+    """The size a JSON-lines queue may have: :data:`MAX_JOBS_LINES_BYTES`, or
+    :data:`JOBS_LINES_BYTES_PER_JOB` per declared job where that is more."""
+    return max(MAX_JOBS_LINES_BYTES, (declared or 0) * JOBS_LINES_BYTES_PER_JOB)
+
+
+def load_jobs_lines(path: str | Path, max_bytes: int | None = None) -> Queue:
+    """A JSON-lines queue, read and validated a line at a time (see the module's
+    docstring): each non-empty line one job entry of the jobs YAML's fields, the first
+    line optionally the header. A refusal names the line and the job's field
+    (``line 7, jobs[5].requested_gpus``)."""
+    src = str(path)
+    header: JobsLinesHeader | None = None
+    declared: int | None = None
+    jobs: list[JobSpec] = []
+    timed: list[bool] = []
+    seen: set[str] = set()
+    # the limit: the option's, else what the header declares (read once more below)
+    limit = max_bytes if max_bytes is not None else jobs_lines_limit(declared_jobs(path))
+    lines = 0
+    for number, text in iter_lines(path, "JSON-lines jobs", max_bytes=limit):
+        lines += 1
+        if not text.strip():
+            continue
+        if lines == 1 and text.lstrip().startswith("{") and '"format"' in text:
+            header = _header_of(text, src, number)
+            if header is not None:
+                declared = header.jobs
+                continue
+        i = len(jobs)
+        if declared is not None and i >= declared:
+            raise InputError(src, f"line {number}", f"more jobs than the {declared} the "
+                             "header declares")
+        data = parse_json_line(text, src, number)
+        if isinstance(data, dict) and "format" in data:
+            raise InputError(src, f"line {number}", "a header line (\"format\") is only "
+                             "read as the file's first line")
+        entry: JobEntry = _validate(JobEntry, data, src, f"line {number}, jobs[{i}]")
+        if entry.id in seen:
+            raise InputError(src, f"line {number}, jobs[{i}].id",
+                             f"duplicate job id {entry.id!r}")
+        seen.add(entry.id)
+        jobs.append(_job_of(entry))
+        timed.append("submit_time_s" in data)
+    if lines == 0:
+        raise InputError(src, "(file)", "an empty file: a JSON-lines queue has a job a line "
+                         "(and optionally a header line first)")
+    if declared is not None and len(jobs) != declared:
+        raise InputError(src, "(file)", f"the header declares {declared} jobs but the "
+                         f"file holds {len(jobs)} (a truncated copy?)")
+    now = header.now_s if header is not None and header.now_s is not None else \
+        max((j.submit_time_s for j in jobs), default=0.0)
+    return Queue(jobs, now, timed, "jsonl")
+
+
+def load_queue(path: str | Path, max_bytes: int | None = None) -> Queue:
+    """A queue file in either format (:func:`queue_format`). ``max_bytes``: the largest
+    file read (``--max-input-bytes``); None: the format's own limit (4 MB of YAML; for
+    JSON lines 64 MB or what its header declares). A file this machine could not hold once
+    read is refused before it is read (:func:`apportion.memory_guard.check_input_fits`)."""
+    check_input_fits(path, "jobs")
+    if queue_format(path) == "jsonl":
+        return load_jobs_lines(path, max_bytes)
+    data = read_yaml(path, max_bytes=MAX_FILE_BYTES if max_bytes is None else max_bytes)
+    jobs, now = jobs_from_data(data, str(path))
+    raw = data.get("jobs", []) if isinstance(data, dict) else []
+    timed = [isinstance(r, dict) and "submit_time_s" in r for r in raw]
+    finished = finished_from_data(data, str(path)) if isinstance(data, dict) and \
+        data.get("finished") else []
+    return Queue(jobs, now, timed, "yaml", finished)
 
 
 def load_tenants(path: str | Path) -> dict[str, int]:
@@ -558,8 +748,10 @@ def load_cluster(path: str | Path) -> Cluster:
     return cluster_from_data(read_yaml(path), str(path))
 
 
-def load_jobs(path: str | Path) -> tuple[list[JobSpec], float]:
-    return jobs_from_data(read_yaml(path), str(path))
+def load_jobs(path: str | Path, max_bytes: int | None = None) -> tuple[list[JobSpec], float]:
+    """The jobs of a queue file (YAML or JSON lines: :func:`load_queue`) and its clock."""
+    q = load_queue(path, max_bytes)
+    return q.jobs, q.now_s
 
 
 def check_running(jobs: list[JobSpec], cluster: Cluster, source: str) -> None:
@@ -632,14 +824,14 @@ def resolve_cluster(arg: str | Path) -> Cluster:
 JOBS_NAMES = ("default",)
 
 
-def resolve_jobs(arg: str | Path) -> tuple[list[JobSpec], float]:
-    """Jobs from a YAML path, or the bundled ``default`` (the dozen Crius jobs
-    ``solve-round`` decides without ``--jobs``), so a decision of ``solve-round`` exports
-    with the same names it was solved with; a file of that name wins."""
+def resolve_jobs(arg: str | Path, max_bytes: int | None = None) -> tuple[list[JobSpec], float]:
+    """Jobs from a queue file (YAML or JSON lines), or the bundled ``default`` (the dozen
+    Crius jobs ``solve-round`` decides without ``--jobs``), so a decision of ``solve-round``
+    exports with the same names it was solved with; a file of that name wins."""
     p = Path(arg)
     if str(arg) in JOBS_NAMES and not p.exists():
         return default_jobs()
-    return load_jobs(p)
+    return load_jobs(p, max_bytes)
 
 
 def default_cluster() -> Cluster:

@@ -13,15 +13,21 @@ wrong, never a traceback or a hang. The rules, and why:
   the descriptor is opened non-blocking and checked again, so a FIFO swapped in
   after the check cannot hang the read either.
 * **A size limit** (:data:`MAX_FILE_BYTES`, 4 MB; bigger only where a format
-  needs it, such as the public traces): the read itself is bounded, so a file
-  that grows while it is read is refused too.
+  needs it, such as the public traces, or where the command is told so:
+  ``--max-input-bytes``): the read itself is bounded, so a file that grows while it
+  is read is refused too. A file read a line at a time (:func:`iter_lines`: a
+  JSON-lines queue) is bounded twice: each line (:data:`MAX_LINE_BYTES`) and the
+  whole; no copy of the whole file is ever held.
 * **UTF-8 text** for the text formats.
 * **YAML aliases bounded before any walk.** An anchor referenced many times is
   one node to the composer but many to whoever walks the data as a tree
   (validation, the duplicate-key check, a depth check): nine levels of nine
   aliases is a billion nodes from a kilobyte (the "billion laughs"). The
   composed node graph is measured once, with memoisation, before anything is
-  constructed; aliases may add at most :data:`MAX_YAML_ALIAS_NODES` nodes, a
+  constructed; aliases may add at most :data:`MAX_YAML_ALIAS_NODES` nodes, or
+  :data:`YAML_ALIAS_NODES_PER_NODE` times the document's own nodes where that is more
+  (a merge key per job in a 100,000-job queue adds 2 million nodes: linear in the
+  file, which its size limit bounds, where a bomb grows exponentially), a
   recursive alias is refused, and so is nesting deeper than
   :data:`MAX_YAML_DEPTH` levels.
 * **CSV fields and rows bounded** (:data:`MAX_FIELD_CHARS` characters a field,
@@ -62,11 +68,13 @@ from apportion.errors import InputError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["MAX_CSV_COLUMNS", "MAX_FIELD_CHARS", "MAX_FILE_BYTES", "MAX_NPZ_ELEMENTS",
-           "MAX_TRACE_BYTES", "MAX_YAML_ALIAS_NODES", "MAX_YAML_DEPTH", "CsvTable",
-           "check_count", "check_input_file", "parse_count", "parse_csv_text",
-           "parse_json_text", "parse_number", "parse_shipped_yaml", "parse_yaml_text", "read_bytes", "read_csv",
-           "read_head", "read_json", "read_npz", "read_text", "read_yaml"]
+__all__ = ["MAX_CSV_COLUMNS", "MAX_FIELD_CHARS", "MAX_FILE_BYTES", "MAX_LINE_BYTES",
+           "MAX_NPZ_ELEMENTS", "MAX_TRACE_BYTES", "MAX_YAML_ALIAS_NODES", "MAX_YAML_DEPTH",
+           "YAML_ALIAS_NODES_PER_NODE", "CsvTable", "check_count", "check_input_file",
+           "iter_lines", "parse_count", "parse_csv_text", "parse_json_line",
+           "parse_json_text", "parse_number", "parse_shipped_yaml", "parse_yaml_text",
+           "read_bytes", "read_csv", "read_head", "read_json", "read_npz", "read_text",
+           "read_yaml"]
 
 #: Inputs are small (a 1,000-job YAML is ~200 KB); pure-Python YAML needs ~7 s per MB.
 MAX_FILE_BYTES = 4 * 2**20
@@ -74,6 +82,14 @@ MAX_FILE_BYTES = 4 * 2**20
 MAX_TRACE_BYTES = 256 * 2**20
 #: Nodes YAML aliases may add over the document's own (a merge key per job is far below).
 MAX_YAML_ALIAS_NODES = 1_000_000
+#: ... or this many times the document's own nodes, where that is more: a merge key of a
+#: few fields per job adds about twice the job's own nodes, so a queue too large for the
+#: fixed budget (100,000 jobs, read with ``--max-input-bytes``) keeps its aliases, while a
+#: bomb (exponential in its own size) is refused as before
+YAML_ALIAS_NODES_PER_NODE = 4
+#: One line of a file read a line at a time (a JSON-lines queue: one job, its workload
+#: included): far above a real one (150 bytes), far below what would exhaust memory.
+MAX_LINE_BYTES = 2**20
 #: Levels of nesting a YAML or JSON input may have (real inputs have fewer than 10).
 MAX_YAML_DEPTH = 64
 #: Characters in one CSV field (a model name, a job id, a number: all far shorter).
@@ -126,20 +142,8 @@ def read_bytes(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FI
     after :func:`check_input_file` cannot hang the read.
     """
     src = str(path)
-    st = check_input_file(path, kind)
-    if st.st_size > max_bytes:
-        raise InputError(src, "(file)", f"file is {st.st_size} bytes; {kind} inputs are "
-                         f"limited to {max_bytes} bytes")
+    fd = _open_checked(path, kind, max_bytes)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        fst = os.fstat(fd)
-        mode = fst.st_mode
-        if not stat.S_ISREG(mode):
-            raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
-        protected.protect(path, f"a {kind} input", st=fst)
         chunks: list[bytes] = []
         left = max_bytes + 1
         while left > 0:
@@ -158,12 +162,16 @@ def read_bytes(path: str | Path, kind: str = "input", *, max_bytes: int = MAX_FI
     return raw
 
 
-def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> bytes:
-    """The first ``size`` bytes of a regular file, by the same rules as :func:`read_bytes`
-    (checked before opening, opened non-blocking and checked again), for readers that tell
-    a format from its first line before reading the whole file."""
+def _open_checked(path: str | Path, kind: str, max_bytes: int | None) -> int:
+    """A descriptor of a regular file of at most ``max_bytes`` (None: any size), opened by
+    the reader's rules: checked before opening (:func:`check_input_file`), opened
+    non-blocking and checked again, and remembered as an input of the command
+    (:mod:`apportion.protected`). The caller closes it."""
     src = str(path)
-    check_input_file(path, kind)
+    st = check_input_file(path, kind)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise InputError(src, "(file)", f"file is {st.st_size} bytes; {kind} inputs are "
+                         f"limited to {max_bytes} bytes")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -174,11 +182,78 @@ def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> byt
         if not stat.S_ISREG(mode):
             raise InputError(src, "(file)", f"{_file_kind(mode)}, not a regular file")
         protected.protect(path, f"a {kind} input", st=fst)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_head(path: str | Path, kind: str = "input", size: int = 1 << 16) -> bytes:
+    """The first ``size`` bytes of a regular file, by the same rules as :func:`read_bytes`
+    (checked before opening, opened non-blocking and checked again), for readers that tell
+    a format from its first line before reading the whole file."""
+    src = str(path)
+    fd = _open_checked(path, kind, None)
+    try:
         return os.read(fd, size)
     except OSError as exc:
         raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def iter_lines(path: str | Path, kind: str = "input", *, max_bytes: int,
+               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, str]]:
+    """The lines of a regular file with their numbers (from 1), read a megabyte at a time,
+    so no copy of the whole file is ever held (a 100,000-job queue streams through).
+
+    The rules of :func:`read_bytes`, and two bounds: a line longer than ``max_line_bytes``
+    is refused with its number before it is all read, and the file as a whole may hold
+    ``max_bytes`` (checked before opening and counted while reading, so a file that grows
+    meanwhile is refused too). Each line is UTF-8 text without its ``\n`` (nor a ``\r``
+    before it); a line that is not UTF-8 is refused with its number. The file is closed
+    when the lines run out, on a refusal, or when the caller stops early.
+    """
+    src = str(path)
+    fd = _open_checked(path, kind, max_bytes)
+    try:
+        number, total, pending = 0, 0, b""
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as exc:
+                raise InputError(src, "(file)", f"cannot read: {exc.strerror or exc}") from None
+            total += len(chunk)
+            if total > max_bytes:
+                raise InputError(src, "(file)", f"{kind} inputs are limited to {max_bytes} "
+                                 "bytes")
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop() if chunk else b""
+            if not chunk and lines and lines[-1] == b"":
+                lines.pop()  # the file ended with a newline
+            for raw in lines:
+                number += 1
+                yield number, _line_text(raw, src, number, max_line_bytes)
+            if len(pending) > max_line_bytes:
+                raise InputError(src, f"line {number + 1}", f"a line of more than "
+                                 f"{max_line_bytes} bytes; at most {max_line_bytes} are "
+                                 "accepted")
+            if not chunk:
+                return
+    finally:
+        os.close(fd)
+
+
+def _line_text(raw: bytes, source: str, number: int, max_line_bytes: int) -> str:
+    if len(raw) > max_line_bytes:
+        raise InputError(source, f"line {number}", f"a line of {len(raw)} bytes; at most "
+                         f"{max_line_bytes} are accepted")
+    try:
+        return raw.removesuffix(b"\r").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(source, f"line {number}", f"not UTF-8 text: {exc.reason} at byte "
+                         f"{exc.start} of the line") from None
 
 
 def _decode(raw: bytes, source: str) -> str:
@@ -241,15 +316,18 @@ def _children(node: yaml.Node) -> Iterable[yaml.Node]:
 
 
 def _measure(root: yaml.Node, alias_budget: int = MAX_YAML_ALIAS_NODES,
-             max_depth: int = MAX_YAML_DEPTH) -> None:
+             max_depth: int = MAX_YAML_DEPTH,
+             per_node: int = YAML_ALIAS_NODES_PER_NODE) -> None:
     """Refuse a node graph whose tree (aliases expanded) is too big, cyclic or too deep.
 
     Aliases make the composed graph a DAG that shares nodes; its tree size is counted
     bottom-up with each shared node counted once (memoised by identity), so the cost is
-    linear in the file, however many nodes the aliases stand for. Counts saturate just
-    past the limit, so a chain of doubling aliases never builds huge integers.
+    linear in the file, however many nodes the aliases stand for. Aliases may add
+    ``alias_budget`` nodes, or ``per_node`` times the document's own where that is more.
+    Counts saturate far past any budget (at 2**62), so a chain of doubling aliases never
+    builds huge integers.
     """
-    cap = 2 * (alias_budget + 1)
+    cap = 2**62
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
     started: set[int] = set()
@@ -272,8 +350,9 @@ def _measure(root: yaml.Node, alias_budget: int = MAX_YAML_ALIAS_NODES,
         stack.append((node, True))
         stack.extend((c, False) for c in _children(node) if id(c) not in size)
     extra = size[id(root)] - len(started)
-    if extra > alias_budget:
-        raise _Refused(f"aliases expand to more than {alias_budget} nodes beyond the "
+    budget = max(alias_budget, per_node * len(started))
+    if extra > budget:
+        raise _Refused(f"aliases expand to more than {budget} nodes beyond the "
                        f"file's own {len(started)} (an alias bomb?); write the values out")
 
 
@@ -474,9 +553,9 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise InputError(source, where, f"malformed YAML: {problem}") from None
 
 
-def read_yaml(path: str | Path) -> Any:
+def read_yaml(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> Any:
     """Parse a YAML file; every failure becomes an :class:`InputError` naming the file."""
-    return parse_yaml_text(read_text(path, "YAML"), str(path))
+    return parse_yaml_text(read_text(path, "YAML", max_bytes=max_bytes), str(path))
 
 
 # ---------------------------------------------------------------------------
@@ -539,6 +618,18 @@ def parse_json_text(text: str, source: str) -> Any:
         raise InputError(source, "(file)", f"malformed JSON: nesting too deep (more than "
                          f"{MAX_YAML_DEPTH} levels)")
     return data
+
+
+def parse_json_line(text: str, source: str, line: int) -> Any:
+    """One line of a JSON-lines file by :func:`parse_json_text`'s rules, a refusal naming
+    the file's line (``line 7, column 12``) rather than the text's."""
+    try:
+        return parse_json_text(text, source)
+    except InputError as exc:
+        where = exc.field
+        m = re.match(r"line \d+, column (\d+)$", where)
+        where = f"line {line}, column {m.group(1)}" if m else f"line {line}"
+        raise InputError(source, where, exc.message) from None
 
 
 def read_json(path: str | Path, kind: str = "JSON") -> Any:

@@ -13,7 +13,10 @@ The estimates are measured peaks with room to spare (experiments/results/bench/m
   1,000,000-job normalised CSV of 32 MB peaked at 1.1 GB while loaded);
 * one round: about 70 MiB and 20 KiB per job in the scheduling process (1,000 jobs on
   1,280 GPUs 89 MiB, 10,000 jobs on 20,480 GPUs 267 MiB), and an isolated solver's child
-  holds the model again.
+  holds the model again;
+* a queue file, while it is read: YAML's composed nodes and the validated jobs, about
+  QUEUE_BYTES_PER_FILE_BYTE bytes a byte of file (a JSON-lines queue streams, so it holds
+  less; the same estimate keeps one rule for both).
 
 What the machine has is the smallest of the kernel's ``MemAvailable``, the cgroup's limit
 less its usage (a container's or a Slurm job's), and ``APPORTION_MEMORY_LIMIT`` (an
@@ -37,6 +40,8 @@ GIB = 2**30
 
 #: resident bytes per byte of a trace file while it is loaded (measured 35: see above)
 TRACE_BYTES_PER_FILE_BYTE = 40
+#: resident bytes per byte of a queue file while it is read and validated
+QUEUE_BYTES_PER_FILE_BYTE = 40
 #: one round: the interpreter and its imports, then per job and per GPU (the measured
 #: 20 KiB a job, doubled for an isolated solver's copy of the model)
 ROUND_BASE_BYTES = 128 * MIB
@@ -49,17 +54,18 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb":
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str, source: str = MEMORY_ENV) -> int:
+def parse_size(text: str, source: str = MEMORY_ENV, field: str = MEMORY_ENV) -> int:
     """A size in bytes from ``"8GiB"``, ``"512 MiB"``, ``"2e9"`` or ``"3G"`` (decimal
-    units, binary with ``i``); an :class:`InputError` naming ``source`` otherwise."""
+    units, binary with ``i``); an :class:`InputError` naming ``source`` and ``field``
+    otherwise (the environment variable, or an option such as ``--max-input-bytes``)."""
     m = _SIZE.match(text)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
-        raise InputError(source, MEMORY_ENV, f"{text!r} is not a size: a number of bytes, "
+        raise InputError(source, field, f"{text!r} is not a size: a number of bytes, "
                          "optionally with a unit (KiB, MiB, GiB, TiB; kB, MB, GB, TB)")
     value = float(m.group(1)) * _UNITS[unit]
     if not 0 < value < 2**63:
-        raise InputError(source, MEMORY_ENV, f"{text!r}: the size must be above 0")
+        raise InputError(source, field, f"{text!r}: the size must be above 0")
     return int(value)
 
 
@@ -135,6 +141,18 @@ def check_round_fits(jobs: int, gpus: int, source: str, field: str = "jobs") -> 
     check_fits(round_bytes(jobs, gpus), source, field,
                f"a round of {jobs:,} jobs on {gpus:,} GPUs",
                "split the jobs over several rounds or partitions")
+
+
+def check_input_fits(path: str | Path, field: str = "jobs") -> None:
+    """Refuse a queue file this machine cannot hold once read (checked before reading:
+    ``--max-input-bytes`` lifts the reader's size limit, never this one)."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return  # the reader refuses it by name
+    check_fits(size * QUEUE_BYTES_PER_FILE_BYTE, str(path), field,
+               f"reading this queue ({size / 1e6:.1f} MB of file)",
+               "split the queue into several files (several submits)")
 
 
 def check_trace_fits(path: str | Path, source: str, field: str = "--trace") -> None:

@@ -65,6 +65,21 @@ log = logging.getLogger(__name__)
 SQLITE_HEADER = b"SQLite format 3\x00"
 _SPEC_FIELDS = tuple(f.name for f in fields(JobSpec) if f.name not in ("iterations_done", "running"))
 
+#: jobs staged per transaction of a submission's temporary table (StateStore.submit): the
+#: rows Python holds encoded at once; the store itself is written in one transaction
+SUBMIT_BATCH = 5000
+_STAGE_TABLE = ("CREATE TEMP TABLE IF NOT EXISTS submit_stage (n INTEGER PRIMARY KEY, "
+                "id TEXT NOT NULL UNIQUE, spec_json TEXT NOT NULL, iterations INTEGER NOT "
+                "NULL, done INTEGER NOT NULL)")
+
+
+def _spec_json(j: JobSpec) -> str:
+    """A job's stored specification: its fields but progress and placement."""
+    spec = {k: getattr(j, k) for k in _SPEC_FIELDS}
+    if j.workload is not None:
+        spec["workload"] = j.workload.as_dict()
+    return json.dumps(spec, sort_keys=True)
+
 
 class StoreBusy(RuntimeError):
     """Another invocation holds the store (the round lock, or SQLite's write lock)."""
@@ -604,28 +619,59 @@ class StateStore:
         rec.state = dst
 
     def submit(self, jobs: list[JobSpec], source: str = "submit", at: float | None = None) -> list[str]:
-        """Add jobs, all or nothing; an id already in the store is an :class:`InputError`."""
+        """Add jobs, all or nothing; an id already in the store (or twice in ``jobs``) is an
+        :class:`InputError` naming the first such ``jobs[i].id``, and nothing is written.
+
+        The rows are made and staged :data:`SUBMIT_BATCH` at a time in a temporary table
+        of this connection (SQLite's temporary database: no lock on the store, gone with
+        the connection if the process dies), and one transaction then moves them all into
+        the store with two ``INSERT ... SELECT`` statements. So other writers (a round's
+        commit, ``cancel``, ``serve``) wait for SQLite's own loop over the rows (0.8 s for
+        100,000 jobs, measured: experiments/results/bench/speed.md), not for Python
+        encoding them (9 s when each job was written in the transaction), and a
+        submission of any size is still all or nothing.
+        """
         at = time.time() if at is None else at
-        with self.transaction() as c:
-            for i, j in enumerate(jobs):
-                if j.running is not None:
-                    raise InputError(source, f"jobs[{i}].running", "a submitted job cannot be "
-                                     "running; the store records placements from its rounds")
-                old = c.execute("SELECT state FROM jobs WHERE id = ?", (j.id,)).fetchone()
+        seen: set[str] = set()
+        for i, j in enumerate(jobs):
+            if j.running is not None:
+                raise InputError(source, f"jobs[{i}].running", "a submitted job cannot be "
+                                 "running; the store records placements from its rounds")
+            if j.id in seen:
+                raise InputError(source, f"jobs[{i}].id", f"duplicate job id {j.id!r}")
+            seen.add(j.id)
+        c = self.conn
+        c.execute(_STAGE_TABLE)
+        try:
+            c.execute("DELETE FROM temp.submit_stage")
+            for first in range(0, len(jobs), SUBMIT_BATCH):
+                c.execute("BEGIN")
+                c.executemany("INSERT INTO temp.submit_stage(n, id, spec_json, iterations, "
+                              "done) VALUES (?, ?, ?, ?, ?)",
+                              [(first + k, j.id, _spec_json(j), j.iterations, j.iterations_done)
+                               for k, j in enumerate(jobs[first:first + SUBMIT_BATCH])])
+                c.execute("COMMIT")
+            with self.transaction():
+                old = c.execute("SELECT s.n, s.id, j.state FROM temp.submit_stage s "
+                                "JOIN jobs j ON j.id = s.id ORDER BY s.n LIMIT 1").fetchone()
                 if old is not None:
-                    raise InputError(source, f"jobs[{i}].id", f"job id {j.id!r} is already in the "
-                                     f"state store (state {old[0]}); ids are never reused")
-                spec = {k: getattr(j, k) for k in _SPEC_FIELDS}
-                if j.workload is not None:
-                    spec["workload"] = j.workload.as_dict()
-                seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-                c.execute("INSERT INTO jobs(id, seq, spec_json, state, iterations, iterations_done,"
-                          " checkpoint_iterations, submitted_at, updated_at) "
-                          "VALUES (?, ?, ?, 'submitted', ?, ?, ?, ?, ?)",
-                          (j.id, seq, json.dumps(spec, sort_keys=True), j.iterations,
-                           j.iterations_done, j.iterations_done, at, at))
-                c.execute("INSERT INTO job_events(job, src, dst, at, why) VALUES (?, NULL, "
-                          "'submitted', ?, ?)", (j.id, at, f"submitted from {source}"))
+                    raise InputError(source, f"jobs[{old[0]}].id", f"job id {old[1]!r} is "
+                                     f"already in the state store (state {old[2]}); ids are "
+                                     "never reused")
+                base = int(c.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
+                c.execute("INSERT INTO jobs(id, seq, spec_json, state, iterations, "
+                          "iterations_done, checkpoint_iterations, submitted_at, updated_at) "
+                          "SELECT id, ? + n + 1, spec_json, 'submitted', iterations, done, "
+                          "done, ?, ? FROM temp.submit_stage ORDER BY n", (base, at, at))
+                c.execute("INSERT INTO job_events(job, src, dst, at, why) SELECT id, NULL, "
+                          "'submitted', ?, ? FROM temp.submit_stage ORDER BY n",
+                          (at, f"submitted from {source}"))
+        finally:
+            if c.in_transaction:  # a staging batch failed (a full temporary folder)
+                with contextlib.suppress(sqlite3.Error):
+                    c.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("DELETE FROM temp.submit_stage")
         return [j.id for j in jobs]
 
     def cancel(self, job_id: str, at: float | None = None, why: str = "cancelled") -> JobRecord:
@@ -705,12 +751,22 @@ class StateStore:
     def _commit_round(self, decision: Decision, snapshot: RoundInput, cluster: Cluster,
                       now_s: float, key: str, at: float, by_job: dict[str, Any]) -> CommitResult:
         r = decision.report
+        # made before the lock is taken (a 100,000-job decision is tens of MB of JSON, and
+        # its writes a few seconds of Python): the rows to write from the jobs as they are
+        # now, kept if no transaction changed the store meanwhile (its generation)
+        decision_json = json.dumps(decision.as_dict(), sort_keys=True, default=str)
+        cl = {"name": cluster.name, "capacity": cluster.capacity_by_type(),
+              "nodes": len(cluster.nodes)}
+        self.conn.execute("BEGIN")
+        try:
+            seen = self.generation()
+            early = self._round_writes(snapshot, key, at, by_job, 0)
+        finally:
+            self.conn.execute("COMMIT")
         with self.transaction() as c:
             old = c.execute("SELECT id FROM rounds WHERE round_key = ?", (key,)).fetchone()
             if old is not None:
                 raise _AlreadyCommitted(int(old[0]))
-            cl = {"name": cluster.name, "capacity": cluster.capacity_by_type(),
-                  "nodes": len(cluster.nodes)}
             cur = c.execute(
                 "INSERT INTO rounds(round_key, now_s, committed_at, base_generation, cluster_json,"
                 " backend, status, objective, bound, gap, wall_s, fallback, fallback_reason, "
@@ -721,50 +777,60 @@ class StateStore:
                  len(decision.allocations), len(decision.pending)))
             rid = int(cur.lastrowid or 0)
             c.execute("INSERT INTO decisions(round_id, decision_json) VALUES (?, ?)",
-                      (rid, json.dumps(decision.as_dict(), sort_keys=True, default=str)))
-            res = CommitResult(rid, created=True)
-            for job_id, item in sorted(by_job.items()):
-                row = c.execute(f"SELECT {self._JOB_COLS} FROM jobs WHERE id = ?",
-                                (job_id,)).fetchone()
-                if row is None:
-                    log.error("round %s: decision names unknown job %s; ignored", key, job_id)
-                    continue
-                rec = self._record(row)
-                fresh = snapshot.versions.get(job_id) == rec.version and rec.state in ACTIVE
-                action, gtype, gpus, place, why = _describe(item)
-                if fresh:
-                    self._apply(rec, item, action, why, at, rid)
-                    res.applied.append(job_id)
-                else:
-                    res.skipped.append(job_id)
-                c.execute("INSERT INTO actions(round_id, job, action, gpu_type, gpus, "
-                          "placement_json, reason, applied) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                          (rid, job_id, action, gtype, gpus,
-                           None if place is None else json.dumps(place, sort_keys=True),
-                           why, int(fresh)))
+                      (rid, decision_json))
+            # the round's id is the one new fact: the rows made before are kept when the
+            # store is as they read it (nothing else can write while this transaction holds it)
+            unchanged = self.generation() == seen
+            writes, res = early if unchanged else self._round_writes(snapshot, key, at, by_job,
+                                                                     rid)
+            writes.flush(c, rid)
+            res.round_id = rid
         return res
 
-    def _apply(self, rec: JobRecord, item: Any, action: str, why: str, at: float, rid: int) -> None:
-        if rec.state is JobState.SUBMITTED:
-            self._move(rec, JobState.QUEUED, "admitted", at, rid)
-        if action in (Action.START.value, Action.KEEP.value, Action.RESIZE.value,
-                      Action.MIGRATE.value):
-            running = {"gpu_type": item.gpu_type, "gpus": item.gpus, "stages": item.stages,
-                       "placement": dict(sorted(item.placement.items())), "tp": item.plan.tp,
-                       "plan": item.plan.as_dict(), "round": rid}
-            self._move(rec, JobState.RUNNING, action, at, rid, running_json=running)
-        elif action == Action.PREEMPT.value and rec.state is JobState.RUNNING:
-            self._move(rec, JobState.CHECKPOINTED, f"preempted: {why}", at, rid,
-                       checkpoint_iterations=rec.iterations_done)
-        elif action == Action.DROP.value:
-            self._move(rec, JobState.DROPPED, f"dropped by round: {why}", at, rid)
-        elif isinstance(item, Pending) and item.stage == "admit" and item.reason is Reason.CATALOG:
-            # admission found a model or GPU type no catalog or rate knows: no round can
-            # ever plan it, whichever door committed the round (solve-round --state, run)
-            self._move(rec, JobState.FAILED, f"cannot be planned: {item.detail}", at, rid)
-        else:  # pending: stays queued / checkpointed
-            self.conn.execute("UPDATE jobs SET reason = ?, last_round = ?, version = version + 1 "
-                              "WHERE id = ?", (f"pending: {why}", rid, rec.id))
+    def _round_writes(self, snapshot: RoundInput, key: str, at: float, by_job: dict[str, Any],
+                      rid: int) -> tuple[_RoundWrites, CommitResult]:
+        """The rows a round's commit writes (:class:`_RoundWrites`, its round id filled in
+        when flushed) and which jobs it applies to: those the round read at the version the
+        store holds (the others changed while it solved: a cancellation, say), from the
+        jobs as the store holds them now."""
+        res = CommitResult(rid, created=True)
+        found = self._job_states(sorted(by_job))
+        writes = _RoundWrites(at)
+        for job_id, item in sorted(by_job.items()):
+            row = found.get(job_id)
+            if row is None:
+                log.error("round %s: decision names unknown job %s; ignored", key, job_id)
+                continue
+            state, version, done = row
+            fresh = snapshot.versions.get(job_id) == version and state in ACTIVE
+            action, gtype, gpus, place, why = _describe(item)
+            if fresh:
+                writes.apply(job_id, state, done, item, action, why)
+                res.applied.append(job_id)
+            else:
+                res.skipped.append(job_id)
+            writes.actions.append([None, job_id, action, gtype, gpus,
+                                   None if place is None else json.dumps(place, sort_keys=True),
+                                   why, int(fresh)])
+        return writes, res
+
+    def _job_states(self, ids: list[str]) -> dict[str, tuple[JobState, int, int]]:
+        """Job id -> (state, version, iterations done) of the jobs ``ids`` names that the
+        store holds: what a round's commit reads of each (a query per 500 ids, not per job);
+        a state edited by hand into nonsense is :class:`StoreDamaged` naming the job."""
+        out: dict[str, tuple[JobState, int, int]] = {}
+        for first in range(0, len(ids), 500):
+            chunk = ids[first:first + 500]
+            q = (f"SELECT id, state, version, iterations_done FROM jobs WHERE id IN "
+                 f"({', '.join('?' * len(chunk))})")
+            for job_id, state, version, done in self.conn.execute(q, chunk):
+                try:
+                    out[job_id] = (JobState(state), int(version), int(done))
+                except (ValueError, TypeError) as exc:
+                    raise StoreDamaged(str(self.path), f"jobs[{printable(job_id, False)}].state",
+                                       f"unreadable value ({exc}): "
+                                       + recover_hint(self.path)) from None
+        return out
 
     def rounds(self, limit: int | None = None, before: int | None = None
                ) -> list[dict[str, Any]]:
@@ -921,6 +987,99 @@ class StateStore:
 
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+class _RoundWrites:
+    """A round's writes to its jobs, gathered job by job and written together
+    (:meth:`flush`): each kind of row by one ``executemany``, not a statement a job (a
+    100,000-job round's commit held the store 42 s on a loaded machine that way).
+
+    The moves are :meth:`StateStore._move`'s, in two phases: admissions first (a
+    submitted job the round saw becomes queued), then each job's one move of the round
+    (start / keep / resize / migrate -> running, preempt -> checkpointed, drop, a catalog
+    refusal -> failed) or its pending reason; so every row's transition is legal when the
+    schema's trigger checks it, and each job's events keep their order."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        # each row's round id (the placeholder None, and the "round" of a running job's
+        # placement JSON) is filled in by flush: the rows are made before the round's row is
+        self.admitted: list[list[Any]] = []
+        self.running: list[list[Any]] = []
+        self.checkpointed: list[list[Any]] = []
+        self.ended: list[list[Any]] = []  # dropped or failed
+        self.pending: list[list[Any]] = []
+        self.events: list[list[list[Any]]] = [[], []]  # per phase
+        self.actions: list[list[Any]] = []
+
+    def _event(self, phase: int, job: str, src: JobState, dst: JobState, why: str) -> None:
+        check_transition(job, src, dst)
+        self.events[phase].append([job, src.value, dst.value, None, self.at, why])
+
+    def apply(self, job: str, state: JobState, done: int, item: Any, action: str,
+              why: str) -> None:
+        """What the round does to one fresh job (see the class docstring)."""
+        at = self.at
+        if state is JobState.SUBMITTED:
+            self._event(0, job, state, JobState.QUEUED, "admitted")
+            self.admitted.append([at, None, job])
+            state = JobState.QUEUED
+        if action in (Action.START.value, Action.KEEP.value, Action.RESIZE.value,
+                      Action.MIGRATE.value):
+            running = {"gpu_type": item.gpu_type, "gpus": item.gpus, "stages": item.stages,
+                       "placement": dict(sorted(item.placement.items())), "tp": item.plan.tp,
+                       "plan": item.plan.as_dict(), "round": _ROUND_ID}
+            self._event(1, job, state, JobState.RUNNING, action)
+            self.running.append([at, action, json.dumps(running, sort_keys=True), None, job])
+        elif action == Action.PREEMPT.value and state is JobState.RUNNING:
+            self._event(1, job, state, JobState.CHECKPOINTED, f"preempted: {why}")
+            self.checkpointed.append([at, f"preempted: {why}", done, None, job])
+        elif action == Action.DROP.value:
+            self._event(1, job, state, JobState.DROPPED, f"dropped by round: {why}")
+            self.ended.append([JobState.DROPPED.value, at, f"dropped by round: {why}", None, job])
+        elif isinstance(item, Pending) and item.stage == "admit" and item.reason is Reason.CATALOG:
+            # admission found a model or GPU type no catalog or rate knows: no round can
+            # ever plan it, whichever door committed the round (solve-round --state, run)
+            why = f"cannot be planned: {item.detail}"
+            self._event(1, job, state, JobState.FAILED, why)
+            self.ended.append([JobState.FAILED.value, at, why, None, job])
+        else:  # pending: stays queued / checkpointed
+            self.pending.append([f"pending: {why}", None, job])
+
+    def flush(self, c: sqlite3.Connection, rid: int) -> None:
+        """Write every row, round ``rid``'s (inside the round's transaction)."""
+        for rows, col in ((self.admitted, 1), (self.running, 3), (self.checkpointed, 3),
+                          (self.ended, 3), (self.pending, 1), (self.events[0], 3),
+                          (self.events[1], 3), (self.actions, 0)):
+            for row in rows:
+                row[col] = rid
+        placed = _ROUND_PLACEHOLDER
+        for row in self.running:
+            row[2] = row[2].replace(placed, f'"round": {rid}')
+        head = "UPDATE jobs SET state = ?, version = version + 1, updated_at = ?, reason = ?"
+        c.executemany("UPDATE jobs SET state = 'queued', version = version + 1, updated_at = ?, "
+                      "reason = 'admitted', running_json = NULL, last_round = ? WHERE id = ?",
+                      self.admitted)
+        events = "INSERT INTO job_events(job, src, dst, round_id, at, why) VALUES (?, ?, ?, ?, ?, ?)"
+        c.executemany(events, self.events[0])
+        c.executemany("UPDATE jobs SET state = 'running', version = version + 1, updated_at = ?, "
+                      "reason = ?, running_json = ?, last_round = ? WHERE id = ?", self.running)
+        c.executemany("UPDATE jobs SET state = 'checkpointed', version = version + 1, "
+                      "updated_at = ?, reason = ?, checkpoint_iterations = ?, running_json = "
+                      "NULL, last_round = ? WHERE id = ?", self.checkpointed)
+        c.executemany(head + ", running_json = NULL, last_round = ? WHERE id = ?", self.ended)
+        c.executemany("UPDATE jobs SET reason = ?, last_round = ?, version = version + 1 "
+                      "WHERE id = ?", self.pending)
+        c.executemany(events, self.events[1])
+        c.executemany("INSERT INTO actions(round_id, job, action, gpu_type, gpus, "
+                      "placement_json, reason, applied) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      self.actions)
+
+
+#: a running job's placement JSON names its round; the round's id is known only inside the
+#: commit's transaction, so the JSON is made with this marker and the id put in at flush
+_ROUND_ID = -7_777_777_777
+_ROUND_PLACEHOLDER = f'"round": {_ROUND_ID}'
 
 
 def _describe(item: Any) -> tuple[str, str | None, int | None, dict[str, int] | None, str]:

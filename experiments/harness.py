@@ -239,7 +239,11 @@ def prepare_one(trace: str, cluster: str, policy: str, profile: str = "default",
     t, truth = resolve(trace, cl, seed, window_days, ground_truth, tables)
     if max_jobs:
         t = t.head(max_jobs)
-    cfg = replace(PROFILES[profile], seed=seed, **(sim_options or {}))
+    options = dict(sim_options or {})
+    load = options.pop("load", None)  # the trace's, not the simulator's: a load sweep's row
+    if load is not None:
+        t = t.at_load(float(load))
+    cfg = replace(PROFILES[profile], seed=seed, **options)
     pol = make_policy(policy, **(policy_options or {}))
     return Replay(cl, t, pol, truth, cfg)
 
@@ -680,10 +684,12 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
                  ray_address: str | None = None, deterministic: bool = False,
                  tenants: Path | None = None, objective_preset: str | None = None,
                  tables: Path | None = None,
-                 notify: Callable[[str], None] | None = None) -> Path:
+                 notify: Callable[[str], None] | None = None,
+                 load: float | None = None) -> Path:
     """``apportion compare``: every input checked before any worker starts (the trace
     resolved as its runs will resolve it: ``notify`` gets its substitutions), then
-    :func:`compare`."""
+    :func:`compare`. ``load``: the trace's arrivals that many times as fast (one row of
+    ``compare --load``, :mod:`apportion.experiments.load_sweep`)."""
     _check_information(information, estimator)
     if engine not in ("local", "ray"):
         raise InputError("--engine", "engine", f"{engine!r} is not one of local, ray")
@@ -718,7 +724,8 @@ def compare_main(trace: str, cluster: str, policies: str, seeds: int, profile: s
     return compare(trace, cluster, names, seeds, out, run, profile, workers,
                    policy_options=popts or None,
                    sim_options={"information": information, "estimator": estimator,
-                                "deterministic": deterministic},
+                                "deterministic": deterministic,
+                                **({} if load is None else {"load": load})},
                    window_days=window_days, max_jobs=max_jobs, engine=engine,
                    ray_address=ray_address, tables=tables, per_run_jobs=len(resolved))
 

@@ -1,6 +1,10 @@
 """What `compare` publishes: plots and the markdown table, ready for a paper or a report.
 
-* **Titles** name the trace, the cluster, the information mode and the seeds.
+* **Titles** name the trace by its public name (:mod:`apportion.experiments.trace_names`),
+  the cluster, the information mode and the seeds.
+* **Lines** differ by style and marker as well as colour, so curves that coincide stay
+  visible and a figure reads in grey; every figure is written as PNG (200 dpi), PDF and
+  SVG (:data:`FORMATS`).
 * **Hours** on every time axis and in the table (the solver's seconds stay seconds);
   numbers in plain notation, never scientific.
 * **Bands**: the mean over seeds with a 95 % percentile-bootstrap band of that mean
@@ -31,6 +35,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from apportion.experiments.trace_names import public_name
+
+#: the files each figure is written as: a raster to look at, vectors for a paper
+FORMATS = ("png", "pdf", "svg")
+PNG_DPI = 200
+#: each policy's line: (style, marker), in the order the policies are given
+STYLES = [(ls, mk) for mk, ls in zip("osD^vPX*<>", ["-", "--", "-.", ":"] * 3)]
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
 GRID = 400
@@ -127,8 +138,16 @@ def describe(root: Path, policies: list[str], seeds: int) -> dict[str, Any]:
 
 def title(info: dict[str, Any]) -> str:
     seeds = info["seeds"]
-    return (f"{info['trace']} on {info['cluster']} — {info['information']} information, "
+    trace = ", ".join(public_name(t) for t in str(info["trace"]).split(", "))
+    return (f"{trace} on {info['cluster']} — {info['information']} information, "
             f"{seeds} seed{'s' if seeds != 1 else ''}")
+
+
+def line_style(k: int) -> dict[str, Any]:
+    """The ``k``-th policy's line: a style and a marker every tenth of the axis (colour
+    comes from matplotlib's cycle)."""
+    ls, mk = STYLES[k % len(STYLES)]
+    return {"ls": ls, "marker": mk, "markevery": 0.1, "ms": 4}
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -196,16 +215,17 @@ def figures(root: Path, policies: list[str], seeds: int) -> dict[str, Any]:
     figs: dict[str, Any] = {}
     for name, per_policy in data.items():
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for p, s in per_policy.items():
+        for k, (p, s) in enumerate(per_policy.items()):
+            style = line_style(policies.index(p) if p in policies else k)
             label = f"{p} ({s['seeds']} seed{'s' if s['seeds'] != 1 else ''}" + (
                 ", 95 % bootstrap band)" if s["lo"] is not None else ", no band)")
             if name == "jct_cdf":
-                line = ax.plot(s["mean"], s["x"], label=label, lw=1.0)[0]
+                line = ax.plot(s["mean"], s["x"], label=label, lw=1.0, **style)[0]
                 if s["lo"] is not None:
                     ax.fill_betweenx(s["x"], s["lo"], s["hi"], color=line.get_color(),
                                      alpha=0.2, lw=0)
             else:
-                line = ax.plot(s["x"], s["mean"], label=label, lw=0.9)[0]
+                line = ax.plot(s["x"], s["mean"], label=label, lw=0.9, **style)[0]
                 if s["lo"] is not None:
                     ax.fill_between(s["x"], s["lo"], s["hi"], color=line.get_color(),
                                     alpha=0.2, lw=0)
@@ -242,7 +262,10 @@ def _util_by_type(root: Path, policies: list[str], seeds: int, plt: Any) -> Any:
     if not rows:
         return None
     df = pd.DataFrame(rows).T.fillna(0.0).clip(0.0, 1.0)
-    ax = df.plot.bar(figsize=(7, 4.2))
+    ax = df.plot.bar(figsize=(7, 4.2), edgecolor="black", lw=0.5)
+    for bars, hatch in zip(ax.containers, ["", "//", "..", "xx", "\\\\", "oo", "--", "++"] * 2):
+        for bar in bars:
+            bar.set_hatch(hatch)  # a type's bars read apart in grey too
     ax.set_ylabel("utilisation by GPU type (mean over seeds)")
     ax.set_ylim(0, 1.02)
     ax.figure.tight_layout()
@@ -257,13 +280,21 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def write_plots(root: Path, policies: list[str], seeds: int) -> None:
-    """JCT CDF, throughput, queue, utilisation (and by GPU type) as PNGs, and plots.json."""
+def save_figure(fig: Any, stem: Path) -> None:
+    """``fig`` as ``stem``.png, .pdf and .svg (:data:`FORMATS`), then closed."""
     import matplotlib.pyplot as plt
 
+    for ext in FORMATS:
+        fig.savefig(stem.with_name(f"{stem.name}.{ext}"), dpi=PNG_DPI if ext == "png" else None,
+                    metadata={"Date": None} if ext == "svg" else None)
+    plt.close(fig)
+
+
+def write_plots(root: Path, policies: list[str], seeds: int) -> None:
+    """JCT CDF, throughput, queue, utilisation (and by GPU type), each as PNG, PDF and SVG,
+    and plots.json."""
     for name, fig in figures(root, policies, seeds).items():
-        fig.savefig(root / f"{name}.png", dpi=130)
-        plt.close(fig)
+        save_figure(fig, root / name)
     info = describe(root, policies, seeds)
     data = {"title": title(info), **info,
             "band": "95 % percentile bootstrap of the mean over seeds, clipped to what is "

@@ -33,6 +33,15 @@ candidate graph:
    POP reports is against the whole problem, never against its parts (its own
    rounded point is recorded, not offered as POP's answer).
 
+**Deterministic** (``work_s``, ``solve-round --deterministic --partitions K``): each part's
+chain gets a fixed share of the work budget, ``work_s / parts`` (so the parts together
+spend what the whole round would: each holds about 1/K of it), the whole round's LP the
+whole ``work_s`` (its relaxation runs to its optimum in any case), and the answers are
+combined part by part in the parts' own order (never in the order they finished) and
+repaired in a fixed order; so the same round gives the same answer on any engine, any
+number of cores and under any load. The clock (the caller's ``budget_s``) is then only a
+safety stop: a part it cut short makes the answer ``time_limited``, which the report says.
+
 POP's answer is its choices with their real placements (``extra["choices"]``),
 judged by the independent validator like any backend's answer.
 """
@@ -95,6 +104,8 @@ class PartAnswer:
     wall_s: float
     variables: int
     message: str = ""
+    work_s: float | None = None  # a deterministic budget's work spent (nominal seconds)
+    time_limited: bool = False  # the clock (a deterministic budget's safety stop) cut it short
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,29 +239,38 @@ def subgraph(g: nx.DiGraph, part: Part, quotas: dict[str, int] | None = None) ->
 # 3: a part's worker (a child process or a Ray task)
 # ---------------------------------------------------------------------------------------
 def solve_part(sg: nx.DiGraph, build: Callable[[nx.DiGraph], LinearModel], backends: list[str],
-               budget_s: float, gap: float) -> PartAnswer:
-    """Build the part's model and solve it with the chain, in this process."""
+               budget_s: float, gap: float, work_s: float | None = None) -> PartAnswer:
+    """Build the part's model and solve it with the chain, in this process; ``work_s``: a
+    deterministic budget (the clock, ``budget_s``, is then a safety stop)."""
     from apportion.solvers.chain import backends_for, solve_chain
 
     t0 = time.perf_counter()
     m = build(sg)
     left = max(0.05, budget_s - (time.perf_counter() - t0))
     chain = [b for b in backends_for("auto", False, m.num_vars) if b.name in backends]
-    best, attempts = solve_chain(m, chain, left, gap=gap)
+    best, attempts = solve_chain(m, chain, left, gap=gap, work_s=work_s)
     wall = time.perf_counter() - t0
     msg = "; ".join(f"{a.backend}: {a.status.value}" for a in attempts)
+    work = None if work_s is None else sum(float(a.extra.get("work_s") or 0.0) for a in attempts)
+    limited = any(bool(a.extra.get("time_limited")) for a in attempts)
     if best is None or best.x is None or m.decode is None:
-        return PartAnswer([], Status.ERROR.value, None, None, wall, m.num_vars, msg)
+        return PartAnswer([], Status.ERROR.value, None, None, wall, m.num_vars, msg, work,
+                          limited)
     bounds = [a.bound for a in attempts if a.bound is not None and a.x is not None]
     return PartAnswer(m.decode(best.x), best.status.value, best.objective,
-                      min(bounds) if bounds else best.bound, wall, m.num_vars, msg)
+                      min(bounds) if bounds else best.bound, wall, m.num_vars, msg, work,
+                      limited)
 
 
-def lp_bound(model: LinearModel, budget_s: float) -> SolveResult:
-    """The whole round's LP relaxation, rounded (its bound is the honest one)."""
+def lp_bound(model: LinearModel, budget_s: float, work_s: float | None = None) -> SolveResult:
+    """The whole round's LP relaxation, rounded (its bound is the honest one); ``work_s``:
+    a deterministic budget for the rounding's restricted MIP (the relaxation runs to its
+    optimum whatever the budget)."""
     from apportion.solvers.lpround import LpRoundBackend
 
-    return LpRoundBackend().solve(model, budget_s)
+    be = LpRoundBackend()
+    be.work_s = work_s
+    return be.solve(model, budget_s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -333,14 +353,16 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
                       build: Callable[[nx.DiGraph], LinearModel], engine: Any,
                       budget_s: float, accept: Callable[[SolveResult], bool] | None = None,
                       gap: float = 1e-4, backends: tuple[str, ...] = PART_BACKENDS,
-                      bound: bool = True) -> tuple[SolveResult | None, list[SolveResult]]:
+                      bound: bool = True, work_s: float | None = None
+                      ) -> tuple[SolveResult | None, list[SolveResult]]:
     """POP-k on the round ``g`` (whose whole model is ``model``): (best accepted, attempts).
 
     The attempts are POP's recombined and repaired answer (backend ``pop-<k>``, its bound
     the whole round's LP optimum) and, with ``bound``, the whole round's rounded LP.
     ``build`` turns a sub-graph into its model (the formulation's builder, importable by
     reference so a worker can call it); ``engine`` is a :class:`LocalEngine` or
-    :class:`RayProcessEngine`.
+    :class:`RayProcessEngine`. ``work_s``: a deterministic budget (the module's
+    docstring); ``budget_s`` is then the clock's safety stop.
     """
     start = time.perf_counter()
     deadline = start + budget_s
@@ -348,20 +370,23 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
     reserve = 0.1 + 2e-5 * model.num_vars  # recombination, repair and the vector
     # the bound first (it is what makes the gap honest), then the parts, largest first
     left = max(0.05, deadline - reserve - time.perf_counter())
+    part_work = None if work_s is None else work_s / max(1, len(parts))
     tasks: list[tuple[str, tuple[Any, ...]]] = []
     if bound:
         tasks.append((f"{lp_bound.__module__}:lp_bound",
-                      (replace(model, decode=None, hint={}), left)))
+                      (replace(model, decode=None, hint={}), left, work_s)))
     order = sorted(range(len(parts)), key=lambda i: -len(parts[i].jobs))
     shares = split_quotas(g, parts)
     tasks += [(f"{solve_part.__module__}:solve_part",
-               (subgraph(g, parts[i], shares[i]), build, list(backends), left, gap))
+               (subgraph(g, parts[i], shares[i]), build, list(backends), left, gap, part_work))
               for i in order]
     results = engine.run(tasks, deadline - reserve)
     lp: SolveResult | None = None
     if bound:
         ok, val = results.pop(0)
         lp = val if ok else SolveResult("lp-round", Status.ERROR, message=f"whole-round LP: {val}")
+        if not ok and work_s is not None:
+            lp.extra["time_limited"] = True
     answers: list[PartAnswer | str] = [""] * len(parts)
     for i, (ok, val) in zip(order, results):
         answers[i] = val if ok else str(val)
@@ -386,16 +411,25 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
            if isinstance(a, PartAnswer) and a.objective is not None
            else (a.message if isinstance(a, PartAnswer) else a))
         for i, (p, a) in enumerate(zip(parts, answers)))
+    extra: dict[str, Any] = {
+        "parts": [{"jobs": len(p.jobs), "gpus": p.gpus,
+                   **({"status": a.status, "objective": a.objective, "wall_s": a.wall_s,
+                       "variables": a.variables}
+                      | ({} if a.work_s is None else {"work_s": a.work_s})
+                      if isinstance(a, PartAnswer) else {"error": a})}
+                  for p, a in zip(parts, answers)],
+        "repaired": repaired, "engine": engine.name, "choices": choices}
+    if work_s is not None:  # the parts' work, and whether the clock cut any part short
+        extra["work_s"] = sum(a.work_s or 0.0 for a in answers if isinstance(a, PartAnswer))
+        extra["time_limited"] = any(not isinstance(a, PartAnswer) or a.time_limited
+                                    for a in answers)
     pop = SolveResult(f"pop-{k}", status, x if ok_parts else None, objective if ok_parts else None,
                       lp_bound_value, time.perf_counter() - start,
                       message=f"{engine.name} engine, {len(parts)} parts, {repaired} jobs placed "
-                              f"by repair; bound: the whole round's LP; {detail}",
-                      extra={"parts": [{"jobs": len(p.jobs), "gpus": p.gpus,
-                                        **({"status": a.status, "objective": a.objective,
-                                            "wall_s": a.wall_s, "variables": a.variables}
-                                           if isinstance(a, PartAnswer) else {"error": a})}
-                                       for p, a in zip(parts, answers)],
-                             "repaired": repaired, "engine": engine.name, "choices": choices})
+                              f"by repair; bound: the whole round's LP; {detail}"
+                              + ("" if part_work is None else
+                                 f"; deterministic: {part_work:.3g} s of work a part"),
+                      extra=extra)
     attempts.append(pop)
     if lp is not None:  # the bound's own record; its rounded point is not POP's answer
         if lp.x is not None:

@@ -418,7 +418,7 @@ BAD_COUNTS = [
       "--seed", "-1"], ("--seed", "at least 0")),
     (["bench", "solve", "--peers", "--sizes", "100000000"], ("--sizes", "100,000")),
     (["bench", "solve", "--peers", "--sizes", "1000,abc"], ("--sizes", "not a number")),
-    (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "200,000")),
+    (["bench", "round", "--case", "10:100000000:1"], ("--case", "GPUS", "2,000,000")),
     (["bench", "round", "--case", "-5:8:1"], ("--case", "JOBS", "at least 1")),
     (["bench", "round", "--case", "10:8:nan"], ("--case", "BUDGET", "finite")),
     (["bench", "round", "--case", "10:8:inf"], ("--case", "BUDGET", "finite")),

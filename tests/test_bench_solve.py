@@ -21,6 +21,19 @@ def test_bench_rows_are_valid_and_beat_the_greedy() -> None:
             assert r.gap is not None and r.gap <= 1e-3
 
 
+def test_the_chain_row_solves_the_model_the_backend_rows_solve() -> None:
+    """The backends solve the model of the chain's own round (its candidate graph, its
+    recipe): the same columns, and an optimum one proves bounds every other answer."""
+    rows = {r.backend: r for r in bench_one(60, 128, 3, ["highs", "chain"], budget_s=20.0,
+                                            seed=5)}
+    chain, highs = rows["chain"], rows["highs"]
+    assert chain.variables == highs.variables > 0
+    assert chain.greedy_objective == highs.greedy_objective
+    for a, b in ((chain, highs), (highs, chain)):
+        if a.status == "optimal" and a.gap is not None and a.gap <= 1e-9:
+            assert b.objective is not None and b.objective <= a.objective * (1 + 1e-6) + 1e-9
+
+
 def test_crius_cluster_shape() -> None:
     c = synthetic_cluster(1280, 4)
     assert c.total_gpus == 1280 and c.capacity_by_type() == {

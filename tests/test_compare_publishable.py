@@ -123,3 +123,65 @@ def test_one_seed_says_n_a_and_draws_no_band(tmp_path: Path) -> None:
     ax = figs["queue"].axes[0]
     assert not ax.collections
     assert re.search(r"1 seed, no band", ax.get_legend().get_texts()[0].get_text())
+
+
+def test_every_figure_is_a_vector_too_and_lines_differ_beyond_colour(two_seeds: Path) -> None:
+    """PNG, PDF and SVG of each figure; each policy's line its own style and marker, so two
+    curves that coincide stay apart (and the figure reads in grey)."""
+    import xml.etree.ElementTree as ET
+
+    for name in ("jct_cdf", "throughput", "queue", "utilization", "utilization_by_type"):
+        assert (two_seeds / f"{name}.pdf").read_bytes().startswith(b"%PDF"), name
+        assert ET.parse(two_seeds / f"{name}.svg").getroot().tag.endswith("svg"), name
+        assert (two_seeds / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
+    figs = figures(two_seeds, ["fcfs", "sia"], 2)
+    for name in ("jct_cdf", "throughput", "queue", "utilization"):
+        lines = figs[name].axes[0].get_lines()
+        looks = {(ln.get_linestyle(), ln.get_marker()) for ln in lines}
+        assert len(lines) == 2 and len(looks) == 2, name
+
+
+def test_titles_name_the_public_data_set() -> None:
+    from apportion.experiments.plots import title
+    from apportion.experiments.trace_names import public_name
+
+    assert public_name("simulate_trace_venus[:100]") == \
+        "Crius's Venus trace (SenseTime Helios), first 100 jobs"
+    assert public_name("philly[0:86400]") == \
+        "Microsoft Philly (Jeon et al., ATC'19), window 0:86400 s"
+    assert public_name("synthetic-n10") == "synthetic-n10"  # a generated family: as it is
+    info = {"trace": "FM-1-roberta-base", "cluster": "titan-4x8", "information": "oracle",
+            "seeds": 3}
+    assert title(info) == "YMIR's FM-1 (RoBERTa-base) on titan-4x8 — oracle information, 3 seeds"
+
+
+def test_a_load_sweep_through_compare(tmp_path: Path) -> None:
+    """``compare --load``: a comparison per load on the same jobs arriving that many times as
+    fast, the sweep's table and its JCT-against-load figure in three formats."""
+    r = runner.invoke(app, ["compare", "--trace", "synthetic:8", "--cluster", "crius-testbed",
+                            "--policies", "fcfs,sia", "--seeds", "1", "--out", str(tmp_path),
+                            "--information", "oracle", "--workers", "1", "--load", "2,1",
+                            "--run", "sweep"])
+    assert r.exit_code == 0, r.output
+    root = tmp_path / "sweep"
+    table = pd.read_csv(root / "load_sweep.csv")
+    assert sorted(zip(table["load"], table["policy"])) == [
+        (1.0, "fcfs"), (1.0, "sia"), (2.0, "fcfs"), (2.0, "sia")]
+    once, twice = (pd.read_csv(root / f"load-{x}" / "fcfs-s0" / "jobs.csv")
+                   .sort_values("job_id") for x in (1, 2))
+    assert np.allclose(twice["submit_s"].to_numpy(), once["submit_s"].to_numpy() / 2)
+    for x in (1, 2):
+        summ = json.loads((root / f"load-{x}" / "sia-s0" / "summary.json").read_text())
+        assert table.loc[(table["load"] == x) & (table["policy"] == "sia"),
+                         "avg_jct_s"].iloc[0] == pytest.approx(summ["avg_jct_s"])
+    md = (root / "load_sweep.md").read_text()
+    assert "| policy | 1x | 2x |" in md and md.count("**") >= 4
+    assert md in r.output.replace("\r", "") or "Average JCT (h) against load" in r.output
+    for ext in ("png", "pdf", "svg"):
+        assert (root / f"jct_vs_load.{ext}").stat().st_size > 0
+    for bad in ("0", "1,1", "x", ",", "1e9"):
+        r = runner.invoke(app, ["compare", "--trace", "synthetic:8", "--cluster",
+                                "crius-testbed", "--policies", "fcfs", "--out",
+                                str(tmp_path / "bad"), "--load", bad])
+        assert r.exit_code == 2 and "--load" in r.output, (bad, r.output)
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())

@@ -117,24 +117,62 @@ def test_a_deterministic_round_solves_under_its_work_budget() -> None:
     deterministic_policy(make_policy("sia"))  # a baseline without a round config: unchanged
 
 
+@pytest.mark.parametrize("parts", [[], ["--partitions", "2"], ["--partitions", "3"]])
 def test_solve_round_deterministic_repeats_and_refuses_what_leaves_the_process(
-        tmp_path: Path) -> None:
+        tmp_path: Path, parts: list[str]) -> None:
     """`solve-round --deterministic`: the same decision twice, byte for byte but the timings,
-    solved in this process; with --isolate, --partitions or --engine it exits 2 naming the
-    flag."""
+    whole or in POP's parts (each part's chain with its share of the work, in its own
+    worker); with --isolate (a chain child on the clock) it exits 2 naming the flag."""
     decisions = []
     for i in range(2):
         out = tmp_path / f"d{i}.json"
         r = runner.invoke(app, ["solve-round", "--deterministic", "--time-budget", "5",
-                                "--json", str(out)])
+                                *parts, "--json", str(out)])
         assert r.exit_code == 0, r.output
         d = json.loads(out.read_text())
-        decisions.append((d["allocations"], d["pending"], d["solver"]["objective"]))
+        decisions.append((d["allocations"], d["pending"], d["solver"]["objective"],
+                          [(a["backend"], a["status"], a.get("work_s"))
+                           for a in d["solver"]["attempts"]]))
+        if parts:
+            pop = d["solver"]["attempts"][0]
+            assert pop["backend"] == f"pop-{parts[1]}" and pop["time_limited"] is False
+            share = 5.0 / int(parts[1])
+            assert f"deterministic: {share:.3g} s of work a part" in pop["message"]
     assert decisions[0] == decisions[1]
-    for extra, flag in ((["--isolate"], "--isolate"), (["--partitions", "2"], "--partitions"),
-                        (["--partitions", "2", "--engine", "ray"], "--partitions")):
-        r = runner.invoke(app, ["solve-round", "--deterministic", *extra])
-        assert r.exit_code == 2 and flag in r.output, r.output
+    if not parts:  # a partitioned solve has no chain child: --isolate changes nothing there
+        r = runner.invoke(app, ["solve-round", "--deterministic", "--isolate"])
+        assert r.exit_code == 2 and "--isolate" in r.output, r.output
+
+
+def test_a_deterministic_partitioned_solve_is_the_same_on_one_worker_or_many() -> None:
+    """The parts' answers are combined in the parts' order, never in the order they
+    finish: one worker (parts in turn) and three (in parallel) give the same answer."""
+    from apportion.formulations.candidates import build_candidates
+    from apportion.formulations.cells import build_cells_model
+    from apportion.solvers.partition import LocalEngine, solve_partitioned
+
+    from apportion.cluster import Cluster, NodeGroup
+    from apportion.jobs import JobSpec
+
+    cl = Cluster("det", [NodeGroup("a100", 6, "A100-40GB", 4),
+                         NodeGroup("a40", 8, "A40", 2, intra_node_link="pcie")])
+    js = [JobSpec(f"j{i}", ["bert-0.76b", "wresnet-0.5b", "moe-0.69b"][i % 3], 256,
+                  1000 + 37 * i, [1, 2, 4, 8][i % 4], submit_time_s=float(i))
+          for i in range(40)]
+    g = build_candidates(cl, js, 100.0)
+    answers = []
+    for workers in (1, 3):
+        eng = LocalEngine(workers).start()
+        try:
+            best, attempts = solve_partitioned(g, build_cells_model(g), 3, build_cells_model,
+                                               eng, 120.0, work_s=3.0)
+        finally:
+            eng.close()
+        assert best is not None and best.extra["time_limited"] is False
+        answers.append((sorted((c.job, c.cell, tuple(sorted(c.placement.items())))
+                               for c in best.extra["choices"]), best.objective, best.bound,
+                        [p.get("work_s") for p in best.extra["parts"]]))
+    assert answers[0] == answers[1]
 
 
 def test_work_columns_charge_each_callback_as_that_many_columns() -> None:

@@ -79,3 +79,20 @@ def test_a_submission_and_a_cancellation_are_decided_without_waiting_for_the_tic
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGTERM)
             run.wait(60)
+
+
+def test_bench_decide_measures_submit_to_decision_through_a_real_serve(tmp_path: Path) -> None:
+    """``apportion bench decide``: a real serve over a store with a queue, probes submitted
+    over HTTP, each waited for until a round decided it; the server's histogram counted
+    the queue and every probe."""
+    out = tmp_path / "d.json"
+    r = subprocess.run([sys.executable, "-m", "apportion.cli", "bench", "decide", "--queued",
+                        "12", "--gpus", "16", "--probes", "2", "--time-budget", "2",
+                        "--json", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(out.read_text())
+    assert row["probes"] == 2 and row["rounds"] >= 2  # each probe decided by a round
+    assert 0 < row["wait_median_s"] <= row["wait_p99_s"] <= row["wait_max_s"]
+    assert row["server_count"] == 12 + 2
+    assert row["debounce_s"] > 0 and row["min_gap_s"] > 0

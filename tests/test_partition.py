@@ -179,6 +179,17 @@ def test_pop_on_a_real_local_ray_cluster(local_ray) -> None:  # type: ignore[no-
     assert best is not None and best.backend == "pop-2" and best.extra["engine"] == "ray"
     assert all("error" not in p for p in best.extra["parts"])
     assert best.bound is not None and best.objective <= best.bound + 1e-6
+    # a deterministic budget: the same answer from Ray's workers as from local processes
+    answers = []
+    for engine in (RayEngine(), LocalEngine(2).start()):
+        try:
+            det, _ = solve_partitioned(g, model, 2, build_cells_model, engine, 120.0, work_s=4.0)
+        finally:
+            engine.close()
+        assert det is not None and det.extra["time_limited"] is False
+        answers.append((sorted((c.job, c.cell, tuple(sorted(c.placement.items())))
+                               for c in det.extra["choices"]), det.objective, det.bound))
+    assert answers[0] == answers[1]
 
 
 def test_compare_runs_over_ray_and_resumes(local_ray, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -179,9 +179,16 @@ def bench_round_cmd(
                                            "it, alternately, and the ratios reported"),
     deterministic: bool = typer.Option(False, "--deterministic", help="the rounds' solver "
                                        "budgets counted in work: the same answer on any "
-                                       "machine, so only the times differ"),
+                                       "machine, so only the times differ (partitioned "
+                                       "cases too: each part with its share)"),
+    queue_format: str = typer.Option("auto", "--queue-format", help="the queue file each "
+                                     "case writes: yaml | jsonl | auto (YAML up to 20,000 "
+                                     "jobs, JSON lines past it)"),
+    store: bool = typer.Option(False, "--store", help="through the state store: `submit` "
+                               "the queue to a fresh store (timed too), then `solve-round "
+                               "--state`"),
 ) -> None:
-    """The whole solve-round command on held-out rounds: wall and CPU time, gap, load."""
+    """The whole solve-round command on held-out rounds: wall, CPU, memory, gap, load."""
     from apportion.console import Progress
     from apportion.experiments.bench import rounds
     from apportion.experiments.bench.against import check_against
@@ -193,8 +200,12 @@ def bench_round_cmd(
             raise InputError("--formulation", "formulation",
                              f"{formulation!r}: use cells, plans or deadline")
         other = check_against(against) if against is not None else None
+        if queue_format not in rounds.QUEUE_FORMATS:
+            raise InputError("--queue-format", "queue_format", f"{queue_format!r}: use "
+                             f"{', '.join(rounds.QUEUE_FORMATS)}")
     with Progress("bench round", heartbeat=True):
-        rows = rounds.main(cases, seed, repeat, formulation, other, deterministic)
+        rows = rounds.main(cases, seed, repeat, formulation, other, deterministic,
+                           queue_format, store)
     if not outputs.is_stdout(json_out):
         stdout_console().print(rounds.markdown(rows), markup=False, highlight=False)
     if json_out:
@@ -262,3 +273,30 @@ def bench_rates_cmd(
         stdout_console().print(rr.markdown(res), markup=False, highlight=False, soft_wrap=True)
     if json_out:
         outputs.write_json(json_out, res, "--json")
+
+
+def bench_decide_cmd(
+    queued: int = typer.Option(1000, "--queued", min=0, max=100_000,
+                               help="jobs in the store before the probes"),
+    gpus: int = typer.Option(1280, "--gpus", min=1, max=1_000_000,
+                             help="the synthetic cluster's GPUs"),
+    probes: int = typer.Option(20, "--probes", min=1, max=1000,
+                               help="jobs submitted one at a time, each waited for"),
+    time_budget: float = typer.Option(5.0, "--time-budget", help="serve's round budget (s)"),
+    seed: int = typer.Option(1, "--seed", min=0, help="the queue's seed"),
+    json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
+                                            help="write the row as JSON (- for stdout)"),
+) -> None:
+    """Submit to decision through a running serve with a queue in the store: p50, p99, max."""
+    from apportion.console import Progress
+    from apportion.experiments.bench import decide
+
+    with user_input():
+        outputs.check_outputs((json_out, "--json"))
+        check_budget(time_budget, "--time-budget")
+    with Progress("bench decide", heartbeat=True):
+        row = decide.measure(queued, gpus, 3, probes, time_budget, seed)
+    if not outputs.is_stdout(json_out):
+        stdout_console().print(decide.markdown(row), markup=False, highlight=False)
+    if json_out:
+        outputs.write_json(json_out, row, "--json")

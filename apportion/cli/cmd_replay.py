@@ -151,26 +151,39 @@ def compare_cmd(
                                                    help=OBJECTIVE_PRESET_HELP,
                                                    autocompletion=complete.objective_presets),
     tables: Optional[Path] = typer.Option(None, "--tables", help=TABLES_HELP),
+    load: Optional[str] = typer.Option(None, "--load", help="a load sweep: comma-separated "
+                                       "arrival rates in times the trace's (0.5,1,1.5,2); "
+                                       "one comparison per load in RUN/load-X, and "
+                                       "load_sweep.csv/.md and jct_vs_load plots in RUN"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="logs (INFO) and tracebacks on stderr"),
 ) -> None:
     """Replay a trace under many policies and seeds in parallel; write CSV, markdown, plots."""
     verbose_logs(verbose)
     from apportion.experiments.harness import CompareFailed, compare_main
+    from apportion.experiments.load_sweep import compare_loads, parse_loads
 
     failed: CompareFailed | None = None
     with user_input():
         outputs.check_output_dir(out_dir, "--out")
         check_finite(window_days, "--window-days")
+        options = dict(deterministic=deterministic, tenants=tenants,
+                       objective_preset=objective_preset, tables=tables, notify=_note)
         try:
-            root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
-                                workers, window_days, max_jobs, information, estimator, engine,
-                                ray_address, deterministic=deterministic, tenants=tenants,
-                                objective_preset=objective_preset, tables=tables,
-                                notify=_note)
+            if load is not None:
+                root = compare_loads(trace, cluster, policies, seeds, profile, out_dir, run,
+                                     parse_loads(load), workers=workers,
+                                     window_days=window_days, max_jobs=max_jobs,
+                                     information=information, estimator=estimator,
+                                     engine=engine, ray_address=ray_address, **options)
+            else:
+                root = compare_main(trace, cluster, policies, seeds, profile, out_dir, run,
+                                    workers, window_days, max_jobs, information, estimator,
+                                    engine, ray_address, **options)
         except CompareFailed as exc:  # the other runs' rows are written: show them, exit 1
             failed, root = exc, exc.root
-    stdout_console().print((root / "summary.md").read_text(), markup=False, highlight=False)
+    table = root / ("load_sweep.md" if load is not None else "summary.md")
+    stdout_console().print(table.read_text(), markup=False, highlight=False)
     stderr_console().print(f"results in {printable(root)}", highlight=False, markup=False)
     if failed is not None:
         stderr_console().print(f"error: {printable(failed)}", highlight=False, markup=False,

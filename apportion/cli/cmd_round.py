@@ -14,6 +14,7 @@ from apportion.cli import complete
 from apportion.cli.complete import ENV_CLUSTER, ENV_STATE, env_state
 from apportion.cli.common import (
     ESTIMATOR_HELP,
+    MAX_INPUT_BYTES_HELP,
     ROUND_DETERMINISTIC_HELP,
     MIP_GAP_HELP,
     OBJECTIVE_PRESET_HELP,
@@ -23,6 +24,7 @@ from apportion.cli.common import (
     verbose_logs,
 )
 from apportion.cli.show import show_decision
+from apportion.errors import InputError
 
 
 def solve_round(
@@ -31,7 +33,11 @@ def solve_round(
                                            + cluster_help(), envvar=ENV_CLUSTER,
                                            autocompletion=complete.clusters,
                                            callback=complete.from_environment),
-    jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML (default: a dozen Crius jobs)"),
+    jobs: Optional[Path] = typer.Option(None, "--jobs", help="jobs YAML, or JSON lines for a "
+                                        "large queue (docs/formats.md; default: a dozen Crius "
+                                        "jobs)"),
+    max_input_bytes: Optional[str] = typer.Option(None, "--max-input-bytes",
+                                                  help=MAX_INPUT_BYTES_HELP),
     time_budget: float = typer.Option(10.0, "--time-budget", min=0.01, help="solver wall-clock budget, s"),
     backend: str = typer.Option("auto", "--backend", help="auto | cp-sat | highs | lp-round | "
                                 "scip | greedy", autocompletion=complete.backends),
@@ -83,12 +89,13 @@ def solve_round(
     if state is None and jobs is None and env_state():  # the operator's store; --jobs wins
         state = Path(env_state() or "")
     from apportion.cli.round_config import RoundFlags, round_config
+    from apportion.cli.common import max_input_bytes as size_of
     from apportion.config import (
         check_running,
+        declared_jobs,
         default_cluster,
         default_jobs,
-        load_finished,
-        load_jobs,
+        load_queue,
         resolve_cluster,
     )
     from apportion.memory_guard import check_round_fits
@@ -104,6 +111,11 @@ def solve_round(
                        search_depth, max_changes, not deterministic if isolate is None else
                        isolate, tenants, tables, partitions, engine, ray_address, deterministic,
                        objective_preset=objective_preset)
+    if state is not None and max_input_bytes is not None and jobs is None:
+        with user_input():
+            raise InputError("--max-input-bytes", "max_input_bytes", "bounds the --jobs file "
+                             "read; with --state the queue comes from the store (give it to "
+                             "`apportion submit FILE --state DB --max-input-bytes ...`)")
     if state is not None:  # the queue and running jobs come from the store
         from apportion.cli.store import solve_round_state
 
@@ -116,9 +128,16 @@ def solve_round(
         outputs.check_outputs((json_out, "--json"), (dump_problem, "--dump-problem"),
                               inputs=((cluster, "--cluster"), (jobs, "--jobs"),
                                       (tables, "--tables"), (tenants, "--tenants")))
+        limit = size_of(max_input_bytes)
         cl = resolve_cluster(cluster) if cluster else default_cluster()
-        jb, now = load_jobs(jobs) if jobs else default_jobs()
-        finished = load_finished(jobs) if jobs else []
+        if jobs and (declared := declared_jobs(jobs)) is not None:
+            # a queue too large for this machine, refused before a line of it is read
+            check_round_fits(declared, cl.total_gpus, str(jobs))
+        if jobs:
+            queue = load_queue(jobs, limit)
+            jb, now, finished = queue.jobs, queue.now_s, queue.finished
+        else:
+            (jb, now), finished = default_jobs(), []
         check_running(jb, cl, str(jobs) if jobs else "<embedded default jobs>")
         check_round_fits(len(jb), cl.total_gpus, str(jobs) if jobs else "<embedded default jobs>")
     # one round and the command ends: what the round allocates lives until then, and its

@@ -8,17 +8,21 @@ from typing import Optional
 import typer
 
 from apportion.cli import complete
+from apportion.cli.common import MAX_INPUT_BYTES_HELP
 from apportion.cli.complete import ENV_STATE
 
 
-def submit(file: Path = typer.Argument(..., help="jobs YAML (the --jobs format)"),
+def submit(file: Path = typer.Argument(..., help="jobs YAML or JSON lines (the --jobs "
+                                       "formats)"),
            state: Path = typer.Option(..., "--state", help="state DB (created if missing)",
                                       envvar=ENV_STATE, callback=complete.from_environment),
+           max_input_bytes: Optional[str] = typer.Option(None, "--max-input-bytes",
+                                                         help=MAX_INPUT_BYTES_HELP),
            ) -> None:
-    """Add the jobs of a YAML file to the state store, all or nothing."""
+    """Add the jobs of a queue file (YAML or JSON lines) to the state store, all or nothing."""
     from apportion.cli.store import submit as run
 
-    raise typer.Exit(run(file, state))
+    raise typer.Exit(run(file, state, max_input_bytes))
 
 
 def cancel(job: str = typer.Argument(..., help="job id"),

@@ -52,7 +52,8 @@ ROOT = (
           "JSON Schema of every file apportion reads (cluster, jobs, tenants, settings, ...) "
           "and\nwrites (the decision, summaries, status, indexes, plots.json)."),
     Entry("submit", "cmd_store:submit",
-          "Add the jobs of a YAML file to the state store, all or nothing."),
+          "Add the jobs of a queue file (YAML or JSON lines) to the state store, all or "
+          "nothing."),
     Entry("cancel", "cmd_store:cancel",
           "Cancel a job: it is dropped and its GPUs are free for the next round."),
     Entry("status", "cmd_store:status",
@@ -90,7 +91,10 @@ BENCH = (
     Entry("solve", "cmd_bench:bench_solve_cmd",
           "Solve time and gap of the cell round vs jobs, GPUs and GPU types, per backend."),
     Entry("round", "cmd_bench:bench_round_cmd",
-          "The whole solve-round command on held-out rounds: wall and CPU time, gap, load."),
+          "The whole solve-round command on held-out rounds: wall, CPU, memory, gap, load."),
+    Entry("decide", "cmd_bench:bench_decide_cmd",
+          "Submit to decision through a running serve with a queue in the store: p50, p99, "
+          "max."),
     Entry("rates", "cmd_bench:bench_rates_cmd",
           "Accuracy of the estimated mode's rates per estimator, on the cells a policy is "
           "offered."),

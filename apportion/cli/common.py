@@ -34,11 +34,16 @@ INFORMATION_HELP = ("oracle (every policy sees measured truth) | estimated (ever
 SIM_ESTIMATOR_HELP = ("the estimated mode's scaling model: analytic | crius | morphling | "
                       "tables | auto (every replayed job is profiled, so auto answers from "
                       "its tables)")
+MAX_INPUT_BYTES_HELP = ("the largest queue file read, in bytes or with a unit (64MiB, 1GB); "
+                        "default: 4 MiB of YAML, 64 MiB of JSON lines or 4 KiB a job its "
+                        "header declares (docs/formats.md); a file this machine cannot hold "
+                        "is refused whatever it says")
 OBJECTIVE_PRESET_HELP = (f"apportion's objective by name: {' | '.join(PRESETS)} (apportion is "
                          "the default; docs/objective.md); apportion's policies only")
 ROUND_DETERMINISTIC_HELP = ("count the solver budget in work, not seconds: the same round "
                             "gives the same answer on any machine under any load (solved in "
-                            "this process; the clock stays a safety stop at 4x the budget)")
+                            "this process, or with --partitions K each part with 1/K of the "
+                            "work; the clock stays a safety stop at 4x the budget)")
 DETERMINISTIC_HELP = ("count the optimising policies' solver budgets in work, not seconds: "
                       "the replay repeats exactly on any machine under any load (the "
                       "clock stays a safety stop at 4x the budget; the summary counts "
@@ -99,6 +104,16 @@ def check_finite(value: float | None, option: str, minimum: float = 0.0) -> None
     if value is not None and not (math.isfinite(value) and value > minimum):
         raise InputError(option, option.lstrip("-").replace("-", "_"),
                          f"must be a finite number > {minimum:g}, got {value}")
+
+
+def max_input_bytes(text: str | None) -> int | None:
+    """``--max-input-bytes`` as bytes (None: the formats' own limits); an
+    :class:`InputError` naming the option for a value that is not a size."""
+    if text is None:
+        return None
+    from apportion.memory_guard import parse_size
+
+    return parse_size(text, "--max-input-bytes", "max_input_bytes")
 
 
 #: the longest solver budget any command takes: a week. A round that may think longer is a

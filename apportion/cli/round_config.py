@@ -66,12 +66,10 @@ def round_config(flags: RoundFlags, started: float | None,
     check_round_flags(formulation=f.formulation, policy=f.policy, estimator=f.estimator,
                       tables=f.tables, tenants=f.tenants, engine=f.engine,
                       ray_address=f.ray_address)
-    if f.deterministic:  # a work budget is counted in this process only
-        for flag, given in (("--isolate", f.isolate), ("--partitions", f.partitions > 1),
-                            ("--engine", f.engine != "local")):
-            if given:
-                raise InputError(flag, flag.lstrip("-"), "--deterministic solves in this "
-                                 f"process; leave {flag} out (or drop --deterministic)")
+    if f.deterministic and f.isolate and f.partitions <= 1 and f.engine == "local":
+        # a work budget is counted where the chain runs: here, or in each part's worker
+        raise InputError("--isolate", "isolate", "--deterministic solves the chain in this "
+                         "process; leave --isolate out (or drop --deterministic)")
     quotas = load_tenants(f.tenants) if f.tenants else None
     cfg = checked_config(f.backend, f.formulation, f.policy, f.estimator,
                          time_budget_s=f.time_budget, search_depth=f.search_depth,

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from apportion import formats
-from apportion.config import ClusterSpec, JobsSpec, TenantsSpec
+from apportion.config import ClusterSpec, JobEntry, JobsLinesHeader, JobsSpec, TenantsSpec
 from apportion.decision_file import DecisionFile
 from apportion.finetune_spec import _TaskFile
 from apportion.runtime.executors.kubernetes.config import K8sConfig
@@ -52,6 +52,12 @@ FORMATS: tuple[FileFormat, ...] = (
                "compare, export; written by cluster import", ClusterSpec),
     FileFormat("jobs", "input", "--jobs FILE.yaml of solve-round and export, submit FILE, "
                "POST /api/v1/jobs", JobsSpec),
+    FileFormat("jobs-lines-header", "input", "the optional first line of a JSON-lines queue "
+               "(--jobs FILE.jsonl of solve-round and export, submit FILE.jsonl)",
+               JobsLinesHeader),
+    FileFormat("jobs-line", "input", "every other line of a JSON-lines queue (--jobs "
+               "FILE.jsonl of solve-round and export, submit FILE.jsonl): one job, the fields "
+               "of a jobs YAML entry", JobEntry),
     FileFormat("tenants", "input", "--tenants FILE.yaml of solve-round, run, serve, simulate, "
                "compare and export kueue", TenantsSpec),
     FileFormat("k8s-config", "input", "--k8s-config FILE.yaml of run, serve and export",

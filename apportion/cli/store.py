@@ -30,7 +30,8 @@ from rich.table import Table
 from rich.text import Text
 
 from apportion import outputs
-from apportion.config import default_cluster, read_yaml
+from apportion.cli.common import max_input_bytes as max_input_bytes_of
+from apportion.config import default_cluster
 from apportion.console import printable, stderr_console, stdout_console
 from apportion.decision import Decision
 from apportion.errors import HostError, InputError
@@ -46,7 +47,7 @@ from apportion.store import (
     store_error,
 )
 from apportion.store_status import status_data
-from apportion.submission import jobs_to_submit
+from apportion.submission import queue_to_submit
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,11 @@ _HANDLED = (InputError, StoreBusy, HostError, sqlite3.Error, OSError)
 # ---------------------------------------------------------------------------
 # submit / cancel
 # ---------------------------------------------------------------------------
-def submit(file: Path, state: Path) -> int:
-    """Add every job of a jobs YAML to the store, all or nothing."""
+def submit(file: Path, state: Path, max_input_bytes: str | None = None) -> int:
+    """Add every job of a queue file (YAML or JSON lines) to the store, all or nothing."""
     try:
         now = time.time()
-        jobs = jobs_to_submit(read_yaml(file), str(file), now)
+        jobs = queue_to_submit(file, now, max_input_bytes_of(max_input_bytes))
         with open_store(state, create=True) as store:
             ids = store.submit(jobs, source=str(file), at=now)
     except _HANDLED as exc:

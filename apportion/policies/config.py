@@ -76,11 +76,13 @@ def answer_reserve(variables: int) -> float:
 
 
 def check_deterministic(cfg: RoundConfig) -> None:
-    """Refuse a deterministic budget where the solve leaves this process (an isolated
-    chain, a partitioned solve, an engine): their children run on the clock."""
-    if cfg.isolate or cfg.partitions > 1 or cfg.engine != "local":
-        raise ValueError("a deterministic budget solves in this process: it cannot be "
-                         "combined with isolate, partitions or an engine")
+    """Refuse a deterministic budget where the chain would leave this process (an isolated
+    chain: its child runs on the clock). A partitioned solve takes one (its parts' chains
+    count work in their own processes, each with a fixed share:
+    :mod:`apportion.solvers.partition`)."""
+    if cfg.isolate and cfg.partitions <= 1 and cfg.engine == "local":
+        raise ValueError("a deterministic budget solves the chain in this process: it "
+                         "cannot be combined with isolate")
 
 
 # a deterministic round's safety stop, in multiples of its budget: the work budget is a

@@ -492,7 +492,7 @@ class FormulationPolicy:
             work_s = cfg.time_budget_s
             left = max(left, DETERMINISTIC_SAFETY * cfg.time_budget_s)
         if self.partitioned and self.recipe.partitions:
-            return self._solve_partitioned(g, f, left, accept, accepted, t0)
+            return self._solve_partitioned(g, f, left, accept, accepted, t0, work_s)
         backends = backends_for(cfg.backend, cfg.isolate, model.num_vars, cfg.mip_gap,
                                 first=model.meta.get("solve_first"))
         child, self._child = self._child, None
@@ -521,13 +521,16 @@ class FormulationPolicy:
     def _solve_partitioned(self, g: nx.DiGraph, f: Formulated, left: float,
                            accept: Callable[[SolveResult], bool],
                            accepted: dict[int, tuple[list[CellChoice], Decision]],
-                           t0: float) -> Solved:
-        """POP-k (:mod:`apportion.solvers.partition`) on the round, its parts on the engine."""
+                           t0: float, work_s: float | None = None) -> Solved:
+        """POP-k (:mod:`apportion.solvers.partition`) on the round, its parts on the engine;
+        ``work_s``: a deterministic budget, shared by the parts (the clock, ``left``, is
+        then a safety stop)."""
         cfg = self.cfg
         if self._engine is None:
             self._engine = self._start_engine()
         best, attempts = solve_partitioned(g, f.model, cfg.partitions, self.recipe.part_model,
-                                           self._engine, left, accept, gap=cfg.mip_gap)
+                                           self._engine, left, accept, gap=cfg.mip_gap,
+                                           work_s=work_s)
         if self._engine_note:  # the engine asked for is not the one that solved: say so
             attempts.insert(0, SolveResult(f"{cfg.engine}-engine", Status.ERROR,
                                            message=self._engine_note))

@@ -108,8 +108,8 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                              f"--host {host}: anyone who reaches it could run commands "
                              "through the executor; give --token-file instead")
         token = read_token(token_file) if token_file is not None else None
-        reads = (read_token(read_token_file, "--read-token-file")
-                 if read_token_file is not None else None)
+        read_tok = (read_token(read_token_file, "--read-token-file")
+                    if read_token_file is not None else None)
         hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
                                          check_allowed_origins(allowed_origins))
         if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
@@ -149,7 +149,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         if token is None and not no_token:
             needed, generated = write_generated_token(state)
         app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
-                                    registry, needed, read_token=reads,
+                                    registry, needed, read_token=read_tok,
                                     read_timeout_s=read_timeout_s,
                                     token_hint=generated,
                                     quotas=dict(prep.round_config.quotas or {})), hosts)
@@ -163,7 +163,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
                     f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
                     f"{url}/metrics; state {state}, executor {executor}, cluster "
                     f"{prep.cluster.name}, writes {writes}, reads "
-                    f"{'need a token (--read-token-file)' if reads else 'open'}",
+                    f"{'need a token (--read-token-file)' if read_tok else 'open'}",
                     highlight=False, markup=False, soft_wrap=True)
                 yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
         finally:

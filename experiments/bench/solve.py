@@ -4,8 +4,16 @@ Instances: a cluster of G GPUs over T types (Crius table 1's four types and
 node shapes, plus H100 and L4 for five and six types; the 1,280-GPU Crius
 cluster itself at G=1280, T=4) and J queued jobs drawn from Crius table 2
 (models, batch sizes) with requested GPUs 1-16 (Philly-like mix, seeded).
-Each backend and the chain solve the same round under the budget; each row
-records wall time, objective, best bound, gap and the greedy's objective.
+Each backend and the chain solve the same model: the round runs first (``run_round``,
+the cell formulation's policy, backend ``auto``: the ``chain`` row), and each backend
+row then solves the model the policy's recipe builds from that round's candidate graph
+(the graph the chain solved: admitted jobs, the round's objective, full rounds trimmed
+to the requests), hinted with the greedy's answer on it; the ``variables`` column is
+the same in every row of an instance. What differs, and only this: the chain's budget
+covers its whole round (candidates, the greedy, the chain, decoding and validation), a
+backend's covers its solve alone, so the chain's ``wall_s`` is the round's and a
+backend's its solver's. Each row records wall time, objective, best bound, gap and the
+greedy's objective.
 """
 
 from __future__ import annotations
@@ -18,10 +26,10 @@ from typing import Any
 
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import resolve_cluster
-from apportion.formulations.candidates import build_candidates
-from apportion.formulations.cells import build_cells_model, hint_from_choices
+from apportion.formulations.cells import hint_from_choices
 from apportion.jobs import JobSpec
 from apportion.policies import RoundConfig, run_round
+from apportion.policies.recipes import RECIPES
 from apportion.formulations.decode import to_decision
 from apportion.decision import SolveReport
 from apportion.solvers.chain import backends_for
@@ -90,34 +98,38 @@ class BenchRow:
 
 def bench_one(jobs_n: int, gpus: int, types: int, backends: list[str], budget_s: float,
               seed: int = 0) -> list[BenchRow]:
+    """One instance: the round (the ``chain`` row, where asked) and each backend on the
+    model that round solved (see the module's docstring)."""
     cluster = synthetic_cluster(gpus, types)
     jobs = synthetic_jobs(jobs_n, cluster.gpu_types, seed)
     now = 36000.0
-    t0 = time.perf_counter()
-    g = build_candidates(cluster, jobs, now)
-    cand_s = time.perf_counter() - t0
+    cfg = RoundConfig(backend="auto", time_budget_s=budget_s)
+    t1 = time.perf_counter()
+    r = run_round(cluster, jobs, now, cfg)
+    chain_wall = time.perf_counter() - t1
+    g = r.graph  # the candidate graph the chain's round solved
+    specs = g.graph["specs"]
+    rep = r.decision.report
+    cand_s = float(rep.model_size.get("candidates_s") or 0.0)
     greedy, gobj, _ = GreedyCells().solve(g)
+    recipe = RECIPES[cfg.formulation]
     rows = []
     for name in backends:
         if name == "chain":
-            t1 = time.perf_counter()
-            r = run_round(cluster, jobs, now, RoundConfig(backend="auto", time_budget_s=budget_s))
-            rep = r.decision.report
-            rows.append(BenchRow(jobs_n, cluster.total_gpus, types, "chain",
-                                 time.perf_counter() - t1, rep.objective, rep.bound, rep.gap, gobj,
-                                 rep.status, validate(r.decision, cluster, jobs).ok,
-                                 rep.model_size.get("candidates_s", 0.0),
-                                 rep.model_size.get("variables", 0)))
+            rows.append(BenchRow(jobs_n, cluster.total_gpus, types, "chain", chain_wall,
+                                 rep.objective, rep.bound, rep.gap, gobj, rep.status,
+                                 validate(r.decision, cluster, jobs).ok, cand_s,
+                                 int(rep.model_size.get("variables", 0))))
             continue
-        m = build_cells_model(g)
+        m = recipe.model(g, cfg)  # the model the chain solved, built afresh
         m.set_hint(hint_from_choices(m, greedy))
         be = backends_for(name)[0]
         res = be.solve(m, budget_s)
         valid = False
         if res.x is not None and m.decode is not None:
-            dec = to_decision(g, m.decode(res.x), cluster, jobs,
+            dec = to_decision(g, m.decode(res.x), cluster, specs,
                               SolveReport(name, res.status.value, None, None, None, 0, False))
-            valid = validate(dec, cluster, jobs).ok
+            valid = validate(dec, cluster, specs).ok
         rows.append(BenchRow(jobs_n, cluster.total_gpus, types, name, res.wall_s, res.objective,
                              res.bound, res.gap, gobj, res.status.value, valid, cand_s, m.num_vars))
     return rows

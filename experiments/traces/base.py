@@ -159,6 +159,16 @@ class Trace:
         return self.derived(js, name=f"{self.name}[{start_s:.0f}:{end_s:.0f}]",
                             note=f"window {start_s:.0f}-{end_s:.0f} s")
 
+    def at_load(self, load: float) -> Trace:
+        """The same jobs arriving ``load`` times as fast (submit times divided by ``load``,
+        each deadline as far after its submission as before): a load sweep's trace, the way
+        Gavel and Pollux vary the arrival rate over one workload."""
+        js = [replace(j, submit_s=j.submit_s / load,
+                      deadline_s=None if j.deadline_s is None
+                      else j.submit_s / load + (j.deadline_s - j.submit_s))
+              for j in self.jobs]
+        return self.derived(js, note=f"arrivals at {load:g}x the trace's rate")
+
     def head(self, n: int) -> Trace:
         return self.derived(self.jobs[:n], name=f"{self.name}[:{n}]", note=f"first {n}")
 
