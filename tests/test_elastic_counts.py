@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from apportion.cli import app
 from apportion.cluster import Cluster, NodeGroup
-from apportion.config import load_jobs, resolve_cluster
+from apportion.config import load_jobs, load_queue, resolve_cluster
 from apportion.estimation.models.analytic import AnalyticEstimator
 from apportion.formulations.candidates import CandidateOptions, build_candidates
 from apportion.formulations.counts import count_limit, grow, ladder, most_gpus
@@ -159,9 +159,20 @@ def test_a_trace_elastic_column_is_checked(tmp_path: Path) -> None:
     assert "line 2, column elastic" in r.output
 
 
-def test_jobs_yaml_carries_elasticity(tmp_path: Path) -> None:
-    from apportion.config import load_jobs
+def test_a_json_lines_queue_carries_elasticity(tmp_path: Path) -> None:
+    """The streamed format has the jobs YAML's fields, these two included."""
+    queue = tmp_path / "jobs.jsonl"
+    queue.write_text(
+        '{"id": "a", "model": "bert-336m", "global_batch_size": 64, "iterations": 10, '
+        '"requested_gpus": 2, "max_gpus": 8, "elastic": false}\n'
+        '{"id": "b", "model": "bert-336m", "global_batch_size": 64, "iterations": 10, '
+        '"requested_gpus": 2}\n')
+    a, b = load_queue(queue).jobs
+    assert (a.max_gpus, a.elastic) == (8, False)
+    assert (b.max_gpus, b.elastic) == (None, True)
 
+
+def test_jobs_yaml_carries_elasticity(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  - {id: a, model: bert-336m, global_batch_size: 64, "
                     "iterations: 10, requested_gpus: 2, max_gpus: 8, elastic: false}\n"
