@@ -8,6 +8,10 @@ import csv
 import json
 from pathlib import Path
 
+from apportion.estimation.models.analytic import AnalyticEstimator
+from apportion.formulations.candidates import CandidateOptions, build_candidates
+from apportion.formulations.counts import count_limit, grow, ladder, most_gpus
+from apportion.formulations.schema import cells_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -15,10 +19,6 @@ from typer.testing import CliRunner
 from apportion.cli import app
 from apportion.cluster import Cluster, NodeGroup
 from apportion.config import load_jobs, load_queue, resolve_cluster
-from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.formulations.candidates import CandidateOptions, build_candidates
-from apportion.formulations.counts import count_limit, grow, ladder, most_gpus
-from apportion.formulations.schema import cells_of
 from apportion.jobs import JobSpec
 from apportion.plan_memory import memory_violation
 from apportion.plans import ExecutionPlan
@@ -191,6 +191,7 @@ def test_a_trimmed_round_is_the_same_without_estimating_the_scale_up() -> None:
         requests_beyond,
         trim_scale_up,
     )
+
     from apportion.jobs import RunningState
 
     cluster = Cluster("c", [NodeGroup("a", 2, "A100-40GB", 8), NodeGroup("b", 2, "A10", 4)])

@@ -245,6 +245,16 @@ add_recipe(Recipe("deadline", "apportion-deadline",
                   deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta,
                   judges_plans=True, quotas=True))
 
-__all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
-           "cells_model", "deadline_candidates", "default_cell_candidates", "honour_deadlines",
-           "plan_candidates", "sla_cell_candidates"]
+__all__ = [
+    "RECIPES",
+    "CandidateContext",
+    "Recipe",
+    "add_recipe",
+    "cell_candidates",
+    "cells_model",
+    "deadline_candidates",
+    "default_cell_candidates",
+    "honour_deadlines",
+    "plan_candidates",
+    "sla_cell_candidates",
+]
