@@ -33,6 +33,7 @@ class Choice:
     plan: ExecutionPlan | None = None
     code: str | None = None  # a ground-truth plan code (Morphling's exec_plan)
     cpus: int | None = None
+    global_batch_size: int | None = None  # a batch the policy chose (None: the job's own)
 
 
 def node_share(cluster: Cluster, placement: dict[str, int]) -> tuple[int, float]:
@@ -83,7 +84,8 @@ def build_decision(view: Any, chosen: dict[str, Choice], name: str, t0: float | 
                                  view.cluster, cpus=c.cpus,
                                  iter_time_s=(1.0 / c.est_rate) if c.est_rate > 0 else None,
                                  source=describe(js, c.gpu_type, c.gpus, c.placement)
-                                 if describe is not None else None))
+                                 if describe is not None else None,
+                                 global_batch_size=c.global_batch_size))
         if c.code:
             codes[jid] = c.code
     reasons = reasons or {}

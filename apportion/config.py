@@ -315,6 +315,27 @@ class JobEntry(_Strict):
     # be given any other count than its request at all (default: it may)
     max_gpus: int | None = Field(default=None, gt=0, le=MAX_COUNT)
     elastic: bool = True
+    # the global batches the scheduler may run it at, [smallest, largest] (its batch is then
+    # a decision: Pollux's goodput); its iterations stay counted at global_batch_size
+    batch_range: list[int] | None = None
+    # its gradient statistics, [grad_sqr, grad_var per sample], where known before it runs
+    grad_stats: list[float] | None = None
+
+    @field_validator("batch_range")
+    @classmethod
+    def _range(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (len(v) != 2 or not 0 < v[0] <= v[1] <= MAX_COUNT):
+            raise ValueError(f"must be [smallest, largest] with 0 < smallest <= largest <= "
+                             f"{MAX_COUNT}, got {list(v)}")
+        return v
+
+    @field_validator("grad_stats")
+    @classmethod
+    def _stats(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) != 2 or not all(math.isfinite(x) and x >= 0 for x in v)):
+            raise ValueError(f"must be [grad_sqr, grad_var], finite and non-negative, got "
+                             f"{list(v)}")
+        return v
 
     @field_validator("workload")
     @classmethod
@@ -375,6 +396,11 @@ class JobEntry(_Strict):
         if self.iterations_done > self.iterations:
             raise ValueError(f"<iterations_done> {self.iterations_done} is more than the job's "
                              f"{self.iterations} iterations")
+        if self.batch_range is not None and not (
+                self.batch_range[0] <= self.global_batch_size <= self.batch_range[1]):
+            raise ValueError(f"<global_batch_size> {self.global_batch_size} is outside "
+                             f"batch_range {list(self.batch_range)}: its iterations are "
+                             "counted at global_batch_size, one of the batches it may run")
         if self.iterations_done == self.iterations:  # a round would start it on GPUs
             raise ValueError(f"<iterations_done> {self.iterations_done} is all of the job's "
                              f"{self.iterations} iterations: the job is complete, so there is "
@@ -556,6 +582,8 @@ def _job_of(e: JobEntry) -> JobSpec:
         iterations_done=e.iterations_done, running=running, admitted=e.admitted,
         workload=e.workload.to_workload() if e.workload is not None else None,
         max_gpus=e.max_gpus, elastic=e.elastic,
+        batch_range=None if e.batch_range is None else (e.batch_range[0], e.batch_range[1]),
+        grad_stats=None if e.grad_stats is None else (e.grad_stats[0], e.grad_stats[1]),
     )
 
 

@@ -2,7 +2,8 @@
 
 The JSON written by ``solve-round --json`` is a contract: ``solver`` {backend,
 status, objective, bound, gap, wall_s, fallback}, ``allocations`` [{job,
-gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput, estimator, source}] and
+gpu_type, gpus, stages, plan {dp, tp, pp}, placement, est_throughput, estimator, source,
+and ``global_batch_size`` where the policy chose the job's batch}] and
 ``pending`` [{job, reason}]. Fields may be added, never renamed or dropped.
 """
 
@@ -97,8 +98,17 @@ class Allocation:
     # where its figures came from: {kind: measured | fitted | profiled | analytic, detail,
     # and where known samples, age_s, device, backend, heldout_error, refused}
     source: dict[str, Any] | None = None
+    # the global batch it runs at, where the policy chose it (a job with a ``batch_range``:
+    # Pollux's goodput); None: the job's own ``global_batch_size``
+    global_batch_size: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        out = self._fields()
+        if self.global_batch_size is not None:  # only where chosen: older decisions' bytes
+            out["global_batch_size"] = self.global_batch_size
+        return out
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "job": self.job,
             "gpu_type": self.gpu_type,

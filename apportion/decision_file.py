@@ -49,6 +49,7 @@ class AllocationEntry(_Strict):
     cpus: int = Field(default=0, ge=0)
     host_memory_gib: float = Field(default=0.0, ge=0)
     iter_time_s: float | None = Field(default=None, ge=0, le=1e9)
+    global_batch_size: int | None = Field(default=None, gt=0)  # a batch the round chose
 
 
 class DecisionFile(_Strict):
@@ -66,7 +67,8 @@ def load_decision(path: str | Path) -> Decision:
     allocs = [Allocation(a.job, a.gpu_type, a.gpus, a.stages, ExecutionPlan(**a.plan.model_dump()),
                          dict(a.placement), a.est_throughput, Action(a.action),
                          iter_time_s=a.iter_time_s, cpus=a.cpus,
-                         host_memory_gib=a.host_memory_gib) for a in spec.allocations]
+                         host_memory_gib=a.host_memory_gib,
+                         global_batch_size=a.global_batch_size) for a in spec.allocations]
     pending = []
     for i, p in enumerate(spec.pending):
         try:

@@ -101,7 +101,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A training job. ``model`` is a catalog name; the global batch never changes."""
+    """A training job. ``model`` is a catalog name; the global batch never changes unless
+    the job gives a ``batch_range`` (then the scheduler chooses it, for goodput)."""
 
     id: str
     model: str
@@ -127,6 +128,15 @@ class JobSpec:
     # keep its size (``elastic=False``) only its request
     max_gpus: int | None = None
     elastic: bool = True
+    # the global batches the scheduler may run it at, (smallest, largest): its batch is then
+    # a decision (Pollux's goodput; formulations/batch_options.py); None: it keeps
+    # ``global_batch_size``, which counts its ``iterations``
+    batch_range: tuple[int, int] | None = None
+    # the gradient statistics the job last reported, (grad_sqr, grad_var): the squared norm
+    # of its true gradient and the variance of one sample's gradient (their ratio is its
+    # gradient noise scale; estimation/goodput/efficiency.py): its statistical efficiency at
+    # any batch. Runtime state, like ``iterations_done``
+    grad_stats: tuple[float, float] | None = None
 
     @property
     def remaining_iterations(self) -> int:

@@ -49,7 +49,8 @@ class RateFeedback:
             if a is None or getattr(js, "mode", None):
                 self._last.pop(js.id, None)
                 continue
-            key = (a.gpu_type, a.gpus, tuple(sorted(a.placement.items())))
+            batch = a.global_batch_size  # a batch the policy chose: the source's there
+            key = (a.gpu_type, a.gpus, tuple(sorted(a.placement.items())), batch)
             prev = self._last.get(js.id)
             self._last[js.id] = (view.now, float(js.done), key, js.restarts)
             if prev is None or prev[2] != key or prev[3] != js.restarts \
@@ -57,7 +58,8 @@ class RateFeedback:
                 continue
             measured = (float(js.done) - prev[1]) / (view.now - prev[0])
             source = float(view.rates.rate(js, a.gpu_type, a.gpus, dict(a.placement),
-                                           js.plan_code))  # the plan it ran (Morphling's)
+                                           js.plan_code,  # the plan it ran (Morphling's)
+                                           **({} if batch is None else {"batch": batch})))
             if measured <= 0 or source <= 0:
                 continue  # no progress is the stall feedback's (``JobView.stalled_on``)
             f = measured / source

@@ -76,6 +76,9 @@ _STAGE_TABLE = ("CREATE TEMP TABLE IF NOT EXISTS submit_stage (n INTEGER PRIMARY
 def _spec_json(j: JobSpec) -> str:
     """A job's stored specification: its fields but progress and placement."""
     spec = {k: getattr(j, k) for k in _SPEC_FIELDS}
+    for k in ("batch_range", "grad_stats"):  # a job without them: its JSON as before
+        if spec[k] is None:
+            del spec[k]
     if j.workload is not None:
         spec["workload"] = j.workload.as_dict()
     return json.dumps(spec, sort_keys=True)
@@ -111,6 +114,8 @@ class JobRecord:
     submitted_at: float
     updated_at: float
     last_round: int | None
+    # (grad_sqr, grad_var) the job last reported (``gradient_stats``), None before any
+    grad_stats: tuple[float, float] | None = None
 
     def to_jobspec(self) -> JobSpec:
         """The :class:`JobSpec` a round consumes (with ``RunningState`` when running)."""
@@ -122,6 +127,12 @@ class JobRecord:
         spec = {k: v for k, v in self.spec.items() if k in _SPEC_FIELDS}
         if spec.get("workload") is not None:
             spec["workload"] = Workload.from_dict(spec["workload"])
+        if spec.get("batch_range") is not None:  # JSON keeps it as a list
+            spec["batch_range"] = tuple(int(x) for x in spec["batch_range"])
+        if self.grad_stats is not None:  # what it reported outranks what it was submitted with
+            spec["grad_stats"] = self.grad_stats
+        elif spec.get("grad_stats") is not None:
+            spec["grad_stats"] = tuple(float(x) for x in spec["grad_stats"])
         return JobSpec(**spec, iterations_done=self.iterations_done, running=running)
 
     def as_dict(self) -> dict[str, Any]:
@@ -517,7 +528,9 @@ class StateStore:
 
     # -- jobs -----------------------------------------------------------------------
     _JOB_COLS = ("id, state, spec_json, iterations, iterations_done, checkpoint_iterations, "
-                 "running_json, reason, version, submitted_at, updated_at, last_round")
+                 "running_json, reason, version, submitted_at, updated_at, last_round, "
+                 "(SELECT grad_sqr FROM gradient_stats WHERE gradient_stats.job = jobs.id), "
+                 "(SELECT grad_var FROM gradient_stats WHERE gradient_stats.job = jobs.id)")
 
     def _record(self, row: tuple[Any, ...]) -> JobRecord:
         """A jobs row as a record; a row edited by hand into nonsense is :class:`StoreDamaged`
@@ -538,8 +551,9 @@ class StateStore:
         except (ValueError, TypeError) as exc:
             raise StoreDamaged(str(self.path), f"jobs[{printable(row[0], False)}].{col}",
                                f"unreadable value ({exc}): " + recover_hint(self.path)) from None
+        stats = None if row[12] is None else (float(row[12]), float(row[13]))
         return JobRecord(row[0], state, spec, counts[0], counts[1], counts[2], running, row[7],
-                         row[8], row[9], row[10], row[11])
+                         row[8], row[9], row[10], row[11], stats)
 
     def jobs(self, states: frozenset[JobState] | None = None) -> list[JobRecord]:
         """Jobs in submission order; with ``states``, only those (chosen in SQL: the
@@ -912,10 +926,29 @@ class StateStore:
                           (iterations_done, ckpt, at_s, job_id))
         return self.job(job_id)
 
+    def record_gradient_stats(self, job_id: str, grad_sqr: float, grad_var: float,
+                              at_s: float, batch: int | None = None) -> None:
+        """The gradient statistics a running job reported (the squared norm of its gradient
+        and the variance of one sample's): they replace the last ones (the worker smooths
+        them). A value that is not finite and non-negative is refused."""
+        for name, v in (("grad_sqr", grad_sqr), ("grad_var", grad_var)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(job_id, name, f"must be finite and non-negative, got {v!r}")
+        with self.transaction() as c:
+            self.job(job_id)  # an unknown job is refused by name
+            c.execute("INSERT INTO gradient_stats(job, at_s, grad_sqr, grad_var, batch) "
+                      "VALUES (?, ?, ?, ?, ?) ON CONFLICT(job) DO UPDATE SET at_s = "
+                      "excluded.at_s, grad_sqr = excluded.grad_sqr, grad_var = "
+                      "excluded.grad_var, batch = excluded.batch, reports = reports + 1",
+                      (job_id, at_s, float(grad_sqr), float(grad_var), batch))
+
     def record_sample(self, job_id: str, gpu_type: str, gpus: int, plan: dict[str, Any],
                       placement: dict[str, int], iter_time_s: float, at_s: float,
-                      mem_per_gpu_gib: float | None = None, source: str = "") -> int:
-        """One measured configuration for the estimators; a NaN or non-positive time is refused."""
+                      mem_per_gpu_gib: float | None = None, source: str = "",
+                      batch: int | None = None) -> int:
+        """One measured configuration for the estimators; a NaN or non-positive time is
+        refused. ``batch``: the global batch the step ran at where the round chose one other
+        than the job's own (None: the job's own)."""
         if not (isinstance(iter_time_s, (int, float)) and math.isfinite(iter_time_s)
                 and iter_time_s > 0):
             raise InputError(source or "sample", "iter_time_s",
@@ -930,18 +963,18 @@ class StateStore:
             rec = self.job(job_id)
             cur = c.execute(
                 "INSERT INTO estimator_samples(job, model, gpu_type, gpus, plan_json, "
-                "placement_json, iter_time_s, mem_per_gpu_gib, at_s, source) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "placement_json, iter_time_s, mem_per_gpu_gib, at_s, source, batch) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (job_id, rec.spec["model"], gpu_type, gpus, json.dumps(plan, sort_keys=True),
                  json.dumps(placement, sort_keys=True), float(iter_time_s), mem_per_gpu_gib,
-                 at_s, source))
+                 at_s, source, None if batch is None else int(batch)))
             return int(cur.lastrowid or 0)
 
     def samples(self, job_id: str | None = None) -> list[dict[str, Any]]:
         keys = ("job", "model", "gpu_type", "gpus", "plan", "placement", "iter_time_s",
-                "mem_per_gpu_gib", "at_s", "source")
+                "mem_per_gpu_gib", "at_s", "source", "batch")
         q = ("SELECT job, model, gpu_type, gpus, plan_json, placement_json, iter_time_s, "
-             "mem_per_gpu_gib, at_s, source FROM estimator_samples")
+             "mem_per_gpu_gib, at_s, source, batch FROM estimator_samples")
         rows = (self.conn.execute(q + " WHERE job = ? ORDER BY id", (job_id,)) if job_id
                 else self.conn.execute(q + " ORDER BY id")).fetchall()
         return [dict(zip(keys, (*r[:4], json.loads(r[4]), json.loads(r[5]), *r[6:])))

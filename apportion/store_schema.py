@@ -9,7 +9,8 @@ measured progress, estimator samples and node health. Keeping them separate
 is not cosmetic: it is how a version-1 database written by an earlier release
 is upgraded in place, and the tests exercise exactly that path. Migration 3
 adds the launch records of ``apportion run`` (every worker group it started,
-with a per-store monotonic launch id; see :mod:`apportion.store_launches`).
+with a per-store monotonic launch id; see :mod:`apportion.store_launches`). Migration 4
+keeps the gradient statistics each job last reported (``gradient_stats``).
 
 Two triggers make the invariants hold at the database level, whoever writes:
 a job's state may only change along :data:`apportion.lifecycle.TRANSITIONS`,
@@ -23,7 +24,7 @@ import time
 
 from apportion.lifecycle import JobState, transition_pairs
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APP_ID = 0x41505054  # "APPT": PRAGMA application_id marks the file as an apportion store
 
 _STATES = ", ".join(f"'{s.value}'" for s in JobState)
@@ -196,7 +197,27 @@ def _migration_3() -> list[str]:
     ]
 
 
-MIGRATIONS: dict[int, list[str]] = {1: _migration_1(), 2: _migration_2(), 3: _migration_3()}
+def _migration_4() -> list[str]:
+    """The gradient statistics each job last reported (Pollux's goodput: its statistical
+    efficiency at any batch), one row a job, and the batch it ran when it reported them;
+    and the global batch each estimator sample was measured at (NULL: the job's own), so a
+    step timed at a batch the round chose is never taken for one at the job's own."""
+    return [
+        "ALTER TABLE estimator_samples ADD COLUMN batch INTEGER CHECK (batch IS NULL OR "
+        "batch > 0)",
+        """CREATE TABLE gradient_stats (
+            job TEXT PRIMARY KEY REFERENCES jobs(id),
+            at_s REAL NOT NULL,
+            grad_sqr REAL NOT NULL CHECK (grad_sqr >= 0),
+            grad_var REAL NOT NULL CHECK (grad_var >= 0),
+            batch INTEGER,                            -- the global batch it ran, where known
+            reports INTEGER NOT NULL DEFAULT 1        -- how many reports it has made
+        )""",
+    ]
+
+
+MIGRATIONS: dict[int, list[str]] = {1: _migration_1(), 2: _migration_2(), 3: _migration_3(),
+                                    4: _migration_4()}
 
 
 class SchemaError(RuntimeError):

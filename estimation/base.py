@@ -68,6 +68,10 @@ class Estimate:
     global_batch_size: int
     breakdown: Mapping[str, float] = field(default_factory=dict)
     source: Source | None = None
+    # the global batch the figures are for, where it is the job's to choose (a job with a
+    # ``batch_range``: formulations/batch_options.py); ``global_batch_size`` then stays the
+    # job's own, so ``throughput`` counts its progress in the job's own iterations
+    batch: int | None = None
 
     @property
     def throughput(self) -> float:

@@ -30,6 +30,10 @@ What comes from where:
   feasible; none where no split does (the plan would be refused as written);
 * ``fit(samples)`` records measured iteration times, keyed by (model, global
   batch, GPU type, GPU count); a measured configuration overrides ``rate_fn``.
+* **a batch the job lets the scheduler choose** (``batch_rate_fn``: a rate source whose
+  rate at a global batch is the job's progress there, Pollux's goodput in a replay):
+  :meth:`RateEstimator.best_at_batch`, which
+  :func:`apportion.formulations.batch_options.best_in_cell` asks per batch option.
 * **a model the catalog lacks** (Gavel's ``ResNet-18 (batch size 128)``,
   ElasticFlow's ``vgg16``, a fine-tuning task; :func:`apportion.models.catalog_model`):
   no inner estimator can describe it, so the rate source is the whole estimate — as
@@ -67,6 +71,8 @@ from apportion.plans import Cell, ExecutionPlan
 log = logging.getLogger(__name__)
 
 RateFn = Callable[[JobSpec, str, int], float]
+#: ``(job, gpu_type, gpus, global batch) -> the job's progress per second at that batch``
+BatchRateFn = Callable[[JobSpec, str, int, int], float]
 
 
 class RateEstimator(ParamsMixin):
@@ -85,14 +91,23 @@ class RateEstimator(ParamsMixin):
     """
 
     def __init__(self, rate_fn: RateFn, inner: AnalyticEstimator | None = None,
-                 memoize: bool = True) -> None:
+                 memoize: bool = True, batch_rate_fn: BatchRateFn | None = None) -> None:
         if not callable(rate_fn):
             raise TypeError("rate_fn must be callable: (job, gpu_type, gpus) -> iterations/s")
         self.rate_fn = rate_fn
         self.inner = inner
         self.memoize = memoize
+        self.batch_rate_fn = batch_rate_fn
         self._inner = inner if inner is not None else AnalyticEstimator()
-        self._rates: dict[tuple[str, str, int], float] = {}
+        # (job, type, count) -> {(batch, gradient statistics): rate}: a job's reported
+        # statistics move its rates (goodput), so they are part of what is memoised
+        self._rates: dict[tuple[str, str, int], dict[tuple[Any, ...], float]] = {}
+
+    @property
+    def rates_batches(self) -> bool:
+        """Whether this rates a job at any global batch (:meth:`best_at_batch`): its rate
+        source's rate at a batch is the job's progress there, efficiency included."""
+        return self.batch_rate_fn is not None
 
     # -- sklearn-style plumbing ----------------------------------------------------
     def fit(self, samples: Iterable[Sample], cluster: Cluster | None = None) -> RateEstimator:
@@ -115,19 +130,29 @@ class RateEstimator(ParamsMixin):
         self._rates.pop((job_id, gpu_type, gpus), None)
 
     # -- rates -----------------------------------------------------------------------
-    def rate(self, job: JobSpec, gpu_type: str, gpus: int) -> float:
-        """Iterations/s of ``job`` on ``gpus`` GPUs of ``gpu_type`` (0: cannot run)."""
+    def rate(self, job: JobSpec, gpu_type: str, gpus: int, batch: int | None = None) -> float:
+        """Iterations/s of ``job`` on ``gpus`` GPUs of ``gpu_type`` (0: cannot run); at
+        global ``batch`` (the job's progress there, in its own iterations) where given."""
         measured = getattr(self, "measured_", {})
         mk = (job.model, job.global_batch_size, gpu_type, gpus)
-        if mk in measured:
+        if batch is None and mk in measured:
             return measured[mk]
         key = (job.id, gpu_type, gpus)
-        if self.memoize and key in self._rates:
-            return self._rates[key]
-        r = float(self.rate_fn(job, gpu_type, gpus))
+        variant = (batch, job.grad_stats)
+        got = self._rates.get(key) if self.memoize else None
+        if got is not None and variant in got:
+            return got[variant]
+        if got and next(iter(got))[1] != job.grad_stats:  # older statistics: stale rates
+            got.clear()
+        if batch is None:
+            r = float(self.rate_fn(job, gpu_type, gpus))
+        elif self.batch_rate_fn is not None:
+            r = float(self.batch_rate_fn(job, gpu_type, gpus, int(batch)))
+        else:
+            raise ValueError("this rate source rates no batch but the job's own")
         r = r if math.isfinite(r) and r > 0 else 0.0
         if self.memoize:
-            self._rates[key] = r
+            self._rates.setdefault(key, {})[variant] = r
         return r
 
     # -- the estimator interface ----------------------------------------------------------
@@ -146,6 +171,27 @@ class RateEstimator(ParamsMixin):
             if base is None:
                 return None
         return self._timed(base, 1.0 / r, job.global_batch_size)
+
+    def best_at_batch(self, job: JobSpec, cell: Cell, cluster: Cluster, batch: int
+                      ) -> Estimate | None:
+        """The cell's estimate with the job at global ``batch`` (:attr:`rates_batches`):
+        the rate source's progress there as the time (in the job's own iterations, so the
+        estimate keeps the job's ``global_batch_size``), the plan and memory sized for that
+        batch; ``Estimate.batch`` says it."""
+        if cell.gpus <= 0 or cell.gpus % cell.stages:
+            return None
+        r = self.rate(job, cell.gpu_type, cell.gpus, batch)
+        if r <= 0:
+            return None
+        if catalog_model(job.model) is None:
+            got = rated_estimate(job, cell.gpus, cell.stages, 1.0 / r)
+            return None if got is None else replace(got, batch=int(batch))
+        at = replace(job, global_batch_size=int(batch))
+        base = self._inner.best_in_cell(at, cell, cluster) or self._fastest_split(at, cell,
+                                                                                   cluster)
+        if base is None:
+            return None
+        return replace(self._timed(base, 1.0 / r, job.global_batch_size), batch=int(batch))
 
     def predict(self, job: JobSpec, plan: ExecutionPlan, placement: Mapping[str, int],
                 cluster: Cluster) -> Estimate:
@@ -219,4 +265,4 @@ def rated_estimate(job: JobSpec, gpus: int, stages: int, iter_time_s: float) -> 
                                            estimator="rates"))
 
 
-__all__ = ["RateEstimator", "RateFn", "fastest_fitting_split", "rated_estimate"]
+__all__ = ["BatchRateFn", "RateEstimator", "RateFn", "fastest_fitting_split", "rated_estimate"]

@@ -465,6 +465,10 @@ class NoisyView:
         self.seed = seed
         self.name = f"{base.name}+noise{sigma}"
         self.interpolated = base.interpolated
+        # a truth that rates a job by its progress is asked with the job's (perfect
+        # profiles know where the job is), and one that rates batches is asked at any
+        self.by_progress = bool(getattr(base, "by_progress", False))
+        self.rates_batches = bool(getattr(base, "rates_batches", False))
 
     def factor(self, job_id: str, gpu_type: str, gpus: int) -> float:
         if self.sigma <= 0:
@@ -479,6 +483,8 @@ class NoisyView:
              placement: Mapping[str, int] | None = None, plan: str | None = None,
              **kw: Any) -> float:
         j: SimJob = job.trace if hasattr(job, "trace") else job
+        if self.by_progress and "progress" not in kw and hasattr(job, "done"):
+            kw["progress"] = float(job.done)
         r = self.base.rate(j, gpu_type, gpus, placement, plan, **kw)
         return r * self.factor(j.job_id, gpu_type, gpus) if r > 0 else 0.0
 

@@ -328,7 +328,8 @@ SUMMARY_COLS = ["policy", "jobs", "finished", "avg_jct_s", "median_jct_s", "p95_
                 "avg_queue_s", "makespan_s", "utilization", "avg_throughput_samples_s",
                 "peak_throughput_samples_s", "avg_restarts", "deadline_ratio", "ftf_rho_mean",
                 "solver_s_mean", "fallbacks", "gap_mean", "avg_jct_all_s", "p99_jct_all_s",
-                "sla_kept", "sla_jobs", "avg_jct_lower_bound_s", "avg_jct_to_bound"]
+                "sla_kept", "sla_jobs", "avg_jct_lower_bound_s", "avg_jct_all_lower_bound_s",
+                "avg_jct_to_bound"]
 
 
 def trace_jobs(trace: str, cluster: str, window_days: float | None = None,

@@ -76,6 +76,9 @@ class ProfiledRates:
         self.interpolated = getattr(truth, "interpolated", set())
         self.caps = cluster.capacity_by_type()
         self._measured: dict[tuple[Any, ...], float] = {}
+        # a truth that rates batches is profiled at the batch asked (each one once, at the
+        # start of training: a profile is not re-measured as the job progresses)
+        self.rates_batches = bool(getattr(truth, "rates_batches", False))
 
     # -- the profiling budget -------------------------------------------------------------
     def points(self, js: Any, gpu_type: str) -> list[int]:

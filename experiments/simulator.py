@@ -16,7 +16,16 @@ resize, migration, new plan) makes no progress for ``restart_cost_s``
 (default 78 s: Morphling section 7.3 measured 78 s per reconfiguration); the
 first start costs ``start_cost_s`` (default 0). The ``gavel`` profile follows
 Gavel's simulator: 360 s rounds, no restart cost, and a multi-GPU job's rate does not
-depend on how its GPUs spread over servers (``consolidated_rates``).
+depend on how its GPUs spread over servers (``consolidated_rates``); the ``pollux`` profile
+Pollux's: 60-s rounds, 30 s for every new allocation, the first included.
+
+A truth whose rate moves with a job's progress (``by_progress``: Pollux's statistical
+efficiency changes epoch by epoch) is asked with the job's progress every round, and a job
+advances to each point where its rate changes (``next_change``) and is rated again there,
+within the round; a truth that ``rates_batches`` rates an allocation at the global batch
+the policy chose for it (``Allocation.global_batch_size``), else at the job's own. After
+each round such a truth says what every job reports of its gradients (``grad_stats``: the
+job's ``JobSpec.grad_stats``, as ``apportion run`` fills them from the store).
 
 Run modes (fine-tuning, YMIR): a decision's ``meta`` may say *how* a job starts,
 and the ground truth says what that changes. ``meta["transfer"] = {job: source}``
@@ -46,7 +55,8 @@ import numpy as np
 import pandas as pd
 from apportion.experiments.groundtruth import ConsolidatedRates
 from apportion.experiments.information import rate_source
-from apportion.experiments.lower_bound import cached_jct_lower_bound
+from apportion.experiments.lower_bound import bound_summary
+from apportion.experiments.pollux_reference import ROUND_RULES
 from apportion.experiments.traces import SimJob, Trace
 
 from apportion.cluster import Cluster
@@ -97,6 +107,9 @@ PROFILES: dict[str, SimConfig] = {
     # YMIR's fine-tuning replays: 60-s rounds; every start and restart costs the measured
     # context switch of RoBERTa-base on V100 (30.4 s, titan-finetune fminfo)
     "ymir": SimConfig(interval_s=60.0, restart_cost_s=30.4, start_cost_s=30.4, profile="ymir"),
+    # Pollux's simulator's round rules (experiments/pollux_reference): 60-s rounds; every new
+    # allocation of a job, its first included, makes no progress for 30 s
+    "pollux": SimConfig(**ROUND_RULES, profile="pollux"),
 }
 
 
@@ -137,7 +150,7 @@ def _spec(j: SimJob) -> JobSpec:
                    guaranteed=j.guaranteed, deadline_s=j.deadline_s,
                    priority_weight=float(j.priority_weight),
                    backbone=ft.backbone if ft else None, task=ft.task if ft else None,
-                   accepts_sharing=bool(ft and ft.accepts_sharing),
+                   accepts_sharing=bool(ft and ft.accepts_sharing), batch_range=j.batch_range,
                    max_gpus=j.max_gpus, elastic=j.elastic)
 
 
@@ -193,6 +206,10 @@ class Simulator:
         self.policy = policy
         self.cfg = config or SimConfig()
         self.truth = ConsolidatedRates(truth) if self.cfg.consolidated_rates else truth
+        # a truth whose rate moves with the job's progress (Pollux's: efficiency by epoch) is
+        # asked with it every round and advances jobs epoch by epoch (:meth:`_run_epochs`)
+        self.by_progress = bool(getattr(truth, "by_progress", False))
+        self.rates_batches = bool(getattr(truth, "rates_batches", False))
         if self.cfg.deterministic:
             deterministic_policy(policy)
         # the round's pipeline with the policy the caller built, and this replay's hooks
@@ -250,6 +267,8 @@ class Simulator:
             except InvalidDecision as exc:
                 raise SimulationError(f"round {r} at t={t:.0f}: {exc}") from None
             progressed, finished_recent = self._advance(rp.active, t, t + iv, rp.timeline)
+            if self.by_progress and hasattr(self.truth, "grad_stats"):
+                self._report_stats(rp.active)
             for jid in finished_recent:
                 js = rp.states[jid]
                 rp.done.append(js)
@@ -344,10 +363,57 @@ class Simulator:
                 else:
                     js.restarts += 1
             js.alloc, js.plan_code = a, code
-            js.true_rate = float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code,
-                                                 **js.mode))
+            js.true_rate = self._true_rate(js, a, code)
             js.est_rate = (float(a.est_throughput) / max(1, js.trace.batch) if a.est_throughput
                            else 0.0)
+
+    def _true_rate(self, js: JobState, a: Allocation, code: str | None) -> float:
+        """The truth's rate of ``js`` on ``a``: with its run mode, and where the truth reads
+        them, its progress and the batch the allocation chose."""
+        if not self.by_progress and not self.rates_batches:
+            return float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code,
+                                         **js.mode))
+        kw = dict(js.mode)
+        if self.by_progress:
+            kw["progress"] = js.done
+        if self.rates_batches and a.global_batch_size is not None:
+            kw["batch"] = int(a.global_batch_size)
+        return float(self.truth.rate(js.trace, a.gpu_type, a.gpus, a.placement, code, **kw))
+
+    def _run_epochs(self, js: JobState, start: float, t1: float) -> float | None:
+        """Advance ``js`` from ``start`` toward ``t1`` at its true rate, asking the truth
+        again wherever the rate changes (an epoch's end, :meth:`PolluxTruth.next_change`);
+        the instant it finishes, or None when the round ends first."""
+        now, total = start, js.trace.iterations
+        for _ in range(100_000):  # a job has far fewer epochs than this
+            rate = js.true_rate
+            if rate <= 0:
+                return None
+            stop = min(float(self.truth.next_change(js.trace, js.done)), total)
+            if stop <= js.done:  # nothing left before the change: run to the end
+                stop = total
+            need = (stop - js.done) / rate
+            if now + need > t1:
+                js.done += rate * (t1 - now)
+                return None
+            now += need
+            js.done = stop
+            if stop >= total:
+                return now
+            assert js.alloc is not None
+            js.true_rate = self._true_rate(js, js.alloc, js.plan_code)
+        raise SimulationError(f"{js.id}: its rate changed too often in one round")
+
+    def _report_stats(self, active: list[JobState]) -> None:
+        """What each job reports of its gradients after a round (Pollux's jobs measure them
+        at the batch they run): its spec's ``grad_stats``, as ``run`` fills them from the
+        store, so a policy sees them change epoch by epoch."""
+        for js in active:
+            a = js.alloc
+            stats = self.truth.grad_stats(
+                js.trace, js.done, a.global_batch_size if a is not None else None)
+            if stats != js.spec.grad_stats:
+                js.spec = replace(js.spec, grad_stats=stats)
 
     def _fix_modes(self, decision: Decision, states: dict[str, JobState], now: float) -> None:
         """The run mode a decision's ``meta`` asks for, fixed at each job's first start
@@ -407,7 +473,19 @@ class Simulator:
             start = min(max(t0, js.busy_until), t1)
             end = t1
             rate = js.true_rate
-            if rate > 0 and start < t1:
+            if rate > 0 and start < t1 and self.by_progress:  # epoch by epoch
+                before = js.done
+                done_at = self._run_epochs(js, start, t1)
+                if done_at is not None:
+                    end = done_at
+                    js.done = js.trace.iterations
+                    js.finish = end
+                    finished.append(js.id)
+                progressed = True
+                samples += (js.done - before) * max(1, js.trace.batch)
+                iters_norm += (end - start)
+                useful[a.gpu_type] += a.gpus * (end - start)
+            elif rate > 0 and start < t1:
                 need = js.remaining / rate
                 if start + need <= t1:
                     end = start + need
@@ -482,15 +560,9 @@ class Simulator:
             "interpolated_configs": len(getattr(self.truth, "interpolated", ())),
             "sim_wall_s": round(wall_s, 3),
         })
-        if self.cfg.jct_bound:
-            bound = cached_jct_lower_bound(self.trace.jobs, self.truth, self.cluster,
-                                    start_cost_s=self.cfg.start_cost_s)
-            avg = summary.get("avg_jct_all_s")
-            summary.update({
-                "avg_jct_lower_bound_s": round(bound.avg_jct_s, 3),
-                "avg_jct_to_bound": (round(avg / bound.avg_jct_s, 4)
-                                     if avg and bound.avg_jct_s > 0 else None),
-                "jct_bound": bound.as_dict()})
+        if self.cfg.jct_bound:  # jobs wait for a round tick: the bound knows the grid
+            summary.update(bound_summary(self.trace.jobs, self.truth, self.cluster, summary,
+                                         end, self.cfg.start_cost_s, self.cfg.interval_s))
         return SimResult(jobs, tl, rd, summary)
 
 

@@ -41,6 +41,11 @@ BUNDLED = {
     "morphling-mt": "morphling/workloads/workload-mt.csv",
     **{f"fm-{load}-{fm}": f"titan-finetune/traces/FM-{load}-{fm}/workload-0.csv"
        for load in ("1", "1.5", "2") for fm in ("roberta-base", "roberta-large")},
+    # Pollux's 8 workloads at 0.5x-2x job load (its pollux_reference figures' rows)
+    **{f"pollux-{load}-{n}": f"pollux/{folder}/workload-{n}.csv"
+       for load, folder in (("0.5", "workloads-0.5"), ("1.0", "workloads"),
+                            ("1.5", "workloads-1.5"), ("2.0", "workloads-2.0"))
+       for n in range(1, 9)},
 }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from apportion.experiments import groundtruth as gt
 from apportion.experiments.finetune_truth import FinetuneTruth
+from apportion.experiments.pollux_truth import PolluxTruth
 from apportion.experiments.traces import SimJob, SubstitutionLog, Trace
 
 from apportion.errors import InputError
@@ -143,3 +144,6 @@ register_truth(TruthKind("tables", "your measured iteration times (--tables FILE
                          hint=_tables_hint))
 register_truth(TruthKind("finetune", "YMIR's fine-tuning curves and V100 throughputs",
                          lambda i: FinetuneTruth(), prepare=_to_target, general=False))
+register_truth(TruthKind("pollux", "Pollux's measured step times x statistical efficiency "
+                         "from its logged gradient statistics (T4)",
+                         lambda i: PolluxTruth.for_cluster(i.cluster), general=False))

@@ -39,6 +39,7 @@ from apportion.formulations.objectives import (
     options_dict,
     reference_throughput,
 )
+from apportion.formulations.batch_options import best_in_cell
 from apportion.formulations.counts import MIN_GAIN, base_counts, grow, ladder
 from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
 from apportion.formulations.schema import (
@@ -295,7 +296,7 @@ def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: A
         for stages in [d for d in depths or () if d in every] or every:
             tried += 1
             cell = Cell(job.id, gpu_type, gpus, stages)
-            e = est.best_in_cell(job, cell, cluster)
+            e = best_in_cell(est, job, cell, cluster)  # at its best batch, where it has one
             if e is None or not fits_device(cluster, gpu_type, e, job):
                 continue
             why = accept(job, e.plan) if accept is not None else None
@@ -392,7 +393,7 @@ def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tup
     r = job.running
     assert r is not None
     cell = Cell(job.id, r.gpu_type, r.gpus, r.stages)
-    e = est.best_in_cell(job, cell, cluster)
+    e = best_in_cell(est, job, cell, cluster)
     if e is None or not fits_device(cluster, cell.gpu_type, e, job):
         return None
     return cell, e
@@ -481,6 +482,8 @@ def _attach_cells(g: nx.DiGraph, job: JobSpec, cells: list[tuple[Cell, Any]], cl
             # recomputation, which the plan's memory depends on): the decoder reads it
             attrs["plan"] = plan
         attrs["single_node"] = single
+        if e.batch is not None:  # the global batch chosen for the cell (batch_options)
+            attrs["global_batch_size"] = e.batch
         vertices.append((cn, attrs))
         edges.append((jn, cn, {}))
         pinned = job.running.placement if (current and job.running) else None

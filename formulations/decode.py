@@ -67,7 +67,8 @@ def to_decision(g: nx.DiGraph, choices: list[CellChoice], cluster: Cluster,
             ch.job, d["gpu_type"], int(d["gpus"]), plan, ch.placement, thr, job.running, cluster,
             cpus=cpus, host_memory_gib=mem, iter_time_s=float(d["iter_time_s"]),
             normalized_throughput=float(d["normalized"]),
-            mem_per_gpu_gib=float(d["mem_per_gpu"]) / 2**30))
+            mem_per_gpu_gib=float(d["mem_per_gpu"]) / 2**30,
+            global_batch_size=d.get("global_batch_size")))
         placed.add(ch.job)
     pending = []
     for job in jobs:

@@ -112,6 +112,8 @@ class MemoryStore:
                 continue
             self.progress_log.append(p.as_dict())
             job = replace(self.jobs[p.job], iterations_done=p.iterations_done)
+            if p.grad_stats is not None:  # what its workload measured of its gradients
+                job = replace(job, grad_stats=p.grad_stats)
             if p.health in (Health.FINISHED, Health.FAILED):
                 self.states[p.job] = p.health.value
                 job = replace(job, running=None)
@@ -260,7 +262,10 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
                     for p in progress:
                         a = round_allocs.get(p.job)
                         if a is not None and p.iter_time_s and p.health == Health.RUNNING:
-                            refit.observe(rounds, round_jobs[p.job], a, p.iter_time_s)
+                            job = round_jobs[p.job]
+                            if p.batch is not None:  # a step at the batch its group runs
+                                job = replace(job, global_batch_size=p.batch)
+                            refit.observe(rounds, job, a, p.iter_time_s)
                 if on_measure is not None:
                     for p in progress:
                         if p.iter_time_s is not None and p.health == Health.RUNNING:

@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,5 +197,7 @@ def store_samples(store: Any) -> list[Any]:
             plan = ExecutionPlan(**s["plan"])
         except TypeError:
             continue
+        if s.get("batch"):  # timed at a batch its round chose, not the job's own
+            job = replace(job, global_batch_size=int(s["batch"]))
         out.append(Sample(job, plan, dict(s["placement"]), s["gpu_type"], float(s["iter_time_s"])))
     return out

@@ -184,9 +184,13 @@ class SqliteRoundStore:
                     self._fault(p, rec, now)
                     continue
                 a = self._alloc.get(p.job)
+                if p.grad_stats is not None and p.health is Health.RUNNING:
+                    # what the workload measured of its gradients: its efficiency at any batch
+                    self.store.record_gradient_stats(p.job, *p.grad_stats, now)
                 if a is not None and p.iter_time_s and p.health is Health.RUNNING:
                     self.store.record_sample(p.job, a.gpu_type, a.gpus, a.plan.as_dict(),
-                                             a.placement, p.iter_time_s, now, source="executor")
+                                             a.placement, p.iter_time_s, now, source="executor",
+                                             batch=p.batch)  # a step at the batch it runs
             except Exception as exc:  # noqa: BLE001 - one bad report must not stop the loop
                 log.warning("progress of %s not recorded: %s", p.job, exc)
 

@@ -25,6 +25,7 @@ Three parts: the environment (:func:`job_env`, :func:`rank_env`,
 :func:`ranks_by_node`), which plans each kind runs (:func:`plan_supported`),
 helpers for scripts (:func:`plan`, :func:`iterations`, :func:`checkpoint_dir`,
 :func:`stop_requested`, :class:`CheckpointPolicy`, :func:`report_progress`,
+:func:`gradient_noise`,
 :func:`init_jax_distributed`, ...) and the executors' reader
 (:func:`read_progress_since`). This module is imported inside user training
 scripts, so it imports nothing heavy (no torch, no numpy) at module level.
@@ -51,7 +52,9 @@ ENV_CHECKPOINT_EVERY = "APPORTION_CHECKPOINT_EVERY"  # checkpoint every N iterat
 ENV_CHECKPOINT_INTERVAL_S = "APPORTION_CHECKPOINT_INTERVAL_S"  # ... or every T seconds (0: off)
 ENV_DEEPSPEED_CONFIG = "APPORTION_DEEPSPEED_CONFIG"  # kind deepspeed: DeepSpeed JSON for the plan
 ENV_GPU_TYPE = "APPORTION_GPU_TYPE"
-ENV_GLOBAL_BATCH = "APPORTION_GLOBAL_BATCH_SIZE"  # the job's constant global batch
+# the global batch this launch runs: the job's own, or the one the round chose for it (a job
+# with a batch_range)
+ENV_GLOBAL_BATCH = "APPORTION_GLOBAL_BATCH_SIZE"
 # every rank starts with torch's loads forced to weights only (a pickle planted in the
 # job's predictable checkpoint folder never runs); a user's own command that must load
 # pickled objects of its own sets it to "0" in its workload env
@@ -205,7 +208,9 @@ def iterations() -> int:
 
 
 def global_batch_size(default: int | None = None) -> int:
-    """The job's global batch (``APPORTION_GLOBAL_BATCH_SIZE``): constant across every plan."""
+    """The global batch this launch runs (``APPORTION_GLOBAL_BATCH_SIZE``): the job's own,
+    constant across every plan, unless the job gives a ``batch_range`` and the round chose
+    another for this allocation."""
     raw = os.environ.get(ENV_GLOBAL_BATCH)
     if raw is None:
         if default is None:
@@ -308,6 +313,10 @@ def report_progress(iteration: int, checkpoint: bool = False, **fields: Any) -> 
 
     ``checkpoint=True`` says a checkpoint holding iteration N is on disk (call
     it after the save): that is how far a killed group's job is rolled back.
+    ``grad_sqr=`` and ``grad_var=`` report the gradient statistics (the squared norm of the
+    true gradient, the variance of one sample's gradient; :func:`gradient_stats`): the
+    scheduler fits the job's statistical efficiency from them and chooses its batch where
+    the job gives a ``batch_range``.
     """
     if rank() != 0:
         return
@@ -338,11 +347,14 @@ def read_progress(path: str | Path) -> dict[str, Any] | None:
 
 
 class ProgressView:
-    """What one launch reported: its last line and the last line that marked a checkpoint."""
+    """What one launch reported: its last line, the last line that marked a checkpoint, and
+    the last gradient statistics (``grad_sqr``, ``grad_var``) a line carried."""
 
     def __init__(self, last: dict[str, Any] | None = None,
-                 checkpoint: dict[str, Any] | None = None, lines: int = 0) -> None:
+                 checkpoint: dict[str, Any] | None = None, lines: int = 0,
+                 grad_stats: tuple[float, float] | None = None) -> None:
         self.last, self.checkpoint, self.lines = last, checkpoint, lines
+        self.grad_stats = grad_stats
 
     @property
     def iteration(self) -> int | None:
@@ -382,7 +394,39 @@ def read_progress_since(path: str | Path, offset: int = 0,
         view.last = rec
         if rec.get("checkpoint") is True:
             view.checkpoint = rec
+        stats = gradient_stats(rec)
+        if stats is not None:
+            view.grad_stats = stats
     return view
+
+
+def gradient_noise(small_sqr: float, small_batch: float, big_sqr: float,
+                   big_batch: float) -> tuple[float, float]:
+    """``(grad_sqr, grad_var)`` from the squared norms of two gradient estimates of one
+    step, over ``small_batch`` and ``big_batch`` samples (``small < big``; McCandlish et al.,
+    "An empirical model of large-batch training", appendix A, as Pollux's adaptdl measures
+    them): ``E|g_B|^2 = |G|^2 + tr(S) / B`` for a B-sample mean, solved for the squared norm
+    of the true gradient ``|G|^2`` and the variance of one sample's gradient ``tr(S)``.
+    Single steps are noisy (either may come out negative): average them over steps."""
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"batches must satisfy 0 < small < big, got {small_batch}, "
+                         f"{big_batch}")
+    sqr = (big_batch * big_sqr - small_batch * small_sqr) / (big_batch - small_batch)
+    var = (small_sqr - big_sqr) / (1.0 / small_batch - 1.0 / big_batch)
+    return sqr, var
+
+
+def gradient_stats(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """``(grad_sqr, grad_var)`` of a progress line that reports both, finite and
+    non-negative; None otherwise (a line may carry them or not)."""
+    got = []
+    for key in ("grad_sqr", "grad_var"):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                v >= 0 and v < float("inf")):
+            return None
+        got.append(float(v))
+    return got[0], got[1]
 
 
 def file_size(path: str | Path) -> int:

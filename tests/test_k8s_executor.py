@@ -191,14 +191,18 @@ def test_status_and_progress_read_back(tmp_path: Path) -> None:
         d.mkdir(parents=True)
         launch = ex.tracked[JOB.id].launch_id
         (d / "progress.json").write_text(json.dumps({
-            "iterations_done": 40, "iter_time_s": 0.25, "loss": 2.5, "launch_id": launch}))
+            "iterations_done": 40, "iter_time_s": 0.25, "loss": 2.5, "launch_id": launch,
+            "grad_sqr": 0.5, "grad_var": 8.0}))
         du = mount / job_dirname("u")
         du.mkdir(parents=True)
-        (du / "progress.jsonl").write_text('{"iteration": 7, "iter_time_s": 1.5}\n{"itera')
+        (du / "progress.jsonl").write_text('{"iteration": 7, "iter_time_s": 1.5, "grad_sqr": 2, '
+                                           '"grad_var": 3}\n{"itera')
         got = {p.job: p for p in ex.poll()}
         assert (got[JOB.id].health, got[JOB.id].iterations_done, got[JOB.id].iter_time_s) == \
             (Health.RUNNING, 40, 0.25)
         assert (got["u"].health, got["u"].iterations_done) == (Health.RUNNING, 7)
+        # the workload's gradient statistics go on to the round (its batch's efficiency)
+        assert (got[JOB.id].grad_stats, got["u"].grad_stats) == ((0.5, 8.0), (2.0, 3.0))
         # completed before the target: the workers stopped early -> failed, resumable
         srv.set_condition("JobSet", object_name(JOB.id), "Completed")
         srv.set_condition("JobSet", object_name("u"), "Failed", "BackoffLimitExceeded")

@@ -45,6 +45,7 @@ FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
     "morphling": (("morphling-",), ("name: a800\nnode_groups:\n  - {prefix: m, count: 2, "
                                     "gpu_type: A800-80GB, gpus_per_node: 8}\n")),
     "finetune": (("fm-",), "8:0:0"),
+    "pollux": (("pollux-",), "pollux-64"),
 }
 #: the generated families (no file): their trace argument and cluster
 GENERATED = {"synthetic": ("synthetic:3", "crius-testbed"),

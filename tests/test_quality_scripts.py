@@ -81,3 +81,39 @@ def test_deadline_rows_show_the_share_met(tmp_path, ratios):
         assert "deadlines met |" in md and "| 0.940 |" in md
         assert {r["policy"]: r["deadline_ratio"] for r in rows} == {"elasticflow": 0.94,
                                                                    "apportion": 0.9}
+
+
+def test_no_bound_filled_where_jobs_were_left_unfinished():
+    """A policy that left jobs unfinished is compared with the bound counting them until its
+    own replay's end: another policy's bound (every job to its finish) is not its yardstick."""
+    summarise = _load("summarise")
+    df = pd.DataFrame({
+        "policy": ["apportion", "elasticflow"], "seeds": [1, 1], "jobs": [100, 100],
+        "finished": [100, 94], "avg_jct_s": [200.0, 150.0], "avg_jct_s_ci95": [0.0, 0.0],
+        "avg_jct_lower_bound_s": [100.0, float("nan")],
+        "avg_jct_to_bound": [2.0, float("nan")]})
+    got = summarise._fill_bound(df)
+    assert not got.any() and pd.isna(df.loc[1, "avg_jct_to_bound"])
+
+
+def test_rebound_writes_the_bound_where_every_job_finished(tmp_path, monkeypatch):
+    """rebound.py puts the bound computed again into a run's summary: the ratio of the mean
+    JCT over the seeds' mean bound for a policy that finished every job, n/a for one that
+    did not (its replay's end, which its bound needs, is not kept), shown ≈."""
+    rebound = _load("rebound")
+    summarise = _load("summarise")
+    run = tmp_path / "gavel-mmf-oracle"
+    run.mkdir()
+    pd.DataFrame({"policy": ["apportion", "elasticflow"], "seeds": [2, 2], "jobs": [96, 96],
+                  "finished": [96, 95], "avg_jct_s": [300.0, 200.0],
+                  "avg_jct_all_s": [300.0, 400.0], "avg_jct_lower_bound_s": [50.0, 50.0],
+                  "avg_jct_to_bound": [6.0, 8.0], "avg_jct_to_bound_ci95": [0.1, 0.1]}
+                 ).to_csv(run / "summary.csv", index=False)
+    monkeypatch.setattr(rebound, "row_bounds", lambda name, seeds: [100.0, 140.0][:seeds])
+    df = rebound.rebound(run)
+    assert df["avg_jct_lower_bound_s"].tolist() == [120.0, 120.0]
+    assert df.loc[0, "avg_jct_to_bound"] == pytest.approx(2.5)
+    assert pd.isna(df.loc[1, "avg_jct_to_bound"]) and pd.isna(df.loc[1, "avg_jct_all_lower_bound_s"])
+    assert df["avg_jct_to_bound_ci95"].isna().all()
+    back = pd.read_csv(run / "summary.csv")
+    assert summarise._fill_bound(back).all()  # shown ≈

@@ -338,7 +338,7 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
                  "'queued', 0)")
     conn.close()
     with open_store(db) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION == 4
         assert s.job("old").to_jobspec().model == "bert-0.76b"
         assert s.samples() == [] and node_states(s) == []
         assert s.check_invariants() == []

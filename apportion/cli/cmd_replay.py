@@ -49,7 +49,7 @@ def simulate_cmd(
                                 callback=complete.from_environment),
     policy: str = typer.Option(..., "--policy", help="policy name (apportion policies)",
                                autocompletion=complete.policies),
-    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    profile: str = typer.Option("default", "--profile", help="round rules: default | gavel | ymir | pollux (Pollux's 60-s rounds, 30-s starts and restarts)"),
     seed: int = typer.Option(0, "--seed", help="the replay's seed: the noise on what the "
                              "policy sees and the estimated mode's profiling draws"),
     json_out: Optional[Path] = typer.Option(None, "--json", readable=False,
@@ -125,7 +125,7 @@ def compare_cmd(
     seeds: int = typer.Option(1, "--seeds", min=1, help="replay each policy with seeds "
                               "0 .. N-1; tables and plots give means and confidence "
                               "intervals over them"),
-    profile: str = typer.Option("default", "--profile", help="default | gavel"),
+    profile: str = typer.Option("default", "--profile", help="round rules: default | gavel | ymir | pollux (Pollux's 60-s rounds, 30-s starts and restarts)"),
     out_dir: Path = typer.Option(Path("results"), "--out", help="results root (a folder)"),
     run: Optional[str] = typer.Option(None, "--run", help="run name (default: trace-cluster)"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="replays run in "

@@ -161,7 +161,8 @@ def build_decision(view: Any, chosen: dict[str, Choice], name: str, t0: float | 
                           f"({limit / GiB:g} GiB each)")
             continue
         fitted[jid] = c if plan is c.plan else Choice(c.gpu_type, c.gpus, c.placement,
-                                                      c.est_rate, plan, c.code, c.cpus)
+                                                      c.est_rate, plan, c.code, c.cpus,
+                                                      c.global_batch_size)
     why = dict(reasons or {})
     why.update((jid, (Reason.NO_FIT_MEMORY, detail)) for jid, detail in unfit.items())
     dec = assembly.build_decision(view, fitted, name, t0, why, report, formulation)

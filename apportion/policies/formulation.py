@@ -160,6 +160,8 @@ class _Memo:
             return None
         if self.blacklist and any(b[0] == job.id for b in self.blacklist):
             return None
+        if job.batch_range is not None:  # its cells read its range and statistics too
+            return (job.model, job.global_batch_size, job.batch_range, job.grad_stats)
         return (job.model, job.global_batch_size)
 
     def best_in_cell(self, job: JobSpec, cell: Any, cluster: Cluster) -> Any:
@@ -169,10 +171,32 @@ class _Memo:
         if only is not None and cell.gpu_type != only:
             return None
         k = (job.id if self.per_job else job.model, job.global_batch_size, cell.gpu_type,
-             cell.gpus, cell.stages, cluster.fingerprint_hash)
+             cell.gpus, cell.stages, cluster.fingerprint_hash, job.grad_stats)
         got = self.memo.get(k, self)
         if got is self:
             got = self.memo[k] = self.inner.best_in_cell(job, cell, cluster)
+            if self.per_job:
+                self.keys_of.setdefault(job.id, []).append(k)
+        return got
+
+    @property
+    def rates_batches(self) -> bool:
+        return bool(getattr(self.inner, "rates_batches", False))
+
+    def best_at_batch(self, job: JobSpec, cell: Any, cluster: Cluster, batch: int) -> Any:
+        """The inner estimator's estimate at a global batch the job lets the scheduler
+        choose (formulations/batch_options.py), memoised and fed back like
+        :meth:`best_in_cell`."""
+        if (job.id, cell.gpu_type, cell.gpus) in self.blacklist:
+            return None
+        only = self.only_type.get(job.id)
+        if only is not None and cell.gpu_type != only:
+            return None
+        k = (job.id if self.per_job else job.model, ("batch", int(batch), job.global_batch_size),
+             cell.gpu_type, cell.gpus, cell.stages, cluster.fingerprint_hash, job.grad_stats)
+        got = self.memo.get(k, self)
+        if got is self:
+            got = self.memo[k] = self.inner.best_at_batch(job, cell, cluster, batch)
             if self.per_job:
                 self.keys_of.setdefault(job.id, []).append(k)
         return got
@@ -229,6 +253,7 @@ class FormulationPolicy:
         self._viewed: _Memo | None = None  # the view's measured rates (a replay)
         self._view_rate = _ViewRate(None, {})
         self._rates_moved = False  # this round's measurements corrected a rate
+        self._stats_seen: dict[str, tuple[float, float]] = {}  # reported gradient statistics
         self.rounds_made = 0
         self.cache = CandidateCache()  # per-job candidate fragments across rounds
         # every job ranked so far with its latest projected JCT (a finished job's last):
@@ -263,7 +288,8 @@ class FormulationPolicy:
             return None
         t0 = time.perf_counter()
         keep = {js.id: Choice(js.alloc.gpu_type, js.alloc.gpus, dict(js.alloc.placement),
-                              js.est_rate, js.alloc.plan, js.plan_code)
+                              js.est_rate, js.alloc.plan, js.plan_code,
+                              global_batch_size=js.alloc.global_batch_size)
                 for js in view.jobs if js.alloc is not None}
         return build_decision(view, keep, self.name, t0,
                               {js.id: (Reason.NO_CAPACITY, "waiting for the next event")
@@ -290,14 +316,27 @@ class FormulationPolicy:
                 self.estimator = _Memo(view.rates.estimator)
             return self.estimator
         if self._viewed is None or fresh:
-            self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner),
-                                 per_job=True)
+            # a rate source that rates any global batch (a replay on Pollux's truth) rates a
+            # job's batch options too (formulations/batch_options.py)
+            batches = self._view_rate.batch_rate if getattr(view.rates, "rates_batches",
+                                                            False) else None
+            self._viewed = _Memo(RateEstimator(self._view_rate.rate, inner=self.estimator.inner,
+                                               batch_rate_fn=batches), per_job=True)
         self._view_rate.jobs = {js.id: js for js in view.jobs}
         changed, gone = self._view_rate.observe(view)
         for jid, t, g in changed:  # measured rates: re-estimate there
             self._viewed.inner.forget(jid, t, g)
         self._viewed.forget(set(changed))
-        self._viewed.forget_jobs(gone)
+        # a job whose reported gradient statistics moved (a new epoch) is rated anew: its
+        # memoised answers at the old ones are never asked again
+        moved = [js.id for js in view.jobs if js.spec.grad_stats is not None
+                 and self._stats_seen.get(js.id) != js.spec.grad_stats]
+        for js in view.jobs:
+            if js.spec.grad_stats is not None:
+                self._stats_seen[js.id] = js.spec.grad_stats
+        for jid in gone:
+            self._stats_seen.pop(jid, None)
+        self._viewed.forget_jobs(gone + moved)
         self._rates_moved = bool(changed)
         return self._viewed
 
@@ -772,6 +811,15 @@ class _ViewRate:
             return 0.0
         f = js.rate_factor.get((gpu_type, gpus), 1.0)
         return f * float(self.rates.rate(js, gpu_type, gpus))
+
+    def batch_rate(self, spec: JobSpec, gpu_type: str, gpus: int, batch: int) -> float:
+        """The job's progress per second at global ``batch`` (a rate source that rates
+        batches), with the same measured correction."""
+        js = self.jobs.get(spec.id)
+        if js is None:
+            return 0.0
+        f = js.rate_factor.get((gpu_type, gpus), 1.0)
+        return f * float(self.rates.rate(js, gpu_type, gpus, batch=int(batch)))
 
 
 def round_figures(cfg: RoundConfig, view: View) -> RoundConfig:

@@ -72,6 +72,10 @@ register("gavel", _lazy("gavel", "MaxSumThroughput"), "alias of gavel-max-sum-th
 register("gandiva", _lazy("gavel", "GandivaShare"),
          "Gandiva (Gavel's allocation, no co-location): equal time share, heterogeneity-blind")
 register("tiresias", _lazy("tiresias", "Tiresias"), "Tiresias 2D-LAS, discretised queues")
+register("tiresias-pollux", _lazy("tiresias", "Tiresias", thresholds_gpu_h=(16.0,),
+                                  starvation_factor=float("inf")),
+         "Tiresias as Pollux's artifact runs it: one queue threshold at 16 GPU-hours, no "
+         "starvation guard")
 register("gandiva-migrate", _lazy("gandiva", "GandivaIntrospective"),
          "Gandiva: introspective packing and migration, heterogeneity-blind")
 register("elasticflow", _lazy("elasticflow", "ElasticFlow"), "ElasticFlow, deadline-aware scaling")

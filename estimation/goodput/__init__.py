@@ -21,9 +21,19 @@ from apportion.estimation.goodput.measurements import (
                                                      read_application,
                                                      read_applications,
 )
-from apportion.estimation.goodput.model import GoodputChoice, GoodputModel
-from apportion.estimation.goodput.throughput import TableThroughput, ThroughputModel
+from apportion.estimation.goodput.model import (
+                                                     GoodputChoice,
+                                                     GoodputModel,
+                                                     application_work,
+                                                     split_batch,
+)
+from apportion.estimation.goodput.throughput import (
+                                                     PlacementTable,
+                                                     TableThroughput,
+                                                     ThroughputModel,
+)
 
 __all__ = ["POLLUX_LIMITS", "AppLimits", "AppMeasurements", "GoodputChoice", "GoodputModel",
-           "GradientNoise", "TableThroughput", "ThroughputModel", "noise_scale",
-           "pollux_root", "read_application", "read_applications", "statistical_efficiency"]
+           "GradientNoise", "PlacementTable", "TableThroughput", "ThroughputModel",
+           "application_work", "noise_scale", "pollux_root", "read_application",
+           "read_applications", "split_batch", "statistical_efficiency"]

@@ -19,6 +19,7 @@ finish at that choice.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,30 @@ class _App:
     noise: GradientNoise
     throughput: ThroughputModel | TableThroughput
     work: float                    # samples of M0 to finish the job
+
+
+def application_work(app: AppMeasurements, noise: GradientNoise | None = None) -> float:
+    """Samples of ``M0`` a job of ``app`` makes in all: the progress at the end of its last
+    epoch (``max_epochs``), where the slowest gradient log reaches it (Pollux's simulator
+    ends a job there)."""
+    noise = noise if noise is not None else GradientNoise(app.gradients)
+    return float(noise.epoch_ends[app.limits.max_epochs - 1])
+
+
+def split_batch(batch: int, gpus: int, local_range: tuple[int, int], init_batch: int,
+                max_batch: int) -> tuple[int, int]:
+    """``(per-GPU batch, extra accumulation steps)`` a fixed global ``batch`` runs as on
+    ``gpus`` GPUs, by Pollux's simulator's rule for a job whose batch it does not choose
+    (its ``update_local_bsz``, a fact of the replays held to its figures): the fewest
+    accumulation steps that keep the per-GPU share within the per-GPU maximum, at least one
+    on a single GPU past ``init_batch``, the per-GPU batch rounded up and capped so the
+    global batch stays within ``max_batch``. The batch run is ``gpus * local * (accum + 1)``."""
+    local = math.ceil(batch / gpus - 1e-8)
+    accum = math.ceil(local / local_range[1] - 1e-8) - 1
+    if gpus == 1 and batch > init_batch:
+        accum = max(1, accum)
+    atomic = math.ceil(local / (accum + 1) - 1e-8)
+    return min(atomic, int(max_batch / (gpus * (accum + 1)))), accum
 
 
 def job_application(job: Any) -> str:
@@ -114,9 +139,8 @@ class GoodputModel(ParamsMixin):
                 tp = ThroughputModel(self.restarts).fit(app.step_times)
                 self.fit_errors_[name] = tp.errors_
             noise = GradientNoise(app.gradients)
-            work = float(noise.epoch_ends[app.limits.max_epochs - 1])
             self.apps_[name] = _App((app.init_batch, app.max_batch), app.local_batch_range,
-                                    noise, tp, work)
+                                    noise, tp, application_work(app, noise))
         return self
 
     # -- what the formulation asks ------------------------------------------------------

@@ -22,6 +22,7 @@ elsewhere; it is what Pollux's own simulator treats as the truth.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -167,3 +168,72 @@ class TableThroughput(ParamsMixin):
         batch = float(gpus) * np.asarray(local_batch, float) * (
             np.asarray(accumulation, float) + 1.0)
         return batch / self.predict_step(nodes, gpus, local_batch, accumulation)
+
+
+def rotation(placement: tuple[int, ...]) -> tuple[int, ...]:
+    """The smallest rotation of a placement's GPUs per node: the form Pollux's placement
+    table keys it by (``42`` and ``24`` are one placement; ``1424`` and ``1442`` are two)."""
+    counts = tuple(int(k) for k in placement if k)
+    if not counts:
+        return ()
+    return min(counts[i:] + counts[:i] for i in range(len(counts)))
+
+
+class PlacementTable:
+    """Step times as Pollux's own simulator takes them to be true (its README's rule).
+
+    A placement the placement table measured (its GPUs per node, in rotation order:
+    :func:`rotation`) is linearly interpolated in the per-GPU batch among that placement's
+    rows; any other (more than 4 nodes, or a per-GPU batch outside the placement's rows) is
+    linearly interpolated over (nodes, GPUs, per-GPU batch) among every row, the placement
+    table's averaged by their counts and the scalability table's, on their Delaunay
+    triangulation (node counts past the largest measured one read as it). Outside every
+    measurement there is no step time (NaN): Pollux's simulator never runs a job there.
+
+    Unlike :class:`TableThroughput` (which keys rows by node and GPU count only and falls
+    back to a fitted model), this tells ``1424`` from ``1442`` and extrapolates nothing:
+    what a replay held to Pollux's figures must advance jobs by. Built from an
+    application's :class:`~apportion.estimation.goodput.measurements.StepTimes`."""
+
+    def __init__(self, placements: StepTimes, scalability: StepTimes) -> None:
+        from scipy.spatial import Delaunay
+
+        rows: dict[tuple[int, ...], dict[float, tuple[float, float]]] = {}
+        for p, m, st, sy in zip(placements.placement, placements.local_batch,
+                                placements.step_s, placements.sync_s):
+            rows.setdefault(rotation(tuple(int(c) for c in p)), {})[float(m)] = (st, sy)
+        self.table = {key: (np.array(sorted(by)), np.array([by[m] for m in sorted(by)]))
+                      for key, by in rows.items()}
+        groups: dict[tuple[float, float, float], list[tuple[float, float]]] = {}
+        for n, k, m, st, sy in zip(placements.nodes, placements.gpus, placements.local_batch,
+                                   placements.step_s, placements.sync_s):
+            groups.setdefault((float(n), float(k), float(m)), []).append((st, sy))
+        points = [list(x) for x in groups] + [
+            [float(n), float(k), float(m)] for n, k, m in
+            zip(scalability.nodes, scalability.gpus, scalability.local_batch)]
+        values = [list(np.mean(v, axis=0)) for v in groups.values()] + [
+            [float(st), float(sy)] for st, sy in zip(scalability.step_s, scalability.sync_s)]
+        self.max_nodes = int(max(p[0] for p in points))
+        # scipy's LinearNDInterpolator on these points (what Pollux's simulator calls),
+        # evaluated here from its triangulation: the same barycentric weights, without the
+        # interpolator's per-call overhead (tens of ms a point)
+        self.tri = Delaunay(np.array(points, dtype=float))
+        self.values = np.array(values, dtype=float)
+
+    def step(self, placement: tuple[int, ...], local_batch: float) -> tuple[float, float]:
+        """``(step seconds, sync seconds)`` of one step of ``local_batch`` per GPU on
+        ``placement`` (GPUs per node); NaN where nothing was measured near it."""
+        key = rotation(placement)
+        entry = self.table.get(key)
+        m = float(local_batch)
+        if entry is not None and entry[0][0] <= m <= entry[0][-1]:
+            ms, vals = entry
+            return float(np.interp(m, ms, vals[:, 0])), float(np.interp(m, ms, vals[:, 1]))
+        x = np.array([min(len(key), self.max_nodes), sum(key), m], dtype=float)
+        simplex = int(self.tri.find_simplex(x[None, :])[0])
+        if simplex < 0:
+            return math.nan, math.nan
+        t = self.tri.transform[simplex]
+        b = t[:3] @ (x - t[3])
+        st, sy = np.append(b, 1.0 - b.sum()) @ self.values[self.tri.simplices[simplex]]
+        return float(st), float(sy)

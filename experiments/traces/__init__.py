@@ -17,6 +17,8 @@ type renamed, jobs drawn by a paper's adaptation). The built-in formats:
   :func:`morphling_downsample` is Morphling's;
 * ``workload`` — a user's own workload with their own models and measured rates
   (:mod:`.workload`);
+* ``pollux`` — Pollux's workloads (:mod:`.pollux`), on its measured step times and
+  gradient statistics, the batch a decision where the job allows it;
 * ``synthetic`` — generated (:func:`synthetic`).
 
 A file is detected by its content, never its path (:func:`detect`); a file no format
@@ -73,6 +75,7 @@ from apportion.experiments.traces.morphling import (
     morphling_downsample,
 )
 from apportion.experiments.traces.normalised import REQUIRED, load_normalised_csv
+from apportion.experiments.traces.pollux import load_pollux_workload
 from apportion.experiments.traces.raw import RAW
 from apportion.experiments.traces.registry import (
     COVERAGE,
@@ -94,7 +97,7 @@ from apportion.experiments.traces.workload import load_workload
 #: the built-in formats' names (plug-ins add theirs: :func:`formats`); each module above
 #: registers its format when imported
 FORMATS = ("gavel", "gavel-csv", "crius", "morphling", "elasticflow", RAW.name, "synthetic",
-           "finetune", "workload")
+           "finetune", "workload", "pollux")
 
 __all__ = [
     "ANY_SECONDS",
@@ -139,6 +142,7 @@ __all__ = [
     "load_gavel_trace",
     "load_morphling_workload",
     "load_normalised_csv",
+    "load_pollux_workload",
     "load_plugins",
     "load_workload",
     "morphling_downsample",

@@ -83,6 +83,9 @@ class SimJob:
     # GPUs the job may be given, and whether it may run on another count than its own
     max_gpus: int | None = None
     elastic: bool = True
+    # the global batches a scheduler may choose for it, (smallest, largest); None: its
+    # ``batch`` is fixed (every trace but Pollux's, and Pollux's ncf)
+    batch_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

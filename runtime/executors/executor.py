@@ -72,6 +72,11 @@ class Progress:
     error: str | None = None
     checkpoint_iterations: int | None = None  # the last checkpoint's iteration, where known
     launch_id: str = ""  # the worker group this report is about
+    # the gradient statistics its workload last reported, (grad_sqr, grad_var), where any
+    grad_stats: tuple[float, float] | None = None
+    # the global batch the group runs where its round chose one (a job with a batch_range;
+    # it keeps it until relaunched), None: the job's own; its iter_time_s is a step of it
+    batch: int | None = None
 
     @property
     def done(self) -> bool:

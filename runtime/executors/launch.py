@@ -74,12 +74,23 @@ class LaunchSpec:
         return self.env[ENV_PROGRESS_FILE]
 
 
+def run_batch(job: JobSpec, alloc: Allocation) -> int:
+    """The global batch a launch runs: the one the round chose for the allocation (a job with
+    a ``batch_range``), else the job's own."""
+    return int(alloc.global_batch_size or job.global_batch_size)
+
+
 def train_config(job: JobSpec, alloc: Allocation, workdir: str | Path, seed: int = 0,
                  **extra: Any) -> TrainConfig:
-    """The worker config for ``job`` on ``alloc``: the plan exactly as the round chose it."""
-    return TrainConfig(job=job.id, model=job.model, global_batch_size=job.global_batch_size,
+    """The worker config for ``job`` on ``alloc``: the plan exactly as the round chose it, at
+    the batch it chose; a job whose batch is a decision counts its progress in samples of its
+    own batch and reports its gradient statistics."""
+    ranged = job.batch_range is not None
+    return TrainConfig(job=job.id, model=job.model, global_batch_size=run_batch(job, alloc),
                        iterations=job.iterations, plan=alloc.plan.as_dict(),
-                       workdir=str(workdir), seed=seed, **extra)
+                       workdir=str(workdir), seed=seed,
+                       job_batch_size=job.global_batch_size if ranged else 0,
+                       gradient_stats=ranged, **extra)
 
 
 def workload_command(kind: str, command: Sequence[str], jobdir: Path, python: str) -> list[str]:
@@ -126,11 +137,11 @@ def launch_spec(job: JobSpec, alloc: Allocation, action: str, workdir: str | Pat
            ENV_TORCH_WEIGHTS_ONLY: "1", **w.env,
            **job_env(job.id, alloc.plan, job.iterations, jobdir, world, master_addr, master_port,
                      launch_id=launch_id, checkpoint_every=every,
-                     checkpoint_interval_s=interval, global_batch_size=job.global_batch_size)}
+                     checkpoint_interval_s=interval, global_batch_size=run_batch(job, alloc))}
     files: dict[str, Any] = {"config.json": asdict(cfg)}
     if w.kind == "deepspeed":
         try:
-            files["deepspeed.json"] = deepspeed_config(alloc.plan, job.global_batch_size,
+            files["deepspeed.json"] = deepspeed_config(alloc.plan, run_batch(job, alloc),
                                                        lr=cfg.lr)
             env[ENV_DEEPSPEED_CONFIG] = str(jobdir / "deepspeed.json")
         except DeepSpeedPlanError as exc:  # the workload will refuse the plan itself

@@ -59,6 +59,11 @@ class TrainConfig:
     grad_clip: float = 0.0
     checkpoint_dir: str = ""  # "": <workdir>/checkpoint (APPORTION_CHECKPOINT_DIR)
     progress_file: str = ""  # "": <workdir>/progress.jsonl (APPORTION_PROGRESS_FILE)
+    # a job whose batch the round chooses (a batch_range): the batch its ``iterations`` are
+    # counted in (0: ``global_batch_size``, a job that fixes its batch); the worker then counts
+    # its progress in samples (``samples // job_batch_size``) and reports gradient statistics
+    job_batch_size: int = 0
+    gradient_stats: bool = False  # report grad_sqr and grad_var on every progress line
 
     @property
     def execution_plan(self) -> ExecutionPlan:

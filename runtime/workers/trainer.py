@@ -71,6 +71,7 @@ from apportion.runtime.workers.pilot import OptimSpec
 from apportion.runtime.workers.spill_strategy import SpillStrategy, spill_budget
 from apportion.runtime.workers.strategies import wrap
 from apportion.runtime.workers.torch_nets import batch, build_net
+from apportion.runtime.workload import gradient_noise
 
 from apportion.plans import ExecutionPlan
 
@@ -183,6 +184,10 @@ class Worker:
         self.launch_wall = time.time()
         self.last_opt_s = 0.0
         self.last_ckpt_wall = time.monotonic()
+        # the batch the job's iterations are counted in, and the samples consumed so far
+        self.unit = cfg.job_batch_size or cfg.global_batch_size
+        self.samples = 0
+        self.noise: tuple[float, float] | None = None  # smoothed (grad_sqr, grad_var)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -220,10 +225,16 @@ class Worker:
             self.par.load_full_state(state.model, self.opt, state.optimizer)
             ckpt.set_rng_state(state.rng)
             start = state.iteration
-            expected = start * self.cfg.global_batch_size
-            if state.samples_seen != expected:
-                raise RuntimeError(f"checkpoint has {state.samples_seen} samples seen, expected "
-                                   f"{expected}: the global batch size changed")
+            if self.cfg.job_batch_size:  # its batch is the round's to choose: samples count
+                self.samples = state.samples_seen
+                start = self.samples // self.unit
+            else:
+                expected = start * self.cfg.global_batch_size
+                if state.samples_seen != expected:
+                    raise RuntimeError(f"checkpoint has {state.samples_seen} samples seen, "
+                                       f"expected {expected}: the global batch size changed")
+        if not self.cfg.job_batch_size:
+            self.samples = start * self.cfg.global_batch_size
         self.resumed_from = start
         return self._loop(start)
 
@@ -262,7 +273,8 @@ class Worker:
             t0 = time.perf_counter()
             loss = self._step(it)
             times.append(time.perf_counter() - t0)
-            it += 1
+            self.samples += cfg.global_batch_size
+            it = self.samples // self.unit if cfg.job_batch_size else it + 1
             if first_step_wall is None:
                 first_step_wall = time.time()
             recent = times[-5:]
@@ -274,7 +286,10 @@ class Worker:
                                          "fwd_s": self.par.fwd_s, "opt_s": self.last_opt_s,
                                          "launch_id": cfg.launch_id,
                                          "wall": time.time()}) + "\n")
-                self._progress_line(it, loss=loss, iter_time_s=sum(recent) / len(recent))
+                stats = {} if self.noise is None else {"grad_sqr": max(0.0, self.noise[0]),
+                                                       "grad_var": max(0.0, self.noise[1])}
+                self._progress_line(it, loss=loss, iter_time_s=sum(recent) / len(recent),
+                                    **stats)
             self._report("running", it, sum(recent) / len(recent), loss, first_step_wall)
         if self._fenced():
             raise Fenced(f"job folder now belongs to launch {self._owner()!r}")
@@ -287,8 +302,9 @@ class Worker:
 
     def _step(self, it: int) -> float:
         B, plan, m = self.cfg.global_batch_size, self.plan, self.micro
+        offset = self.samples  # it * B where the batch never changes
         if isinstance(self.par, SpillStrategy):
-            x, y = batch(self.cfg.model, self.cfg.seed, it * B, B)  # on the host: units move it
+            x, y = batch(self.cfg.model, self.cfg.seed, offset, B)  # on the host: units move it
             return self.par.step(x, y, self._lr_at(it))
         assert self.opt is not None  # every other strategy has the whole model's optimizer
         dp_rank = self.par.dp_rank
@@ -298,13 +314,16 @@ class Worker:
             g["lr"] = self._lr_at(it)
         total = 0.0
         steps = plan.accumulation_steps
-        for k in range(steps):
-            start = it * B + dp_rank * (B // plan.dp) + k * m
-            x, y = batch(self.cfg.model, self.cfg.seed, start, m)
-            x, y = x.to(self.torch_device), y.to(self.torch_device)
-            last = k == steps - 1
-            loss = self.par.forward_backward(x, y, scale=1.0 / steps, sync=last)
-            total += loss / steps
+        if self.cfg.gradient_stats and type(self.par) is Strategy:
+            total = self._measured_step(offset + dp_rank * (B // plan.dp), steps, m)
+        else:
+            for k in range(steps):
+                start = offset + dp_rank * (B // plan.dp) + k * m
+                x, y = batch(self.cfg.model, self.cfg.seed, start, m)
+                x, y = x.to(self.torch_device), y.to(self.torch_device)
+                last = k == steps - 1
+                loss = self.par.forward_backward(x, y, scale=1.0 / steps, sync=last)
+                total += loss / steps
         if self.cfg.grad_clip > 0:
             params = [p for p in self.par.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
@@ -314,6 +333,45 @@ class Worker:
         settle(self.torch_device)
         self.last_opt_s = time.perf_counter() - o0
         return self.par.global_mean(total)
+
+    def _measured_step(self, start: int, steps: int, m: int) -> float:
+        """The step's forward-backward passes, measuring the gradient noise on the way
+        (data-parallel plans; :func:`~apportion.runtime.workload.gradient_noise`): the first
+        pass's gradient is this rank's alone (no synchronisation yet), over ``m1`` samples;
+        after the last, the gradient is the global mean over the global batch. A step of one
+        pass per rank is cut in two halves for it (the same samples and mean gradient). The
+        squared norms give ``(grad_sqr, grad_var)``, smoothed over steps (an exponential
+        average, as Pollux's adaptdl keeps them)."""
+        B = self.cfg.global_batch_size
+        pieces = [(start + k * m, m) for k in range(steps)]
+        if steps == 1 and m >= 2:
+            pieces = [(start, m // 2), (start + m // 2, m - m // 2)]
+        total, small = 0.0, None
+        for k, (first, size) in enumerate(pieces):
+            x, y = batch(self.cfg.model, self.cfg.seed, first, size)
+            x, y = x.to(self.torch_device), y.to(self.torch_device)
+            last = k == len(pieces) - 1
+            share = size / m / steps  # the piece's part of this rank's mean over its samples
+            loss = self.par.forward_backward(x, y, scale=share, sync=last)
+            total += loss * share
+            if k == 0 and not last:
+                small = self._grad_sqr() / share ** 2
+        if small is None:  # one sample a rank: nothing smaller to compare with
+            return total
+        if self.world > 1:  # every rank's first piece: their mean is a steadier estimate
+            t = torch.tensor([small], device=self.torch_device)
+            dist.all_reduce(t)
+            small = float(t.item()) / self.world
+        sqr, var = gradient_noise(small, pieces[0][1], self._grad_sqr(), B)
+        a = 0.9 if self.noise is not None else 0.0
+        prev = self.noise or (0.0, 0.0)
+        self.noise = (a * prev[0] + (1 - a) * sqr, a * prev[1] + (1 - a) * var)
+        return total
+
+    def _grad_sqr(self) -> float:
+        """The squared norm of the gradients the parameters hold now."""
+        return float(sum(float(p.grad.detach().double().pow(2).sum())
+                         for p in self.par.parameters() if p.grad is not None))
 
     # -- stop, save, fence, report ------------------------------------------------
     def _owner(self) -> str | None:
@@ -365,7 +423,7 @@ class Worker:
         model_sd, opt_sd = self.par.full_state(self.opt)  # collective under FSDP/TP
         if self.rank == 0:
             ckpt.save(self.checkpoint_path, ckpt.TrainState(
-                it, it * self.cfg.global_batch_size, model_sd, opt_sd, ckpt.rng_state(),
+                it, self.samples, model_sd, opt_sd, ckpt.rng_state(),
                 {"plan": self.plan.as_dict(), "world": self.world, "job": self.cfg.job,
                  "launch_id": self.cfg.launch_id}))
             self._progress_line(it, checkpoint=True)
@@ -394,7 +452,9 @@ class Worker:
             "world": self.world, "plan": self.plan.label(), "launch_wall": self.launch_wall,
             "first_step_wall": first_step_wall, "resumed_from": getattr(self, "resumed_from", 0),
             "updated_wall": time.time(), "pid": os.getpid(), "error": error,
-            "launch_id": self.cfg.launch_id})
+            "launch_id": self.cfg.launch_id,
+            **({} if self.noise is None else {"grad_sqr": max(0.0, self.noise[0]),
+                                               "grad_var": max(0.0, self.noise[1])})})
 
 
 #: the signal on which a built-in worker dumps its threads' stacks to its stderr

@@ -15,7 +15,11 @@ The bound is the trace's and the cluster's, not the policy's: a policy whose row
 replayed before compare reported it (most baselines' rows) gets the bound of a policy
 replayed since on the same run, the same seeds (or any seeds where its own seeds repeat
 one replay: a fixed trace in oracle mode), shown ``≈`` without an interval: the average
-JCT over the seeds' average bound, not the mean of per-seed ratios.
+JCT over the seeds' average bound, not the mean of per-seed ratios. Only where that policy
+finished every job: a policy that left jobs unfinished is compared with the bound counting
+each job until its replay's end (``avg_jct_all_lower_bound_s``, experiments/lower_bound.py),
+which only its own replay knows, so its ratio stays n/a. A run whose bound ``rebound.py``
+computed again after it was replayed is shown ``≈`` the same way.
 
     python experiments/results/quality/summarise.py OUT.md RUN_DIR [RUN_DIR ...]
 """
@@ -51,6 +55,8 @@ def _fill_bound(df: pd.DataFrame) -> pd.Series:
     known = df[df["avg_jct_lower_bound_s"].notna()]
     filled = pd.Series(False, index=df.index)
     for i, r in df[df["avg_jct_lower_bound_s"].isna()].iterrows():
+        if "finished" in df.columns and "jobs" in df.columns and r["finished"] < r["jobs"]:
+            continue  # the job sets differ (the module's doc)
         same = known[known["seeds"] == r["seeds"]]
         if same.empty and r["seeds"] > 1 and r["avg_jct_s_ci95"] == 0:
             same = known  # its seeds repeat one replay, as a 1-seed row does
@@ -60,6 +66,8 @@ def _fill_bound(df: pd.DataFrame) -> pd.Series:
         df.loc[i, "avg_jct_lower_bound_s"] = bound
         df.loc[i, "avg_jct_to_bound"] = r["avg_jct_s"] / bound
         filled[i] = True
+    if "bound_of_means" in df.columns:  # rebound.py's: the mean JCT over the mean bound
+        filled |= df["bound_of_means"].fillna(False).astype(bool)
     return filled
 
 

@@ -72,7 +72,7 @@ from apportion.runtime.executors.kubernetes.manifests import (
     workload_kind,
 )
 from apportion.runtime.workers.train_config import read_json_file
-from apportion.runtime.workload import PROGRESS_FILE_NAME, read_progress
+from apportion.runtime.workload import PROGRESS_FILE_NAME, gradient_stats, read_progress
 
 from apportion.cluster import Cluster
 from apportion.decision import Action, Allocation, Decision
@@ -401,23 +401,26 @@ class KubernetesExecutor(Executor):
 
     # -- poll -------------------------------------------------------------------------------------
     def _progress(self, job: JobSpec, t: Tracked) -> tuple[int | None, float | None,
-                                                             float | None, bool]:
-        """(iterations done, iteration time, loss, this launch) from the checkpoint volume."""
+                                                             float | None, bool,
+                                                             tuple[float, float] | None]:
+        """(iterations done, iteration time, loss, this launch, the workload's last gradient
+        statistics) from the checkpoint volume."""
         if not self.cfg.local_checkpoint_mount:
-            return None, None, None, False
+            return None, None, None, False, None
         d = Path(self.cfg.local_checkpoint_mount) / job_dirname(job.id)
         if workload_kind(job) == "builtin":
             p = read_json_file(d / BUILTIN_PROGRESS)
             if not isinstance(p, dict) or not isinstance(p.get("iterations_done"), int):
-                return None, None, None, False
+                return None, None, None, False, None
             mine = p.get("launch_id") == t.launch_id
             return (p["iterations_done"], p.get("iter_time_s") if mine else None, p.get("loss"),
-                    mine)
+                    mine, gradient_stats(p))
         rec = read_progress(d / PROGRESS_FILE_NAME)
         if rec is None:
-            return None, None, None, False
+            return None, None, None, False, None
         it = rec["iteration"]
-        return it, rec.get("iter_time_s"), rec.get("loss"), it > t.launched_at_iter
+        return (it, rec.get("iter_time_s"), rec.get("loss"), it > t.launched_at_iter,
+                gradient_stats(rec))
 
     def poll(self) -> list[Progress]:
         out: list[Progress] = []
@@ -425,7 +428,7 @@ class KubernetesExecutor(Executor):
             job = self.jobs.get(job_id)
             if job is None:
                 continue
-            done, iter_time, loss, mine = self._progress(job, t)
+            done, iter_time, loss, mine, stats = self._progress(job, t)
             iters = job.iterations_done if done is None else done
             health, error = self._health(job, t, iters, mine)
             if health is Health.FINISHED:
@@ -434,7 +437,8 @@ class KubernetesExecutor(Executor):
                 self._end(job_id, health.value, error or "")
             out.append(Progress(job_id, iters, job.iterations, health, iter_time, loss,
                                 t.alloc.gpus, t.alloc.plan.label(), error=error,
-                                launch_id=t.launch_id))
+                                launch_id=t.launch_id, grad_stats=stats,
+                                batch=t.alloc.global_batch_size))
         return out
 
     def _health(self, job: JobSpec, t: Tracked, iters: int,

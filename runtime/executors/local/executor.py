@@ -669,7 +669,9 @@ class LocalExecutor(Executor):
             out.append(Progress(job_id, run.iterations_done, run.job.iterations, run.health,
                                 self._iter_time(run), run.loss,
                                 run.alloc.plan.gpus, run.alloc.plan.label(), run.overhead_s,
-                                run.error, run.checkpoint, run.launch_id))
+                                run.error, run.checkpoint, run.launch_id,
+                                run.view.grad_stats if run.view is not None else None,
+                                run.alloc.global_batch_size))
         return self.failures.saw(out)
 
     def _reap_lingering(self, run: _Run) -> None:

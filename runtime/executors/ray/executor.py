@@ -522,7 +522,9 @@ class RayExecutor(Executor):
                     self._reap_lingering(g)
             out.append(Progress(job_id, g.iterations_done, g.job.iterations, g.health,
                                 _iter_time(g), g.loss, g.alloc.plan.gpus, g.alloc.plan.label(),
-                                g.overhead_s, g.error, g.checkpoint, g.launch_id))
+                                g.overhead_s, g.error, g.checkpoint, g.launch_id,
+                                g.view.grad_stats if g.view is not None else None,
+                                g.alloc.global_batch_size))
         return self.failures.saw(out)
 
     def _reap_lingering(self, g: _Group) -> None:

@@ -100,6 +100,7 @@ from apportion.runtime.workers.train_config import read_json_file, write_json
 from apportion.runtime.workload import (
     CHECKPOINT_DIR_NAME,
     PROGRESS_FILE_NAME,
+    gradient_stats,
     read_progress,
     read_progress_since,
 )
@@ -143,6 +144,7 @@ class _Launch:
     iterations_done: int = 0
     iter_time_s: float | None = None
     loss: float | None = None
+    grad_stats: tuple[float, float] | None = None  # the workload's last (grad_sqr, grad_var)
     first_seen: tuple[int, float] | None = None  # (iteration, wall) when this launch first stepped
     history: list[tuple[str, float]] = field(default_factory=list)
     log_id: int | None = None  # its record in the launch log
@@ -533,6 +535,7 @@ class SlurmExecutor(Executor):
             if prog:
                 r.iterations_done = max(r.start_iteration, int(prog.get("iterations_done") or 0))
                 r.loss = prog.get("loss")
+                r.grad_stats = gradient_stats(prog) or r.grad_stats
                 if prog.get("launch_id") == r.launch_id:
                     r.iter_time_s = prog.get("iter_time_s") or r.iter_time_s
                     if prog.get("first_step_wall") and r.first_seen is None:
@@ -544,6 +547,7 @@ class SlurmExecutor(Executor):
         it = int(rec["iteration"])
         r.iterations_done = it
         r.loss = rec.get("loss") if isinstance(rec.get("loss"), (int, float)) else r.loss
+        r.grad_stats = gradient_stats(rec) or r.grad_stats
         if it > r.start_iteration:
             wall = float(rec["wall"]) if isinstance(rec.get("wall"), (int, float)) else now
             if r.first_seen is None:
@@ -693,7 +697,8 @@ class SlurmExecutor(Executor):
             r = self.runs.get(job_id) or self.stopped[job_id]
             out.append(Progress(job_id, r.iterations_done, r.iterations, r.health, r.iter_time_s,
                                 r.loss, r.alloc.plan.gpus, r.alloc.plan.label(), r.overhead_s,
-                                r.error, launch_id=r.launch_id))
+                                r.error, launch_id=r.launch_id, grad_stats=r.grad_stats,
+                                batch=r.alloc.global_batch_size))
         return self.failures.saw(out)
 
     def shutdown(self, checkpoint: bool = True) -> list[Event]:
