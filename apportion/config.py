@@ -311,6 +311,10 @@ class JobEntry(_Strict):
     running: RunningSpec | None = None
     admitted: bool = False
     workload: WorkloadSpec | None = None
+    # elasticity (formulations/counts.py): the most GPUs it may be given, and whether it may
+    # be given any other count than its request at all (default: it may)
+    max_gpus: int | None = Field(default=None, gt=0, le=MAX_COUNT)
+    elastic: bool = True
     # the global batches the scheduler may run it at, [smallest, largest] (its batch is then
     # a decision: Pollux's goodput); its iterations stay counted at global_batch_size
     batch_range: list[int] | None = None
@@ -378,6 +382,14 @@ class JobEntry(_Strict):
         if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @model_validator(mode="after")
+    def _max_gpus_covers_request(self) -> JobEntry:
+        if self.max_gpus is not None and self.max_gpus < self.requested_gpus:
+            raise ValueError(f"<max_gpus> {self.max_gpus} is below the job's requested_gpus "
+                             f"{self.requested_gpus}: the request is always a count it may "
+                             "run on; raise max_gpus or lower requested_gpus")
+        return self
 
     @model_validator(mode="after")
     def _done_within_iterations(self) -> JobEntry:
@@ -569,6 +581,7 @@ def _job_of(e: JobEntry) -> JobSpec:
         backbone=e.backbone, task=e.task, accepts_sharing=e.accepts_sharing,
         iterations_done=e.iterations_done, running=running, admitted=e.admitted,
         workload=e.workload.to_workload() if e.workload is not None else None,
+        max_gpus=e.max_gpus, elastic=e.elastic,
         batch_range=None if e.batch_range is None else (e.batch_range[0], e.batch_range[1]),
         grad_stats=None if e.grad_stats is None else (e.grad_stats[0], e.grad_stats[1]),
     )

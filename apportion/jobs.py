@@ -122,6 +122,12 @@ class JobSpec:
     admitted: bool = False  # a deadline job admitted earlier keeps its guarantee
     workload: Workload | None = None  # None: the built-in trainer
     priority_weight: float = 1.0  # a fairness weight (Gavel's max-min priorities)
+    # how many GPUs it may be given (formulations/counts.py): an elastic job (the default:
+    # its global batch never changes with its GPU count, so any count trains the same
+    # model) is offered counts up to ``max_gpus`` where its rate still gains; one that must
+    # keep its size (``elastic=False``) only its request
+    max_gpus: int | None = None
+    elastic: bool = True
     # the global batches the scheduler may run it at, (smallest, largest): its batch is then
     # a decision (Pollux's goodput; formulations/batch_options.py); None: it keeps
     # ``global_batch_size``, which counts its ``iterations``

@@ -150,7 +150,8 @@ def _spec(j: SimJob) -> JobSpec:
                    guaranteed=j.guaranteed, deadline_s=j.deadline_s,
                    priority_weight=float(j.priority_weight),
                    backbone=ft.backbone if ft else None, task=ft.task if ft else None,
-                   accepts_sharing=bool(ft and ft.accepts_sharing), batch_range=j.batch_range)
+                   accepts_sharing=bool(ft and ft.accepts_sharing), batch_range=j.batch_range,
+                   max_gpus=j.max_gpus, elastic=j.elastic)
 
 
 @dataclass

@@ -1,9 +1,12 @@
 """Candidate cells per job, held as a networkx graph the formulation reads.
 
 Per job (Crius 6.1): each GPU type in the cluster, GPU counts {N/2, N, 2N}
-around the requested N (bounded by what exists of that type), stage counts
-1, 2, 4, ... up to the GPU count (dividing it); each estimated by the
-estimator's best DP/TP split inside the cell; infeasible cells dropped.
+around the requested N (bounded by what exists of that type) and, for an elastic job
+(``counts="elastic"``, the default), the powers of two above them up to the most GPUs the
+job may be given, kept while its rate still gains (:mod:`apportion.formulations.counts`);
+a job that must keep its size (``elastic: false``) gets N alone. Stage counts 1, 2, 4,
+... up to the GPU count (dividing it); each estimated by the estimator's best DP/TP split
+inside the cell; infeasible cells dropped.
 
 The graph's schema (vertex kinds and keys, their attributes, the edges and
 their ``max_gpus``) and the accessors that read it live in
@@ -37,6 +40,7 @@ from apportion.formulations.objectives import (
     reference_throughput,
 )
 from apportion.formulations.batch_options import best_in_cell
+from apportion.formulations.counts import MIN_GAIN, base_counts, grow, ladder
 from apportion.formulations.graph_bulk import add_new_edges, add_new_vertices
 from apportion.formulations.schema import (
     cells_of,
@@ -64,10 +68,11 @@ log = logging.getLogger(__name__)
 
 # cells_of, group_node, job_node, jobs_in, member_nodes and node_node lived here before
 # apportion.formulations.schema: re-exported for compatibility (readers import the schema)
-__all__ = ["CandidateOptions", "add_topology", "attach_cell_edges", "build_candidates", "cells_of",
+__all__ = ["CandidateOptions", "add_topology", "asks_beyond_capacity", "attach_cell_edges",
+           "build_candidates", "cells_of",
            "gpu_memory_limits", "group_node", "job_node", "jobs_in", "member_nodes", "node_node",
            "problem_dump",
-           "prune_dominated", "queue_bonus"]
+           "prune_dominated", "queue_bonus", "requests_beyond", "trim_scale_up"]
 
 
 @nested_objective(lambda: ObjectiveOptions.preset("apportion"))
@@ -86,6 +91,13 @@ class CandidateOptions:
     # GPU counts as fractions of the request (Sia's reach one GPU; apportion's smaller
     # counts lost on Philly day 1 by doubling the restarts: experiments/results/quality)
     scales: tuple[float, ...] = (0.5, 1.0, 2.0)
+    # COUNT_RULES: ``elastic`` (apportion's): the scales' counts and, for a job that is
+    # elastic (JobSpec.elastic), the powers of two above them up to its limit while each
+    # is at least ``1 + min_gain`` times as fast as the fastest below it; a job that is not
+    # gets its request alone. ``scales``: the scales' counts for every job (Crius's, the
+    # crius-greedy baseline's: what it was measured with)
+    counts: str = "elastic"
+    min_gain: float = MIN_GAIN
     max_stages: int = 16
     stage_counts: str = "powers"  # or "divisors"
     # a round whose jobs ask for more GPUs than the cluster has up offers no job more GPUs
@@ -97,17 +109,25 @@ class CandidateOptions:
     objective: ObjectiveOptions = field(default_factory=lambda: ObjectiveOptions.preset(
         "apportion"))
 
+    def __post_init__(self) -> None:
+        if self.counts not in COUNT_RULES:
+            raise ValueError(f"unknown counts {self.counts!r}; choose {', '.join(COUNT_RULES)}")
+        if not self.min_gain >= 0.0:
+            raise ValueError(f"min_gain must be at least 0, not {self.min_gain!r}")
+
     def objective_options(self) -> ObjectiveOptions:
         return self.objective
 
 
-def _gpu_counts(n: int, scales: tuple[float, ...], available: int) -> list[int]:
-    out = set()
-    for s in scales:
-        g = int(n * s)
-        if g >= 1 and g <= available:
-            out.add(g)
-    return sorted(out)
+#: how a job's GPU counts are chosen (``CandidateOptions.counts``)
+COUNT_RULES = ("elastic", "scales")
+
+
+def reach_gpus(job: JobSpec, scales: tuple[float, ...]) -> int:
+    """The largest count of the request's scales (``2N``): cells above it are a job's
+    elastic scale-up, whose speed the objective counts beyond its best within the reach
+    (:func:`~apportion.formulations.objectives.apply_objective`)."""
+    return max((int(job.requested_gpus * s) for s in scales), default=job.requested_gpus)
 
 
 def _stage_counts(gpus: int, max_stages: int, layers: int, mode: str = "powers") -> list[int]:
@@ -135,7 +155,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
                      options: CandidateOptions | None = None,
                      seen: MutableMapping[str, float] | None = None,
                      accept: Callable[[JobSpec, Any], str | None] | None = None,
-                     objective: bool = True) -> nx.DiGraph:
+                     objective: bool = True, scale_up: bool = True) -> nx.DiGraph:
     """Estimate every job's cells and return the candidate graph (``seen``: the policy's
     memory of projected JCTs, for ``tail_quantile``; ``objective=False`` leaves the
     objective's weights to the caller, who applies them over more jobs: the incremental
@@ -147,7 +167,13 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
 
     A job whose model the catalog lacks gets one-stage cells only: its estimator's times
     come from a rate source whose rate stands for the job's data-parallel plan
-    (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose."""
+    (:func:`apportion.models.catalog_model`), which has no pipeline stages to choose.
+
+    ``scale_up=False`` (a round :func:`trim_scale_up` will trim: its jobs ask for more GPUs
+    than it has) leaves out the elastic scale-up of every job with a cell of at most its
+    request, which the trim would drop: they are not estimated at all. The cells kept, and
+    their values, are those of a build with them (the objective reads a job's best within
+    its reach), so the trimmed round is the same."""
     est = estimator or AnalyticEstimator()
     opt = options or CandidateOptions()
     g = nx.DiGraph(kind="candidates", now_s=now_s, options=options_dict(opt))
@@ -167,6 +193,7 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         jn = job_node(job.id)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
                    requested_gpu_type=job.requested_gpu_type,
+                   reach_gpus=reach_gpus(job, opt.scales),
                    queue_bonus=queue_bonus(job, now_s, opt),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None)
@@ -175,7 +202,8 @@ def build_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float,
         ref: tuple[float, str] | None = None
         found_n: int | None = None  # the cells before pruning, where only their count is read
         if got is None:
-            cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept)
+            cells, tried, refused = _estimate_cells(job, cluster, caps, est, opt, accept,
+                                                    scale_up)
             pruned: list[tuple[Cell, Any]] | None = None
             if key is not None:
                 pruned = prune_dominated(job, cells, cluster)
@@ -235,42 +263,87 @@ def shape_key(job: JobSpec, est: Any, accept: Callable[[JobSpec, Any], str | Non
     est_key = shape_of(job) if callable(shape_of) else None
     if est_key is None:
         return None
+    size = (job.requested_gpus, job.max_gpus, job.elastic)  # what its counts read
     if accept is None:
-        return (est_key, job.requested_gpus)
+        return (est_key, size)
     job_key = getattr(accept, "job_key", None)
     filter_key = job_key(job) if callable(job_key) else None
-    return None if filter_key is None else (est_key, job.requested_gpus, filter_key)
+    return None if filter_key is None else (est_key, size, filter_key)
 
 
 def _estimate_cells(job: JobSpec, cluster: Cluster, caps: dict[str, int], est: Any,
-                    opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None
-                    ) -> tuple[list[tuple[Cell, Any]], int, str | None]:
+                    opt: CandidateOptions, accept: Callable[[JobSpec, Any], str | None] | None,
+                    scale_up: bool = True) -> tuple[list[tuple[Cell, Any]], int, str | None]:
     """Every cell of ``job`` the estimator says fits and the filter accepts, how many were
-    tried and the first filter's refusal."""
+    tried and the first filter's refusal. The counts per type: the request's scales and,
+    with ``counts="elastic"``, the job's elastic ladder above them while it gains
+    (:mod:`apportion.formulations.counts`): a scale-up count is estimated only while the
+    one below it gained, so a job whose curve is flat costs one estimate more than before.
+    Without ``scale_up`` the ladder is left out where the job has a cell of at most its
+    request (:func:`build_candidates`)."""
     spec = catalog_model(job.model)
     layers = len(spec.layers) if spec is not None else 1
     cells: list[tuple[Cell, Any]] = []
     tried, refused = 0, None
+
+    def size(gpu_type: str, gpus: int, found: dict[int, list[tuple[Cell, Any]]],
+             depths: list[int] | None = None) -> float:
+        """Estimate every stage count of one size (``depths`` where given and dividing it)
+        into ``found``; its fastest accepted cell's speed."""
+        nonlocal tried, refused
+        best, got = 0.0, []
+        every = _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts)
+        for stages in [d for d in depths or () if d in every] or every:
+            tried += 1
+            cell = Cell(job.id, gpu_type, gpus, stages)
+            e = best_in_cell(est, job, cell, cluster)  # at its best batch, where it has one
+            if e is None or not fits_device(cluster, gpu_type, e, job):
+                continue
+            why = accept(job, e.plan) if accept is not None else None
+            if why is None:
+                got.append((cell, e))
+                best = max(best, float(e.throughput))
+            elif refused is None:
+                refused = why
+        found[gpus] = got
+        return best
+
+    # per type: its base counts' cells, then its scale-up's (the order cells are added in)
+    per_type: list[tuple[str, list[int], list[int], float, dict[int, list[Any]]]] = []
     for gpu_type, cap in sorted(caps.items()):
-        for gpus in _gpu_counts(job.requested_gpus, opt.scales, cap):
-            for stages in _stage_counts(gpus, opt.max_stages, layers, opt.stage_counts):
-                tried += 1
-                cell = Cell(job.id, gpu_type, gpus, stages)
-                e = best_in_cell(est, job, cell, cluster)  # at its best batch, where it has one
-                if e is None or not fits_device(cluster, gpu_type, e, job):
-                    continue
-                why = accept(job, e.plan) if accept is not None else None
-                if why is None:
-                    cells.append((cell, e))
-                elif refused is None:
-                    refused = why
+        if opt.counts == "scales":
+            base, ups = base_counts(job.requested_gpus, opt.scales, cap), []
+        else:
+            base, ups = ladder(job, opt.scales, cap)
+        found: dict[int, list[tuple[Cell, Any]]] = {}
+        fastest = max((size(gpu_type, g, found) for g in base), default=0.0)
+        per_type.append((gpu_type, base, ups, fastest, found))
+    # a round the trim trims offers no scale-up to a job with a cell of at most its request
+    grown = scale_up or not any(c.gpus <= job.requested_gpus for *_, found in per_type
+                                for got in found.values() for c, _ in got)
+    for gpu_type, base, ups, fastest, found in per_type:
+        kept: list[int] = []
+        if ups and grown:
+            # a scale-up keeps the pipeline depth of the job's fastest cell at its largest
+            # base count and grows its data parallelism: one estimate a size, not one per
+            # stage count (a replay's rates are the same at every depth; the depths left out
+            # were pruned there)
+            top = [(float(e.throughput), -c.stages, c.stages) for c, e in found[max(base)]] \
+                if base else []
+            depth = [max(top)[2]] if top else None
+            kept = grow(ups, fastest, lambda g, t=gpu_type, f=found, d=depth: size(t, g, f, d),
+                        opt.min_gain)
+        cells += [c for g in base + kept for c in found[g]]
     return cells, tried, refused
 
 
 def trim_scale_up(g: nx.DiGraph) -> int:
     """Drop every cell with more GPUs than its job requested, but a running job's present
-    cell and a job's only cells, when the graph's jobs ask for more GPUs than its nodes
-    have; the count dropped.
+    cell, when the graph's jobs ask for more GPUs than its nodes have; the count dropped.
+    A job only larger cells can hold keeps its cells within its reach (``reach_gpus``, the
+    request's ``2N``) and, on a type where only its elastic scale-up holds it, the cells of
+    the fewest GPUs that do: as many columns as before elasticity, and a job whose memory
+    needs more than ``2N`` GPUs of a type can still run there.
 
     A step after the candidates are built (not inside the builder): the incremental cache
     keeps each job's fragment whole, since the same job's scale-up cells are back in a round
@@ -279,17 +352,41 @@ def trim_scale_up(g: nx.DiGraph) -> int:
     """
     offered = {j: cells for j in jobs_in(g) if (cells := cells_of(g, j))}
     want = {j: int(g.nodes[job_node(j)]["requested_gpus"]) for j in offered}
-    if sum(want.values()) <= sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g)):
+    if not asks_beyond_capacity(g):
         return 0
     drop = []
     for j, cells in offered.items():
         up = [c for c in cells
               if int(g.nodes[c]["gpus"]) > want[j] and not g.nodes[c].get("current")]
-        if len(up) < len(cells):  # a job only larger cells can hold keeps them
+        if len(up) < len(cells):
             drop += up
+            continue
+        # a job only larger cells can hold: its reach, or per type the fewest GPUs beyond
+        reach = g.nodes[job_node(j)].get("reach_gpus") or want[j]
+        fewest: dict[str, int] = {}
+        for c in cells:
+            d = g.nodes[c]
+            fewest[d["gpu_type"]] = min(fewest.get(d["gpu_type"], 1 << 30), int(d["gpus"]))
+        drop += [c for c in up if int(g.nodes[c]["gpus"]) > max(
+            reach, fewest[g.nodes[c]["gpu_type"]])]
     g.remove_nodes_from(drop)
     g.graph["scale_up_trimmed"] = len(drop)
     return len(drop)
+
+
+def asks_beyond_capacity(g: nx.DiGraph) -> bool:
+    """Whether the graph's jobs that have cells ask for more GPUs than its nodes have (the
+    round :func:`trim_scale_up` trims)."""
+    want = sum(int(g.nodes[job_node(j)]["requested_gpus"]) for j in jobs_in(g)
+               if next(iter(g.successors(job_node(j))), None) is not None)
+    return want > sum(int(g.nodes[n]["capacity"]) for n in node_vertices(g))
+
+
+def requests_beyond(cluster: Cluster, jobs: list[JobSpec]) -> bool:
+    """Whether ``jobs`` ask for more GPUs than ``cluster`` has, before any is estimated: a
+    round :func:`trim_scale_up` will trim unless jobs without any cell bring it back
+    within (then :func:`asks_beyond_capacity` on the built graph says so)."""
+    return sum(j.requested_gpus for j in jobs) > cluster.total_gpus
 
 
 def _current_cell(job: JobSpec, cluster: Cluster, est: AnalyticEstimator) -> tuple[Cell, Any] | None:

@@ -93,7 +93,9 @@ class CandidateCache:
     """
 
     def __init__(self) -> None:
-        self.frags: dict[str, tuple[Hashable, Fragment]] = {}
+        # per job: its key, its fragment, and whether the fragment holds its scale-up (a
+        # fragment built for a round the trim trims leaves it out: build's ``scale_up``)
+        self.frags: dict[str, tuple[Hashable, Fragment, bool]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -104,20 +106,24 @@ class CandidateCache:
               options: CandidateOptions | None = None,
               extra: Callable[[JobSpec], Hashable] | None = None,
               seen: MutableMapping[str, float] | None = None,
-              accept: Callable[[JobSpec, Any], str | None] | None = None) -> nx.DiGraph:
+              accept: Callable[[JobSpec, Any], str | None] | None = None,
+              scale_up: bool = True) -> nx.DiGraph:
         """The candidate graph of ``jobs`` at ``now_s``: equal to ``build_candidates``
         (``seen``: the policy's memory of projected JCTs, for ``tail_quantile``;
-        ``accept``: the executor's plan filter, fixed for the cache's life)."""
+        ``accept``: the executor's plan filter, fixed for the cache's life). A fragment made
+        with ``scale_up`` serves only rounds with it, one made without it (a round the trim
+        trims) only rounds without it: a replay's rounds change between the two seldom."""
         opt = options or CandidateOptions()
         base = (cluster.fingerprint_hash, opt)
         keys = {j.id: (base, job_key(j), extra(j) if extra else None) for j in jobs}
-        stale = [j for j in jobs if self.frags.get(j.id, (None,))[0] != keys[j.id]]
+        stale = [j for j in jobs if (got := self.frags.get(j.id)) is None
+                 or got[0] != keys[j.id] or got[2] != scale_up]
         if stale:
             # the objective is applied below, over every job
             fresh = build_candidates(cluster, stale, now_s, estimator, opt, accept=accept,
-                                     objective=False)
+                                     objective=False, scale_up=scale_up)
             for j in stale:
-                self.frags[j.id] = (keys[j.id], fragment_of(fresh, j.id))
+                self.frags[j.id] = (keys[j.id], fragment_of(fresh, j.id), scale_up)
         self.misses += len(stale)
         self.hits += len(jobs) - len(stale)
         for jid in [k for k in self.frags if k not in keys]:  # jobs gone: forget them

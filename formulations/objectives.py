@@ -32,6 +32,11 @@ throughput ``n_c = thr_c / ref_j``, remaining time at the reference ``rem_j`` an
   this round, in rounds:
   ``s_c = min(thr_c / thr_best_j, soon_j / round_s)`` (the round's work on c counted in
   seconds of the job's remaining time on its fastest cell, at most what it has left),
+  ``thr_best_j`` and ``soon_j`` read over the job's cells within its reach (the job
+  vertex's ``reach_gpus``: the request's scales, ``2N``), so an elastic job's scale-up
+  beyond it (:mod:`apportion.formulations.counts`) saves more than a round per round, in
+  proportion to its speed, and the cells within the reach are valued as before it was
+  offered (a busy round, which offers no scale-up, is unchanged by it),
   weighed by the one fairness exponent, ``term_c = w_j * s_c`` (``w_j`` as above, its
   bounds ``weight_bounds``; ``alpha`` = 0 is every second alike, 1 SRTF's rule). With
   ``speed_bounds`` the seconds beyond the reference rate's share ``1 / n_best_j`` (with
@@ -340,6 +345,28 @@ def _terms(kind: str, d: dict, js: dict, stats: dict[str, float]) -> float:
     raise ValueError(f"unknown objective {kind!r}; choose {', '.join(OBJECTIVES)}")
 
 
+def _scale_up_term(n: float, js: dict, stats: dict[str, float]) -> float:
+    """``seconds``: the term of an elastic scale-up cell (beyond the job's reach, faster
+    than its best within it, ``s = n / n_best > 1``): the best cell's term plus, at the
+    job's speed weight, the rounds a round on it saves over the best cell,
+    ``min(ln s, R (1 - 1 / s))`` (``R`` the job's remaining time on the best cell, in
+    rounds).
+
+    Held for the rest of its life, a cell ``s`` times faster saves ``s - 1`` rounds per
+    round of its own (its remaining time is ``1 / s`` of the best cell's); between two
+    scale-ups ``a`` and ``b`` that is ``s_b / s_a - 1``, so the values of a job's cells
+    must differ by about the logarithm of their speeds' ratio, not by their difference (a
+    term linear in ``s`` valued the step from 16 to 32 GPUs of a job requesting 2 at
+    ``(r32 - r16) / r4`` rounds, more than two waiting jobs' whole round each: it kept
+    them queued on an idle cluster). A job that can end within ``R < ln s`` rounds saves
+    at most what it has left, ``R (1 - 1 / s)``: the finish credit's rule
+    (``finish_credit="wait"``) for a job ending within the round."""
+    best = _terms("seconds", {"normalized": js["n_best"]}, js, stats)
+    s = n / js["n_best"]
+    gain = min(math.log(s), js["soon_rounds"] * (1.0 - 1.0 / s))
+    return best + gain * js["speed_weight"]
+
+
 def objective_of_options(options: Any) -> ObjectiveOptions:
     """The :class:`ObjectiveOptions` a formulation's options carry: their nested ``objective``
     (:class:`CandidateOptions`, :class:`PlanOptions`), or, for options that keep the knobs
@@ -567,15 +594,24 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
     if not per_job:
         return
-    fastest: dict[str, float] = {}  # each job's best candidate throughput
+    fastest: dict[str, float] = {}  # each job's best candidate throughput within its reach
+    beyond: dict[str, float] = {}  # and beyond it (its elastic scale-up)
     slowest: dict[str, float] = {}  # and its slowest
     current: dict[str, float] = {}  # each running job's normalised throughput where it runs
+    reach = {j: g.nodes[job_node(j)].get("reach_gpus") for j in per_job}
     for _, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d["job"] in per_job:
-            fastest[d["job"]] = max(fastest.get(d["job"], 0.0), float(d["est_throughput"]))
-            slowest[d["job"]] = min(slowest.get(d["job"], math.inf), float(d["est_throughput"]))
+            j, thr = d["job"], float(d["est_throughput"])
+            top = reach[j]
+            if top is None or int(d["gpus"]) <= top:
+                fastest[j] = max(fastest.get(j, 0.0), thr)
+            else:
+                beyond[j] = max(beyond.get(j, 0.0), thr)
+            slowest[j] = min(slowest.get(j, math.inf), thr)
             if d.get("current"):
-                current[d["job"]] = float(d["normalized"])
+                current[j] = float(d["normalized"])
+    for j, thr in beyond.items():  # a job whose only cells are scale-ups: its best of them
+        fastest.setdefault(j, thr)
     # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
     # a job that is slow where it asked to run but fast elsewhere is a short job
     soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
@@ -655,8 +691,12 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
         js = per_job[d["job"]]
+        top = reach[d["job"]]
         if opt.kind == "composite":
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
+        elif opt.kind == "seconds" and top is not None and int(d["gpus"]) > top \
+                and float(d["normalized"]) > js["n_best"]:
+            term = _scale_up_term(float(d["normalized"]), js, stats)
         else:
             term = _terms(opt.kind, d, js, stats)
         value = term + opt.place_bonus + float(d.get("bonus", 0.0))

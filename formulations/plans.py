@@ -1,6 +1,8 @@
 r"""Execution plans x multi-resource allocation (Morphling), as a candidate graph.
 
-Each job picks one *plan option*: a GPU type and count, an execution plan
+Each job picks one *plan option*: a GPU type and count (``gpu_counts`` of its request and,
+for an elastic job, its scale-up while it gains: :mod:`apportion.formulations.counts`), an
+execution plan
 (3D parallel dp x tp x pp, ZeRO-DP, ZeRO-Offload, gradient accumulation,
 gradient checkpointing and their combinations) and the CPUs and host memory it
 needs per GPU. Options come from a :class:`PlanSource`: estimated
@@ -61,7 +63,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +77,7 @@ from apportion.estimation.models.analytic import (
 )
 from apportion.estimation.rate_estimator import rated_estimate
 from apportion.formulations.candidates import add_topology, attach_cell_edges
+from apportion.formulations.counts import MIN_GAIN, base_cap, grow, scale_ups
 from apportion.formulations.objectives import (
     CELLS_ONLY,
     ObjectiveOptions,
@@ -401,6 +404,11 @@ class PlanOptions:
     knob is also a keyword and an attribute of its own."""
 
     gpu_counts: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+    # ``elastic`` (apportion's): ``gpu_counts`` and, for an elastic job, the powers of two
+    # above them while each gains ``min_gain`` (formulations/counts.py, the cells' rule; a
+    # job that is not elastic gets its request alone); ``scales``: ``gpu_counts`` alone
+    counts: str = "elastic"
+    min_gain: float = MIN_GAIN
     sla_weight: float = SLA_WEIGHT  # see the module docstring (its measurement)
     # a guaranteed job's SLA is its promised time (its work at its request's speed) x
     # ``sla_slack`` after its submission, plus ``sla_grace_s`` (None: one round); once it
@@ -538,6 +546,30 @@ def _counts(n: int, scales: Iterable[float], cap: int) -> list[int]:
     return sorted({max(1, int(round(n * s))) for s in scales} & set(range(1, cap + 1)))
 
 
+def _job_counts(job: JobSpec, opt: PlanOptions, cap: int,
+                options_at: Callable[[int], list[PlanOption]]) -> list[PlanOption]:
+    """A job's fitting options on one type over its counts: ``gpu_counts`` of its request
+    (within ``max_gpus``; its request alone when it is not elastic) and, with
+    ``counts="elastic"``, its scale-up above them while it gains (:mod:`.counts`, the cells'
+    rule). ``options_at(g)``: the fitting options of ``g`` GPUs."""
+    if opt.counts == "scales":
+        base, ups = _counts(job.requested_gpus, opt.gpu_counts, cap), []
+    elif not job.elastic:
+        base, ups = ([job.requested_gpus] if job.requested_gpus <= cap else []), []
+    else:
+        base = _counts(job.requested_gpus, opt.gpu_counts, base_cap(job, cap))
+        ups = scale_ups(job, max(base, default=0), cap)
+    found: dict[int, list[PlanOption]] = {}
+
+    def rate(g: int) -> float:
+        found[g] = options_at(g)
+        return max((o.throughput for o in found[g]), default=0.0)
+
+    fastest = max((rate(g) for g in base), default=0.0)
+    kept = grow(ups, fastest, rate, opt.min_gain) if ups else []
+    return [o for g in base + kept for o in found[g]]
+
+
 def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, source: PlanSource,
                           quotas: dict[str, int] | None = None,
                           options: PlanOptions | None = None,
@@ -577,15 +609,16 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
         wait = job.wait_s(now_s)
         g.add_node(jn, kind="job", job=job.id, requested_gpus=job.requested_gpus,
                    requested_gpu_type=job.requested_gpu_type, tenant=job.tenant,
+                   reach_gpus=max(_counts(job.requested_gpus, opt.gpu_counts,
+                                          10 * job.requested_gpus), default=0),
                    queue_bonus=opt.queue_weight * min(1.0, wait / opt.starvation_s),
                    running=list(job.running.cell_key) if job.running else None,
                    reason=None, ref_throughput=None, ref_basis=None, guaranteed=False,
                    sla_throughput=None)
         opts: list[PlanOption] = []
         for gpu_type, cap in sorted(caps.items()):
-            for gpus in _counts(job.requested_gpus, opt.gpu_counts, cap):
-                opts.extend(o for o in source.options(job, gpu_type, gpus, cluster)
-                            if fitting(job, o))
+            opts += _job_counts(job, opt, cap, lambda gpus, t=gpu_type: [
+                o for o in source.options(job, t, gpus, cluster) if fitting(job, o)])
         why = None
         if not opts:  # fits no GPU: Hydra's spilling, where it can (formulations/spilled.py)
             opts, why = spilled_options(job, cluster, source)

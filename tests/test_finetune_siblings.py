@@ -90,6 +90,20 @@ def test_solve_round_offers_transfer_and_merged_cells_to_siblings(siblings, monk
     assert set(meta["transfer"]) <= placed and set(meta["transfer"].values()) <= {"a"}
 
 
+def test_merged_cells_reach_their_members_elastic_scale_up(siblings, monkeypatch):
+    """Siblings are elastic (the default): each member is offered counts past twice its
+    request of 1, and the merged cells are offered those counts and their sums, each within
+    the cluster's 8 GPUs."""
+    folder, data = siblings
+    monkeypatch.setenv("APPORTION_TASK_DATA", str(data))
+    _, problem = _round(folder, "jobs.yaml", "apportion-task2vec")
+    singles = [c for j in problem["jobs"] for c in j["candidates"] if "members" not in c]
+    _, merged = _options(problem)
+    assert max(c["gpus"] for c in singles) > 2
+    assert max(c["gpus"] for c in merged) > 2
+    assert all(1 <= c["gpus"] <= 8 for c in merged)
+
+
 def test_no_option_without_siblings(siblings, monkeypatch):
     folder, data = siblings
     monkeypatch.setenv("APPORTION_TASK_DATA", str(data))

@@ -100,7 +100,8 @@ def test_a_replay_drops_and_counts_jobs_no_gpu_memory_fits(policy: str, tmp_path
 
 SPILLS = """\
 jobs:
-  - {id: sp, model: bert-1.3b, global_batch_size: 8, iterations: 100, requested_gpus: 1}
+  - {id: sp, model: bert-1.3b, global_batch_size: 8, iterations: 100, requested_gpus: 1,
+     elastic: false}
 """
 
 
@@ -110,7 +111,9 @@ def test_a_model_no_gpu_holds_whole_is_spilled_by_every_policy(
         policy: str, files: tuple[Path, Path], tmp_path: Path) -> None:
     """bert-1.3b's 21 GB of model states fit no 4 or 8 GiB GPU whole; Hydra's spilling fits
     it on one (a layer at a time under the device budget): the formulations offer the
-    spilled cell, and an operator's round rates it for the baselines, which place it."""
+    spilled cell, and an operator's round rates it for the baselines, which place it. The job
+    keeps its size (``elastic: false``): an elastic one is offered 8 GPUs, where tensor
+    parallelism holds it unspilled (``test_elastic_counts``)."""
     cluster_file, _ = files
     (tmp_path / "j.yaml").write_text(SPILLS)
     out = tmp_path / "d.json"

@@ -240,7 +240,12 @@ def test_cell_values_follow_the_documented_formula(jobs: list[tuple[int, int, bo
         if top:  # the jobs beyond the band are not held
             beyond = float(np.quantile(list(seen.values()), 1 - top))
             pinned = {j for j in pinned if projected[j] < beyond * (1 - 1e-12)}
-    best = {j: max(g.nodes[c]["est_throughput"] for c in cells_of(g, j))
+    def within(j: str) -> list[str]:  # the job's cells within its reach (an elastic
+        # job's scale-up beyond it does not set its best: formulations/objectives.py)
+        top = g.nodes[job_node(j)]["reach_gpus"]
+        return [c for c in cells_of(g, j) if g.nodes[c]["gpus"] <= top] or cells_of(g, j)
+
+    best = {j: max(g.nodes[c]["est_throughput"] for c in within(j))
             / g.nodes[job_node(j)]["ref_throughput"] for j in placed}
     s_unit = scale if scale is not None else (float(np.median(list(best.values())))
                                               if best else 1.0)

@@ -60,6 +60,29 @@ def test_bound_filled_from_the_run(seeds, ci, filled):
         assert pd.isna(df.loc[1, "avg_jct_to_bound"])
 
 
+@pytest.mark.parametrize("ratios", [[0.94, 0.9], [None, None]])
+def test_deadline_rows_show_the_share_met(tmp_path, ratios):
+    """A row whose jobs carry deadlines shows ElasticFlow's deadline satisfactory ratio
+    beside the JCTs; a row without deadlines has no such column."""
+    summarise = _load("summarise")
+    run = tmp_path / "elasticflow-philly-oracle"
+    run.mkdir()
+    pd.DataFrame({
+        "policy": ["elasticflow", "apportion"], "seeds": [1, 1], "jobs": [100, 100],
+        "finished": [94, 100], "avg_jct_s": [4e4, 3.8e4], "avg_jct_s_ci95": [0.0, 0.0],
+        "p99_jct_s": [3e5, 2e5], "p99_jct_s_ci95": [0.0, 0.0], "avg_queue_s": [10.0, 10.0],
+        "avg_restarts": [0.0, 0.0], "avg_jct_all_s": [8e4, 3.8e4],
+        "deadline_ratio": ratios}).to_csv(run / "summary.csv", index=False)
+    (run / "summary.md").write_text("information: oracle\n")
+    md, rows = summarise.table(run)
+    if ratios[0] is None:
+        assert "deadlines met" not in md and "deadline_ratio" not in rows[0]
+    else:
+        assert "deadlines met |" in md and "| 0.940 |" in md
+        assert {r["policy"]: r["deadline_ratio"] for r in rows} == {"elasticflow": 0.94,
+                                                                   "apportion": 0.9}
+
+
 def test_no_bound_filled_where_jobs_were_left_unfinished():
     """A policy that left jobs unfinished is compared with the bound counting them until its
     own replay's end: another policy's bound (every job to its finish) is not its yardstick."""

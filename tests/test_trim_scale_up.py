@@ -90,3 +90,24 @@ def test_crius_greedy_keeps_crius_candidates() -> None:
 
     assert make_policy("crius-greedy").cfg.candidates.scale_up_when_full is True
     assert make_policy("apportion").cfg.candidates.scale_up_when_full is False
+
+
+def test_a_job_only_larger_cells_hold_keeps_its_reach_or_the_fewest_gpus_beyond() -> None:
+    """wresnet-6.8b asking for 2 GPUs fits 4 A100s (its 2N) but no fewer than 8 A40s (its
+    elastic scale-up): a full round keeps it the A100 cells of 4 and the A40 cells of 8, not
+    the ladder above either (the 1,000-job round offered 181 such jobs up to 256 GPUs each:
+    8,476 columns where 4,989 were before elasticity)."""
+    cluster = Cluster("two", [NodeGroup("a", 4, "A100-40GB", 8),
+                              NodeGroup("b", 16, "A40", 2, intra_node_link="pcie")])
+    big = JobSpec(id="w", model="wresnet-6.8b", global_batch_size=1024, iterations=1000,
+                  requested_gpus=2)
+    g = build_candidates(cluster, [big], 30.0)
+    counts = {(g.nodes[c]["gpu_type"], int(g.nodes[c]["gpus"])) for c in cells_of(g, "w")}
+    assert ("A100-40GB", 4) in counts and ("A40", 8) in counts
+    assert all(n > 2 for _, n in counts) and max(n for _, n in counts) > 8  # the ladder
+    queue = [big] + [JobSpec(id=f"q{i}", model="bert-336m", global_batch_size=64,
+                             iterations=1000, requested_gpus=8) for i in range(8)]
+    full = build_candidates(cluster, queue, 30.0)
+    assert trim_scale_up(full) > 0
+    kept = {(full.nodes[c]["gpu_type"], int(full.nodes[c]["gpus"])) for c in cells_of(full, "w")}
+    assert kept == {("A100-40GB", 4), ("A40", 8)}

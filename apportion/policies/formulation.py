@@ -351,7 +351,8 @@ class FormulationPolicy:
     def view_rate(self) -> Callable[[JobSpec, str, int], float]:
         return self._view_rate.rate
 
-    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
+    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any,
+                          scale_up: bool = True) -> nx.DiGraph:
         """Later rounds: only new or changed jobs are estimated again."""
         if self._cache_owner is not est:
             self.cache.clear()
@@ -364,7 +365,8 @@ class FormulationPolicy:
                                            est.only_type.get(j.id), est.fitted,
                                            tuple(sorted(self._view_rate.factors.get(j.id, {})
                                                         .items()))),
-                                self.seen_jct, accept=self.cfg.plan_filter)
+                                self.seen_jct, accept=self.cfg.plan_filter,
+                                scale_up=scale_up)
 
     def problem(self, g: nx.DiGraph) -> dict[str, Any]:
         """The ``--dump-problem`` JSON of a round's candidate graph."""
@@ -850,14 +852,16 @@ def _placeholder() -> SolveReport:
     return SolveReport("-", "-", None, None, None, 0.0, False)
 
 
-# Crius's objective (normalised throughput, a queue bonus, Gavel's normalisation): what
-# the crius-greedy baseline optimises whatever apportion's defaults become. Its round
+# Crius's objective (normalised throughput, a queue bonus, Gavel's normalisation) and its
+# counts (N/2, N, 2N for every job): what the crius-greedy baseline optimises whatever
+# apportion's defaults become. Its round
 # figures stay the 300 s and 60 s it was measured with (experiments/results/quality): a
 # baseline's behaviour changes only with its own replays; apportion's objective (and the
 # ``crius`` preset, ObjectiveOptions.preset) reads them from the round
 CRIUS_OBJECTIVE: dict[str, Any] = {"objective": "normalized", "place_bonus": 0.0,
                                    "normalize": "requested", "keep_bonus": 0.3,
                                    "queue_weight": 0.25, "scales": (0.5, 1.0, 2.0),
+                                   "counts": "scales",
                                    "amortize_s": None, "scale_up_when_full": True,
                                    "round_s": 300.0, "restart_s": 60.0}
 
@@ -903,8 +907,8 @@ def Optimising(config: RoundConfig | None = None, formulation: str = "cells",  #
     opts = cfg.candidates
     if stage_counts is not None:
         opts = replace(opts, stage_counts=stage_counts)
-    if no_scaling:
-        opts = replace(opts, scales=(1.0,))
+    if no_scaling:  # the request alone, elastic or not (an ablation)
+        opts = replace(opts, scales=(1.0,), counts="scales")
     opts = opts if isinstance(opts, CandidateOptions) else CandidateOptions()
     unknown = set(objective) - {f.name for f in fields(CandidateOptions)} \
         - set(CandidateOptions.OBJECTIVE_KEYWORDS)

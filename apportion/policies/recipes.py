@@ -22,7 +22,12 @@ from typing import Any, Protocol
 import networkx as nx
 
 from apportion.estimation.models.analytic import AnalyticEstimator
-from apportion.formulations.candidates import build_candidates, problem_dump
+from apportion.formulations.candidates import (
+    asks_beyond_capacity,
+    build_candidates,
+    problem_dump,
+    requests_beyond,
+)
 from apportion.formulations.cells import build_cells_model
 from apportion.formulations.deadline import DeadlineOptions, apply_deadlines, deadline_projection
 from apportion.formulations.plans import (
@@ -43,6 +48,7 @@ class CandidateContext(Protocol):
     """What a candidate builder reads of the policy running it."""
 
     cfg: Any  # the RoundConfig
+    recipe: Any  # the Recipe it runs
     rounds_made: int  # rounds this policy has built candidates for before this one
     seen_jct: dict[str, float]  # every job ranked so far, with its last projected JCT
 
@@ -59,8 +65,10 @@ class CandidateContext(Protocol):
         what a job whose model the catalog lacks is scheduled from."""
         ...
 
-    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any) -> nx.DiGraph:
-        """The cell candidates, re-estimating only new or changed jobs."""
+    def cached_candidates(self, view: View, specs: list[JobSpec], est: Any,
+                          scale_up: bool = True) -> nx.DiGraph:
+        """The cell candidates, re-estimating only new or changed jobs (``scale_up``:
+        :func:`~apportion.formulations.candidates.build_candidates`')."""
         ...
 
 
@@ -100,11 +108,25 @@ class Recipe:
 
 def cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
                     est: Any) -> nx.DiGraph:
-    """Crius's cells; one round (``solve-round``) has no cache to fill."""
-    if ctx.rounds_made == 0:
-        return build_candidates(view.cluster, specs, view.now, est, ctx.cfg.candidates,
-                                ctx.seen_jct, accept=ctx.cfg.plan_filter)
-    return ctx.cached_candidates(view, specs, est)
+    """Crius's cells; one round (``solve-round``) has no cache to fill. A round the recipe
+    trims (its jobs ask for more GPUs than the cluster has:
+    :func:`~apportion.formulations.candidates.trim_scale_up`) is built without the elastic
+    scale-up the trim would drop (never estimated), unless jobs that fit nowhere bring the
+    asks within the cluster (then it is built again with it)."""
+    cfg = ctx.cfg
+    trims = ctx.recipe.trim_scale_up and not cfg.candidates.scale_up_when_full
+    scale_up = not (trims and requests_beyond(view.cluster, specs))
+
+    def build(scale_up: bool) -> nx.DiGraph:
+        if ctx.rounds_made == 0:
+            return build_candidates(view.cluster, specs, view.now, est, cfg.candidates,
+                                    ctx.seen_jct, accept=cfg.plan_filter, scale_up=scale_up)
+        return ctx.cached_candidates(view, specs, est, scale_up)
+
+    g = build(scale_up)
+    if not scale_up and not asks_beyond_capacity(g):
+        g = build(True)
+    return g
 
 
 def sla_cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
@@ -118,6 +140,31 @@ def sla_cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
     apply_slas(g, specs, view.now, cfg.quotas,
                cfg.sla_options or SlaOptions.of(cfg.candidates))
     return g
+
+
+def _deadline_options(ctx: CandidateContext, drop: bool) -> DeadlineOptions:
+    """The deadline rule with the restart a move costs: the objective's (the round's,
+    FormulationPolicy)."""
+    return DeadlineOptions(restart_s=ctx.cfg.candidates.objective.restart_s_value, drop=drop)
+
+
+def honour_deadlines(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                     g: nx.DiGraph) -> nx.DiGraph:
+    """apportion's default honours deadlines whenever jobs carry them: admission by each
+    job's minimum satisfactory share, earliest deadline first, then spare GPUs to the jobs
+    that gain most (:mod:`apportion.formulations.deadline`); a job no allocation meets runs
+    best effort, never dropped (``apportion-deadline`` drops it, as ElasticFlow does). A
+    round without deadlines is untouched."""
+    if any(s.deadline_s is not None for s in specs):
+        apply_deadlines(g, specs, view.now, _deadline_options(ctx, drop=False))
+    return g
+
+
+def default_cell_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
+                            est: Any) -> nx.DiGraph:
+    """The ``cells`` recipe's (apportion's default): :func:`sla_cell_candidates` with the
+    jobs' deadlines honoured (:func:`honour_deadlines`)."""
+    return honour_deadlines(ctx, view, specs, sla_cell_candidates(ctx, view, specs, est))
 
 
 def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
@@ -136,9 +183,10 @@ def plan_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
     source = CalibratedPlans(source, rate) if rate is not None else \
         CalibratedPlans(source, ctx.view_rate(), calibrate=not analytic
                         and cfg.plan_source is None)
-    return build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
-                                 cfg.plan_options or PlanOptions.like(cfg.candidates),
-                                 accept=cfg.plan_filter)
+    g = build_plan_candidates(view.cluster, specs, view.now, source, cfg.quotas,
+                              cfg.plan_options or PlanOptions.like(cfg.candidates),
+                              accept=cfg.plan_filter)
+    return honour_deadlines(ctx, view, specs, g)
 
 
 def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
@@ -146,9 +194,7 @@ def deadline_candidates(ctx: CandidateContext, view: View, specs: list[JobSpec],
     """Cells with guaranteed jobs' SLAs and tenants' quotas (as the cells formulation keeps
     them), each kept only where it finishes its job by the deadline."""
     g = sla_cell_candidates(ctx, view, specs, est)
-    # the restart a move costs: the objective's (the round's, FormulationPolicy)
-    apply_deadlines(g, specs, view.now,
-                    DeadlineOptions(restart_s=ctx.cfg.candidates.objective.restart_s_value))
+    apply_deadlines(g, specs, view.now, _deadline_options(ctx, drop=True))
     g.graph["formulation"] = "deadline"
     return g
 
@@ -168,6 +214,11 @@ def deadline_meta(g: nx.DiGraph, placed: set[str]) -> dict[str, Any]:
     return deadline_projection(g, placed)
 
 
+def deadline_meta_if_any(g: nx.DiGraph, placed: set[str]) -> dict[str, Any]:
+    """The projected deadline ratio where the round's jobs carry deadlines (else nothing)."""
+    return deadline_projection(g, placed) if "deadlines" in g.graph else {}
+
+
 def _plans_heuristic(depth: int) -> Any:
     return SlopeGreedy()
 
@@ -180,17 +231,30 @@ def add_recipe(recipe: Recipe) -> None:
 
 
 add_recipe(Recipe("cells", "apportion", "apportion: the cell formulation + solver chain "
-                  "(tenants, quotas, SLAs)", sla_cell_candidates, cells_model, GreedyCells,
-                  quotas=True, judges_plans=True))
+                  "(elastic counts, tenants, quotas, SLAs, deadlines)", default_cell_candidates,
+                  cells_model, GreedyCells, annotate=deadline_meta_if_any, quotas=True,
+                  judges_plans=True))
 add_recipe(Recipe("plans", "apportion-plans",
-                  "apportion: Morphling's plans x multi-resource formulation (tenants, quotas, "
-                  "SLAs)", plan_candidates, plans_master_model, _plans_heuristic,
-                  partitions=False, trim_scale_up=False, quotas=True))
+                  "apportion: Morphling's plans x multi-resource formulation (elastic counts, "
+                  "tenants, quotas, SLAs, deadlines)", plan_candidates, plans_master_model,
+                  _plans_heuristic, annotate=deadline_meta_if_any, partitions=False,
+                  trim_scale_up=False, quotas=True))
 add_recipe(Recipe("deadline", "apportion-deadline",
                   "apportion: deadline-aware admission (Crius-DDL / ElasticFlow) + solver chain "
                   "(tenants, quotas, SLAs)",
                   deadline_candidates, cells_model, GreedyCells, annotate=deadline_meta,
                   judges_plans=True, quotas=True))
 
-__all__ = ["CandidateContext", "RECIPES", "Recipe", "add_recipe", "cell_candidates",
-           "cells_model", "deadline_candidates", "plan_candidates", "sla_cell_candidates"]
+__all__ = [
+    "RECIPES",
+    "CandidateContext",
+    "Recipe",
+    "add_recipe",
+    "cell_candidates",
+    "cells_model",
+    "deadline_candidates",
+    "default_cell_candidates",
+    "honour_deadlines",
+    "plan_candidates",
+    "sla_cell_candidates",
+]

@@ -79,6 +79,10 @@ class SimJob:
     plan: str | None = None
     cpus: int | None = None
     finetune: FinetuneInfo | None = None  # a fine-tuning job (YMIR): backbone, task, target
+    # elasticity where the trace says it (``max_gpus`` and ``elastic`` columns): the most
+    # GPUs the job may be given, and whether it may run on another count than its own
+    max_gpus: int | None = None
+    elastic: bool = True
     # the global batches a scheduler may choose for it, (smallest, largest); None: its
     # ``batch`` is fixed (every trace but Pollux's, and Pollux's ncf)
     batch_range: tuple[int, int] | None = None
@@ -259,6 +263,28 @@ def read_trace_csv(p: Path, required: tuple[str, ...], id_column: str,
                              f"on line {seen[jid]}): each job needs its own id")
         seen[jid] = table.lines[i]
     return text, table
+
+
+_TRUE = frozenset({"true", "yes", "1"})
+_FALSE = frozenset({"false", "no", "0"})
+
+
+def elasticity(table: CsvTable, i: int) -> tuple[int | None, bool]:
+    """Row ``i``'s optional ``max_gpus`` and ``elastic`` columns (a trace that has them):
+    ``(max_gpus or None, elastic)``, elastic unless the row says ``false`` (or ``no``,
+    ``0``); a value that is neither, or a ``max_gpus`` below the row's ``num_gpus``, is
+    refused naming its line and column."""
+    top = table.optional_number(i, "max_gpus", **POSITIVE_COUNT)
+    if top is not None and (need := table.optional_number(i, "num_gpus", **GPUS)) is not None \
+            and top < need:
+        raise InputError(table.source, table.where(i, "max_gpus"),
+                         f"{int(top)} is below the job's num_gpus {int(need)}: the request is "
+                         "always a count it may run on")
+    text = (table.rows[i].get("elastic") or "").strip().lower()
+    if text and text not in _TRUE | _FALSE:
+        raise InputError(table.source, table.where(i, "elastic"),
+                         f"{table.rows[i]['elastic']!r} is not true or false")
+    return (None if top is None else int(top)), text not in _FALSE
 
 
 def busiest_window(trace: Trace, hours: float, by: str = "jobs") -> tuple[float, float]:

@@ -2,7 +2,8 @@
 
 ``job_id, submit_time_s, num_gpus, duration_s`` plus optional ``tenant`` (or ``cluster``),
 ``model``, ``gpu_type``, ``batch_size``, ``iterations`` (or Gavel's ``total_steps``),
-``v100_est_duration_s`` and ``deadline_s``. Which format a file is — a raw cluster trace
+``v100_est_duration_s``, ``deadline_s``, ``max_gpus`` and ``elastic`` (``true`` / ``false``:
+whether the job may run on other GPU counts than its own; true where not given). Which format a file is — a raw cluster trace
 (:mod:`.raw`), Gavel's job types (:mod:`.gavel`), ElasticFlow's models
 (:mod:`.elasticflow`) — is the registry's to detect; this module only reads the rows.
 A user's own workload has a stricter reader of its own (:mod:`.workload`).
@@ -24,6 +25,7 @@ from apportion.experiments.traces.base import (
     SECONDS,
     SimJob,
     Trace,
+    elasticity,
     is_missing,
     read_trace_csv,
     sorted_jobs,
@@ -43,14 +45,16 @@ def load_normalised_csv(path: str | Path, limit: int | None = None, fmt: str = "
 
     Jobs without a duration and without iterations are dropped (noted)."""
     p = Path(path)
-    text, _ = read_trace_csv(
+    text, table = read_trace_csv(
         p, REQUIRED, "job_id",
         {"submit_time_s": SECONDS, "num_gpus": GPUS, "duration_s": ANY_SECONDS,
          "iterations": ITERATIONS, "total_steps": ITERATIONS,
          "v100_est_duration_s": ANY_SECONDS, "batch_size": POSITIVE_COUNT,
-         "deadline_s": ANY_SECONDS},
+         "deadline_s": ANY_SECONDS, "max_gpus": POSITIVE_COUNT},
         optional=frozenset({"duration_s", "iterations", "total_steps", "v100_est_duration_s",
-                            "deadline_s"}))
+                            "deadline_s", "max_gpus"}))
+    elastic = [elasticity(table, i) for i in range(len(table) if limit is None
+                                                   else min(limit, len(table)))]
     try:
         df = pd.read_csv(io.StringIO(text), nrows=limit, dtype={"job_id": str})
     except Exception as exc:  # noqa: BLE001 (pandas raises many types for bad CSV)
@@ -58,7 +62,7 @@ def load_normalised_csv(path: str | Path, limit: int | None = None, fmt: str = "
     jobs: list[SimJob] = []
     dropped = 0
     has = set(df.columns)
-    for r in df.itertuples(index=False):
+    for k, r in enumerate(df.itertuples(index=False)):
         d = r._asdict()
         dur = d.get("duration_s")
         dur = None if is_missing(dur) else float(dur)
@@ -80,7 +84,7 @@ def load_normalised_csv(path: str | Path, limit: int | None = None, fmt: str = "
             else None,
             tenant=str(d.get("tenant", d.get("cluster", "default"))),
             deadline_s=None if dl is None or is_missing(dl) else float(dl),
-            duration_s=dur))
+            duration_s=dur, max_gpus=elastic[k][0], elastic=elastic[k][1]))
     notes = []
     if dropped:
         log.info("%s: dropped %d jobs without duration or GPUs", p, dropped)

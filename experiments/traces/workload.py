@@ -3,7 +3,8 @@ their own measured throughputs.
 
 Columns (a contract, docs/evaluation.md): ``job_id, submit_time_s, num_gpus, model,
 batch_size`` and ``iterations`` or ``duration_s`` (or both); optional ``gpu_type``,
-``tenant``, ``deadline_s``. ``model`` is any name: a catalog model (``bert-1.3b``) or one
+``tenant``, ``deadline_s``, ``max_gpus`` and ``elastic`` (``true`` / ``false``: whether the job
+may run on other GPU counts than its own; true where not given). ``model`` is any name: a catalog model (``bert-1.3b``) or one
 the catalog lacks (``cifar10``), which the round schedules from the rates the view gives,
 as the baselines do. The rates are the ground truth of the replay:
 
@@ -36,6 +37,7 @@ from apportion.experiments.traces.base import (
     Substitution,
     SubstitutionLog,
     Trace,
+    elasticity,
     read_trace_csv,
     sorted_jobs,
 )
@@ -58,8 +60,9 @@ def load_workload(path: str | Path) -> Trace:
     _, table = read_trace_csv(
         p, COLUMNS, "job_id",
         {"submit_time_s": SECONDS, "num_gpus": POSITIVE_COUNT, "batch_size": POSITIVE_COUNT,
-         "iterations": ITERATIONS, "duration_s": _DURATION, "deadline_s": ANY_SECONDS},
-        optional=frozenset({"iterations", "duration_s", "deadline_s"}))
+         "iterations": ITERATIONS, "duration_s": _DURATION, "deadline_s": ANY_SECONDS,
+         "max_gpus": POSITIVE_COUNT},
+        optional=frozenset({"iterations", "duration_s", "deadline_s", "max_gpus"}))
     jobs: list[SimJob] = []
     subs = SubstitutionLog()
     for i, r in table.iter():
@@ -84,12 +87,14 @@ def load_workload(path: str | Path) -> Trace:
                              "give its iterations, or its duration_s and the gpu_type it ran "
                              "on (its iterations are then that duration at the truth's rate)")
         dl = table.optional_number(i, "deadline_s", **ANY_SECONDS)
+        top, elastic = elasticity(table, i)
         j = SimJob(job_id=r["job_id"], submit_s=float(table.number(i, "submit_time_s")),
                    gpus=int(table.number(i, "num_gpus")), iterations=float(iters or 0.0),
                    job_type=model, model=model, batch=int(table.number(i, "batch_size")),
                    gpu_type=gpu_type, tenant=(r.get("tenant") or "").strip() or "default",
                    deadline_s=None if dl is None else float(dl),
-                   duration_s=None if dur is None else float(dur))
+                   duration_s=None if dur is None else float(dur), max_gpus=top,
+                   elastic=elastic)
         jobs.append(j)
         subs.add("gpu_type", given, gpu_type, "the catalog's name of the type", j.job_id)
     notes = []

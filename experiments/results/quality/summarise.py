@@ -1,7 +1,8 @@
 """Condense ``apportion compare`` runs (their ``summary.csv``) into one markdown table per
 run and one JSON: avg and p99 JCT (mean ± 95 % CI over seeds, Student's t, hours),
 average queueing, restarts per job, makespan (h), GPU utilisation, the average JCT over
-the run's lower bound (``avg_jct_to_bound``), finished jobs, each policy's rank, and
+the run's lower bound (``avg_jct_to_bound``), finished jobs, the share of jobs that met
+their deadline where the trace has deadlines (``deadline_ratio``), each policy's rank, and
 where the trace has guaranteed jobs (Morphling's MT) the share that kept their SLA
 (``sla_kept``).
 
@@ -80,12 +81,17 @@ def table(run: Path) -> tuple[str, list[dict]]:
     df = df.sort_values(["avg_jct_all_s", "avg_jct_s"], na_position="last").reset_index(drop=True)
     head = (run / "summary.md").read_text().splitlines()[0]
     sla = "sla_jobs" in df.columns and bool((df["sla_jobs"].fillna(0) > 0).any())
+    # a trace whose jobs carry deadlines: ElasticFlow's deadline satisfactory ratio beside
+    # the JCTs (jobs finished by their deadline over jobs with one)
+    ddl = "deadline_ratio" in df.columns and bool(df["deadline_ratio"].notna().any())
     rows, out = [], []
     out.append(f"### {run.name}\n\n{head}\n")
     out.append("| rank | policy | seeds | finished/jobs | avg JCT, all jobs (h) | avg JCT (h) "
                "| p99 JCT (h) | avg queue (h) | restarts/job | makespan (h) | utilisation "
-               "| avg JCT / bound |" + (" SLA kept |" if sla else ""))
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sla else ""))
+               "| avg JCT / bound |" + (" SLA kept |" if sla else "")
+               + (" deadlines met |" if ddl else ""))
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if sla else "")
+               + ("---|" if ddl else ""))
     for i, r in df.iterrows():
         rec = {"run": run.name, "rank": i + 1, "policy": r["policy"], "seeds": int(r["seeds"]),
                "finished": r["finished"], "jobs": r["jobs"],
@@ -107,6 +113,11 @@ def table(run: Path) -> tuple[str, list[dict]]:
             ci = r.get("sla_kept_ci95")
             kept = " n/a |" if rec["sla_kept"] is None else \
                 f" {rec['sla_kept']:.3f}{'' if pd.isna(ci) else f' ± {ci:.3f}'} |"
+        if ddl:
+            rec["deadline_ratio"] = None if pd.isna(r.get("deadline_ratio")) \
+                else float(r["deadline_ratio"])
+            kept += " n/a |" if rec["deadline_ratio"] is None else \
+                f" {rec['deadline_ratio']:.3f} |"
         rows.append(rec)
         name = f"**{r['policy']}**" if str(r["policy"]).startswith("apportion") else r["policy"]
         flag = r.get("avg_jct_all_bound", False)
