@@ -135,10 +135,11 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         """The HTTP server, for as long as the loop runs."""
         from prometheus_client import CollectorRegistry
 
-        from apportion.serve.app import ServeState, create_app
+        from apportion.serve.app import create_app
         from apportion.serve.metrics import ServeMetrics, StoreCollector
         from apportion.serve.observer import LoopObserver
         from apportion.serve.server import HttpServer, url_of
+        from apportion.serve.state import ServeState
 
         registry = CollectorRegistry()
         observer = LoopObserver(interval_s, time_budget_s,
