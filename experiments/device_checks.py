@@ -176,23 +176,29 @@ def check_spill(out: Path) -> None:
 
 
 def check_spill_builtin(out: Path) -> None:
-    import statistics
-
     import torch
-    from apportion.estimation.models.spill import spill_estimate
-    from apportion.runtime.workers.pilot import OptimSpec, partition
-    from apportion.runtime.workers.spill import SpillJob, SpillTrainer, make_batches, make_mlp
-    from apportion.runtime.workers.train_config import TrainConfig
-    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
-
-    from apportion.gpus import get_gpu
-    from apportion.models import _chain
-    from apportion.plans import ExecutionPlan
 
     torch.backends.cuda.matmul.allow_tf32 = False
     cuda = torch.cuda.is_available()
     dev = "cuda:0" if cuda else "cpu"
-    result: dict[str, Any] = {"device": dev, "builtin": []}
+    result: dict[str, Any] = {"device": dev, "builtin": _spill_builtin_runs(cuda)}
+    result["mlp"] = _spill_mlp_rows(dev, cuda)
+    _write(out, "spill_builtin", result)
+
+
+def _spill_builtin_runs(cuda: bool) -> list[dict[str, Any]]:
+    """gpt-tiny through the worker whole, then spilled at the first budget that fits
+    (``SPILL_MIB``, 128, 256 MiB): its losses against the whole run's, and a run stopped
+    at step 5 and resumed at twice the budget against the uninterrupted one."""
+    import statistics
+
+    import torch
+    from apportion.runtime.workers.train_config import TrainConfig
+    from apportion.runtime.workers.trainer import LOSSES_FILE, Worker
+
+    from apportion.plans import ExecutionPlan
+
+    builtin: list[dict[str, Any]] = []
 
     def worker(tmp: str, plan: ExecutionPlan, iterations: int, stop_at: int | None = None
                ) -> dict[str, Any]:
@@ -214,7 +220,7 @@ def check_spill_builtin(out: Path) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         whole = worker(tmp + "/w", ExecutionPlan(), 10)
-    result["builtin"].append(whole)
+    builtin.append(whole)
     budgets = (int(os.environ.get("SPILL_MIB", "64")), 128, 256)
     for mib in budgets if os.environ.get("SPILL_BUILTIN", "1") == "1" else ():
         try:
@@ -225,15 +231,30 @@ def check_spill_builtin(out: Path) -> None:
                 rest = worker(tmp + "/r", ExecutionPlan(spill_shards=1,
                                                         spill_budget_mib=2 * mib), 10)
         except Exception as exc:  # noqa: BLE001 - a budget too small: say so, try the next
-            result["builtin"].append({"budget_mib": mib, "error": repr(exc)[:500]})
+            builtin.append({"budget_mib": mib, "error": repr(exc)[:500]})
             continue
         row.update({"budget_mib": mib,
                     "max_rel_diff_vs_whole": max(abs(a - b) / abs(b) for a, b in
                                                  zip(row["losses"], whole["losses"])),
                     "resumed_equal": rest["losses"] == row["losses"],
                     "resumed_shards": [part["shards"], rest["shards"]]})
-        result["builtin"].append(row)
+        builtin.append(row)
         break
+    return builtin
+
+
+def _spill_mlp_rows(dev: str, cuda: bool) -> list[dict[str, Any]]:
+    """The spill estimate against steady-state spilled steps of the MLP of the ``spill``
+    check, with and without double buffering."""
+    import statistics
+
+    import torch
+    from apportion.estimation.models.spill import spill_estimate
+    from apportion.runtime.workers.pilot import OptimSpec, partition
+    from apportion.runtime.workers.spill import SpillJob, SpillTrainer, make_batches, make_mlp
+
+    from apportion.gpus import get_gpu
+    from apportion.models import _chain
 
     # the estimate against steady-state spilled steps of the MLP of the ``spill`` check
     width, depth, classes = int(os.environ.get("SPILL_WIDTH", "4096")), 12, 16
@@ -242,6 +263,49 @@ def check_spill_builtin(out: Path) -> None:
     batches = make_batches(8, batch, width, classes, 1)
     opt = OptimSpec("adam", 1e-4)
     budget = float(os.environ.get("SPILL_BUDGET", str(1.0 * 2**30)))
+    t_c = _whole_step_s(layers, loss, batches, opt, dev, cuda)
+    rows = []
+    for name, kind, mod in ((f"l{i}", type(m).__name__, m) for i, m in enumerate(layers)):
+        p = sum(q.numel() for q in mod.parameters())
+        flops = 2.0 * p if kind == "Linear" else 5.0 * width
+        rows.append((name, kind, flops, p, 4.0 * width * (2 if kind != "Linear" else 1),
+                     4.0 * (classes if name == f"l{len(layers) - 1}" else width)))
+    spec = _chain("mlp", "mlp", rows, 4, 1, width)
+    mlp: list[dict[str, Any]] = []
+    for double in (False, True):
+        part = partition(layers, batches[0][0], budget, opt, loss_fn=loss, target=batches[0][1],
+                         device=dev, repeats=1, double_buffer=double)
+        job = SpillJob("m", copy.deepcopy(layers), part.boundaries, loss, [], 1, opt)
+        trainer = SpillTrainer([job], workers=0, devices=[dev], double_buffer=double)
+        times = []
+        for x, y in batches:
+            job.batches = [(x, y)]
+            t0 = time.perf_counter()
+            trainer.train()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        est = spill_estimate(spec, batch, get_gpu("H200"), t_c, budget)
+        measured = statistics.median(times[2:])
+        mlp.append({
+            "double_buffer": double, "pilot_shards": part.boundaries,
+            "estimate_shards": est.plan.spill_shards, "estimate_double": est.breakdown.get(
+                "double_buffer"), "t_c_s": t_c, "steps_s": times, "measured_step_s": measured,
+            "estimate_s": est.iter_time_s, "copy_s": est.breakdown.get("copy_s"),
+            "hidden_s": est.breakdown.get("hidden_s"),
+            "copy_bytes": est.breakdown.get("h2d_bytes", 0) + est.breakdown.get("d2h_bytes", 0),
+            "error": est.iter_time_s / measured - 1.0})
+    return mlp
+
+
+def _whole_step_s(layers: list[Any], loss: Any, batches: list[Any], opt: Any, dev: str,
+                  cuda: bool) -> float:
+    """The median step of the whole MLP on ``dev``, its forward run twice (as a spilled
+    step recomputes it), the first two steps left out as warm-up."""
+    import statistics
+
+    import torch
+
     whole_layers = torch.nn.Sequential(*[copy.deepcopy(m).to(dev) for m in layers])
     wopt = opt.make(whole_layers.parameters())
     recompute = []
@@ -259,38 +323,7 @@ def check_spill_builtin(out: Path) -> None:
             torch.cuda.synchronize()
         recompute.append(time.perf_counter() - t0)
     del whole_layers, wopt
-    t_c = statistics.median(recompute[2:])
-    rows = []
-    for name, kind, mod in ((f"l{i}", type(m).__name__, m) for i, m in enumerate(layers)):
-        p = sum(q.numel() for q in mod.parameters())
-        flops = 2.0 * p if kind == "Linear" else 5.0 * width
-        rows.append((name, kind, flops, p, 4.0 * width * (2 if kind != "Linear" else 1),
-                     4.0 * (classes if name == f"l{len(layers) - 1}" else width)))
-    spec = _chain("mlp", "mlp", rows, 4, 1, width)
-    for double in (False, True):
-        part = partition(layers, batches[0][0], budget, opt, loss_fn=loss, target=batches[0][1],
-                         device=dev, repeats=1, double_buffer=double)
-        job = SpillJob("m", copy.deepcopy(layers), part.boundaries, loss, [], 1, opt)
-        trainer = SpillTrainer([job], workers=0, devices=[dev], double_buffer=double)
-        times = []
-        for x, y in batches:
-            job.batches = [(x, y)]
-            t0 = time.perf_counter()
-            trainer.train()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        est = spill_estimate(spec, batch, get_gpu("H200"), t_c, budget)
-        measured = statistics.median(times[2:])
-        result.setdefault("mlp", []).append({
-            "double_buffer": double, "pilot_shards": part.boundaries,
-            "estimate_shards": est.plan.spill_shards, "estimate_double": est.breakdown.get(
-                "double_buffer"), "t_c_s": t_c, "steps_s": times, "measured_step_s": measured,
-            "estimate_s": est.iter_time_s, "copy_s": est.breakdown.get("copy_s"),
-            "hidden_s": est.breakdown.get("hidden_s"),
-            "copy_bytes": est.breakdown.get("h2d_bytes", 0) + est.breakdown.get("d2h_bytes", 0),
-            "error": est.iter_time_s / measured - 1.0})
-    _write(out, "spill_builtin", result)
+    return statistics.median(recompute[2:])
 
 
 class _Planted:

@@ -58,8 +58,8 @@ from collections import defaultdict
 import logging
 import math
 import re
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -210,58 +210,141 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     CPUs or memory could bind keep one class per node (the divisibility
     argument covers GPUs only).
     Cells with a ``quota_tenant`` count against ``g.graph["quotas"]``.
+
+    One helper per row family, in the model's order: the cells' columns with their
+    ``size`` and ``one`` rows (:func:`_add_cell_columns`), the classes' ``cap`` rows
+    (:func:`_add_capacity_rows`), the nodes' ``cpu`` and ``mem`` rows
+    (:func:`_add_resource_rows`), then the ``quota`` and ``depth`` rows.
     """
     # the vertices' attribute dicts, read once (networkx's views build an object per lookup)
     attrs = dict(g.nodes(data=True))
     if resources is None:
         resources = any(d.get("kind") == "cell" and "cpus_per_gpu" in d for d in attrs.values())
     m = LinearModel(g.graph.get("formulation", "cells"), sense="max")
+    nc = _node_classes_of(g, aggregate, attrs)
+    cols = _add_cell_columns(m, g, nc, attrs, value_attr)
+    _add_capacity_rows(m, nc, cols)
+    if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
+        _add_resource_rows(m, g, nc, cols)
+    add_quota_and_change_rows(m, g, cols.cell_cols, max_changes)
+    m.decode = _cells_decoder(g, nc, cols)
+    # the relaxation of cells over GPUs alone is near-integral: the solver chain takes its
+    # rounded answer as final (solvers.chain_rules.lp_rounding_final, measured on replays);
+    # CPU and memory rows (the plans formulation) are not covered by that measurement
+    m.meta.update(cell_cols=cols.cell_cols, place_cols=cols.place_cols, classes=nc.classes,
+                  node_classes=len(nc.classes), residual_mode=nc.residual,
+                  lp_rounding_final=not resources)
+    return m
+
+
+@dataclass
+class _NodeClasses:
+    """The round's node classes and what each may give a new cell: what every row family
+    and the decoder read, so that they all count a class's GPUs the same way."""
+
+    g: nx.DiGraph
+    classes: list[list[str]]
+    #: residual mode: GPUs each node's running jobs hold if they stay (else empty)
+    held: dict[str, int]
+    residual: bool
+    #: residual mode with ``REUSE_FREED``: what a moved job frees is usable this round
+    reuse: bool
+    class_of: dict[str, int] = field(init=False)
+    #: a class's name in variable keys and row names: the same class keeps it from round
+    #: to round while its members come and go (a session kept across rounds matches by name)
+    label: list[str] = field(init=False)
+    _behind: dict[str, list[int]] = field(default_factory=dict)
+    _usable: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.class_of = {nn: i for i, members in enumerate(self.classes) for nn in members}
+        self.label = [members[0] if len(members) == 1 else
+                      f"{self.g.nodes[members[0]]['group']}/{self.cap_of(members[0])}"
+                      for members in self.classes]
+
+    def cap_of(self, n: str) -> int:
+        """GPUs of node n nobody holds (residual mode: if every running job stays)."""
+        return int(self.g.nodes[n]["capacity"]) - self.held.get(n, 0)
+
+    def cap_max(self, n: str) -> int:
+        """GPUs of node n a new cell may use: all of them if the running jobs there move."""
+        return int(self.g.nodes[n]["capacity"]) if self.reuse else self.cap_of(n)
+
+    def classes_behind(self, vertex: str) -> list[int]:
+        """Classes of the nodes behind a group or node vertex (memoised: groups are big)."""
+        if vertex not in self._behind:
+            self._behind[vertex] = sorted({self.class_of[n] for n in member_nodes(self.g, vertex)
+                                           if n in self.class_of})
+        return self._behind[vertex]
+
+    def usable(self, k: int, unit: int) -> int:
+        """GPUs of class k usable in whole units of ``unit`` (memoised)."""
+        if (k, unit) not in self._usable:
+            self._usable[k, unit] = sum(self.cap_max(n) // unit * unit for n in self.classes[k])
+        return self._usable[k, unit]
+
+
+def _node_classes_of(g: nx.DiGraph, aggregate: bool,
+                     attrs: Mapping[str, dict[str, Any]]) -> _NodeClasses:
+    """The classes, residual mode past ``PINNED_EXACT_LIMIT`` busy nodes (module
+    docstring): the model's size must not grow with how busy the cluster is."""
     current = current_cells(g)
     held_all = held_by_running(g, current)
     residual = aggregate and len(held_all) > PINNED_EXACT_LIMIT
     held = held_all if residual else {}
     classes = node_classes(g, aggregate, held if residual else None, current, attrs)
-    fixed: dict[str, dict[str, int]] = {}  # residual mode: keep cells stay where they are
+    return _NodeClasses(g, classes, held, residual, residual and REUSE_FREED)
 
-    reuse = residual and REUSE_FREED
 
-    def cap_of(n: str) -> int:
-        return int(g.nodes[n]["capacity"]) - held.get(n, 0)
+@dataclass
+class _CellColumns:
+    """The cells' columns and where each may be placed, for the rows after them and the
+    decoder."""
 
-    def cap_max(n: str) -> int:
-        """GPUs of node n a new cell may use: all of them if the running jobs there move."""
-        return int(g.nodes[n]["capacity"]) if reuse else cap_of(n)
+    #: a cell's x column
+    cell_cols: dict[str, int]
+    #: per cell: (class, column, unit, units per column value): y columns count units (1),
+    #: a cell that fits one class wholly uses its x column (gpus / unit units when chosen)
+    place_cols: dict[str, list[tuple[int, int, int, int]]]
+    #: residual mode: keep cells stay where they are (node name: GPUs)
+    fixed: dict[str, dict[str, int]]
+    #: a class's capacity row, made when a column first uses the class (the rows' order)
+    class_rows: defaultdict[int, dict[int, float]]
 
-    class_of = {nn: i for i, members in enumerate(classes) for nn in members}
-    # a class's name in variable keys and row names: the same class keeps it from round to
-    # round while its members come and go (a session kept across rounds matches by name)
-    label = [members[0] if len(members) == 1 else
-             f"{g.nodes[members[0]]['group']}/{cap_of(members[0])}" for members in classes]
-    behind: dict[str, list[int]] = {}
-    usable_memo: dict[tuple[int, int], int] = {}
 
-    def classes_behind(vertex: str) -> list[int]:
-        """Classes of the nodes behind a group or node vertex (memoised: groups are big)."""
-        if vertex not in behind:
-            behind[vertex] = sorted({class_of[n] for n in member_nodes(g, vertex) if n in class_of})
-        return behind[vertex]
+#: a placement shape: the one class that holds the cell whole, or its unit columns'
+#: classes, bounds and labels
+_Shape = tuple[int | None, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
 
-    def usable(k: int, unit: int) -> int:
-        """GPUs of class k usable in whole units of ``unit`` (memoised)."""
-        if (k, unit) not in usable_memo:
-            usable_memo[k, unit] = sum(cap_max(n) // unit * unit for n in classes[k])
-        return usable_memo[k, unit]
 
-    # a class's capacity row, made when a column first uses the class (the rows' order)
-    class_rows: defaultdict[int, dict[int, float]] = defaultdict(dict)
-    cell_cols: dict[str, int] = {}
-    # per cell: (class, column, unit, units per column value): y columns count units (1),
-    # a cell that fits one class wholly uses its x column (gpus / unit units when chosen)
-    place_cols: dict[str, list[tuple[int, int, int, int]]] = {}
-    # The loop below visits every cell: it reads the graph's own attribute and successor
-    # dicts (networkx's views build an object per lookup), collects the columns and rows in
-    # the order one call each would add them, and adds them in bulk after it (a replay
-    # builds this model every round: one call per column was a fifth of its Python).
+def _place_shape(nc: _NodeClasses, edges: Mapping[str, dict[str, Any]], tp: int,
+                 gpus: int) -> _Shape:
+    """Where a cell of ``gpus`` GPUs in units of ``tp`` may go over ``edges``: one class
+    when one holds it whole (no y columns), else a column per class where a unit fits."""
+    cap_by_class: dict[int, int] = {}
+    for succ, ea in edges.items():
+        edge_cap = int(ea["max_gpus"])
+        for k in nc.classes_behind(succ):
+            cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + nc.usable(k, tp))
+    if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
+        return (next(iter(cap_by_class)), (), (), ())
+    # a column per class where a whole unit fits
+    fit = [(k, float(min(cap, gpus) // tp), nc.label[k])
+           for k, cap in sorted(cap_by_class.items()) if min(cap, gpus) // tp > 0]
+    return (None, tuple(f[0] for f in fit), tuple(f[1] for f in fit),
+            tuple(f[2] for f in fit))
+
+
+def _add_cell_columns(m: LinearModel, g: nx.DiGraph, nc: _NodeClasses,
+                      attrs: Mapping[str, dict[str, Any]], value_attr: str) -> _CellColumns:
+    """Every cell's x column, its y columns per class, its ``size`` row and every job's
+    ``one`` row (with the merged cells' member rows), added in bulk.
+
+    The loop visits every cell: it reads the graph's own attribute and successor dicts
+    (networkx's views build an object per lookup), collects the columns and rows in the
+    order one call each would add them, and adds them in bulk after it (a replay builds
+    this model every round: one call per column was a fifth of its Python)."""
+    out = _CellColumns({}, {}, {}, defaultdict(dict))
     succ_of = dict(g.adjacency())
     base = m.num_vars
     # the new columns' keys, upper bounds and costs (every one is integer from 0)
@@ -272,8 +355,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
     # where a cell may go depends only on its size, unit and edges: per build, each such
     # shape's one class (a cell it holds whole) or its unit columns' classes, bounds and
     # labels
-    shapes: dict[tuple[Any, ...], tuple[int | None, tuple[int, ...], tuple[float, ...],
-                                        tuple[str, ...]]] = {}
+    shapes: dict[tuple[Any, ...], _Shape] = {}
     for jid in jobs_in(g):
         cols = []
         for cn in cells_of(g, jid):
@@ -282,13 +364,13 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             keys.append(("x", cn))
             ubs.append(1.0)
             objs.append(float(d[value_attr]))
-            cell_cols[cn] = x
+            out.cell_cols[cn] = x
             cols.append(x)
             tp, gpus = unit_of(d), int(d["gpus"])
             edges = succ_of[cn]
-            if residual and d.get("current"):
-                fixed[cn] = {name_of(nn): int(ea["max_gpus"]) for nn, ea in edges.items()}
-                place_cols[cn] = []
+            if nc.residual and d.get("current"):
+                out.fixed[cn] = {name_of(nn): int(ea["max_gpus"]) for nn, ea in edges.items()}
+                out.place_cols[cn] = []
                 continue
             if len(edges) == 1:  # the usual cell: one group's edge
                 ((v, ea),) = edges.items()
@@ -297,23 +379,12 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
                 key = (tp, gpus, *[(v, ea["max_gpus"]) for v, ea in edges.items()])
             shape = shapes.get(key)
             if shape is None:
-                cap_by_class: dict[int, int] = {}
-                for succ, ea in edges.items():
-                    edge_cap = int(ea["max_gpus"])
-                    for k in classes_behind(succ):
-                        cap_by_class[k] = min(edge_cap, cap_by_class.get(k, 0) + usable(k, tp))
-                if len(cap_by_class) == 1 and next(iter(cap_by_class.values())) >= gpus:
-                    shape = shapes[key] = (next(iter(cap_by_class)), (), (), ())
-                else:  # a column per class where a whole unit fits
-                    fit = [(k, float(min(cap, gpus) // tp), label[k])
-                           for k, cap in sorted(cap_by_class.items()) if min(cap, gpus) // tp > 0]
-                    shape = shapes[key] = (None, tuple(f[0] for f in fit),
-                                           tuple(f[1] for f in fit), tuple(f[2] for f in fit))
+                shape = shapes[key] = _place_shape(nc, edges, tp, gpus)
             whole, ks, bounds, labs = shape
             if whole is not None:
                 # one class can hold the whole cell: its units there are x * gpus/unit, no y
-                class_rows[whole][x] = float(gpus)
-                place_cols[cn] = [(whole, x, tp, gpus // tp)]
+                out.class_rows[whole][x] = float(gpus)
+                out.place_cols[cn] = [(whole, x, tp, gpus // tp)]
                 continue
             unit = float(tp)
             y0 = base + len(keys)
@@ -324,50 +395,69 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
             link = {x: -float(gpus)}
             link.update(zip(ys, itertools.repeat(unit)))
             for k, y in zip(ks, ys):
-                class_rows[k][y] = unit
-            place_cols[cn] = list(zip(ks, ys, itertools.repeat(tp), itertools.repeat(1)))
+                out.class_rows[k][y] = unit
+            out.place_cols[cn] = list(zip(ks, ys, itertools.repeat(tp), itertools.repeat(1)))
             new_rows.append((link, 0.0, 0.0, f"size[{cn}]"))
         if cols:
             new_rows.append(({c: 1.0 for c in cols}, -INF, 1.0, f"one[{jid}]"))
     m.add_columns(keys, itertools.repeat(0.0), ubs, itertools.repeat(True), objs)
     if g.graph.get("siblings"):  # merged cells also sit in their members' rows
-        cover_members(g, cell_cols, new_rows)
+        cover_members(g, out.cell_cols, new_rows)
     m.add_rows(new_rows)
-    if reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
-        for cn, place in fixed.items():
+    return out
+
+
+def _add_capacity_rows(m: LinearModel, nc: _NodeClasses, cols: _CellColumns) -> None:
+    """Each class's ``cap`` row; with ``REUSE_FREED`` a kept cell holds its GPUs there and a
+    moved or stopped one gives them to others (module docstring)."""
+    if nc.reuse:  # a kept cell holds its GPUs; a moved or stopped one gives them to others
+        for cn, place in cols.fixed.items():
             for name, k in place.items():
-                kk = class_of.get(node_node(name))
-                if kk is not None and kk in class_rows:
-                    row = class_rows[kk]
-                    row[cell_cols[cn]] = row.get(cell_cols[cn], 0.0) + float(k)
-    for k, row in class_rows.items():
-        cap = sum(cap_max(nn) if reuse else cap_of(nn) for nn in classes[k])
-        m.add_row(row, ub=float(cap), name=f"cap[{label[k]}]")
-    if resources:  # rows only for one-node classes: aggregated ones can never bind (see above)
-        cpu_rows: dict[int, dict[int, float]] = {}
-        mem_rows: dict[int, dict[int, float]] = {}
-        for cn, cols in place_cols.items():
-            d = g.nodes[cn]
-            for k, y, tp, mult in cols:
-                cpu_rows.setdefault(k, {})[y] = tp * mult * float(d.get("cpus_per_gpu", 0.0))
-                mem_rows.setdefault(k, {})[y] = tp * mult * float(d.get("host_mem_gib_per_gpu", 0.0))
-        held_cpu: dict[str, float] = {}
-        held_mem: dict[str, float] = {}
-        for cn, place in fixed.items():
-            d = g.nodes[cn]
-            for name, k in place.items():
-                held_cpu[name] = held_cpu.get(name, 0.0) + k * float(d.get("cpus_per_gpu", 0.0))
-                held_mem[name] = held_mem.get(name, 0.0) + k * float(d.get("host_mem_gib_per_gpu", 0.0))
-        for k in sorted(cpu_rows):
-            if len(classes[k]) != 1:
-                continue
-            (nn,) = classes[k]
-            name = name_of(nn)
-            m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)) - held_cpu.get(name, 0.0),
-                      name=f"cpu[{nn}]")
-            m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf))
-                      - held_mem.get(name, 0.0), name=f"mem[{nn}]")
-    add_quota_and_change_rows(m, g, cell_cols, max_changes)
+                kk = nc.class_of.get(node_node(name))
+                if kk is not None and kk in cols.class_rows:
+                    row = cols.class_rows[kk]
+                    row[cols.cell_cols[cn]] = row.get(cols.cell_cols[cn], 0.0) + float(k)
+    for k, row in cols.class_rows.items():
+        cap = sum(nc.cap_max(nn) if nc.reuse else nc.cap_of(nn) for nn in nc.classes[k])
+        m.add_row(row, ub=float(cap), name=f"cap[{nc.label[k]}]")
+
+
+def _add_resource_rows(m: LinearModel, g: nx.DiGraph, nc: _NodeClasses,
+                       cols: _CellColumns) -> None:
+    """Each one-node class's ``cpu`` and ``mem`` rows, less what the kept cells hold there
+    (aggregated classes' rows can never bind: :func:`node_classes`)."""
+    cpu_rows: dict[int, dict[int, float]] = {}
+    mem_rows: dict[int, dict[int, float]] = {}
+    for cn, place_cols in cols.place_cols.items():
+        d = g.nodes[cn]
+        for k, y, tp, mult in place_cols:
+            cpu_rows.setdefault(k, {})[y] = tp * mult * float(d.get("cpus_per_gpu", 0.0))
+            mem_rows.setdefault(k, {})[y] = tp * mult * float(d.get("host_mem_gib_per_gpu", 0.0))
+    held_cpu: dict[str, float] = {}
+    held_mem: dict[str, float] = {}
+    for cn, place in cols.fixed.items():
+        d = g.nodes[cn]
+        for name, k in place.items():
+            held_cpu[name] = held_cpu.get(name, 0.0) + k * float(d.get("cpus_per_gpu", 0.0))
+            held_mem[name] = held_mem.get(name, 0.0) + k * float(d.get("host_mem_gib_per_gpu", 0.0))
+    for k in sorted(cpu_rows):
+        if len(nc.classes[k]) != 1:
+            continue
+        (nn,) = nc.classes[k]
+        name = name_of(nn)
+        m.add_row(cpu_rows[k], ub=float(g.nodes[nn].get("cpus", math.inf)) - held_cpu.get(name, 0.0),
+                  name=f"cpu[{nn}]")
+        m.add_row(mem_rows[k], ub=float(g.nodes[nn].get("host_memory_gib", math.inf))
+                  - held_mem.get(name, 0.0), name=f"mem[{nn}]")
+
+
+def _cells_decoder(g: nx.DiGraph, nc: _NodeClasses,
+                   cols: _CellColumns) -> Callable[[np.ndarray], list[CellChoice]]:
+    """The model's decode: the chosen cells placed node by node, first fit decreasing per
+    class (exact for divisible sizes, module docstring); in residual mode with reuse, a
+    cell the freed GPUs cannot hold is left out (a valid, slightly worse answer)."""
+    cell_cols, place_cols, fixed = cols.cell_cols, cols.place_cols, cols.fixed
+    classes, reuse, cap_of = nc.classes, nc.reuse, nc.cap_of
 
     def decode(xv: np.ndarray) -> list[CellChoice]:
         chosen = [cn for cn, xc in cell_cols.items() if xv[xc] > 0.5]
@@ -438,14 +528,7 @@ def build_cells_model(g: nx.DiGraph, value_attr: str = "value",
         chosen = [cn for cn in chosen if cn not in dropped]
         return [CellChoice(g.nodes[cn]["job"], cn, placements[cn]) for cn in chosen]
 
-    m.decode = decode
-    # the relaxation of cells over GPUs alone is near-integral: the solver chain takes its
-    # rounded answer as final (solvers.chain_rules.lp_rounding_final, measured on replays);
-    # CPU and memory rows (the plans formulation) are not covered by that measurement
-    m.meta.update(cell_cols=cell_cols, place_cols=place_cols, classes=classes,
-                  node_classes=len(classes), residual_mode=residual,
-                  lp_rounding_final=not resources)
-    return m
+    return decode
 
 
 def cover_members(g: nx.DiGraph, cell_cols: dict[str, int],

@@ -31,6 +31,7 @@ tasks and GPU limit ``G`` (see ``EXACT_MAX_TASKS`` in ``apportion.solvers.finetu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -191,7 +192,11 @@ def simulate_plan(plan: PhasePlan, capacity: int) -> Schedule:
 def build_finetune_model(
     problem: FinetuneProblem, capacity: int, units: list[Unit] | None = None
 ) -> LinearModel:
-    """The neutral MILP over candidate units; ``decode(x)`` returns a :class:`PhasePlan`."""
+    """The neutral MILP over candidate units; ``decode(x)`` returns a :class:`PhasePlan`.
+
+    One helper per row family, in the model's order: the modes' rows
+    (:func:`_mode_rows`), each phase's rows (:func:`_phase_rows`), the units' work and
+    completion rows (:func:`_work_rows`)."""
     if capacity < 1:
         raise ValueError("capacity must be >= 1")
     units = units if units is not None else candidate_units(problem)
@@ -214,67 +219,125 @@ def build_finetune_model(
     y = {(u.key, k, g): m.add_var(("y", u.key, k, g), 0.0, wmax) for u in units for k in K
          for g in range(G[u.key] + 1)}
     c = {u.key: m.add_var(("C", u.key), 0.0, tmax, obj=float(u.weight)) for u in units}
+    v = _Vars(n, K, G, wmax, tmax, s, z, L, x, y, c)
+    _mode_rows(m, problem, units, v)
+    for k in K:
+        _phase_rows(m, units, v, k, capacity)
+    _work_rows(m, units, v)
+    m.decode = _finetune_decoder(units, v)
+    m.meta.update(units=units, capacity=capacity, tasks=n,
+                  index={"s": s, "z": z, "L": L, "x": x, "y": y, "C": c})
+    return m
 
+
+@dataclass
+class _Vars:
+    """The model's sizes, bounds and columns, as every row family reads them: ``s`` a unit
+    chosen, ``z`` it completes at phase k, ``L`` phase k's length, ``x`` its GPUs in
+    phase k (one-hot), ``y`` phase k's length when it holds g GPUs, ``c`` its completion."""
+
+    n: int
+    K: range
+    G: dict[str, int]
+    wmax: float
+    tmax: float
+    s: dict[str, int]
+    z: dict[tuple[str, int], int]
+    L: dict[int, int]
+    x: dict[tuple[str, int, int], int]
+    y: dict[tuple[str, int, int], int]
+    c: dict[str, int]
+
+
+def _mode_rows(m: LinearModel, problem: FinetuneProblem, units: list[Unit], v: _Vars) -> None:
+    """Every task in exactly one unit (its mode), a temporal unit's predecessor unmerged,
+    and a chosen unit completing at exactly one phase."""
+    s, z = v.s, v.z
     for t in problem.ids:  # every task in exactly one unit (its mode)
         m.add_row({s[u.key]: 1 for u in units if t in u.members}, 1, 1, f"cover[{t}]")
     for u in units:  # temporal: the predecessor runs unmerged
         if u.pred is not None:
             row = {s[u.key]: 1.0}
-            for v in units:
-                if u.pred in v.members and v.mode != SPATIAL:
-                    row[s[v.key]] = row.get(s[v.key], 0.0) - 1
+            for w in units:
+                if u.pred in w.members and w.mode != SPATIAL:
+                    row[s[w.key]] = row.get(s[w.key], 0.0) - 1
             m.add_row(row, ub=0, name=f"pred-unmerged[{u.key}]")
     for u in units:
-        row = {z[u.key, k]: 1.0 for k in K}
+        row = {z[u.key, k]: 1.0 for k in v.K}
         row[s[u.key]] = -1
         m.add_row(row, 0, 0, f"completes-once[{u.key}]")
-    for k in K:
-        m.add_row({z[u.key, k]: 1 for u in units}, ub=1, name=f"one-per-position[{k}]")
-        row = {L[k]: 1.0}
-        for u in units:
-            row[z[u.key, k]] = -wmax
-        m.add_row(row, ub=0, name=f"empty-phase[{k}]")
-        if k + 1 < n:
-            row = {z[u.key, k]: 1.0 for u in units}
-            for u in units:
-                row[z[u.key, k + 1]] = row.get(z[u.key, k + 1], 0.0) - 1
-            m.add_row(row, lb=0, name=f"positions-contiguous[{k}]")
-        m.add_row({x[u.key, k, g]: g for u in units for g in range(1, G[u.key] + 1)},
-                  ub=capacity, name=f"capacity[{k}]")
-        for u in units:
-            gs = range(G[u.key] + 1)
-            m.add_row({x[u.key, k, g]: 1 for g in gs}, 1, 1, f"one-alloc[{u.key},{k}]")
-            alloc = {x[u.key, k, g]: float(g) for g in gs if g}
-            row = dict(alloc)
-            row[s[u.key]] = -G[u.key]
-            for j in range(k):
-                row[z[u.key, j]] = G[u.key]
-            m.add_row(row, ub=0, name=f"alive[{u.key},{k}]")
-            if u.pred is not None:
-                row = dict(alloc)
-                for v in units:
-                    if u.pred in v.members:
-                        for j in range(k):
-                            row[z[v.key, j]] = row.get(z[v.key, j], 0.0) - G[u.key]
-                m.add_row(row, ub=0, name=f"after-pred[{u.key},{k}]")
-            m.add_row({x[u.key, k, 0]: 1, z[u.key, k]: 1}, ub=1, name=f"runs-when-done[{u.key},{k}]")
-            row = {y[u.key, k, g]: 1 for g in gs}
-            row[L[k]] = -1
-            m.add_row(row, 0, 0, f"y-sum[{u.key},{k}]")
-            for g in gs:
-                m.add_row({y[u.key, k, g]: 1, x[u.key, k, g]: -wmax}, ub=0,
-                          name=f"y-on[{u.key},{k},{g}]")
+
+
+def _phase_rows(m: LinearModel, units: list[Unit], v: _Vars, k: int, capacity: int) -> None:
+    """Phase k's rows: at most one unit completes there, an empty phase has no length,
+    phases are used from the first, the GPUs within the capacity, and each unit's
+    allocation there (:func:`_unit_phase_rows`)."""
+    z, L, x = v.z, v.L, v.x
+    m.add_row({z[u.key, k]: 1 for u in units}, ub=1, name=f"one-per-position[{k}]")
+    row = {L[k]: 1.0}
     for u in units:
-        row = {y[u.key, k, g]: float(g) for k in K for g in range(1, G[u.key] + 1)}
+        row[z[u.key, k]] = -v.wmax
+    m.add_row(row, ub=0, name=f"empty-phase[{k}]")
+    if k + 1 < v.n:
+        row = {z[u.key, k]: 1.0 for u in units}
+        for u in units:
+            row[z[u.key, k + 1]] = row.get(z[u.key, k + 1], 0.0) - 1
+        m.add_row(row, lb=0, name=f"positions-contiguous[{k}]")
+    m.add_row({x[u.key, k, g]: g for u in units for g in range(1, v.G[u.key] + 1)},
+              ub=capacity, name=f"capacity[{k}]")
+    for u in units:
+        _unit_phase_rows(m, units, v, u, k)
+
+
+def _unit_phase_rows(m: LinearModel, units: list[Unit], v: _Vars, u: Unit, k: int) -> None:
+    """Unit u in phase k: one allocation, GPUs only while chosen and not yet complete (and,
+    temporal, after its predecessor completed), none at the phase it completes, and
+    ``y`` the phase's length at the allocation it holds."""
+    s, z, L, x, y, G = v.s, v.z, v.L, v.x, v.y, v.G
+    gs = range(G[u.key] + 1)
+    m.add_row({x[u.key, k, g]: 1 for g in gs}, 1, 1, f"one-alloc[{u.key},{k}]")
+    alloc = {x[u.key, k, g]: float(g) for g in gs if g}
+    row = dict(alloc)
+    row[s[u.key]] = -G[u.key]
+    for j in range(k):
+        row[z[u.key, j]] = G[u.key]
+    m.add_row(row, ub=0, name=f"alive[{u.key},{k}]")
+    if u.pred is not None:
+        row = dict(alloc)
+        for w in units:
+            if u.pred in w.members:
+                for j in range(k):
+                    row[z[w.key, j]] = row.get(z[w.key, j], 0.0) - G[u.key]
+        m.add_row(row, ub=0, name=f"after-pred[{u.key},{k}]")
+    m.add_row({x[u.key, k, 0]: 1, z[u.key, k]: 1}, ub=1, name=f"runs-when-done[{u.key},{k}]")
+    row = {y[u.key, k, g]: 1 for g in gs}
+    row[L[k]] = -1
+    m.add_row(row, 0, 0, f"y-sum[{u.key},{k}]")
+    for g in gs:
+        m.add_row({y[u.key, k, g]: 1, x[u.key, k, g]: -v.wmax}, ub=0,
+                  name=f"y-on[{u.key},{k},{g}]")
+
+
+def _work_rows(m: LinearModel, units: list[Unit], v: _Vars) -> None:
+    """A chosen unit's GPU-time equals its work; its completion time is at least the end
+    of the phase it completes at."""
+    s, z, L, y, c, tmax = v.s, v.z, v.L, v.y, v.c, v.tmax
+    for u in units:
+        row = {y[u.key, k, g]: float(g) for k in v.K for g in range(1, v.G[u.key] + 1)}
         row[s[u.key]] = -float(u.work)
         m.add_row(row, 0, 0, f"work[{u.key}]")
-        for k in K:  # C_u >= T_k - tmax (1 - z_uk)
+        for k in v.K:  # C_u >= T_k - tmax (1 - z_uk)
             row = {c[u.key]: 1.0, z[u.key, k]: -tmax}
             for j in range(k + 1):
                 row[L[j]] = -1
             m.add_row(row, lb=-tmax, name=f"completion[{u.key},{k}]")
 
+
+def _finetune_decoder(units: list[Unit], v: _Vars) -> Callable[[np.ndarray], PhasePlan]:
+    """The model's decode: the chosen units, the order they complete in and each phase's
+    GPUs per unit."""
     by_key = {u.key: u for u in units}
+    s, z, x, G, K = v.s, v.z, v.x, v.G, v.K
 
     def decode(sol: np.ndarray) -> PhasePlan:
         chosen = [u for u in units if sol[s[u.key]] > 0.5]
@@ -289,10 +352,7 @@ def build_finetune_model(
                            if sol[x[u.key, k, g]] > 0.5})
         return PhasePlan([by_key[u.key] for u in chosen], order, allocs)
 
-    m.decode = decode
-    m.meta.update(units=units, capacity=capacity, tasks=n,
-                  index={"s": s, "z": z, "L": L, "x": x, "y": y, "C": c})
-    return m
+    return decode
 
 
 def plan_hint(model: LinearModel, plan: PhasePlan, capacity: int) -> dict[int, float]:

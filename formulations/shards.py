@@ -36,6 +36,7 @@ from apportion.shards_spec import (
     ShardDevice,
     ShardModel,
     ShardProblem,
+    UnitKey,
     as_graph,
     chain_runtimes,
     chains,
@@ -172,7 +173,32 @@ def build_milp(problem: ShardProblem | nx.DiGraph, horizon: float | None = None,
         last = chain[-1]
         lm.add_row([(c, 1.0), (s[last], -1.0)] + [(k, -d) for k, d in dur(last)], 0.0,
                    name=f"makespan{last[1]}")
-    y: dict[tuple[tuple[str, int, int], tuple[str, int, int]], int] = {}
+    y = _disjunctive_rows(lm, units, on, s, a, big)
+    lm.meta.update(kind="hydra-milp", big_m=big, horizon=horizon, units=len(units), pairs=len(y))
+    n_dev = len(g.graph["devices"])
+
+    def decode(xv: np.ndarray) -> list[Placement]:
+        assignment = {u[1:]: max((p for p, _ in on[u]), key=lambda p: xv[a[u, p]])
+                      for u in units}
+        orders: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
+        for u in sorted(units, key=lambda q: (xv[s[q]], q)):
+            orders[assignment[u[1:]]].append(u[1:])
+        return schedule_from_orders(g, assignment, orders)
+
+    lm.decode = decode
+    if hint:
+        lm.set_hint(_milp_hint(hint, units, on, s, a, y, c))
+    return lm
+
+
+def _disjunctive_rows(lm: LinearModel, units: list[UnitKey],
+                      on: dict[UnitKey, list[tuple[int, float]]], s: dict[UnitKey, int],
+                      a: dict[tuple[UnitKey, int], int],
+                      big: float) -> dict[tuple[UnitKey, UnitKey], int]:
+    """The order variable ``y[u,v]`` of every pair of units of different models that may
+    share a device, and its disjunctive rows (b)/(c) per shared device, switched off by
+    big-M unless both units sit there."""
+    y: dict[tuple[UnitKey, UnitKey], int] = {}
     for x, u in enumerate(units):
         tu = dict(on[u])
         for v in units[x + 1:]:
@@ -191,26 +217,20 @@ def build_milp(problem: ShardProblem | nx.DiGraph, horizon: float | None = None,
                 # y=0 (v first) and both on p: s_u >= s_v + dv
                 lm.add_row([(s[u], 1.0), (s[v], -1.0), (yv, big), (a[u, p], -big),
                             (a[v, p], -big)], dv - 2 * big, name=f"c{u[1:]}{v[1:]}{p}")
-    lm.meta.update(kind="hydra-milp", big_m=big, horizon=horizon, units=len(units), pairs=len(y))
-    n_dev = len(g.graph["devices"])
+    return y
 
-    def decode(xv: np.ndarray) -> list[Placement]:
-        assignment = {u[1:]: max((p for p, _ in on[u]), key=lambda p: xv[a[u, p]])
-                      for u in units}
-        orders: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
-        for u in sorted(units, key=lambda q: (xv[s[q]], q)):
-            orders[assignment[u[1:]]].append(u[1:])
-        return schedule_from_orders(g, assignment, orders)
 
-    lm.decode = decode
-    if hint:
-        values: dict[int, float] = {c: makespan(hint)}
-        by_unit = {unit_key(pl.model, pl.unit): pl for pl in hint}
-        for u in units:
-            values[s[u]] = by_unit[u].start
-            for p, _ in on[u]:
-                values[a[u, p]] = 1.0 if by_unit[u].device == p else 0.0
-        for (u, v), k in y.items():
-            values[k] = 1.0 if (by_unit[u].start, u) < (by_unit[v].start, v) else 0.0
-        lm.set_hint(values)
-    return lm
+def _milp_hint(hint: Sequence[Placement], units: list[UnitKey],
+               on: dict[UnitKey, list[tuple[int, float]]], s: dict[UnitKey, int],
+               a: dict[tuple[UnitKey, int], int], y: dict[tuple[UnitKey, UnitKey], int],
+               c: int) -> dict[int, float]:
+    """The hint schedule as column values: its makespan, starts, devices and orders."""
+    values: dict[int, float] = {c: makespan(hint)}
+    by_unit = {unit_key(pl.model, pl.unit): pl for pl in hint}
+    for u in units:
+        values[s[u]] = by_unit[u].start
+        for p, _ in on[u]:
+            values[a[u, p]] = 1.0 if by_unit[u].device == p else 0.0
+    for (u, v), k in y.items():
+        values[k] = 1.0 if (by_unit[u].start, u) < (by_unit[v].start, v) else 0.0
+    return values

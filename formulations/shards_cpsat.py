@@ -141,22 +141,37 @@ def build_cpsat(
         m.add(obj >= ends[chain[-1][1:]] + ticks(tail[i]))
     m.minimize(obj)
     if hint:
-        tick_start = _hint_ticks(g, hint, ticks, dev_ready, mod_ready)
-        dev_of = {(pl.model, pl.unit): pl.device for pl in hint}
-        last = {c[-1][1:] for c in model_chains}
-        worst = 0
-        for u, t0 in tick_start.items():
-            t1 = t0 + ticks(dict(on[u])[dev_of[u]])
-            m.add_hint(starts[u], t0)
-            m.add_hint(ends[u], t1)
-            for p, _ in on[u]:
-                if (u, p) in presence:
-                    m.add_hint(presence[u, p], dev_of[u] == p)
-            if u in last:
-                worst = max(worst, t1 + ticks(tail[u[0]]))
-        m.add_hint(obj, worst)
+        _add_hints(m, g, hint, ticks, (dev_ready, mod_ready, tail), model_chains, on,
+                   (starts, ends, presence, obj))
     return CpSatShardModel(m, scale, g, starts, presence, obj, dev_ready, mod_ready,
                            meta={"horizon": horizon, "ticks": h, "units": len(starts)})
+
+
+def _add_hints(m: cp_model.CpModel, g: nx.DiGraph, hint: Sequence[Placement],
+               ticks: Callable[[float], int],
+               ready: tuple[list[float], list[float], list[float]],
+               model_chains: list[Any], on: dict[tuple[int, int], list[tuple[int, float]]],
+               variables: tuple[dict[tuple[int, int], Any], dict[tuple[int, int], Any],
+                                dict[tuple[tuple[int, int], int], Any], Any]) -> None:
+    """The hint schedule as CP-SAT solution hints: each unit's start and end, its device's
+    presence literal, and the makespan it reaches. ``ready``: the devices' and models'
+    ready times and the models' tails; ``variables``: starts, ends, presence, makespan."""
+    dev_ready, mod_ready, tail = ready
+    starts, ends, presence, obj = variables
+    tick_start = _hint_ticks(g, hint, ticks, dev_ready, mod_ready)
+    dev_of = {(pl.model, pl.unit): pl.device for pl in hint}
+    last = {c[-1][1:] for c in model_chains}
+    worst = 0
+    for u, t0 in tick_start.items():
+        t1 = t0 + ticks(dict(on[u])[dev_of[u]])
+        m.add_hint(starts[u], t0)
+        m.add_hint(ends[u], t1)
+        for p, _ in on[u]:
+            if (u, p) in presence:
+                m.add_hint(presence[u, p], dev_of[u] == p)
+        if u in last:
+            worst = max(worst, t1 + ticks(tail[u[0]]))
+    m.add_hint(obj, worst)
 
 
 def _hint_ticks(g: nx.DiGraph, hint: Sequence[Placement], ticks: Callable[[float], int],

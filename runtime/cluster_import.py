@@ -146,17 +146,7 @@ def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
             log.warning("GPU type %r (node %s) is taken as %s, but %s; it may be %s: if so, "
                         "add '%s: <catalog name>' to a --gpu-map file", raw, name,
                         note["taken_as"], note["why"], " or ".join(note["also"]), raw)
-        cpus = n.get("cpus")
-        if cpus is not None:
-            if isinstance(cpus, float) and cpus.is_integer():
-                cpus = int(cpus)
-            if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus <= 0:
-                raise InputError(source, f"{name}.cpus", f"not a positive CPU count: {cpus!r}")
-        mem = n.get("memory_gib")
-        if mem is not None:
-            if not isinstance(mem, (int, float)) or isinstance(mem, bool) or not mem > 0:
-                raise InputError(source, f"{name}.memory_gib", f"not a positive size: {mem!r}")
-            mem = round(float(mem), 3)
+        cpus, mem = _cpus_and_memory(n, name, source)
         labels = {"gpu_type_raw": raw}
         for k, v in sorted(n.items()):
             if k not in CORE_KEYS and v is not None:  # label keys are identifiers
@@ -174,24 +164,49 @@ def group_nodes(nodes: Iterable[Mapping[str, Any]], names: GpuNames, source: str
                                                                                   key=_natural)))):
         base = _prefix(g["gpu_type"])
         used[base] = used.get(base, 0) + 1
-        nodes_sorted = sorted(g["nodes"], key=_natural)
-        d: dict[str, Any] = {"prefix": base if used[base] == 1 else f"{base}-g{used[base]}",
-                             "count": len(nodes_sorted), "nodes": nodes_sorted,
-                             "gpu_type": g["gpu_type"], "gpus_per_node": g["gpus_per_node"]}
-        if g["cpus"] is not None:
-            d["cpus_per_node"] = g["cpus"]
-        if g["mem"] is not None:
-            d["host_memory_gib"] = g["mem"]
-        d["intra_node_link"] = "nvlink" if get_gpu(g["gpu_type"]).link == "nvlink" else "pcie"
-        labels = dict(g["labels"])
-        product = labels.pop("gpu_product_label", None)
-        if product:  # a first-class field: Kubernetes manifests select the group's nodes by it
-            d["gpu_product_label"] = product
-        d["labels"] = labels
-        out.append(d)
+        out.append(_group_entry(g, base if used[base] == 1 else f"{base}-g{used[base]}"))
     if not out:
         raise InputError(source, "nodes", "no node with GPUs was found; nothing to schedule on")
     return out
+
+
+def _cpus_and_memory(n: Mapping[str, Any], name: str, source: str
+                     ) -> tuple[int | None, float | None]:
+    """A node's CPUs (a whole positive count) and host memory (GiB, to 3 decimals), each
+    None when the engine did not report it; InputError naming the field otherwise."""
+    cpus = n.get("cpus")
+    if cpus is not None:
+        if isinstance(cpus, float) and cpus.is_integer():
+            cpus = int(cpus)
+        if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus <= 0:
+            raise InputError(source, f"{name}.cpus", f"not a positive CPU count: {cpus!r}")
+    mem = n.get("memory_gib")
+    if mem is not None:
+        if not isinstance(mem, (int, float)) or isinstance(mem, bool) or not mem > 0:
+            raise InputError(source, f"{name}.memory_gib", f"not a positive size: {mem!r}")
+        mem = round(float(mem), 3)
+    return cpus, mem
+
+
+def _group_entry(g: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """One node group of the cluster YAML: its nodes in natural order, its GPUs, CPUs,
+    memory and link, the product label as a field (manifests select nodes by it) and the
+    other labels."""
+    nodes_sorted = sorted(g["nodes"], key=_natural)
+    d: dict[str, Any] = {"prefix": prefix,
+                         "count": len(nodes_sorted), "nodes": nodes_sorted,
+                         "gpu_type": g["gpu_type"], "gpus_per_node": g["gpus_per_node"]}
+    if g["cpus"] is not None:
+        d["cpus_per_node"] = g["cpus"]
+    if g["mem"] is not None:
+        d["host_memory_gib"] = g["mem"]
+    d["intra_node_link"] = "nvlink" if get_gpu(g["gpu_type"]).link == "nvlink" else "pcie"
+    labels = dict(g["labels"])
+    product = labels.pop("gpu_product_label", None)
+    if product:  # a first-class field: Kubernetes manifests select the group's nodes by it
+        d["gpu_product_label"] = product
+    d["labels"] = labels
+    return d
 
 
 def cluster_document(nodes: Iterable[Mapping[str, Any]], name: str, names: GpuNames,

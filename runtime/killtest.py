@@ -221,24 +221,11 @@ def audit(root: Path, ids: list[str]) -> dict[str, Any]:
         jobdir = root / "runs" / job_dirname(j)
         if not folder_free(jobdir):
             leftovers.extend(lock_holders(jobdir))
-        steps: dict[str, list[dict[str, Any]]] = {}
         losses_path = jobdir / "losses.jsonl"
         if not losses_path.exists():
             continue
-        for line in losses_path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            steps.setdefault(str(rec.get("launch_id")), []).append(rec)
-        ckpts = []  # (wall, iteration) of every checkpoint line
-        for line in (jobdir / "progress.jsonl").read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("checkpoint") is True and not rec.get("resumed"):
-                ckpts.append((float(rec["wall"]), int(rec["iteration"])))
+        steps = _steps_by_launch(losses_path)
+        ckpts = _checkpoints(jobdir / "progress.jsonl")
         order = sorted(steps.items(), key=lambda kv: kv[1][0]["wall"])
         groups_total += len(order)
         first_loss: dict[int, float] = {}
@@ -287,6 +274,32 @@ def audit(root: Path, ids: list[str]) -> dict[str, Any]:
         "launch_ids_monotonic": lids == sorted(set(lids)),
         "processes_left_holding_job_folders": leftovers,
     }
+
+
+def _steps_by_launch(losses_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """A job's step log (``losses.jsonl``) per launch, a line cut by a kill skipped."""
+    steps: dict[str, list[dict[str, Any]]] = {}
+    for line in losses_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        steps.setdefault(str(rec.get("launch_id")), []).append(rec)
+    return steps
+
+
+def _checkpoints(progress_path: Path) -> list[tuple[float, int]]:
+    """(wall, iteration) of every checkpoint a job's progress log records (a resume's
+    line is not a new checkpoint)."""
+    ckpts = []  # (wall, iteration) of every checkpoint line
+    for line in progress_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("checkpoint") is True and not rec.get("resumed"):
+            ckpts.append((float(rec["wall"]), int(rec["iteration"])))
+    return ckpts
 
 
 def main(argv: list[str] | None = None) -> int:

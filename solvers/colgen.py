@@ -155,7 +155,6 @@ class ColGenBackend(Backend):
         rounds, converged, message}."""
         import highspy
 
-        n = model.num_vars
         group = choice_rows(model)
         c = np.asarray(model.obj, float)
         lb = np.asarray(model.lb, float)
@@ -164,50 +163,10 @@ class ColGenBackend(Backend):
         csc = model.matrix().tocsc()
         sign = 1.0 if model.sense == "max" else -1.0
         grouped = group >= 0
-        start_cols = np.zeros(n, bool)
-        start_cols[~grouped] = True
-        fam = model.meta.get("column_family")
-        key = np.asarray(fam, np.int64) if fam is not None and len(fam) == n else None
-        order = np.lexsort((np.arange(n), -sign * c))  # most valuable first, stable
-        if key is not None:  # the best of each family
-            seen: set[int] = set()
-            for j in order:
-                if grouped[j] and key[j] not in seen:
-                    seen.add(int(key[j]))
-                    start_cols[j] = True
-        else:
-            taken: dict[int, int] = {}
-            for j in order:
-                if grouped[j] and taken.get(int(group[j]), 0) < INITIAL_PER_GROUP:
-                    taken[int(group[j])] = taken.get(int(group[j]), 0) + 1
-                    start_cols[j] = True
-        if model.hint:
-            for j, v in model.hint.items():
-                if v > 0.5:
-                    start_cols[int(j)] = True
+        start_cols = _starting_columns(model, group, c, sign)
         cols = list(np.flatnonzero(start_cols))
         inside = start_cols.copy()
-
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        lp = highspy.HighsLp()
-        lp.num_col_ = len(cols)
-        lp.num_row_ = model.num_rows
-        lp.col_cost_ = c[cols]
-        lp.col_lower_ = np.clip(lb[cols], -_INF, _INF)
-        lp.col_upper_ = np.clip(ub[cols], -_INF, _INF)
-        lp.row_lower_ = np.clip(rlb, -_INF, _INF)
-        lp.row_upper_ = np.clip(rub, -_INF, _INF)
-        lp.offset_ = model.obj_constant
-        lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else \
-            highspy.ObjSense.kMinimize
-        sub = csc[:, cols]
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = sub.indptr.astype(np.int32)
-        lp.a_matrix_.index_ = sub.indices.astype(np.int32)
-        lp.a_matrix_.value_ = sub.data.astype(float)
-        h.passModel(lp)
+        h = _restricted_lp(model, csc, c, lb, ub, rlb, rub, cols)
 
         choice = np.zeros(model.num_rows, bool)
         choice[group[grouped]] = True
@@ -304,3 +263,64 @@ class ColGenBackend(Backend):
 
 
 __all__ = ["ColGenBackend", "choice_rows", "restrict"]
+
+
+def _starting_columns(model: LinearModel, group: np.ndarray, c: np.ndarray,
+                      sign: float) -> np.ndarray:
+    """The restricted LP's first columns (a mask): every column outside a choice row, and
+    per choice row the most valuable ones (the best of each ``column_family`` when the
+    model names them, else ``INITIAL_PER_GROUP``) and the hint's chosen columns: the
+    first LP starts near the answer, so pricing has few rounds to run."""
+    n = model.num_vars
+    grouped = group >= 0
+    start_cols = np.zeros(n, bool)
+    start_cols[~grouped] = True
+    fam = model.meta.get("column_family")
+    key = np.asarray(fam, np.int64) if fam is not None and len(fam) == n else None
+    order = np.lexsort((np.arange(n), -sign * c))  # most valuable first, stable
+    if key is not None:  # the best of each family
+        seen: set[int] = set()
+        for j in order:
+            if grouped[j] and key[j] not in seen:
+                seen.add(int(key[j]))
+                start_cols[j] = True
+    else:
+        taken: dict[int, int] = {}
+        for j in order:
+            if grouped[j] and taken.get(int(group[j]), 0) < INITIAL_PER_GROUP:
+                taken[int(group[j])] = taken.get(int(group[j]), 0) + 1
+                start_cols[j] = True
+    if model.hint:
+        for j, v in model.hint.items():
+            if v > 0.5:
+                start_cols[int(j)] = True
+    return start_cols
+
+
+def _restricted_lp(model: LinearModel, csc: Any, c: np.ndarray, lb: np.ndarray,
+                   ub: np.ndarray, rlb: np.ndarray, rub: np.ndarray, cols: list[int]) -> Any:
+    """HiGHS over ``cols`` of the model only (every row), single-threaded and silent; the
+    pricing loop adds columns to it."""
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(cols)
+    lp.num_row_ = model.num_rows
+    lp.col_cost_ = c[cols]
+    lp.col_lower_ = np.clip(lb[cols], -_INF, _INF)
+    lp.col_upper_ = np.clip(ub[cols], -_INF, _INF)
+    lp.row_lower_ = np.clip(rlb, -_INF, _INF)
+    lp.row_upper_ = np.clip(rub, -_INF, _INF)
+    lp.offset_ = model.obj_constant
+    lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else \
+        highspy.ObjSense.kMinimize
+    sub = csc[:, cols]
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = sub.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = sub.indices.astype(np.int32)
+    lp.a_matrix_.value_ = sub.data.astype(float)
+    h.passModel(lp)
+    return h

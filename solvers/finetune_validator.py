@@ -55,6 +55,20 @@ def _close(a: Fraction, b: Fraction, exact: bool) -> bool:
     return abs(a - b) <= _TOL * max(1, abs(b))
 
 
+Unit = frozenset[str]
+
+
+@dataclass
+class _Units:
+    """The units the chosen modes make (a task, or two merged ones): each task's unit, and
+    each unit's required work, GPU limit and temporal predecessor (a task)."""
+
+    member_of: dict[str, Unit] = field(default_factory=dict)
+    need: dict[Unit, Fraction] = field(default_factory=dict)
+    limit: dict[Unit, int] = field(default_factory=dict)
+    pred: dict[Unit, str] = field(default_factory=dict)
+
+
 def validate_finetune_answer(
     problem: FinetuneProblem, capacity: int, answer: dict[str, Any]
 ) -> FinetuneValidation:
@@ -65,17 +79,33 @@ def validate_finetune_answer(
     if set(modes) != set(tasks):
         errs.append(f"tasks answered {sorted(modes)} != tasks given {sorted(tasks)}")
         return FinetuneValidation(False, errs)
-    # ---- derive units (members, required work, GPU limit, predecessor)
-    member_of: dict[str, frozenset[str]] = {}
-    need: dict[frozenset[str], Fraction] = {}
-    limit: dict[frozenset[str], int] = {}
-    pred: dict[frozenset[str], str] = {}
+    units = _units_of(problem, modes, errs)
+    if errs:
+        return FinetuneValidation(False, errs)
+    done, finished = _integrate(answer.get("schedule", []), units, capacity, errs)
+    for key, req in units.need.items():
+        if req == 0 and key not in finished:
+            finished[key] = Fraction(0)
+        if key not in finished:
+            errs.append(f"unit {sorted(key)} does not complete ({done[key]} of {req} work)")
+    jct = {tid: finished[key] for tid, key in units.member_of.items() if key in finished}
+    _check_reported_jcts(answer, modes, jct, len(tasks), errs)
+    if errs:
+        log.warning("finetune answer rejected: %s", "; ".join(errs[:3]))
+    return FinetuneValidation(not errs, errs, jct)
+
+
+def _units_of(problem: FinetuneProblem, modes: dict[str, Any], errs: list[str]) -> _Units:
+    """The units the answer's modes make, re-derived from the task file (never from the
+    answer's own numbers); each mode that is not allowed appends its error."""
+    tasks = {t.id: t for t in problem.tasks}
+    u = _Units()
     for tid, info in modes.items():
         mode = info.get("mode")
         t = tasks[tid]
         if mode == "normal":
             key = frozenset((tid,))
-            need[key], limit[key] = t.work, t.max_gpus
+            u.need[key], u.limit[key] = t.work, t.max_gpus
         elif mode == "temporal":
             a = info.get("after")
             g = problem.temporal.get((a, tid))
@@ -85,7 +115,7 @@ def validate_finetune_answer(
             if modes[a].get("mode") == "spatial":
                 errs.append(f"{tid}: predecessor {a} is merged")
             key = frozenset((tid,))
-            need[key], limit[key], pred[key] = (1 - g) * t.work, t.max_gpus, a
+            u.need[key], u.limit[key], u.pred[key] = (1 - g) * t.work, t.max_gpus, a
         elif mode == "spatial":
             b = info.get("with")
             g = problem.spatial.get(frozenset((tid, b)))
@@ -97,29 +127,57 @@ def validate_finetune_answer(
                 continue
             tb = tasks[b]
             key = frozenset((tid, b))
-            need[key] = (1 - g) * max(t.epochs, tb.epochs) * (t.epoch_time_1gpu + tb.epoch_time_1gpu)
-            limit[key] = t.max_gpus + tb.max_gpus
+            u.need[key] = (1 - g) * max(t.epochs, tb.epochs) * (t.epoch_time_1gpu + tb.epoch_time_1gpu)
+            u.limit[key] = t.max_gpus + tb.max_gpus
         else:
             errs.append(f"{tid}: unknown mode {mode!r}")
             continue
-        member_of[tid] = key
-    if errs:
-        return FinetuneValidation(False, errs)
+        u.member_of[tid] = key
+    return u
 
-    def unit_of(label: str) -> frozenset[str] | None:
-        if "||" in label:
-            return frozenset(p.strip() for p in label.split("||"))
-        if "->" in label:
-            return frozenset((label.split("->", 1)[1].strip(),))
-        return frozenset((label,))
 
-    # ---- integrate the segments
-    segs = answer.get("schedule", [])
+def _unit_of(label: str) -> Unit | None:
+    """The unit a schedule's label names: ``a||b`` merged, ``a->b`` b after a, ``a``."""
+    if "||" in label:
+        return frozenset(p.strip() for p in label.split("||"))
+    if "->" in label:
+        return frozenset((label.split("->", 1)[1].strip(),))
+    return frozenset((label,))
+
+
+def _segment_alloc(i: int, seg: dict[str, Any], units: _Units, capacity: int,
+                   errs: list[str]) -> dict[Unit, int]:
+    """Segment ``i``'s GPUs per unit, each within its unit's limit and all within the
+    capacity (a violation appends its error)."""
+    alloc: dict[Unit, int] = {}
+    for label, gpus in seg.get("gpus", {}).items():
+        key = _unit_of(str(label))
+        if key not in units.need:
+            errs.append(f"segment {i}: unit {label!r} is not a chosen unit")
+            continue
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            errs.append(f"segment {i}: {label} gets non-integer GPUs {gpus!r}")
+            continue
+        if gpus > min(units.limit[key], capacity):
+            errs.append(f"segment {i}: {label} gets {gpus} > limit {min(units.limit[key], capacity)}")
+        if gpus:
+            alloc[key] = alloc.get(key, 0) + gpus
+    if sum(alloc.values()) > capacity:
+        errs.append(f"segment {i}: {sum(alloc.values())} GPUs > capacity {capacity}")
+    return alloc
+
+
+def _integrate(segs: list[dict[str, Any]], units: _Units, capacity: int,
+               errs: list[str]) -> tuple[dict[Unit, Fraction], dict[Unit, Fraction]]:
+    """Each unit's work done and completion time, integrating the segments in exact
+    fractions, with the schedule's violations (gaps, changes with no completion, a unit
+    running after it completed or before its predecessor did) appended."""
+    need, pred, member_of = units.need, units.pred, units.member_of
     exact = all("start_exact" in s and "end_exact" in s for s in segs)
     done = {k: Fraction(0) for k in need}
-    finished: dict[frozenset[str], Fraction] = {}
+    finished: dict[Unit, Fraction] = {}
     now = Fraction(0)
-    prev: dict[frozenset[str], int] | None = None
+    prev: dict[Unit, int] | None = None
     for i, seg in enumerate(segs):
         start, end = _num(seg, "start"), _num(seg, "end")
         if not _close(start, now, exact):
@@ -127,21 +185,7 @@ def validate_finetune_answer(
         if end <= start:
             errs.append(f"segment {i}: empty or reversed")
             continue
-        alloc: dict[frozenset[str], int] = {}
-        for label, gpus in seg.get("gpus", {}).items():
-            key = unit_of(str(label))
-            if key not in need:
-                errs.append(f"segment {i}: unit {label!r} is not a chosen unit")
-                continue
-            if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-                errs.append(f"segment {i}: {label} gets non-integer GPUs {gpus!r}")
-                continue
-            if gpus > min(limit[key], capacity):
-                errs.append(f"segment {i}: {label} gets {gpus} > limit {min(limit[key], capacity)}")
-            if gpus:
-                alloc[key] = alloc.get(key, 0) + gpus
-        if sum(alloc.values()) > capacity:
-            errs.append(f"segment {i}: {sum(alloc.values())} GPUs > capacity {capacity}")
+        alloc = _segment_alloc(i, seg, units, capacity, errs)
         if prev is not None and alloc != prev:
             ended_here = [k for k, t in finished.items() if _close(t, start, exact)]
             if not ended_here:
@@ -165,22 +209,19 @@ def validate_finetune_answer(
                 done[key] += rate * (end - start)
         prev = alloc
         now = end
-    for key, req in need.items():
-        if req == 0 and key not in finished:
-            finished[key] = Fraction(0)
-        if key not in finished:
-            errs.append(f"unit {sorted(key)} does not complete ({done[key]} of {req} work)")
-    jct = {tid: finished[key] for tid, key in member_of.items() if key in finished}
+    return done, finished
+
+
+def _check_reported_jcts(answer: dict[str, Any], modes: dict[str, Any],
+                         jct: dict[str, Fraction], n_tasks: int, errs: list[str]) -> None:
+    """The answer's per-task ``jct`` and its ``total_jct`` against the recomputed ones."""
     for tid, info in modes.items():
         if tid not in jct:
             continue
         reported = _num(info, "jct") if "jct" in info else None
         if reported is None or not _close(reported, jct[tid], "jct_exact" in info):
             errs.append(f"{tid}: reported jct {reported} != recomputed {jct[tid]}")
-    if "total_jct" in answer and len(jct) == len(tasks):
+    if "total_jct" in answer and len(jct) == n_tasks:
         total = sum(jct.values(), Fraction(0))
         if not _close(_num(answer, "total_jct"), total, "total_jct_exact" in answer):
             errs.append(f"total_jct {answer['total_jct']} != recomputed {total}")
-    if errs:
-        log.warning("finetune answer rejected: %s", "; ".join(errs[:3]))
-    return FinetuneValidation(not errs, errs, jct)

@@ -195,30 +195,58 @@ class GreedyCells:
     def solve(self, g: nx.DiGraph) -> tuple[list[CellChoice], float, float]:
         """(choices with node-vertex placements stripped to names, objective, wall seconds)."""
         t0 = time.perf_counter()
-        ledger = Ledger(g)
-        chosen: dict[str, tuple[str, dict[str, int]]] = {}
-        val = self.value_attr
-        budget = [self.max_evaluations]
-        take = ledger.take
+        s = _Search(g, self.value_attr, self.max_evaluations)
+        s.first_fit()
+        for _ in range(self.search_depth):
+            s.budget = self.max_evaluations  # bounded work per step: the answer is a fallback
+            best_gain, best_move = s.best_rescale()
+            best_move = s.best_shrink(best_gain, best_move)
+            if best_move is None:
+                break
+            s.apply(best_move)
+        choices = as_choices(s.chosen)
+        obj = float(sum(g.nodes[c][s.val] for c, _ in s.chosen.values()))
+        return choices, obj, time.perf_counter() - t0
 
-        def fit(cell: str) -> dict[str, int] | None:
-            budget[0] -= 1
-            return ledger.fit(cell)
 
-        jobs = jobs_in(g)
+#: a local-search move: (job, its new cell, the cell's placement) per job it changes
+Move = list[tuple[str, str, dict[str, int]]]
+
+
+class _Search:
+    """The greedy's state: the ledger of free GPUs, the chosen cells and the placement
+    trials left in this step (a work budget, so the answer does not depend on the clock).
+    """
+
+    def __init__(self, g: nx.DiGraph, val: str, budget: int) -> None:
+        self.g, self.val, self.budget = g, val, budget
+        self.ledger = Ledger(g)
+        self.take = self.ledger.take
+        self.chosen: dict[str, tuple[str, dict[str, int]]] = {}
+        self.jobs = jobs_in(g)
         # a merged cell not merged yet (a fine-tuning pair's option) serves two jobs' rows:
         # the greedy places jobs one by one, so it leaves those to the solvers and its
         # answer stays within the model's rows (formulations.siblings)
-        own = {j: [c for c in cells_of(g, j) if not g.nodes[c].get("merge_option")]
-               for j in jobs} if g.graph.get("siblings") else None
+        self.own = {j: [c for c in cells_of(g, j) if not g.nodes[c].get("merge_option")]
+                    for j in self.jobs} if g.graph.get("siblings") else None
 
-        def offered(jid: str) -> list[str]:
-            return own[jid] if own is not None else cells_of(g, jid)
+    def fit(self, cell: str) -> dict[str, int] | None:
+        """A placement of ``cell`` on the free GPUs, or None; one trial of the budget."""
+        self.budget -= 1
+        return self.ledger.fit(cell)
 
-        order = sorted(jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
-                                            -g.nodes[job_node(j)]["queue_bonus"], j))
+    def offered(self, jid: str) -> list[str]:
+        """The cells the greedy may give job ``jid``."""
+        return self.own[jid] if self.own is not None else cells_of(self.g, jid)
+
+    def first_fit(self) -> None:
+        """Running jobs first, then by queue bonus: each its present cell if it still
+        fits, else its most valuable cell of the requested size, else a smaller one."""
+        g, val, take = self.g, self.val, self.take
+        order = sorted(self.jobs, key=lambda j: (g.nodes[job_node(j)]["running"] is None,
+                                                 -g.nodes[job_node(j)]["queue_bonus"], j))
         for jid in order:
-            cells = offered(jid)
+            cells = self.offered(jid)
             if not cells:
                 continue
             req = g.nodes[job_node(jid)]["requested_gpus"]
@@ -229,66 +257,71 @@ class GreedyCells:
             for tier in tiers:
                 done = False
                 for c in sorted(tier, key=lambda c: -g.nodes[c][val]):
-                    p = fit(c)
+                    p = self.fit(c)
                     if p is not None:
-                        chosen[jid] = (c, p)
+                        self.chosen[jid] = (c, p)
                         take(c, p, +1)
                         done = True
                         break
                 if done:
                     break
 
-        for _ in range(self.search_depth):
-            best_gain, best_move = 1e-9, None
-            budget[0] = self.max_evaluations  # bounded work per step: the answer is a fallback
-            for jid, (c0, p0) in chosen.items():  # (a) move / rescale one job
-                if budget[0] <= 0:
+    def best_rescale(self) -> tuple[float, Move | None]:
+        """The best move of one placed job to another of its cells (a type or size)."""
+        g, val, take = self.g, self.val, self.take
+        best_gain, best_move = 1e-9, None
+        for jid, (c0, p0) in self.chosen.items():  # (a) move / rescale one job
+            if self.budget <= 0:
+                break
+            take(c0, p0, -1)
+            for c in self.offered(jid):
+                gain = g.nodes[c][val] - g.nodes[c0][val]
+                if c != c0 and gain > best_gain:
+                    p = self.fit(c)
+                    if p is not None:
+                        best_gain, best_move = gain, [(jid, c, p)]
+            take(c0, p0, +1)
+        return best_gain, best_move
+
+    def best_shrink(self, best_gain: float, best_move: Move | None) -> Move | None:
+        """The best move found so far, or a better one shrinking a placed job to make room
+        for a pending one of a GPU type it may use."""
+        g, val, take, offered = self.g, self.val, self.take, self.offered
+        pending = [j for j in self.jobs if j not in self.chosen and offered(j)]
+        for jp in pending:  # (b) shrink one job to make room for a pending one
+            if self.budget <= 0:  # (each pending job would copy every placed one to find it)
+                break
+            jp_types = {g.nodes[c]["gpu_type"] for c in offered(jp)}
+            for jid, (c0, p0) in list(self.chosen.items()):
+                if self.budget <= 0:
                     break
+                if g.nodes[c0]["gpu_type"] not in jp_types:
+                    continue
                 take(c0, p0, -1)
                 for c in offered(jid):
-                    gain = g.nodes[c][val] - g.nodes[c0][val]
-                    if c != c0 and gain > best_gain:
-                        p = fit(c)
-                        if p is not None:
-                            best_gain, best_move = gain, [(jid, c, p)]
-                take(c0, p0, +1)
-            pending = [j for j in jobs if j not in chosen and offered(j)]
-            for jp in pending:  # (b) shrink one job to make room for a pending one
-                if budget[0] <= 0:  # (each pending job would copy every placed one to find it)
-                    break
-                jp_types = {g.nodes[c]["gpu_type"] for c in offered(jp)}
-                for jid, (c0, p0) in list(chosen.items()):
-                    if budget[0] <= 0:
-                        break
-                    if g.nodes[c0]["gpu_type"] not in jp_types:
+                    if g.nodes[c]["gpus"] >= g.nodes[c0]["gpus"]:
                         continue
-                    take(c0, p0, -1)
-                    for c in offered(jid):
-                        if g.nodes[c]["gpus"] >= g.nodes[c0]["gpus"]:
-                            continue
-                        p = fit(c)
-                        if p is None:
-                            continue
-                        take(c, p, +1)
-                        for cp in sorted(offered(jp), key=lambda c: -g.nodes[c][val]):
-                            gain = g.nodes[cp][val] + g.nodes[c][val] - g.nodes[c0][val]
-                            if gain <= best_gain:
-                                break
-                            pp = fit(cp)
-                            if pp is not None:
-                                best_gain, best_move = gain, [(jid, c, p), (jp, cp, pp)]
-                                break
-                        take(c, p, -1)
-                    take(c0, p0, +1)
-            if best_move is None:
-                break
-            for jid, _, _ in best_move:
-                if jid in chosen:
-                    take(*chosen.pop(jid), -1)
-            for jid, c, p in best_move:
-                chosen[jid] = (c, p)
-                take(c, p, +1)
+                    p = self.fit(c)
+                    if p is None:
+                        continue
+                    take(c, p, +1)
+                    for cp in sorted(offered(jp), key=lambda c: -g.nodes[c][val]):
+                        gain = g.nodes[cp][val] + g.nodes[c][val] - g.nodes[c0][val]
+                        if gain <= best_gain:
+                            break
+                        pp = self.fit(cp)
+                        if pp is not None:
+                            best_gain, best_move = gain, [(jid, c, p), (jp, cp, pp)]
+                            break
+                    take(c, p, -1)
+                take(c0, p0, +1)
+        return best_move
 
-        choices = as_choices(chosen)
-        obj = float(sum(g.nodes[c][val] for c, _ in chosen.values()))
-        return choices, obj, time.perf_counter() - t0
+    def apply(self, move: Move) -> None:
+        """Make ``move``: its jobs' old cells freed first, then their new ones taken."""
+        for jid, _, _ in move:
+            if jid in self.chosen:
+                self.take(*self.chosen.pop(jid), -1)
+        for jid, c, p in move:
+            self.chosen[jid] = (c, p)
+            self.take(c, p, +1)

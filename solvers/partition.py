@@ -405,24 +405,7 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
     status = Status.FEASIBLE if ok_parts else Status.ERROR
     if lp_bound_value is not None and objective >= lp_bound_value - 1e-9 * max(1, abs(objective)):
         status = Status.OPTIMAL
-    detail = "; ".join(
-        f"part {i}: {len(p.jobs)} jobs, {p.gpus} GPUs, "
-        + (f"{a.status} {a.objective:.6g} in {a.wall_s:.2f} s ({a.variables} variables)"
-           if isinstance(a, PartAnswer) and a.objective is not None
-           else (a.message if isinstance(a, PartAnswer) else a))
-        for i, (p, a) in enumerate(zip(parts, answers)))
-    extra: dict[str, Any] = {
-        "parts": [{"jobs": len(p.jobs), "gpus": p.gpus,
-                   **({"status": a.status, "objective": a.objective, "wall_s": a.wall_s,
-                       "variables": a.variables}
-                      | ({} if a.work_s is None else {"work_s": a.work_s})
-                      if isinstance(a, PartAnswer) else {"error": a})}
-                  for p, a in zip(parts, answers)],
-        "repaired": repaired, "engine": engine.name, "choices": choices}
-    if work_s is not None:  # the parts' work, and whether the clock cut any part short
-        extra["work_s"] = sum(a.work_s or 0.0 for a in answers if isinstance(a, PartAnswer))
-        extra["time_limited"] = any(not isinstance(a, PartAnswer) or a.time_limited
-                                    for a in answers)
+    detail, extra = _parts_report(parts, answers, repaired, engine.name, choices, work_s)
     pop = SolveResult(f"pop-{k}", status, x if ok_parts else None, objective if ok_parts else None,
                       lp_bound_value, time.perf_counter() - start,
                       message=f"{engine.name} engine, {len(parts)} parts, {repaired} jobs placed "
@@ -437,17 +420,7 @@ def solve_partitioned(g: nx.DiGraph, model: LinearModel, k: int,
                           f"{lp.objective:.6g} is not offered as an answer")
         lp.x, lp.objective = None, None
         attempts.append(lp)
-    best: SolveResult | None = None
-    for res in attempts:
-        if res.x is None or not res.status.has_solution:
-            continue
-        if accept is not None and not accept(res):
-            res.message += " (rejected by the validator)"
-            res.status = Status.ERROR
-            continue
-        if best is None or (res.objective or 0.0) > (best.objective or 0.0) + 1e-9:
-            best = res
-    return best, attempts
+    return _best_accepted(attempts, accept), attempts
 
 
 __all__ = [
@@ -468,3 +441,47 @@ __all__ = [
     "split_quotas",
     "subgraph",
 ]
+
+
+def _parts_report(parts: list[Part], answers: list[PartAnswer | str], repaired: int,
+                  engine_name: str, choices: list[CellChoice],
+                  work_s: float | None) -> tuple[str, dict[str, Any]]:
+    """Each part's outcome in words (for the attempt's message) and as the attempt's
+    ``extra`` (parts, repaired jobs, engine, choices; with ``work_s`` the parts' work and
+    whether the clock cut any part short)."""
+    detail = "; ".join(
+        f"part {i}: {len(p.jobs)} jobs, {p.gpus} GPUs, "
+        + (f"{a.status} {a.objective:.6g} in {a.wall_s:.2f} s ({a.variables} variables)"
+           if isinstance(a, PartAnswer) and a.objective is not None
+           else (a.message if isinstance(a, PartAnswer) else a))
+        for i, (p, a) in enumerate(zip(parts, answers)))
+    extra: dict[str, Any] = {
+        "parts": [{"jobs": len(p.jobs), "gpus": p.gpus,
+                   **({"status": a.status, "objective": a.objective, "wall_s": a.wall_s,
+                       "variables": a.variables}
+                      | ({} if a.work_s is None else {"work_s": a.work_s})
+                      if isinstance(a, PartAnswer) else {"error": a})}
+                  for p, a in zip(parts, answers)],
+        "repaired": repaired, "engine": engine_name, "choices": choices}
+    if work_s is not None:  # the parts' work, and whether the clock cut any part short
+        extra["work_s"] = sum(a.work_s or 0.0 for a in answers if isinstance(a, PartAnswer))
+        extra["time_limited"] = any(not isinstance(a, PartAnswer) or a.time_limited
+                                    for a in answers)
+    return detail, extra
+
+
+def _best_accepted(attempts: list[SolveResult],
+                   accept: Callable[[SolveResult], bool] | None) -> SolveResult | None:
+    """The best attempt with a solution the validator accepts; a rejected one is marked
+    an error, saying so, so the report shows why it was not taken."""
+    best: SolveResult | None = None
+    for res in attempts:
+        if res.x is None or not res.status.has_solution:
+            continue
+        if accept is not None and not accept(res):
+            res.message += " (rejected by the validator)"
+            res.status = Status.ERROR
+            continue
+        if best is None or (res.objective or 0.0) > (best.objective or 0.0) + 1e-9:
+            best = res
+    return best

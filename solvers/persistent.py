@@ -238,23 +238,8 @@ class HighsSession:
         for r, c, v in zip(rs.tolist(), cs.tolist(), values.tolist()):
             h.changeCoeff(r, c, v)
         colpos = np.concatenate([colpos_kept, new_cols])
-        held = self._held
-        # the kept columns and rows whose cost or bounds moved (new ones came with theirs)
-        kept_c = np.arange(len(colpos_kept), dtype=np.int32)
-        moved_c = kept_c[obj[colpos_kept] != held["obj"][keep_c]]
-        if len(moved_c):
-            h.changeColsCost(len(moved_c), moved_c, obj[colpos[moved_c]])
-        moved_c = kept_c[(lb[colpos_kept] != held["lb"][keep_c]) |
-                         (ub[colpos_kept] != held["ub"][keep_c])]
-        if len(moved_c):
-            h.changeColsBounds(len(moved_c), moved_c, _clip(lb[colpos[moved_c]]),
-                               _clip(ub[colpos[moved_c]]))
-        kept_r = np.arange(len(rowpos_kept), dtype=np.int32)
-        moved_r = kept_r[(rlb[rowpos_kept] != held["rlb"][keep_r]) |
-                         (rub[rowpos_kept] != held["rub"][keep_r])]
-        if len(moved_r):
-            h.changeRowsBounds(len(moved_r), moved_r, _clip(rlb[rowpos[moved_r]]),
-                               _clip(rub[rowpos[moved_r]]))
+        _changed_costs_and_bounds(h, self._held, (obj, lb, ub, rlb, rub), colpos, colpos_kept,
+                                  keep_c, rowpos, rowpos_kept, keep_r)
         h.changeObjectiveOffset(float(model.obj_constant))
         self._held = {"obj": obj[colpos], "lb": lb[colpos], "ub": ub[colpos],
                       "rlb": rlb[rowpos], "rub": rub[rowpos]}
@@ -334,3 +319,30 @@ def _as_csc(cols: Columns, shape: tuple[int, int]) -> Any:
 
 
 __all__ = ["REBUILD_SHARE", "HighsSession", "SessionStats", "run_limit"]
+
+
+def _changed_costs_and_bounds(h: Any, held: dict[str, np.ndarray],
+                              vectors: tuple[np.ndarray, ...], colpos: np.ndarray,
+                              colpos_kept: np.ndarray, keep_c: np.ndarray,
+                              rowpos: np.ndarray, rowpos_kept: np.ndarray,
+                              keep_r: np.ndarray) -> None:
+    """Tell HiGHS the kept columns' and rows' costs and bounds that moved since the last
+    round (``held``); the new ones came with theirs. ``vectors``: this round's obj, lb,
+    ub, row lb and row ub."""
+    obj, lb, ub, rlb, rub = vectors
+    # the kept columns and rows whose cost or bounds moved (new ones came with theirs)
+    kept_c = np.arange(len(colpos_kept), dtype=np.int32)
+    moved_c = kept_c[obj[colpos_kept] != held["obj"][keep_c]]
+    if len(moved_c):
+        h.changeColsCost(len(moved_c), moved_c, obj[colpos[moved_c]])
+    moved_c = kept_c[(lb[colpos_kept] != held["lb"][keep_c]) |
+                     (ub[colpos_kept] != held["ub"][keep_c])]
+    if len(moved_c):
+        h.changeColsBounds(len(moved_c), moved_c, _clip(lb[colpos[moved_c]]),
+                           _clip(ub[colpos[moved_c]]))
+    kept_r = np.arange(len(rowpos_kept), dtype=np.int32)
+    moved_r = kept_r[(rlb[rowpos_kept] != held["rlb"][keep_r]) |
+                     (rub[rowpos_kept] != held["rub"][keep_r])]
+    if len(moved_r):
+        h.changeRowsBounds(len(moved_r), moved_r, _clip(rlb[rowpos[moved_r]]),
+                           _clip(rub[rowpos[moved_r]]))

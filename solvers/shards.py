@@ -147,20 +147,8 @@ def list_schedule(
         for p in dev_order:
             if not idle[p]:
                 continue
-            best, best_key, ties = -1, -math.inf, 0
-            for i in range(n_mod):
-                j = nxt[i]
-                if busy[i] or j >= len(runtimes[i]):
-                    continue
-                if restricted and p not in on[i][j]:
-                    continue
-                if rule == "lrtf":
-                    if remaining[i] > best_key:
-                        best, best_key = i, remaining[i]
-                else:  # reservoir sampling keeps the scan single-pass
-                    ties += 1
-                    if rng.randrange(ties) == 0:
-                        best = i
+            best = _eligible_pick(p, nxt, busy, runtimes, on if restricted else None, rule,
+                                  remaining, rng)
             if best < 0:
                 continue
             j = nxt[best]
@@ -186,6 +174,29 @@ def list_schedule(
             else:
                 busy[ident] = False
     return out
+
+
+def _eligible_pick(p: int, nxt: list[int], busy: list[bool], runtimes: list[list[float]],
+                   on: list[list[dict[int, float]]] | None, rule: str, remaining: list[float],
+                   rng: _random.Random) -> int:
+    """The model whose next unit device ``p`` takes now (-1: none is eligible), in one
+    linear scan: the most remaining time (``lrtf``) or a uniform draw (``random``).
+    ``on``: which devices hold each unit, when some unit cannot run everywhere."""
+    best, best_key, ties = -1, -math.inf, 0
+    for i in range(len(nxt)):
+        j = nxt[i]
+        if busy[i] or j >= len(runtimes[i]):
+            continue
+        if on is not None and p not in on[i][j]:
+            continue
+        if rule == "lrtf":
+            if remaining[i] > best_key:
+                best, best_key = i, remaining[i]
+        else:  # reservoir sampling keeps the scan single-pass
+            ties += 1
+            if rng.randrange(ties) == 0:
+                best = i
+    return best
 
 
 def sharded_lrtf(problem: ShardProblem | nx.DiGraph) -> list[Placement]:

@@ -371,10 +371,11 @@ def test_a_store_that_cannot_be_read_is_503_never_a_traceback(tmp_path: Path) ->
     from prometheus_client import CollectorRegistry
 
     from apportion.cluster import Cluster, NodeGroup
-    from apportion.serve.app import ServeState, create_app
+    from apportion.serve.app import create_app
     from apportion.serve.metrics import ServeMetrics, StoreCollector
     from apportion.serve.observer import LoopObserver
     from apportion.serve.server import HttpServer, bind, url_of
+    from apportion.serve.state import ServeState
 
     registry = CollectorRegistry()
     observer = LoopObserver(1.0, 1.0, ServeMetrics(registry, "dry-run"))

@@ -471,7 +471,7 @@ def test_a_list_with_a_float_json_lacks_is_written_with_null() -> None:
     """The lists skip the response models' validation (seconds at 20,000 rows); a NaN or
     infinity (a gap of a round without a bound) is still written as those models wrote
     it: null, never invalid JSON or a 500."""
-    from apportion.serve.app import ListJSON
+    from apportion.serve.answers import ListJSON
 
     body = {"rounds": [{"gap": float("nan"), "bound": float("inf"), "objective": 1.5,
                         "solver": {"attempts": [{"gap": float("-inf")}]}}]}

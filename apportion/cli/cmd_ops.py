@@ -300,6 +300,28 @@ def export_slurm_cmd(
                            highlight=False, markup=False)
 
 
+# serve's own options (the ones it shares with run are above)
+TOKEN_FILE = typer.Option(None, "--token-file", help="file holding a token: writes (POST, "
+                          "DELETE) then need 'Authorization: Bearer TOKEN'; reads stay open. "
+                          "Without it a token is generated into STATE.token (0600)")
+READ_TOKEN_FILE = typer.Option(None, "--read-token-file", help="file holding a read token: "
+                               "reads (the API's GETs, /metrics) then need it or the write "
+                               "token; the probes and the dashboard's page stay open")
+ALLOWED_HOST = typer.Option(
+    None, "--allowed-host", envvar="APPORTION_ALLOWED_HOSTS",
+    help="a Host name the server answers besides addresses and localhost (repeatable; "
+    ".example.org for every name below it; * for any)")
+ALLOWED_ORIGIN = typer.Option(
+    None, "--allowed-origin", envvar="APPORTION_ALLOWED_ORIGINS",
+    help="a page origin (scheme://host[:port]) allowed to call the API besides the "
+    "server's own (repeatable)")
+READ_TIMEOUT = typer.Option(30.0, "--read-timeout", help="seconds a request's head, and then "
+                            "its body, may take to arrive")
+MAX_CONNECTIONS = typer.Option(512, "--max-connections", help="open HTTP connections at most "
+                               "(the longest idle gives way to a new one)")
+NO_ACCESS_LOG = typer.Option(False, "--no-access-log", help="no log line per HTTP request")
+
+
 def serve_cmd(
     state: Path = typer.Option(..., "--state", help="state DB (created if missing)",
                                envvar=ENV_STATE, callback=complete.from_environment),
@@ -313,31 +335,14 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on "
                              "(0.0.0.0: every interface)"),
     port: int = typer.Option(8080, "--port", help="TCP port (0: any free port)"),
-    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding a "
-                                              "token: writes (POST, DELETE) then need "
-                                              "'Authorization: Bearer TOKEN'; reads stay open. "
-                                              "Without it a token is generated into "
-                                              "STATE.token (0600)"),
+    token_file: Optional[Path] = TOKEN_FILE,
     no_token: bool = typer.Option(False, "--no-token", help="writes need no token (only on "
                                   "a loopback --host)"),
-    read_token_file: Optional[Path] = typer.Option(None, "--read-token-file", help="file "
-                                                   "holding a read token: reads (the API's "
-                                                   "GETs, /metrics) then need it or the write "
-                                                   "token; the probes and the dashboard's "
-                                                   "page stay open"),
-    allowed_host: Optional[list[str]] = typer.Option(
-        None, "--allowed-host", envvar="APPORTION_ALLOWED_HOSTS",
-        help="a Host name the server answers besides addresses and localhost (repeatable; "
-        ".example.org for every name below it; * for any)"),
-    allowed_origin: Optional[list[str]] = typer.Option(
-        None, "--allowed-origin", envvar="APPORTION_ALLOWED_ORIGINS",
-        help="a page origin (scheme://host[:port]) allowed to call the API besides the "
-        "server's own (repeatable)"),
-    read_timeout: float = typer.Option(30.0, "--read-timeout", help="seconds a request's "
-                                       "head, and then its body, may take to arrive"),
-    max_connections: int = typer.Option(512, "--max-connections", help="open HTTP "
-                                        "connections at most (the longest idle gives way "
-                                        "to a new one)"),
+    read_token_file: Optional[Path] = READ_TOKEN_FILE,
+    allowed_host: Optional[list[str]] = ALLOWED_HOST,
+    allowed_origin: Optional[list[str]] = ALLOWED_ORIGIN,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     workdir: Path = WORKDIR,
     kubeconfig: Optional[str] = KUBECONFIG,
     time_budget: float = TIME_BUDGET,
@@ -356,8 +361,7 @@ def serve_cmd(
     tenants: Optional[Path] = TENANTS,
     objective_preset: Optional[str] = OBJECTIVE_PRESET,
     log_format: Optional[str] = LOG_FORMAT,
-    no_access_log: bool = typer.Option(False, "--no-access-log", help="no log line per "
-                                       "HTTP request"),
+    no_access_log: bool = NO_ACCESS_LOG,
     verbose: bool = VERBOSE,
 ) -> None:
     """The rounds of `run`, and beside them an HTTP server: REST API (/api/v1, /openapi.json),

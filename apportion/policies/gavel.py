@@ -168,11 +168,32 @@ class GavelRound:
         rs = self.round_s or state.interval_s
         types = type_order(state.cluster)
         self._account(state, types, rs)
-        # Gavel recomputes its allocation when the jobs or their throughputs change: a
-        # configuration seen to make no progress (``stalled_on``) or measured off its
-        # estimate (``rate_factor``) is such a change. It does so at a reset, and resets no
-        # more often than every ``reset_interval_s`` (a last reset at time 0 does not count:
-        # Gavel's ``_last_reset_time == 0`` test)
+        self._reset_if_changed(state, types, now, rs)
+        prio = self._priorities(state, types)
+        by_id = {js.id: js for js in state.jobs}
+        picked = self._picked(state, types, prio, by_id)
+        chosen = _placed(state, picked, by_id)
+        reasons = {jid: self._why_not(state, by_id[jid], types) for jid in by_id
+                   if jid not in chosen}
+        objective, bound, gap = self._rounding(types, {j: c.gpu_type for j, c in chosen.items()},
+                                               now, rs)
+        status = "optimal" if self.lp_solver and gap is not None and gap <= 1e-9 else "feasible"
+        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name, status,
+                          objective, bound, gap, time.perf_counter() - t0, False)
+        dec = build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
+        if bound is not None:
+            dec.meta.update(lp_optimum=bound, rounding_loss=gap)
+        return dec
+
+    def _reset_if_changed(self, state: View, types: list[str], now: float, rs: float) -> None:
+        """Recompute the allocation ``X`` at a reset, when the jobs or their throughputs
+        changed.
+
+        Gavel recomputes its allocation when the jobs or their throughputs change: a
+        configuration seen to make no progress (``stalled_on``) or measured off its
+        estimate (``rate_factor``) is such a change. It does so at a reset, and resets no
+        more often than every ``reset_interval_s`` (a last reset at time 0 does not count:
+        Gavel's ``_last_reset_time == 0`` test)."""
         key = frozenset((js.id, frozenset(js.stalled_on), frozenset(js.rate_factor.items()))
                         for js in state.jobs)
         due = now - self.last_reset >= self.reset_interval_s or self.last_reset == 0.0
@@ -188,6 +209,10 @@ class GavelRound:
             self.X = {js.id: {t: float(X[i, k]) for k, t in enumerate(types)}
                       for i, js in enumerate(state.jobs)}
             self.lp_jobs = [js.id for js in state.jobs]
+
+    def _priorities(self, state: View, types: list[str]) -> dict[str, dict[str, float]]:
+        """Per type and job: its allocation share over the time it has had there (Gavel's
+        priority); a job never given time there comes first."""
         prio: dict[str, dict[str, float]] = {}
         for t in types:
             prio[t] = {}
@@ -202,10 +227,15 @@ class GavelRound:
                 else:
                     p = x * 1e9
                 prio[t][js.id] = p
+        return prio
+
+    def _picked(self, state: View, types: list[str], prio: dict[str, dict[str, float]],
+                by_id: dict[str, Any]) -> dict[str, str]:
+        """Each job's type this round: by type (in a random order unless ``perf``), the
+        highest priorities first, while the type has GPUs for the whole request."""
         order = list(types)
         if not self.perf:
             state.rng.shuffle(order)
-        by_id = {js.id: js for js in state.jobs}
         queue = []
         for t in order:
             entries = [(jid, t, p, self.deficit.get(jid, {}).get(t, 0.0),
@@ -227,32 +257,7 @@ class GavelRound:
                 continue
             left[t] -= js.spec.requested_gpus
             picked[jid] = t
-        # placement: keepers first, then the largest jobs first (least fragmentation)
-        pk = Packer(state.cluster)
-        chosen: dict[str, Choice] = {}
-        for jid, t in picked.items():
-            a = by_id[jid].alloc
-            if a is not None and a.gpu_type == t and pk.fits(a.placement):
-                pk.take(a.placement)
-                chosen[jid] = Choice(t, a.gpus, dict(a.placement), state.rate(by_id[jid], t, a.gpus))
-        for jid, t in sorted(picked.items(), key=lambda kv: (-by_id[kv[0]].spec.requested_gpus, kv[0])):
-            if jid in chosen:
-                continue
-            js = by_id[jid]
-            p = pk.place(t, js.spec.requested_gpus)
-            if p is not None:
-                chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
-        reasons = {jid: self._why_not(state, by_id[jid], types) for jid in by_id
-                   if jid not in chosen}
-        objective, bound, gap = self._rounding(types, {j: c.gpu_type for j, c in chosen.items()},
-                                               now, rs)
-        status = "optimal" if self.lp_solver and gap is not None and gap <= 1e-9 else "feasible"
-        rep = SolveReport(f"cvxpy/{self.lp_solver}" if self.lp_solver else self.name, status,
-                          objective, bound, gap, time.perf_counter() - t0, False)
-        dec = build_decision(state, chosen, self.name, t0, reasons, rep, formulation="gavel")
-        if bound is not None:
-            dec.meta.update(lp_optimum=bound, rounding_loss=gap)
-        return dec
+        return picked
 
     def _why_not(self, state: Any, js: Any, types: list[str]) -> tuple[Reason, str]:
         """Why a job has no GPUs this round: it runs on no type that has its scale factor
@@ -399,3 +404,23 @@ class GandivaShare(GavelRound):
         X = np.tile(cap / max(1, m), (m, 1)) / sf.reshape(m, 1)
         rows = np.maximum(X.sum(axis=1), 1.0)
         return X / rows[:, None]
+
+
+def _placed(state: View, picked: dict[str, str], by_id: dict[str, Any]) -> dict[str, Choice]:
+    """The picked jobs on nodes: keepers first, then the largest jobs first (least
+    fragmentation); a job that does not fit waits."""
+    pk = Packer(state.cluster)
+    chosen: dict[str, Choice] = {}
+    for jid, t in picked.items():
+        a = by_id[jid].alloc
+        if a is not None and a.gpu_type == t and pk.fits(a.placement):
+            pk.take(a.placement)
+            chosen[jid] = Choice(t, a.gpus, dict(a.placement), state.rate(by_id[jid], t, a.gpus))
+    for jid, t in sorted(picked.items(), key=lambda kv: (-by_id[kv[0]].spec.requested_gpus, kv[0])):
+        if jid in chosen:
+            continue
+        js = by_id[jid]
+        p = pk.place(t, js.spec.requested_gpus)
+        if p is not None:
+            chosen[jid] = Choice(t, js.spec.requested_gpus, p, state.rate(js, t, js.spec.requested_gpus, p))
+    return chosen

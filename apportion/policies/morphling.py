@@ -75,8 +75,31 @@ class MorphlingSlope:
 
     def decide(self, state: View) -> Decision:
         t0 = time.perf_counter()
+        info, reasons = self._curves(state)
+        by_id = {js.id: js for js in state.jobs}
+        slopes = _SlopeAllocation(info, dict(state.capacity))
+        alloc = slopes.alloc
+        quota_used: dict[str, int] = {}
+        privileged = [jid for jid in info if by_id[jid].spec.guaranteed]
+        for jid in sorted(privileged, key=lambda j: (by_id[j].spec.submit_time_s, j)):
+            tenant = by_id[jid].spec.tenant
+            q = self.quota.get(tenant, 0)
+            if quota_used.get(tenant, 0) + info[jid][3] <= q:
+                quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][3]
+                slopes.schedule(jid)
+        rest = [jid for jid in info if jid not in privileged or alloc[jid] == 0]
+        rest.sort(key=lambda j: (-slopes.slope(j, alloc[j]), by_id[j].spec.submit_time_s, j))
+        for jid in rest:
+            slopes.schedule(jid)
+        chosen = _placed(state, alloc, info, by_id)
+        return build_decision(state, chosen, self.name, t0, reasons)
+
+    def _curves(self, state: View) -> tuple[dict[str, _Curve], dict[str, tuple[Reason, str]]]:
+        """Each job's GPU type, sensitivity curve over its valid counts (up to
+        ``max_scale`` times its request), reference rate and guaranteed minimum; or why
+        it has none."""
         reasons: dict[str, tuple[Reason, str]] = {}
-        info: dict[str, tuple[str, SensitivityCurve, float, int]] = {}
+        info: dict[str, _Curve] = {}
         for js in state.jobs:
             t = js.alloc.gpu_type if js.alloc is not None else requested_type(state, js)[0]
             if t is None:
@@ -93,78 +116,88 @@ class MorphlingSlope:
             if js.spec.guaranteed:
                 minres = next((g for g in counts if curve.rate[g] >= ref * 0.999), js.spec.requested_gpus)
             info[js.id] = (t, curve, ref, minres)
-        alloc: dict[str, int] = {jid: 0 for jid in info}
-        free = dict(state.capacity)
-        by_id = {js.id: js for js in state.jobs}
+        return info, reasons
 
-        def slope(jid: str, g: int) -> float:
-            _, curve, ref, _ = info[jid]
-            nxt = curve.above(g)
+
+#: a job's GPU type, sensitivity curve, reference rate and guaranteed minimum GPUs
+_Curve = tuple[str, SensitivityCurve, float, int]
+
+
+class _SlopeAllocation:
+    """Morphling's slope rule: GPUs go up a job's curve while free, and are taken from
+    the job losing least per GPU (its down slope) when the job gaining gains more, or is
+    below its guaranteed minimum."""
+
+    def __init__(self, info: dict[str, _Curve], free: dict[str, int]) -> None:
+        self.info, self.free = info, free
+        self.alloc: dict[str, int] = {jid: 0 for jid in info}
+
+    def slope(self, jid: str, g: int) -> float:
+        """Rate gained per GPU going up from ``g`` (relative to the reference); -1 at
+        the top of the curve."""
+        _, curve, ref, _ = self.info[jid]
+        nxt = curve.above(g)
+        if nxt is None:
+            return -1.0
+        return curve.slope(g, nxt) / ref
+
+    def down_slope(self, jid: str, g: int) -> tuple[float, int]:
+        """Rate lost per GPU going down from ``g``, and the count below."""
+        _, curve, ref, _ = self.info[jid]
+        lower = curve.below(g)
+        return curve.slope(lower, g) / ref, lower
+
+    def schedule(self, jid: str) -> None:
+        """Move ``jid`` up its curve as far as free GPUs and the victims allow."""
+        info, alloc, free = self.info, self.alloc, self.free
+        t, curve, _, minres = info[jid]
+        while True:
+            nxt = curve.above(alloc[jid])
             if nxt is None:
-                return -1.0
-            return curve.slope(g, nxt) / ref
-
-        def down_slope(jid: str, g: int) -> tuple[float, int]:
-            _, curve, ref, _ = info[jid]
-            lower = curve.below(g)
-            return curve.slope(lower, g) / ref, lower
-
-        def schedule(jid: str) -> None:
-            t, curve, _, minres = info[jid]
-            while True:
-                nxt = curve.above(alloc[jid])
-                if nxt is None:
-                    return
-                need = nxt - alloc[jid]
-                if free[t] >= need:
-                    free[t] -= need
-                    alloc[jid] = nxt
+                return
+            need = nxt - alloc[jid]
+            if free[t] >= need:
+                free[t] -= need
+                alloc[jid] = nxt
+                continue
+            victims = []
+            for other, g in alloc.items():
+                if other == jid or g == 0 or info[other][0] != t:
                     continue
-                victims = []
-                for other, g in alloc.items():
-                    if other == jid or g == 0 or info[other][0] != t:
-                        continue
-                    if g <= info[other][3]:
-                        continue  # not over its minimum
-                    s, lower = down_slope(other, g)
-                    victims.append((s, other, lower))
-                if not victims:
-                    return
-                s, other, lower = min(victims)
-                below_min = alloc[jid] < minres
-                if not (below_min or slope(jid, alloc[jid]) > s):
-                    return
-                free[t] += alloc[other] - lower
-                alloc[other] = lower
+                if g <= info[other][3]:
+                    continue  # not over its minimum
+                s, lower = self.down_slope(other, g)
+                victims.append((s, other, lower))
+            if not victims:
+                return
+            s, other, lower = min(victims)
+            below_min = alloc[jid] < minres
+            if not (below_min or self.slope(jid, alloc[jid]) > s):
+                return
+            free[t] += alloc[other] - lower
+            alloc[other] = lower
 
-        quota_used: dict[str, int] = {}
-        privileged = [jid for jid in info if by_id[jid].spec.guaranteed]
-        for jid in sorted(privileged, key=lambda j: (by_id[j].spec.submit_time_s, j)):
-            tenant = by_id[jid].spec.tenant
-            q = self.quota.get(tenant, 0)
-            if quota_used.get(tenant, 0) + info[jid][3] <= q:
-                quota_used[tenant] = quota_used.get(tenant, 0) + info[jid][3]
-                schedule(jid)
-        rest = [jid for jid in info if jid not in privileged or alloc[jid] == 0]
-        rest.sort(key=lambda j: (-slope(j, alloc[j]), by_id[j].spec.submit_time_s, j))
-        for jid in rest:
-            schedule(jid)
-        pk = Packer(state.cluster)
-        chosen: dict[str, Choice] = {}
-        for jid, g in alloc.items():
-            a = by_id[jid].alloc
-            if g and a is not None and a.gpus == g and a.gpu_type == info[jid][0] and pk.fits(a.placement):
-                pk.take(a.placement)
-                chosen[jid] = Choice(a.gpu_type, g, dict(a.placement), info[jid][1].rate[g], a.plan,
-                                     by_id[jid].plan_code)
-        for jid, g in sorted(alloc.items(), key=lambda kv: -kv[1]):
-            if not g or jid in chosen:
-                continue
-            t = info[jid][0]
-            p = pk.place(t, g)
-            if p is None:
-                continue
-            code = best_plan(state, by_id[jid], g, p)
-            chosen[jid] = Choice(t, g, p, plan_rate(state, by_id[jid], t, g, code, placement=p),
-                                 code=code)
-        return build_decision(state, chosen, self.name, t0, reasons)
+
+def _placed(state: View, alloc: dict[str, int], info: dict[str, _Curve],
+            by_id: dict[str, Any]) -> dict[str, Choice]:
+    """The counts placed on nodes: a running job keeping its count and type stays where it
+    is; the others are packed largest first (a job that does not fit is left out)."""
+    pk = Packer(state.cluster)
+    chosen: dict[str, Choice] = {}
+    for jid, g in alloc.items():
+        a = by_id[jid].alloc
+        if g and a is not None and a.gpus == g and a.gpu_type == info[jid][0] and pk.fits(a.placement):
+            pk.take(a.placement)
+            chosen[jid] = Choice(a.gpu_type, g, dict(a.placement), info[jid][1].rate[g], a.plan,
+                                 by_id[jid].plan_code)
+    for jid, g in sorted(alloc.items(), key=lambda kv: -kv[1]):
+        if not g or jid in chosen:
+            continue
+        t = info[jid][0]
+        p = pk.place(t, g)
+        if p is None:
+            continue
+        code = best_plan(state, by_id[jid], g, p)
+        chosen[jid] = Choice(t, g, p, plan_rate(state, by_id[jid], t, g, code, placement=p),
+                             code=code)
+    return chosen

@@ -23,7 +23,9 @@ import contextlib
 import importlib
 import logging
 import math
+import socket
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.markup import escape
@@ -94,27 +96,9 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         return _error(f"apportion serve needs the 'serve' extra ({missing} is not "
                       "installed): pip install 'apportion[serve]'")
     try:
-        if not host or "\0" in host:
-            raise InputError("--host", "host", "give an address to listen on, e.g. "
-                             "127.0.0.1 or 0.0.0.0")
-        if not 0 <= port <= 65535:
-            raise InputError("--port", "port", f"must be 0..65535 (0: any free port), got {port}")
-        if no_token and token_file is not None:
-            raise InputError("--no-token", "no_token", "give --token-file or --no-token, "
-                             "not both")
-        if no_token and not is_loopback(host):
-            raise InputError("--no-token", "no_token", f"writes without a token are allowed "
-                             f"only on a loopback address (127.0.0.1, ::1, localhost), not "
-                             f"--host {host}: anyone who reaches it could run commands "
-                             "through the executor; give --token-file instead")
-        token = read_token(token_file) if token_file is not None else None
-        read_tok = (read_token(read_token_file, "--read-token-file")
-                    if read_token_file is not None else None)
-        hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
-                                         check_allowed_origins(allowed_origins))
-        if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
-            raise InputError("--read-timeout", "read_timeout",
-                             f"must be a positive number of seconds, got {read_timeout_s}")
+        access = _checked_access(host, port, no_token, token_file, read_token_file,
+                                 allowed_hosts, allowed_origins, read_timeout_s,
+                                 max_connections)
         from apportion.serve.server import bind, check_descriptors
 
         check_descriptors(max_connections)
@@ -130,46 +114,7 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
     except InputError as exc:
         return _error(str(exc))
 
-    @contextlib.contextmanager
-    def beside(ctx: LoopContext) -> Iterator[LoopHooks]:
-        """The HTTP server, for as long as the loop runs."""
-        from prometheus_client import CollectorRegistry
-
-        from apportion.serve.app import ServeState, create_app
-        from apportion.serve.metrics import ServeMetrics, StoreCollector
-        from apportion.serve.observer import LoopObserver
-        from apportion.serve.server import HttpServer, url_of
-
-        registry = CollectorRegistry()
-        observer = LoopObserver(interval_s, time_budget_s,
-                                ServeMetrics(registry, executor, interval_s))
-        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits),
-                                         prep.round_config.quotas))
-        needed, generated = token, None
-        if token is None and not no_token:
-            needed, generated = write_generated_token(state)
-        app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
-                                    registry, needed, read_token=read_tok,
-                                    read_timeout_s=read_timeout_s,
-                                    token_hint=generated,
-                                    quotas=dict(prep.round_config.quotas or {})), hosts)
-        try:
-            with HttpServer(app, sock, observer, read_timeout_s, max_connections):
-                url = url_of(sock)
-                writes = ("open (--no-token)" if needed is None else
-                          f"need the token in {generated} (Authorization: Bearer TOKEN)"
-                          if generated is not None else "need the token of --token-file")
-                stderr_console().print(
-                    f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
-                    f"{url}/metrics; state {state}, executor {executor}, cluster "
-                    f"{prep.cluster.name}, writes {writes}, reads "
-                    f"{'need a token (--read-token-file)' if read_tok else 'open'}",
-                    highlight=False, markup=False, soft_wrap=True)
-                yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
-        finally:
-            if generated is not None and needed is not None:
-                remove_generated_token(generated, needed)
-
+    beside = _api_beside(access, sock, state, executor, interval_s, time_budget_s, prep)
     try:
         return run_rounds(prep, create_store=True, lock_command="serve", companion=beside)
     except InputError as exc:
@@ -178,3 +123,96 @@ def serve_command(state: Path, cluster: str = "local", executor: str = "dry-run"
         return _error(str(exc), exc.exit_code)
     finally:
         sock.close()
+
+
+@dataclass(frozen=True)
+class _Access:
+    """Who may use the server and how it listens, from the checked flags."""
+
+    token: str | None
+    read_token: str | None
+    hosts: HostPolicy
+    no_token: bool
+    read_timeout_s: float
+    max_connections: int
+
+
+def _checked_access(host: str, port: int, no_token: bool, token_file: Path | None,
+                    read_token_file: Path | None, allowed_hosts: Sequence[str],
+                    allowed_origins: Sequence[str], read_timeout_s: float,
+                    max_connections: int) -> _Access:
+    """The listener's and the tokens' flags checked (InputError naming the flag), in the
+    order the command documents, and the tokens read."""
+    if not host or "\0" in host:
+        raise InputError("--host", "host", "give an address to listen on, e.g. "
+                         "127.0.0.1 or 0.0.0.0")
+    if not 0 <= port <= 65535:
+        raise InputError("--port", "port", f"must be 0..65535 (0: any free port), got {port}")
+    if no_token and token_file is not None:
+        raise InputError("--no-token", "no_token", "give --token-file or --no-token, "
+                         "not both")
+    if no_token and not is_loopback(host):
+        raise InputError("--no-token", "no_token", f"writes without a token are allowed "
+                         f"only on a loopback address (127.0.0.1, ::1, localhost), not "
+                         f"--host {host}: anyone who reaches it could run commands "
+                         "through the executor; give --token-file instead")
+    token = read_token(token_file) if token_file is not None else None
+    read_tok = (read_token(read_token_file, "--read-token-file")
+                if read_token_file is not None else None)
+    hosts = HostPolicy.for_listener(host, check_allowed_hosts(allowed_hosts),
+                                     check_allowed_origins(allowed_origins))
+    if not (math.isfinite(read_timeout_s) and read_timeout_s > 0):
+        raise InputError("--read-timeout", "read_timeout",
+                         f"must be a positive number of seconds, got {read_timeout_s}")
+    return _Access(token, read_tok, hosts, no_token, read_timeout_s, max_connections)
+
+
+def _api_beside(access: _Access, sock: socket.socket, state: Path, executor: str,
+                interval_s: float, time_budget_s: float, prep: PreparedRun
+                ) -> Callable[[LoopContext], contextlib.AbstractContextManager[LoopHooks]]:
+    """The loop's companion: the HTTP server (API, probes, metrics, dashboard) for as long
+    as the loop runs, with a generated token when none was given (removed after)."""
+
+    @contextlib.contextmanager
+    def beside(ctx: LoopContext) -> Iterator[LoopHooks]:
+        """The HTTP server, for as long as the loop runs."""
+        from prometheus_client import CollectorRegistry
+
+        from apportion.serve.app import create_app
+        from apportion.serve.metrics import ServeMetrics, StoreCollector
+        from apportion.serve.observer import LoopObserver
+        from apportion.serve.server import HttpServer, url_of
+        from apportion.serve.state import ServeState
+
+        registry = CollectorRegistry()
+        observer = LoopObserver(interval_s, time_budget_s,
+                                ServeMetrics(registry, executor, interval_s))
+        registry.register(StoreCollector(state, prep.cluster, lambda: int(ctx.refit.refits),
+                                         prep.round_config.quotas))
+        needed, generated = access.token, None
+        if access.token is None and not access.no_token:
+            needed, generated = write_generated_token(state)
+        app = create_app(ServeState(state, prep.cluster, executor, interval_s, observer,
+                                    registry, needed, read_token=access.read_token,
+                                    read_timeout_s=access.read_timeout_s,
+                                    token_hint=generated,
+                                    quotas=dict(prep.round_config.quotas or {})), access.hosts)
+        try:
+            with HttpServer(app, sock, observer, access.read_timeout_s,
+                            access.max_connections):
+                url = url_of(sock)
+                writes = ("open (--no-token)" if needed is None else
+                          f"need the token in {generated} (Authorization: Bearer TOKEN)"
+                          if generated is not None else "need the token of --token-file")
+                stderr_console().print(
+                    f"apportion serve: {url}/ (dashboard), {url}/api/v1 (API), "
+                    f"{url}/metrics; state {state}, executor {executor}, cluster "
+                    f"{prep.cluster.name}, writes {writes}, reads "
+                    f"{'need a token (--read-token-file)' if access.read_token else 'open'}",
+                    highlight=False, markup=False, soft_wrap=True)
+                yield LoopHooks(on_round=observer.on_round, should_stop=observer.should_stop)
+        finally:
+            if generated is not None and needed is not None:
+                remove_generated_token(generated, needed)
+
+    return beside

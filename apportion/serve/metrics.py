@@ -193,73 +193,94 @@ class StoreCollector(Collector):
         up.add_metric([], 1.0)
         yield up
         now = time.time()
-        jobs = GaugeMetricFamily("apportion_jobs", "jobs in the store by lifecycle state",
-                                 labels=["state"])
+        yield from _job_families(recs, waiting, sorted({_tenant(r) for r in recs}
+                                                       | set(self.quotas)), now)
+        yield from _gpu_families(recs, why, use, self.quotas)
+        yield from _wait_histograms(recs, starts, decided)
+
+
+def _job_families(recs: list[Any], waiting: list[Any], tenants: list[str],
+                  now: float) -> Iterator[Metric]:
+    """The jobs by state, the queue's length, and per tenant its jobs by state, its queue
+    and its longest wait (as of ``now``)."""
+    jobs = GaugeMetricFamily("apportion_jobs", "jobs in the store by lifecycle state",
+                             labels=["state"])
+    for s in JobState:
+        jobs.add_metric([s.value], float(sum(r.state is s for r in recs)))
+    yield jobs
+    yield GaugeMetricFamily("apportion_queue_length", "jobs waiting for GPUs (submitted, "
+                            "queued, checkpointed)", value=float(len(waiting)))
+    by_tenant = GaugeMetricFamily("apportion_tenant_jobs", "jobs by tenant and lifecycle "
+                                  "state", labels=["tenant", "state"])
+    counts = Tally((_tenant(r), r.state.value) for r in recs)
+    for t in tenants:
         for s in JobState:
-            jobs.add_metric([s.value], float(sum(r.state is s for r in recs)))
-        yield jobs
-        yield GaugeMetricFamily("apportion_queue_length", "jobs waiting for GPUs (submitted, "
-                                "queued, checkpointed)", value=float(len(waiting)))
-        tenants = sorted({_tenant(r) for r in recs} | set(self.quotas))
-        by_tenant = GaugeMetricFamily("apportion_tenant_jobs", "jobs by tenant and lifecycle "
-                                      "state", labels=["tenant", "state"])
-        counts = Tally((_tenant(r), r.state.value) for r in recs)
-        for t in tenants:
-            for s in JobState:
-                by_tenant.add_metric([t, s.value], float(counts.get((t, s.value), 0)))
-        yield by_tenant
-        queue = GaugeMetricFamily("apportion_tenant_queue_length", "jobs of each tenant "
-                                  "waiting for GPUs", labels=["tenant"])
-        oldest = GaugeMetricFamily("apportion_oldest_pending_seconds", "how long each "
-                                   "tenant's longest-waiting job has waited (0: none waits)",
-                                   labels=["tenant"])
-        for t in tenants:
-            mine = [r for r in waiting if _tenant(r) == t]
-            queue.add_metric([t], float(len(mine)))
-            oldest.add_metric([t], max((max(0.0, now - r.submitted_at) for r in mine),
-                                       default=0.0))
-        yield queue
-        yield oldest
-        reasons = GaugeMetricFamily("apportion_pending_jobs", "waiting jobs by the typed "
-                                    f"reason their last round gave ({NOT_YET}: no round yet)",
-                                    labels=["reason"])
-        tally = {r.reason or NOT_YET: r.jobs for r in why}
-        for reason, n in sorted(tally.items()):
-            reasons.add_metric([reason], float(n))
-        yield reasons
-        allocated = GaugeMetricFamily("apportion_gpus_allocated", "GPUs held by running jobs",
-                                      labels=["gpu_type"])
-        free = GaugeMetricFamily("apportion_gpus_free", "GPUs no running job holds (down "
-                                 "and quarantined nodes count for none)", labels=["gpu_type"])
-        for t, u in use.items():
-            allocated.add_metric([t], float(u["allocated"]))
-            free.add_metric([t], float(u["free"]))
-        yield allocated
-        yield free
-        held = GaugeMetricFamily("apportion_tenant_gpus_allocated", "GPUs each tenant's "
-                                 "running jobs hold", labels=["tenant", "gpu_type"])
-        per = Tally((_tenant(r), str(r.running["gpu_type"])) for r in recs
-                    if r.state is JobState.RUNNING and r.running for _ in
-                    range(int(r.running["gpus"])))
-        for (t, g), n in sorted(per.items()):
-            held.add_metric([t, g], float(n))
-        yield held
-        if self.quotas:
-            quota = GaugeMetricFamily("apportion_tenant_quota_gpus", "each tenant's GPU quota "
-                                      "for guaranteed jobs (--tenants)", labels=["tenant"])
-            for t, q in sorted(self.quotas.items()):
-                quota.add_metric([t], float(q))
-            yield quota
-        yield _histogram("apportion_admission_wait_seconds", "from submission to a job's "
-                         "first start, of every job that has started",
-                         [max(0.0, starts[r.id] - r.submitted_at) for r in recs
-                          if r.id in starts])
-        yield _histogram("apportion_submit_to_decision_seconds", "from submission to the "
-                         "first round that decided the job (placed it, or left it out with "
-                         "a typed reason), of every job a round has decided",
-                         [max(0.0, decided[r.id] - r.submitted_at) for r in recs
-                          if r.id in decided], DECISION_BUCKETS)
-        yield _histogram("apportion_job_completion_seconds", "from submission to the end, of "
-                         "every finished job (its JCT)",
-                         [max(0.0, r.updated_at - r.submitted_at) for r in recs
-                          if r.state is JobState.FINISHED])
+            by_tenant.add_metric([t, s.value], float(counts.get((t, s.value), 0)))
+    yield by_tenant
+    queue = GaugeMetricFamily("apportion_tenant_queue_length", "jobs of each tenant "
+                              "waiting for GPUs", labels=["tenant"])
+    oldest = GaugeMetricFamily("apportion_oldest_pending_seconds", "how long each "
+                               "tenant's longest-waiting job has waited (0: none waits)",
+                               labels=["tenant"])
+    for t in tenants:
+        mine = [r for r in waiting if _tenant(r) == t]
+        queue.add_metric([t], float(len(mine)))
+        oldest.add_metric([t], max((max(0.0, now - r.submitted_at) for r in mine),
+                                   default=0.0))
+    yield queue
+    yield oldest
+
+
+def _gpu_families(recs: list[Any], why: list[Any], use: Mapping[str, Mapping[str, Any]],
+                  quotas: Mapping[str, int]) -> Iterator[Metric]:
+    """The waiting jobs by reason, the GPUs allocated and free per type, each tenant's
+    held GPUs and (with ``--tenants``) its quota."""
+    reasons = GaugeMetricFamily("apportion_pending_jobs", "waiting jobs by the typed "
+                                f"reason their last round gave ({NOT_YET}: no round yet)",
+                                labels=["reason"])
+    tally = {r.reason or NOT_YET: r.jobs for r in why}
+    for reason, n in sorted(tally.items()):
+        reasons.add_metric([reason], float(n))
+    yield reasons
+    allocated = GaugeMetricFamily("apportion_gpus_allocated", "GPUs held by running jobs",
+                                  labels=["gpu_type"])
+    free = GaugeMetricFamily("apportion_gpus_free", "GPUs no running job holds (down "
+                             "and quarantined nodes count for none)", labels=["gpu_type"])
+    for t, u in use.items():
+        allocated.add_metric([t], float(u["allocated"]))
+        free.add_metric([t], float(u["free"]))
+    yield allocated
+    yield free
+    held = GaugeMetricFamily("apportion_tenant_gpus_allocated", "GPUs each tenant's "
+                             "running jobs hold", labels=["tenant", "gpu_type"])
+    per = Tally((_tenant(r), str(r.running["gpu_type"])) for r in recs
+                if r.state is JobState.RUNNING and r.running for _ in
+                range(int(r.running["gpus"])))
+    for (t, g), n in sorted(per.items()):
+        held.add_metric([t, g], float(n))
+    yield held
+    if quotas:
+        quota = GaugeMetricFamily("apportion_tenant_quota_gpus", "each tenant's GPU quota "
+                                  "for guaranteed jobs (--tenants)", labels=["tenant"])
+        for t, q in sorted(quotas.items()):
+            quota.add_metric([t], float(q))
+        yield quota
+
+
+def _wait_histograms(recs: list[Any], starts: Mapping[str, float],
+                     decided: Mapping[str, float]) -> Iterator[Metric]:
+    """How long jobs waited for their first start and their first decision, and the
+    finished jobs' JCTs."""
+    yield _histogram("apportion_admission_wait_seconds", "from submission to a job's "
+                     "first start, of every job that has started",
+                     [max(0.0, starts[r.id] - r.submitted_at) for r in recs
+                      if r.id in starts])
+    yield _histogram("apportion_submit_to_decision_seconds", "from submission to the "
+                     "first round that decided the job (placed it, or left it out with "
+                     "a typed reason), of every job a round has decided",
+                     [max(0.0, decided[r.id] - r.submitted_at) for r in recs
+                      if r.id in decided], DECISION_BUCKETS)
+    yield _histogram("apportion_job_completion_seconds", "from submission to the end, of "
+                     "every finished job (its JCT)",
+                     [max(0.0, r.updated_at - r.submitted_at) for r in recs
+                      if r.state is JobState.FINISHED])

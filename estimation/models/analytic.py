@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from statistics import median
@@ -254,19 +254,8 @@ class AnalyticEstimator(ParamsMixin):
         states = [p / tp * state_bytes for p in cut.params]
         acts = cut.ckpt_acts if plan.checkpointing else cut.acts
         cap = min(self.max_micro_batches, top_b)
-        later = list(zip(states[1:], acts[1:], range(S - 1, 0, -1)))
-        while True:
-            mb = per_replica / B
-            # stage s holds the activations of min(B, S - s) micro-batches in flight; the
-            # largest stage's memory is the peak (first of equals, as max() takes it)
-            peak_mem = states[0] + acts[0] * mb / tp * (B if B < S else S)  # noqa: FURB136
-            for state, act, k in later:  # (no min() call per stage: this loop is hot)
-                m = state + act * mb / tp * (B if B < k else k)  # noqa: FURB136
-                if m > peak_mem:  # noqa: PLR1730 - a max() call per stage is slower
-                    peak_mem = m
-            if peak_mem <= usable or B >= cap:
-                break
-            B = min(B * 2, top_b)
+        B, mb, peak_mem = _fewest_micro_batches(states, acts, per_replica, tp, S, B, top_b,
+                                                cap, usable)
         comp_scale = tp * peak * eff
         tp_alpha = 4 * 2 * (tp - 1) * intra.alpha_s if tp > 1 else 0.0
         tp_beta = 4 * 2 * (tp - 1) / tp / intra.bytes_per_s if tp > 1 else 0.0
@@ -500,3 +489,25 @@ def _nominal(cluster: Cluster, gpu_type: str, gpus: int) -> dict[str, int] | Non
         out[n.name] = k
         left -= k
     return out if left <= 0 else None
+
+
+def _fewest_micro_batches(states: list[float], acts: Sequence[float], per_replica: float,
+                          tp: int, S: int, B: int, top_b: int, cap: int,
+                          usable: float) -> tuple[int, float, float]:
+    """The fewest micro-batches, doubling from ``B`` up to ``cap``, whose activations fit
+    ``usable`` bytes on the fullest stage's GPU: (micro-batches, samples in each, the peak
+    memory at that count). ``S``: the stages."""
+    later = list(zip(states[1:], acts[1:], range(S - 1, 0, -1)))
+    while True:
+        mb = per_replica / B
+        # stage s holds the activations of min(B, S - s) micro-batches in flight; the
+        # largest stage's memory is the peak (first of equals, as max() takes it)
+        peak_mem = states[0] + acts[0] * mb / tp * (B if B < S else S)  # noqa: FURB136
+        for state, act, k in later:  # (no min() call per stage: this loop is hot)
+            m = state + act * mb / tp * (B if B < k else k)  # noqa: FURB136
+            if m > peak_mem:  # noqa: PLR1730 - a max() call per stage is slower
+                peak_mem = m
+        if peak_mem <= usable or B >= cap:
+            break
+        B = min(B * 2, top_b)
+    return B, mb, peak_mem

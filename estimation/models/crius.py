@@ -842,27 +842,10 @@ class CellEstimator(ParamsMixin):
         saved_coef = self.__dict__.pop("coef_", None)
         try:
             for s, cl in zip(samples, clusters):
-                if not s.iter_time_s > 0:
+                predicted = self._uncalibrated(s, cl)
+                if predicted is None:
                     continue
-                try:
-                    model = get_model(s.job.model)
-                    get_gpu(s.gpu_type)
-                except (KeyError, ValueError):  # a model or type the catalog cannot build
-                    continue
-                if cl is not None:
-                    intra, outer = self.links(cl, s.gpu_type, s.plan.gpus)
-                    max_tp = cl.max_gpus_per_node(s.gpu_type)
-                    hosts = len(nominal_placement(cl, s.gpu_type, s.plan.gpus) or {}) or 1
-                else:
-                    gpu = get_gpu(s.gpu_type)
-                    intra = outer = Link(gpu.link, gpu.link_GBps)
-                    max_tp = s.plan.gpus
-                    hosts = 1
-                est, _ = self.estimate_cell(model, s.job.global_batch_size, s.gpu_type,
-                                            s.plan.gpus, s.plan.pp, intra, outer, max_tp,
-                                            keep_plans=False)
-                if est is None:
-                    continue
+                model, est, hosts = predicted
                 ratio = est.iter_time_s / s.iter_time_s
                 ratios.setdefault(s.gpu_type, []).append(ratio)
                 if mode == "family":
@@ -885,6 +868,34 @@ class CellEstimator(ParamsMixin):
             return self
         self.efficiency_ = {g: self.efficiency * float(median(r)) for g, r in ratios.items()}
         return self
+
+    def _uncalibrated(self, s: Sample, cl: Cluster | None
+                      ) -> tuple[ModelSpec, Estimate, int] | None:
+        """A sample's model, the uncalibrated estimate of its cell and its hosts (on
+        ``cl``, else inside one node), or None for a sample :meth:`fit` cannot use (no
+        measured time, a model or type the catalog cannot build, no plan for the cell)."""
+        if not s.iter_time_s > 0:
+            return None
+        try:
+            model = get_model(s.job.model)
+            get_gpu(s.gpu_type)
+        except (KeyError, ValueError):  # a model or type the catalog cannot build
+            return None
+        if cl is not None:
+            intra, outer = self.links(cl, s.gpu_type, s.plan.gpus)
+            max_tp = cl.max_gpus_per_node(s.gpu_type)
+            hosts = len(nominal_placement(cl, s.gpu_type, s.plan.gpus) or {}) or 1
+        else:
+            gpu = get_gpu(s.gpu_type)
+            intra = outer = Link(gpu.link, gpu.link_GBps)
+            max_tp = s.plan.gpus
+            hosts = 1
+        est, _ = self.estimate_cell(model, s.job.global_batch_size, s.gpu_type,
+                                    s.plan.gpus, s.plan.pp, intra, outer, max_tp,
+                                    keep_plans=False)
+        if est is None:
+            return None
+        return model, est, hosts
 
 
 # slopes per GPU type (``<type>|<slope>``), per type and family

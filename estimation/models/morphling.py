@@ -52,7 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -358,11 +358,38 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     """
     if offload_form is None:
         offload_form = "additive" if k.get("offload_additive", 0.0) > 0.5 else "overlap"
-    intra = env.intra_GBps * k.get("intra_scale", 1.0)
-    inter = env.inter_GBps * k.get("inter_scale", 1.0)
-    d, t, p = plan.dp, plan.tp, plan.pp
+    t, p = plan.tp, plan.pp
     P = arch.params
     Pg = P / 1e9
+    spans, bandwidths = _link_bandwidths(k, plan, nodes, env)
+    # 3D plans: another framework's kernels than the profiled DP forward (per-sample part)
+    t_fwd, _ = forward_scale(plan, batch, fwd,
+                             k.get("k_3d", 1.0) if t > 1 or p > 1 else 1.0)
+    a = max(plan.accumulation, 1) if p == 1 else 1
+    m = max(plan.micro_batches, 1) if p > 1 else 1
+    # recomputation repeats the checkpointed layers' forward, not the embedding or the head
+    t_bwd = k["k_bwd"] * t_fwd + (arch.recompute_share * t_fwd if plan.checkpointing else 0.0)
+    t_dp, t_tp, t_pp = _comm_times(k, arch, batch, plan, spans, bandwidths, a, m, grad_bytes,
+                                   act_bytes, dp_bucket_bytes, zero_bucket_bytes)
+    if plan.offload:
+        t_cc = t_fwd + t_bwd + t_tp + t_pp
+        t_opt, t_off, t_oo = _offload_step(k, plan, P, Pg, cpus, env, t_dp, offload_bytes,
+                                           offload_form)
+    else:
+        t_off = 0.0
+        t_cc, t_opt, t_oo = _gpu_step(k, plan, Pg, a, t_fwd, t_bwd, t_dp, t_tp, t_pp)
+    t_iter = t_cc + t_oo + k["k_const"]
+    return {"T_fwd": t_fwd, "T_bwd": t_bwd, "T_comm_dp": t_dp,
+            "T_comm_tp": t_tp, "T_comm_pp": t_pp, "T_cc": t_cc, "T_opt": t_opt,
+            "T_off": t_off, "T_oo": t_oo, "T_iter": t_iter, "cc_part": t_cc - t_fwd}
+
+
+def _link_bandwidths(k: Mapping[str, float], plan: ExecutionPlan, nodes: Sequence[int],
+                     env: Env) -> tuple[dict[str, bool], tuple[float, float, float]]:
+    """Which of the plan's groups span nodes, and the TP, DP and PP collectives' bandwidths
+    (bytes/s): NVLink within a node, across nodes the ring's pace (:func:`components`)."""
+    intra = env.intra_GBps * k.get("intra_scale", 1.0)
+    inter = env.inter_GBps * k.get("inter_scale", 1.0)
     spans = group_spans(plan, nodes)
     cls = link_class(nodes, env)
     net = inter * rails_fraction(nodes, env)
@@ -372,15 +399,18 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     b_tp = (one_nic if spans["tp"] else intra) * k.get("tp_scale", 1.0) * 1e9
     b_dp = (net / dp_rings_per_node(plan, nodes) if spans["dp"] else intra) * 1e9
     b_pp = (one_nic if spans["pp"] else intra) * 1e9
-    # 3D plans: another framework's kernels than the profiled DP forward (per-sample part)
-    t_fwd, _ = forward_scale(plan, batch, fwd,
-                             k.get("k_3d", 1.0) if t > 1 or p > 1 else 1.0)
-    a = max(plan.accumulation, 1) if p == 1 else 1
-    m = max(plan.micro_batches, 1) if p > 1 else 1
-    zero2 = plan.zero_stage >= 2
-    # recomputation repeats the checkpointed layers' forward, not the embedding or the head
-    t_bwd = k["k_bwd"] * t_fwd + (arch.recompute_share * t_fwd if plan.checkpointing else 0.0)
-    t_bwd_micro = t_bwd / a
+    return spans, (b_tp, b_dp, b_pp)
+
+
+def _comm_times(k: Mapping[str, float], arch: Arch, batch: float, plan: ExecutionPlan,
+                spans: Mapping[str, bool], bandwidths: tuple[float, float, float], a: int,
+                m: int, grad_bytes: float, act_bytes: float, dp_bucket_bytes: float,
+                zero_bucket_bytes: float) -> tuple[float, float, float]:
+    """The DP, TP and PP communication times of one iteration, ``V / B`` plus each
+    collective's latency (:func:`components`)."""
+    b_tp, b_dp, b_pp = bandwidths
+    d, t, p = plan.dp, plan.tp, plan.pp
+    P = arch.params
     v_dp = grad_bytes * P * 2 * (d - 1) / (d * t * p) if d > 1 else 0.0
     sh = arch.seq_hid / max(arch.layers, 1)
     v_tp = 4 * 2 * (t - 1) * batch * arch.seq_hid * act_bytes / (d * t) if t > 1 else 0.0
@@ -392,39 +422,52 @@ def components(k: Mapping[str, float], arch: Arch, batch: float, plan: Execution
     t_tp = (v_tp / b_tp + 4 * arch.layers * (m + p - 1) / p * a * k.get("k_tp_lat", 0.0)
             if t > 1 else 0.0)
     t_pp = v_pp / b_pp + 2 * (m + p - 1) * k.get("k_pp_lat", 0.0) if p > 1 else 0.0
-    if plan.offload:
-        t_cc = t_fwd + t_bwd + t_tp + t_pp
-        t_opt = k["k_opt_off"] * Pg / (d * max(cpus, 1))
-        t_off = offload_bytes * P / (env.pcie_GBps * k.get("pcie_scale", 1.0) * 1e9)
-        if offload_form == "additive":
-            t_oo = (t_dp + k["k_off"] + t_off) + (t_opt + k["k_swap"] + t_off)
-        else:
-            t_oo = overlap(t_dp, t_off, k["k_off"]) + overlap(t_opt, t_off, k["k_swap"])
+    return t_dp, t_tp, t_pp
+
+
+def _offload_step(k: Mapping[str, float], plan: ExecutionPlan, P: float, Pg: float, cpus: int,
+                  env: Env, t_dp: float, offload_bytes: float,
+                  offload_form: str) -> tuple[float, float, float]:
+    """ZeRO-Offload's CPU optimizer step, its PCIe transfer and how they combine with the
+    synchronisation (``offload_form``: :func:`components`): ``(T_opt, T_off, T_oo)``."""
+    d = plan.dp
+    t_opt = k["k_opt_off"] * Pg / (d * max(cpus, 1))
+    t_off = offload_bytes * P / (env.pcie_GBps * k.get("pcie_scale", 1.0) * 1e9)
+    if offload_form == "additive":
+        t_oo = (t_dp + k["k_off"] + t_off) + (t_opt + k["k_swap"] + t_off)
     else:
-        t_off = 0.0
-        # ZeRO-DP moves the same volume as DP's all-reduce, but in two halves: gradients
-        # reduce-scattered during the backward pass, updated parameter shards all-gathered
-        # after the optimizer step, where nothing overlaps them (the artifact's ZeRO rows log
-        # 2-4x DP's optimizer time across nodes; torch's ZeroRedundancyOptimizer likewise)
-        # (stage 1 -- torch's ZeroRedundancyOptimizer -- all-reduces whole gradients first)
-        zero = plan.zero_stage >= 1 and d > 1
-        t_sync = t_dp / 2 if zero and zero2 else t_dp
-        if a > 1:
-            t_cc = t_fwd + (a - 1) * t_bwd_micro + overlap(t_bwd_micro, t_sync, k["k_sync"])
-        else:
-            t_cc = t_fwd + overlap(t_bwd, t_sync, k["k_sync"])
-        t_cc += t_tp + t_pp
-        if plan.zero_stage >= 1:
-            # the share k_zero of the step does not shrink with the shard
-            share = k.get("k_zero", K_NEUTRAL["k_zero"])
-            t_opt = k["k_opt"] * Pg * (share + (1.0 - share) / d)
-        else:
-            t_opt = k["k_opt"] * Pg / (t * p)
-        t_oo = t_opt + (t_dp / 2 if zero else 0.0)
-    t_iter = t_cc + t_oo + k["k_const"]
-    return {"T_fwd": t_fwd, "T_bwd": t_bwd, "T_comm_dp": t_dp,
-            "T_comm_tp": t_tp, "T_comm_pp": t_pp, "T_cc": t_cc, "T_opt": t_opt,
-            "T_off": t_off, "T_oo": t_oo, "T_iter": t_iter, "cc_part": t_cc - t_fwd}
+        t_oo = overlap(t_dp, t_off, k["k_off"]) + overlap(t_opt, t_off, k["k_swap"])
+    return t_opt, t_off, t_oo
+
+
+def _gpu_step(k: Mapping[str, float], plan: ExecutionPlan, Pg: float, a: int, t_fwd: float,
+              t_bwd: float, t_dp: float, t_tp: float, t_pp: float) -> tuple[float, float, float]:
+    """Without offload: the compute-and-communicate part (the backward overlapping the
+    gradients' synchronisation), the optimizer step on the GPUs and what follows it:
+    ``(T_cc, T_opt, T_oo)``."""
+    d, t, p = plan.dp, plan.tp, plan.pp
+    zero2 = plan.zero_stage >= 2
+    t_bwd_micro = t_bwd / a
+    # ZeRO-DP moves the same volume as DP's all-reduce, but in two halves: gradients
+    # reduce-scattered during the backward pass, updated parameter shards all-gathered
+    # after the optimizer step, where nothing overlaps them (the artifact's ZeRO rows log
+    # 2-4x DP's optimizer time across nodes; torch's ZeroRedundancyOptimizer likewise)
+    # (stage 1 -- torch's ZeroRedundancyOptimizer -- all-reduces whole gradients first)
+    zero = plan.zero_stage >= 1 and d > 1
+    t_sync = t_dp / 2 if zero and zero2 else t_dp
+    if a > 1:
+        t_cc = t_fwd + (a - 1) * t_bwd_micro + overlap(t_bwd_micro, t_sync, k["k_sync"])
+    else:
+        t_cc = t_fwd + overlap(t_bwd, t_sync, k["k_sync"])
+    t_cc += t_tp + t_pp
+    if plan.zero_stage >= 1:
+        # the share k_zero of the step does not shrink with the shard
+        share = k.get("k_zero", K_NEUTRAL["k_zero"])
+        t_opt = k["k_opt"] * Pg * (share + (1.0 - share) / d)
+    else:
+        t_opt = k["k_opt"] * Pg / (t * p)
+    t_oo = t_opt + (t_dp / 2 if zero else 0.0)
+    return t_cc, t_opt, t_oo
 
 
 @dataclass(frozen=True)
@@ -824,22 +867,7 @@ class MorphlingEstimator(ParamsMixin):
                     r.append(scale * (math.log1p(v) - math.log1p(init[n])))
             return np.array(r)
 
-        best = None
-        x_init = np.array([init[n] for n in names])
-        starts = [x_init]
-        rng = np.random.default_rng(0)
-        for _ in range(5):
-            jitter = rng.normal(0, 0.8, len(names))
-            starts.append(np.array([v + j if n.startswith("log_") else v * math.exp(j)
-                                    for n, v, j in zip(names, x_init, jitter)]))
-        for x0 in starts:
-            x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
-            res = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac",
-                                max_nfev=2000)
-            if best is None or res.cost < best.cost:
-                best = res
-        assert best is not None
-        k = unpack(best.x)
+        k = unpack(_multi_start_fit(resid, names, np.array([init[n] for n in names]), lo, hi))
         errs = []
         for arch, s, nodes, cpus, fwd in prepared:
             c = predict(k, arch, s, nodes, cpus, fwd)
@@ -1107,3 +1135,25 @@ class MorphlingEstimator(ParamsMixin):
         if disk is not None:
             disk.put("sensitivity", key, out)
         return out
+
+
+def _multi_start_fit(resid: Callable[[np.ndarray], np.ndarray], names: list[str],
+                     x_init: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The parameters of the best of six bounded least-squares fits: from ``x_init`` and
+    from five seeded jitters of it (log terms shifted, the others scaled), because the
+    residuals are not convex and one start can stop in a poor local minimum."""
+    best = None
+    starts = [x_init]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        jitter = rng.normal(0, 0.8, len(names))
+        starts.append(np.array([v + j if n.startswith("log_") else v * math.exp(j)
+                                for n, v, j in zip(names, x_init, jitter)]))
+    for x0 in starts:
+        x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+        res = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac",
+                            max_nfev=2000)
+        if best is None or res.cost < best.cost:
+            best = res
+    assert best is not None
+    return best.x

@@ -326,32 +326,9 @@ def _collective_kind(opcode: str) -> str | None:
 def rewrite_for_one_device(hlo_text: str) -> Rewritten:
     """The single-device, collective-free module of an SPMD-partitioned module's text."""
     lines = hlo_text.splitlines()
-    instrs: dict[str, Instr] = {}
-    comp_of: dict[str, str] = {}  # instruction name -> computation name
-    comp_root: dict[str, Instr] = {}
-    comp = ""
-    parsed: list[Instr | None] = []
-    for ln in lines:
-        ins = parse_instr(ln)
-        parsed.append(ins)
-        if ins is None:
-            m = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", ln)
-            if m and not ln.startswith("HloModule"):
-                comp = m.group(1)
-            continue
-        instrs[ins.name] = ins
-        comp_of[ins.name] = comp
-        if ins.root:
-            comp_root[comp] = ins
+    parsed, instrs, comp_of, comp_root = _parse_module(lines)
     shapes = {n: i.shape for n, i in instrs.items()}
-    # the final shape of each async chain, keyed by its start
-    done_shape: dict[str, str] = {}
-    for ins in instrs.values():
-        if ins.opcode.endswith("-done") and ins.operands:
-            start = ins.operands[0]
-            while instrs.get(start) is not None and instrs[start].opcode == "async-update":
-                start = instrs[start].operands[0]
-            done_shape[start] = ins.shape
+    done_shape = _async_done_shapes(instrs)
 
     def async_kind(ins: Instr) -> tuple[str | None, Instr | None]:
         called = (ins.attr("calls") or "").lstrip("%")
@@ -418,6 +395,39 @@ def rewrite_for_one_device(hlo_text: str) -> Rewritten:
     text = _strip_layouts(text)
     entry = _entry_parameters(text)
     return Rewritten(text, replaced, entry)
+
+
+def _parse_module(lines: list[str]) -> tuple[list[Instr | None], dict[str, Instr],
+                                              dict[str, str], dict[str, Instr]]:
+    """Each line's instruction (None for a computation's header and the like), the
+    instructions by name, each one's computation, and each computation's root."""
+    instrs: dict[str, Instr] = {}
+    comp_of: dict[str, str] = {}  # instruction name -> computation name
+    comp_root: dict[str, Instr] = {}
+    comp = ""
+    parsed: list[Instr | None] = []
+    for ln in lines:
+        ins = parse_instr(ln)
+        parsed.append(ins)
+        if ins is None:
+            m = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", ln)
+            if m and not ln.startswith("HloModule"):
+                comp = m.group(1)
+            continue
+        instrs[ins.name] = ins
+        comp_of[ins.name] = comp
+        if ins.root:
+            comp_root[comp] = ins
+    return parsed, instrs, comp_of, comp_root
+
+
+def _async_done_shapes(instrs: dict[str, Instr]) -> dict[str, str]:
+    """The final shape of each async chain (through its updates), keyed by its start."""
+    done_shape: dict[str, str] = {}
+    for ins in instrs.values():
+        if ins.opcode.endswith("-done") and ins.operands:
+            done_shape[_chain_start(ins, instrs)] = ins.shape
+    return done_shape
 
 
 def _chain_start(ins: Instr, instrs: dict[str, Instr]) -> str:

@@ -130,16 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch
     import torch.distributed as dist
-    from apportion.runtime.workers.checkpoint import force_weights_only, load_deepspeed
-    from apportion.runtime.workers.torch_nets import batch, build_net, loss_fn
+    from apportion.runtime.workers.checkpoint import force_weights_only
+    from apportion.runtime.workers.torch_nets import build_net
     force_weights_only()  # before DeepSpeed loads anything
     cfg = TrainConfig.load(args[0])
     plan = cfg.execution_plan
     if plan.tp > 1 or plan.pp > 1:
         raise DeepSpeedPlanError(f"plan {plan.label()}: this DeepSpeed entry runs DP/ZeRO only")
-    ds_path = args[1] if len(args) > 1 else os.environ.get(wl.ENV_DEEPSPEED_CONFIG)
-    ds_cfg = (json.loads(Path(ds_path).read_text()) if ds_path else
-              deepspeed_config(plan, cfg.global_batch_size, lr=cfg.lr))
+    ds_cfg = _ds_config(args, cfg)
     wl.stop_requested()  # SIGTERM: checkpoint at the next step boundary
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cuda = torch.cuda.is_available()
@@ -157,13 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ckdir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else workdir / "checkpoint"
     progress = Path(cfg.progress_file) if cfg.progress_file else workdir / wl.PROGRESS_FILE_NAME
     zero = int(ds_cfg["zero_optimization"]["stage"])
-    start = 0
-    if (ckdir / "latest").exists():  # tensors only: a planted pickle never runs
-        saved = json.loads((ckdir / "apportion.json").read_text())
-        same = saved.get("zero") == zero and (saved.get("dp") == plan.dp or zero == 0)
-        loaded = load_deepspeed(engine, ckdir, load_optimizer_states=same,
-                                load_lr_scheduler_states=same)
-        start = int(((loaded or (None, None))[1] or {}).get("iteration", 0))
+    start = _resumed_iteration(engine, ckdir, zero, plan.dp)
     policy = wl.CheckpointPolicy(cfg.checkpoint_every, cfg.checkpoint_interval_s)
 
     def save(it: int) -> None:
@@ -186,14 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         if flags[1] > 0:
             save(it)
         t0 = time.perf_counter()
-        total = 0.0
-        steps = plan.accumulation_steps
-        for k in range(steps):
-            x, y = batch(cfg.model, cfg.seed, it * B + rank * (B // plan.dp) + k * m, m)
-            loss = loss_fn(engine(x.to(device)), y.to(device))
-            engine.backward(loss)
-            engine.step()
-            total += float(loss.detach()) / steps
+        total = _train_step(engine, cfg, it * B + rank * (B // plan.dp), m, device)
         t = torch.tensor([total], device=device)
         dist.all_reduce(t)
         losses.append(float(t) / world)
@@ -206,6 +191,47 @@ def main(argv: list[str] | None = None) -> int:
         write_json(workdir / "deepspeed_losses.json", {"losses": losses, "zero_stage": zero,
                                                        "resumed_from": start})
     return 0
+
+
+def _ds_config(args: list[str], cfg: TrainConfig) -> dict[str, Any]:
+    """DeepSpeed's config: ``DS.json`` (the second argument), else the file
+    ``APPORTION_DEEPSPEED_CONFIG`` names, else built from the plan."""
+    ds_path = args[1] if len(args) > 1 else os.environ.get(wl.ENV_DEEPSPEED_CONFIG)
+    return (json.loads(Path(ds_path).read_text()) if ds_path else
+            deepspeed_config(cfg.execution_plan, cfg.global_batch_size, lr=cfg.lr))
+
+
+def _resumed_iteration(engine: Any, ckdir: Path, zero: int, dp: int) -> int:
+    """Resume from DeepSpeed's checkpoint in ``ckdir`` (tensors only: a planted pickle
+    never runs), the optimizer state only when the ZeRO stage and, for stages 1-3, the
+    data-parallel degree are unchanged; the iteration it reached (0: none)."""
+    from apportion.runtime.workers.checkpoint import load_deepspeed
+
+    start = 0
+    if (ckdir / "latest").exists():  # tensors only: a planted pickle never runs
+        saved = json.loads((ckdir / "apportion.json").read_text())
+        same = saved.get("zero") == zero and (saved.get("dp") == dp or zero == 0)
+        loaded = load_deepspeed(engine, ckdir, load_optimizer_states=same,
+                                load_lr_scheduler_states=same)
+        start = int(((loaded or (None, None))[1] or {}).get("iteration", 0))
+    return start
+
+
+def _train_step(engine: Any, cfg: TrainConfig, first_sample: int, m: int,
+                device: Any) -> float:
+    """One iteration's micro-batches of ``m`` samples from ``first_sample``, each
+    backward and step through the engine (which accumulates); their mean loss."""
+    from apportion.runtime.workers.torch_nets import batch, loss_fn
+
+    total = 0.0
+    steps = cfg.execution_plan.accumulation_steps
+    for k in range(steps):
+        x, y = batch(cfg.model, cfg.seed, first_sample + k * m, m)
+        loss = loss_fn(engine(x.to(device)), y.to(device))
+        engine.backward(loss)
+        engine.step()
+        total += float(loss.detach()) / steps
+    return total
 
 
 if __name__ == "__main__":

@@ -124,18 +124,7 @@ def train(name: str, dp: int, tp: int, steps: int, batch_size: int, lr: float = 
     p_shard = shardings(params, mesh, tp > 1)
     params = jax.device_put(params, p_shard)
     data_shard = NamedSharding(mesh, P("dp", None))
-    causal = s.family == "gpt"
-
-    def loss_fn(p: Any, x: Any, y: Any) -> Any:
-        logits = forward(p, x, s.heads, causal)
-        logp = jax.nn.log_softmax(logits, -1)
-        return -jnp.take_along_axis(logp, y[..., None], -1).mean()
-
-    @jax.jit
-    def step(p: Any, x: Any, y: Any) -> tuple[Any, Any]:
-        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), loss
-
+    step = _sgd_step(s.heads, s.family == "gpt", lr)
     losses = []
     for it in range(steps):
         xt, yt = batch(name, seed, it * batch_size, batch_size)
@@ -147,6 +136,75 @@ def train(name: str, dp: int, tp: int, steps: int, batch_size: int, lr: float = 
     return {"losses": losses, "devices": dp * tp, "dp": dp, "tp": tp,
             "fc1_shard_shape": list(fc1.addressable_shards[0].data.shape),
             "fc1_shape": list(fc1.shape)}
+
+
+def _sgd_step(heads: int, causal: bool, lr: float) -> Any:
+    """The jitted SGD step at ``lr`` on the next-token cross-entropy: ``step(params, x,
+    y) -> (params, loss)``; the same for :func:`train` and :func:`train_contract`."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(p: Any, x: Any, y: Any) -> Any:
+        logp = jax.nn.log_softmax(forward(p, x, heads, causal), -1)
+        return -jnp.take_along_axis(logp, y[..., None], -1).mean()
+
+    @jax.jit
+    def step(p: Any, x: Any, y: Any) -> tuple[Any, Any]:
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), loss
+
+    return step
+
+
+def _join_ranks(plan: Any, world: int) -> None:
+    """Refuse a plan this worker cannot run on ``world`` ranks; with several, join
+    ``jax.distributed`` (gloo collectives on CPU), keeping the contract's SIGTERM."""
+    import jax
+    from apportion.runtime import workload as wl
+
+    if plan.pp > 1 or plan.zero_stage or plan.offload or plan.gpus != world:
+        raise ValueError(f"plan {plan.label()}: the JAX worker runs dp x tp on {world} ranks")
+    if world > 1:
+        if os.environ["JAX_PLATFORMS"] == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        wl.init_jax_distributed()
+        wl.stop_requested(install=True)  # jax.distributed installs its own SIGTERM handler
+
+
+def _resumed_params(host: dict[str, Any], ckfile: Path, mesh: Any,
+                    tp: bool) -> tuple[int, Any]:
+    """The iteration reached and the parameters, sharded on ``mesh``: from ``ckfile``
+    (full parameters, arrays only: any plan resumes any other), else ``host``'s."""
+    import jax
+    import numpy as np
+
+    leaves, tree = _flat(host)
+    start = 0
+    if ckfile.exists():
+        with np.load(ckfile, allow_pickle=False) as z:  # arrays only, never objects
+            start = int(z["iteration"])
+            leaves = [z[f"p{i}"] for i in range(len(leaves))]
+    shard_leaves, _ = _flat(shardings(host, mesh, tp))
+    params = jax.tree_util.tree_unflatten(tree, [
+        _global_array(np.asarray(x), sh) for x, sh in zip(leaves, shard_leaves, strict=True)])
+    return start, params
+
+
+def _write_params(params: Any, it: int, writer: bool, ckfile: Path) -> None:
+    """Gather the full parameters from every process (each calls this) and, on the
+    ``writer``, replace ``ckfile`` with them and ``iteration`` (written beside it first, so
+    a kill never leaves half a file)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    full = [np.asarray(x) for x in multihost_utils.process_allgather(_flat(params)[0],
+                                                                      tiled=True)]
+    if writer:
+        ckdir = ckfile.parent
+        ckdir.mkdir(parents=True, exist_ok=True)
+        tmp = ckdir / ".params.tmp.npz"
+        np.savez(tmp, iteration=np.int64(it), **{f"p{i}": x for i, x in enumerate(full)})
+        os.replace(tmp, ckfile)
 
 
 def _global_array(host: Any, sharding: Any) -> Any:
@@ -176,11 +234,10 @@ def train_contract(config_path: str) -> int:
     import time
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from apportion.runtime import workload as wl
-    from apportion.runtime.workers.train_config import TrainConfig
     from apportion.runtime.workers.torch_nets import batch
+    from apportion.runtime.workers.train_config import TrainConfig
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -189,13 +246,7 @@ def train_contract(config_path: str) -> int:
     plan = cfg.execution_plan
     wl.stop_requested()
     rank, world = wl.rank(), wl.world_size()
-    if plan.pp > 1 or plan.zero_stage or plan.offload or plan.gpus != world:
-        raise ValueError(f"plan {plan.label()}: the JAX worker runs dp x tp on {world} ranks")
-    if world > 1:
-        if os.environ["JAX_PLATFORMS"] == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        wl.init_jax_distributed()
-        wl.stop_requested(install=True)  # jax.distributed installs its own SIGTERM handler
+    _join_ranks(plan, world)
     s = _shape(cfg.model)
     if plan.tp > 1 and s.heads % plan.tp:
         raise ValueError(f"tp={plan.tp} does not divide {s.heads} heads")
@@ -209,27 +260,9 @@ def train_contract(config_path: str) -> int:
     ckfile = ckdir / "params.npz"
     progress = Path(cfg.progress_file) if cfg.progress_file else \
         Path(cfg.workdir) / wl.PROGRESS_FILE_NAME
-    leaves, tree = _flat(host)
-    start = 0
-    if ckfile.exists():
-        with np.load(ckfile, allow_pickle=False) as z:  # arrays only, never objects
-            start = int(z["iteration"])
-            leaves = [z[f"p{i}"] for i in range(len(leaves))]
-    shard_leaves, _ = _flat(shardings(host, mesh, plan.tp > 1))
-    params = jax.tree_util.tree_unflatten(tree, [
-        _global_array(np.asarray(x), sh) for x, sh in zip(leaves, shard_leaves, strict=True)])
+    start, params = _resumed_params(host, ckfile, mesh, plan.tp > 1)
     data_shard = NamedSharding(mesh, P("dp", None))
-    causal = s.family == "gpt"
-    lr = cfg.lr
-
-    def loss_fn(p: Any, x: Any, y: Any) -> Any:
-        logp = jax.nn.log_softmax(forward(p, x, s.heads, causal), -1)
-        return -jnp.take_along_axis(logp, y[..., None], -1).mean()
-
-    @jax.jit
-    def step(p: Any, x: Any, y: Any) -> tuple[Any, Any]:
-        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-        return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), loss
+    step = _sgd_step(s.heads, s.family == "gpt", cfg.lr)
 
     def append(rec: dict[str, Any]) -> None:
         if rank == 0:
@@ -239,13 +272,8 @@ def train_contract(config_path: str) -> int:
     policy = wl.CheckpointPolicy(cfg.checkpoint_every, cfg.checkpoint_interval_s)
 
     def save(it: int) -> None:
-        full = [np.asarray(x) for x in multihost_utils.process_allgather(_flat(params)[0],
-                                                                          tiled=True)]
+        _write_params(params, it, rank == 0, ckfile)
         if rank == 0:
-            ckdir.mkdir(parents=True, exist_ok=True)
-            tmp = ckdir / ".params.tmp.npz"
-            np.savez(tmp, iteration=np.int64(it), **{f"p{i}": x for i, x in enumerate(full)})
-            os.replace(tmp, ckfile)
             append({"iteration": it, "checkpoint": True, "wall": time.time()})
         multihost_utils.sync_global_devices("apportion-checkpoint")
         policy.saved()

@@ -212,97 +212,128 @@ def import_k8s(path: str | Path, pods: str | Path | None = None,
     tol = list(tolerations or [])
     out = Imported()
     for i, node in enumerate(items):
-        at = f"{prefix}[{i}]" if prefix else "(node)"
-        if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
-            raise InputError(src, at, "is not a Node")
-        meta, spec = _mapping(src, f"{at}.metadata", node), _mapping(src, f"{at}.spec", node)
-        status = _mapping(src, f"{at}.status", node)
-        name = meta.get("name")
-        if not isinstance(name, str) or not name:
-            raise InputError(src, f"{at}.metadata.name", "missing")
-        labels = _mapping(src, f"{at}.metadata.labels", meta)
-        shown = str(labels.get(HOSTNAME) or name)
-        cap = status.get("allocatable")
-        where = "allocatable"
-        if not isinstance(cap, dict) or not cap:
-            cap, where = status.get("capacity"), "capacity"
-        if not isinstance(cap, dict):
-            raise InputError(src, f"{at}.status.allocatable", "missing (and no capacity)")
-        res = next((r for r in GPU_RESOURCES if r in cap), None)
-        gpus = _quantity(src, f"{at}.status.{where}.{res}", cap[res]) if res else 0.0
-        mig = sorted(k for k in cap if k.startswith(MIG_RESOURCE)
-                     and _quantity(src, f"{at}.status.{where}.{k}", cap[k]) >= 1)
-        if gpus < 1:
-            out.leave_out(shown, "MIG slices only (" + ", ".join(
-                f"{k} x{int(_quantity(src, at, cap[k]))}" for k in mig) + "): apportion "
-                "places whole GPUs; turn MIG off on the node or give it whole GPUs"
-                if mig else "no GPUs")
-            continue
-        assert res is not None  # gpus >= 1 came from it
-        if spec.get("unschedulable"):
-            out.leave_out(shown, "cordoned (spec.unschedulable): it takes no new pods")
-            continue
-        why = _not_ready(status)
-        if why is not None:
-            out.leave_out(shown, why)
-            continue
-        taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
-        refused = [_taint(t) for t in taints
-                   if not tolerated(tol, str(t.get("key", "")), t.get("value"),
-                                    str(t.get("effect", "")))]
-        if refused:
-            out.leave_out(shown, f"tainted {', '.join(refused)}, which the pods do not "
-                          "tolerate: add a toleration to the tolerations of --k8s-config "
-                          "to keep it")
-            continue
-        key = next((k for k in PRODUCT_LABELS if labels.get(k)), None)
-        if key is None:
-            raise InputError(src, f"{at}.metadata.labels", f"node {name} has {int(gpus)} GPUs but "
-                             f"no product label ({' or '.join(PRODUCT_LABELS)}); is GPU Feature "
-                             "Discovery running?")
-        for f in ("cpu", "memory"):
-            if f not in cap:
-                raise InputError(src, f"{at}.status.{where}.{f}", "missing")
-        product = str(labels[key])
-        cpus = _quantity(src, f"{at}.status.{where}.cpu", cap["cpu"])
-        mem = _quantity(src, f"{at}.status.{where}.memory", cap["memory"])
-        cuts: list[str] = []
-        if mig:
-            cuts.append(f"MIG slices ({', '.join(mig)}) not offered: only whole GPUs are")
-        resources = where
-        if held is not None:
-            resources = "free"
-            pods_here = held.get(name, [])
-            used: dict[str, float] = {r: sum((req.get(r, 0.0) for _, req in pods_here), 0.0)
-                                      for r in (res, "cpu", "memory")}
-            names = ", ".join(p for p, req in pods_here if req.get(res))[:200]
-            if used[res] >= gpus:
-                out.leave_out(shown, f"all {int(gpus)} GPUs requested by running pods "
-                              f"({names})")
-                continue
-            if used[res]:
-                cuts.append(f"{int(used[res])} of {int(gpus)} GPUs requested by running pods "
-                            f"({names})")
-            gpus -= used[res]
-            cpus -= used["cpu"]
-            mem -= used["memory"]
-            if cpus < 1 or mem <= 0:
-                out.leave_out(shown, "running pods request all its CPUs or memory")
-                continue
-        # whole CPUs and GiB rounded down: never more than the kubelet offers
-        rec: dict[str, Any] = {
-            "name": shown, "gpu_type": product, "gpus": int(gpus), "cpus": int(cpus),
-            "memory_gib": math.floor(mem / 2**30 * 10) / 10,
-            "gpu_product_label": product if key == DEFAULT_PRODUCT_LABEL
-            else f"{key}={product}",
-            "k8s_resources": resources}
-        m = MIG_PRODUCT.match(product)
-        if m:  # GFD's single strategy: slices counted as nvidia.com/gpu
-            rec["mig_profile"] = m.group("profile")
-        kept = [_taint(t) for t in taints]
-        if kept:
-            rec["k8s_taints"] = ",".join(kept)
-        out.nodes.append(rec)
-        for c in cuts:
-            out.reduce(shown, c)
+        _import_node(src, f"{prefix}[{i}]" if prefix else "(node)", node, held, tol, out)
     return out
+
+
+def _import_node(src: str, at: str, node: Any,
+                 held: dict[str, list[tuple[str, dict[str, float]]]] | None,
+                 tol: list[Toleration], out: Imported) -> None:
+    """One Node into ``out``: its record (and what was cut from it), or why it is left
+    out; a malformed one raises InputError naming the field."""
+    if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
+        raise InputError(src, at, "is not a Node")
+    meta, spec = _mapping(src, f"{at}.metadata", node), _mapping(src, f"{at}.spec", node)
+    status = _mapping(src, f"{at}.status", node)
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError(src, f"{at}.metadata.name", "missing")
+    labels = _mapping(src, f"{at}.metadata.labels", meta)
+    shown = str(labels.get(HOSTNAME) or name)
+    cap, where, res, gpus, mig = _gpu_capacity(src, at, status)
+    if gpus < 1:
+        out.leave_out(shown, "MIG slices only (" + ", ".join(
+            f"{k} x{int(_quantity(src, at, cap[k]))}" for k in mig) + "): apportion "
+            "places whole GPUs; turn MIG off on the node or give it whole GPUs"
+            if mig else "no GPUs")
+        return
+    assert res is not None  # gpus >= 1 came from it
+    if spec.get("unschedulable"):
+        out.leave_out(shown, "cordoned (spec.unschedulable): it takes no new pods")
+        return
+    why = _not_ready(status)
+    if why is not None:
+        out.leave_out(shown, why)
+        return
+    taints = [t for t in spec.get("taints") or [] if isinstance(t, dict)]
+    refused = [_taint(t) for t in taints
+               if not tolerated(tol, str(t.get("key", "")), t.get("value"),
+                                str(t.get("effect", "")))]
+    if refused:
+        out.leave_out(shown, f"tainted {', '.join(refused)}, which the pods do not "
+                      "tolerate: add a toleration to the tolerations of --k8s-config "
+                      "to keep it")
+        return
+    key = next((k for k in PRODUCT_LABELS if labels.get(k)), None)
+    if key is None:
+        raise InputError(src, f"{at}.metadata.labels", f"node {name} has {int(gpus)} GPUs but "
+                         f"no product label ({' or '.join(PRODUCT_LABELS)}); is GPU Feature "
+                         "Discovery running?")
+    for f in ("cpu", "memory"):
+        if f not in cap:
+            raise InputError(src, f"{at}.status.{where}.{f}", "missing")
+    product = str(labels[key])
+    cpus = _quantity(src, f"{at}.status.{where}.cpu", cap["cpu"])
+    mem = _quantity(src, f"{at}.status.{where}.memory", cap["memory"])
+    cuts: list[str] = []
+    if mig:
+        cuts.append(f"MIG slices ({', '.join(mig)}) not offered: only whole GPUs are")
+    resources = where
+    if held is not None:
+        resources = "free"
+        left = _less_running_pods(held.get(name, []), res, gpus, cpus, mem, cuts)
+        if isinstance(left, str):
+            out.leave_out(shown, left)
+            return
+        gpus, cpus, mem = left
+    out.nodes.append(_node_record(shown, product, key, gpus, cpus, mem, resources, taints))
+    for c in cuts:
+        out.reduce(shown, c)
+
+
+def _gpu_capacity(src: str, at: str, status: dict[str, Any]
+                  ) -> tuple[dict[str, Any], str, str | None, float, list[str]]:
+    """What the node offers (``allocatable``, else ``capacity``), where it was read, its
+    GPU resource's name and count, and its MIG resources of at least one slice."""
+    cap = status.get("allocatable")
+    where = "allocatable"
+    if not isinstance(cap, dict) or not cap:
+        cap, where = status.get("capacity"), "capacity"
+    if not isinstance(cap, dict):
+        raise InputError(src, f"{at}.status.allocatable", "missing (and no capacity)")
+    res = next((r for r in GPU_RESOURCES if r in cap), None)
+    gpus = _quantity(src, f"{at}.status.{where}.{res}", cap[res]) if res else 0.0
+    mig = sorted(k for k in cap if k.startswith(MIG_RESOURCE)
+                 and _quantity(src, f"{at}.status.{where}.{k}", cap[k]) >= 1)
+    return cap, where, res, gpus, mig
+
+
+def _less_running_pods(pods_here: list[tuple[str, dict[str, float]]], res: str, gpus: float,
+                       cpus: float, mem: float,
+                       cuts: list[str]) -> tuple[float, float, float] | str:
+    """The GPUs, CPUs and memory the running pods (``--pods``) leave free, with the cut
+    noted in ``cuts``; or why nothing usable is left."""
+    used: dict[str, float] = {r: sum((req.get(r, 0.0) for _, req in pods_here), 0.0)
+                              for r in (res, "cpu", "memory")}
+    names = ", ".join(p for p, req in pods_here if req.get(res))[:200]
+    if used[res] >= gpus:
+        return f"all {int(gpus)} GPUs requested by running pods ({names})"
+    if used[res]:
+        cuts.append(f"{int(used[res])} of {int(gpus)} GPUs requested by running pods "
+                    f"({names})")
+    gpus -= used[res]
+    cpus -= used["cpu"]
+    mem -= used["memory"]
+    if cpus < 1 or mem <= 0:
+        return "running pods request all its CPUs or memory"
+    return gpus, cpus, mem
+
+
+def _node_record(shown: str, product: str, key: str, gpus: float, cpus: float, mem: float,
+                 resources: str, taints: list[dict[str, Any]]) -> dict[str, Any]:
+    """The node's cluster-file record: whole CPUs and GiB rounded down (never more than
+    the kubelet offers), the label the pods select it by, its MIG profile and taints."""
+    # whole CPUs and GiB rounded down: never more than the kubelet offers
+    rec: dict[str, Any] = {
+        "name": shown, "gpu_type": product, "gpus": int(gpus), "cpus": int(cpus),
+        "memory_gib": math.floor(mem / 2**30 * 10) / 10,
+        "gpu_product_label": product if key == DEFAULT_PRODUCT_LABEL
+        else f"{key}={product}",
+        "k8s_resources": resources}
+    m = MIG_PRODUCT.match(product)
+    if m:  # GFD's single strategy: slices counted as nvidia.com/gpu
+        rec["mig_profile"] = m.group("profile")
+    kept = [_taint(t) for t in taints]
+    if kept:
+        rec["k8s_taints"] = ",".join(kept)
+    return rec

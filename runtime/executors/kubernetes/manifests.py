@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -286,15 +287,7 @@ def queue_name(job: JobSpec, cfg: K8sConfig) -> str | None:
 def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[str, Any]]:
     """The ConfigMap, [TrainingRuntime,] and the job object for ``job`` on ``alloc``."""
     cfg, api = target.cfg, target.api
-    kind = workload_kind(job)
-    reason = plan_supported(kind, alloc.plan, "cuda")  # Kubernetes nodes hold the GPUs
-    if reason is not None:
-        raise InputError("decision", f"allocations[{alloc.job}].plan",
-                         f"the {kind} workload cannot run it: {reason}")
-    if alloc.plan.gpus != alloc.gpus or sum(alloc.placement.values()) != alloc.gpus:
-        raise InputError("decision", f"allocations[{alloc.job}].placement",
-                         f"placement holds {sum(alloc.placement.values())} GPUs, the cell "
-                         f"{alloc.gpus} and the plan {alloc.plan.gpus}")
+    _check_runnable(job, alloc)
     name = object_name(job.id)
     groups = pod_groups(alloc, target.cluster, cfg, api)
     nnodes = sum(len(g.nodes) for g in groups)
@@ -329,20 +322,7 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
         labels[KAI_QUEUE] = cfg.gang_queue
     pc = priority_class(job, cfg)
     if api == "pytorchjob":
-        specs = {g.name: {"replicas": len(g.nodes), "restartPolicy": "OnFailure",
-                          "template": pod(g)} for g in groups}
-        run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "suspend": suspend,
-                                      "backoffLimit": cfg.max_restarts}
-        if cfg.gang == "volcano":  # the Training Operator makes the PodGroup from this
-            sp: dict[str, Any] = {"minAvailable": nnodes, "queue": cfg.gang_queue,
-                                  "minResources": gang_resources(groups, cfg)}
-            if pc:
-                sp["priorityClass"] = pc
-            run_policy["schedulingPolicy"] = sp
-        obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
-               "spec": {"nprocPerNode": str(first.gpus), "runPolicy": run_policy,
-                        "pytorchReplicaSpecs": specs}}
-        return [config_map, obj]
+        return [config_map, _pytorchjob(groups, cfg, meta, pod, suspend, pc, nnodes)]
     gang = [volcano_pod_group(name, groups, job, cfg, pc)] if cfg.gang == "volcano" else []
 
     def replicated(g: PodGroup, trainer: bool) -> dict[str, Any]:
@@ -370,6 +350,50 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
         annotations["apportion/nodes"] = str(nnodes)
         annotations["apportion/pods"] = ", ".join(
             f"{g.name}: {len(g.nodes)} x {g.gpus} GPUs" for g in groups)
+    runtime, trainjob = _own_runtime_trainjob(job, name, cfg, meta, first, jobset_spec, suspend)
+    return [config_map, runtime, *gang, trainjob]
+
+
+def _check_runnable(job: JobSpec, alloc: Allocation) -> None:
+    """Refuse, naming the decision's field, an allocation the job's workload cannot run
+    or whose placement does not hold the cell's and the plan's GPUs."""
+    kind = workload_kind(job)
+    reason = plan_supported(kind, alloc.plan, "cuda")  # Kubernetes nodes hold the GPUs
+    if reason is not None:
+        raise InputError("decision", f"allocations[{alloc.job}].plan",
+                         f"the {kind} workload cannot run it: {reason}")
+    if alloc.plan.gpus != alloc.gpus or sum(alloc.placement.values()) != alloc.gpus:
+        raise InputError("decision", f"allocations[{alloc.job}].placement",
+                         f"placement holds {sum(alloc.placement.values())} GPUs, the cell "
+                         f"{alloc.gpus} and the plan {alloc.plan.gpus}")
+
+
+def _pytorchjob(groups: list[PodGroup], cfg: K8sConfig, meta: dict[str, Any],
+                pod: Callable[[PodGroup], dict[str, Any]], suspend: bool, pc: str | None,
+                nnodes: int) -> dict[str, Any]:
+    """The Training Operator's PyTorchJob: a replica spec per pod group, suspended while
+    Kueue holds it, with Volcano's scheduling policy when gang-scheduled."""
+    first = groups[0]
+    specs = {g.name: {"replicas": len(g.nodes), "restartPolicy": "OnFailure",
+                      "template": pod(g)} for g in groups}
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "suspend": suspend,
+                                  "backoffLimit": cfg.max_restarts}
+    if cfg.gang == "volcano":  # the Training Operator makes the PodGroup from this
+        sp: dict[str, Any] = {"minAvailable": nnodes, "queue": cfg.gang_queue,
+                              "minResources": gang_resources(groups, cfg)}
+        if pc:
+            sp["priorityClass"] = pc
+        run_policy["schedulingPolicy"] = sp
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta,
+            "spec": {"nprocPerNode": str(first.gpus), "runPolicy": run_policy,
+                     "pytorchReplicaSpecs": specs}}
+
+
+def _own_runtime_trainjob(job: JobSpec, name: str, cfg: K8sConfig, meta: dict[str, Any],
+                          first: PodGroup, jobset_spec: dict[str, Any],
+                          suspend: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A TrainingRuntime of the job's own (its JobSet spec, pinned pods and all) and the
+    TrainJob that refers to it, for a cluster without a shared runtime (--runtime-ref)."""
     runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
                "metadata": {"name": name, "namespace": cfg.namespace,
                             "labels": {MANAGED_BY: "apportion", JOB_LABEL: name,
@@ -386,7 +410,7 @@ def job_objects(job: JobSpec, alloc: Allocation, target: Target) -> list[dict[st
                                      "numProcPerNode": first.gpus},
                          "labels": {MANAGED_BY: "apportion", JOB_LABEL: name},
                          "suspend": suspend}}
-    return [config_map, runtime, *gang, trainjob]
+    return runtime, trainjob
 
 
 def runtime_ref_trainjob(job: JobSpec, alloc: Allocation, target: Target, name: str,

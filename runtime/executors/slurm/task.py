@@ -116,13 +116,7 @@ def _code(rc: int) -> int:
 def run(spec: dict[str, Any]) -> int:
     index, node = _my_node(spec)
     port = _master_port(spec, index == 0)
-    base = {k: v for k, v in os.environ.items() if k not in TASK_VARS}
-    base.update(spec["env"])
-    # `python` in a workload's command is the interpreter the agent runs under (apportion's),
-    # whatever PATH the job sets (its own PATH follows it), as with every executor
-    path = spec["env"].get("PATH", os.environ.get("PATH", ""))
-    base["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), path])
-    base.update({"MASTER_ADDR": spec["master_addr"], "MASTER_PORT": str(port)})
+    base = _task_env(spec, port)
     jobdir = Path(spec["jobdir"])
     marker = launch_marker(spec["launch_id"])
     procs: dict[int, subprocess.Popen] = {}
@@ -183,17 +177,37 @@ def run(spec: dict[str, Any]) -> int:
                     killed.add(r)
                     os.killpg(q.pid, signal.SIGKILL)
         time.sleep(0.1)
-    # ranks this agent (or the executor) stopped are not failures; the first that failed leads
-    stopped_ok = {0, -signal.SIGTERM, -signal.SIGKILL}
-    bad = ([first_failed] if first_failed is not None else []) + [
-        r for r in sorted(codes) if r != first_failed and codes[r] != 0
-        and not (stopping["requested"] and codes[r] in stopped_ok)]
+    bad = _failed_ranks(codes, first_failed, stopping["requested"])
     _write_json(exit_path(jobdir, spec["launch_id"], node["name"]),
                 {"node": node["name"], "codes": {str(r): c for r, c in codes.items()},
                  "failed": bad, "killed_after_grace": sorted(killed),
                  "stop_requested": stopping["requested"] and first_failed is None,
                  "wall": time.time()})
     return _code(codes[bad[0]]) if bad else 0
+
+
+def _task_env(spec: dict[str, Any], port: int) -> dict[str, str]:
+    """The ranks' shared environment: the agent's without Slurm's task variables, the
+    job's, ``python`` first on PATH, and the rendezvous address and port."""
+    base = {k: v for k, v in os.environ.items() if k not in TASK_VARS}
+    base.update(spec["env"])
+    # `python` in a workload's command is the interpreter the agent runs under (apportion's),
+    # whatever PATH the job sets (its own PATH follows it), as with every executor
+    path = spec["env"].get("PATH", os.environ.get("PATH", ""))
+    base["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), path])
+    base.update({"MASTER_ADDR": spec["master_addr"], "MASTER_PORT": str(port)})
+    return base
+
+
+def _failed_ranks(codes: dict[int, int], first_failed: int | None,
+                  stop_requested: bool) -> list[int]:
+    """The ranks that failed, the first to fail leading; the ranks this agent (or the
+    executor) stopped are not failures."""
+    # ranks this agent (or the executor) stopped are not failures; the first that failed leads
+    stopped_ok = {0, -signal.SIGTERM, -signal.SIGKILL}
+    return ([first_failed] if first_failed is not None else []) + [
+        r for r in sorted(codes) if r != first_failed and codes[r] != 0
+        and not (stop_requested and codes[r] in stopped_ok)]
 
 
 def main(argv: list[str] | None = None) -> int:
