@@ -354,134 +354,138 @@ def _slot_bounds(js: _Jobs, end: float, k: int) -> np.ndarray:
     return np.unique(np.concatenate([[lo, end], even, picks]))
 
 
-def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | None,
-           time_limit_s: float, time_indexed: bool) -> tuple[float | None, int]:
-    """The LP's least sum of completions (of ``min(C_j, horizon)`` with a horizon): the
-    time-indexed LP with the squared-work rows, or (``time_indexed`` false) the
-    squared-work rows alone; None when HiGHS did not prove it optimal. And its slots."""
-    n = len(js.work)
-    cols_job: list[int] = []
-    cols_slot: list[int] = []
-    cols_type: list[int] = []
-    cols_gpus: list[float] = []
-    cols_frac: list[float] = []
-    cols_ub: list[float] = []
-    cols_begin: list[float] = []  # when the column's work can start in its slot
-    types = sorted(capacity)
-    bounds = np.zeros(1)
-    if time_indexed:
-        total_gpus = float(sum(capacity.values()))
-        # slots to when every job could be done (the last one open-ended beyond)
-        end = (horizon if horizon is not None else
-               float(js.ready.max()) + float(js.gpu_s.sum()) / total_gpus + float(js.iso.max()))
-        bounds = _slot_bounds(js, end, slots)
-        starts, lengths = bounds[:-1], np.diff(bounds)
-        if horizon is None:
-            lengths[-1] = math.inf
-        for j, tiers in enumerate(js.tiers):
-            for k in range(len(starts)):
-                stop = starts[k] + lengths[k]
-                for i, (since, options) in enumerate(tiers):
-                    if stop <= since:
-                        break  # before the job (or its mode) can run
-                    if i + 1 < len(tiers) and tiers[i + 1][0] <= starts[k]:
-                        continue  # a later tier, with more options, runs the whole slot
-                    usable = min(lengths[k], stop - max(starts[k], since))
-                    for op in options:
-                        cols_job.append(j)
-                        cols_slot.append(k)
-                        cols_type.append(types.index(op.gpu_type))
-                        cols_gpus.append(op.gpus)
-                        cols_frac.append(op.rate / js.work[j])  # work fraction per second
-                        cols_ub.append(usable)
-                        cols_begin.append(max(starts[k], since))
-    m = len(cols_job)
-    job = np.array(cols_job, dtype=int)
-    slot = np.array(cols_slot, dtype=int)
-    frac = np.array(cols_frac)
-    n_cols = m + n  # C_j (or D_j) after the y columns; minimise their sum
-    col_lb = np.zeros(n_cols)
-    col_ub = np.concatenate([np.array(cols_ub), np.full(n, math.inf)])
-    cost = np.concatenate([np.zeros(m), np.ones(n)])
-    begins = np.array(cols_begin)
-    lo = js.first
-    if horizon is not None:
-        col_lb[m:] = np.minimum(lo, horizon)
-        col_ub[m:] = horizon
-    else:
-        col_lb[m:] = lo
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    vals: list[np.ndarray] = []
-    row_lb: list[float] = []
-    row_ub: list[float] = []
+@dataclass
+class _SlotColumns:
+    """The time-indexed LP's y columns: per column its job, slot, GPU type (an index into
+    the sorted types), GPUs, work fraction per second, most seconds and when its work can
+    start in its slot."""
 
-    def add(idx: np.ndarray, coef: np.ndarray, lo_: float, hi: float) -> None:
-        rows.append(np.full(len(idx), len(row_lb)))
-        cols.append(np.asarray(idx, dtype=int))
-        vals.append(np.asarray(coef, dtype=float))
-        row_lb.append(lo_)
-        row_ub.append(hi)
+    job: list[int] = field(default_factory=list)
+    slot: list[int] = field(default_factory=list)
+    type: list[int] = field(default_factory=list)
+    gpus: list[float] = field(default_factory=list)
+    frac: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    begin: list[float] = field(default_factory=list)
 
-    if time_indexed:
-        starts = bounds[:-1]
-        ys = np.arange(m)
-        by_job = np.split(np.argsort(job, kind="stable"),
-                          np.flatnonzero(np.diff(np.sort(job, kind="stable"))) + 1)
-        for mine in by_job:
-            if not len(mine):
-                continue
-            j = int(job[mine[0]])
-            begin = begins[mine]
-            if horizon is None:
-                add(mine, frac[mine], 1.0, math.inf)  # its work done
-                # C_j >= sum frac * begin + iso_j / 2 (inequalities 2. and 3.)
-                add(np.append(mine, m + j), np.append(-frac[mine] * begin, 1.0),
-                    float(js.iso[j]) / 2, math.inf)
-            else:
-                add(mine, frac[mine], 0.0, 1.0)  # no more than its work before E
-                # D_j >= E - iso/2 + sum frac (begin - E + iso) (the module's doc)
-                add(np.append(mine, m + j),
-                    np.append(-frac[mine] * (begin - horizon + js.iso[j]), 1.0),
-                    horizon - float(js.iso[j]) / 2, math.inf)
-        # one option at a time: per job and slot, within the part of the slot after s_j
-        order = np.lexsort((slot, job))
-        keys = job[order] * len(starts) + slot[order]
-        ends = np.append(starts[1:], math.inf) if horizon is None else bounds[1:]
-        for grp in np.split(order, np.flatnonzero(np.diff(keys)) + 1):
-            j, k = int(job[grp[0]]), int(slot[grp[0]])
-            usable = float(ends[k] - max(starts[k], js.ready[j]))
-            if len(grp) > 1 and math.isfinite(usable):
-                add(grp, np.ones(len(grp)), 0.0, usable)
-        # capacity per type and slot
-        ttype = np.array(cols_type)
-        gpus = np.array(cols_gpus)
-        lengths = np.diff(bounds)
-        for k in range(len(starts)):
-            if horizon is None and k == len(starts) - 1:
-                continue  # the last slot is open-ended
-            for ti, t in enumerate(types):
-                idx = ys[(slot == k) & (ttype == ti)]
-                if len(idx):
-                    add(idx, gpus[idx], 0.0, float(capacity[t] * lengths[k]))
+
+def _slot_columns(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | None,
+                  types: list[str]) -> tuple[_SlotColumns, np.ndarray]:
+    """Every (job, slot, option) column the time-indexed LP offers, and the slots' bounds."""
+    cols = _SlotColumns()
+    total_gpus = float(sum(capacity.values()))
+    # slots to when every job could be done (the last one open-ended beyond)
+    end = (horizon if horizon is not None else
+           float(js.ready.max()) + float(js.gpu_s.sum()) / total_gpus + float(js.iso.max()))
+    bounds = _slot_bounds(js, end, slots)
+    starts, lengths = bounds[:-1], np.diff(bounds)
     if horizon is None:
-        for idx, rhs in _squared_work(js, capacity):
-            add(m + idx, js.gpu_s[idx] / js.gpu_s[idx].sum(), rhs, math.inf)
-    n_slots = len(bounds) - 1
-    if not row_lb:
-        return float(col_lb[m:].sum()), n_slots
-    r = np.concatenate(rows)
-    c = np.concatenate(cols)
-    v = np.concatenate(vals)
-    a = sparse.csc_matrix((v, (r, c)), shape=(len(row_lb), n_cols))
+        lengths[-1] = math.inf
+    for j, tiers in enumerate(js.tiers):
+        for k in range(len(starts)):
+            stop = starts[k] + lengths[k]
+            for i, (since, options) in enumerate(tiers):
+                if stop <= since:
+                    break  # before the job (or its mode) can run
+                if i + 1 < len(tiers) and tiers[i + 1][0] <= starts[k]:
+                    continue  # a later tier, with more options, runs the whole slot
+                usable = min(lengths[k], stop - max(starts[k], since))
+                for op in options:
+                    cols.job.append(j)
+                    cols.slot.append(k)
+                    cols.type.append(types.index(op.gpu_type))
+                    cols.gpus.append(op.gpus)
+                    cols.frac.append(op.rate / js.work[j])  # work fraction per second
+                    cols.ub.append(usable)
+                    cols.begin.append(max(starts[k], since))
+    return cols, bounds
+
+
+class _Rows:
+    """The LP's rows as COO triplets and their two sides, added a row at a time."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+
+    def add(self, idx: np.ndarray, coef: np.ndarray, lo_: float, hi: float) -> None:
+        self.rows.append(np.full(len(idx), len(self.lb)))
+        self.cols.append(np.asarray(idx, dtype=int))
+        self.vals.append(np.asarray(coef, dtype=float))
+        self.lb.append(lo_)
+        self.ub.append(hi)
+
+
+def _time_indexed_rows(rows: _Rows, js: _Jobs, capacity: dict[str, int], types: list[str],
+                       cols: _SlotColumns, bounds: np.ndarray, horizon: float | None) -> None:
+    """Each job's work and completion rows, one option at a time per job and slot, and
+    each type's capacity per slot."""
+    m = len(cols.job)
+    job = np.array(cols.job, dtype=int)
+    slot = np.array(cols.slot, dtype=int)
+    frac = np.array(cols.frac)
+    begins = np.array(cols.begin)
+    starts = bounds[:-1]
+    ys = np.arange(m)
+    by_job = np.split(np.argsort(job, kind="stable"),
+                      np.flatnonzero(np.diff(np.sort(job, kind="stable"))) + 1)
+    for mine in by_job:
+        if not len(mine):
+            continue
+        j = int(job[mine[0]])
+        begin = begins[mine]
+        if horizon is None:
+            rows.add(mine, frac[mine], 1.0, math.inf)  # its work done
+            # C_j >= sum frac * begin + iso_j / 2 (inequalities 2. and 3.)
+            rows.add(np.append(mine, m + j), np.append(-frac[mine] * begin, 1.0),
+                     float(js.iso[j]) / 2, math.inf)
+        else:
+            rows.add(mine, frac[mine], 0.0, 1.0)  # no more than its work before E
+            # D_j >= E - iso/2 + sum frac (begin - E + iso) (the module's doc)
+            rows.add(np.append(mine, m + j),
+                     np.append(-frac[mine] * (begin - horizon + js.iso[j]), 1.0),
+                     horizon - float(js.iso[j]) / 2, math.inf)
+    # one option at a time: per job and slot, within the part of the slot after s_j
+    order = np.lexsort((slot, job))
+    keys = job[order] * len(starts) + slot[order]
+    ends = np.append(starts[1:], math.inf) if horizon is None else bounds[1:]
+    for grp in np.split(order, np.flatnonzero(np.diff(keys)) + 1):
+        j, k = int(job[grp[0]]), int(slot[grp[0]])
+        usable = float(ends[k] - max(starts[k], js.ready[j]))
+        if len(grp) > 1 and math.isfinite(usable):
+            rows.add(grp, np.ones(len(grp)), 0.0, usable)
+    # capacity per type and slot
+    ttype = np.array(cols.type)
+    gpus = np.array(cols.gpus)
+    lengths = np.diff(bounds)
+    for k in range(len(starts)):
+        if horizon is None and k == len(starts) - 1:
+            continue  # the last slot is open-ended
+        for ti, t in enumerate(types):
+            idx = ys[(slot == k) & (ttype == ti)]
+            if len(idx):
+                rows.add(idx, gpus[idx], 0.0, float(capacity[t] * lengths[k]))
+
+
+def _lp_minimum(rows: _Rows, cost: np.ndarray, col_lb: np.ndarray, col_ub: np.ndarray,
+                time_limit_s: float) -> float | None:
+    """HiGHS's optimum of min cost.x within the rows and the columns' bounds; None when it
+    did not prove it optimal (a stopped LP is no bound)."""
+    n_cols = len(cost)
+    a = sparse.csc_matrix((np.concatenate(rows.vals),
+                           (np.concatenate(rows.rows), np.concatenate(rows.cols))),
+                          shape=(len(rows.lb), n_cols))
     lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n_cols, len(row_lb)
+    lp.num_col_, lp.num_row_ = n_cols, len(rows.lb)
     lp.col_cost_ = cost
     inf = highspy.kHighsInf
     lp.col_lower_ = col_lb
     lp.col_upper_ = np.where(np.isinf(col_ub), inf, col_ub)
-    lp.row_lower_ = np.where(np.isinf(row_lb), -inf, row_lb)
-    lp.row_upper_ = np.where(np.isinf(row_ub), inf, row_ub)
+    lp.row_lower_ = np.where(np.isinf(rows.lb), -inf, rows.lb)
+    lp.row_upper_ = np.where(np.isinf(rows.ub), inf, rows.ub)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = a.indptr
     lp.a_matrix_.index_ = a.indices
@@ -497,8 +501,40 @@ def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | Non
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         log.warning("JCT bound LP: %s; the other bounds stand",
                     h.modelStatusToString(h.getModelStatus()))
-        return None, n_slots
-    return float(h.getInfo().objective_function_value), n_slots
+        return None
+    return float(h.getInfo().objective_function_value)
+
+
+def _solve(js: _Jobs, capacity: dict[str, int], slots: int, horizon: float | None,
+           time_limit_s: float, time_indexed: bool) -> tuple[float | None, int]:
+    """The LP's least sum of completions (of ``min(C_j, horizon)`` with a horizon): the
+    time-indexed LP with the squared-work rows, or (``time_indexed`` false) the
+    squared-work rows alone; None when HiGHS did not prove it optimal. And its slots."""
+    n = len(js.work)
+    types = sorted(capacity)
+    cols, bounds = (_slot_columns(js, capacity, slots, horizon, types) if time_indexed
+                    else (_SlotColumns(), np.zeros(1)))
+    m = len(cols.job)
+    n_cols = m + n  # C_j (or D_j) after the y columns; minimise their sum
+    col_lb = np.zeros(n_cols)
+    col_ub = np.concatenate([np.array(cols.ub), np.full(n, math.inf)])
+    cost = np.concatenate([np.zeros(m), np.ones(n)])
+    lo = js.first
+    if horizon is not None:
+        col_lb[m:] = np.minimum(lo, horizon)
+        col_ub[m:] = horizon
+    else:
+        col_lb[m:] = lo
+    rows = _Rows()
+    if time_indexed:
+        _time_indexed_rows(rows, js, capacity, types, cols, bounds, horizon)
+    if horizon is None:
+        for idx, rhs in _squared_work(js, capacity):
+            rows.add(m + idx, js.gpu_s[idx] / js.gpu_s[idx].sum(), rhs, math.inf)
+    n_slots = len(bounds) - 1
+    if not rows.lb:
+        return float(col_lb[m:].sum()), n_slots
+    return _lp_minimum(rows, cost, col_lb, col_ub, time_limit_s), n_slots
 
 
 def _squared_work(js: _Jobs, capacity: dict[str, int]) -> list[tuple[np.ndarray, float]]:
