@@ -568,20 +568,10 @@ def speed_units(per_job: Mapping[str, Mapping[str, float]], fastest: Mapping[str
     return {j: scale / v for j, v in best.items() if j not in keep}
 
 
-def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
-                    options: ObjectiveOptions | None = None,
-                    seen: MutableMapping[str, float] | None = None) -> None:
-    """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost.
-
-    ``seen`` is the calling policy's memory for ``tail_quantile`` (see the module
-    docstring), updated in place; None: this round's jobs only."""
-    opt = options or ObjectiveOptions()
-    if opt.kind not in OBJECTIVES:
-        raise ValueError(f"unknown objective {opt.kind!r}; choose {', '.join(OBJECTIVES)}")
-    if opt.restart_horizon not in RESTART_HORIZONS:
-        raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
-                         f"choose {', '.join(RESTART_HORIZONS)}")
-    round_s, restart_s = opt.round_s_value, opt.restart_s_value
+def _job_figures(g: nx.DiGraph, jobs: list[JobSpec], now_s: float
+                 ) -> dict[str, dict[str, float]]:
+    """Per job with a reference throughput: its remaining and isolated seconds there, its
+    finish-time fairness so far, the reference and whether it runs."""
     per_job: dict[str, dict[str, float]] = {}
     for job in jobs:
         jd = g.nodes.get(job_node(job.id))
@@ -592,26 +582,92 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         iso = max(60.0, job.iterations * job.global_batch_size / ref)
         per_job[job.id] = {"rem": rem, "rho": (max(0.0, now_s - job.submit_time_s) + rem) / iso,
                            "ref": ref, "running": 1.0 if job.running else 0.0}
-    if not per_job:
-        return
-    fastest: dict[str, float] = {}  # each job's best candidate throughput within its reach
-    beyond: dict[str, float] = {}  # and beyond it (its elastic scale-up)
-    slowest: dict[str, float] = {}  # and its slowest
-    current: dict[str, float] = {}  # each running job's normalised throughput where it runs
-    reach = {j: g.nodes[job_node(j)].get("reach_gpus") for j in per_job}
+    return per_job
+
+
+@dataclass
+class _Throughputs:
+    """Each job's best candidate throughput within its reach (``fastest``; its best
+    scale-up where it has only those), beyond it (``beyond``, its elastic scale-up), its
+    slowest, its normalised throughput where it runs (``current``) and its reach."""
+
+    fastest: dict[str, float]
+    beyond: dict[str, float]
+    slowest: dict[str, float]
+    current: dict[str, float]
+    reach: dict[str, Any]
+
+
+def _throughputs(g: nx.DiGraph, per_job: dict[str, dict[str, float]]) -> _Throughputs:
+    t = _Throughputs({}, {}, {}, {}, {j: g.nodes[job_node(j)].get("reach_gpus")
+                                      for j in per_job})
     for _, d in g.nodes(data=True):
         if d.get("kind") == "cell" and d["job"] in per_job:
             j, thr = d["job"], float(d["est_throughput"])
-            top = reach[j]
+            top = t.reach[j]
             if top is None or int(d["gpus"]) <= top:
-                fastest[j] = max(fastest.get(j, 0.0), thr)
+                t.fastest[j] = max(t.fastest.get(j, 0.0), thr)
             else:
-                beyond[j] = max(beyond.get(j, 0.0), thr)
-            slowest[j] = min(slowest.get(j, math.inf), thr)
+                t.beyond[j] = max(t.beyond.get(j, 0.0), thr)
+            t.slowest[j] = min(t.slowest.get(j, math.inf), thr)
             if d.get("current"):
-                current[j] = float(d["normalized"])
-    for j, thr in beyond.items():  # a job whose only cells are scale-ups: its best of them
-        fastest.setdefault(j, thr)
+                t.current[j] = float(d["normalized"])
+    for j, thr in t.beyond.items():  # a job whose only cells are scale-ups: its best of them
+        t.fastest.setdefault(j, thr)
+    return t
+
+
+def _record_objective(g: nx.DiGraph, opt: ObjectiveOptions, round_s: float,
+                      restart_s: float) -> None:
+    """The objective's settings on the graph (what a decision's explanation reads)."""
+    g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
+                            "keep_bonus": opt.keep_bonus, "restart_s": restart_s,
+                            "round_s": round_s, "place_bonus": opt.place_bonus,
+                            # where the two figures came from: the round's (or, with no
+                            # round, ROUND_S / RESTART_S) or the user's
+                            "round_s_from": "round" if from_round(opt.round_s) else "user",
+                            "restart_s_from": "round" if from_round(opt.restart_s) else "user",
+                            "remaining_exponent": opt.remaining_exponent,
+                            "weight_bounds": list(opt.weight_bounds),
+                            "speed_bounds": None if opt.speed_bounds is None
+                            else list(opt.speed_bounds),
+                            "amortize_s": opt.amortize_s,
+                            "restart_horizon": opt.restart_horizon,
+                            "tail_share": opt.tail_share,
+                            "tail_margin": opt.tail_margin,
+                            "round_excess": opt.round_excess,
+                            "tail_quantile": opt.tail_quantile,
+                            "tail_pin": opt.tail_pin,
+                            "tail_pin_top": opt.tail_pin_top,
+                            "speed_unit": opt.speed_unit,
+                            "speed_from": opt.speed_from,
+                            "finish_credit": opt.finish_credit,
+                            "speed_scale": opt.speed_scale}
+
+
+def _check_kind(opt: ObjectiveOptions) -> None:
+    if opt.kind not in OBJECTIVES:
+        raise ValueError(f"unknown objective {opt.kind!r}; choose {', '.join(OBJECTIVES)}")
+    if opt.restart_horizon not in RESTART_HORIZONS:
+        raise ValueError(f"unknown restart_horizon {opt.restart_horizon!r}; "
+                         f"choose {', '.join(RESTART_HORIZONS)}")
+
+
+def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
+                    options: ObjectiveOptions | None = None,
+                    seen: MutableMapping[str, float] | None = None) -> None:
+    """(Re)compute every cell's ``value`` in place from its terms, bonus and reconfig cost.
+
+    ``seen`` is the calling policy's memory for ``tail_quantile`` (see the module
+    docstring), updated in place; None: this round's jobs only."""
+    opt = options or ObjectiveOptions()
+    _check_kind(opt)
+    round_s, restart_s = opt.round_s_value, opt.restart_s_value
+    per_job = _job_figures(g, jobs, now_s)
+    if not per_job:
+        return
+    thr = _throughputs(g, per_job)
+    fastest = thr.fastest
     # jct-aware ranks by the shortest remaining time a job can have (on its fastest cell):
     # a job that is slow where it asked to run but fast elsewhere is a short job
     soonest = {j: max(60.0, per_job[j]["rem"] * per_job[j]["ref"] / fastest[j]) if fastest.get(j)
@@ -639,8 +695,8 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
         jd["speed_weight"] = speed[j] if opt.kind in WEIGHTED else 1.0
         jd["soonest_s"] = soonest[j]
         v["n_best"] = fastest[j] / v["ref"] if fastest.get(j) else 1.0
-        v["n_floor"] = slowest[j] / v["ref"] if opt.speed_from == "slowest" and \
-            slowest.get(j) else 1.0
+        v["n_floor"] = thr.slowest[j] / v["ref"] if opt.speed_from == "slowest" and \
+            thr.slowest.get(j) else 1.0
         v["soon_rounds"] = soonest[j] / round_s
         jd["projected_jct_s"] = projected[j]
         jd["tail"] = j in tail
@@ -649,6 +705,14 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
     for j, v in per_job.items():
         v["speed_unit"] = units.get(j, 1.0)
         g.nodes[job_node(j)]["speed_unit"] = v["speed_unit"]
+    _record_objective(g, opt, round_s, restart_s)
+    _cell_values(g, opt, per_job, thr, pinned, round_s, restart_s)
+
+
+def _cell_values(g: nx.DiGraph, opt: ObjectiveOptions, per_job: dict[str, dict[str, float]],
+                 thr: _Throughputs, pinned: set[str], round_s: float, restart_s: float) -> None:
+    """Each cell's ``term`` and ``value``: its objective term, the bonuses, and a running
+    job's restart where the cell moves it."""
     stats = {"rem_mean": mean(v["rem"] for v in per_job.values()),
              "rho_mean": mean(v["rho"] for v in per_job.values()),
              "ref_mean": mean(v["ref"] for v in per_job.values()),
@@ -664,34 +728,11 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             horizon = round_s if opt.amortize_s is None else min(cap, max(round_s, rem))
         return min(1.0, restart_s / horizon) if horizon > 0 else 1.0
 
-    g.graph["objective"] = {"kind": opt.kind, "weights": dict(opt.weights),
-                            "keep_bonus": opt.keep_bonus, "restart_s": restart_s,
-                            "round_s": round_s, "place_bonus": opt.place_bonus,
-                            # where the two figures came from: the round's (or, with no
-                            # round, ROUND_S / RESTART_S) or the user's
-                            "round_s_from": "round" if from_round(opt.round_s) else "user",
-                            "restart_s_from": "round" if from_round(opt.restart_s) else "user",
-                            "remaining_exponent": opt.remaining_exponent,
-                            "weight_bounds": list(opt.weight_bounds),
-                            "speed_bounds": None if opt.speed_bounds is None
-                            else list(opt.speed_bounds),
-                            "amortize_s": opt.amortize_s,
-                            "restart_horizon": opt.restart_horizon,
-                            "tail_share": opt.tail_share,
-                            "tail_margin": opt.tail_margin,
-                            "round_excess": opt.round_excess,
-                            "tail_quantile": opt.tail_quantile,
-                            "tail_pin": opt.tail_pin,
-                            "tail_pin_top": opt.tail_pin_top,
-                            "speed_unit": opt.speed_unit,
-                            "speed_from": opt.speed_from,
-                            "finish_credit": opt.finish_credit,
-                            "speed_scale": opt.speed_scale}
     for cn, d in g.nodes(data=True):
         if d.get("kind") != "cell" or d["job"] not in per_job:
             continue
         js = per_job[d["job"]]
-        top = reach[d["job"]]
+        top = thr.reach[d["job"]]
         if opt.kind == "composite":
             term = sum(w * _terms(k, d, js, stats) for k, w in opt.weights.items())
         elif opt.kind == "seconds" and top is not None and int(d["gpus"]) > top \
@@ -704,7 +745,7 @@ def apply_objective(g: nx.DiGraph, jobs: list[JobSpec], now_s: float,
             value += opt.keep_bonus * (js["speed_weight"] if opt.kind in WEIGHTED else 1.0)
         elif js["running"]:  # a running job that moves loses its restart
             n_c = float(d["normalized"])
-            if d["job"] in pinned and n_c < current.get(d["job"], 0.0):
+            if d["job"] in pinned and n_c < thr.current.get(d["job"], 0.0):
                 value -= term  # a pinned tail job demoted gains nothing beyond running
             else:
                 value -= term * lost(js["rem"], n_c)
