@@ -258,18 +258,8 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
                 progress = executor.poll()
                 store.record_progress(progress)
                 restart_meter.observe(progress)
-                if refit is not None:  # measured times recalibrate the next rounds' estimates
-                    for p in progress:
-                        a = round_allocs.get(p.job)
-                        if a is not None and p.iter_time_s and p.health == Health.RUNNING:
-                            job = round_jobs[p.job]
-                            if p.batch is not None:  # a step at the batch its group runs
-                                job = replace(job, global_batch_size=p.batch)
-                            refit.observe(rounds, job, a, p.iter_time_s)
-                if on_measure is not None:
-                    for p in progress:
-                        if p.iter_time_s is not None and p.health == Health.RUNNING:
-                            on_measure(p.job, estimates.get(p.job), p.iter_time_s)
+                _measured(progress, rounds, round_allocs, round_jobs, estimates, refit,
+                          on_measure)
                 if timeout_s is not None and time.monotonic() - t0 >= timeout_s:
                     stop["signal"] = -1
                     break
@@ -288,20 +278,49 @@ def run_loop(cluster: Cluster, store: RoundStore, executor: Executor, interval_s
         if stop["signal"] is not None:
             reason = {-1: "timeout", -2: "stopped"}.get(stop["signal"], "signal")
     finally:
-        grace = executor.stop_timeout_s
-        if reason == "idle" and grace is not None:
-            # the store may call a job finished before its group has exited
-            progress = _drain(executor, store, poll_s, float(grace))
-        if reason != "idle":
-            stopped = executor.shutdown(checkpoint=True)
-            all_events.extend(stopped)
-            progress = executor.poll()
-            store.record_progress(progress)
-            store.mark_stopped([e.job for e in stopped])
+        last = _wind_down(executor, store, reason, poll_s, all_events)
+        progress = progress if last is None else last
         scheduler.close()
         for signum, h in handlers.items():
             signal.signal(signum, h)
     return LoopResult(rounds, reason, progress, all_events)
+
+
+def _measured(progress: list[Progress], rounds: int, round_allocs: dict[str, Any],
+              round_jobs: dict[str, JobSpec], estimates: dict[str, float | None], refit: Any,
+              on_measure: Callable[[str, float | None, float], None] | None) -> None:
+    """Measured step times where jobs run: they recalibrate the next rounds' estimates
+    (``refit``) and reach the caller's ``on_measure`` beside the round's estimate."""
+    if refit is not None:
+        for p in progress:
+            a = round_allocs.get(p.job)
+            if a is not None and p.iter_time_s and p.health == Health.RUNNING:
+                job = round_jobs[p.job]
+                if p.batch is not None:  # a step at the batch its group runs
+                    job = replace(job, global_batch_size=p.batch)
+                refit.observe(rounds, job, a, p.iter_time_s)
+    if on_measure is not None:
+        for p in progress:
+            if p.iter_time_s is not None and p.health == Health.RUNNING:
+                on_measure(p.job, estimates.get(p.job), p.iter_time_s)
+
+
+def _wind_down(executor: Executor, store: RoundStore, reason: str, poll_s: float,
+               all_events: list[Event]) -> list[Progress] | None:
+    """The loop's end: idle, the last groups drained (the store may call a job finished
+    before its group has exited); otherwise every job checkpointed and stopped. The last
+    progress read, or None where nothing was read."""
+    progress = None
+    grace = executor.stop_timeout_s
+    if reason == "idle" and grace is not None:
+        progress = _drain(executor, store, poll_s, float(grace))
+    if reason != "idle":
+        stopped = executor.shutdown(checkpoint=True)
+        all_events.extend(stopped)
+        progress = executor.poll()
+        store.record_progress(progress)
+        store.mark_stopped([e.job for e in stopped])
+    return progress
 
 
 def _tell(on_round: Callable[[RoundTick], None], tick: RoundTick) -> None:
