@@ -629,24 +629,11 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
                        if accept(job, o.plan) is None]
             opts = spilled or opts
         if not opts:
-            if catalog_model(job.model) is None:  # rated only, and rated 0 everywhere
-                g.nodes[jn]["reason"] = Reason.NO_ESTIMATE.value
-                g.nodes[jn]["reason_detail"] = (f"no rate for it on any GPU type ({job.model!r} "
-                                                "has no layer graph, so its memory is unknown)")
-            else:
-                g.nodes[jn]["reason"] = Reason.NO_FIT_MEMORY.value
-                g.nodes[jn]["reason_detail"] = why
-            g.nodes[jn]["ref_throughput"] = 0.0
+            _unplaceable(g.nodes[jn], *_no_option(job, why))
             continue
         fit = [o for o in opts if host_fits(o, cluster, shapes)]
         if not fit:  # GPUs would do, the nodes' CPUs or memory never: say so, not capacity
-            o = min(opts, key=lambda o: (o.cpus_per_gpu, o.host_mem_gib_per_gpu))
-            g.nodes[jn]["reason"] = Reason.NO_FIT_HOST.value
-            g.nodes[jn]["reason_detail"] = (
-                f"its leanest plan asks {o.cpus_per_gpu:g} CPUs and "
-                f"{o.host_mem_gib_per_gpu:g} GiB of host memory per GPU; the largest "
-                f"{o.gpu_type} node has {_largest(cluster, o.gpu_type)}")
-            g.nodes[jn]["ref_throughput"] = 0.0
+            _unplaceable(g.nodes[jn], Reason.NO_FIT_HOST, _no_host(opts, cluster))
             continue
         opts = fit
         ref, basis = reference_throughput(opt.normalize, job.requested_gpus,
@@ -671,27 +658,57 @@ def build_plan_candidates(cluster: Cluster, jobs: list[JobSpec], now_s: float, s
             # a running job's value with the ``cell`` horizon is not monotone in throughput
             opts = prune_dominated(opts, per_node, keep=lambda o: _is_current(job, o))
         bonus = g.nodes[jn]["queue_bonus"] + (opt.sla_weight if guaranteed else 0.0)
-        for i, o in enumerate(opts):
-            current = _is_current(job, o)
-            cn = f"cell:{job.id}:{o.gpu_type}:{o.gpus}:{i}"
-            g.add_node(cn, kind="cell", job=job.id, gpu_type=o.gpu_type, gpus=o.gpus,
-                       stages=o.plan.pp, dp=o.plan.dp, tp=o.plan.tp,
-                       micro_batches=o.plan.micro_batches, est_throughput=o.throughput,
-                       iter_time_s=o.iter_time_s, mem_per_gpu=o.mem_per_gpu,
-                       normalized=o.throughput / ref, value=o.throughput / ref + bonus,
-                       bonus=bonus,
-                       current=bool(current and job.running and job.running.placement),
-                       family=o.family, plan=o.plan, cpus_per_gpu=o.cpus_per_gpu,
-                       host_mem_gib_per_gpu=o.host_mem_gib_per_gpu,
-                       quota_tenant=job.tenant if guaranteed else None,
-                       single_node=not current and o.gpus <= cluster.max_gpus_per_node(o.gpu_type))
-            g.add_edge(jn, cn)
-            attach_cell_edges(g, cn, cluster, o.gpu_type, o.gpus, o.plan.tp,
-                              g.nodes[cn]["single_node"],
-                              job.running.placement if (g.nodes[cn]["current"] and job.running)
-                              else None)
+        _add_option_cells(g, cluster, job, opts, ref, bonus, guaranteed)
     apply_objective(g, jobs, now_s, opt.objective_options())
     return g
+
+
+def _no_option(job: JobSpec, why: str | None) -> tuple[Reason, str | None]:
+    """Why a job has no plan on any GPU: rated only and 0 everywhere, or none fits."""
+    if catalog_model(job.model) is None:
+        return Reason.NO_ESTIMATE, (f"no rate for it on any GPU type ({job.model!r} has no "
+                                    "layer graph, so its memory is unknown)")
+    return Reason.NO_FIT_MEMORY, why
+
+
+def _no_host(opts: list[PlanOption], cluster: Cluster) -> str:
+    """What the leanest plan asks of a node that no node has."""
+    o = min(opts, key=lambda o: (o.cpus_per_gpu, o.host_mem_gib_per_gpu))
+    return (f"its leanest plan asks {o.cpus_per_gpu:g} CPUs and {o.host_mem_gib_per_gpu:g} "
+            f"GiB of host memory per GPU; the largest {o.gpu_type} node has "
+            f"{_largest(cluster, o.gpu_type)}")
+
+
+def _unplaceable(jd: dict[str, Any], reason: Reason, detail: str | None) -> None:
+    """A job vertex with no cell: its reason, and a reference throughput of 0."""
+    jd["reason"] = reason.value
+    jd["reason_detail"] = detail
+    jd["ref_throughput"] = 0.0
+
+
+def _add_option_cells(g: nx.DiGraph, cluster: Cluster, job: JobSpec, opts: list[PlanOption],
+                      ref: float, bonus: float, guaranteed: bool) -> None:
+    """A cell vertex per option, with its edges to the topology."""
+    jn = job_node(job.id)
+    for i, o in enumerate(opts):
+        current = _is_current(job, o)
+        cn = f"cell:{job.id}:{o.gpu_type}:{o.gpus}:{i}"
+        g.add_node(cn, kind="cell", job=job.id, gpu_type=o.gpu_type, gpus=o.gpus,
+                   stages=o.plan.pp, dp=o.plan.dp, tp=o.plan.tp,
+                   micro_batches=o.plan.micro_batches, est_throughput=o.throughput,
+                   iter_time_s=o.iter_time_s, mem_per_gpu=o.mem_per_gpu,
+                   normalized=o.throughput / ref, value=o.throughput / ref + bonus,
+                   bonus=bonus,
+                   current=bool(current and job.running and job.running.placement),
+                   family=o.family, plan=o.plan, cpus_per_gpu=o.cpus_per_gpu,
+                   host_mem_gib_per_gpu=o.host_mem_gib_per_gpu,
+                   quota_tenant=job.tenant if guaranteed else None,
+                   single_node=not current and o.gpus <= cluster.max_gpus_per_node(o.gpu_type))
+        g.add_edge(jn, cn)
+        attach_cell_edges(g, cn, cluster, o.gpu_type, o.gpus, o.plan.tp,
+                          g.nodes[cn]["single_node"],
+                          job.running.placement if (g.nodes[cn]["current"] and job.running)
+                          else None)
 
 
 def _is_current(job: JobSpec, o: PlanOption) -> bool:
