@@ -71,6 +71,16 @@ def _gpu_name(v: str) -> str:
 GpuName = Annotated[str, AfterValidator(_gpu_name)]
 
 
+def _finite(v: float | None) -> float | None:
+    if v is not None and not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
+#: a queue's clock: seconds, finite and not negative
+Clock = Annotated[float | None, Field(default=None, ge=0), AfterValidator(_finite)]
+
+
 class _Strict(BaseModel):
     # strict: YAML gives real ints and bools; "4", true or 2.0 for a count is a mistake
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
@@ -429,16 +439,9 @@ class FinishedEntry(_Strict):
 
 class JobsSpec(_Strict):
     jobs: list[JobEntry]
-    now_s: float | None = Field(default=None, ge=0)
+    now_s: Clock = None
     # finished fine-tuning jobs whose weights a queued sibling may start from
     finished: list[FinishedEntry] = Field(default_factory=list)
-
-    @field_validator("now_s")
-    @classmethod
-    def _finite_now(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
 
     @field_validator("jobs")
     @classmethod
@@ -629,14 +632,7 @@ class JobsLinesHeader(_Strict):
     format: Literal["apportion-jobs"]
     version: Literal[1] = 1
     jobs: int | None = Field(default=None, ge=0, le=MAX_DECLARED_JOBS)
-    now_s: float | None = Field(default=None, ge=0)
-
-    @field_validator("now_s")
-    @classmethod
-    def _finite_now(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
+    now_s: Clock = None
 
 
 @dataclass
