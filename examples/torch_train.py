@@ -23,10 +23,10 @@ the same samples whatever the plan. Environment knobs (``workload.env``):
 ``EXAMPLE_HIDDEN`` (64), ``EXAMPLE_LAYERS`` (2), ``EXAMPLE_LR`` (3e-3),
 ``EXAMPLE_STEP_SLEEP`` (seconds per step, for tests that must catch a job
 mid-run; 0), ``EXAMPLE_FAIL_AT`` (raise at this iteration: a crashing
-workload, for tests), ``EXAMPLE_HOLD`` (``WORLD:ITERATION``, ``*`` for any world: a launch at
-that world size that started before that iteration stops stepping there until the
-scheduler stops, resizes or cancels the job, so a test of a resize waits for events, never
-races the job's end).
+workload, for tests), ``EXAMPLE_HOLD`` (``WORLD:ITERATION``, ``*`` for any world: the job's first
+launch, at that world size, stops stepping at that iteration until the scheduler stops,
+resizes or cancels the job, so a test of a resize waits for events, never races the job's
+end; a relaunch never holds).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def main() -> int:
         stop, due = agree(workload.stop_requested(), rank == 0 and policy.due(it) and it > start)
         if stop:
             break
-        if hold_world in ("*", str(world)) and start < int(hold_at) <= it:
+        if hold_world in ("*", str(world)) and start == 0 and int(hold_at) <= it:
             time.sleep(0.1)  # held: only a stop (the scheduler's) ends this
             continue
         if due:

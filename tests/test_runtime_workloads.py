@@ -244,16 +244,17 @@ def _wait_for(done: Callable[[], bool], what: str, limit: float = 400.0) -> None
 def test_torch_example_trains_through_run_with_a_resize(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     w = {"kind": "torchrun", "command": [sys.executable, str(TORCH_EXAMPLE)],
-         "env": {"EXAMPLE_STEP_SLEEP": "0.25", "EXAMPLE_HOLD": "4:10"}, "checkpoint_every": 4}
+         "env": {"EXAMPLE_STEP_SLEEP": "0.25", "EXAMPLE_HOLD": "4:30"}, "checkpoint_every": 4}
     (tmp_path / "a.yaml").write_text(yaml.safe_dump({"jobs": [
         {"id": "u", "model": "gpt-tiny", "global_batch_size": 16, "iterations": 60,
          "requested_gpus": 2, "workload": w}]}))
-    # v holds at its second step until cancelled, once u has stepped at its new size: the
-    # resize is waited for by events, whatever the machine's load
+    # v (2 GPUs, never more: u shrinks to make room) holds at its second step until
+    # cancelled, once u has stepped at its new size: the resize is waited for by events,
+    # whatever the machine's load
     held = dict(w, env={"EXAMPLE_HOLD": "*:2"})
     (tmp_path / "b.yaml").write_text(yaml.safe_dump({"jobs": [
         {"id": "v", "model": "gpt-tiny", "global_batch_size": 16, "iterations": 6,
-         "requested_gpus": 1, "workload": held}]}))
+         "requested_gpus": 2, "elastic": False, "workload": held}]}))
     progress = tmp_path / "apportion-runs" / job_dirname("u") / "progress.jsonl"
     assert _cli("submit", "a.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
     run = subprocess.Popen([sys.executable, "-m", "apportion.cli", "run", "--executor", "local",
