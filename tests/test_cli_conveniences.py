@@ -51,7 +51,8 @@ def test_policy_backend_and_estimator_values_complete() -> None:
     assert complete("apportion solve-round --estimator m") == ["morphling"]
     assert "auto" in complete("apportion run --estimator ")
     assert complete("apportion simulate --estimator a") == ["analytic"]  # no auto in replays
-    assert complete("apportion compare --policies fcfs,ti") == ["fcfs,tiresias"]
+    assert complete("apportion compare --policies fcfs,ti") == ["fcfs,tiresias",
+                                                                "fcfs,tiresias-pollux"]
     assert "fcfs,fcfs" not in complete("apportion compare --policies fcfs,f")
 
 

@@ -39,7 +39,7 @@ def table_rate(job: JobSpec, gpu_type: str, gpus: int) -> float:
 def test_protocol_params_and_fit_returns_self() -> None:
     est = RateEstimator(table_rate)
     assert isinstance(est, Estimator)
-    assert set(est.get_params()) == {"rate_fn", "inner", "memoize"}
+    assert set(est.get_params()) == {"rate_fn", "inner", "memoize", "batch_rate_fn"}
     job = JobSpec("j", "bert-336m", 64, 100, 4)
     placement = nominal_placement(CL, "A100-40GB", 4)
     sample = Sample(job, ExecutionPlan(dp=4), placement, "A100-40GB", 0.5)

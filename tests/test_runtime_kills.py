@@ -21,6 +21,7 @@ from apportion.runtime.executors.procs import alive
 from apportion import store_launches as sl
 from apportion.config import jobs_from_data
 from apportion.store import open_store
+from apportion.store_schema import SCHEMA_VERSION
 from apportion.store_schema import migrate
 
 
@@ -66,7 +67,7 @@ def test_a_version_2_store_gains_launch_records(tmp_path: Path) -> None:
     assert migrate(conn, target=2) == 2
     conn.close()
     with open_store(db) as store:
-        assert store.schema_version() == 3 and sl.launches(store) == []
+        assert store.schema_version() == SCHEMA_VERSION and sl.launches(store) == []
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

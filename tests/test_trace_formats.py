@@ -247,30 +247,30 @@ class _PerGpu:
 
 def test_a_format_is_its_columns_and_its_rates(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    """What a later format needs (Pollux's ``name,time,application,num_replicas,
+    """What a later format needs (one like Pollux's, ``job,time,application,replicas,
     batch_size``): detected by its columns, loaded by its loader, replayed on the rates of
     a truth registered beside it — no harness change."""
     from apportion.experiments import truths
     from apportion.experiments.harness import prepare_one
 
     def load(path: Path) -> tr.Trace:
-        _, rows = tr.read_trace_csv(path, ("name", "time", "application", "num_replicas",
-                                           "batch_size"), "name",
-                                    {"time": tr.SECONDS, "num_replicas": tr.POSITIVE_COUNT})
+        _, rows = tr.read_trace_csv(path, ("job", "time", "application", "replicas",
+                                           "batch_size"), "job",
+                                    {"time": tr.SECONDS, "replicas": tr.POSITIVE_COUNT})
         return tr.Trace(path.stem, tr.sorted_jobs([
-            tr.SimJob(r["name"], float(rows.number(i, "time")),
-                      int(rows.number(i, "num_replicas")), 600.0, r["application"],
+            tr.SimJob(r["job"], float(rows.number(i, "time")),
+                      int(rows.number(i, "replicas")), 600.0, r["application"],
                       batch=int(r["batch_size"])) for i, r in rows.iter()]), str(path))
 
     monkeypatch.setitem(truths.TRUTHS, "per-gpu",
                         truths.TruthKind("per-gpu", "one iteration/s per GPU",
                                          lambda inputs: _PerGpu()))
-    fmt = tr.TraceFormat(name="replicas", doc="name,time,application,num_replicas,batch_size",
-                         load=load, columns=("name", "time", "application", "num_replicas",
+    fmt = tr.TraceFormat(name="replicas", doc="job,time,application,replicas,batch_size",
+                         load=load, columns=("job", "time", "application", "replicas",
                                              "batch_size"), truth="per-gpu")
     monkeypatch.setitem(registry._FORMATS, fmt.name, fmt)
     f = tmp_path / "workload-1.csv"
-    f.write_text("name,time,application,num_replicas,batch_size\n"
+    f.write_text("job,time,application,replicas,batch_size\n"
                  "cifar10-0,0,cifar10,2,2048\ndeepspeech2-1,10,deepspeech2,4,320\n")
     replay = prepare_one(str(f), "crius-testbed", "fcfs", ground_truth="per-gpu",
                          sim_options={"restart_cost_s": 0.0})
