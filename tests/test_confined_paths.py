@@ -157,12 +157,18 @@ def test_a_write_that_fails_after_the_commit_asks_for_no_rerun(db: Path) -> None
 def _swap_during_the_round(monkeypatch: pytest.MonkeyPatch, swap: Any) -> None:
     """Run ``swap`` while the round solves: after every check, before any write."""
     real = apportion.policies.run_round
+    real_step = apportion.policies.Scheduler.step
 
-    def run_round(*a: Any, **k: Any) -> Any:
+    def run_round(*a: Any, **k: Any) -> Any:  # a round from --jobs
         swap()
         return real(*a, **k)
 
+    def step(*a: Any, **k: Any) -> Any:  # a round on --state, through the Scheduler
+        swap()
+        return real_step(*a, **k)
+
     monkeypatch.setattr(apportion.policies, "run_round", run_round)
+    monkeypatch.setattr(apportion.policies.Scheduler, "step", step)
 
 
 def test_an_output_swapped_for_a_symlink_after_the_check_is_not_written_through(
