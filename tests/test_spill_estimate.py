@@ -77,7 +77,7 @@ def test_a_running_spilled_job_keeps_its_cell() -> None:
     the node group allows, and the decision lost the spilled plan."""
     for running in (None, RunningState("T4", 1, 1, {"t4-0": 1})):
         cluster = Cluster("c", [NodeGroup("t4", 1, "T4", 4, gpu_memory_gib=8 / 1024)])
-        job = JobSpec("s", "gpt-tiny", 4, 100, 1, running=running)
+        job = JobSpec("s", "gpt-tiny", 4, 100, 1, running=running, elastic=False)
         g = build_candidates(cluster, [job], 0.0, AnalyticEstimator())
         (cell,) = cells_of(g, "s")
         d = g.nodes[cell]
