@@ -550,7 +550,10 @@ def test_a_refused_job_fails_after_max_retries_while_its_neighbour_finishes(
         _node_group("a40-0", "A40", 4, 4, 8000 / 1024),
         _node_group("a10-0", "A10", 2, 4, 8000 / 1024)]}))
     (tmp_path / "j.yaml").write_text(yaml.safe_dump({"jobs": [
-        _sleeper_job(tmp_path, "big", 6, 20, batch=96), _sleeper_job(tmp_path, "small", 1, 30)]}))
+        _sleeper_job(tmp_path, "big", 6, 20, batch=96),
+        # at most the two GPUs Slurm has on a node: grown into a40-0's claimed four, it
+        # would be refused like big
+        {**_sleeper_job(tmp_path, "small", 1, 30), "max_gpus": 2}]}))
     assert _cli("submit", "j.yaml", "--state", "s.db", cwd=tmp_path).returncode == 0
     r = _slurm_run(tmp_path, 120, "--max-retries", "1")
     assert r.returncode == 0, r.stderr[-3000:]
