@@ -8,34 +8,25 @@ rest."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from plugin_site import install_example, run_in
 
 from apportion.decision import Decision, SolveReport
 from apportion.runtime.executors import Executor, as_executor
 from apportion.testing import check_executor
 
-ROOT = Path(__file__).resolve().parent.parent
-PLUGIN = ROOT / "examples" / "executor_plugin"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(PLUGIN)], check=True,
-                   capture_output=True, text=True, timeout=300)
-    return target
+    return install_example("executor_plugin", tmp_path_factory.mktemp("site"))
 
 
 def _run(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    return run_in(site, *args, cwd=cwd)
 
 
 def test_the_plugin_executor_is_listed_runs_and_is_checked(site: Path, tmp_path: Path) -> None:

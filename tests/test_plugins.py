@@ -15,24 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugin_site import install_example, run_in
 
-ROOT = Path(__file__).resolve().parent.parent
-PLUGIN = ROOT / "examples" / "research_plugin"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(PLUGIN)], check=True,
-                   capture_output=True, text=True, timeout=300)
-    return target
+    return install_example("research_plugin", tmp_path_factory.mktemp("site"))
 
 
 def _cli(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([sys.executable, "-m", "apportion.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_in(site, "-m", "apportion.cli", *args, cwd=cwd)
 
 
 def _starts(decision: dict) -> int:
